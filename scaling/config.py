@@ -1,0 +1,184 @@
+"""Typed configuration schema: one dataclass per config group, registered with Hydra's ConfigStore.
+
+The schema types every field, so a misspelt key or a wrong type fails when Hydra composes the
+config. Value checks that depend on several fields (does dp divide the batch?) live in
+`scaling.validate`, which turns them into `invalid` records instead of crashing a sweep.
+
+Only the groups model, train, parallel and hardware define an experiment (and its `job_key`);
+logger and launch say how it is run and logged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
+
+
+@dataclass
+class ModelConfig:
+    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+
+    name: str = "tiny"
+    """Preset name, carried into records and plots."""
+    n_layers: int = 2
+    """Number of decoder blocks (L)."""
+    hidden: int = 64
+    """Model width (h)."""
+    n_heads: int = 4
+    """Attention query heads; must divide `hidden`."""
+    n_kv_heads: int = 2
+    """Key/value heads (GQA); must divide `n_heads`."""
+    ffn_hidden: int = 192
+    """Inner width of the SwiGLU MLP."""
+    vocab_size: int = 512
+    """Vocabulary size (v)."""
+    max_seq_len: int = 256
+    """Longest sequence the model is configured for; `train.seq_len` may not exceed it."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    tie_embeddings: bool = False
+    """Share the token embedding with the output projection (Llama 3.2 1B/3B do)."""
+
+
+@dataclass
+class DataConfig:
+    """Where training tokens come from."""
+
+    source: str = "synthetic"
+    """`synthetic` (seeded random tokens) or `file` (a flat binary token file, memory-mapped)."""
+    path: Optional[str] = None
+    """Token file for `source: file`."""
+    dtype: str = "uint16"
+    """Element type of the token file: uint16 or int32."""
+
+
+@dataclass
+class TrainConfig:
+    """What one short training run does."""
+
+    seq_len: int = 64
+    """Tokens per sample."""
+    mbs: int = 2
+    """Micro-batch size: samples per rank per forward/backward."""
+    grad_acc: Any = 1
+    """Gradient-accumulation steps (an int >= 1) or `auto` to derive it from gbs or gbs_tokens."""
+    gbs: Optional[int] = None
+    """Global batch in samples; fixes grad_acc when grad_acc is `auto`."""
+    gbs_tokens: Optional[int] = None
+    """Global batch in tokens (gbs x seq_len); fixes grad_acc when grad_acc is `auto`."""
+    warmup_steps: int = 1
+    """Optimizer steps run before timing starts."""
+    steps: int = 3
+    """Optimizer steps that are timed."""
+    precision: str = "fp32"
+    """fp32, or bf16 mixed precision (bf16 compute, fp32 master weights and optimizer states)."""
+    recompute: str = "none"
+    """Activation recomputation: `none` or `full` (checkpoint every decoder block)."""
+    compile: bool = False
+    """Wrap each decoder block with torch.compile."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    seed: int = 0
+    """Seeds the initial weights and the data: step t's global batch is a function of (seed, t)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Token source."""
+    fault: str = "none"
+    """Fault injection for testing a sweep's resilience: none, crash or hang (on the last rank)."""
+
+
+@dataclass
+class ParallelConfig:
+    """How the global batch and the model state are spread over ranks."""
+
+    dp: int = 1
+    """Data-parallel degree (world size)."""
+    zero_stage: int = 0
+    """0 plain DDP, 1 shards optimizer states, 2 also gradients, 3 also parameters."""
+    bucket_mb: float = 25.0
+    """DDP gradient bucket size in MiB (stages 0 and 1)."""
+
+
+@dataclass
+class HardwareConfig:
+    """The device a rank runs on and what it can do."""
+
+    name: str = "cpu"
+    """Profile name: cpu, a100, h100, h200."""
+    device: str = "cpu"
+    """`cpu` or `cuda`."""
+    backend: str = "gloo"
+    """Collective backend: gloo (CPU) or nccl (CUDA)."""
+    peak_tflops_bf16: Optional[float] = None
+    """Dense bf16 peak per device in TFLOP/s; null means measure it once per host (CPU)."""
+    peak_tflops_fp32: Optional[float] = None
+    """Dense fp32 peak per device in TFLOP/s; null means measure it once per host (CPU)."""
+    memory_gb: Optional[float] = None
+    """Device memory per rank in GiB. On CUDA a value below the card's caps the process; on CPU
+    it is an emulated capacity (exceeding it raises torch.OutOfMemoryError). null: no limit."""
+    devices_per_node: Optional[int] = None
+    """Accelerators per node; dp above it spans several nodes. null: one node (CPU)."""
+
+
+@dataclass
+class LoggerConfig:
+    """Weights & Biases logging; the job's own result.json is written either way."""
+
+    name: str = "none"
+    """`none` or `wandb`."""
+    project: str = "scaling"
+    """W&B project."""
+    entity: Optional[str] = None
+    """W&B entity (team or user); null for the default."""
+    mode: str = "offline"
+    """W&B mode: offline (default, nothing leaves the machine), online or disabled."""
+    dir: Optional[str] = None
+    """Where W&B writes its files; null: the sweep directory."""
+
+
+@dataclass
+class LaunchConfig:
+    """How a point is started; none of it changes what is measured, so none of it is in job_key."""
+
+    timeout_s: float = 600.0
+    """Wall-clock limit of one torchrun job; past it every rank is killed and the status is timeout."""
+    rerun: str = "none"
+    """Which recorded points to run again: none, failed (failed and timeout) or all."""
+    prescreen: bool = True
+    """Skip points the memory predictor says cannot fit (status predicted_oom)."""
+    prescreen_margin: float = 0.1
+    """Safety margin of the pre-screen: skip only when predicted bytes > (1 + margin) x capacity."""
+    threads_per_rank: Optional[int] = None
+    """CPU threads per rank; null: the host's cores divided by the ranks on it (at least 1)."""
+    devices: Optional[str] = None
+    """CUDA_VISIBLE_DEVICES for this point (partitioning one node between concurrent points)."""
+    master_port: Optional[int] = None
+    """Rendezvous port for torchrun; null: a free port is picked."""
+
+
+@dataclass
+class ExperimentConfig:
+    """The primary config: one experiment point and how to run it."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    sweep: str = "adhoc"
+    """Sweep name: the W&B group and the folder under `runs/`."""
+    sweep_dir: str = "runs/${sweep}"
+    """Where this sweep's records go: <sweep_dir>/<job_key>/result.json."""
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore; conf/config.yaml lists it first in its defaults."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="experiment_schema", node=ExperimentConfig)
