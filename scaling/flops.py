@@ -1,0 +1,190 @@
+"""FLOPs arithmetic: model and hardware FLOPs per token, MFU and HFU, and the peak FLOP/s they divide by.
+
+One module owns these formulas; every name carries its unit (`flops_per_token`,
+`tokens_per_s_per_gpu`, `peak_flops_per_s`). Peak FLOP/s come from the hardware config; where it
+has none (cpu) they are measured once per host with a square matmul and cached in a JSON file.
+
+Imports torch and the standard library only: it runs inside torchrun workers on bare GPU boxes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import torch
+
+from scaling.model import ModelArgs, block_matmul_param_count, matmul_param_count
+
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+"""`train.precision` -> the dtype the matmuls run in."""
+CACHE_FILE = "peak_flops.json"
+MATMUL_SIZE = 1024
+"""Side of the square matmul timed on cpu: 2·1024³ ≈ 2.1 GFLOP, milliseconds to a few tenths of a second."""
+MEASURE_REPEATS = 10
+MEASURE_BUDGET_S = 1.5
+"""Repeats stop early past this, so a slow dtype (bf16 without native support) stays under ~2 s."""
+
+
+def flops_per_token(args: ModelArgs, seq_len: int) -> float:
+    """Model FLOPs per trained token (forward + backward): 6·N_matmul + 12·L·h·seq.
+
+    PaLM convention (Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways",
+    appendix B): 6 FLOPs per matmul parameter per token (2 forward, 4 backward) plus
+    12·L·h·seq for the attention scores and their weighted sum (QKᵀ and A·V, 2·2·h·seq each in
+    forward, times 3 with backward). The attention term is not halved for the causal mask; the
+    embedding lookup is excluded and the output projection included (see `matmul_param_count`).
+    Recomputation is not counted: these are the FLOPs the model needs, the numerator of MFU.
+    """
+    if seq_len < 1:
+        raise ValueError(f"train.seq_len={seq_len} is invalid: it must be >= 1")
+    return 6.0 * matmul_param_count(args) + 12.0 * args.n_layers * args.hidden * seq_len
+
+
+def hardware_flops_per_token(args: ModelArgs, seq_len: int, recompute: bool) -> float:
+    """FLOPs the hardware executes per token, counting recomputation: the numerator of HFU.
+
+    Full recomputation runs each block's forward again during backward, adding
+    2·(N_blocks_matmul − L·h·f) + 4·L·h·seq per token. The output projection is outside the
+    blocks and is not recomputed; neither is each block's last matmul, the SwiGLU down projection
+    w2 (L·h·f parameters): torch's non-reentrant checkpoint stops recomputing as soon as the
+    tensors backward needs are regenerated, and no backward needs w2's output. Without
+    recomputation this equals `flops_per_token`.
+    """
+    model_flops = flops_per_token(args, seq_len)
+    if not recompute:
+        return model_flops
+    recomputed_matmul = block_matmul_param_count(args) - args.n_layers * args.hidden * args.ffn_hidden
+    return model_flops + 2.0 * recomputed_matmul + 4.0 * args.n_layers * args.hidden * seq_len
+
+
+def mfu(flops_per_token: float, tokens_per_s_per_gpu: float, peak_flops_per_s: float) -> float:
+    """Model FLOPs utilisation: flops_per_token · tokens_per_s_per_gpu / peak_flops_per_s (a fraction)."""
+    if peak_flops_per_s <= 0:
+        raise ValueError(f"peak_flops_per_s={peak_flops_per_s} is invalid: it must be > 0")
+    return flops_per_token * tokens_per_s_per_gpu / peak_flops_per_s
+
+
+def hfu(hardware_flops_per_token: float, tokens_per_s_per_gpu: float, peak_flops_per_s: float) -> float:
+    """Hardware FLOPs utilisation: like `mfu` but with the FLOPs that recomputation adds."""
+    return mfu(hardware_flops_per_token, tokens_per_s_per_gpu, peak_flops_per_s)
+
+
+@dataclass(frozen=True)
+class PeakFlops:
+    """A device's peak FLOP/s and where the figure came from."""
+
+    flops_per_s: float
+    source: str
+    """`config` (hardware.peak_tflops_*), `measured` (timed now) or `cache` (timed earlier on this host)."""
+
+
+def peak_flops_per_s(hardware: Mapping, precision: str, threads: int, device: str) -> float:
+    """Peak FLOP/s of one device at the run's precision: configured, or measured once per host and cached."""
+    return resolve_peak_flops(hardware, precision, threads, device).flops_per_s
+
+
+def resolve_peak_flops(hardware: Mapping, precision: str, threads: int, device: str) -> PeakFlops:
+    """Like `peak_flops_per_s`, also saying whether the value came from config, a measurement or the cache."""
+    if precision not in PRECISION_DTYPES:
+        raise ValueError(f"train.precision={precision!r} is invalid: expected one of {sorted(PRECISION_DTYPES)}")
+    key = f"peak_tflops_{precision}"
+    tflops = hardware.get(key)
+    if tflops is not None:
+        if tflops <= 0:
+            raise ValueError(f"hardware.{key}={tflops} is invalid: it must be > 0 TFLOP/s (or null to measure on cpu)")
+        return PeakFlops(float(tflops) * 1e12, "config")
+    if device != "cpu":
+        raise ValueError(
+            f"hardware.{key} is null for device={device!r}: only cpu peaks are measured; "
+            f"set hardware.{key} to the accelerator's dense peak in TFLOP/s"
+        )
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads={threads!r} is invalid: the thread count per rank must be an integer >= 1")
+    return _cached_cpu_peak(precision, threads)
+
+
+def cache_path() -> Path:
+    """The peak-FLOPs cache: $SCALING_CACHE_DIR/peak_flops.json, else ~/.cache/scaling/peak_flops.json."""
+    root = os.environ.get("SCALING_CACHE_DIR") or Path.home() / ".cache" / "scaling"
+    return Path(root) / CACHE_FILE
+
+
+def cache_key(precision: str, threads: int, device: str = "cpu") -> str:
+    """What a measurement depends on: host, device, dtype, thread count and torch version."""
+    return f"{socket.gethostname()}|{device}|{precision}|threads={threads}|torch={torch.__version__}"
+
+
+def measure_matmul_flops_per_s(dtype: torch.dtype, threads: int, size: int = MATMUL_SIZE) -> float:
+    """Best-of-a-few FLOP/s of a (size x size) @ (size x size) matmul on cpu at `threads` threads."""
+    with _num_threads(threads):
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(size, size, generator=gen).to(dtype)
+        b = torch.randn(size, size, generator=gen).to(dtype)
+        out = torch.empty(size, size, dtype=dtype)
+        torch.mm(a, b, out=out)  # warm-up: thread pool and kernel selection
+        best_s = float("inf")
+        started = time.perf_counter()
+        for _ in range(MEASURE_REPEATS):
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=out)
+            best_s = min(best_s, time.perf_counter() - t0)
+            if time.perf_counter() - started > MEASURE_BUDGET_S:
+                break
+    return 2.0 * size**3 / best_s
+
+
+@contextlib.contextmanager
+def _num_threads(threads: int) -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _cached_cpu_peak(precision: str, threads: int) -> PeakFlops:
+    path = cache_path()
+    key = cache_key(precision, threads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The lock makes concurrent ranks of one host wait for a single measurement instead of
+    # running several at once, which would also make each of them read low.
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = _read_cache(path)
+        if key in entries:
+            return PeakFlops(float(entries[key]["flops_per_s"]), "cache")
+        value = measure_matmul_flops_per_s(PRECISION_DTYPES[precision], threads)
+        measured_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        entries[key] = {"flops_per_s": value, "matmul_size": MATMUL_SIZE, "measured_at": measured_at}
+        _write_json_atomic(path, entries)
+    return PeakFlops(value, "measured")
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        entries = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    # scaling.record has the general helper, but it imports the config schema; workers stay torch + stdlib.
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,248 @@
+"""The Llama-style decoder that every experiment trains, and its closed-form parameter counts.
+
+Owns the architecture (token embedding, decoder `Block`s of RMSNorm -> grouped-query attention
+with RoPE -> RMSNorm -> SwiGLU MLP, final RMSNorm, output projection), its seeded weight
+initialisation, activation recomputation per block, and the formulas `param_count` and
+`matmul_param_count` that the FLOPs and memory arithmetic build on.
+
+Imports torch and the standard library only: it runs inside torchrun workers on bare GPU boxes.
+Shapes in comments: B batch, T sequence, C hidden, nh query heads, nkv key/value heads,
+hd head_dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils.checkpoint import checkpoint
+
+INIT_STD = 0.02
+"""Standard deviation of the normal init of every matmul weight and the embedding."""
+
+
+@dataclass
+class ModelArgs:
+    """Shapes of the decoder; the same fields as `ModelConfig` in scaling/config.py."""
+
+    name: str = "tiny"
+    n_layers: int = 2
+    hidden: int = 64
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    ffn_hidden: int = 192
+    vocab_size: int = 512
+    max_seq_len: int = 256
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for field in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "max_seq_len"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"model.{field}={value!r} is invalid: it must be an integer >= 1")
+        for field in ("rope_theta", "norm_eps"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"model.{field}={getattr(self, field)!r} is invalid: it must be > 0")
+        if self.hidden % self.n_heads:
+            options = [d for d in range(1, self.hidden + 1) if self.hidden % d == 0 and (self.hidden // d) % 2 == 0]
+            raise ValueError(
+                f"model.n_heads={self.n_heads} does not divide model.hidden={self.hidden}: try n_heads in {options}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(
+                f"model.hidden={self.hidden} / model.n_heads={self.n_heads} gives head_dim={self.head_dim}, "
+                "but RoPE rotates pairs of channels: head_dim must be even"
+            )
+        if self.n_heads % self.n_kv_heads:
+            options = [d for d in range(1, self.n_heads + 1) if self.n_heads % d == 0]
+            raise ValueError(
+                f"model.n_kv_heads={self.n_kv_heads} does not divide model.n_heads={self.n_heads}: "
+                f"try n_kv_heads in {options}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head (hd = hidden / n_heads)."""
+        return self.hidden // self.n_heads
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ModelArgs":
+        """Build from a model config mapping (dict or DictConfig); keys that are not fields are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: d[k] for k in d if k in names})
+
+
+def block_matmul_param_count(args: ModelArgs) -> int:
+    """Matmul weights of all decoder blocks: L·(2h² + 2·h·nkv·hd + 3·h·f) (q,o + k,v + SwiGLU w1,w2,w3)."""
+    h, kv_dim = args.hidden, args.n_kv_heads * args.head_dim
+    attention = 2 * h * h + 2 * h * kv_dim
+    mlp = 3 * h * args.ffn_hidden
+    return args.n_layers * (attention + mlp)
+
+
+def matmul_param_count(args: ModelArgs) -> int:
+    """Parameters in matmuls per token: L·(2h² + 2·h·nkv·hd + 3·h·f) + v·h.
+
+    The output projection (v·h) counts once whether or not it is tied to the embedding; the
+    embedding lookup is a gather, not a matmul, and norms are elementwise.
+    """
+    return block_matmul_param_count(args) + args.vocab_size * args.hidden
+
+
+def param_count(args: ModelArgs) -> int:
+    """Distinct parameters: v·h·(1 if tied else 2) + L·(2h² + 2·h·nkv·hd + 3·h·f + 2h) + h.
+
+    Per block: q and o projections h·h each, k and v h·(nkv·hd) each, SwiGLU w1, w3 (h -> f) and
+    w2 (f -> h), two RMSNorm weights of h. Plus the embedding, the output projection unless tied,
+    and the final RMSNorm. Equals `sum(p.numel() for p in Transformer(args).parameters())`.
+    """
+    h, v = args.hidden, args.vocab_size
+    embeddings = v * h * (1 if args.tie_embeddings else 2)
+    return embeddings + block_matmul_param_count(args) + args.n_layers * 2 * h + h
+
+
+def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE rotation tables for positions 0..seq_len-1, each (T, hd/2) in float32."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (i, i + hd/2) of x (B, heads, T, hd) by position-dependent angles."""
+    x1, x2 = x.float().chunk(2, dim=-1)  # (B, heads, T, hd/2) each
+    rotated = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.type_as(x)
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention: nh query heads share nkv key/value heads."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        kv_dim = args.n_kv_heads * args.head_dim
+        self.wq = nn.Linear(args.hidden, args.hidden, bias=False)
+        self.wk = nn.Linear(args.hidden, kv_dim, bias=False)
+        self.wv = nn.Linear(args.hidden, kv_dim, bias=False)
+        self.wo = nn.Linear(args.hidden, args.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # enable_gqa lets the kernel broadcast each kv head to its nh/nkv query heads, so the
+        # expanded (B, nh, T, hd) keys and values are never materialised.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.wo(y)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w1 = nn.Linear(args.hidden, args.ffn_hidden, bias=False)  # gate
+        self.w3 = nn.Linear(args.hidden, args.ffn_hidden, bias=False)  # up
+        self.w2 = nn.Linear(args.ffn_hidden, args.hidden, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, f) inside, (B, T, C) out
+
+
+class Block(nn.Module):
+    """One pre-norm decoder block; the unit that FSDP2 shards and activation checkpointing wraps."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(args.hidden, eps=args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = nn.RMSNorm(args.hidden, eps=args.norm_eps)
+        self.feed_forward = FeedForward(args)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.feed_forward(self.ffn_norm(x))  # (B, T, C)
+
+
+class Transformer(nn.Module):
+    """Llama-style decoder: tokens (B, T) -> logits (B, T, V).
+
+    With `recompute` each block runs under `torch.utils.checkpoint` (full recomputation): only the
+    block's input is kept for backward and its forward runs again during backward.
+    """
+
+    def __init__(self, args: ModelArgs, recompute: bool = False):
+        super().__init__()
+        self.args = args
+        self.recompute = recompute
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.hidden)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = nn.RMSNorm(args.hidden, eps=args.norm_eps)
+        self.output = nn.Linear(args.hidden, args.vocab_size, bias=False)
+        self._tie()
+
+    def _tie(self) -> None:
+        if self.args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> "Transformer":
+        # Module._apply (to_empty, to, ...) replaces each module's parameters one by one, which
+        # turns a shared parameter into two separate ones; tie them again afterwards.
+        super()._apply(fn, *args, **kwargs)
+        self._tie()
+        return self
+
+    def set_recompute(self, flag: bool) -> None:
+        """Switch full activation recomputation of every block on or off."""
+        self.recompute = flag
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        T = tokens.shape[1]
+        # Tables for the actual length: a buffer for max_seq_len (131072 for Llama) would be waste.
+        cos, sin = rope_cos_sin(T, self.args.head_dim, self.args.rope_theta, tokens.device)  # (T, hd/2)
+        h = self.tok_embeddings(tokens)  # (B, T, C)
+        for layer in self.layers:
+            if self.recompute:
+                h = checkpoint(layer, h, cos, sin, use_reentrant=False)
+            else:
+                h = layer(h, cos, sin)
+        return self.output(self.norm(h))  # (B, T, V)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Seeded init: N(0, 0.02) matmuls and embedding, wo/w2 scaled by 1/sqrt(2L), norms 1.
+
+        Values are drawn from one generator on the parameters' device, parameter by parameter in
+        registration order, so the same seed gives bit-identical weights in every process on that
+        device type. Works after `to_empty(device=...)` on a model built on the meta device, and on
+        FSDP2-sharded (DTensor) parameters: each rank draws the full tensor and keeps its shard, so
+        sharded and unsharded models start from the same weights.
+        """
+        first = next(self.parameters())
+        if first.is_meta:
+            raise ValueError("init_weights: parameters are on the meta device; call model.to_empty(device=...) first")
+        generator = torch.Generator(device=first.device).manual_seed(seed)
+        residual_std = INIT_STD / (2 * self.args.n_layers) ** 0.5
+        for name, param in self.named_parameters():
+            sharded = isinstance(param, DTensor)
+            target = torch.empty(param.shape, dtype=param.dtype, device=first.device) if sharded else param
+            owner = name.split(".")[-2]  # attribute name of the owning module, robust to wrapper prefixes
+            if owner.endswith("norm"):
+                target.fill_(1.0)
+            else:
+                # Outputs of wo and w2 add into the residual stream L times each: scale them down.
+                target.normal_(0.0, residual_std if owner in ("wo", "w2") else INIT_STD, generator=generator)
+            if sharded:
+                shard = distribute_tensor(target, param.device_mesh, param.placements, src_data_rank=None)
+                param.to_local().copy_(shard.to_local())

@@ -1,0 +1,113 @@
+"""FLOPs formulas against torch's FlopCounterMode, MFU/HFU arithmetic, and the peak-FLOP/s lookup and cache.
+
+Why the counted runs force the MATH attention backend: FlopCounterMode has no formula for the
+fused CPU kernel (`aten._scaled_dot_product_flash_attention_for_cpu`), so with the default
+kernel it counts attention as 0 FLOPs. Its formulas for the fused GPU kernels count the full
+seq x seq score matrix in forward (not halved for the causal mask, as here), but 5 matmuls in
+backward (flash recomputes the scores) where the PaLM convention has 4. The MATH backend runs
+attention as plain matmuls over the full seq x seq scores, masked afterwards, which
+FlopCounterMode counts op by op: exactly what the PaLM convention describes, with no adjustment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from scaling import flops
+from scaling.model import ModelArgs, Transformer
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def load(group: str, name: str) -> dict:
+    return yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
+
+
+def counted_flops_per_token(args: ModelArgs, seq_len: int, recompute: bool) -> float:
+    """FLOPs FlopCounterMode sees in one forward + backward (cross-entropy loss), per token."""
+    model = Transformer(args, recompute=recompute)
+    model.init_weights(0)
+    batch = 2
+    tokens = torch.randint(0, args.vocab_size, (batch, seq_len + 1), generator=torch.Generator().manual_seed(0))
+    counter = FlopCounterMode(display=False)
+    with sdpa_kernel(SDPBackend.MATH), counter:
+        logits = model(tokens[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+    return counter.get_total_flops() / (batch * seq_len)
+
+
+@pytest.mark.parametrize("name, seq_len", [("tiny", 64), ("small", 128)])
+def test_flops_per_token_matches_flop_counter(name, seq_len):
+    args = ModelArgs.from_dict(load("model", name))
+    counted = counted_flops_per_token(args, seq_len, recompute=False)
+    assert flops.flops_per_token(args, seq_len) == pytest.approx(counted, rel=0.02)
+    assert flops.hardware_flops_per_token(args, seq_len, recompute=False) == flops.flops_per_token(args, seq_len)
+
+
+@pytest.mark.parametrize("name, seq_len", [("tiny", 64), ("small", 128)])
+def test_hardware_flops_with_recompute_match_flop_counter(name, seq_len):
+    args = ModelArgs.from_dict(load("model", name))
+    counted = counted_flops_per_token(args, seq_len, recompute=True)
+    assert flops.hardware_flops_per_token(args, seq_len, recompute=True) == pytest.approx(counted, rel=0.02)
+    assert counted > flops.flops_per_token(args, seq_len) * 1.1  # the blocks' forward really ran twice
+
+
+def test_flops_per_token_formula_by_hand():
+    # tiny: per block q,o 64·64 each, k,v 64·32 each, w1,w2,w3 64·192 each; output 64·512.
+    args = ModelArgs.from_dict(load("model", "tiny"))
+    n_matmul = 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 192) + 64 * 512
+    assert flops.flops_per_token(args, 100) == 6 * n_matmul + 12 * 2 * 64 * 100
+
+
+def test_mfu_and_hfu_arithmetic():
+    # A 1B-class model at 6 GFLOP/token doing 25k tokens/s on a 989 TFLOP/s device: 15.2 %.
+    assert flops.mfu(6e9, 25_000.0, 989e12) == pytest.approx(0.151668, rel=1e-5)
+    assert flops.hfu(8e9, 25_000.0, 989e12) == pytest.approx(0.202224, rel=1e-5)
+    with pytest.raises(ValueError, match="peak_flops_per_s=0"):
+        flops.mfu(6e9, 25_000.0, 0.0)
+
+
+@pytest.mark.parametrize("hardware, precision, expected", [("h100", "bf16", 989e12), ("h100", "fp32", 67e12), ("a100", "bf16", 312e12)])
+def test_peak_flops_come_from_the_hardware_config(hardware, precision, expected):
+    peak = flops.resolve_peak_flops(load("hardware", hardware), precision, threads=1, device="cuda")
+    assert peak == flops.PeakFlops(expected, "config")
+
+
+def test_bad_precision_and_unmeasurable_device_are_rejected():
+    with pytest.raises(ValueError, match=r"train.precision='fp16'.*\['bf16', 'fp32'\]"):
+        flops.peak_flops_per_s(load("hardware", "h100"), "fp16", threads=1, device="cuda")
+    with pytest.raises(ValueError, match="hardware.peak_tflops_bf16 is null for device='cuda'"):
+        flops.peak_flops_per_s({"peak_tflops_bf16": None}, "bf16", threads=1, device="cuda")
+
+
+def test_cpu_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALING_CACHE_DIR", str(tmp_path))
+    cpu = load("hardware", "cpu")
+    threads_before = torch.get_num_threads()
+
+    first = flops.resolve_peak_flops(cpu, "fp32", threads=1, device="cpu")
+    assert first.source == "measured" and first.flops_per_s > 1e8
+    assert torch.get_num_threads() == threads_before
+    entries = json.loads((tmp_path / flops.CACHE_FILE).read_text())
+    key = flops.cache_key("fp32", 1)
+    assert entries[key]["flops_per_s"] == first.flops_per_s
+
+    second = flops.resolve_peak_flops(cpu, "fp32", threads=1, device="cpu")
+    assert second == flops.PeakFlops(first.flops_per_s, "cache")
+
+    # The cache file is what answers: a value written there is returned as is.
+    entries[key]["flops_per_s"] = 1234.0
+    (tmp_path / flops.CACHE_FILE).write_text(json.dumps(entries))
+    assert flops.peak_flops_per_s(cpu, "fp32", threads=1, device="cpu") == 1234.0
+
+    # Another dtype is another measurement, added beside the first.
+    assert flops.resolve_peak_flops(cpu, "bf16", threads=1, device="cpu").source == "measured"
+    assert set(json.loads((tmp_path / flops.CACHE_FILE).read_text())) == {key, flops.cache_key("bf16", 1)}
