@@ -1,0 +1,1 @@
+"""Hydra sweeper that searches experiment points with Optuna: `hydra/sweeper=scaling_optuna`."""

@@ -1,0 +1,254 @@
+"""The search loop: ask a batch of trials, answer what is already known, launch the rest, tell.
+
+A trial whose parameters match an earlier COMPLETE trial of the study is answered from that
+trial; a point whose record is already in the sweep's record store (same job_key, a status the
+store does not re-run) is answered from its record. Neither starts a job. The rest go to the
+Hydra launcher in one batch; `hydra.job.num` of each job is its trial number.
+
+The loop stops when the study holds `n_trials` counted trials, when `patience` trials passed
+without a better feasible value, or when the grid sampler has visited every point. After every
+batch it rewrites `best.yaml` and `trials.csv`, and raises once the failure rate exceeds
+`max_failure_rate`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, List, Mapping, Optional, Sequence
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn
+from hydra.errors import HydraException
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+from optuna.study import Study
+from optuna.trial import Trial, TrialState
+
+from scaling.config import EXPERIMENT_GROUPS
+from scaling.record import job_key, read_record, should_skip
+
+from . import _report
+from ._outcome import Outcome, failure, judge, repeat_outcome, tell, worst_values
+from ._space import SearchSpace, parse_search_space
+from ._study import (
+    AskTellGridSampler,
+    DIRECTIONS,
+    counted_trials,
+    failure_rate,
+    make_sampler,
+    make_storage,
+    open_study,
+    recover_stale,
+    resumed_seed,
+    trials_since_improvement,
+)
+
+log = logging.getLogger(__name__)
+
+
+class OptunaSearch(Sweeper):
+    """Ask/tell driver of one study; `sweeper.ScalingOptunaSweeper` delegates to it."""
+
+    def __init__(
+        self,
+        objectives: List[str],
+        directions: List[str],
+        sampler: Any,
+        n_trials: int,
+        n_jobs: int,
+        patience: Optional[int],
+        max_failure_rate: float,
+        study_name: Optional[str],
+        storage: Optional[str],
+        params: Optional[Mapping[str, str]],
+    ) -> None:
+        _check_settings(objectives, directions, n_trials, n_jobs, patience, max_failure_rate)
+        self.objectives = objectives
+        self.directions = directions
+        self.sampler_conf = sampler
+        self.n_trials = n_trials
+        self.n_jobs = n_jobs
+        self.patience = patience
+        self.max_failure_rate = max_failure_rate
+        self.study_name = study_name
+        self.storage = storage
+        self.params = dict(params or {})
+        self.hydra_context: Optional[HydraContext] = None
+        self.config: Optional[DictConfig] = None
+        self.launcher: Any = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        """Keep the context and instantiate the configured launcher."""
+        self.hydra_context = hydra_context
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: List[str]) -> Optional[dict[str, Any]]:
+        """Search until a stop condition holds; returns the `best` entry of best.yaml."""
+        assert self.config is not None and self.hydra_context is not None
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        space = parse_search_space([f"{k}={v}" for k, v in self.params.items()] + list(arguments), parser)
+        if not space.distributions:
+            raise HydraException("hydra.sweeper.params holds no sweep (choice, range, interval or a comma list)")
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+
+        storage = make_storage(self.storage, sweep_dir)
+        storage_name = self.storage or str(sweep_dir / "optuna.journal")
+        study = open_study(storage, self._study_name(sweep_dir), self.directions, self.objectives)
+        recover_stale(study)
+        seed = resumed_seed(self.sampler_conf.seed, len(study.trials))
+        study.sampler = make_sampler(
+            self.sampler_conf.name, seed, self.sampler_conf.n_startup_trials, space, len(self.objectives)
+        )
+        log.info(
+            "Study %r in %s: %d trial(s) held, searching %s with %s",
+            study.study_name, storage_name, len(study.trials), list(space.distributions), self.sampler_conf.name,
+        )
+
+        while (reason := self._stop_reason(study)) is None:
+            batch = [study.ask(space.distributions) for _ in range(self._batch_size(study))]
+            self._run_batch(study, space, batch)
+            _report.write_best(sweep_dir, study, self.objectives, storage_name)
+            _report.write_trials(sweep_dir, _report.trial_rows(study, self.objectives))
+            self._check_failures(study)
+        log.info("Search stopped: %s", reason)
+
+        table = _report.write_trials(sweep_dir, _report.trial_rows(study, self.objectives))
+        best = _report.write_best(sweep_dir, study, self.objectives, storage_name)
+        log.info("Trials of study %r:\n%s", study.study_name, table)
+        if best is None:
+            log.warning("No feasible trial: %s names none", sweep_dir / _report.BEST_FILE)
+        else:
+            log.info("Best (trial %d): %s -> %s", best["trial"], " ".join(best["overrides"]), best["values"])
+        return best
+
+    def _study_name(self, sweep_dir: Path) -> str:
+        if self.study_name:
+            return self.study_name
+        assert self.config is not None
+        return str(self.config.get("sweep") or sweep_dir.name)
+
+    def _stop_reason(self, study: Study) -> Optional[str]:
+        counted = counted_trials(study)
+        if len(counted) >= self.n_trials:
+            return f"{len(counted)} trials reached n_trials={self.n_trials}"
+        if self.patience is not None:
+            since = trials_since_improvement(counted, study.direction)
+            if since >= self.patience:
+                return f"{since} trials without a better feasible value (patience={self.patience})"
+        if isinstance(study.sampler, AskTellGridSampler) and self._batch_size(study) == 0:
+            return "the grid sampler visited every point"
+        return None
+
+    def _batch_size(self, study: Study) -> int:
+        size = min(self.n_jobs, self.n_trials - len(counted_trials(study)))
+        if isinstance(study.sampler, AskTellGridSampler):
+            # Enqueued retries take no grid point, so they do not count against the points left.
+            waiting = len(study.get_trials(deepcopy=False, states=[TrialState.WAITING]))
+            size = min(size, waiting + study.sampler.points_left(study))
+        return size
+
+    def _run_batch(self, study: Study, space: SearchSpace, batch: Sequence[Trial]) -> None:
+        """Answer known points, launch the others, tell every trial of the batch."""
+        outcomes: dict[int, Outcome] = {}
+        to_launch: list[tuple[Trial, list[str]]] = []
+        worst = worst_values(study.get_trials(deepcopy=False, states=[TrialState.COMPLETE]), study.directions)
+        for trial in batch:
+            overrides = space.overrides(trial.params)
+            trial.set_user_attr("overrides", overrides)
+            known = self._known_outcome(study, trial, overrides, worst)
+            if known is not None:
+                outcomes[trial.number] = known
+            else:
+                to_launch.append((trial, overrides))
+        for run in _consecutive_runs(to_launch):
+            self.validate_batch_is_legal([overrides for _, overrides in run])
+            returns = self.launcher.launch([overrides for _, overrides in run], initial_job_idx=run[0][0].number)
+            for (trial, _), ret in zip(run, returns):
+                outcomes[trial.number] = self._judge_return(ret, worst)
+        for trial in batch:
+            tell(study, trial, outcomes[trial.number])
+
+    def _judge_return(self, ret: JobReturn, worst: list[float]) -> Outcome:
+        try:
+            record = ret.return_value  # re-raises what the job raised
+        except Exception as e:
+            return failure(f"{type(e).__name__}: {e}")
+        return judge(record, self.objectives, worst)
+
+    def _known_outcome(self, study: Study, trial: Trial, overrides: list[str], worst: list[float]) -> Optional[Outcome]:
+        """The outcome of a point measured before: an equal COMPLETE trial, or a stored record."""
+        repeat = repeat_outcome(study.get_trials(deepcopy=False, states=[TrialState.COMPLETE]), trial.params)
+        if repeat is not None:
+            return repeat
+        record = self._stored_record(overrides)
+        if record is None:
+            return None
+        outcome = judge(record, self.objectives, worst)
+        outcome.attrs["answered_from"] = "record store"
+        return outcome
+
+    def _stored_record(self, overrides: list[str]) -> Optional[dict[str, Any]]:
+        """The record of this point in the sweep's record store, if the store would not re-run it."""
+        assert self.hydra_context is not None and self.config is not None
+        cfg = self.hydra_context.config_loader.load_sweep_config(master_config=self.config, sweep_overrides=overrides)
+        if "sweep_dir" not in cfg or not all(group in cfg for group in EXPERIMENT_GROUPS):
+            return None
+        experiment = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS}
+        record = read_record(cfg.sweep_dir, job_key(experiment))
+        rerun = OmegaConf.select(cfg, "launch.rerun", default="none")
+        return record if should_skip(record, rerun) else None
+
+    def _check_failures(self, study: Study) -> None:
+        counted = counted_trials(study)
+        rate = failure_rate(counted)
+        if rate > self.max_failure_rate:
+            failed = [t.number for t in counted if t.state == TrialState.FAIL]
+            raise HydraException(
+                f"{len(failed)} of {len(counted)} trials failed ({rate:.0%}), above "
+                f"hydra.sweeper.max_failure_rate={self.max_failure_rate}; failed trials: {failed} "
+                "(their errors are in trials.csv)"
+            )
+
+
+def _consecutive_runs(items: list[tuple[Trial, list[str]]]) -> list[list[tuple[Trial, list[str]]]]:
+    """Split trials into runs of consecutive numbers, so each job's hydra.job.num is its trial number."""
+    runs: list[list[tuple[Trial, list[str]]]] = []
+    for item in items:
+        if runs and runs[-1][-1][0].number + 1 == item[0].number:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs
+
+
+def _check_settings(
+    objectives: Sequence[str], directions: Sequence[str], n_trials: int, n_jobs: int,
+    patience: Optional[int], max_failure_rate: float,
+) -> None:
+    if not objectives:
+        raise ValueError(
+            "hydra.sweeper.objectives is empty: name at least one record field, e.g. metrics.tokens_per_s_per_gpu"
+        )
+    if len(directions) != len(objectives):
+        raise ValueError(
+            f"hydra.sweeper.directions={list(directions)} must give one direction per objective {list(objectives)}"
+        )
+    bad = [d for d in directions if d not in DIRECTIONS]
+    if bad:
+        raise ValueError(f"hydra.sweeper.directions={list(directions)}: {bad} not in {DIRECTIONS}")
+    if n_trials < 1:
+        raise ValueError(f"hydra.sweeper.n_trials={n_trials} must be >= 1")
+    if n_jobs < 1:
+        raise ValueError(f"hydra.sweeper.n_jobs={n_jobs} must be >= 1")
+    if patience is not None and (patience < 1 or len(objectives) > 1):
+        raise ValueError(f"hydra.sweeper.patience={patience} needs a single objective and a value >= 1")
+    if not 0.0 <= max_failure_rate <= 1.0:
+        raise ValueError(f"hydra.sweeper.max_failure_rate={max_failure_rate} must be in [0, 1]")

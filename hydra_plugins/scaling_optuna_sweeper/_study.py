@@ -1,0 +1,158 @@
+"""The Optuna study of a sweep: storage, sampler, resume, and the counts that decide when to stop.
+
+Resume: the study is loaded from its storage, so finished trials are never asked again. A trial
+still RUNNING when the study is opened was left by a driver that died (one driver per study is
+assumed): it is marked FAIL with the user attr `stale`, does not count towards `n_trials` or the
+failure rate, and its parameters are enqueued so the next trial retries them (a point that did
+get recorded before the driver died is then answered from the record store, not re-measured).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import optuna
+from optuna.exceptions import ExperimentalWarning
+from optuna.samplers import BaseSampler, CmaEsSampler, GridSampler, RandomSampler, TPESampler
+from optuna.storages import BaseStorage, JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.study import Study, StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from ._outcome import is_feasible
+from ._space import SearchSpace
+
+log = logging.getLogger(__name__)
+
+SAMPLERS = ("tpe", "random", "grid", "cmaes")
+DIRECTIONS = ("maximize", "minimize")
+JOURNAL_FILE = "optuna.journal"
+
+
+def make_storage(storage: Optional[str], sweep_dir: Path) -> BaseStorage | str:
+    """A journal file (default `<sweep_dir>/optuna.journal`, or the given path) or an Optuna URL."""
+    if storage is not None and "://" in storage:
+        return storage
+    path = Path(storage) if storage is not None else sweep_dir / JOURNAL_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+class AskTellGridSampler(GridSampler):
+    """GridSampler for ask/tell batches: the loop asks no more trials than there are points not yet
+    taken (GridSampler would hand out a taken one again) and stops when none is left, instead of the
+    `Study.stop()` GridSampler calls, which works only inside `Study.optimize`."""
+
+    def __init__(self, grid: dict[str, list[Any]], seed: Optional[int]) -> None:
+        super().__init__(grid, seed=seed)
+        self.grid = {name: list(values) for name, values in sorted(grid.items())}
+        self.n_points = math.prod(len(values) for values in grid.values())
+
+    def points_left(self, study: Study) -> int:
+        """Grid points no trial of this grid has taken yet (finished or running)."""
+        taken = {
+            t.system_attrs["grid_id"]
+            for t in study.get_trials(deepcopy=False, states=[TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL])
+            if "grid_id" in t.system_attrs and t.system_attrs.get("search_space") == self.grid
+        }
+        return self.n_points - len(taken)
+
+    def after_trial(
+        self, study: Study, trial: FrozenTrial, state: TrialState, values: Optional[Sequence[float]]
+    ) -> None:
+        """Nothing to record: the grid's progress is read from the study's trials."""
+
+
+def make_sampler(
+    name: str, seed: Optional[int], n_startup_trials: int, space: SearchSpace, n_objectives: int
+) -> BaseSampler:
+    """The configured sampler; every one but cmaes handles several objectives."""
+    if name == "tpe":
+        return TPESampler(seed=seed, n_startup_trials=n_startup_trials)
+    if name == "random":
+        return RandomSampler(seed=seed)
+    if name == "grid":
+        return AskTellGridSampler(space.grid(), seed=seed)
+    if name == "cmaes":
+        if n_objectives > 1:
+            raise ValueError("hydra.sweeper.sampler.name=cmaes optimises one objective; use tpe, random or grid")
+        try:
+            import cmaes  # noqa: F401  (CmaEsSampler imports it only when it first samples)
+        except ImportError as e:
+            raise ImportError("hydra.sweeper.sampler.name=cmaes needs the `cmaes` package: pip install cmaes") from e
+        # CMA-ES ignores constraints: it sees an infeasible trial only through its worst value.
+        return CmaEsSampler(seed=seed, n_startup_trials=n_startup_trials, warn_independent_sampling=False)
+    raise ValueError(f"hydra.sweeper.sampler.name={name!r} is not a sampler: use one of {', '.join(SAMPLERS)}")
+
+
+def resumed_seed(seed: Optional[int], n_held: int) -> Optional[int]:
+    """The sampler seed offset by the trials the study already holds, so a resumed run does not
+    replay the proposals of the run before it."""
+    return None if seed is None else seed + n_held
+
+
+def open_study(
+    storage: BaseStorage | str, study_name: str, directions: Sequence[str], metric_names: Sequence[str]
+) -> Study:
+    """Create the study or load it for a resume; directions must match the stored study's."""
+    study = optuna.create_study(
+        storage=storage, study_name=study_name, directions=list(directions), load_if_exists=True
+    )
+    stored = [d.name.lower() for d in study.directions]
+    if stored != list(directions):
+        raise ValueError(
+            f"study {study_name!r} was created with directions={stored}, not {list(directions)}: "
+            "pick another hydra.sweeper.study_name or sweep directory"
+        )
+    with warnings.catch_warnings():
+        # Experimental since Optuna 3.2 but the way optuna-dashboard names objectives.
+        warnings.simplefilter("ignore", ExperimentalWarning)
+        study.set_metric_names(list(metric_names))
+    return study
+
+
+def recover_stale(study: Study) -> int:
+    """Mark trials left RUNNING by a dead driver FAIL (`stale`) and enqueue their parameters again."""
+    stale = study.get_trials(deepcopy=False, states=[TrialState.RUNNING])
+    for trial in stale:
+        study._storage.set_trial_user_attr(trial._trial_id, "stale", True)
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        if trial.params:  # a trial killed before its parameters were sampled has nothing to retry
+            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+    if stale:
+        numbers = [t.number for t in stale]
+        log.warning("retrying %d trial(s) left running by an interrupted sweep: %s", len(stale), numbers)
+    return len(stale)
+
+
+def counted_trials(study: Study) -> list[FrozenTrial]:
+    """Finished trials that count towards n_trials (stale ones do not), in trial order."""
+    trials = study.get_trials(deepcopy=False, states=[TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED])
+    return [t for t in trials if not t.user_attrs.get("stale")]
+
+
+def failure_rate(trials: Sequence[FrozenTrial]) -> float:
+    """Fraction of counted trials that failed."""
+    if not trials:
+        return 0.0
+    return sum(t.state == TrialState.FAIL for t in trials) / len(trials)
+
+
+def trials_since_improvement(trials: Sequence[FrozenTrial], direction: StudyDirection) -> int:
+    """Counted trials after the last one that set a new best feasible value (all of them if none did)."""
+    best: Optional[float] = None
+    since = 0
+    for trial in trials:
+        since += 1
+        if not is_feasible(trial):
+            continue
+        value = trial.value
+        assert value is not None
+        better = best is None or (value > best if direction == StudyDirection.MAXIMIZE else value < best)
+        if better:
+            best, since = value, 0
+    return since

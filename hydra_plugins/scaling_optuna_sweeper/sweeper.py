@@ -1,0 +1,52 @@
+"""The `scaling_optuna` sweeper class Hydra discovers; the search itself lives in `_impl`."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+from .config import SamplerConf
+
+
+class ScalingOptunaSweeper(Sweeper):
+    """Optuna search over experiment points, resumable from its storage."""
+
+    def __init__(
+        self,
+        objectives: List[str],
+        directions: List[str],
+        sampler: SamplerConf,
+        n_trials: int,
+        n_jobs: int,
+        patience: Optional[int],
+        max_failure_rate: float,
+        study_name: Optional[str],
+        storage: Optional[str],
+        params: Optional[DictConfig],
+    ) -> None:
+        # Optuna is imported here, when a sweep starts, not when Hydra scans its plugins.
+        from ._impl import OptunaSearch
+
+        self._search = OptunaSearch(
+            objectives=list(objectives),
+            directions=list(directions),
+            sampler=sampler,
+            n_trials=n_trials,
+            n_jobs=n_jobs,
+            patience=patience,
+            max_failure_rate=max_failure_rate,
+            study_name=study_name,
+            storage=storage,
+            params=params,
+        )
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        """Instantiate the launcher the trials go through."""
+        self._search.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+
+    def sweep(self, arguments: List[str]) -> Any:
+        """Run the search; `arguments` are the task overrides of the command line."""
+        return self._search.sweep(arguments)
