@@ -1,0 +1,221 @@
+"""Records -> one tidy pandas DataFrame: one row per experiment point, short column names.
+
+Owns the mapping from the nested record (and from a W&B run's config/summary) to flat columns,
+so every other part of `analysis` speaks in the same column names: the config axes (`model`,
+`seq_len`, `mbs`, `grad_acc`, `dp`, `zero_stage`, ...), `status` (kept as recorded), the metrics
+(`tokens_per_s_per_gpu`, `mfu`, `peak_mem_bytes`, ...) and the prediction (`pred_peak_mem_bytes`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+import pandas as pd
+
+from scaling.record import STATUSES, iter_records
+
+# (column, path in the record). A later path wins when both exist: `derived` holds the values the
+# engine resolved (grad_acc: auto -> 4), `config` the values asked for.
+FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("model", ("config", "model", "name")),
+    ("n_layers", ("config", "model", "n_layers")),
+    ("hidden", ("config", "model", "hidden")),
+    ("n_heads", ("config", "model", "n_heads")),
+    ("n_kv_heads", ("config", "model", "n_kv_heads")),
+    ("ffn_hidden", ("config", "model", "ffn_hidden")),
+    ("vocab_size", ("config", "model", "vocab_size")),
+    ("seq_len", ("config", "train", "seq_len")),
+    ("mbs", ("config", "train", "mbs")),
+    ("grad_acc", ("config", "train", "grad_acc")),
+    ("gbs", ("config", "train", "gbs")),
+    ("gbs_tokens", ("config", "train", "gbs_tokens")),
+    ("precision", ("config", "train", "precision")),
+    ("recompute", ("config", "train", "recompute")),
+    ("compile", ("config", "train", "compile")),
+    ("steps", ("config", "train", "steps")),
+    ("dp", ("config", "parallel", "dp")),
+    ("zero_stage", ("config", "parallel", "zero_stage")),
+    ("bucket_mb", ("config", "parallel", "bucket_mb")),
+    ("hardware", ("config", "hardware", "name")),
+    ("device", ("config", "hardware", "device")),
+    ("memory_gb", ("config", "hardware", "memory_gb")),
+    ("n_params", ("derived", "n_params")),
+    ("flops_per_token", ("derived", "flops_per_token")),
+    ("grad_acc", ("derived", "grad_acc")),
+    ("gbs", ("derived", "gbs")),
+    ("gbs_tokens", ("derived", "gbs_tokens")),
+    ("world_size", ("derived", "world_size")),
+    ("tokens_per_s", ("metrics", "tokens_per_s")),
+    ("tokens_per_s_per_gpu", ("metrics", "tokens_per_s_per_gpu")),
+    ("mfu", ("metrics", "mfu")),
+    ("hfu", ("metrics", "hfu")),
+    ("step_time_s", ("metrics", "step_time_s")),
+    ("step_times_s", ("metrics", "step_times_s")),
+    ("peak_mem_bytes", ("metrics", "peak_mem_bytes")),
+    ("peak_mem_bytes_per_rank", ("metrics", "peak_mem_bytes_per_rank")),
+    ("losses", ("metrics", "losses")),
+    ("pred_peak_mem_bytes", ("predicted", "peak_mem_bytes")),
+    ("pred_method", ("predicted", "method")),
+    ("pred_fits", ("predicted", "fits")),
+    ("torch_version", ("env", "torch")),
+    ("device_name", ("env", "device_name")),
+    ("backend", ("env", "backend")),
+    ("hostname", ("env", "hostname")),
+    ("threads_per_rank", ("env", "threads_per_rank")),
+    ("memory_capacity", ("env", "memory_capacity")),
+    ("started_at", ("timing", "started_at")),
+    ("wall_s", ("timing", "wall_s")),
+    ("launch_overhead_s", ("timing", "launch_overhead_s")),
+)
+HEAD = ("sweep", "job_key", "status", "error", "schema_version")
+COLUMNS: tuple[str, ...] = HEAD + tuple(dict.fromkeys(name for name, _ in FIELDS))
+"""Every column of `collect`'s DataFrame, in order."""
+
+CONFIG_AXES = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "precision", "recompute", "hardware",
+               "memory_gb", "bucket_mb", "compile", "gbs", "gbs_tokens")
+"""Columns that say which point was measured (heatmap axes, DP-scaling groups)."""
+
+INT_COLUMNS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "seq_len", "mbs",
+               "grad_acc", "gbs", "gbs_tokens", "steps", "dp", "zero_stage", "n_params", "flops_per_token",
+               "world_size", "peak_mem_bytes", "pred_peak_mem_bytes", "threads_per_rank")
+GIB = 1024**3
+
+
+def _dig(record: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = record
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def record_to_row(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Flatten one record into the row `collect` makes of it."""
+    status = record.get("status")
+    if status not in STATUSES:
+        raise ValueError(f"record {record.get('job_key')!r}: status={status!r} is not one of {', '.join(STATUSES)}")
+    row: dict[str, Any] = {key: record.get(key) for key in HEAD}
+    for name, path in FIELDS:
+        value = _dig(record, path)
+        if value is not None or name not in row:
+            row[name] = value
+    if row["grad_acc"] == "auto":  # an invalid point never got a derived grad_acc
+        row["grad_acc"] = None
+    return row
+
+
+def to_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Rows -> DataFrame with `COLUMNS` in order, nullable integers, status as an ordered category."""
+    df = pd.DataFrame.from_records(list(rows), columns=list(COLUMNS))
+    for column in INT_COLUMNS:
+        df[column] = pd.to_numeric(df[column], errors="coerce").astype("Int64")
+    for column in ("tokens_per_s", "tokens_per_s_per_gpu", "mfu", "hfu", "step_time_s", "memory_gb",
+                   "bucket_mb", "wall_s", "launch_overhead_s"):
+        df[column] = pd.to_numeric(df[column], errors="coerce").astype("float64")
+    df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
+    df["peak_mem_gib"] = df["peak_mem_bytes"].astype("float64") / GIB
+    df["pred_peak_mem_gib"] = df["pred_peak_mem_bytes"].astype("float64") / GIB
+    return df
+
+
+def collect(*sweep_dirs: str | os.PathLike) -> pd.DataFrame:
+    """Every record under the given sweep directories as one DataFrame, one row per point."""
+    if not sweep_dirs:
+        raise ValueError("collect() needs at least one sweep directory")
+    rows = []
+    for sweep_dir in sweep_dirs:
+        if not Path(sweep_dir).is_dir():
+            raise ValueError(f"sweep_dir={str(sweep_dir)!r} is not a directory: pass a folder holding "
+                             "<job_key>/result.json records")
+        rows.extend(record_to_row(record) for record in iter_records(sweep_dir))
+    return to_frame(rows)
+
+
+def to_parquet(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Write the DataFrame as Parquet (list columns such as `losses` included) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df.to_parquet(path, index=False)
+    return path
+
+
+def _flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = nested
+        *parents, leaf = key.replace("/", ".").split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                break
+        else:
+            node[leaf] = value
+    return nested
+
+
+def wandb_run_to_row(config: Mapping[str, Any], summary: Mapping[str, Any], run_id: Optional[str] = None,
+                     group: Optional[str] = None) -> dict[str, Any]:
+    """Map a W&B run's config and summary (nested, dotted or slash keys alike) to a `collect` row.
+
+    The config holds the resolved experiment config (`model`, `train`, `parallel`, `hardware`);
+    the summary holds `status`, `error`, `job_key` and the metrics, either at its top level or
+    under `metrics`, `derived` and `predicted` (as `metrics/tokens_per_s` or `metrics.mfu`).
+    """
+    flat_config = {k: v for k, v in _flatten(config).items() if not k.startswith("_")}
+    flat_summary = {k: v for k, v in _flatten(summary).items() if not k.startswith("_")}
+    nested = _nest({**flat_config, **flat_summary})
+    record: dict[str, Any] = {"config": {group: nested.get(group) for group in ("model", "train", "parallel",
+                                                                                "hardware")}}
+    for section, names in (("metrics", ("tokens_per_s", "tokens_per_s_per_gpu", "mfu", "hfu", "step_time_s",
+                                        "step_times_s", "peak_mem_bytes", "peak_mem_bytes_per_rank", "losses")),
+                           ("derived", ("n_params", "flops_per_token", "gbs", "gbs_tokens", "grad_acc",
+                                        "world_size"))):
+        record[section] = {name: _first(nested.get(section, {}).get(name), nested.get(name)) for name in names}
+    for section in ("predicted", "env", "timing"):
+        record[section] = nested.get(section)
+    for key in ("schema_version", "job_key", "status", "error"):
+        record[key] = nested.get(key)
+    record["sweep"] = _first(nested.get("sweep"), group)
+    row = record_to_row(record)
+    row["wandb_run_id"] = run_id
+    return row
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None and not isinstance(v, Mapping)), None)
+
+
+def from_wandb(project: str, group: str, entity: Optional[str] = None) -> pd.DataFrame:
+    """The runs of one sweep (W&B group) as a `collect`-shaped DataFrame, one row per run id.
+
+    Summary runs (job_type `report`) and runs without a status are left out.
+    """
+    import wandb
+
+    path = f"{entity}/{project}" if entity else project
+    runs = wandb.Api().runs(path, filters={"group": group}, lazy=False)
+    rows: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        if getattr(run, "job_type", None) == "report" or run.id in rows:
+            continue
+        summary = run.summary_metrics
+        if summary.get("status") is None:
+            continue
+        rows[run.id] = wandb_run_to_row(dict(run.config), summary, run_id=run.id, group=group)
+    df = to_frame(rows.values())
+    df["wandb_run_id"] = list(rows)
+    return df

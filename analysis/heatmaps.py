@@ -1,0 +1,265 @@
+"""Heatmaps of a metric over two config axes, faceted by two more, with every status visible.
+
+A cell holds the best `ok` value of the records that fall into it. A cell without an `ok` record
+shows why: "OOM" (measured), "pred OOM" (skipped by the memory predictor), "timeout", "failed"
+or "invalid", each in its own colour; a cell no record reached stays blank. The best cell of a
+facet carries a box and a star. Seaborn does not annotate masked cells, so status cells are
+drawn as patches with their own text on top of the heatmap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from seaborn.utils import relative_luminance
+from matplotlib.axes import Axes
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+from matplotlib.patches import Patch, Rectangle
+
+from analysis.collect import CONFIG_AXES
+from analysis.figures import new_figure
+from scaling.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, TIMEOUT
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How a metric column is shown: its label, which way is better and how a cell prints it."""
+
+    column: str
+    label: str
+    higher_is_better: bool
+    fmt: str
+
+
+METRICS = {
+    "tokens_per_s_per_gpu": Metric("tokens_per_s_per_gpu", "tokens/s per GPU", True, "{:,.0f}"),
+    "tokens_per_s": Metric("tokens_per_s", "tokens/s", True, "{:,.0f}"),
+    "mfu": Metric("mfu", "MFU", True, "{:.1%}"),
+    "peak_mem_bytes": Metric("peak_mem_gib", "peak memory per rank (GiB)", False, "{:.1f}"),
+    "peak_mem_gib": Metric("peak_mem_gib", "peak memory per rank (GiB)", False, "{:.1f}"),
+    "step_time_s": Metric("step_time_s", "step time (s)", False, "{:.3g}"),
+}
+"""Metrics a heatmap can show, by the name a caller passes."""
+
+STATUS_STYLE = {
+    OOM: ("OOM", "#d62728", "white", None),
+    PREDICTED_OOM: ("pred OOM", "#f4a6a6", "black", "//"),
+    TIMEOUT: ("timeout", "#8c564b", "white", None),
+    FAILED: ("failed", "#404040", "white", None),
+    INVALID: ("invalid", "#d9d9d9", "black", "xx"),
+}
+"""Label, face colour, text colour and hatch of a cell whose records have no `ok` among them."""
+
+STATUS_PRIORITY = {OK: 0, OOM: 1, PREDICTED_OOM: 2, TIMEOUT: 3, FAILED: 4, INVALID: 5}
+"""Which status a cell shows when its records differ: an ok value first, then the most telling failure."""
+
+LAYOUT_AXES = ("seq_len", "mbs", "zero_stage", "dp", "grad_acc", "model", "recompute", "precision", "hardware",
+               "memory_gb")
+"""Axes in the order `default_layout` gives them the roles y, x, facet row, facet column."""
+
+PRETTY = {"zero_stage": "ZeRO-{}", "dp": "dp={}", "seq_len": "seq {}", "mbs": "mbs={}", "grad_acc": "grad_acc={}"}
+
+
+def _metric(name: str) -> Metric:
+    if name not in METRICS:
+        raise ValueError(f"metric={name!r} has no heatmap: use one of {', '.join(METRICS)}")
+    return METRICS[name]
+
+
+def _check_columns(df: pd.DataFrame, **axes: Optional[str]) -> None:
+    for role, column in axes.items():
+        if column is not None and column not in df.columns:
+            raise ValueError(f"{role}={column!r} is not a column: use one of {', '.join(CONFIG_AXES)}")
+
+
+def facet_label(column: str, value: Any) -> str:
+    """How a facet value reads in a title: `ZeRO-1`, `dp=8`, `seq 4096`, `model=llama_1b`."""
+    return PRETTY.get(column, f"{column}={{}}").format(value)
+
+
+def cells(df: pd.DataFrame, x: str, y: str, metric: str, by: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per ([*by,] y, x) cell: the best ok `value`, the `status` shown and `n` records in the cell."""
+    m = _metric(metric)
+    keys = [*by, y, x]
+    _check_columns(df, x=x, y=y, **{f"by[{i}]": k for i, k in enumerate(by)})
+    d = df[[*keys, "status", m.column]].dropna(subset=keys)
+    d = d.assign(status=d["status"].astype(str), rank=d["status"].astype(str).map(STATUS_PRIORITY))
+    grouped = d.groupby(keys, sort=True, observed=True)
+    out = pd.DataFrame({"n": grouped.size(), "rank": grouped["rank"].min()})
+    ok = d[d["status"] == OK].groupby(keys, observed=True)[m.column]
+    out["value"] = (ok.max() if m.higher_is_better else ok.min()).reindex(out.index).astype("float64")
+    by_rank = {rank: status for status, rank in STATUS_PRIORITY.items()}
+    out["status"] = out["rank"].map(by_rank)
+    return out.drop(columns="rank")
+
+
+def _cmap(m: Metric) -> str:
+    # the good end is always yellow, whichever way the metric improves
+    return "viridis" if m.higher_is_better else "viridis_r"
+
+
+def _values(df: pd.DataFrame, column: str) -> list[Any]:
+    return sorted(df[column].dropna().unique().tolist())
+
+
+def heatmap(df: pd.DataFrame, x: str, y: str, metric: str, ax: Optional[Axes] = None,
+            title: Optional[str] = None, xs: Optional[list] = None, ys: Optional[list] = None,
+            vmin: Optional[float] = None, vmax: Optional[float] = None, cbar: bool = True,
+            note_aggregation: bool = True, table: Optional[pd.DataFrame] = None) -> Axes:
+    """Draw one heatmap of `metric` over y x x on `ax`; status cells labelled, the best cell starred.
+
+    `table` is `cells(df, x, y, metric)` when the caller has it already.
+    """
+    m = _metric(metric)
+    table = cells(df, x, y, metric) if table is None else table
+    xs = _values(df, x) if xs is None else xs
+    ys = _values(df, y) if ys is None else ys
+    values = table["value"].unstack(x).reindex(index=ys, columns=xs).astype("float64")
+    ok_values = values.to_numpy()
+    finite = np.isfinite(ok_values)
+    if vmin is None or vmax is None:
+        lo, hi = (np.nanmin(ok_values), np.nanmax(ok_values)) if finite.any() else (0.0, 1.0)
+        vmin, vmax = (lo if vmin is None else vmin), (hi if vmax is None else vmax)
+    best = None
+    if finite.any():
+        flat = np.where(finite, ok_values, -np.inf if m.higher_is_better else np.inf)
+        best = np.unravel_index(np.argmax(flat) if m.higher_is_better else np.argmin(flat), flat.shape)
+    fontsize = max(5.0, min(10.0, 48.0 / max(len(xs), len(ys), 1)))
+    if ax is None:
+        ax = new_figure((0.85 * len(xs) + 2.6, 0.45 * len(ys) + 2.0)).subplots()
+    # values are written below, not by seaborn: it renders the axes once to check tick overlap, and
+    # leaving the cell texts out of that render halves the cost of a large grid
+    ax = sns.heatmap(values, mask=~finite, cmap=_cmap(m), vmin=vmin, vmax=vmax, ax=ax, cbar=cbar,
+                     cbar_kws={"label": m.label} if cbar else None, linewidths=0.5, linecolor="white",
+                     xticklabels=xs, yticklabels=ys)
+    colours = ax.collections[0].cmap(Normalize(vmin, vmax)(ok_values))  # (len(ys), len(xs), RGBA)
+    for i, j in zip(*np.nonzero(finite)):
+        text = ("★ " if (i, j) == best else "") + m.fmt.format(ok_values[i, j])
+        ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=fontsize,
+                color="black" if relative_luminance(colours[i, j]) > 0.408 else "white")
+    position = {(yv, xv): (ys.index(yv), xs.index(xv)) for yv, xv in table.index if yv in ys and xv in xs}
+    for (yv, xv), status in table["status"].items():
+        if status == OK or (yv, xv) not in position:
+            continue
+        i, j = position[(yv, xv)]
+        label, face, text_colour, hatch = STATUS_STYLE[status]
+        ax.add_patch(Rectangle((j, i), 1, 1, facecolor=face, edgecolor="white", hatch=hatch, linewidth=0.5,
+                               gid=f"status:{status}"))
+        ax.text(j + 0.5, i + 0.5, label, ha="center", va="center", color=text_colour, fontsize=0.9 * fontsize,
+                fontweight="bold")
+    if best is not None:
+        ax.add_patch(Rectangle((best[1], best[0]), 1, 1, fill=False, edgecolor="black", linewidth=2.5,
+                               gid="best", zorder=5))
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    n_max = int(table["n"].max()) if len(table) else 0
+    heading = title if title is not None else f"{m.label}: {y} × {x}"
+    if note_aggregation and n_max > 1:
+        heading += f"\n(best ok value of up to {n_max} records per cell)"
+    ax.set_title(heading, fontsize=10)
+    return ax
+
+
+def _filter(df: pd.DataFrame, filters: Optional[Mapping[str, Any]]) -> pd.DataFrame:
+    for column, value in (filters or {}).items():
+        _check_columns(df, filter=column)
+        if not (df[column] == value).any():
+            raise ValueError(f"filter {column}={value!r} matches no record: {column} takes "
+                             f"{', '.join(map(str, _values(df, column)))}")
+        df = df[df[column] == value]
+    return df
+
+
+def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str] = None,
+               col: Optional[str] = None, filters: Optional[Mapping[str, Any]] = None) -> Figure:
+    """A grid of heatmaps of `metric` over y x x, one per (row, col) value, sharing one colour scale."""
+    m = _metric(metric)
+    _check_columns(df, x=x, y=y, row=row, col=col)
+    df = _filter(df, filters)
+    rows = _values(df, row) if row else [None]
+    cols = _values(df, col) if col else [None]
+    xs, ys = _values(df, x), _values(df, y)
+    ok = df.loc[df["status"] == OK, m.column].dropna()
+    vmin, vmax = (float(ok.min()), float(ok.max())) if len(ok) else (0.0, 1.0)
+    cell_w, cell_h = 0.85 * len(xs) + 1.0, 0.4 * len(ys) + 1.0
+    left, right, top, bottom = 0.9, 1.4, 1.0, 1.0  # inches: tick labels, colour bar, titles, legend
+    width, height = max(cell_w * len(cols) + left + right, 9.0), cell_h * len(rows) + top + bottom
+    fig = new_figure((width, height))
+    axes = fig.subplots(len(rows), len(cols), squeeze=False)
+    fig.subplots_adjust(left=left / width, right=1 - right / width, top=1 - top / height, bottom=bottom / height,
+                        wspace=0.25, hspace=0.45)
+    facet_keys = [k for k in (row, col) if k]
+    table = cells(df, x, y, metric, by=facet_keys)
+    facets = dict(iter(table.groupby(level=facet_keys, sort=False))) if facet_keys else {(): table}
+    # seaborn draws the whole figure after each heatmap to check tick overlap: only the facet being
+    # drawn is visible, so a grid costs linear, not quadratic, time.
+    for ax in axes.flat:
+        ax.set_visible(False)
+    shown: set[str] = set()
+    for i, rv in enumerate(rows):
+        for j, cv in enumerate(cols):
+            key = tuple(v for v in (rv, cv) if v is not None)
+            facet = facets.get(key, table.iloc[:0])
+            if facet_keys:
+                facet = facet.droplevel(facet_keys)
+            ax = axes[i, j]
+            ax.set_visible(True)
+            heatmap(df, x, y, metric, ax=ax, xs=xs, ys=ys, vmin=vmin, vmax=vmax, cbar=False,
+                    title=", ".join(facet_label(k, v) for k, v in zip(facet_keys, key)), note_aggregation=False,
+                    table=facet)
+            ax.set_visible(False)
+            shown.update(p.get_gid() for p in ax.patches)
+            # inner facets share the outer ones' tick labels
+            ax.tick_params(labelleft=j == 0, labelbottom=i == len(rows) - 1)
+            if j:
+                ax.set_ylabel("")
+            if i < len(rows) - 1:
+                ax.set_xlabel("")
+    n_max = int(table["n"].max()) if len(table) else 0
+    for ax in axes.flat:
+        ax.set_visible(True)
+    cax = fig.add_axes((1 - (right - 0.35) / width, bottom / height, 0.18 / width, 1 - (top + bottom) / height))
+    bar = fig.colorbar(ScalarMappable(Normalize(vmin, vmax), _cmap(m)), cax=cax, label=m.label)
+    bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: m.fmt.format(v)))
+    present = [s for s in STATUS_STYLE if f"status:{s}" in shown]
+    handles = [Patch(facecolor=STATUS_STYLE[s][1], hatch=STATUS_STYLE[s][3], label=STATUS_STYLE[s][0])
+               for s in present]
+    handles.append(Patch(facecolor="white", edgecolor="black", linewidth=2, label="★ best"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=9,
+               bbox_to_anchor=(0.5, 0.0))
+    heading = f"{m.label}: {y} × {x}"
+    if facet_keys:
+        heading += " per " + " × ".join(facet_keys)
+    if filters:
+        heading += " (" + ", ".join(facet_label(k, v) for k, v in filters.items()) + ")"
+    if n_max > 1:
+        hidden = [a for a in LAYOUT_AXES if a in df.columns and a not in (x, y, row, col)
+                  and df[a].nunique(dropna=True) > 1]
+        heading += f"\nbest ok value of up to {n_max} records per cell" + (f" (over {', '.join(hidden)})"
+                                                                          if hidden else "")
+    fig.suptitle(heading, fontsize=12, y=1 - 0.1 / height, va="top")
+    return fig
+
+
+def default_layout(df: pd.DataFrame) -> dict[str, Optional[str]]:
+    """Pick y, x, row and col from the axes that vary: seq_len × mbs per zero_stage × dp when all do."""
+    varying = [a for a in LAYOUT_AXES if a in df.columns and df[a].nunique(dropna=True) > 1]
+    fixed = [a for a in LAYOUT_AXES if a in df.columns and a not in varying]
+    roles = (varying + fixed)[:2] + varying[2:4]
+    roles += [None] * (4 - len(roles))
+    return dict(zip(("y", "x", "row", "col"), roles))
+
+
+def draw_all(df: pd.DataFrame, metrics: tuple[str, ...] = ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes")
+             ) -> dict[str, Figure]:
+    """The standard heatmaps of a sweep, one faceted figure per metric, laid out by `default_layout`."""
+    layout = default_layout(df)
+    return {metric: facet_grid(df, metric=metric, **layout) for metric in metrics}
+

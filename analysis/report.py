@@ -1,0 +1,260 @@
+"""The sweep report: Markdown plus a self-contained HTML page (figures as base64 PNG), optionally W&B.
+
+`scaling report SWEEP_DIR [--out DIR] [--wandb]` writes, under `<sweep_dir>/report` unless told:
+status counts, the top configurations, the heatmaps, the DP-scaling curve with its knee (when
+the sweep has several dp; with the α-β extrapolation when `<sweep_dir>/alpha_beta.json` exists),
+predicted vs measured memory (when predictions exist) and the failures' last error lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from analysis import alpha_beta, dp_scaling, heatmaps
+from analysis.collect import collect, to_parquet
+from analysis.figures import new_figure
+from scaling.record import FAILED, OK, STATUSES, TIMEOUT
+
+KNEES_IN_WORDS = 8
+"""Knees stated in sentences (and drawn): those of the fastest configurations; the table lists all."""
+TOP_COLUMNS = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "precision", "recompute",
+               "tokens_per_s_per_gpu", "mfu", "peak_mem_gib")
+FORMATS: dict[str, Callable[[Any], str]] = {
+    "tokens_per_s_per_gpu": "{:,.0f}".format, "mfu": "{:.1%}".format, "peak_mem_gib": "{:.2f}".format,
+    "pred_peak_mem_gib": "{:.2f}".format,
+}
+
+
+@dataclass
+class Section:
+    """One part of the report: a heading, paragraphs, tables and figures (name -> Figure)."""
+
+    title: str
+    paragraphs: list[str] = field(default_factory=list)
+    tables: list[pd.DataFrame] = field(default_factory=list)
+    figures: dict[str, Figure] = field(default_factory=dict)
+
+
+def _sweep_meta(sweep_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((sweep_dir / "sweep.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {"name": sweep_dir.name}
+
+
+def _fmt(df: pd.DataFrame) -> pd.DataFrame:
+    out = df.astype(object).where(df.notna(), "")
+    for column, fmt in FORMATS.items():
+        if column in out:
+            out[column] = [fmt(v) if v != "" else "" for v in out[column]]
+    return out
+
+
+def top_configurations(df: pd.DataFrame, n: int = 10) -> pd.DataFrame:
+    """The n ok points with the most tokens/s per GPU."""
+    ok = df[df["status"] == OK].nlargest(n, "tokens_per_s_per_gpu")
+    return ok[list(TOP_COLUMNS)].reset_index(drop=True)
+
+
+def knee_table(found: list[dp_scaling.Knee]) -> pd.DataFrame:
+    """Every configuration's knee: the last dp at or above the threshold and the first below it."""
+    rows = []
+    for k in found:
+        eff = dict(zip(k.dps, k.efficiency))
+        rows.append({"configuration": k.config, "dp measured": ", ".join(map(str, k.dps)), "knee dp": k.knee_dp,
+                     "efficiency at knee": f"{eff[k.knee_dp]:.0%}",
+                     "next dp": k.next_dp if k.next_dp is not None else "none below threshold",
+                     "efficiency there": f"{eff[k.next_dp]:.0%}" if k.next_dp is not None else ""})
+    return pd.DataFrame(rows)
+
+
+def memory_scatter(df: pd.DataFrame) -> tuple[Figure, str]:
+    """Predicted vs measured peak memory of the ok points, and the median relative error in words."""
+    both = df[(df["status"] == OK) & df["peak_mem_gib"].notna() & df["pred_peak_mem_gib"].notna()]
+    fig = new_figure((6.5, 5.5))
+    ax = fig.subplots()
+    stages = sorted(both["zero_stage"].dropna().unique())
+    for stage in stages:
+        part = both[both["zero_stage"] == stage]
+        ax.scatter(part["pred_peak_mem_gib"], part["peak_mem_gib"], label=f"ZeRO-{stage}", alpha=0.8)
+    hi = float(max(both["pred_peak_mem_gib"].max(), both["peak_mem_gib"].max()))
+    ax.plot([0, hi * 1.05], [0, hi * 1.05], color="grey", linestyle="--", linewidth=1, label="predicted = measured")
+    ax.set_xlabel("predicted peak memory per rank (GiB)")
+    ax.set_ylabel("measured peak memory per rank (GiB)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    rel = ((both["pred_peak_mem_gib"] - both["peak_mem_gib"]) / both["peak_mem_gib"]).abs()
+    ax.set_title(f"memory predictor on {len(both)} ok points", fontsize=10)
+    fig.tight_layout()
+    return fig, (f"Median relative error of the memory prediction: {rel.median():.1%} "
+                 f"(largest {rel.max():.1%}) over {len(both)} ok points.")
+
+
+def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
+    """Everything the report shows, in order, with figures still open."""
+    counts = df["status"].value_counts().reindex(list(STATUSES), fill_value=0)
+    sections = [Section("Status counts", tables=[counts.rename_axis("status").reset_index(name="records")])]
+    if df.empty:
+        sections[0].paragraphs.append("No records yet.")
+        return sections
+    top = top_configurations(df)
+    sections.append(Section("Top configurations", ["By tokens/s per GPU, ok points only."] if len(top) else
+                            ["No point finished ok."], tables=[_fmt(top)] if len(top) else []))
+    layout = heatmaps.default_layout(df)
+    sections.append(Section("Heatmaps", [f"Axes: {layout['y']} × {layout['x']}" + (
+        f", faceted by {' × '.join(k for k in (layout['row'], layout['col']) if k)}" if layout["row"] else "") +
+        ". OOM = measured out of memory, pred OOM = skipped by the memory predictor, blank = never run, "
+        "★ = best cell of its facet."], figures=heatmaps.draw_all(df)))
+    if df.loc[df["status"] == OK, "dp"].nunique() > 1:
+        found = dp_scaling.knees(df, threshold)
+        dp = Section("Data-parallel scaling")
+        if found:
+            dp.figures["dp_scaling"] = dp_scaling.plot_dp_scaling(df, threshold, max_configs=KNEES_IN_WORDS)
+            table = dp_scaling.scaling_table(df)
+            fastest = table.groupby("config")["tokens_per_s_per_gpu"].max().nlargest(KNEES_IN_WORDS).index
+            dp.paragraphs += [k.sentence[0].upper() + k.sentence[1:] + "." for k in found if k.config in fastest]
+            dp.tables.append(knee_table(found))
+        else:
+            dp.paragraphs.append("No configuration was measured ok at two or more dp.")
+        profile_path = sweep_dir / alpha_beta.PROFILE_FILE
+        if found and profile_path.exists():
+            ab = alpha_beta.load_profile(profile_path)
+            table = dp_scaling.scaling_table(df)
+            best = table.loc[table["tokens_per_s_per_gpu"].idxmax(), "config"]
+            frame = alpha_beta.extrapolate(table[table["config"] == best], ab)
+            dp.figures["dp_extrapolation"] = dp_scaling.plot_extrapolation(frame, best, ab.name, threshold)
+            dp.paragraphs.append(f"Extrapolation of {best} with α = {ab.alpha_s * 1e6:.1f} µs, β = "
+                                 f"{ab.beta_bytes_per_s / 1e9:.2f} GB/s ({ab.name}); gradient communication is "
+                                 "assumed not to overlap compute; hollow points are extrapolated.")
+        sections.append(dp)
+    if (df["status"] == OK).any() and (df["pred_peak_mem_gib"].notna() & df["peak_mem_gib"].notna()
+                                       & (df["status"] == OK)).any():
+        fig, text = memory_scatter(df)
+        sections.append(Section("Predicted vs measured memory", [text], figures={"memory_prediction": fig}))
+    failures = df[df["status"].isin([FAILED, TIMEOUT])]
+    if len(failures):
+        cols = ["status", "model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "error"]
+        sections.append(Section("Failures", [f"{len(failures)} points failed or timed out (first 20 shown)."],
+                                tables=[_fmt(failures[cols].head(20).reset_index(drop=True))]))
+    return sections
+
+
+def _md_table(df: pd.DataFrame) -> str:
+    cells = [[str(c) for c in df.columns]] + [[str(v).replace("|", "\\|") for v in row] for row in df.to_numpy()]
+    lines = ["| " + " | ".join(r) + " |" for r in cells]
+    lines.insert(1, "|" + "---|" * len(df.columns))
+    return "\n".join(lines)
+
+
+def _html_table(df: pd.DataFrame) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in df.to_numpy())
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+CSS = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;color:#222}"
+       "table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+       "th{background:#f0f0f0}img{max-width:100%;display:block;margin:1em 0}code{background:#f4f4f4}")
+
+
+def write_report(sweep_dir: str | os.PathLike, out_dir: Optional[str | os.PathLike] = None,
+                 threshold: float = dp_scaling.DEFAULT_THRESHOLD, wandb: bool = False,
+                 wandb_project: str = "scaling", wandb_mode: str = "offline") -> dict[str, Path]:
+    """Write report.md, report.html (self-contained), results.parquet and figures/*.png; return their paths."""
+    sweep_dir = Path(sweep_dir)
+    out = Path(out_dir) if out_dir is not None else sweep_dir / "report"
+    df = collect(sweep_dir)
+    meta = _sweep_meta(sweep_dir)
+    sections = build_sections(sweep_dir, df, threshold)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {"parquet": to_parquet(df, out / "results.parquet")}
+    title = f"Sweep report: {meta.get('name', sweep_dir.name)}"
+    intro = f"{len(df)} records in <code>{html.escape(str(sweep_dir))}</code>"
+    if meta.get("start"):
+        intro += f", started {html.escape(str(meta['start']))}"
+    md = [f"# {title}", "", intro.replace("<code>", "`").replace("</code>", "`") + ".", ""]
+    page = [f"<h1>{html.escape(title)}</h1>", f"<p>{intro}.</p>"]
+    for section in sections:
+        md += [f"## {section.title}", ""]
+        page.append(f"<h2>{html.escape(section.title)}</h2>")
+        for text in section.paragraphs:
+            md += [text, ""]
+            page.append(f"<p>{html.escape(text)}</p>")
+        for table in section.tables:
+            md += [_md_table(table), ""]
+            page.append(_html_table(table))
+        for name, fig in section.figures.items():
+            png = out / "figures" / f"{name}.png"
+            fig.savefig(png, dpi=100)
+            paths[f"figure:{name}"] = png
+            md += [f"![{name}](figures/{png.name})", ""]
+            data = base64.b64encode(png.read_bytes()).decode()
+            page.append(f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">')
+    paths["markdown"] = out / "report.md"
+    paths["markdown"].write_text("\n".join(md))
+    paths["html"] = out / "report.html"
+    paths["html"].write_text(f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}'
+                             f"</title><style>{CSS}</style></head><body>{''.join(page)}</body></html>")
+    if wandb:
+        paths["wandb_run_dir"] = log_to_wandb(df, sections, paths, meta.get("name", sweep_dir.name), out,
+                                              wandb_project, wandb_mode)
+    return paths
+
+
+def log_to_wandb(df: pd.DataFrame, sections: list[Section], paths: dict[str, Path], sweep: str, out: Path,
+                 project: str, mode: str) -> Path:
+    """One summary run in the sweep's group (job_type report): the figures, the tables, the knees."""
+    import wandb
+
+    run = wandb.init(project=project, group=sweep, job_type="report", name=f"{sweep}-report", dir=str(out),
+                     mode=mode, config={"sweep": sweep, "records": len(df)})
+    try:
+        images = {f"report/{k.split(':', 1)[1]}": wandb.Image(str(p)) for k, p in paths.items()
+                  if k.startswith("figure:")}
+        tables = {f"report/{s.title.lower().replace(' ', '_')}": wandb.Table(dataframe=t.astype(str))
+                  for s in sections for t in s.tables[:1]}
+        run.log({**images, **tables})
+        for status, count in df["status"].value_counts().items():
+            run.summary[f"records/{status}"] = int(count)
+        ok = df[df["status"] == OK]
+        if len(ok):
+            run.summary["best_tokens_per_s_per_gpu"] = float(ok["tokens_per_s_per_gpu"].max())
+        for section in sections:
+            if section.title == "Data-parallel scaling":
+                run.summary["dp_knees"] = " ".join(section.paragraphs)
+        return Path(run.dir).parent
+    finally:
+        run.finish()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`scaling report SWEEP_DIR [--out DIR] [--wandb]`: write the report and print where it is."""
+    p = argparse.ArgumentParser(prog="scaling report", description="Write a sweep's report (Markdown + HTML).")
+    p.add_argument("sweep_dir", help="folder holding <job_key>/result.json records")
+    p.add_argument("--out", default=None, help="output folder (default: SWEEP_DIR/report)")
+    p.add_argument("--threshold", type=float, default=dp_scaling.DEFAULT_THRESHOLD,
+                   help="DP efficiency below which scaling stops paying off (default 0.8)")
+    p.add_argument("--wandb", action="store_true", help="also log a summary run to W&B (job_type report)")
+    p.add_argument("--wandb-project", default="scaling")
+    p.add_argument("--wandb-mode", choices=("offline", "online"), default="offline")
+    args = p.parse_args(argv)
+    if not Path(args.sweep_dir).is_dir():
+        p.error(f"SWEEP_DIR={args.sweep_dir!r} is not a directory: pass a sweep folder such as runs/demo")
+    if not 0 < args.threshold <= 1:
+        p.error(f"--threshold={args.threshold}: an efficiency threshold lies in (0, 1]")
+    paths = write_report(args.sweep_dir, args.out, args.threshold, args.wandb, args.wandb_project, args.wandb_mode)
+    print(f"report: {paths['html']}")
+    print(f"markdown: {paths['markdown']}")
+    if "wandb_run_dir" in paths:
+        print(f"wandb run: {paths['wandb_run_dir']}")
+    return 0

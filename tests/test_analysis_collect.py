@@ -1,0 +1,95 @@
+"""Records -> DataFrame: columns, statuses, Parquet, and the W&B run mapping."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from analysis.collect import COLUMNS, collect, record_to_row, to_parquet, wandb_run_to_row
+from records import grid_records, make_record, write_sweep
+from scaling.record import STATUSES
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    return write_sweep(tmp_path_factory.mktemp("sweep"), grid_records())
+
+
+def test_one_row_per_record_with_short_config_columns(sweep):
+    df = collect(sweep)
+    assert len(df) == len(list(sweep.glob("*/result.json")))
+    for column in ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "precision", "recompute", "hardware",
+                   "memory_gb", "tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "pred_peak_mem_bytes",
+                   "pred_fits", "step_time_s", "n_params", "wall_s"):
+        assert column in df.columns, column
+    assert list(df.columns[: len(COLUMNS)]) == list(COLUMNS)
+    assert set(df["dp"].dropna()) == {1, 2, 4, 8, 16}
+    assert df["seq_len"].dtype == "Int64"
+
+
+def test_every_status_kept_distinct_and_metrics_null_when_not_ok(sweep):
+    df = collect(sweep)
+    assert list(df["status"].cat.categories) == list(STATUSES)
+    counts = df["status"].value_counts()
+    assert all(counts[s] >= 1 for s in STATUSES), counts
+    not_ok = df[df["status"] != "ok"]
+    assert not_ok["tokens_per_s_per_gpu"].isna().all()
+    assert df.loc[df["status"] == "ok", "tokens_per_s_per_gpu"].notna().all()
+    assert df.loc[df["status"] == "failed", "error"].str.contains("crashed").all()
+
+
+def test_missing_metrics_and_predictions_are_nulls(tmp_path):
+    record = make_record("timeout")
+    del record["metrics"]
+    record["predicted"] = None
+    row = record_to_row(record)
+    assert row["tokens_per_s"] is None and row["pred_peak_mem_bytes"] is None and row["status"] == "timeout"
+
+
+def test_unknown_status_is_a_clear_error():
+    record = make_record("ok")
+    record["status"] = "exploded"
+    with pytest.raises(ValueError, match=r"status='exploded' is not one of ok, oom"):
+        record_to_row(record)
+
+
+def test_missing_sweep_dir_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="sweep_dir=.*nope.*is not a directory"):
+        collect(tmp_path / "nope")
+
+
+def test_parquet_round_trip(sweep, tmp_path):
+    df = collect(sweep)
+    back = pd.read_parquet(to_parquet(df, tmp_path / "out" / "results.parquet"))
+    assert len(back) == len(df)
+    assert back["tokens_per_s_per_gpu"].sum() == pytest.approx(df["tokens_per_s_per_gpu"].sum())
+    assert sorted(back["status"].astype(str).unique()) == sorted(STATUSES)
+    ok = back[back["status"] == "ok"].iloc[0]
+    assert list(ok["losses"]) == [6.2, 6.1, 6.0]
+
+
+def test_wandb_run_maps_to_the_same_row_as_the_record():
+    record = make_record("ok", seq_len=512, mbs=4, grad_acc=2, dp=4, zero_stage=2)
+    # run.config is the resolved config (nested), run.summary flat keys with slashes, as W&B stores them
+    config = {**json.loads(json.dumps(record["config"])), "_wandb": {"cli_version": "0.31.0"}}
+    summary = {"status": "ok", "error": None, "job_key": record["job_key"], "_step": 0, "_runtime": 3.2,
+               **{f"metrics/{k}": v for k, v in record["metrics"].items()},
+               **{f"derived/{k}": v for k, v in record["derived"].items()},
+               **{f"predicted/{k}": v for k, v in record["predicted"].items()}}
+    row = wandb_run_to_row(config, summary, run_id="abc123", group="synthetic")
+    expected = record_to_row(record)
+    for column in ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "status", "job_key",
+                   "tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "pred_peak_mem_bytes", "n_params", "sweep"):
+        assert row[column] == expected[column], column
+    assert row["wandb_run_id"] == "abc123"
+
+
+def test_wandb_summary_with_top_level_metrics_and_dotted_config():
+    record = make_record("oom", dp=2)
+    config = {f"{group}.{k}": v for group, section in record["config"].items() for k, v in section.items()}
+    summary = {"status": "oom", "error": "torch.OutOfMemoryError: x", "peak_mem_bytes": 123}
+    row = wandb_run_to_row(config, summary, run_id="r1", group="g")
+    assert (row["status"], row["dp"], row["peak_mem_bytes"], row["sweep"]) == ("oom", 2, 123, "g")
+    assert row["tokens_per_s_per_gpu"] is None

@@ -1,0 +1,108 @@
+"""Heatmaps: status cells carry their labels, blank cells stay blank, the best cell is marked."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from analysis.collect import collect
+from analysis.heatmaps import cells, default_layout, draw_all, facet_grid, heatmap
+from records import FAILURES, grid_records, write_sweep
+
+
+@pytest.fixture(scope="module")
+def df(tmp_path_factory):
+    return collect(write_sweep(tmp_path_factory.mktemp("sweep"), grid_records()))
+
+
+def _texts_at(ax):
+    """Text of each cell by (row, col), from the annotations seaborn and the overlay drew."""
+    out = {}
+    for t in ax.texts:
+        x, y = t.get_position()
+        out[(int(y), int(x))] = t.get_text()
+    return out
+
+
+def test_oom_and_other_statuses_are_labelled_in_the_rendered_heatmap(df):
+    facet = df[(df["zero_stage"] == 0) & (df["dp"] == 2)]
+    ax = heatmap(facet, x="mbs", y="seq_len", metric="tokens_per_s_per_gpu")
+    ax.figure.canvas.draw()
+    texts = _texts_at(ax)
+    ys, xs = [256, 512, 1024], [1, 2, 4, 8]
+    assert texts[(ys.index(1024), xs.index(4))] == "OOM"
+    assert texts[(ys.index(512), xs.index(8))] == "pred OOM"
+    assert texts[(ys.index(1024), xs.index(1))] == "timeout"
+    assert texts[(ys.index(1024), xs.index(2))] == "failed"
+    # the point never run (largest seq_len x mbs) is blank: no text, no patch
+    assert (ys.index(1024), xs.index(8)) not in texts
+    gids = [p.get_gid() for p in ax.patches]
+    assert gids.count("status:oom") == 1 and "status:predicted_oom" in gids
+    assert FAILURES[(0, 2, 1024, 1)] == "timeout"
+
+
+def test_ok_cells_show_values_and_the_best_is_starred_and_boxed(df):
+    facet = df[(df["zero_stage"] == 1) & (df["dp"] == 2)]
+    ax = heatmap(facet, x="mbs", y="seq_len", metric="tokens_per_s_per_gpu")
+    texts = _texts_at(ax)
+    starred = [cell for cell, text in texts.items() if text.startswith("★")]
+    assert starred == [(0, 3)]  # seq 256, mbs 8: the most tokens/s per GPU in this facet
+    assert texts[(2, 0)] == "invalid"
+    best = [p for p in ax.patches if p.get_gid() == "best"]
+    assert len(best) == 1 and best[0].get_xy() == (3, 0)
+    assert texts[(0, 0)].replace(",", "").isdigit()
+
+
+def test_memory_best_is_the_smallest(df):
+    facet = df[(df["zero_stage"] == 1) & (df["dp"] == 8)]
+    ax = heatmap(facet, x="mbs", y="seq_len", metric="peak_mem_bytes")
+    starred = [t.get_text() for t in ax.texts if t.get_text().startswith("★")]
+    assert starred == [f"★ {facet['peak_mem_gib'].min():.1f}"]
+
+
+def test_cells_take_the_best_ok_value_and_count_records(df):
+    table = cells(df, "mbs", "seq_len", "tokens_per_s_per_gpu")
+    assert table.loc[(256, 1), "n"] == 10  # 5 dp x 2 ZeRO stages fall into one cell
+    assert table.loc[(256, 1), "value"] == pytest.approx(df.loc[(df["seq_len"] == 256) & (df["mbs"] == 1),
+                                                                "tokens_per_s_per_gpu"].max())
+    assert table.loc[(1024, 4), "status"] == "ok"  # OOM under ZeRO-0 but ok when sharded: ok wins
+
+
+def test_aggregated_cells_say_so_in_the_title(df):
+    ax = heatmap(df, x="mbs", y="seq_len", metric="mfu")
+    assert "best ok value of up to 10 records per cell" in ax.get_title()
+    fig = facet_grid(df, x="mbs", y="seq_len", metric="mfu", col="zero_stage")
+    assert "best ok value of up to 5 records per cell (over dp, grad_acc)" in fig._suptitle.get_text()
+
+
+def test_facet_grid_one_axes_per_facet_with_shared_scale(df):
+    fig = facet_grid(df, x="mbs", y="seq_len", metric="tokens_per_s_per_gpu", row="zero_stage", col="dp")
+    heat_axes = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in heat_axes[:2]] == ["ZeRO-0, dp=1", "ZeRO-0, dp=2"]
+    assert len(heat_axes) == 10
+    assert any(t.get_text() == "OOM" for ax in heat_axes for t in ax.texts)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["OOM", "pred OOM", "timeout", "failed", "invalid", "★ best"]
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    assert png.getvalue().startswith(b"\x89PNG")
+
+
+def test_filters_and_bad_axes_are_clear_errors(df):
+    fig = facet_grid(df, x="mbs", y="seq_len", metric="mfu", filters={"zero_stage": 1, "dp": 4})
+    assert "(ZeRO-1, dp=4)" in fig._suptitle.get_text()
+    with pytest.raises(ValueError, match="x='batch' is not a column"):
+        facet_grid(df, x="batch", y="seq_len", metric="mfu")
+    with pytest.raises(ValueError, match="metric='speed' has no heatmap"):
+        heatmap(df, x="mbs", y="seq_len", metric="speed")
+    with pytest.raises(ValueError, match="filter dp=3 matches no record: dp takes 1, 2, 4, 8, 16"):
+        facet_grid(df, x="mbs", y="seq_len", metric="mfu", filters={"dp": 3})
+
+
+def test_default_layout_and_draw_all(df):
+    assert default_layout(df) == {"y": "seq_len", "x": "mbs", "row": "zero_stage", "col": "dp"}
+    one_dp = df[df["dp"] == 1]
+    assert default_layout(one_dp)["col"] is None
+    figs = draw_all(df)
+    assert set(figs) == {"tokens_per_s_per_gpu", "mfu", "peak_mem_bytes"}

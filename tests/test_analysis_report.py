@@ -1,0 +1,116 @@
+"""The report: Markdown + self-contained HTML with every section, the CLI entry, and the W&B summary run."""
+
+from __future__ import annotations
+
+import base64
+import re
+import struct
+import time
+
+import pandas as pd
+import pytest
+
+from analysis.alpha_beta import PROFILE_FILE, AlphaBeta, save_profile
+from analysis.report import main, write_report
+from records import grid_records, make_record, write_sweep
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    sweep = write_sweep(tmp_path_factory.mktemp("sweep"), grid_records(), name="grid")
+    save_profile(sweep / PROFILE_FILE, AlphaBeta(20e-6, 40e9, "nominal"), [])
+    return sweep, write_report(sweep)
+
+
+def test_report_files_and_sections(report):
+    sweep, paths = report
+    assert paths["html"] == sweep / "report" / "report.html"
+    md = paths["markdown"].read_text()
+    for heading in ("# Sweep report: grid", "## Status counts", "## Top configurations", "## Heatmaps",
+                    "## Data-parallel scaling", "## Predicted vs measured memory", "## Failures"):
+        assert heading in md, heading
+    assert "| oom | 6 |" in md and "| predicted_oom | 6 |" in md and "| invalid | 1 |" in md
+    assert "DP stops paying off after dp=8; efficiency falls from 85% (dp=8) to 62% (dp=16)" in md
+    assert "| tiny | 256 | 8 | 8 | 1 | 0 | bf16 | none | 28,284 |" in md  # the fastest point heads the table
+    for name in ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "dp_scaling", "dp_extrapolation",
+                 "memory_prediction"):
+        assert paths[f"figure:{name}"].exists()
+        assert f"(figures/{name}.png)" in md
+    assert len(pd.read_parquet(paths["parquet"])) == len(list(sweep.glob("*/result.json")))
+
+
+def test_html_is_self_contained_with_embedded_pngs(report):
+    _, paths = report
+    page = paths["html"].read_text()
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)"', page)
+    assert {name for name, _ in images} >= {"tokens_per_s_per_gpu", "dp_scaling", "memory_prediction"}
+    for _, data in images:
+        assert base64.b64decode(data).startswith(b"\x89PNG")
+    assert not re.search(r'(src|href)="(?!data:)', page)  # nothing loaded from elsewhere
+    assert "<script" not in page
+
+
+def test_single_dp_sweep_has_no_dp_section_and_no_predictions_no_scatter(tmp_path):
+    records = [make_record(seq_len=s, mbs=m) for s in (256, 512) for m in (1, 2)]
+    for r in records:
+        r["predicted"] = None
+    paths = write_report(write_sweep(tmp_path / "s", records), out_dir=tmp_path / "out")
+    md = paths["markdown"].read_text()
+    assert "## Heatmaps" in md and "## Data-parallel scaling" not in md and "## Predicted vs measured" not in md
+    assert paths["html"].parent == tmp_path / "out"
+
+
+def test_empty_sweep_says_so(tmp_path):
+    (tmp_path / "empty").mkdir()
+    md = write_report(tmp_path / "empty")["markdown"].read_text()
+    assert "No records yet." in md
+
+
+def test_main_prints_where_the_report_is(tmp_path, capsys):
+    sweep = write_sweep(tmp_path / "s", [make_record(dp=d) for d in (1, 2)])
+    assert main([str(sweep), "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert f"report: {tmp_path / 'r' / 'report.html'}" in out
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "missing")])
+    assert exc.value.code == 2
+    assert "SWEEP_DIR=" in capsys.readouterr().err
+
+
+def _run_records(path):
+    """The run records of a .wandb file: a 7-byte header, then leveldb-log chunks of protobuf Records."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, pos, block, buf, runs = path.read_bytes(), 7, 32768, b"", []
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        buf, pos = buf + data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # FULL or LAST chunk: one whole record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(buf)
+            buf = b""
+            if record.WhichOneof("record_type") == "run":
+                runs.append(record.run)
+    return runs
+
+
+def test_wandb_summary_run_offline(report, tmp_path, monkeypatch):
+    sweep, _ = report
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    paths = write_report(sweep, out_dir=tmp_path / "w", wandb=True)
+    run_dir = paths["wandb_run_dir"]
+    assert run_dir.is_dir() and run_dir.parent == tmp_path / "w" / "wandb"
+    assert run_dir.name.startswith("offline-run-")
+    (log,) = run_dir.glob("*.wandb")
+    deadline = time.monotonic() + 30  # wandb-core finishes writing the log after finish() returns
+    while not _run_records(log) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (run,) = _run_records(log)
+    assert (run.run_group, run.job_type, run.project) == ("grid", "report", "scaling")
+    media = {p.name.split("_0_")[0] for p in (run_dir / "files" / "media" / "images" / "report").glob("*.png")}
+    assert {"tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "dp_scaling"} <= media
+    tables = {p.name.split("_0_")[0] for p in (run_dir / "files" / "media" / "table" / "report").glob("*.json")}
+    assert "top_configurations" in tables

@@ -1,0 +1,73 @@
+"""The HTML report as a person sees it: headless Chromium renders it without console errors.
+
+Renders the report of a synthetic sweep, or of SCALING_REPORT_SWEEP_DIR when that is set (a
+finished sweep such as runs/demo).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+
+from analysis.report import write_report
+from records import grid_records, write_sweep
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--enable-logging=stderr", "--v=0")
+
+
+def screenshot(page: Path, out: Path, profile: Path, size: str = "1280,2000") -> list[str]:
+    """Render `page` to `out` (PNG) in a fresh profile; return the page's console lines."""
+    proc = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", f"--screenshot={out}",
+                           f"--window-size={size}", page.resolve().as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # every console message (log, warning, error, uncaught exception) comes out as INFO:CONSOLE
+    return [line for line in proc.stderr.splitlines() if re.search(r":CONSOLE[:(]", line)]
+
+
+@pytest.fixture(scope="module")
+def report_html(tmp_path_factory) -> tuple[Path, bool]:
+    """The report page, and whether it is of the synthetic sweep (which has OOM cells)."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed: apt-get install -y chromium (scripts/install-system-deps.sh)")
+    sweep = os.environ.get("SCALING_REPORT_SWEEP_DIR")
+    if sweep:
+        return write_report(sweep, out_dir=tmp_path_factory.mktemp("report"))["html"], False
+    sweep_dir = write_sweep(tmp_path_factory.mktemp("sweep"), grid_records())
+    return write_report(sweep_dir)["html"], True
+
+
+def test_report_renders_with_figures_and_no_console_errors(report_html, tmp_path):
+    page, synthetic = report_html
+    shot = tmp_path / "report.png"
+    console = screenshot(page, shot, tmp_path / "profile")
+    assert console == []
+    assert shot.exists() and shot.stat().st_size > 20_000
+    pixels = imread(shot)  # (H, W, channels) floats in [0, 1]
+    assert pixels.shape[:2] == (2000, 1280)
+    colours = np.unique((pixels[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)
+    assert len(colours) > 200, f"only {len(colours)} distinct colours: the page looks blank"
+    if synthetic:  # its heatmaps' OOM red (#d62728) on screen: the embedded figures were decoded and drawn
+        red = np.all(np.abs(pixels[..., :3] - np.array([0xD6, 0x27, 0x28]) / 255) < 0.02, axis=-1)
+        assert red.sum() > 100
+
+
+def test_console_check_catches_a_script_error(tmp_path):
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed: apt-get install -y chromium (scripts/install-system-deps.sh)")
+    page = tmp_path / "bad.html"
+    page.write_text("<html><body><p>x</p><script>undefinedFunction();</script></body></html>")
+    console = screenshot(page, tmp_path / "bad.png", tmp_path / "profile", size="400,300")
+    assert any("Uncaught ReferenceError: undefinedFunction is not defined" in line for line in console)
