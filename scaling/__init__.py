@@ -1,0 +1,1 @@
+"""scaling: sweep-driven throughput-scaling experiments for LLM training."""

@@ -1,0 +1,171 @@
+"""The Hydra job: one experiment point from config to record.
+
+    python -m scaling.run [overrides]          one point
+    python -m scaling.run -m [sweep overrides] a multirun (see sweeps/)
+
+validate -> predict memory -> already in the store? -> launch torchrun -> classify -> write
+result.json atomically -> log to W&B -> return the record (the sweeper reads its metrics).
+This process never imports CUDA and never becomes a rank; a point never raises into the sweep.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from scaling import flops, launch
+from scaling.config import register_configs
+from scaling.metrics import throughput_metrics
+from scaling.model import ModelArgs, param_count
+from scaling.record import (
+    FAILED, INVALID, OK, RESULT_FILE, SCHEMA_VERSION, experiment_config, job_dir, job_key, read_record,
+    should_skip, write_json_atomic,
+)
+from scaling.validate import Derived, InvalidConfig, validate
+from scaling.worker import WORKER_OUTPUT
+
+CONFIG_FILE = "config.json"
+GIB = 1024**3
+
+
+def threads_per_rank(cfg: dict[str, Any]) -> int:
+    """This host's cores divided among the ranks it runs (at least 1), unless set explicitly."""
+    if cfg["launch"]["threads_per_rank"]:
+        return int(cfg["launch"]["threads_per_rank"])
+    per_node = cfg["hardware"]["devices_per_node"]
+    ranks_here = min(cfg["parallel"]["dp"], per_node) if per_node else cfg["parallel"]["dp"]
+    return max(1, len(os.sched_getaffinity(0)) // ranks_here)
+
+
+def _host_env(cfg: dict[str, Any], threads: Optional[int]) -> dict[str, Any]:
+    """What the record says about the machine when no rank reported it (the point never ran)."""
+    import torch  # CPU-side import only: version string, no device initialisation
+
+    hw = cfg["hardware"]
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device_name": hw["name"],
+        "backend": hw["backend"],
+        "hostname": socket.gethostname(),
+        "threads_per_rank": threads,
+        "memory_capacity": ("real" if hw["device"] == "cuda" else "emulated") if hw["memory_gb"] else "unlimited",
+    }
+
+
+def _derived_block(cfg: dict[str, Any], derived: Derived) -> dict[str, Any]:
+    args = ModelArgs.from_dict(cfg["model"])
+    seq = cfg["train"]["seq_len"]
+    return {
+        **derived.as_dict(),
+        "n_params": param_count(args),
+        "flops_per_token": flops.flops_per_token(args, seq),
+        "hw_flops_per_token": flops.hardware_flops_per_token(args, seq, cfg["train"]["recompute"] == "full"),
+    }
+
+
+def _summary_line(record: dict[str, Any]) -> str:
+    c, m = record["config"], record.get("metrics") or {}
+    point = (f"model={c['model']['name']} seq={c['train']['seq_len']} mbs={c['train']['mbs']} "
+             f"ga={(record.get('derived') or {}).get('grad_acc', c['train']['grad_acc'])} "
+             f"dp={c['parallel']['dp']} zero={c['parallel']['zero_stage']}")
+    figures = ""
+    if m:
+        figures = (f" tokens/s/GPU={m['tokens_per_s_per_gpu']:.1f} mfu={100 * m['mfu']:.2f}%"
+                   f" peak={m['peak_mem_bytes'] / 2**20:.1f}MiB")
+    error = f" error: {record['error']}" if record.get("error") else ""
+    return f"[scaling] {record['job_key']} {record['status']}{figures} ({point}){error}"
+
+
+def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Run one resolved experiment config (plain dict) to its record; never raises for a bad point."""
+    sweep_dir = Path(cfg["sweep_dir"]).resolve()
+    key = job_key(cfg)
+    existing = read_record(sweep_dir, key)
+    if should_skip(existing, cfg["launch"]["rerun"]):
+        print(f"[scaling] {key} already recorded as {existing['status']}: skipped", flush=True)
+        return existing
+
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    record: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION, "job_key": key, "sweep": cfg["sweep"], "status": None, "error": None,
+        "config": experiment_config(cfg), "derived": None, "metrics": None, "predicted": None, "env": None,
+        "timing": {"started_at": started, "wall_s": None, "launch_overhead_s": None},
+    }
+    jd = job_dir(sweep_dir, key)
+    try:
+        derived = validate(cfg)
+    except InvalidConfig as e:
+        record.update(status=INVALID, error=str(e), env=_host_env(cfg, None))
+        return _finish(record, jd, t0)
+
+    threads = threads_per_rank(cfg)
+    record["derived"] = _derived_block(cfg, derived)
+    jd.mkdir(parents=True, exist_ok=True)
+    for stale in (WORKER_OUTPUT, launch.TORCHRUN_LOG):
+        (jd / stale).unlink(missing_ok=True)
+    runtime = {"threads_per_rank": threads, "job_key": key}
+    write_json_atomic(jd / CONFIG_FILE, {**cfg, "derived": record["derived"], "runtime": runtime})
+
+    argv = launch.torchrun_argv(jd / CONFIG_FILE, derived.world_size)
+    outcome = launch.run_job(argv, jd, cfg["launch"]["timeout_s"], launch.job_env(threads, cfg["launch"]["devices"]))
+    record.update(status=outcome.status, error=outcome.error, env=_host_env(cfg, threads))
+    worker_out = read_worker_output(jd)
+    if outcome.status == OK and worker_out is not None:
+        hw, precision = cfg["hardware"], cfg["train"]["precision"]
+        peak = flops.peak_flops_per_s(hw, precision, threads, hw["device"])
+        d = record["derived"]
+        record["metrics"] = throughput_metrics(worker_out, d, peak, d["flops_per_token"], d["hw_flops_per_token"])
+        record["env"] = worker_out["env"]
+        record["timing"]["launch_overhead_s"] = outcome.wall_s - worker_out["measured_window_s"]
+    elif outcome.status == OK:
+        record.update(status=FAILED, error=f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}")
+    return _finish(record, jd, t0)
+
+
+def read_worker_output(jd: Path) -> Optional[dict[str, Any]]:
+    """What rank 0 wrote, if anything."""
+    try:
+        return json.loads((jd / WORKER_OUTPUT).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _finish(record: dict[str, Any], jd: Path, t0: float) -> dict[str, Any]:
+    """Time, write atomically, and announce the record."""
+    record["timing"]["wall_s"] = time.perf_counter() - t0
+    write_json_atomic(jd / RESULT_FILE, record)
+    print(_summary_line(record), flush=True)
+    return record
+
+
+def _absolute_sweep_dir(cfg: DictConfig) -> None:
+    """Make sweep_dir absolute against the directory the command was started in."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not os.path.isabs(cfg.sweep_dir):
+        cfg.sweep_dir = os.path.join(HydraConfig.get().runtime.cwd, cfg.sweep_dir)
+
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> dict[str, Any]:
+    """Hydra entry point: resolve the config and run the point."""
+    _absolute_sweep_dir(cfg)
+    return run_point(OmegaConf.to_container(cfg, resolve=True))
+
+
+if __name__ == "__main__":
+    main()

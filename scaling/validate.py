@@ -1,0 +1,185 @@
+"""Validation in one place: is this experiment point possible, and what does it derive to?
+
+`validate(cfg)` runs before any process starts. An impossible point raises `InvalidConfig`, whose
+message names each offending field, its value and what would be valid; the job records it as
+status `invalid`. A possible point returns its derived batch layout.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from scaling.batch import BatchError, derive_grad_acc, target_gbs_samples
+
+PRECISIONS = ("fp32", "bf16")
+RECOMPUTE = ("none", "full")
+ZERO_STAGES = (0, 1, 2, 3)
+DEVICES = ("cpu", "cuda")
+BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo")}
+DATA_SOURCES = ("synthetic", "file")
+TOKEN_DTYPES = ("uint16", "int32")
+FAULTS = ("none", "crash", "hang")
+LOGGERS = ("none", "wandb")
+WANDB_MODES = ("offline", "online", "disabled")
+RERUN = ("none", "failed", "all")
+
+
+class InvalidConfig(ValueError):
+    """An impossible experiment point; str() is one line naming field, value and valid choices."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__("; ".join(errors))
+
+
+@dataclass(frozen=True)
+class Derived:
+    """What a valid point's config implies for the batch and the world."""
+
+    gbs: int
+    gbs_tokens: int
+    grad_acc: int
+    world_size: int
+    nnodes: int
+
+    def as_dict(self) -> dict[str, int]:
+        """Plain dict for the record."""
+        return asdict(self)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _Checker:
+    """Collects every problem of a config instead of stopping at the first."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def require(self, ok: bool, message: str) -> bool:
+        if not ok:
+            self.errors.append(message)
+        return ok
+
+    def positive(self, name: str, value: Any, *, allow_none: bool = False, integer: bool = True) -> bool:
+        if value is None and allow_none:
+            return True
+        kind = "a positive integer" if integer else "a positive number"
+        good = (_is_int(value) if integer else isinstance(value, (int, float)) and not isinstance(value, bool))
+        return self.require(good and value > 0, f"{name}={value!r} must be {kind}" + (" or null" if allow_none else ""))
+
+    def choice(self, name: str, value: Any, valid: tuple) -> bool:
+        return self.require(value in valid, f"{name}={value!r} is not valid: choose one of {', '.join(map(str, valid))}")
+
+
+def _check_model(c: _Checker, m: Mapping[str, Any]) -> None:
+    sizes_ok = all(
+        [c.positive(f"model.{k}", m[k]) for k in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "max_seq_len")]
+    )
+    c.positive("model.rope_theta", m["rope_theta"], integer=False)
+    c.positive("model.norm_eps", m["norm_eps"], integer=False)
+    if not sizes_ok:
+        return
+    h, heads, kv = m["hidden"], m["n_heads"], m["n_kv_heads"]
+    if c.require(h % heads == 0, f"model.n_heads={heads} does not divide model.hidden={h}: try n_heads in "
+                 f"{{{', '.join(str(d) for d in range(1, h + 1) if h % d == 0 and (h // d) % 2 == 0)}}}"):
+        c.require((h // heads) % 2 == 0, f"model.hidden/n_heads = {h // heads} is odd: RoPE needs an even head_dim")
+    c.require(heads % kv == 0, f"model.n_kv_heads={kv} does not divide model.n_heads={heads}: try n_kv_heads in "
+              f"{{{', '.join(str(d) for d in range(1, heads + 1) if heads % d == 0)}}}")
+
+
+def _check_train(c: _Checker, t: Mapping[str, Any], max_seq_len: Any) -> None:
+    if c.positive("train.seq_len", t["seq_len"]) and _is_int(max_seq_len):
+        c.require(t["seq_len"] <= max_seq_len,
+                  f"train.seq_len={t['seq_len']} exceeds model.max_seq_len={max_seq_len}: use seq_len <= {max_seq_len}")
+    c.positive("train.mbs", t["mbs"])
+    ga = t["grad_acc"]
+    c.require(ga == "auto" or (_is_int(ga) and ga >= 1), f"train.grad_acc={ga!r} must be an integer >= 1 or 'auto'")
+    c.positive("train.gbs", t["gbs"], allow_none=True)
+    c.positive("train.gbs_tokens", t["gbs_tokens"], allow_none=True)
+    c.require(_is_int(t["warmup_steps"]) and t["warmup_steps"] >= 0,
+              f"train.warmup_steps={t['warmup_steps']!r} must be an integer >= 0")
+    c.positive("train.steps", t["steps"])
+    c.choice("train.precision", t["precision"], PRECISIONS)
+    c.choice("train.recompute", t["recompute"], RECOMPUTE)
+    c.positive("train.lr", t["lr"], integer=False)
+    c.require(t["weight_decay"] >= 0, f"train.weight_decay={t['weight_decay']!r} must be >= 0")
+    c.choice("train.fault", t["fault"], FAULTS)
+    data = t["data"]
+    if c.choice("train.data.source", data["source"], DATA_SOURCES) and data["source"] == "file":
+        path = data["path"]
+        c.require(bool(path) and os.path.isfile(str(path)),
+                  f"train.data.path={path!r} is not a readable file: give a flat binary token file for source=file")
+        c.choice("train.data.dtype", data["dtype"], TOKEN_DTYPES)
+
+
+def _check_parallel(c: _Checker, p: Mapping[str, Any]) -> None:
+    c.positive("parallel.dp", p["dp"])
+    c.choice("parallel.zero_stage", p["zero_stage"], ZERO_STAGES)
+    c.positive("parallel.bucket_mb", p["bucket_mb"], integer=False)
+
+
+def _check_hardware(c: _Checker, hw: Mapping[str, Any], precision: Any) -> None:
+    if c.choice("hardware.device", hw["device"], DEVICES):
+        c.choice("hardware.backend", hw["backend"], BACKENDS[hw["device"]])
+    c.positive("hardware.memory_gb", hw["memory_gb"], allow_none=True, integer=False)
+    c.positive("hardware.devices_per_node", hw["devices_per_node"], allow_none=True)
+    for key in ("peak_tflops_bf16", "peak_tflops_fp32"):
+        c.positive(f"hardware.{key}", hw[key], allow_none=True, integer=False)
+    if hw["device"] == "cuda" and precision in PRECISIONS:
+        key = f"peak_tflops_{precision}"
+        c.require(hw[key] is not None, f"hardware.{key}=null: a CUDA profile needs its peak TFLOP/s for MFU")
+
+
+def _check_run(c: _Checker, cfg: Mapping[str, Any]) -> None:
+    log, launch = cfg["logger"], cfg["launch"]
+    c.choice("logger.name", log["name"], LOGGERS)
+    c.choice("logger.mode", log["mode"], WANDB_MODES)
+    c.positive("launch.timeout_s", launch["timeout_s"], integer=False)
+    c.choice("launch.rerun", launch["rerun"], RERUN)
+    c.positive("launch.threads_per_rank", launch["threads_per_rank"], allow_none=True)
+    c.require(0 <= launch["prescreen_margin"] < 10,
+              f"launch.prescreen_margin={launch['prescreen_margin']!r} must be in [0, 10)")
+
+
+def _derive(c: _Checker, cfg: Mapping[str, Any]) -> Derived | None:
+    t, p, hw = cfg["train"], cfg["parallel"], cfg["hardware"]
+    seq, mbs, dp, ga = t["seq_len"], t["mbs"], p["dp"], t["grad_acc"]
+    try:
+        if ga == "auto":
+            gbs = target_gbs_samples(seq, t["gbs"], t["gbs_tokens"])
+            ga = derive_grad_acc(gbs, mbs, dp)
+        else:
+            gbs = mbs * ga * dp
+            if t["gbs"] is not None or t["gbs_tokens"] is not None:
+                target = target_gbs_samples(seq, t["gbs"], t["gbs_tokens"])
+                c.require(target == gbs, f"train.grad_acc={ga} gives gbs = mbs x grad_acc x dp = {mbs} x {ga} x {dp} = "
+                          f"{gbs} samples, but train.gbs/gbs_tokens ask for {target}: set train.grad_acc=auto")
+    except BatchError as e:
+        c.errors.append(str(e))
+        return None
+    per_node = hw["devices_per_node"]
+    nnodes = 1 if per_node is None else -(-dp // per_node)
+    if per_node is not None and dp > per_node:
+        c.require(dp % per_node == 0, f"parallel.dp={dp} spans nodes of hardware.devices_per_node={per_node} "
+                  f"but is not a multiple of it: try dp in {{{per_node}, {2 * per_node}, {4 * per_node}}}")
+    return Derived(gbs=gbs, gbs_tokens=gbs * seq, grad_acc=ga, world_size=dp, nnodes=nnodes)
+
+
+def validate(cfg: Mapping[str, Any]) -> Derived:
+    """Check a resolved config (plain dict); return its derived layout or raise InvalidConfig."""
+    c = _Checker()
+    _check_model(c, cfg["model"])
+    _check_train(c, cfg["train"], cfg["model"]["max_seq_len"])
+    _check_parallel(c, cfg["parallel"])
+    _check_hardware(c, cfg["hardware"], cfg["train"]["precision"])
+    _check_run(c, cfg)
+    if c.errors:
+        raise InvalidConfig(c.errors)
+    derived = _derive(c, cfg)
+    if c.errors or derived is None:
+        raise InvalidConfig(c.errors)
+    return derived

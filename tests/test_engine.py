@@ -1,0 +1,115 @@
+"""One experiment point end to end: real torchrun, 1-2 ranks over gloo, records checked."""
+
+from __future__ import annotations
+
+import json
+
+import psutil
+import pytest
+
+from scaling.record import RESULT_FILE, job_key
+from scaling.run import run_point
+from tests.compose import compose_point
+from tests.test_validate import INVALID
+
+BASE = ["model=tiny", "train.mbs=2", "train.warmup_steps=1", "train.steps=3", "train.precision=fp32", "launch.timeout_s=180"]
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("engine")
+
+
+def point(sweep_dir, *overrides):
+    """Run (or fetch from the store, when an earlier test ran it) one point."""
+    return run_point(compose_point([*BASE, *overrides], sweep_dir))
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(a), abs(b))
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_dp_split_does_not_change_training(sweep_dir, stage):
+    two = point(sweep_dir, "parallel.dp=2", "train.grad_acc=2", f"parallel.zero_stage={stage}")
+    one = point(sweep_dir, "parallel.dp=1", "train.grad_acc=4", f"parallel.zero_stage={stage}")
+    assert two["status"] == one["status"] == "ok", (two["error"], one["error"])
+    l2, l1 = two["metrics"]["losses"], one["metrics"]["losses"]
+    assert len(l2) == len(l1) == 5  # warm-up, memory-tracked step, 3 timed steps
+    assert max(rel(a, b) for a, b in zip(l2, l1)) <= 1e-5, (l2, l1)
+    assert rel(two["metrics"]["final_param_norm"], one["metrics"]["final_param_norm"]) <= 1e-5
+    assert two["derived"]["gbs"] == one["derived"]["gbs"] == 8
+    assert two["env"]["threads_per_rank"] >= 1 and two["env"]["world_size"] == 2
+    assert len(two["metrics"]["peak_mem_bytes_per_rank"]) == 2
+
+
+def test_recompute_gives_same_losses(sweep_dir):
+    plain = point(sweep_dir, "parallel.dp=1", "train.grad_acc=4")
+    recomputed = point(sweep_dir, "parallel.dp=1", "train.grad_acc=4", "train.recompute=full")
+    assert recomputed["status"] == "ok"
+    assert max(rel(a, b) for a, b in zip(plain["metrics"]["losses"], recomputed["metrics"]["losses"])) <= 1e-5
+    assert recomputed["derived"]["hw_flops_per_token"] > recomputed["derived"]["flops_per_token"]
+    # Recomputation frees each block's activations: the tracked peak must not grow.
+    assert recomputed["metrics"]["peak_mem_bytes"] < plain["metrics"]["peak_mem_bytes"]
+
+
+def test_record_schema(sweep_dir):
+    rec = point(sweep_dir, "parallel.dp=2", "train.grad_acc=2", "parallel.zero_stage=0")
+    on_disk = json.loads((sweep_dir / rec["job_key"] / RESULT_FILE).read_text())
+    assert on_disk == rec
+    for block in ("schema_version", "job_key", "sweep", "status", "error", "config", "derived", "metrics",
+                  "predicted", "env", "timing"):
+        assert block in rec
+    m = rec["metrics"]
+    assert m["tokens_per_s"] == pytest.approx(rec["derived"]["gbs_tokens"] / m["step_time_s"])
+    assert m["tokens_per_s_per_gpu"] == pytest.approx(m["tokens_per_s"] / 2)
+    assert 0 < m["mfu"] < 1 and m["peak_mem_bytes"] == max(m["peak_mem_bytes_per_rank"])
+    assert rec["env"]["memory_capacity"] == "unlimited" and rec["env"]["backend"] == "gloo"
+    assert rec["timing"]["launch_overhead_s"] > 0
+    assert set(rec["config"]) == {"model", "train", "parallel", "hardware"}
+
+
+def test_emulated_capacity_below_need_is_oom(sweep_dir):
+    rec = point(sweep_dir, "parallel.dp=2", "train.grad_acc=1", "hardware.memory_gb=0.002")
+    assert rec["status"] == "oom"
+    assert "emulated capacity exceeded" in rec["error"]
+    assert rec["env"]["memory_capacity"] == "emulated"
+
+
+def _job_processes(key: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(key in part for part in (p.info["cmdline"] or [])):
+            found.append(p)
+    return found
+
+
+def test_hanging_rank_times_out_and_leaves_nothing(sweep_dir):
+    rec = point(sweep_dir, "parallel.dp=2", "train.fault=hang", "launch.timeout_s=20")
+    assert rec["status"] == "timeout"
+    assert "launch.timeout_s=20s" in rec["error"]
+    assert _job_processes(rec["job_key"]) == []
+
+
+def test_rank_that_dies_is_failed_with_last_line(sweep_dir):
+    rec = point(sweep_dir, "parallel.dp=2", "train.fault=crash")
+    assert rec["status"] == "failed"
+    assert rec["error"] == "RuntimeError: injected fault: rank 1 crashed on purpose (train.fault=crash)"
+    assert _job_processes(rec["job_key"]) == []
+
+
+@pytest.mark.parametrize("overrides,expected", INVALID[:12], ids=[" ".join(o) for o, _ in INVALID[:12]])
+def test_invalid_point_is_recorded_without_starting_anything(sweep_dir, overrides, expected, capsys):
+    cfg = compose_point(overrides, sweep_dir)
+    rec = run_point(cfg)
+    assert rec["status"] == "invalid" and expected in rec["error"]
+    job = sweep_dir / job_key(cfg)
+    assert sorted(p.name for p in job.iterdir()) == [RESULT_FILE]  # no config.json, no torchrun log
+    assert "invalid" in capsys.readouterr().out
+
+
+def test_rerun_skips_recorded_point(sweep_dir, capsys):
+    first = point(sweep_dir, "parallel.dp=2", "train.grad_acc=2", "parallel.zero_stage=0")
+    again = point(sweep_dir, "parallel.dp=2", "train.grad_acc=2", "parallel.zero_stage=0")
+    assert again == first
+    assert "already recorded as ok: skipped" in capsys.readouterr().out

@@ -1,0 +1,84 @@
+"""Validation and batch arithmetic: impossible points are named precisely, before any process starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaling.batch import BatchError, derive_grad_acc, plan
+from scaling.cli import main as cli_main
+from scaling.validate import InvalidConfig, validate
+from tests.compose import compose_point
+
+INVALID = [
+    (["parallel.dp=3", "train.grad_acc=auto", "train.gbs=8", "train.mbs=2"], "try parallel.dp in {1, 2, 4}"),
+    (["train.mbs=3", "train.grad_acc=auto", "train.gbs=8"], "try train.mbs in {1, 2, 4, 8}"),
+    (["model.n_heads=5"], "model.n_heads=5 does not divide model.hidden=64"),
+    (["model.n_kv_heads=3"], "model.n_kv_heads=3 does not divide model.n_heads=4"),
+    (["parallel.zero_stage=5"], "parallel.zero_stage=5 is not valid: choose one of 0, 1, 2, 3"),
+    (["parallel.dp=0"], "parallel.dp=0 must be a positive integer"),
+    (["train.mbs=-1"], "train.mbs=-1 must be a positive integer"),
+    (["train.seq_len=4096"], "train.seq_len=4096 exceeds model.max_seq_len=512"),
+    (["train.grad_acc=auto", "train.gbs_tokens=1000", "train.seq_len=64"], "is not a multiple of train.seq_len=64"),
+    (["train.grad_acc=auto", "train.gbs=2", "train.mbs=2", "parallel.dp=2"], "is below 1"),
+    (["train.grad_acc=auto"], "needs train.gbs or train.gbs_tokens"),
+    (["train.grad_acc=0"], "train.grad_acc=0 must be an integer >= 1 or 'auto'"),
+    (["train.precision=fp8"], "train.precision='fp8' is not valid: choose one of fp32, bf16"),
+    (["train.recompute=some"], "train.recompute='some' is not valid: choose one of none, full"),
+    (["hardware.backend=nccl"], "hardware.backend='nccl' is not valid: choose one of gloo"),
+    (["hardware.memory_gb=-1"], "hardware.memory_gb=-1.0 must be a positive number or null"),
+    (["train.data.source=file", "train.data.path=/nonexistent.bin"], "train.data.path='/nonexistent.bin' is not a readable file"),
+    (["train.grad_acc=2", "train.gbs=8", "train.mbs=2"], "set train.grad_acc=auto"),
+    (["hardware=h100", "hardware.devices_per_node=8", "parallel.dp=12", "train.mbs=1", "train.grad_acc=1"],
+     "is not a multiple of it"),
+]
+
+
+@pytest.mark.parametrize("overrides,expected", INVALID, ids=[" ".join(o) for o, _ in INVALID])
+def test_invalid_points_are_named(overrides, expected):
+    with pytest.raises(InvalidConfig) as err:
+        validate(compose_point(overrides))
+    assert expected in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_several_problems_are_all_reported():
+    with pytest.raises(InvalidConfig) as err:
+        validate(compose_point(["parallel.zero_stage=4", "train.precision=fp16", "model.n_kv_heads=3"]))
+    assert len(err.value.errors) == 3
+
+
+def test_auto_grad_acc_from_gbs_tokens():
+    d = validate(compose_point(["train.grad_acc=auto", "train.gbs_tokens=1024", "train.seq_len=64", "train.mbs=2", "parallel.dp=2"]))
+    assert (d.gbs, d.gbs_tokens, d.grad_acc, d.world_size, d.nnodes) == (16, 1024, 4, 2, 1)
+
+
+def test_nodes_from_devices_per_node():
+    d = validate(compose_point(["hardware=h100", "parallel.dp=16", "train.mbs=1"]))
+    assert d.nnodes == 2
+
+
+def test_typo_or_wrong_type_fails_at_composition():
+    from omegaconf.errors import ConfigCompositionException  # noqa: F401 - the type Hydra raises
+    from hydra.errors import ConfigCompositionException as HydraCompositionError
+
+    with pytest.raises(HydraCompositionError):
+        compose_point(["train.msb=2"])
+    with pytest.raises(HydraCompositionError):
+        compose_point(["parallel.dp=two"])
+
+
+def test_derive_grad_acc_errors_propose_choices():
+    assert derive_grad_acc(32, 2, 4) == 4
+    with pytest.raises(BatchError, match=r"try parallel.dp in \{1, 2, 4\}"):
+        derive_grad_acc(8, 2, 3)
+
+
+def test_plan_playbook_example(capsys):
+    exact = plan(4_000_000, 4000, 2, 500)
+    assert exact.grad_acc == 1 and exact.effective_gbs_tokens == 4_000_000
+    p = plan(4_000_000, 4000, 2, 128)
+    assert p.grad_acc is None and round(p.grad_acc_exact, 1) == 3.9 and p.gpus_for_grad_acc_1 == 500
+    assert (125, 4, 4_000_000) in p.alternatives and (128, 4, 4_096_000) in p.alternatives
+    assert cli_main(["plan", "--gbs-tokens", "4M", "--seq-len", "4000", "--mbs", "2", "--gpus", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "grad_acc 1 would need 500.0 GPUs" in out and "grad_acc = 3.91" in out and "125 GPUs x grad_acc 4" in out
