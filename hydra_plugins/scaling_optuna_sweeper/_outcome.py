@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Sequence
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from scaling.record import OK, OOM, PREDICTED_OOM
+from scaling.record import FAILED, OK, OOM, PREDICTED_OOM
 
 CONSTRAINT = "oom"
 INFEASIBLE_STATUSES = frozenset({OOM, PREDICTED_OOM})
@@ -71,7 +71,7 @@ def judge(record: Any, objectives: Sequence[str], worst: Sequence[float]) -> Out
 
 def failure(error: str) -> Outcome:
     """The outcome of a job that raised instead of returning a record."""
-    return Outcome(TrialState.FAIL, attrs={"status": "failed", "error": error})
+    return Outcome(TrialState.FAIL, attrs={"status": FAILED, "error": error})
 
 
 def repeat_outcome(trials: Sequence[FrozenTrial], params: Mapping[str, Any]) -> Optional[Outcome]:
