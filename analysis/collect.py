@@ -17,7 +17,8 @@ import pandas as pd
 from scaling.record import STATUSES, iter_records
 
 # (column, path in the record). A later path wins when both exist: `derived` holds the values the
-# engine resolved (grad_acc: auto -> 4), `config` the values asked for.
+# engine resolved (grad_acc: auto -> 4), `config` the values asked for; `target_gbs*` keep the
+# global batch a sweep fixed (null when grad_acc was given and the batch follows from dp).
 FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("model", ("config", "model", "name")),
     ("n_layers", ("config", "model", "n_layers")),
@@ -31,6 +32,8 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("grad_acc", ("config", "train", "grad_acc")),
     ("gbs", ("config", "train", "gbs")),
     ("gbs_tokens", ("config", "train", "gbs_tokens")),
+    ("target_gbs", ("config", "train", "gbs")),
+    ("target_gbs_tokens", ("config", "train", "gbs_tokens")),
     ("precision", ("config", "train", "precision")),
     ("recompute", ("config", "train", "recompute")),
     ("compile", ("config", "train", "compile")),
@@ -43,6 +46,7 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("memory_gb", ("config", "hardware", "memory_gb")),
     ("n_params", ("derived", "n_params")),
     ("flops_per_token", ("derived", "flops_per_token")),
+    ("hw_flops_per_token", ("derived", "hw_flops_per_token")),
     ("grad_acc", ("derived", "grad_acc")),
     ("gbs", ("derived", "gbs")),
     ("gbs_tokens", ("derived", "gbs_tokens")),
@@ -55,6 +59,8 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("step_times_s", ("metrics", "step_times_s")),
     ("peak_mem_bytes", ("metrics", "peak_mem_bytes")),
     ("peak_mem_bytes_per_rank", ("metrics", "peak_mem_bytes_per_rank")),
+    ("peak_mem_reserved_bytes", ("metrics", "peak_mem_reserved_bytes")),
+    ("peak_flops_per_s", ("metrics", "peak_flops_per_s")),
     ("losses", ("metrics", "losses")),
     ("pred_peak_mem_bytes", ("predicted", "peak_mem_bytes")),
     ("pred_method", ("predicted", "method")),
@@ -74,13 +80,19 @@ COLUMNS: tuple[str, ...] = HEAD + tuple(dict.fromkeys(name for name, _ in FIELDS
 """Every column of `collect`'s DataFrame, in order."""
 
 CONFIG_AXES = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "precision", "recompute", "hardware",
-               "memory_gb", "bucket_mb", "compile", "gbs", "gbs_tokens")
+               "memory_gb", "bucket_mb", "compile", "gbs", "gbs_tokens", "target_gbs", "target_gbs_tokens")
 """Columns that say which point was measured (heatmap axes, DP-scaling groups)."""
 
 INT_COLUMNS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "seq_len", "mbs",
-               "grad_acc", "gbs", "gbs_tokens", "steps", "dp", "zero_stage", "n_params", "flops_per_token",
-               "world_size", "peak_mem_bytes", "pred_peak_mem_bytes", "threads_per_rank")
-GIB = 1024**3
+               "grad_acc", "gbs", "gbs_tokens", "target_gbs", "target_gbs_tokens", "steps", "dp", "zero_stage",
+               "n_params", "flops_per_token", "hw_flops_per_token", "world_size", "peak_mem_bytes",
+               "peak_mem_reserved_bytes", "pred_peak_mem_bytes", "threads_per_rank")
+GIB, MIB = 1024**3, 1024**2
+
+
+def memory_unit(max_bytes: float) -> tuple[str, int]:
+    """('GiB', 2**30) for memory of a GiB or more, else ('MiB', 2**20): tiny CPU models read in MiB."""
+    return ("GiB", GIB) if max_bytes >= GIB else ("MiB", MIB)
 
 
 def _dig(record: Mapping[str, Any], path: tuple[str, ...]) -> Any:
@@ -112,12 +124,13 @@ def to_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     df = pd.DataFrame.from_records(list(rows), columns=list(COLUMNS))
     for column in INT_COLUMNS:
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("Int64")
-    for column in ("tokens_per_s", "tokens_per_s_per_gpu", "mfu", "hfu", "step_time_s", "memory_gb",
-                   "bucket_mb", "wall_s", "launch_overhead_s"):
+    for column in ("tokens_per_s", "tokens_per_s_per_gpu", "mfu", "hfu", "step_time_s", "peak_flops_per_s",
+                   "memory_gb", "bucket_mb", "wall_s", "launch_overhead_s"):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("float64")
     df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
-    df["peak_mem_gib"] = df["peak_mem_bytes"].astype("float64") / GIB
-    df["pred_peak_mem_gib"] = df["pred_peak_mem_bytes"].astype("float64") / GIB
+    for prefix in ("", "pred_"):
+        peak = df[f"{prefix}peak_mem_bytes"].astype("float64")
+        df[f"{prefix}peak_mem_gib"], df[f"{prefix}peak_mem_mib"] = peak / GIB, peak / MIB
     return df
 
 

@@ -1,6 +1,6 @@
 """Where data parallelism stops paying off: tokens/s per GPU and efficiency vs dp, and the knee.
 
-A configuration is everything but dp and grad_acc (and the global batch they imply); within one,
+A configuration is everything but dp and grad_acc (and the global batch they imply, unless fixed); within one,
 efficiency at dp is tokens/s per GPU at dp over tokens/s per GPU at the smallest measured dp.
 The knee is the largest dp up to which efficiency stays at or above a threshold (0.8 unless
 told), said in a sentence and marked on the curve. When one dp holds several ok records of a
@@ -22,8 +22,9 @@ from analysis.heatmaps import facet_label
 from scaling.record import OK
 
 GROUP_KEYS = ("model", "seq_len", "mbs", "zero_stage", "precision", "recompute", "hardware", "memory_gb",
-              "bucket_mb", "compile")
-"""What makes a configuration for DP scaling: the config axes except dp, grad_acc, gbs, gbs_tokens."""
+              "bucket_mb", "compile", "target_gbs", "target_gbs_tokens")
+"""What makes a configuration for DP scaling: the config axes except dp and grad_acc (and the global batch
+they give, unless the sweep fixed it: then each fixed batch is its own configuration)."""
 ALWAYS_NAMED = ("model", "seq_len", "zero_stage")
 DEFAULT_THRESHOLD = 0.8
 

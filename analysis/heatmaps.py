@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 from matplotlib.patches import Patch, Rectangle
 
-from analysis.collect import CONFIG_AXES
+from analysis.collect import CONFIG_AXES, GIB, memory_unit
 from analysis.figures import new_figure
 from scaling.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, TIMEOUT
 
@@ -42,11 +42,11 @@ METRICS = {
     "tokens_per_s_per_gpu": Metric("tokens_per_s_per_gpu", "tokens/s per GPU", True, "{:,.0f}"),
     "tokens_per_s": Metric("tokens_per_s", "tokens/s", True, "{:,.0f}"),
     "mfu": Metric("mfu", "MFU", True, "{:.1%}"),
-    "peak_mem_bytes": Metric("peak_mem_gib", "peak memory per rank (GiB)", False, "{:.1f}"),
     "peak_mem_gib": Metric("peak_mem_gib", "peak memory per rank (GiB)", False, "{:.1f}"),
+    "peak_mem_mib": Metric("peak_mem_mib", "peak memory per rank (MiB)", False, "{:.1f}"),
     "step_time_s": Metric("step_time_s", "step time (s)", False, "{:.3g}"),
 }
-"""Metrics a heatmap can show, by the name a caller passes."""
+"""Metrics a heatmap can show, by the name a caller passes; `peak_mem_bytes` shows in GiB or MiB."""
 
 STATUS_STYLE = {
     OOM: ("OOM", "#d62728", "white", None),
@@ -67,9 +67,12 @@ LAYOUT_AXES = ("seq_len", "mbs", "zero_stage", "dp", "grad_acc", "model", "recom
 PRETTY = {"zero_stage": "ZeRO-{}", "dp": "dp={}", "seq_len": "seq {}", "mbs": "mbs={}", "grad_acc": "grad_acc={}"}
 
 
-def _metric(name: str) -> Metric:
+def _metric(name: str, df: Optional[pd.DataFrame] = None) -> Metric:
+    if name == "peak_mem_bytes":  # the unit that reads best for the data at hand
+        largest = df["peak_mem_bytes"].max() if df is not None and len(df) else None
+        return METRICS["peak_mem_" + memory_unit(largest if pd.notna(largest) else GIB)[0].lower()]
     if name not in METRICS:
-        raise ValueError(f"metric={name!r} has no heatmap: use one of {', '.join(METRICS)}")
+        raise ValueError(f"metric={name!r} has no heatmap: use one of peak_mem_bytes, {', '.join(METRICS)}")
     return METRICS[name]
 
 
@@ -86,9 +89,11 @@ def facet_label(column: str, value: Any) -> str:
 
 def cells(df: pd.DataFrame, x: str, y: str, metric: str, by: Sequence[str] = ()) -> pd.DataFrame:
     """One row per ([*by,] y, x) cell: the best ok `value`, the `status` shown and `n` records in the cell."""
-    m = _metric(metric)
+    m = _metric(metric, df)
     keys = [*by, y, x]
     _check_columns(df, x=x, y=y, **{f"by[{i}]": k for i, k in enumerate(by)})
+    if len(set(keys)) < len(keys):
+        raise ValueError(f"x={x!r}, y={y!r} and facets {list(by)} must be different columns")
     d = df[[*keys, "status", m.column]].dropna(subset=keys)
     d = d.assign(status=d["status"].astype(str), rank=d["status"].astype(str).map(STATUS_PRIORITY))
     grouped = d.groupby(keys, sort=True, observed=True)
@@ -117,7 +122,7 @@ def heatmap(df: pd.DataFrame, x: str, y: str, metric: str, ax: Optional[Axes] = 
 
     `table` is `cells(df, x, y, metric)` when the caller has it already.
     """
-    m = _metric(metric)
+    m = _metric(metric, df)
     table = cells(df, x, y, metric) if table is None else table
     xs = _values(df, x) if xs is None else xs
     ys = _values(df, y) if ys is None else ys
@@ -180,9 +185,9 @@ def _filter(df: pd.DataFrame, filters: Optional[Mapping[str, Any]]) -> pd.DataFr
 def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str] = None,
                col: Optional[str] = None, filters: Optional[Mapping[str, Any]] = None) -> Figure:
     """A grid of heatmaps of `metric` over y x x, one per (row, col) value, sharing one colour scale."""
-    m = _metric(metric)
     _check_columns(df, x=x, y=y, row=row, col=col)
     df = _filter(df, filters)
+    m = _metric(metric, df)
     rows = _values(df, row) if row else [None]
     cols = _values(df, col) if col else [None]
     xs, ys = _values(df, x), _values(df, y)

@@ -21,17 +21,24 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import alpha_beta, dp_scaling, heatmaps
-from analysis.collect import collect, to_parquet
+from analysis.collect import collect, memory_unit, to_parquet
 from analysis.figures import new_figure
 from scaling.record import FAILED, OK, STATUSES, TIMEOUT
 
 KNEES_IN_WORDS = 8
 """Knees stated in sentences (and drawn): those of the fastest configurations; the table lists all."""
 TOP_COLUMNS = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "precision", "recompute",
-               "tokens_per_s_per_gpu", "mfu", "peak_mem_gib")
+               "tokens_per_s_per_gpu", "mfu", "peak_mem_bytes")
+
+
+def human_bytes(n: float) -> str:
+    """2.5 MiB, 10.0 GiB: bytes in the unit `memory_unit` picks for them."""
+    unit, size = memory_unit(n)
+    return f"{n / size:.1f} {unit}"
+
+
 FORMATS: dict[str, Callable[[Any], str]] = {
-    "tokens_per_s_per_gpu": "{:,.0f}".format, "mfu": "{:.1%}".format, "peak_mem_gib": "{:.2f}".format,
-    "pred_peak_mem_gib": "{:.2f}".format,
+    "tokens_per_s_per_gpu": "{:,.0f}".format, "mfu": "{:.1%}".format, "peak_mem_bytes": human_bytes,
 }
 
 
@@ -80,20 +87,21 @@ def knee_table(found: list[dp_scaling.Knee]) -> pd.DataFrame:
 
 def memory_scatter(df: pd.DataFrame) -> tuple[Figure, str]:
     """Predicted vs measured peak memory of the ok points, and the median relative error in words."""
-    both = df[(df["status"] == OK) & df["peak_mem_gib"].notna() & df["pred_peak_mem_gib"].notna()]
+    both = df[(df["status"] == OK) & df["peak_mem_bytes"].notna() & df["pred_peak_mem_bytes"].notna()]
+    measured, predicted = both["peak_mem_bytes"].astype(float), both["pred_peak_mem_bytes"].astype(float)
+    unit, size = memory_unit(max(measured.max(), predicted.max()))
     fig = new_figure((6.5, 5.5))
     ax = fig.subplots()
-    stages = sorted(both["zero_stage"].dropna().unique())
-    for stage in stages:
-        part = both[both["zero_stage"] == stage]
-        ax.scatter(part["pred_peak_mem_gib"], part["peak_mem_gib"], label=f"ZeRO-{stage}", alpha=0.8)
-    hi = float(max(both["pred_peak_mem_gib"].max(), both["peak_mem_gib"].max()))
-    ax.plot([0, hi * 1.05], [0, hi * 1.05], color="grey", linestyle="--", linewidth=1, label="predicted = measured")
-    ax.set_xlabel("predicted peak memory per rank (GiB)")
-    ax.set_ylabel("measured peak memory per rank (GiB)")
+    for stage in sorted(both["zero_stage"].dropna().unique()):
+        part = both["zero_stage"] == stage
+        ax.scatter(predicted[part] / size, measured[part] / size, label=f"ZeRO-{stage}", alpha=0.8)
+    hi = 1.05 * max(measured.max(), predicted.max()) / size
+    ax.plot([0, hi], [0, hi], color="grey", linestyle="--", linewidth=1, label="predicted = measured")
+    ax.set_xlabel(f"predicted peak memory per rank ({unit})")
+    ax.set_ylabel(f"measured peak memory per rank ({unit})")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    rel = ((both["pred_peak_mem_gib"] - both["peak_mem_gib"]) / both["peak_mem_gib"]).abs()
+    rel = ((predicted - measured) / measured).abs()
     ax.set_title(f"memory predictor on {len(both)} ok points", fontsize=10)
     fig.tight_layout()
     return fig, (f"Median relative error of the memory prediction: {rel.median():.1%} "
@@ -137,8 +145,7 @@ def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[
                                  f"{ab.beta_bytes_per_s / 1e9:.2f} GB/s ({ab.name}); gradient communication is "
                                  "assumed not to overlap compute; hollow points are extrapolated.")
         sections.append(dp)
-    if (df["status"] == OK).any() and (df["pred_peak_mem_gib"].notna() & df["peak_mem_gib"].notna()
-                                       & (df["status"] == OK)).any():
+    if ((df["status"] == OK) & df["pred_peak_mem_bytes"].notna() & df["peak_mem_bytes"].notna()).any():
         fig, text = memory_scatter(df)
         sections.append(Section("Predicted vs measured memory", [text], figures={"memory_prediction": fig}))
     failures = df[df["status"].isin([FAILED, TIMEOUT])]

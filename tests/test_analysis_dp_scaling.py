@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.collect import collect
+from analysis.collect import collect, record_to_row, to_frame
 from analysis.dp_scaling import find_knee, knee_sentence, knees, plot_dp_scaling, scaling_table
 from records import DP_EFFICIENCY, grid_records, make_record, write_sweep
 
@@ -59,7 +59,6 @@ def test_best_grad_acc_stands_for_a_dp():
     rows = [make_record(dp=1, grad_acc=4, tokens_per_s_per_gpu_value=100.0),
             make_record(dp=2, grad_acc=2, tokens_per_s_per_gpu_value=70.0),
             make_record(dp=2, grad_acc=4, tokens_per_s_per_gpu_value=90.0)]
-    from analysis.collect import record_to_row, to_frame
     table = scaling_table(to_frame(record_to_row(r) for r in rows))
     assert list(table["efficiency"]) == [1.0, 0.9] and list(table["grad_acc"]) == [4, 4]
 
@@ -70,3 +69,15 @@ def test_plot_marks_the_knee(df):
     assert len(knee_marks) == 3
     assert all(list(line.get_xdata()) == [8] for line in knee_marks)
     assert "the 3 fastest of" in fig._suptitle.get_text()
+
+
+def test_a_fixed_global_batch_is_its_own_configuration():
+    rows = []
+    for gbs_tokens, tps in ((4096, (100.0, 90.0)), (8192, (100.0, 60.0))):
+        for dp, value in zip((1, 2), tps):
+            record = make_record(dp=dp, grad_acc=gbs_tokens // (256 * dp), tokens_per_s_per_gpu_value=value)
+            record["config"]["train"].update(grad_acc="auto", gbs_tokens=gbs_tokens)
+            rows.append(record_to_row(record))
+    found = {k.config: k for k in knees(to_frame(rows))}
+    assert set(found) == {f"tiny, seq 256, ZeRO-0, target_gbs_tokens={n}" for n in (4096, 8192)}
+    assert found["tiny, seq 256, ZeRO-0, target_gbs_tokens=8192"].next_dp == 2

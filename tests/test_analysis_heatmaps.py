@@ -59,6 +59,10 @@ def test_memory_best_is_the_smallest(df):
     ax = heatmap(facet, x="mbs", y="seq_len", metric="peak_mem_bytes")
     starred = [t.get_text() for t in ax.texts if t.get_text().startswith("★")]
     assert starred == [f"★ {facet['peak_mem_gib'].min():.1f}"]
+    assert "GiB" in ax.figure.axes[-1].get_ylabel()  # the colour bar names the unit
+    small = facet.assign(peak_mem_bytes=facet["peak_mem_bytes"] // 1024, peak_mem_mib=facet["peak_mem_gib"])
+    ax = heatmap(small, x="mbs", y="seq_len", metric="peak_mem_bytes")
+    assert "MiB" in ax.figure.axes[-1].get_ylabel()
 
 
 def test_cells_take_the_best_ok_value_and_count_records(df):
@@ -96,6 +100,8 @@ def test_filters_and_bad_axes_are_clear_errors(df):
         facet_grid(df, x="batch", y="seq_len", metric="mfu")
     with pytest.raises(ValueError, match="metric='speed' has no heatmap"):
         heatmap(df, x="mbs", y="seq_len", metric="speed")
+    with pytest.raises(ValueError, match="x='mbs', y='mbs' and facets .* must be different columns"):
+        facet_grid(df, x="mbs", y="mbs", metric="mfu")
     with pytest.raises(ValueError, match="filter dp=3 matches no record: dp takes 1, 2, 4, 8, 16"):
         facet_grid(df, x="mbs", y="seq_len", metric="mfu", filters={"dp": 3})
 

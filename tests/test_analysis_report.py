@@ -31,7 +31,8 @@ def test_report_files_and_sections(report):
         assert heading in md, heading
     assert "| oom | 6 |" in md and "| predicted_oom | 6 |" in md and "| invalid | 1 |" in md
     assert "DP stops paying off after dp=8; efficiency falls from 85% (dp=8) to 62% (dp=16)" in md
-    assert "| tiny | 256 | 8 | 8 | 1 | 0 | bf16 | none | 28,284 |" in md  # the fastest point heads the table
+    # the fastest point heads the table, its memory in the unit that reads best
+    assert "| tiny | 256 | 8 | 8 | 1 | 0 | bf16 | none | 28,284 | 21.3% | 10.0 GiB |" in md
     for name in ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "dp_scaling", "dp_extrapolation",
                  "memory_prediction"):
         assert paths[f"figure:{name}"].exists()
@@ -51,12 +52,13 @@ def test_html_is_self_contained_with_embedded_pngs(report):
 
 
 def test_single_dp_sweep_has_no_dp_section_and_no_predictions_no_scatter(tmp_path):
-    records = [make_record(seq_len=s, mbs=m) for s in (256, 512) for m in (1, 2)]
+    records = [make_record(seq_len=s, mbs=m, peak_mem_bytes_value=m * 3 * 2**20) for s in (256, 512) for m in (1, 2)]
     for r in records:
         r["predicted"] = None
     paths = write_report(write_sweep(tmp_path / "s", records), out_dir=tmp_path / "out")
     md = paths["markdown"].read_text()
     assert "## Heatmaps" in md and "## Data-parallel scaling" not in md and "## Predicted vs measured" not in md
+    assert "| 6.0 MiB |" in md  # small peaks read in MiB
     assert paths["html"].parent == tmp_path / "out"
 
 
