@@ -108,6 +108,32 @@ def memory_scatter(df: pd.DataFrame) -> tuple[Figure, str]:
                  f"(largest {rel.max():.1%}) over {len(both)} ok points.")
 
 
+def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
+    """The DP knees in words, their table and curve; the α-β extrapolation when the sweep has a profile."""
+    found = dp_scaling.knees(df, threshold)
+    if not found:
+        return [Section("Data-parallel scaling", ["No configuration was measured ok at two or more dp."])]
+    table = dp_scaling.scaling_table(df)
+    fastest = table.groupby("config")["tokens_per_s_per_gpu"].max().nlargest(KNEES_IN_WORDS).index
+    words = [k.sentence[0].upper() + k.sentence[1:] + "." for k in found if k.config in fastest]
+    if len(found) > len(words):
+        words.append(f"Those are the {len(words)} fastest configurations; the table has the knees of all {len(found)}.")
+    sections = [Section("Data-parallel scaling", words, [knee_table(found)],
+                        {"dp_scaling": dp_scaling.plot_dp_scaling(df, threshold, max_configs=KNEES_IN_WORDS)})]
+    profile_path = sweep_dir / alpha_beta.PROFILE_FILE
+    if profile_path.exists():
+        ab = alpha_beta.load_profile(profile_path)
+        best = table.loc[table["tokens_per_s_per_gpu"].idxmax(), "config"]
+        frame = alpha_beta.extrapolate(table[table["config"] == best], ab)
+        sections.append(Section("DP extrapolation (α-β model)", [
+            f"{best}, extrapolated to dp={int(frame['dp'].max())} with α = {ab.alpha_s * 1e6:.1f} µs and β = "
+            f"{ab.beta_bytes_per_s / 1e9:.2f} GB/s ({ab.name}): the smallest dp's step time is the compute, each "
+            "step adds the gradient all-reduce (ZeRO 0/1) or reduce-scatter + all-gather (ZeRO 2/3) of dp ranks, "
+            "with no overlap assumed. Filled points are measured, hollow points extrapolated."],
+            figures={"dp_extrapolation": dp_scaling.plot_extrapolation(frame, best, ab.name, threshold)}))
+    return sections
+
+
 def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
     """Everything the report shows, in order, with figures still open."""
     counts = df["status"].value_counts().reindex(list(STATUSES), fill_value=0)
@@ -124,27 +150,7 @@ def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[
         ". OOM = measured out of memory, pred OOM = skipped by the memory predictor, blank = never run, "
         "★ = best cell of its facet."], figures=heatmaps.draw_all(df)))
     if df.loc[df["status"] == OK, "dp"].nunique() > 1:
-        found = dp_scaling.knees(df, threshold)
-        dp = Section("Data-parallel scaling")
-        if found:
-            dp.figures["dp_scaling"] = dp_scaling.plot_dp_scaling(df, threshold, max_configs=KNEES_IN_WORDS)
-            table = dp_scaling.scaling_table(df)
-            fastest = table.groupby("config")["tokens_per_s_per_gpu"].max().nlargest(KNEES_IN_WORDS).index
-            dp.paragraphs += [k.sentence[0].upper() + k.sentence[1:] + "." for k in found if k.config in fastest]
-            dp.tables.append(knee_table(found))
-        else:
-            dp.paragraphs.append("No configuration was measured ok at two or more dp.")
-        profile_path = sweep_dir / alpha_beta.PROFILE_FILE
-        if found and profile_path.exists():
-            ab = alpha_beta.load_profile(profile_path)
-            table = dp_scaling.scaling_table(df)
-            best = table.loc[table["tokens_per_s_per_gpu"].idxmax(), "config"]
-            frame = alpha_beta.extrapolate(table[table["config"] == best], ab)
-            dp.figures["dp_extrapolation"] = dp_scaling.plot_extrapolation(frame, best, ab.name, threshold)
-            dp.paragraphs.append(f"Extrapolation of {best} with α = {ab.alpha_s * 1e6:.1f} µs, β = "
-                                 f"{ab.beta_bytes_per_s / 1e9:.2f} GB/s ({ab.name}); gradient communication is "
-                                 "assumed not to overlap compute; hollow points are extrapolated.")
-        sections.append(dp)
+        sections += dp_sections(sweep_dir, df, threshold)
     if ((df["status"] == OK) & df["pred_peak_mem_bytes"].notna() & df["peak_mem_bytes"].notna()).any():
         fig, text = memory_scatter(df)
         sections.append(Section("Predicted vs measured memory", [text], figures={"memory_prediction": fig}))

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from analysis.alpha_beta import (
-    DEFAULT_SIZES, AlphaBeta, dp_comm_s, extrapolate, fit, load_profile, ring_cost, run_collectives, save_profile,
+    DEFAULT_SIZES, PROFILE_FILE, AlphaBeta, dp_comm_s, extrapolate, fit, load_profile, measure, ring_cost,
+    run_collectives, save_profile,
 )
 from scaling.collectives import OPS, bus_factor, parse_args
 
@@ -69,18 +70,25 @@ def test_profile_round_trip(tmp_path):
     assert load_profile(save_profile(tmp_path / "alpha_beta.json", ab, [])) == ab
 
 
-def test_collectives_worker_under_torchrun_two_ranks_gloo():
+def test_measure_runs_the_worker_under_torchrun_and_fits(tmp_path):
+    """One real torchrun of scaling.collectives: 2 ranks over gloo, tiny sizes, JSON back, α-β fitted."""
     sizes = (4096, 4 * 1024**2)  # far apart, so the bandwidth term shows through a busy machine's noise
-    doc = run_collectives(2, sizes_bytes=sizes, iters=5, backend="gloo")
-    assert doc["backend"] == "gloo" and doc["world_size"] == 2
-    results = {(r["op"], r["size_bytes"]): r for r in doc["results"]}
+    ab, samples = measure((2,), sizes_bytes=sizes, iters=5, backend="gloo")
+    assert ab.name.startswith("gloo on ") and ab.name.endswith("(n=2)")
+    results = {(r["op"], r["size_bytes"]): r for r in samples}
     assert set(results) == {(op, s) for op in OPS for s in sizes}
     for (op, size), r in results.items():
-        assert r["time_s"] > 0 and len(r["times_s"]) == 5
+        assert r["world_size"] == 2 and r["time_s"] > 0 and len(r["times_s"]) == 5
         assert r["algbw_bytes_per_s"] == pytest.approx(size / r["time_s"])
         assert r["busbw_bytes_per_s"] == pytest.approx(r["algbw_bytes_per_s"] * bus_factor(op, 2))
-    ab = fit(doc["results"])
     assert ab.beta_bytes_per_s > 0 and ab.alpha_s >= 0
+    profile = load_profile(save_profile(tmp_path / PROFILE_FILE, ab, samples))
+    assert profile == ab
+
+
+def test_run_collectives_needs_two_ranks():
+    with pytest.raises(ValueError, match="world_size=1: a collective benchmark needs at least 2 ranks"):
+        run_collectives(1)
 
 
 def test_collectives_worker_rejects_bad_sizes(capsys):

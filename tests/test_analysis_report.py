@@ -27,10 +27,13 @@ def test_report_files_and_sections(report):
     assert paths["html"] == sweep / "report" / "report.html"
     md = paths["markdown"].read_text()
     for heading in ("# Sweep report: grid", "## Status counts", "## Top configurations", "## Heatmaps",
-                    "## Data-parallel scaling", "## Predicted vs measured memory", "## Failures"):
+                    "## Data-parallel scaling", "## DP extrapolation (α-β model)", "## Predicted vs measured memory",
+                    "## Failures"):
         assert heading in md, heading
     assert "| oom | 6 |" in md and "| predicted_oom | 6 |" in md and "| invalid | 1 |" in md
     assert "DP stops paying off after dp=8; efficiency falls from 85% (dp=8) to 62% (dp=16)" in md
+    assert "Those are the 8 fastest configurations; the table has the knees of all 20." in md
+    assert "extrapolated to dp=1024 with α = 20.0 µs and β = 40.00 GB/s (nominal)" in md
     # the fastest point heads the table, its memory in the unit that reads best
     assert "| tiny | 256 | 8 | 8 | 1 | 0 | bf16 | none | 28,284 | 21.3% | 10.0 GiB |" in md
     for name in ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "dp_scaling", "dp_extrapolation",
@@ -99,8 +102,8 @@ def _run_records(path):
     return runs
 
 
-def test_wandb_summary_run_offline(report, tmp_path, monkeypatch):
-    sweep, _ = report
+def test_wandb_summary_run_offline(tmp_path, monkeypatch):
+    sweep = write_sweep(tmp_path / "s", grid_records(seq_lens=(256,), mbss=(1, 2), dps=(1, 2, 4)), name="grid")
     monkeypatch.setenv("WANDB_SILENT", "true")
     paths = write_report(sweep, out_dir=tmp_path / "w", wandb=True)
     run_dir = paths["wandb_run_dir"]

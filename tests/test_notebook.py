@@ -20,7 +20,7 @@ def test_notebook_executes_and_shows_heatmaps_and_dp_curve(tmp_path, monkeypatch
     spec = KernelSpecManager().get_kernel_spec("python3")
     if spec.argv[0] not in {"python", "python3", sys.executable}:
         pytest.skip(f"kernel python3 runs {spec.argv[0]}, not this environment's python")
-    sweep = write_sweep(tmp_path / "sweep", grid_records())
+    sweep = write_sweep(tmp_path / "sweep", grid_records(seq_lens=(256, 512), mbss=(1, 8)))
     monkeypatch.setenv("SCALING_SWEEP_DIR", str(sweep))
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(tmp_path)}}).execute()
