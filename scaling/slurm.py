@@ -1,0 +1,209 @@
+"""Placing a point's ranks under SLURM: how many nodes, who starts torchrun, and its argv.
+
+One point needs `nodes_needed(dp, devices_per_node)` nodes with `dp / nodes` ranks each. Three
+ways to start them, chosen from the SLURM environment of the calling process:
+
+- one node (inside SLURM or not): `torchrun --standalone --nproc-per-node=dp`;
+- several nodes, the caller is a single process in the allocation (a batch script, salloc):
+  `srun --nodes=N --ntasks-per-node=1 torchrun --nnodes=N ... --rdzv-backend=c10d`;
+- several nodes, the caller is one of N srun tasks, one per node (hydra-submitit-launcher with
+  `nodes: N`): each task starts its own node's torchrun with the same c10d rendezvous, and only
+  the lead task (`is_lead_task`) writes the record.
+
+The deciding functions are pure (they read a Mapping, never os.environ); `launch_prefix` adds
+the two look-ups that need `scontrol` (expanding a node list, a node's address). The OmegaConf
+resolvers used by `conf/hydra/launcher/slurm.yaml` live here too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from itertools import product
+from typing import Mapping, Optional, Sequence
+
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+RDZV_PORT_BASE, RDZV_PORT_SPAN = 20000, 10000
+TIMEOUT_MARGIN_MIN = 5
+"""Minutes a SLURM job gets beyond the point's own timeout, so the point records `timeout` itself."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a point's ranks go: `nodes` x `nproc_per_node` ranks, started through srun or not."""
+
+    nodes: int
+    nproc_per_node: int
+    via_srun: bool
+    """True: this process starts one torchrun per node with srun. False: it starts its own node's torchrun."""
+
+
+def nodes_needed(dp: int, devices_per_node: Optional[int]) -> int:
+    """Nodes a point with `dp` ranks spans: 1 when it fits on one node, else dp / devices_per_node."""
+    if dp < 1:
+        raise ValueError(f"parallel.dp={dp} must be >= 1")
+    if devices_per_node is None or dp <= devices_per_node:
+        return 1
+    if devices_per_node < 1:
+        raise ValueError(f"hardware.devices_per_node={devices_per_node} must be >= 1 or null")
+    if dp % devices_per_node:
+        lo, hi = dp // devices_per_node * devices_per_node, (dp // devices_per_node + 1) * devices_per_node
+        raise ValueError(
+            f"parallel.dp={dp} spans nodes of hardware.devices_per_node={devices_per_node} but is not a "
+            f"multiple of it: a multi-node point uses whole nodes; try dp in {{{lo}, {hi}}}"
+        )
+    return dp // devices_per_node
+
+
+def placement(dp: int, devices_per_node: Optional[int], env: Mapping[str, str]) -> Placement:
+    """Decide how the point's ranks are started from this process's SLURM environment."""
+    nodes = nodes_needed(dp, devices_per_node)
+    copies = int(env.get("SLURM_STEP_NUM_TASKS", "1"))
+    if copies > 1:
+        step_nodes = int(env.get("SLURM_STEP_NUM_NODES", "1"))
+        if copies != step_nodes or step_nodes != nodes:
+            raise ValueError(
+                f"parallel.dp={dp} needs {nodes} node(s) but this process is one of {copies} SLURM tasks on "
+                f"{step_nodes} node(s): run one task per node on exactly the nodes the point needs "
+                f"(hydra.launcher.nodes={nodes} hydra.launcher.tasks_per_node=1)"
+            )
+        return Placement(nodes, dp // nodes, via_srun=False)
+    if nodes == 1:
+        return Placement(1, dp, via_srun=False)
+    if "SLURM_JOB_ID" not in env:
+        raise ValueError(
+            f"parallel.dp={dp} with hardware.devices_per_node={devices_per_node} spans {nodes} nodes: "
+            f"run it under SLURM (hydra/launcher=slurm) or lower dp to {devices_per_node}"
+        )
+    have = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+    if have < nodes:
+        raise ValueError(
+            f"parallel.dp={dp} with hardware.devices_per_node={devices_per_node} needs {nodes} nodes but "
+            f"SLURM job {env['SLURM_JOB_ID']} has {have}: set hydra.launcher.nodes={nodes}"
+        )
+    return Placement(nodes, dp // nodes, via_srun=True)
+
+
+def rendezvous_port(job_id: str) -> int:
+    """A c10d port every node of a job derives alike from its SLURM job id (no port exchange needed)."""
+    if not str(job_id).isdigit():
+        raise ValueError(f"SLURM_JOB_ID={job_id!r} is not a job number")
+    return RDZV_PORT_BASE + int(job_id) % RDZV_PORT_SPAN
+
+
+def torchrun_argv(p: Placement, rdzv_endpoint: Optional[str] = None, rdzv_id: Optional[str] = None) -> list[str]:
+    """torchrun and its options for one node: standalone on one node, a c10d rendezvous across several."""
+    if p.nodes == 1:
+        return [*TORCHRUN, "--standalone", "--nnodes=1", f"--nproc-per-node={p.nproc_per_node}"]
+    if not rdzv_endpoint or not rdzv_id:
+        raise ValueError(f"a {p.nodes}-node point needs a rendezvous endpoint and id")
+    return [
+        *TORCHRUN, f"--nnodes={p.nodes}", f"--nproc-per-node={p.nproc_per_node}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
+    ]
+
+
+def srun_argv(p: Placement, hosts: Sequence[str]) -> list[str]:
+    """srun options that start one task (one torchrun) on each of the first `p.nodes` hosts."""
+    if len(hosts) < p.nodes:
+        raise ValueError(f"a {p.nodes}-node point cannot run on hosts {list(hosts)}")
+    return [
+        "srun", f"--nodes={p.nodes}", f"--ntasks={p.nodes}", "--ntasks-per-node=1",
+        f"--nodelist={','.join(hosts[: p.nodes])}",
+        # The caller may itself run inside a step that holds these CPUs (srun python -m scaling.run).
+        "--overlap",
+        # One node's torchrun failing ends the others instead of leaving them in the rendezvous.
+        "--kill-on-bad-exit=1",
+    ]
+
+
+def expand_hostlist(nodelist: str) -> list[str]:
+    """Expand a SLURM node list such as `gpu[01-03,7],cpu-a[1-2]b` into host names (pure; no scontrol)."""
+    hosts: list[str] = []
+    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", nodelist.strip()):
+        parts = re.split(r"\[([^\]]*)\]", item)
+        choices: list[list[str]] = []
+        for i, part in enumerate(parts):
+            choices.append(_expand_ranges(part, nodelist) if i % 2 else [part])
+        hosts.extend("".join(combo) for combo in product(*choices))
+    if not hosts:
+        raise ValueError(f"SLURM node list {nodelist!r} names no host")
+    return hosts
+
+
+def _expand_ranges(spec: str, nodelist: str) -> list[str]:
+    out = []
+    for rng in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", rng.strip())
+        if not m:
+            raise ValueError(f"SLURM node list {nodelist!r}: cannot read range {rng!r}")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        out.extend(str(i).zfill(len(lo)) for i in range(int(lo), int(hi) + 1))
+    return out
+
+
+def hostnames(nodelist: str, env: Optional[Mapping[str, str]] = None) -> list[str]:
+    """Host names of a node list, as `scontrol show hostnames` gives them (the pure parser if it cannot run)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], env=env and dict(env),
+                             capture_output=True, text=True, timeout=30, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        out = []
+    return out or expand_hostlist(nodelist)
+
+
+def node_address(node: str, env: Optional[Mapping[str, str]] = None) -> str:
+    """The address SLURM reaches `node` at (its NodeAddr); the name itself if scontrol cannot tell."""
+    try:
+        out = subprocess.run(["scontrol", "show", "node", node, "--oneliner"], env=env and dict(env),
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return node
+    m = re.search(r"\bNodeAddr=(\S+)", out)
+    return m.group(1) if m else node
+
+
+def is_lead_task(env: Mapping[str, str]) -> bool:
+    """Whether this process writes the point's record: outside SLURM, or SLURM task 0 of the step."""
+    return env.get("SLURM_PROCID", "0") == "0"
+
+
+def launch_prefix(dp: int, devices_per_node: Optional[int], env: Mapping[str, str],
+                  port: Optional[int] = None) -> list[str]:
+    """argv up to and including torchrun's options (append `-m scaling.worker ...`) to run a point here."""
+    p = placement(dp, devices_per_node, env)
+    if p.nodes == 1:
+        return torchrun_argv(p)
+    job_id = env["SLURM_JOB_ID"]
+    nodelist = env["SLURM_JOB_NODELIST"] if p.via_srun else env["SLURM_STEP_NODELIST"]
+    hosts = hostnames(nodelist, env)
+    endpoint = f"{node_address(hosts[0], env)}:{port or rendezvous_port(job_id)}"
+    run = torchrun_argv(p, rdzv_endpoint=endpoint, rdzv_id=f"scaling-{job_id}")
+    return [*srun_argv(p, hosts), *run] if p.via_srun else run
+
+
+def slurm_timeout_min(timeout_s: float) -> int:
+    """SLURM time limit (minutes) for a point whose own timeout is `timeout_s`: that plus a margin."""
+    return math.ceil(float(timeout_s) / 60) + TIMEOUT_MARGIN_MIN
+
+
+def slurm_gpus_per_node(device: str, devices_per_node: Optional[int]) -> Optional[int]:
+    """GPUs to ask per node: the whole node on CUDA (any dp of the sweep fits), none on CPU."""
+    return (devices_per_node or 1) if device == "cuda" else None
+
+
+def register_resolvers() -> None:
+    """Register the OmegaConf resolvers conf/hydra/launcher/slurm.yaml uses (idempotent)."""
+    from omegaconf import OmegaConf
+
+    resolvers = {
+        "scaling.slurm_nodes": nodes_needed,
+        "scaling.slurm_timeout_min": slurm_timeout_min,
+        "scaling.slurm_gpus_per_node": slurm_gpus_per_node,
+    }
+    for name, fn in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)

@@ -1,0 +1,236 @@
+"""SLURM: the placement rules and argv (pure), the launcher config, and real jobs on the test cluster."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scaling import slurm
+
+REPO = Path(__file__).resolve().parents[1]
+ALLREDUCE = Path(__file__).with_name("slurm_allreduce.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+# --- placement and argv (pure) -----------------------------------------------------------------
+@pytest.mark.parametrize("dp, per_node, nodes", [(1, None, 1), (6, None, 1), (4, 8, 1), (8, 8, 1), (16, 8, 2), (32, 8, 4)])
+def test_nodes_needed(dp, per_node, nodes):
+    assert slurm.nodes_needed(dp, per_node) == nodes
+
+
+def test_nodes_needed_rejects_partial_nodes_naming_the_fields():
+    with pytest.raises(ValueError, match=r"parallel.dp=12 .*hardware.devices_per_node=8.*\{8, 16\}"):
+        slurm.nodes_needed(12, 8)
+    with pytest.raises(ValueError, match="parallel.dp=0"):
+        slurm.nodes_needed(0, None)
+
+
+@pytest.mark.parametrize("nodelist, hosts", [
+    ("vm", ["vm"]),
+    ("node[1-3,5]", ["node1", "node2", "node3", "node5"]),
+    ("gpu[08-10],cpu1", ["gpu08", "gpu09", "gpu10", "cpu1"]),
+    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+    ("a-[1-2]-x,b", ["a-1-x", "a-2-x", "b"]),
+])
+def test_expand_hostlist(nodelist, hosts):
+    assert slurm.expand_hostlist(nodelist) == hosts
+
+
+def test_expand_hostlist_rejects_what_it_cannot_read():
+    with pytest.raises(ValueError, match="cannot read range 'a-b'"):
+        slurm.expand_hostlist("n[a-b]")
+
+
+def test_single_node_is_standalone_inside_or_outside_slurm():
+    expected = [*TORCHRUN, "--standalone", "--nnodes=1", "--nproc-per-node=4"]
+    assert slurm.launch_prefix(4, None, {}) == expected
+    in_job = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "vm", "SLURM_PROCID": "0"}
+    assert slurm.launch_prefix(4, 8, in_job) == expected
+
+
+def test_one_process_in_a_multi_node_job_wraps_torchrun_in_srun():
+    env = {"SLURM_JOB_ID": "1234", "SLURM_JOB_NUM_NODES": "3", "SLURM_JOB_NODELIST": "gpu[01-03]"}
+    p = slurm.placement(16, 8, env)
+    assert p == slurm.Placement(nodes=2, nproc_per_node=8, via_srun=True)
+    assert slurm.srun_argv(p, ["gpu01", "gpu02", "gpu03"]) == [
+        "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=gpu01,gpu02",
+        "--overlap", "--kill-on-bad-exit=1",
+    ]
+    assert slurm.torchrun_argv(p, "10.0.0.1:29400", "scaling-1234") == [
+        *TORCHRUN, "--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=scaling-1234",
+    ]
+
+
+def test_one_task_per_node_starts_its_own_torchrun():
+    env = {"SLURM_JOB_ID": "99", "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2",
+           "SLURM_STEP_NUM_NODES": "2", "SLURM_PROCID": "1"}
+    assert slurm.placement(4, 2, env) == slurm.Placement(nodes=2, nproc_per_node=2, via_srun=False)
+    assert not slurm.is_lead_task(env)
+    assert slurm.is_lead_task({**env, "SLURM_PROCID": "0"}) and slurm.is_lead_task({})
+
+
+@pytest.mark.parametrize("dp, per_node, env, match", [
+    (16, 8, {}, r"spans 2 nodes: run it under SLURM"),
+    (16, 8, {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "1"}, r"needs 2 nodes but SLURM job 5 has 1: set hydra.launcher.nodes=2"),
+    (8, 8, {"SLURM_JOB_ID": "5", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2"}, r"one of 2 SLURM tasks.*hydra.launcher.nodes=1"),
+    (32, 8, {"SLURM_JOB_ID": "5", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2"}, r"needs 4 node\(s\).*hydra.launcher.nodes=4"),
+])
+def test_placement_errors_say_what_to_set(dp, per_node, env, match):
+    with pytest.raises(ValueError, match=match):
+        slurm.placement(dp, per_node, env)
+
+
+def test_rendezvous_port_is_shared_by_the_nodes_of_a_job():
+    assert slurm.rendezvous_port("123") == slurm.rendezvous_port("123") == 20123
+    assert slurm.RDZV_PORT_BASE <= slurm.rendezvous_port("987654321") < slurm.RDZV_PORT_BASE + slurm.RDZV_PORT_SPAN
+    with pytest.raises(ValueError, match="SLURM_JOB_ID='abc'"):
+        slurm.rendezvous_port("abc")
+
+
+# --- conf/hydra/launcher/slurm.yaml -------------------------------------------------------------
+@pytest.mark.parametrize("overrides, nodes, gpus, timeout_min", [
+    ([], 1, None, 15),
+    (["hardware=h100", "parallel.dp=16", "launch.timeout_s=300"], 2, 8, 10),
+    (["hardware=h100", "parallel.dp=4"], 1, 8, 15),
+])
+def test_launcher_config_follows_the_point(overrides, nodes, gpus, timeout_min):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from scaling.config import register_configs
+
+    register_configs()
+    slurm.register_resolvers()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["hydra/launcher=slurm", "sweep_dir=/s", *overrides], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert launcher["_target_"].endswith("SlurmLauncher")
+    assert (launcher["nodes"], launcher["gpus_per_node"], launcher["timeout_min"]) == (nodes, gpus, timeout_min)
+    assert launcher["tasks_per_node"] == 1 and launcher["submitit_folder"] == "/s/.submitit/%j"
+
+
+# --- real jobs on the test cluster ------------------------------------------------------------
+@pytest.mark.slurm
+def test_one_node_cluster_runs_a_job_and_stops_without_leftovers(slurm_cluster):
+    """A cluster of this host alone: a job runs; stopping it mid-job leaves no process and no state."""
+    from slurm_cluster import SlurmCluster, _pids_of
+
+    cluster = SlurmCluster(nodes=1)
+    cluster.start()
+    state = cluster.state_dir
+    try:
+        ran = subprocess.run(["srun", "--nodes=1", "hostname"], env=cluster.env, capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0 and ran.stdout.strip() == socket.gethostname(), ran.stderr
+        subprocess.run(["sbatch", "--output=/dev/null", "--wrap=sleep 300"], env=cluster.env, check=True, capture_output=True, timeout=60)
+        assert _wait_for(lambda: "R" in subprocess.run(["squeue", "-h", "-o", "%t"], env=cluster.env,
+                                                       capture_output=True, text=True).stdout.split())
+        assert _pids_of(state)
+    finally:
+        cluster.stop()
+    assert not state.exists() and _pids_of(state) == []
+    # The session's own cluster is untouched.
+    assert subprocess.run(["sinfo", "-h", "-o", "%a"], capture_output=True, text=True).stdout.split() == ["up"]
+
+
+def _wait_for(ready, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _executor(cluster, folder: Path, **params):
+    import submitit
+
+    executor = submitit.AutoExecutor(folder=folder, cluster="slurm")
+    executor.update_parameters(timeout_min=5, slurm_partition=cluster.partition, **params)
+    return executor
+
+
+@pytest.mark.slurm
+def test_submitit_job_runs_on_the_cluster(slurm_cluster, tmp_path):
+    import operator
+
+    import submitit
+
+    executor = _executor(slurm_cluster, tmp_path / "submitit")
+    product = executor.submit(operator.mul, 6, 7)
+    where = executor.submit(submitit.helpers.CommandFunction(["bash", "-c", "echo $SLURM_JOB_ID $SLURMD_NODENAME"]))
+    assert product.result() == 42
+    job_id, node = where.result().split()
+    assert job_id == where.job_id and node in slurm_cluster.nodes
+
+
+def _assert_allreduce_spanned_two_nodes(out: Path, cluster) -> None:
+    result = json.loads(out.read_text())
+    assert (result["world_size"], result["sum"]) == (2, 3.0)
+    assert sorted(result["nodes"]) == cluster.nodes[:2]
+
+
+_LAUNCH = (
+    "import os, subprocess, sys; from scaling.slurm import launch_prefix; "
+    "sys.exit(subprocess.run(launch_prefix(2, 1, os.environ) + sys.argv[1:]).returncode)"
+)
+
+
+@pytest.mark.slurm
+def test_two_nodes_one_task_each_rendezvous_over_c10d(slurm_cluster, tmp_path):
+    """hydra-submitit's shape for a 2-node point: a task per node, each starting its node's torchrun."""
+    import submitit
+
+    if len(slurm_cluster.nodes) < 2:
+        pytest.skip("the test cluster has one node")
+    out = tmp_path / "allreduce.json"
+    executor = _executor(slurm_cluster, tmp_path / "submitit", nodes=2, tasks_per_node=1)
+    job = executor.submit(submitit.helpers.CommandFunction([sys.executable, "-c", _LAUNCH, str(ALLREDUCE), str(out)]))
+    job.results()
+    _assert_allreduce_spanned_two_nodes(out, slurm_cluster)
+
+
+@pytest.mark.slurm
+def test_one_process_in_a_two_node_allocation_starts_both_nodes_with_srun(slurm_cluster, tmp_path):
+    """A single driver in the allocation (salloc, a batch script): srun starts one torchrun per node."""
+    if len(slurm_cluster.nodes) < 2:
+        pytest.skip("the test cluster has one node")
+    out = tmp_path / "allreduce.json"
+    done = subprocess.run(
+        ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", sys.executable, "-c", _LAUNCH, str(ALLREDUCE), str(out)],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    _assert_allreduce_spanned_two_nodes(out, slurm_cluster)
+
+
+@pytest.mark.slurm
+def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp_path):
+    """`python -m scaling.run -m hydra/launcher=slurm ...`: one SLURM job per point, one record each."""
+    sweep_dir = tmp_path / "sweep"
+    done = subprocess.run(
+        [sys.executable, "-m", "scaling.run", "-m", "hydra/launcher=slurm", "model=tiny", "parallel.dp=1,2",
+         "parallel.zero_stage=0,3", "train.steps=2", "logger=none", f"sweep_dir={sweep_dir}",
+         "hydra.launcher.array_parallelism=2"],  # two points at a time on this machine's cores
+        cwd=REPO, capture_output=True, text=True, timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
+    assert [r["status"] for r in records] == ["ok"] * 4, [(r["status"], r["error"]) for r in records]
+    assert len({r["job_key"] for r in records}) == 4
+    grid = sorted((r["config"]["parallel"]["dp"], r["config"]["parallel"]["zero_stage"]) for r in records)
+    assert grid == [(1, 0), (1, 3), (2, 0), (2, 3)]
+    for r in records:
+        m = r["metrics"]
+        assert m["tokens_per_s"] > 0 and m["peak_mem_bytes"] > 0 and len(m["losses"]) >= 2
+    # Each point ran as a task of the SLURM job array, which left its log in the submitit folder.
+    task_logs = sorted(sweep_dir.glob(".submitit/*_*/*_0_log.out"))
+    assert len(task_logs) == 4 and all("Job completed successfully" in p.read_text() for p in task_logs)
