@@ -26,6 +26,8 @@ from optuna.trial import TrialState
 
 from hydra_plugins.scaling_optuna_sweeper._outcome import judge
 from hydra_plugins.scaling_optuna_sweeper._space import parse_search_space
+from scaling.record import job_key, read_record
+from tests.compose import compose_point
 
 REPO = Path(__file__).resolve().parents[1]
 TOY_APP = REPO / "tests" / "toy_app" / "toy_app.py"
@@ -117,7 +119,7 @@ def test_records_become_trial_outcomes() -> None:
 @pytest.fixture(scope="module")
 def tpe_search(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     sweep_dir = tmp_path_factory.mktemp("tpe")
-    stdout = toy_sweep(sweep_dir, *TOY_SPACE, "oom_above_mbs=4", "hydra.sweeper.n_trials=16",
+    stdout = toy_sweep(sweep_dir, *TOY_SPACE, "oom_above_mbs=4", "hydra.sweeper.n_trials=12",
                        f"calls_log={sweep_dir / 'calls.jsonl'}")
     return sweep_dir, stdout
 
@@ -125,7 +127,7 @@ def tpe_search(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 def test_toy_search_writes_best_yaml_that_reproduces(tpe_search: tuple[Path, str], tmp_path: Path) -> None:
     sweep_dir, stdout = tpe_search
     best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
-    assert best["n_trials"] == 16 and best["directions"] == ["maximize"]
+    assert best["n_trials"] == 12 and best["directions"] == ["maximize"]
     point = best["best"]
     assert point["status"] == "ok"
     assert point["values"]["metrics.score"] == pytest.approx(toy_score(point["overrides"]))
@@ -134,7 +136,7 @@ def test_toy_search_writes_best_yaml_that_reproduces(tpe_search: tuple[Path, str
     assert point["values"]["metrics.score"] == max(feasible)
     assert f"Best (trial {point['trial']})" in stdout and "metrics.score" in stdout  # the printed table
     rows = (sweep_dir / "trials.csv").read_text().splitlines()
-    assert len(rows) == 17 and rows[0].startswith("trial,state,status,metrics.score,feasible")
+    assert len(rows) == 13 and rows[0].startswith("trial,state,status,metrics.score,feasible")
     # The overrides are accepted by the app itself and run the same point.
     run_python_script([str(TOY_APP), *point["overrides"], f"calls_log={tmp_path / 'calls.jsonl'}",
                        f"hydra.run.dir={tmp_path}"])
@@ -175,7 +177,7 @@ def test_journal_opens_in_optuna_dashboard(tpe_search: tuple[Path, str]) -> None
     (summary,) = get("/api/studies")["study_summaries"]
     assert summary["study_name"] == sweep_dir.name and summary["directions"] == ["maximize"]
     detail = get(f"/api/studies/{summary['study_id']}")
-    assert len(detail["trials"]) == 16 and detail["objective_names"] == ["metrics.score"]
+    assert len(detail["trials"]) == 12 and detail["objective_names"] == ["metrics.score"]
 
 
 def test_failures_are_tolerated_up_to_max_failure_rate(tmp_path: Path) -> None:
@@ -208,7 +210,7 @@ def test_grid_sampler_visits_each_point_once(tmp_path: Path) -> None:
 
 def test_two_objectives_give_a_feasible_pareto_front_in_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    toy_sweep(tmp_path, *TOY_SPACE, "oom_above_mbs=8", "hydra.sweeper.n_trials=12", "hydra.sweeper.sampler.name=random",
+    toy_sweep(tmp_path, *TOY_SPACE, "oom_above_mbs=8", "hydra.sweeper.n_trials=8", "hydra.sweeper.sampler.name=random",
               "hydra.sweeper.objectives=[metrics.score,metrics.mem]", "hydra.sweeper.directions=[maximize,minimize]",
               f"hydra.sweeper.storage={url}", "hydra.sweeper.study_name=pareto")
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
@@ -273,7 +275,8 @@ def test_sigkilled_search_resumes_without_repeating_finished_trials(tmp_path: Pa
 
 
 # --- the real engine: torchrun over gloo, tiny model, one timed step ---------------------------
-ENGINE_POINT = ["train.steps=1", "train.warmup_steps=1", "hardware.memory_gb=0.02", "launch.prescreen=false"]
+ENGINE_POINT = ["train.steps=1", "train.warmup_steps=1", "hardware.memory_gb=0.02", "launch.prescreen=false",
+                "logger=none"]
 
 
 def engine_sweep(sweep_dir: Path, *overrides: str) -> str:
@@ -292,8 +295,6 @@ def engine_search(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_engine_search_stores_oom_infeasible(engine_search: Path) -> None:
-    from scaling.record import read_record
-
     trials = {t.params["train.mbs"]: t for t in load_study(engine_search).trials}
     assert sorted(trials) == [2, 4, 64]
     assert trials[64].user_attrs["status"] == "oom" and trials[64].constraints == {"oom": 1.0}
@@ -307,8 +308,10 @@ def test_engine_search_stores_oom_infeasible(engine_search: Path) -> None:
 def test_engine_best_point_runs_with_scaling_run(engine_search: Path) -> None:
     best = yaml.safe_load((engine_search / "best.yaml").read_text())["best"]
     assert best["status"] == "ok" and best["trial"] in (0, 1, 2)
-    assert f"sweep_dir={engine_search}" in best["overrides"]
-    stdout, _ = run_process([sys.executable, "-m", "scaling.run", *best["overrides"], "launch.rerun=all"])
+    assert f"sweep_dir={engine_search}" in best["overrides"] and "train.mbs=64" not in best["overrides"]
+    assert best["command"].startswith("python -m scaling.run model.name=tiny ")
+    stdout, _ = run_process([sys.executable, "-m", "scaling.run", *best["run_overrides"], "launch.rerun=all",
+                             "logger=none"])
     assert f"[scaling] {best['job_key']} ok tokens/s/GPU=" in stdout
 
 
@@ -319,3 +322,17 @@ def test_recorded_points_are_answered_from_the_store(engine_search: Path) -> Non
     replay = optuna.load_study(study_name="replay", storage=storage).trials
     assert [t.user_attrs["answered_from"] for t in replay] == ["record store"] * 3
     assert sorted(t.user_attrs["status"] for t in replay) == ["ok", "ok", "oom"]
+
+
+def test_sweep_file_search_names_a_point_the_default_config_reproduces(tmp_path: Path) -> None:
+    """sweeps/best_throughput.yaml for one (shrunk) trial; its winner, run from conf/config.yaml (no
+    fixed batch, no memory cap), composes to the same job_key."""
+    sweep_dir = tmp_path / "best_throughput"
+    run_process([sys.executable, "-m", "scaling", "sweep", "best_throughput", "hydra.sweeper.n_trials=1",
+                 "model=tiny", "train.gbs=4", "train.mbs=2", "parallel.dp=1", "train.steps=1",
+                 "train.warmup_steps=0", "logger=none", f"sweep_dir={sweep_dir}"])
+    best = yaml.safe_load((sweep_dir / "best.yaml").read_text())["best"]
+    assert best["status"] == "ok"
+    assert {"train.grad_acc=auto", "train.gbs=4", "train.seq_len=128", "hardware.memory_gb=0.047"} <= set(
+        best["run_overrides"])
+    assert job_key(compose_point(best["run_overrides"])) == best["job_key"]

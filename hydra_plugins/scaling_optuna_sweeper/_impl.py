@@ -14,6 +14,8 @@ batch it rewrites `best.yaml` and `trials.csv`, and raises once the failure rate
 from __future__ import annotations
 
 import logging
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence
 
@@ -32,7 +34,7 @@ from scaling.record import job_key, read_record, should_skip
 
 from . import _report
 from ._outcome import Outcome, failure, judge, repeat_outcome, tell, worst_values
-from ._space import SearchSpace, parse_search_space
+from ._space import SearchSpace, leaf_overrides, parse_search_space
 from ._study import (
     AskTellGridSampler,
     DIRECTIONS,
@@ -47,6 +49,16 @@ from ._study import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExperimentPoint:
+    """A trial's point in the engine's terms."""
+
+    run_overrides: list[str]
+    """Every experiment field plus sweep and sweep_dir: `python -m scaling.run <these>` runs the point."""
+    record: Optional[dict[str, Any]]
+    """Its record in the store, when the store answers it without running (see launch.rerun)."""
 
 
 class OptunaSearch(Sweeper):
@@ -163,7 +175,10 @@ class OptunaSearch(Sweeper):
         for trial in batch:
             overrides = space.overrides(trial.params)
             trial.set_user_attr("overrides", overrides)
-            known = self._known_outcome(study, trial, overrides, worst)
+            point = self._experiment_point(overrides)
+            if point is not None:
+                trial.set_user_attr("run_overrides", point.run_overrides)
+            known = self._known_outcome(study, trial, point, worst)
             if known is not None:
                 outcomes[trial.number] = known
             else:
@@ -183,28 +198,33 @@ class OptunaSearch(Sweeper):
             return failure(f"{type(e).__name__}: {e}")
         return judge(record, self.objectives, worst)
 
-    def _known_outcome(self, study: Study, trial: Trial, overrides: list[str], worst: list[float]) -> Optional[Outcome]:
+    def _known_outcome(
+        self, study: Study, trial: Trial, point: Optional[ExperimentPoint], worst: list[float]
+    ) -> Optional[Outcome]:
         """The outcome of a point measured before: an equal COMPLETE trial, or a stored record."""
         repeat = repeat_outcome(study.get_trials(deepcopy=False, states=[TrialState.COMPLETE]), trial.params)
         if repeat is not None:
             return repeat
-        record = self._stored_record(overrides)
-        if record is None:
+        if point is None or point.record is None:
             return None
-        outcome = judge(record, self.objectives, worst)
+        outcome = judge(point.record, self.objectives, worst)
         outcome.attrs["answered_from"] = "record store"
         return outcome
 
-    def _stored_record(self, overrides: list[str]) -> Optional[dict[str, Any]]:
-        """The record of this point in the sweep's record store, if the store would not re-run it."""
+    def _experiment_point(self, overrides: list[str]) -> Optional[ExperimentPoint]:
+        """What a trial's overrides compose to, for a task whose config has the record store's
+        fields (model, train, parallel, hardware, sweep, sweep_dir); None for any other task."""
         assert self.hydra_context is not None and self.config is not None
         cfg = self.hydra_context.config_loader.load_sweep_config(master_config=self.config, sweep_overrides=overrides)
-        if "sweep_dir" not in cfg or not all(group in cfg for group in EXPERIMENT_GROUPS):
+        if not all(key in cfg for key in (*EXPERIMENT_GROUPS, "sweep", "sweep_dir")):
             return None
         experiment = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS}
-        record = read_record(cfg.sweep_dir, job_key(experiment))
+        sweep_dir = os.path.abspath(cfg.sweep_dir)
+        # The whole experiment, so the point runs the same from the default primary config too.
+        run_overrides = leaf_overrides({**experiment, "sweep": cfg.sweep, "sweep_dir": sweep_dir})
+        record = read_record(sweep_dir, job_key(experiment))
         rerun = OmegaConf.select(cfg, "launch.rerun", default="none")
-        return record if should_skip(record, rerun) else None
+        return ExperimentPoint(run_overrides, record if should_skip(record, rerun) else None)
 
     def _check_failures(self, study: Study) -> None:
         counted = counted_trials(study)

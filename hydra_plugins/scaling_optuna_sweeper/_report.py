@@ -1,12 +1,15 @@
 """What a search leaves in its sweep directory: `best.yaml` and `trials.csv`.
 
-`best.yaml` holds the winning point as the task overrides that reproduce it
-(`python -m scaling.run <overrides>`), with its objective values, status, job_key and metrics;
-a multi-objective study also lists its Pareto front. Infeasible and failed trials never win.
+`best.yaml` holds the winning point: `overrides`, the trial's task overrides (on top of the
+primary config the search ran with, e.g. a sweep file), its objective values, status, job_key and
+metrics; for the engine also `run_overrides`, every experiment field plus sweep and sweep_dir, so
+`command` (`python -m scaling.run <run_overrides>`) runs the same point from the default config.
+A multi-objective study also lists its Pareto front. Infeasible and failed trials never win.
 """
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -33,7 +36,7 @@ def best_trials(study: Study) -> list[FrozenTrial]:
 
 def point(trial: FrozenTrial, objectives: Sequence[str]) -> dict[str, Any]:
     """One trial as a plain mapping: its overrides, values and what its record said."""
-    return {
+    entry = {
         "trial": trial.number,
         "overrides": list(trial.user_attrs.get("overrides", [])),
         "values": dict(zip(objectives, trial.values)),
@@ -41,6 +44,10 @@ def point(trial: FrozenTrial, objectives: Sequence[str]) -> dict[str, Any]:
         "job_key": trial.user_attrs.get("job_key"),
         "metrics": dict(trial.user_attrs.get("metrics", {})),
     }
+    if "run_overrides" in trial.user_attrs:
+        entry["run_overrides"] = list(trial.user_attrs["run_overrides"])
+        entry["command"] = shlex.join(["python", "-m", "scaling.run", *entry["run_overrides"]])
+    return entry
 
 
 def write_best(sweep_dir: Path, study: Study, objectives: Sequence[str], storage: str) -> Optional[dict[str, Any]]:

@@ -13,11 +13,12 @@ Mapping (the key of each override is the Optuna parameter name):
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import IntervalSweep, Override, RangeSweep, Transformer
+from hydra.core.override_parser.types import IntervalSweep, Override, QuotedString, RangeSweep
 from hydra.errors import HydraException
 from optuna.distributions import (
     BaseDistribution,
@@ -27,6 +28,8 @@ from optuna.distributions import (
 )
 
 _PARAM_TYPES = (str, int, float, bool)
+_PLAIN_STRING = re.compile(r"[A-Za-z_/][\w./:@%+-]*")
+_KEYWORDS = {"true", "false", "null", "inf", "nan"}
 
 
 @dataclass
@@ -58,10 +61,26 @@ class SearchSpace:
 
 
 def format_value(value: Any) -> str:
-    """A parameter value as Hydra override syntax (booleans lower-case, floats in full)."""
+    """A value as Hydra override syntax: true/false, null, numbers in full, strings quoted when
+    they would otherwise read as something else."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, str) and (not _PLAIN_STRING.fullmatch(value) or value.lower() in _KEYWORDS):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return str(value)
+
+
+def leaf_overrides(tree: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """`{"train": {"mbs": 2}}` -> `["train.mbs=2"]`: one override per leaf of a nested mapping."""
+    overrides = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            overrides += leaf_overrides(value, f"{prefix}{key}.")
+        else:
+            overrides.append(f"{prefix}{key}={format_value(value)}")
+    return overrides
 
 
 def parse_search_space(expressions: Sequence[str], parser: OverridesParser) -> SearchSpace:
@@ -84,7 +103,7 @@ def _distribution(override: Override) -> BaseDistribution:
     key = override.get_key_element()
     value = override.value()
     if override.is_choice_sweep():
-        choices = list(override.sweep_iterator(transformer=Transformer.encode))
+        choices = [c.text if isinstance(c, QuotedString) else c for c in override.sweep_iterator()]
         bad = [c for c in choices if not isinstance(c, _PARAM_TYPES)]
         if bad:
             raise HydraException(f"{key}: choice values must be str, int, float or bool, got {bad}")
