@@ -57,8 +57,9 @@ def load_grid(sweep_dir: Path) -> tuple[dict[str, list[Any]], dict[tuple, dict[s
         raise SystemExit(f"{sweep_dir} holds no records (<job_key>/result.json): measure a grid sweep first")
     flats = [flatten(r["config"]) for r in records]
     varying = [k for k in sorted(set().union(*flats)) if len({json.dumps(f.get(k)) for f in flats}) > 1]
-    # A field that follows from the others (grad_acc set per dp, say) is not a dimension of the grid.
-    for key in list(varying):
+    # A field that follows from the others (grad_acc set per dp, a model's shapes given its name) is
+    # not a dimension of the grid; `*.name` fields are the last to go, so a model stays `model.name`.
+    for key in sorted(varying, key=lambda k: (k.endswith(".name"), k)):
         rest = [k for k in varying if k != key]
         if len({json.dumps([f.get(k) for k in rest]) for f in flats}) == len(flats):
             varying = rest
