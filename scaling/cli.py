@@ -65,7 +65,9 @@ def _lazy(module: str) -> Callable[[list[str]], Optional[int]]:
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], Optional[int]], str]] = {
     "run": (_hydra, "run one experiment point (Hydra overrides)"),
+    "sweep": (_lazy("scaling.sweep"), "run a named sweep from sweeps/ (Hydra multirun)"),
     "plan": (_plan, "grad_acc and effective global batch for a target gbs"),
+    "report": (_lazy("analysis.report"), "Markdown + HTML report of a sweep directory"),
 }
 
 

@@ -89,7 +89,12 @@ def error_messages(job_dir: Path) -> list[str]:
 
 
 def _last_line(text: str) -> Optional[str]:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    """The last informative line: torchrun's per-rank `traceback :` entry if any, else the last line
+    that is not a banner of '=' or '-'."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip().strip("=-")]
+    for line in reversed(lines):
+        if line.startswith("traceback"):
+            return line.split(":", 1)[1].strip()[:500]
     return lines[-1][:500] if lines else None
 
 
@@ -109,9 +114,10 @@ def classify(returncode: Optional[int], timed_out: bool, errors: Sequence[str], 
     return FAILED, _last_line(log_tail) or f"torchrun exited with code {returncode}"
 
 
-def run_job(argv: Sequence[str], job_dir: Path, timeout_s: float, env: Mapping[str, str]) -> Outcome:
+def run_job(argv: Sequence[str], job_dir: Path, timeout_s: float, env: Mapping[str, str],
+            log_name: str = TORCHRUN_LOG) -> Outcome:
     """Run the job, wait at most `timeout_s`, leave no process behind, and classify the result."""
-    log_path = job_dir / TORCHRUN_LOG
+    log_path = job_dir / log_name
     start = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

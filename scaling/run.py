@@ -22,7 +22,7 @@ from typing import Any, Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from scaling import flops, launch
+from scaling import flops, launch, slurm, wandb_log
 from scaling.config import register_configs
 from scaling.metrics import throughput_metrics
 from scaling.model import ModelArgs, param_count
@@ -34,6 +34,7 @@ from scaling.validate import Derived, InvalidConfig, validate
 from scaling.worker import WORKER_OUTPUT
 
 CONFIG_FILE = "config.json"
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 GIB = 1024**3
 
 
@@ -107,7 +108,7 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
         derived = validate(cfg)
     except InvalidConfig as e:
         record.update(status=INVALID, error=str(e), env=_host_env(cfg, None))
-        return _finish(record, jd, t0)
+        return _finish(record, jd, t0, cfg)
 
     threads = threads_per_rank(cfg)
     record["derived"] = _derived_block(cfg, derived)
@@ -117,8 +118,22 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
     runtime = {"threads_per_rank": threads, "job_key": key}
     write_json_atomic(jd / CONFIG_FILE, {**cfg, "derived": record["derived"], "runtime": runtime})
 
-    argv = launch.torchrun_argv(jd / CONFIG_FILE, derived.world_size)
-    outcome = launch.run_job(argv, jd, cfg["launch"]["timeout_s"], launch.job_env(threads, cfg["launch"]["devices"]))
+    # Under SLURM the allocation decides how torchrun starts (one node, or one torchrun per node
+    # joined by a c10d rendezvous); elsewhere it is `torchrun --standalone`.
+    prefix, lead = None, slurm.is_lead_task(os.environ)
+    if "SLURM_JOB_ID" in os.environ:
+        try:
+            prefix = slurm.launch_prefix(derived.world_size, cfg["hardware"]["devices_per_node"], os.environ,
+                                         cfg["launch"]["master_port"])
+        except ValueError as e:  # the allocation cannot hold the point
+            record.update(status=FAILED, error=str(e), env=_host_env(cfg, threads))
+            return _finish(record, jd, t0, cfg)
+    argv = launch.torchrun_argv(jd / CONFIG_FILE, derived.world_size, prefix)
+    log_name = launch.TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
+    outcome = launch.run_job(argv, jd, cfg["launch"]["timeout_s"], launch.job_env(threads, cfg["launch"]["devices"]),
+                             log_name)
+    if not lead:
+        return record  # another node's task of a multi-node point: its lead task writes the record
     record.update(status=outcome.status, error=outcome.error, env=_host_env(cfg, threads))
     worker_out = read_worker_output(jd)
     if outcome.status == OK and worker_out is not None:
@@ -130,7 +145,7 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
         record["timing"]["launch_overhead_s"] = outcome.wall_s - worker_out["measured_window_s"]
     elif outcome.status == OK:
         record.update(status=FAILED, error=f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}")
-    return _finish(record, jd, t0)
+    return _finish(record, jd, t0, cfg)
 
 
 def read_worker_output(jd: Path) -> Optional[dict[str, Any]]:
@@ -141,11 +156,12 @@ def read_worker_output(jd: Path) -> Optional[dict[str, Any]]:
         return None
 
 
-def _finish(record: dict[str, Any], jd: Path, t0: float) -> dict[str, Any]:
-    """Time, write atomically, and announce the record."""
+def _finish(record: dict[str, Any], jd: Path, t0: float, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Time, write atomically, announce the record, then log it to W&B (which may fail harmlessly)."""
     record["timing"]["wall_s"] = time.perf_counter() - t0
     write_json_atomic(jd / RESULT_FILE, record)
     print(_summary_line(record), flush=True)
+    wandb_log.log_point(record, cfg["logger"], cfg["sweep_dir"])
     return record
 
 
@@ -158,9 +174,10 @@ def _absolute_sweep_dir(cfg: DictConfig) -> None:
 
 
 register_configs()
+slurm.register_resolvers()  # conf/hydra/launcher/slurm.yaml reads them while Hydra composes
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
     """Hydra entry point: resolve the config and run the point."""
     _absolute_sweep_dir(cfg)

@@ -12,7 +12,7 @@ from scaling.run import run_point
 from tests.compose import compose_point
 from tests.test_validate import INVALID
 
-BASE = ["model=tiny", "train.mbs=2", "train.warmup_steps=1", "train.steps=3", "train.precision=fp32", "launch.timeout_s=180"]
+BASE = ["logger=none", "model=tiny", "train.mbs=2", "train.warmup_steps=1", "train.steps=3", "train.precision=fp32", "launch.timeout_s=180"]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,151 @@
+"""Sweeps: real Hydra multiruns of real torchrun points — faults, SIGKILL and resume, W&B offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from scaling.record import FINAL_STATUSES, iter_records
+
+FAST = ["model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
+
+FAULT_CASES = {
+    "ok": {},
+    "oom": {"hardware": {"memory_gb": 0.001}},
+    "crash": {"parallel": {"dp": 2}, "train": {"fault": "crash"}},
+    "hang": {"parallel": {"dp": 2}, "train": {"fault": "hang"}, "launch": {"timeout_s": 20}},
+    "invalid": {"parallel": {"zero_stage": 5}},
+}
+
+
+def scaling(args, cwd, **kw) -> subprocess.CompletedProcess:
+    """Run the `scaling` command as a user would."""
+    return subprocess.run([sys.executable, "-m", "scaling", *args], cwd=cwd, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, **kw)
+
+
+def write_fault_sweep(root: Path) -> None:
+    """A named sweep whose grid is a config group of cases, one point per expected status."""
+    (root / "sweeps" / "case").mkdir(parents=True)
+    for name, body in FAULT_CASES.items():
+        text = "# @package _global_\n" + json.dumps(body)  # JSON is YAML
+        (root / "sweeps" / "case" / f"{name}.yaml").write_text(text)
+    (root / "sweeps" / "faults.yaml").write_text(textwrap.dedent("""\
+        defaults:
+          - config
+          - _self_
+          - case: ok
+        sweep: faults
+        logger:
+          name: none
+        launch:
+          timeout_s: 240
+        hydra:
+          mode: MULTIRUN
+          sweeper:
+            params:
+              case: ok,oom,crash,hang,invalid
+        """))
+
+
+def test_sweep_with_faults_records_every_point_and_counts(tmp_path):
+    write_fault_sweep(tmp_path)
+    out = scaling(["sweep", "faults", *FAST, f"sweep_dir={tmp_path / 'runs'}"], cwd=tmp_path, timeout=400)
+    records = list(iter_records(tmp_path / "runs"))
+    by_case = {}
+    for rec in records:
+        fault, mem, zero = rec["config"]["train"]["fault"], rec["config"]["hardware"]["memory_gb"], rec["config"]["parallel"]["zero_stage"]
+        case = {"crash": "crash", "hang": "hang"}.get(fault) or ("oom" if mem else "invalid" if zero == 5 else "ok")
+        by_case.setdefault(case, []).append(rec["status"])
+    assert by_case == {"ok": ["ok"], "oom": ["oom"], "crash": ["failed"], "hang": ["timeout"], "invalid": ["invalid"]}, out.stdout
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("sweep faults: 5 points: 1 ok, 1 oom, 1 timeout, 1 failed, 1 invalid")
+    assert out.returncode == 1  # a point failed: the exit status says so, after all points ran
+    assert sum(line.startswith("[") and "/5] " in line for line in out.stdout.splitlines()) == 5
+    index = json.loads((tmp_path / "runs" / "sweep.json").read_text())
+    assert index["name"] == "faults" and index["runs"][0]["points"] == 5 and index["hardware"]["name"] == "cpu"
+
+    # Re-running answers every point from the store; rerun=failed runs the failed and timed-out ones again.
+    again = scaling(["sweep", "faults", *FAST, f"sweep_dir={tmp_path / 'runs'}"], cwd=tmp_path, timeout=400)
+    assert "torch.distributed.run" not in again.stdout
+    retry = scaling(["sweep", "faults", *FAST, f"sweep_dir={tmp_path / 'runs'}", "launch.rerun=failed",
+                     "case=crash,invalid"], cwd=tmp_path, timeout=400)
+    assert retry.stdout.count("already recorded as invalid: skipped") == 1
+    assert "[scaling]" in retry.stdout and " failed " in retry.stdout
+    assert len(list(iter_records(tmp_path / "runs"))) == 5
+
+
+def _leftovers(marker: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if any(marker in a for a in p.info["cmdline"] or [])]
+
+
+def test_sigkill_of_driver_then_resume_completes_exactly_the_missing_points(tmp_path):
+    sweep_dir = tmp_path / "killed"
+    args = ["run", "-m", "logger=none", *FAST, "parallel.dp=1,2", "parallel.zero_stage=0,1,2", f"sweep_dir={sweep_dir}"]
+    driver = subprocess.Popen([sys.executable, "-m", "scaling", *args], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    # Kill once two points are recorded and a third is running under torchrun.
+    while time.time() < deadline:
+        done = len(list(sweep_dir.glob("*/result.json")))
+        running = [p for p in _leftovers(str(sweep_dir)) if "scaling.worker" in " ".join(p.info["cmdline"])]
+        if done >= 2 and running:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("sweep never reached its third point")
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    time.sleep(3)
+    assert _leftovers(str(sweep_dir)) == [], "a rank or torchrun outlived the killed driver"
+    assert list(sweep_dir.rglob("*.tmp")) == []
+    before = {r["job_key"] for r in iter_records(sweep_dir)}
+    assert len(before) >= 2
+
+    out = scaling(args[:1] + args[1:], cwd=tmp_path, timeout=400)
+    assert out.returncode == 0, out.stderr[-2000:]
+    records = list(iter_records(sweep_dir))
+    assert len(records) == 6 and len({r["job_key"] for r in records}) == 6
+    assert all(r["status"] in FINAL_STATUSES for r in records)
+    assert out.stdout.count("skipped") == len(before)
+    launched = [ln for ln in out.stdout.splitlines() if ln.startswith("[scaling]") and "skipped" not in ln]
+    assert len(launched) == 6 - len(before)
+
+
+def test_wandb_offline_one_run_per_launched_point(tmp_path):
+    sweep_dir = tmp_path / "wb"
+    out = scaling(["run", "-m", "logger=wandb", "logger.mode=offline", *FAST, "parallel.dp=1",
+                   "parallel.zero_stage=0,7", f"sweep_dir={sweep_dir}", "sweep=wbtest"], cwd=tmp_path, timeout=300,
+                  env={**os.environ, "WANDB_SILENT": "true"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    statuses = sorted(r["status"] for r in iter_records(sweep_dir))
+    assert statuses == ["invalid", "ok"]
+    runs = sorted((sweep_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1  # the invalid point never launched, so it has no run
+    from scaling.wandb_log import read_offline_run
+
+    run = read_offline_run(runs[0])
+    assert run["group"] == "wbtest" and run["job_type"] == "throughput"
+    assert run["summary"]["status"] == "ok" and run["summary"]["metrics.tokens_per_s_per_gpu"] > 0
+    assert run["config"]["parallel.zero_stage"] == 0
+    assert [row["_step"] for row in run["history"]] == [0]
+
+
+def test_wandb_failure_never_fails_the_point(tmp_path):
+    # Online mode with no API key and no network: wandb.init raises; the point must not care.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env["HOME"] = str(tmp_path)  # no ~/.netrc credentials either
+    out = scaling(["run", "logger=wandb", "logger.mode=online", *FAST, f"sweep_dir={tmp_path / 'x'}"],
+                  cwd=tmp_path, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "W&B logging failed" in out.stderr
+    assert [r["status"] for r in iter_records(tmp_path / "x")] == ["ok"]
