@@ -11,11 +11,10 @@ run emulates a smaller device. torch and the standard library only.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+import functools
+from typing import Any, Iterator, Optional
 
 import torch
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import MemTracker
 
 _TOTAL = "Total"
 
@@ -37,18 +36,21 @@ class _CapacityCheck:
                 )
 
 
-class _Tracker(_CapacityCheck, MemTracker):
-    pass
+@functools.cache
+def _trackers() -> tuple[type, type]:
+    """torch's trackers with the capacity check; imported on first use, since importing
+    torch.distributed._tools pulls in the compiler stack (seconds) that CUDA runs never need."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
 
-
-class _FSDPTracker(_CapacityCheck, FSDPMemTracker):
-    pass
+    return (type("CapacityMemTracker", (_CapacityCheck, MemTracker), {}),
+            type("CapacityFSDPMemTracker", (_CapacityCheck, FSDPMemTracker), {}))
 
 
 class PeakMemory:
     """Result of a tracked step: peak live bytes and the breakdown at the peak."""
 
-    def __init__(self, tracker: MemTracker) -> None:
+    def __init__(self, tracker: Any) -> None:
         self.peak_bytes: int = 0
         self.breakdown: dict[str, int] = {}
         self._tracker = tracker
@@ -67,7 +69,8 @@ def tracked_step(
     capacity_bytes: Optional[int],
 ) -> Iterator[PeakMemory]:
     """Run the body as one step under torch's memory tracker; fills the yielded PeakMemory."""
-    tracker = _FSDPTracker(model, optimizer) if fsdp else _Tracker()
+    plain, sharded = _trackers()
+    tracker = sharded(model, optimizer) if fsdp else plain()
     tracker.capacity_bytes = capacity_bytes
     if not fsdp:  # FSDPMemTracker registers its module and optimizer itself
         tracker.track_external(model, optimizer)

@@ -19,7 +19,6 @@ from typing import Any, Mapping
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.utils.checkpoint import checkpoint
 
 INIT_STD = 0.02
@@ -235,7 +234,7 @@ class Transformer(nn.Module):
         generator = torch.Generator(device=first.device).manual_seed(seed)
         residual_std = INIT_STD / (2 * self.args.n_layers) ** 0.5
         for name, param in self.named_parameters():
-            sharded = isinstance(param, DTensor)
+            sharded = hasattr(param, "device_mesh")  # a DTensor shard; no import of DTensor needed here
             target = torch.empty(param.shape, dtype=param.dtype, device=first.device) if sharded else param
             owner = name.split(".")[-2]  # attribute name of the owning module, robust to wrapper prefixes
             if owner.endswith("norm"):
@@ -244,5 +243,7 @@ class Transformer(nn.Module):
                 # Outputs of wo and w2 add into the residual stream L times each: scale them down.
                 target.normal_(0.0, residual_std if owner in ("wo", "w2") else INIT_STD, generator=generator)
             if sharded:
+                from torch.distributed.tensor import distribute_tensor  # only sharded models pay for it
+
                 shard = distribute_tensor(target, param.device_mesh, param.placements, src_data_rank=None)
                 param.to_local().copy_(shard.to_local())

@@ -22,9 +22,6 @@ from typing import ContextManager, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from scaling.model import Transformer
@@ -43,7 +40,6 @@ class Parallelized:
     def sync_gradients(self, enabled: bool) -> ContextManager[None]:
         """Context for one micro-step: gradients are reduced across ranks only when `enabled`."""
         if self.zero_stage >= 2:
-            assert isinstance(self.model, FSDPModule)
             self.model.set_requires_gradient_sync(enabled)
             return contextlib.nullcontext()
         return contextlib.nullcontext() if enabled else self.model.no_sync()
@@ -56,16 +52,14 @@ class Parallelized:
 
     def param_norm(self) -> float:
         """L2 norm of all parameters, gathered across shards (identical on every rank)."""
-        sq_sharded = torch.zeros((), dtype=torch.float64, device=self.device)
-        sq_replicated = torch.zeros((), dtype=torch.float64, device=self.device)
+        sharded = self.zero_stage >= 2  # fully_shard on the root makes every parameter a DTensor shard
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.model.parameters():
-            if isinstance(p, DTensor):
-                sq_sharded += p.to_local().detach().double().pow(2).sum()
-            else:
-                sq_replicated += p.detach().double().pow(2).sum()
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(sq_sharded)
-        return float((sq_sharded + sq_replicated).sqrt())
+            local = p.to_local() if sharded else p
+            sq += local.detach().double().pow(2).sum()
+        if sharded and dist.get_world_size() > 1:
+            dist.all_reduce(sq)
+        return float(sq.sqrt())
 
 
 def _adamw(params: Iterator[nn.Parameter] | list[nn.Parameter], lr: float, weight_decay: float, device: torch.device):
@@ -95,6 +89,8 @@ def parallelize(
         if zero_stage == 0:
             optimizer = _adamw(ddp.parameters(), lr, weight_decay, device)
         else:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
             optimizer = ZeroRedundancyOptimizer(
                 ddp.parameters(),
                 optimizer_class=torch.optim.AdamW,
@@ -103,6 +99,9 @@ def parallelize(
                 fused=device.type == "cuda",
             )
         return Parallelized(ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device)
+
+    # FSDP2 (and DTensor under it) is imported only by the stages that use it: a second of start-up.
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     reshard = zero_stage == 3

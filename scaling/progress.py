@@ -81,10 +81,12 @@ class SweepProgress(Callback):
     """Writes sweep.json, prints a progress line as each point ends and the counts at the end."""
 
     def __init__(self) -> None:
+        self.multirun = False
         self.total: Optional[int] = None
         self.done = 0
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.multirun = True
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         self.total = count_grid(config)
@@ -106,6 +108,8 @@ class SweepProgress(Callback):
         write_json_atomic(index_path, index)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if not self.multirun:  # a single run prints its own summary line
+            return
         self.done += 1
         if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, dict):
             print(progress_line(self.done, self.total, job_return.return_value), flush=True)

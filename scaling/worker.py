@@ -106,7 +106,17 @@ def run(cfg: dict[str, Any], job_dir: Path) -> None:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device, capacity_kind = _setup_device(cfg, local_rank)
     hw, train, par, derived = cfg["hardware"], cfg["train"], cfg["parallel"], cfg["derived"]
+    phases: dict[str, float] = {}
+    mark = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        phases[name] = now - mark
+        mark = now
+
     dist.init_process_group(hw["backend"], device_id=device if device.type == "cuda" else None)
+    phase("init_process_group_s")
 
     args = ModelArgs.from_dict(cfg["model"])
     with torch.device("meta"):
@@ -129,9 +139,11 @@ def run(cfg: dict[str, Any], job_dir: Path) -> None:
         losses.append(train_step(pz, data, step, rank, mbs, grad_acc, before_micro))
         step += 1
 
+    phase("build_s")
     _inject_fault(train["fault"], rank, world)
     for _ in range(train["warmup_steps"]):
         one_step()
+    phase("warmup_s")
 
     peak_bytes, breakdown = 0, {}
     if device.type == "cpu":
@@ -141,6 +153,7 @@ def run(cfg: dict[str, Any], job_dir: Path) -> None:
         peak_bytes, breakdown = peak.peak_bytes, peak.breakdown
     else:
         torch.cuda.synchronize(device)
+    phase("memory_step_s")
 
     step_times: list[float] = []
     dist.barrier()
@@ -174,6 +187,7 @@ def run(cfg: dict[str, Any], job_dir: Path) -> None:
             "num_ooms": int(sum(m[2] for m in mem_by_rank)),
             "num_alloc_retries": int(sum(m[3] for m in mem_by_rank)),
             "peak_mem_breakdown_rank0": breakdown or None,
+            "phases_s": phases,
             "env": {
                 "torch": torch.__version__,
                 "python": platform.python_version(),
