@@ -70,8 +70,9 @@ class TrainConfig:
     """Global batch in samples; fixes grad_acc when grad_acc is `auto`."""
     gbs_tokens: Optional[int] = None
     """Global batch in tokens (gbs x seq_len); fixes grad_acc when grad_acc is `auto`."""
-    warmup_steps: int = 1
-    """Optimizer steps run before timing starts."""
+    warmup_steps: int = 2
+    """Untimed optimizer steps before timing starts. On CPU at least 2: the last one is measured
+    under the memory tracker, after a first step has created the optimizer states."""
     steps: int = 3
     """Optimizer steps that are timed."""
     precision: str = "fp32"

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+Device = Optional[Union[torch.device, str]]
+"""Where layers are created; "meta" for shapes only."""
 
 INIT_STD = 0.02
 """Standard deviation of the normal init of every matmul weight and the embedding."""
@@ -124,14 +127,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Attention(nn.Module):
     """Causal grouped-query self-attention: nh query heads share nkv key/value heads."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, device: Device = None):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
         kv_dim = args.n_kv_heads * args.head_dim
-        self.wq = nn.Linear(args.hidden, args.hidden, bias=False)
-        self.wk = nn.Linear(args.hidden, kv_dim, bias=False)
-        self.wv = nn.Linear(args.hidden, kv_dim, bias=False)
-        self.wo = nn.Linear(args.hidden, args.hidden, bias=False)
+        self.wq = nn.Linear(args.hidden, args.hidden, bias=False, device=device)
+        self.wk = nn.Linear(args.hidden, kv_dim, bias=False, device=device)
+        self.wv = nn.Linear(args.hidden, kv_dim, bias=False, device=device)
+        self.wo = nn.Linear(args.hidden, args.hidden, bias=False, device=device)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -149,11 +152,11 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     """SwiGLU MLP: w2(silu(w1 x) * w3 x)."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, device: Device = None):
         super().__init__()
-        self.w1 = nn.Linear(args.hidden, args.ffn_hidden, bias=False)  # gate
-        self.w3 = nn.Linear(args.hidden, args.ffn_hidden, bias=False)  # up
-        self.w2 = nn.Linear(args.ffn_hidden, args.hidden, bias=False)  # down
+        self.w1 = nn.Linear(args.hidden, args.ffn_hidden, bias=False, device=device)  # gate
+        self.w3 = nn.Linear(args.hidden, args.ffn_hidden, bias=False, device=device)  # up
+        self.w2 = nn.Linear(args.ffn_hidden, args.hidden, bias=False, device=device)  # down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))  # (B, T, f) inside, (B, T, C) out
@@ -162,12 +165,12 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """One pre-norm decoder block; the unit that FSDP2 shards and activation checkpointing wraps."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, device: Device = None):
         super().__init__()
-        self.attention_norm = nn.RMSNorm(args.hidden, eps=args.norm_eps)
-        self.attention = Attention(args)
-        self.ffn_norm = nn.RMSNorm(args.hidden, eps=args.norm_eps)
-        self.feed_forward = FeedForward(args)
+        self.attention_norm = nn.RMSNorm(args.hidden, eps=args.norm_eps, device=device)
+        self.attention = Attention(args, device)
+        self.ffn_norm = nn.RMSNorm(args.hidden, eps=args.norm_eps, device=device)
+        self.feed_forward = FeedForward(args, device)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
@@ -181,14 +184,17 @@ class Transformer(nn.Module):
     block's input is kept for backward and its forward runs again during backward.
     """
 
-    def __init__(self, args: ModelArgs, recompute: bool = False):
+    def __init__(self, args: ModelArgs, recompute: bool = False, device: Device = None):
+        # `device="meta"` builds the shapes without memory (then `to_empty` + `init_weights`); it is
+        # passed to each layer rather than set with `with torch.device(...)`, whose first use
+        # imports the compiler stack.
         super().__init__()
         self.args = args
         self.recompute = recompute
-        self.tok_embeddings = nn.Embedding(args.vocab_size, args.hidden)
-        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
-        self.norm = nn.RMSNorm(args.hidden, eps=args.norm_eps)
-        self.output = nn.Linear(args.hidden, args.vocab_size, bias=False)
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.hidden, device=device)
+        self.layers = nn.ModuleList(Block(args, device) for _ in range(args.n_layers))
+        self.norm = nn.RMSNorm(args.hidden, eps=args.norm_eps, device=device)
+        self.output = nn.Linear(args.hidden, args.vocab_size, bias=False, device=device)
         self._tie()
 
     def _tie(self) -> None:

@@ -3,8 +3,8 @@
     torchrun --standalone --nproc-per-node=<dp> -m scaling.worker <job_dir>/config.json
 
 Reads the resolved config (JSON), joins the process group (gloo on CPU with this rank's share of
-the cores, nccl on CUDA), runs warm-up steps, one untimed memory-tracked step on CPU, then the
-timed steps. Rank 0 writes `worker.json` (step times, losses, peak memory per rank, final
+the cores, nccl on CUDA), runs the untimed warm-up steps (on CPU the last of them, at least the
+second step, runs under the memory tracker), then the timed steps. Rank 0 writes `worker.json` (step times, losses, peak memory per rank, final
 parameter norm, environment) next to the config; the parent turns it into result.json.
 The entry point is wrapped in torch elastic's `@record`, so an exception in any rank lands in an
 error file the parent classifies (an out-of-memory error gives status `oom`).
@@ -119,9 +119,11 @@ def run(cfg: dict[str, Any], job_dir: Path) -> None:
     phase("init_process_group_s")
 
     args = ModelArgs.from_dict(cfg["model"])
-    with torch.device("meta"):
-        model = Transformer(args, recompute=train["recompute"] == "full")
-    model.to_empty(device=device)
+    # On CUDA build shapes on the meta device and allocate once on the GPU. On CPU build in place:
+    # initialising meta tensors imports the compiler stack (a second or more of every rank's start).
+    model = Transformer(args, recompute=train["recompute"] == "full", device="meta" if device.type == "cuda" else device)
+    if device.type == "cuda":
+        model.to_empty(device=device)
     model.init_weights(train["seed"])
     if train["compile"]:
         for block in model.layers:
@@ -141,19 +143,23 @@ def run(cfg: dict[str, Any], job_dir: Path) -> None:
 
     phase("build_s")
     _inject_fault(train["fault"], rank, world)
-    for _ in range(train["warmup_steps"]):
-        one_step()
-    phase("warmup_s")
-
     peak_bytes, breakdown = 0, {}
     if device.type == "cpu":
+        # The last untimed step is the memory-tracked one; at least one plain step comes first so
+        # that optimizer states already exist, as they do in every later step.
+        for _ in range(max(train["warmup_steps"], 2) - 1):
+            one_step()
+        phase("warmup_s")
         capacity = None if hw["memory_gb"] is None else int(hw["memory_gb"] * GIB)
         with tracked_step(pz.model, pz.optimizer, par["zero_stage"] >= 2, capacity) as peak:
             one_step(peak.new_micro_step)
         peak_bytes, breakdown = peak.peak_bytes, peak.breakdown
+        phase("memory_step_s")
     else:
+        for _ in range(train["warmup_steps"]):
+            one_step()
         torch.cuda.synchronize(device)
-    phase("memory_step_s")
+        phase("warmup_s")
 
     step_times: list[float] = []
     dist.barrier()
