@@ -101,7 +101,7 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "job_key": key, "sweep": cfg["sweep"], "status": None, "error": None,
         "config": experiment_config(cfg), "derived": None, "metrics": None, "predicted": None, "env": None,
-        "timing": {"started_at": started, "wall_s": None, "launch_overhead_s": None},
+        "timing": {"started_at": started, "wall_s": None, "torchrun_wall_s": None, "launch_overhead_s": None},
     }
     jd = job_dir(sweep_dir, key)
     try:
@@ -135,6 +135,7 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
     if not lead:
         return record  # another node's task of a multi-node point: its lead task writes the record
     record.update(status=outcome.status, error=outcome.error, env=_host_env(cfg, threads))
+    record["timing"]["torchrun_wall_s"] = outcome.wall_s
     worker_out = read_worker_output(jd)
     if outcome.status == OK and worker_out is not None:
         hw, precision = cfg["hardware"], cfg["train"]["precision"]
