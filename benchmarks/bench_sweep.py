@@ -1,0 +1,71 @@
+"""The sweep driver's own time per point: wall time of a sweep not spent inside torchrun.
+
+Runs a named sweep (default: the demo grid) as a user would (`scaling sweep NAME`), then reads
+every record's `timing.torchrun_wall_s`:
+
+    driver time per point = (sweep wall time - sum of torchrun wall times) / points
+
+It covers Hydra's composition of each point, validation, the memory prediction, the record write
+and W&B logging, and, once, the driver's start-up (printed apart). Target: <= 0.5 s per point.
+A second pass over the same directory times the resume path (every point answered from the store).
+
+    python benchmarks/bench_sweep.py [--sweep demo] [--dir DIR] [overrides ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from scaling.record import iter_records  # noqa: E402
+
+
+def run_sweep(name: str, sweep_dir: Path, overrides: list[str]) -> float:
+    """Wall seconds of `scaling sweep NAME sweep_dir=... overrides`."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "scaling", "sweep", name, f"sweep_dir={sweep_dir}", *overrides],
+                   cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def startup_s() -> float:
+    """Wall seconds of the driver doing nothing: `scaling run --help` (interpreter, Hydra, torch imports)."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "scaling", "run", "--help"], cwd=REPO, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sweep", default="demo")
+    p.add_argument("--dir", type=Path, default=None, help="sweep directory (default: a new temporary one)")
+    p.add_argument("overrides", nargs="*")
+    a = p.parse_args()
+    sweep_dir = (a.dir or Path(tempfile.mkdtemp(prefix="bench_sweep_")) / a.sweep).resolve()
+
+    wall = run_sweep(a.sweep, sweep_dir, a.overrides)
+    records = list(iter_records(sweep_dir))
+    torchrun = sum(r["timing"].get("torchrun_wall_s") or 0.0 for r in records)
+    launched = sum(1 for r in records if r["timing"].get("torchrun_wall_s"))
+    start = startup_s()
+    resume_wall = run_sweep(a.sweep, sweep_dir, a.overrides)
+    n = len(records)
+    per_point = (wall - torchrun - start) / n
+    statuses = {s: sum(r["status"] == s for r in records) for s in sorted({r["status"] for r in records})}
+    print(f"bench_sweep: sweep {a.sweep} {' '.join(a.overrides)} -> {n} points {statuses}, {launched} launched; {sweep_dir}")
+    print(f"  sweep wall {wall:8.1f} s   in torchrun {torchrun:8.1f} s   driver start-up {start:5.2f} s")
+    print(f"  driver time per point {per_point:6.3f} s   (target <= 0.5)")
+    print(f"  resume (all {n} points answered from the store): {resume_wall:6.1f} s, "
+          f"{(resume_wall - start) / n:6.3f} s per point after start-up")
+
+
+if __name__ == "__main__":
+    main()
