@@ -24,10 +24,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from scaling import flops, launch, slurm, wandb_log
 from scaling.config import register_configs
+from scaling.memory import prescreen
 from scaling.metrics import throughput_metrics
 from scaling.model import ModelArgs, param_count
 from scaling.record import (
-    FAILED, INVALID, OK, RESULT_FILE, SCHEMA_VERSION, experiment_config, job_dir, job_key, read_record,
+    FAILED, INVALID, OK, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, experiment_config, job_dir, job_key, read_record,
     should_skip, write_json_atomic,
 )
 from scaling.validate import Derived, InvalidConfig, validate
@@ -112,6 +113,10 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
 
     threads = threads_per_rank(cfg)
     record["derived"] = _derived_block(cfg, derived)
+    record["predicted"] = prediction = prescreen(cfg, derived.grad_acc)
+    if prediction["skip"]:  # launch.prescreen and predicted > (1 + prescreen_margin) x capacity
+        record.update(status=PREDICTED_OOM, error=prediction["reason"], env=_host_env(cfg, threads))
+        return _finish(record, jd, t0, cfg)
     jd.mkdir(parents=True, exist_ok=True)
     for stale in (WORKER_OUTPUT, launch.TORCHRUN_LOG):
         (jd / stale).unlink(missing_ok=True)

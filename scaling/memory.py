@@ -1,0 +1,363 @@
+"""Analytic memory prediction: peak bytes per rank of one training step, by arithmetic alone.
+
+Owns the model-state formulas of the Ultra-Scale Playbook (`model_state_bytes`), the per-rank
+breakdown of this project's training step (`analytic_peak`: parameters, gradients, optimizer
+states, activations of the Llama block, logits and loss buffers, communication buffers and
+temporaries), and the pre-screen that the Hydra job runs before launching (`prescreen`).
+
+What the step holds, per rank, in this code base (see scaling/parallel.py):
+
+- ZeRO 0/1 (DDP, gradient_as_bucket_view): fp32 weights 4Ψ, fp32 gradient buckets 4Ψ (allocated
+  once, whatever the precision), AdamW m and v 8Ψ (ZeRO-1: 8Ψ/dp) and one fp32 `step` per tensor.
+  bf16 is autocast: the bf16 copies of the weights are made in forward and held by autograd as
+  saved tensors until backward, so they are counted with the activations.
+- ZeRO 2/3 (FSDP2): fp32 shards of weights, gradients and AdamW states (16Ψ/dp, dim-0 padded),
+  plus the unsharded compute weights (bf16 under the MixedPrecisionPolicy, fp32 otherwise): all of
+  them from forward to the end of backward at ZeRO-2, the root module's and one or two blocks' at
+  ZeRO-3; unsharded gradients of a block wait in the reduce-scatter buffer.
+- Gradient accumulation keeps a second, unsynchronised copy of the gradients (DDP: p.grad next to
+  the buckets; FSDP2: unsharded gradients) from the first micro-step on.
+
+Activation bytes per token per block were read off the traced step (scaling.trace) and are exact
+for this block (RMSNorm, RoPE, GQA SDPA, SwiGLU) in eager mode; the peak is the largest of the
+step's phases (end of the loss, backward of the output layer, backward of the top block,
+optimizer step). All of it is pure arithmetic on the config: no tensor is made, microseconds per
+point. `prescreen` refines an analytic prediction that lands near the capacity with the traced one
+(scaling.trace, in a subprocess), which is exact for this tracker's notion of live bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping, Optional
+
+from scaling.model import ModelArgs, param_count
+
+ANALYTIC = "analytic"
+GIB = 1024**3
+FP32, BF16 = 4, 2
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of the model state: the Playbook's Ψ coefficients."""
+
+    weights: int
+    """The compute copy of the weights (bf16: 2, fp32: 4)."""
+    grads: int
+    """Gradients (bf16: 2, fp32: 4)."""
+    k: int
+    """fp32 master weights and AdamW m, v (mixed precision: 4 + 8 = 12; fp32 training: 8, no master)."""
+
+
+PLAYBOOK_MIXED = StateBytes(weights=2, grads=2, k=12)
+PLAYBOOK_FP32 = StateBytes(weights=4, grads=4, k=8)
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Model-state bytes per rank."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of the three."""
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+def model_state_bytes(n_params: int, zero_stage: int, dp: int, per_param: StateBytes = PLAYBOOK_MIXED) -> ModelState:
+    """The Playbook's per-rank model state: ZeRO-1 2Ψ + 2Ψ + kΨ/dp, ZeRO-2 2Ψ + (2Ψ + kΨ)/dp,
+    ZeRO-3 (4Ψ + kΨ)/dp (mixed precision; PLAYBOOK_FP32 gives the fp32 version)."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"parallel.zero_stage={zero_stage!r} is not valid: choose one of 0, 1, 2, 3")
+    if dp < 1:
+        raise ValueError(f"parallel.dp={dp!r} must be a positive integer")
+    psi = float(n_params)
+    return ModelState(
+        params_bytes=per_param.weights * psi / (dp if zero_stage >= 3 else 1),
+        grads_bytes=per_param.grads * psi / (dp if zero_stage >= 2 else 1),
+        optimizer_bytes=per_param.k * psi / (dp if zero_stage >= 1 else 1),
+    )
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Predicted bytes per rank at the step's peak, by what holds them."""
+
+    params_bytes: int
+    """Weights: fp32 (DDP), or fp32 shards plus the unsharded compute copies live at the peak (FSDP2)."""
+    grads_bytes: int
+    """Gradients live at the peak: DDP buckets, FSDP2 shards, accumulation copies."""
+    optimizer_bytes: int
+    """AdamW m, v and step counters of the parameters this rank updates."""
+    activations_bytes: int
+    """Tensors saved for backward by the decoder blocks, the embedding and the final norm."""
+    logits_bytes: int
+    """Logits, log-probabilities and their gradients (cross-entropy runs in fp32)."""
+    comm_bytes: int
+    """All-gather and reduce-scatter buffers of FSDP2 live at the peak."""
+    temporaries_bytes: int
+    """Short-lived tensors at the peak: weight gradients before they reach their buckets or shards,
+    recomputed block activations, optimizer scratch."""
+    overhead_bytes: int
+    """Small fixed tensors: RoPE tables, token ids, scalars."""
+    phase: str
+    """Where the peak is: loss, output_backward, block_backward or optimizer."""
+
+    @property
+    def total_bytes(self) -> int:
+        """The predicted peak."""
+        return sum(getattr(self, f.name) for f in fields(self) if f.name.endswith("_bytes"))
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict (with total) for JSON and records."""
+        return {"method": ANALYTIC, "peak_mem_bytes": self.total_bytes, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class _Shapes:
+    """Sizes of one point that the formulas use (t = mbs x seq_len tokens per micro-step)."""
+
+    L: int
+    h: int
+    kvd: int
+    f: int
+    nh: int
+    hd: int
+    V: int
+    tied: bool
+    T: int
+    mbs: int
+
+    @property
+    def t(self) -> int:
+        return self.mbs * self.T
+
+    @property
+    def block_matmul(self) -> int:
+        """Matmul weights of one block: 2h² + 2·h·kvd + 3·h·f."""
+        return 2 * self.h * self.h + 2 * self.h * self.kvd + 3 * self.h * self.f
+
+    @property
+    def block_params(self) -> int:
+        return self.block_matmul + 2 * self.h
+
+    @property
+    def root_params(self) -> int:
+        """Embedding, output projection unless tied, final norm: what FSDP2's root module holds."""
+        return self.V * self.h * (1 if self.tied else 2) + self.h
+
+    @property
+    def n_tensors(self) -> int:
+        return 9 * self.L + 2 + (0 if self.tied else 1)
+
+
+def _shard(rows: int, cols: int, dp: int) -> int:
+    """Elements of one rank's FSDP2 shard of a (rows, cols) parameter: dim 0 padded to a multiple of dp."""
+    return math.ceil(rows / dp) * cols
+
+
+def _sharded_params(s: _Shapes, dp: int) -> tuple[int, int]:
+    """Elements per rank of one block's shards and of the root's shards."""
+    block = (2 * _shard(s.h, s.h, dp) + 2 * _shard(s.kvd, s.h, dp) + 2 * _shard(s.f, s.h, dp)
+             + _shard(s.h, s.f, dp) + 2 * _shard(s.h, 1, dp))
+    root = _shard(s.V, s.h, dp) * (1 if s.tied else 2) + _shard(s.h, 1, dp)
+    return block, root
+
+
+def _block_activation_bytes(s: _Shapes, bf16: bool, fsdp: bool) -> int:
+    """Bytes one block saves for backward, without recomputation.
+
+    Per token, fp32: 9 h-wide tensors (two RMSNorm outputs each with its normalised input, RoPE'd
+    q, attention output, its (B, T, h) reshape, the residual sum, the block output), k and v
+    (2 kvd), four f-wide SwiGLU tensors (w1 x, silu, w3 x, their product), the SDPA log-sum-exp
+    (nh) and two RMSNorm rstd: 4·(9h + 2kvd + 4f + nh + 2) bytes. bf16 autocast (DDP) keeps the
+    norms and the residual stream in fp32 and saves the bf16 weight copies (2 bytes x matmul
+    weights); FSDP2's bf16 keeps the residual stream in bf16 and saves fp32 RoPE tables per block.
+    """
+    t = s.t
+    if not bf16:
+        return t * (36 * s.h + 8 * s.kvd + 16 * s.f + 4 * s.nh + 8)
+    if not fsdp:
+        return t * (32 * s.h + 4 * s.kvd + 8 * s.f + 4 * s.nh + 8) + BF16 * s.block_matmul
+    return t * (26 * s.h + 4 * s.kvd + 8 * s.f + 4 * s.nh + 8) + 2 * s.hd * s.T * 2 // 2
+
+
+def analytic_peak(
+    model: Mapping[str, Any] | ModelArgs,
+    seq_len: int,
+    mbs: int,
+    dp: int = 1,
+    zero_stage: int = 0,
+    precision: str = "fp32",
+    recompute: str = "none",
+    grad_acc: int = 1,
+) -> MemoryBreakdown:
+    """Predicted peak bytes per rank of one training step of this project's model, by phase."""
+    a = model if isinstance(model, ModelArgs) else ModelArgs.from_dict(model)
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"train.precision={precision!r} is not valid: choose fp32 or bf16")
+    if recompute not in ("none", "full"):
+        raise ValueError(f"train.recompute={recompute!r} is not valid: choose none or full")
+    s = _Shapes(a.n_layers, a.hidden, a.n_kv_heads * a.head_dim, a.ffn_hidden, a.n_heads, a.head_dim,
+                a.vocab_size, a.tie_embeddings, seq_len, mbs)
+    bf16, fsdp, full = precision == "bf16", zero_stage >= 2, recompute == "full"
+    psi = param_count(a)
+    t, h, V = s.t, s.h, s.V
+    cu = BF16 if bf16 else FP32  # bytes of the compute copy of a weight
+
+    # --- model state that lives through forward and backward ---------------------------------
+    if not fsdp:
+        params = FP32 * psi
+        grads = FP32 * psi + (FP32 * psi if grad_acc > 1 else 0)
+        own = psi / dp if zero_stage == 1 else psi
+        optimizer = 2 * FP32 * own + FP32 * math.ceil(s.n_tensors * own / psi)
+        unsharded_fw = 0
+        block_unsharded = 0
+    else:
+        blk_sh, root_sh = _sharded_params(s, dp)
+        sharded = s.L * blk_sh + root_sh
+        params = FP32 * sharded
+        grads = FP32 * psi if grad_acc > 1 else 0
+        optimizer = 2 * FP32 * sharded + FP32 * s.n_tensors
+        block_unsharded = cu * s.block_params
+        unsharded_fw = cu * psi if zero_stage == 2 else cu * s.root_params
+
+    # --- activations saved at the end of forward ---------------------------------------------
+    block_full = _block_activation_bytes(s, bf16, fsdp)
+    resid = BF16 if (bf16 and fsdp) else FP32  # dtype of the residual stream
+    block_saved = resid * t * h if full else block_full
+    head = t * (8 * h + 4) if not bf16 else t * (4 * h + 4) + BF16 * t * h
+    head += BF16 * V * h if (bf16 and not fsdp) else 0  # autocast's bf16 copy of the output weight
+    activations = resid * t * h + s.L * block_saved + head
+    overhead = 8 * mbs * (seq_len + 1) + FP32 * seq_len * s.hd + 64
+
+    # --- logits and cross-entropy (fp32) -------------------------------------------------------
+    logits_c = (BF16 if bf16 else FP32) * t * V
+    loss_phase = logits_c + 3 * FP32 * t * V if bf16 else 4 * FP32 * t * V
+    out_bwd_logits = 2 * logits_c
+    grad_w_out = FP32 * V * h  # the output weight's gradient before it reaches its bucket or shard
+
+    states = params + grads + optimizer + unsharded_fw
+    phases = {
+        "loss": dict(logits=loss_phase, temps=0, comm=0, extra_grads=0),
+        "output_backward": dict(logits=out_bwd_logits, temps=grad_w_out + cu * t * h, comm=0, extra_grads=0),
+    }
+    # Backward of the top block starts with the other blocks' saved activations, the logits
+    # (still referenced by the step) and, under FSDP2, the root's unsharded gradients (reduced
+    # only when the whole backward is done). Its peak adds the scratch of the SwiGLU backward:
+    # weight gradients (h x f) before they reach their bucket or shard, (t, f) input gradients,
+    # and under recomputation the block's recomputed activations.
+    tf, hf, th = t * s.f, h * s.f, t * h
+    if not bf16:
+        scratch = (block_full + 4 * max(tf, hf) + 8 * th) if full else 4 * tf + 4 * max(tf, hf)
+    else:
+        scratch = (block_full + 2 * tf + 2 * th) if full else max(2 * tf + 2 * hf + 2 * th, 4 * hf)
+    accumulating = fsdp and grad_acc > 1  # unsharded gradients already exist: backward adds into them
+    root_grads = cu * s.root_params if fsdp and not accumulating else 0
+    comm_bw = 0
+    if fsdp and not accumulating:
+        scratch += cu * hf  # unsharded w2 gradient, held until the block's reduce-scatter
+    if fsdp:
+        comm_bw = block_unsharded if zero_stage == 3 else 0  # the block gathered again for backward
+    top_saved = block_saved
+    phases["block_backward"] = dict(logits=logits_c, temps=scratch - (0 if full else 0), comm=comm_bw,
+                                    extra_grads=root_grads, minus=head)
+    if fsdp:
+        # End of a block's backward: its activations are freed, its unsharded gradients wait in
+        # the fp32 reduce-scatter buffer.
+        phases["reduce_scatter"] = dict(logits=logits_c, temps=FP32 * s.block_params, comm=comm_bw,
+                                        extra_grads=root_grads, minus=head + top_saved)
+    if zero_stage == 3 and s.L > 1:
+        # Backward of the next block down: the block above is reduced (its shard of gradients is
+        # out, its reduce-scatter buffer not yet released) while the block below is prefetched.
+        phases["next_block_backward"] = dict(
+            logits=logits_c, temps=scratch, extra_grads=root_grads + (0 if accumulating else FP32 * blk_sh),
+            comm=2 * block_unsharded + FP32 * s.block_params, minus=head + top_saved)
+    best, best_name = None, ""
+    for name, ph in phases.items():
+        total = (states + activations - ph.get("minus", 0) + overhead + ph["logits"] + ph["temps"] + ph["comm"]
+                 + ph["extra_grads"])
+        if best is None or total > best:
+            best, best_name = total, name
+    ph = phases[best_name]
+    breakdown = MemoryBreakdown(
+        params_bytes=int(params + unsharded_fw),
+        grads_bytes=int(grads + ph["extra_grads"]),
+        optimizer_bytes=int(optimizer),
+        activations_bytes=int(activations - ph.get("minus", 0)),
+        logits_bytes=int(ph["logits"]),
+        comm_bytes=int(ph["comm"]),
+        temporaries_bytes=int(ph["temps"]),
+        overhead_bytes=int(overhead),
+        phase=best_name,
+    )
+    # Optimizer step: weights, gradients and states, plus single-tensor AdamW's two scratch
+    # tensors of the largest parameter (CPU); activations are gone by then.
+    largest = _shard(V, h, dp) if fsdp else V * h
+    opt_grads = FP32 * (s.L * blk_sh + root_sh if fsdp else psi)
+    opt_total = params + opt_grads + optimizer + 2 * FP32 * largest + overhead
+    if opt_total > breakdown.total_bytes:
+        breakdown = MemoryBreakdown(int(params), int(opt_grads), int(optimizer), 0, 0, 0,
+                                    int(2 * FP32 * largest), int(overhead), "optimizer")
+    return breakdown
+
+
+def predict_config(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> MemoryBreakdown:
+    """`analytic_peak` of a resolved config (plain dict); grad_acc from scaling.validate unless given."""
+    if grad_acc is None:
+        from scaling.validate import validate
+
+        grad_acc = validate(cfg).grad_acc
+    t, p = cfg["train"], cfg["parallel"]
+    return analytic_peak(cfg["model"], t["seq_len"], t["mbs"], p["dp"], p["zero_stage"], t["precision"],
+                         t["recompute"], grad_acc)
+
+
+def capacity_bytes(cfg: Mapping[str, Any]) -> Optional[int]:
+    """The device capacity per rank the point runs against (hardware.memory_gb), or None for no limit."""
+    gb = cfg["hardware"]["memory_gb"]
+    return None if gb is None else int(gb * GIB)
+
+
+TRACE_BAND = (0.8, 1.25)
+"""The pre-screen asks the traced predictor when analytic / ((1 + margin) x capacity) falls in here."""
+
+
+def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> dict[str, Any]:
+    """The record's `predicted` block: predicted peak bytes per rank, method, fits, and whether to skip.
+
+    `fits` is predicted <= capacity (None without a capacity); `skip` is predicted >
+    (1 + launch.prescreen_margin) x capacity with the pre-screen on, and `reason` then says why.
+    Never raises for a valid point: a failed trace leaves the analytic figure and says so.
+    """
+    analytic = predict_config(cfg, grad_acc)
+    capacity = capacity_bytes(cfg)
+    margin = float(cfg["launch"]["prescreen_margin"])
+    out: dict[str, Any] = {
+        "peak_mem_bytes": analytic.total_bytes, "method": ANALYTIC, "fits": None, "skip": False, "reason": None,
+        "capacity_bytes": capacity, "margin": margin, "analytic": analytic.as_dict(), "traced": None,
+    }
+    if capacity is None:
+        return out
+    threshold = (1.0 + margin) * capacity
+    if cfg["launch"]["prescreen"] and TRACE_BAND[0] <= analytic.total_bytes / threshold <= TRACE_BAND[1]:
+        from scaling.trace import TraceError, trace_peak_isolated
+
+        try:
+            traced = trace_peak_isolated(cfg, timeout_s=min(float(cfg["launch"]["timeout_s"]), 300.0))
+            out.update(peak_mem_bytes=traced.peak_mem_bytes, method=traced.as_dict()["method"], traced=traced.as_dict())
+        except TraceError as e:
+            out["trace_error"] = str(e)
+    peak = out["peak_mem_bytes"]
+    out["fits"] = peak <= capacity
+    if cfg["launch"]["prescreen"] and peak > threshold:
+        out["skip"] = True
+        out["reason"] = (f"predicted peak {peak} bytes per rank ({peak / GIB:.3f} GiB, {out['method']}) > "
+                         f"(1 + launch.prescreen_margin={margin:g}) x hardware.memory_gb capacity of {capacity} bytes: "
+                         "not launched (launch.prescreen=false runs it anyway)")
+    return out
