@@ -7,10 +7,10 @@ the step is measured by the worker's own tracker (`scaling.memtrack.tracked_step
 allocated, so llama_8b at dp=512 is predicted on a laptop in seconds; the result is the same
 "peak of live tensor bytes" that the worker reports on CPU.
 
-Like the worker: the optimizer's first step (states created) runs untracked, then one step runs
-tracked. Micro-steps are capped at two (memory after the second repeats: gradients exist,
-activations are freed after every backward), warm-up at one step; `train.compile` is ignored
-(the prediction is for eager mode).
+Like the worker on CPU: one plain step (optimizer states created; later warm-up steps change no
+memory), then one tracked step. Micro-steps are capped at two (memory after the second repeats:
+gradients exist, activations are freed after every backward); `train.compile` is ignored (the
+prediction is for eager mode).
 
 Where it runs: `trace_peak(cfg)` runs in this process, which must have no process group of its own;
 it installs the fake group and a few adjustments of torch internals that fake tensors need (each
@@ -195,8 +195,7 @@ def trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
             pz.model.register_comm_hook(None, _completed_allreduce(dp))
             pz.model.reducer = _NoBucketRebuild(pz.model.reducer)
         data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"])  # token values do not matter
-        for step in range(min(train["warmup_steps"], 1)):
-            train_step(pz, data, step, 0, mbs, micro_steps)
+        train_step(pz, data, 0, 0, mbs, micro_steps)
         with tracked_step(pz.model, pz.optimizer, par["zero_stage"] >= 2, None) as peak:
             train_step(pz, data, 1, 0, mbs, micro_steps, peak.new_micro_step)
     breakdown = {_category(k): v for k, v in peak.breakdown.items() if k != "Total" and v}

@@ -1,0 +1,207 @@
+"""`scaling predict`: peak memory per rank of a point, or of a whole sweep grid, before launching anything.
+
+    scaling predict [overrides]                 both breakdowns (analytic and traced) as a table
+    scaling predict --json [overrides]          the same as one JSON object
+    scaling predict --analytic [overrides]      the analytic breakdown only (no tracing)
+    scaling predict --sweep NAME [overrides]    the grid of sweeps/NAME.yaml: predicted fit / OOM per point
+                                                (fits, oom_within_margin: launched but over capacity,
+                                                predicted_oom: the pre-screen skips it)
+    scaling predict --sweep NAME --traced ...   ... deciding near-capacity points by tracing, as the pre-screen does
+
+Overrides are the Hydra overrides of `scaling run`. Also owns composing configs outside a Hydra
+job (`compose_config`, `sweep_points`), which `scaling find-mbs` shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+from scaling.memory import GIB, capacity_bytes, predict_config, prescreen
+from scaling.validate import InvalidConfig, validate
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def compose_config(overrides: Sequence[str] = (), sweep_file: Optional[Path] = None) -> dict[str, Any]:
+    """The resolved config of `scaling run <overrides>` (or of the sweep file's base point), as a plain dict."""
+    return _resolve(_compose(overrides, sweep_file))
+
+
+def _compose(overrides: Sequence[str], sweep_file: Optional[Path], hydra_node: bool = False) -> Any:
+    from hydra import compose, initialize_config_dir
+
+    from scaling.config import register_configs
+
+    register_configs()
+    config_dir, name, extra = str(CONF_DIR), "config", []
+    if sweep_file is not None:  # the sweep file's `defaults: [config, ...]` finds conf/ on the search path
+        config_dir, name, extra = str(sweep_file.parent), sweep_file.stem, [f"hydra.searchpath=[file://{CONF_DIR}]"]
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        return compose(config_name=name, overrides=[*extra, *overrides], return_hydra_config=hydra_node)
+
+
+def _resolve(cfg: Any) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    out = OmegaConf.to_container(cfg, resolve=True)
+    out.pop("hydra", None)
+    return out
+
+
+def sweep_points(sweep_file: Path, overrides: Sequence[str] = ()) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(grid choice, resolved config) for every point of a sweep file's `hydra.sweeper.params` grid.
+
+    The config is composed once per combination of config-group choices (e.g. model=...); plain
+    keys (train.mbs=...) are set on a copy, which is what Hydra's basic sweeper amounts to.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    parser = OverridesParser.create()
+    base_overrides = [o for o in overrides if "," not in o.split("=", 1)[-1]]
+    params = dict(OmegaConf.to_container(_compose(base_overrides, sweep_file, hydra_node=True).hydra.sweeper.params) or {})
+    for o in overrides:  # sweep-style overrides on the command line extend or replace the grid
+        key, _, value = o.partition("=")
+        if "," in value:
+            params[key] = value
+    axes: list[tuple[str, list[Any], bool]] = []
+    for key, value in params.items():
+        (parsed,) = parser.parse_overrides([f"{key}={value}"])
+        values = list(parsed.sweep_iterator()) if parsed.is_sweep_override() else [parsed.value()]
+        group = "." not in key and any((d / key).is_dir() for d in (CONF_DIR, sweep_file.parent))
+        axes.append((key, values, group))
+    group_axes = [a for a in axes if a[2]]
+    key_axes = [a for a in axes if not a[2]]
+    for groups in itertools.product(*[[(k, v) for v in vs] for k, vs, _ in group_axes]):
+        base = _compose([*base_overrides, *(f"{k}={v}" for k, v in groups)], sweep_file)
+        for keys in itertools.product(*[[(k, v) for v in vs] for k, vs, _ in key_axes]):
+            cfg = base.copy()
+            for k, v in keys:
+                OmegaConf.update(cfg, k, v, merge=True)
+            yield dict(groups + keys), _resolve(cfg)
+
+
+def _unit(largest: float) -> tuple[str, int]:
+    """GiB for device-sized figures, MiB below one GiB."""
+    return ("GiB", GIB) if largest >= GIB else ("MiB", 2**20)
+
+
+def _fmt(n: Optional[float], divisor: int) -> str:
+    return "-" if n is None else f"{n / divisor:.3f}"
+
+
+def _breakdown_rows(analytic: dict[str, Any], traced: Optional[dict[str, Any]]) -> list[str]:
+    unit, div = _unit(analytic["peak_mem_bytes"])
+    rows = [f"{'analytic (peak at: ' + analytic['phase'] + ')':<44} {unit:>10}"]
+    for name, value in analytic.items():
+        if name.endswith("_bytes") and name != "peak_mem_bytes":
+            rows.append(f"  {name:<42} {_fmt(value, div):>10}")
+    rows.append(f"  {'total':<42} {_fmt(analytic['peak_mem_bytes'], div):>10}")
+    if traced is not None:
+        rows.append(f"{'traced (torch memory tracker, fake tensors)':<44} {unit:>10}")
+        for name, value in sorted(traced["breakdown"].items(), key=lambda kv: -kv[1]):
+            rows.append(f"  {name:<42} {_fmt(value, div):>10}")
+        rows.append(f"  {'total':<42} {_fmt(traced['peak_mem_bytes'], div):>10}   (traced in {traced['wall_s']:.1f} s)")
+    return rows
+
+
+def _point_line(cfg: dict[str, Any]) -> str:
+    m, t, p, hw = cfg["model"], cfg["train"], cfg["parallel"], cfg["hardware"]
+    return (f"model={m['name']} seq_len={t['seq_len']} mbs={t['mbs']} dp={p['dp']} zero_stage={p['zero_stage']} "
+            f"precision={t['precision']} recompute={t['recompute']} hardware={hw['name']}")
+
+
+def predict_point(cfg: dict[str, Any], traced: bool = True) -> dict[str, Any]:
+    """Both predictions of one resolved point: {capacity_bytes, analytic: {...}, traced: {...} or None}."""
+    analytic = predict_config(cfg)
+    out: dict[str, Any] = {"capacity_bytes": capacity_bytes(cfg), "analytic": analytic.as_dict(), "traced": None}
+    if traced:
+        from scaling.trace import trace_peak
+
+        out["traced"] = trace_peak(cfg).as_dict()
+    return out
+
+
+def _verdict(peak: int, capacity: Optional[int], margin: float) -> str:
+    if capacity is None:
+        return "-"
+    if peak <= capacity:
+        return "fits"
+    # Over capacity but within the pre-screen's margin: launched, and expected to run out of memory.
+    return "oom_within_margin" if peak <= (1 + margin) * capacity else "predicted_oom"
+
+
+def _sweep(name: str, overrides: list[str], traced: bool, as_json: bool) -> int:
+    from scaling.sweep import find_sweep
+
+    rows, keys = [], None
+    for choice, cfg in sweep_points(find_sweep(name), overrides):
+        keys = keys or list(choice)
+        try:
+            grad_acc = validate(cfg).grad_acc
+        except InvalidConfig as e:
+            rows.append({**choice, "status": "invalid", "error": str(e)})
+            continue
+        # The pre-screen's own decision; it traces near-capacity points only when switched on.
+        pred = prescreen({**cfg, "launch": {**cfg["launch"], "prescreen": traced}}, grad_acc)
+        margin = cfg["launch"]["prescreen_margin"]
+        rows.append({**choice, "status": _verdict(pred["peak_mem_bytes"], pred["capacity_bytes"], margin),
+                     "peak_mem_bytes": pred["peak_mem_bytes"], "method": pred["method"],
+                     "capacity_bytes": pred["capacity_bytes"], "phase": pred["analytic"]["phase"]})
+    if as_json:
+        print(json.dumps({"sweep": name, "points": rows}, indent=2))
+        return 0
+    keys = keys or []
+    unit, div = _unit(max([r.get("peak_mem_bytes") or 0 for r in rows] + [0]))
+    widths = [max(len(k), *(len(str(r.get(k, ""))) for r in rows)) for k in keys]
+    print("  ".join(k.ljust(w) for k, w in zip(keys, widths)) + f"  {'peak ' + unit:>9}  {'cap ' + unit:>9}  verdict")
+    for r in rows:
+        cells = "  ".join(str(r.get(k, "")).ljust(w) for k, w in zip(keys, widths))
+        print(f"{cells}  {_fmt(r.get('peak_mem_bytes'), div):>9}  {_fmt(r.get('capacity_bytes'), div):>9}  {r['status']}"
+              + (f" ({r['method']})" if r.get("method") == "traced" else "") + (f": {r['error']}" if "error" in r else ""))
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    print(f"sweep {name}: {len(rows)} points: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`scaling predict`: print the memory predictions; returns the exit status."""
+    p = argparse.ArgumentParser(prog="scaling predict", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--analytic", action="store_true", help="analytic prediction only (no tracing)")
+    p.add_argument("--sweep", metavar="NAME", help="predict every point of sweeps/NAME.yaml")
+    p.add_argument("--traced", action="store_true", help="with --sweep: trace near-capacity points, as the pre-screen does")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=llama_8b parallel.dp=8")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if a.sweep:
+        return _sweep(a.sweep, a.overrides, a.traced, a.json)
+    cfg = compose_config(a.overrides)
+    try:
+        validate(cfg)
+    except InvalidConfig as e:
+        print(f"scaling predict: invalid point: {e}", file=sys.stderr)
+        return 2
+    result = predict_point(cfg, traced=not a.analytic)
+    if a.json:
+        print(json.dumps({"point": _point_line(cfg), **result}, indent=2))
+        return 0
+    print(_point_line(cfg))
+    print("\n".join(_breakdown_rows(result["analytic"], result["traced"])))
+    cap = result["capacity_bytes"]
+    if cap is not None:
+        peak = (result["traced"] or result["analytic"])["peak_mem_bytes"]
+        unit, div = _unit(cap)
+        print(f"capacity {_fmt(cap, div)} {unit} per rank (hardware.memory_gb): "
+              f"{_verdict(peak, cap, cfg['launch']['prescreen_margin'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
