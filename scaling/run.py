@@ -22,7 +22,7 @@ from typing import Any, Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from scaling import flops, launch, slurm, wandb_log
+from scaling import devices, flops, launch, slurm, wandb_log
 from scaling.config import register_configs
 from scaling.memory import prescreen
 from scaling.metrics import throughput_metrics
@@ -133,10 +133,18 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
         except ValueError as e:  # the allocation cannot hold the point
             record.update(status=FAILED, error=str(e), env=_host_env(cfg, threads))
             return _finish(record, jd, t0, cfg)
+    try:
+        lease = devices.request(cfg, os.environ)
+    except ValueError as e:  # this node cannot hold the point
+        record.update(status=FAILED, error=str(e), env=_host_env(cfg, threads))
+        return _finish(record, jd, t0, cfg)
     argv = launch.torchrun_argv(jd / CONFIG_FILE, derived.world_size, prefix)
     log_name = launch.TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
-    outcome = launch.run_job(argv, jd, cfg["launch"]["timeout_s"], launch.job_env(threads, cfg["launch"]["devices"]),
-                             log_name)
+    # Concurrent points on this host take disjoint GPUs (CPU points: the host, one at a time).
+    with devices.hold(lease, cfg["launch"]["devices"]) as held:
+        record["timing"].update(device_wait_s=held.wait_s,
+                                launched_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds"))
+        outcome = launch.run_job(argv, jd, cfg["launch"]["timeout_s"], launch.job_env(threads, held.visible), log_name)
     if not lead:
         return record  # another node's task of a multi-node point: its lead task writes the record
     record.update(status=outcome.status, error=outcome.error, env=_host_env(cfg, threads))
@@ -151,6 +159,7 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
         record["timing"]["launch_overhead_s"] = outcome.wall_s - worker_out["measured_window_s"]
     elif outcome.status == OK:
         record.update(status=FAILED, error=f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}")
+    record["env"]["devices"] = held.visible
     return _finish(record, jd, t0, cfg)
 
 
@@ -181,6 +190,7 @@ def _absolute_sweep_dir(cfg: DictConfig) -> None:
 
 register_configs()
 slurm.register_resolvers()  # conf/hydra/launcher/slurm.yaml reads them while Hydra composes
+devices.register_resolvers()  # conf/hydra/launcher/parallel.yaml
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

@@ -1,0 +1,196 @@
+"""Device leases on one host: which GPUs (or the host's one CPU slot) a point's ranks use while it runs.
+
+Points that run at once on one machine (`hydra/launcher=parallel`, or sweeps started in several
+shells) share the devices through `fcntl.flock` locks, one file per slot in a lock directory
+(`$SCALING_DEVICE_LOCK_DIR`, default `/tmp/scaling-devices-<uid>`): `cuda-<id>.lock` per GPU and
+`cpu-host.lock` for the whole host, since CPU points that ran side by side would measure each other.
+A lease holds its slots for the length of one launch; the kernel drops the locks when the holder
+exits, however it exits, so a killed point never leaves a device taken. Each lock file names the pid
+that holds it. Waiters queue on `<kind>.queue.lock`: the first in line takes slots as they come free
+while the rest wait behind it, so a wide point is not starved by a stream of narrow ones.
+
+Under SLURM the allocation is the lease: points there lease nothing. A point that runs in a worker
+process of the sweep (the parallel launcher's) exits when the sweep's process dies, so a killed sweep
+leaves no point running and no slot taken.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+LOCK_DIR_ENV = "SCALING_DEVICE_LOCK_DIR"
+POLL_S = 0.25
+CPU_SLOT = "host"
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one point leases before it launches: `wanted` of the `slots` of one kind."""
+
+    kind: str
+    """`cuda` (one slot per GPU) or `cpu` (one slot for the host)."""
+    wanted: int
+    """Slots the point holds while it runs."""
+    slots: tuple[str, ...]
+    """The slots it chooses from: GPU ids as CUDA_VISIBLE_DEVICES names them, or the host."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """A point's devices while it runs."""
+
+    visible: Optional[str]
+    """CUDA_VISIBLE_DEVICES for its ranks (None: left as inherited)."""
+    wait_s: float
+    """Seconds spent waiting for the slots."""
+
+
+def lock_dir() -> Path:
+    """The host's lock directory: $SCALING_DEVICE_LOCK_DIR, else /tmp/scaling-devices-<uid>."""
+    return Path(os.environ.get(LOCK_DIR_ENV) or f"/tmp/scaling-devices-{os.getuid()}")
+
+
+def pick(free: set[int], wanted: int) -> Optional[list[int]]:
+    """`wanted` of the free slots, or None when too few are free (pure).
+
+    Neighbouring GPUs tend to share a PCIe switch or NUMA node, so a contiguous block is preferred,
+    and an aligned one (0-1 or 2-3 for two) first, which keeps the free slots in blocks for wider points.
+    """
+    if wanted < 1:
+        raise ValueError(f"a lease needs at least one slot, got wanted={wanted}")
+    if len(free) < wanted:
+        return None
+    runs = [list(range(s, s + wanted)) for s in sorted(free) if all(s + k in free for k in range(wanted))]
+    aligned = [r for r in runs if r[0] % wanted == 0]
+    return (aligned or runs or [sorted(free)[:wanted]])[0]
+
+
+def _open_lock(path: Path, blocking: bool) -> Optional[int]:
+    """A descriptor holding an exclusive flock on `path`, or None if another holds it (non-blocking)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _slot_file(root: Path, kind: str, slot: str) -> Path:
+    return root / f"{kind}-{slot.replace('/', '_')}.lock"  # MIG ids contain slashes
+
+
+@contextmanager
+def lease(wanted: int, slots: Sequence[str], *, kind: str = "cuda", poll_s: float = POLL_S) -> Iterator[list[str]]:
+    """Block until `wanted` of `slots` are free, hold them for the body, release them on exit."""
+    if not 1 <= wanted <= len(slots):
+        raise ValueError(f"cannot lease {wanted} of the {len(slots)} {kind} slot(s) {list(slots)}")
+    root = lock_dir()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    queue = _open_lock(root / f"{kind}.queue.lock", blocking=True)
+    try:
+        while True:
+            taken = {i: fd for i, s in enumerate(slots) if (fd := _open_lock(_slot_file(root, kind, s), False)) is not None}
+            chosen = pick(set(taken), wanted) or []
+            for i in set(taken) - set(chosen):
+                os.close(taken[i])
+            if chosen:
+                break
+            time.sleep(poll_s)
+    finally:
+        os.close(queue)
+    try:
+        yield [slots[i] for i in chosen]
+    finally:
+        for i in chosen:
+            os.close(taken[i])
+
+
+def request(cfg: Mapping[str, Any], environ: Mapping[str, str]) -> Optional[Request]:
+    """What a resolved point must lease before it launches; None when it leases nothing.
+
+    CPU: the host's one slot. CUDA: dp GPUs of this node (the entries of an inherited
+    CUDA_VISIBLE_DEVICES, else 0..devices_per_node-1), unless `launch.devices` fixes them or
+    devices_per_node is unknown. Under SLURM nothing: the allocation already is exclusive.
+    """
+    hw, dp = cfg["hardware"], cfg["parallel"]["dp"]
+    if "SLURM_JOB_ID" in environ:
+        return None
+    if hw["device"] == "cpu":
+        return Request("cpu", 1, (CPU_SLOT,))
+    per_node = hw["devices_per_node"]
+    if cfg["launch"]["devices"] is not None or per_node is None:
+        return None
+    inherited = environ.get("CUDA_VISIBLE_DEVICES")
+    slots = tuple(s.strip() for s in inherited.split(",") if s.strip()) if inherited is not None else tuple(
+        str(i) for i in range(per_node))
+    slots = slots[:per_node]
+    if dp > len(slots):
+        where = (f"CUDA_VISIBLE_DEVICES={inherited!r} lists {len(slots)}" if inherited is not None
+                 else f"hardware.devices_per_node={per_node}")
+        hint = "run it under SLURM (hydra/launcher=slurm)" if dp > per_node else "widen CUDA_VISIBLE_DEVICES"
+        raise ValueError(f"parallel.dp={dp} needs {dp} GPUs on this node but {where}: {hint} or lower dp to {len(slots)}")
+    return Request("cuda", dp, slots)
+
+
+def exit_with_sweep(poll_s: float = 1.0) -> None:
+    """In a worker process of the sweep, die as soon as the sweep's process does (idempotent).
+
+    The parallel launcher's workers outlive a killed sweep and would go on launching points; the
+    point's torchrun and ranks die with the worker (PR_SET_PDEATHSIG, see scaling.launch).
+    """
+    sweep = multiprocessing.parent_process()
+    if sweep is None or any(t.name == "exit-with-sweep" for t in threading.enumerate()):
+        return
+
+    def watch() -> None:
+        # Compare with the pid that spawned this worker, not the parent found at the first call:
+        # the sweep may have died before this point got here.
+        while os.getppid() == sweep.pid:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="exit-with-sweep", daemon=True).start()
+
+
+@contextmanager
+def hold(req: Optional[Request], visible: Optional[str], poll_s: float = POLL_S) -> Iterator[Held]:
+    """Hold the requested slots for the body; `visible` is CUDA_VISIBLE_DEVICES when nothing is leased."""
+    exit_with_sweep()
+    t0 = time.perf_counter()
+    if req is None:
+        yield Held(visible=visible, wait_s=0.0)
+        return
+    with lease(req.wanted, req.slots, kind=req.kind, poll_s=poll_s) as got:
+        yield Held(visible=",".join(got) if req.kind == "cuda" else visible, wait_s=time.perf_counter() - t0)
+
+
+def points_in_flight(device: str, devices_per_node: Optional[int]) -> int:
+    """Hydra jobs the parallel launcher runs at once: one per GPU of the node, one on CPU.
+
+    On CPU the launches queue for the host anyway, and a second job's own work (validation,
+    memory prediction, logging) would run beside the measured point.
+    """
+    return int(devices_per_node) if device == "cuda" and devices_per_node else 1
+
+
+def register_resolvers() -> None:
+    """Register the OmegaConf resolver conf/hydra/launcher/parallel.yaml uses (idempotent)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("scaling.points_in_flight"):
+        OmegaConf.register_new_resolver("scaling.points_in_flight", points_in_flight)

@@ -1,0 +1,157 @@
+"""Device leases: slot choice, real flock leases across processes, and the parallel launcher's real sweeps."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from scaling.devices import LOCK_DIR_ENV, Request, pick, request
+from scaling.record import iter_records
+
+FAST = ["logger=none", "model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
+
+# A process that leases `wanted` of `n` slots, stamps when it got them, holds them, stamps the release.
+HOLDER = textwrap.dedent("""\
+    import json, sys, time
+    from scaling.devices import lease
+    out, wanted, n, hold_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    with lease(wanted, [str(i) for i in range(n)], poll_s=0.05) as got:
+        stamp = {"got": got, "acquired": time.time()}
+        open(out + ".acquired", "w").write(json.dumps(stamp))
+        time.sleep(hold_s)
+        stamp["released"] = time.time()
+    open(out, "w").write(json.dumps(stamp))
+    """)
+
+
+@pytest.fixture
+def lock_env(tmp_path, monkeypatch) -> dict[str, str]:
+    """A private lock directory for this test, in this process and the processes it starts."""
+    monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "locks"))
+    return {**os.environ, LOCK_DIR_ENV: str(tmp_path / "locks")}
+
+
+def start_holder(path: Path, wanted: int, n: int, hold_s: float, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", HOLDER, str(path), str(wanted), str(n), str(hold_s)], env=env)
+
+
+def wait_for(path: Path, timeout_s: float = 30.0) -> dict:
+    deadline = time.time() + timeout_s
+    while not path.exists():
+        assert time.time() < deadline, f"{path.name} never appeared"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def test_pick_prefers_aligned_then_contiguous_blocks():
+    assert pick({0, 1, 2, 3}, 2) == [0, 1]
+    assert pick({1, 2, 3}, 2) == [2, 3]  # aligned beats the contiguous 1-2
+    assert pick({1, 2, 4}, 2) == [1, 2]
+    assert pick({0, 2, 5}, 2) == [0, 2]  # no block free: the lowest ids
+    assert pick({3}, 1) == [3]
+    assert pick({0, 1, 2, 3, 4, 5, 6, 7}, 8) == list(range(8))
+    assert pick({0, 2}, 3) is None and pick(set(), 1) is None
+    with pytest.raises(ValueError, match="wanted=0"):
+        pick({0, 1}, 0)
+
+
+def test_request_says_what_a_point_leases():
+    cfg = {"hardware": {"device": "cuda", "devices_per_node": 4}, "parallel": {"dp": 2}, "launch": {"devices": None}}
+    assert request(cfg, {}) == Request("cuda", 2, ("0", "1", "2", "3"))
+    assert request(cfg, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}) == Request("cuda", 2, ("4", "5", "6", "7"))
+    assert request(cfg, {"SLURM_JOB_ID": "7"}) is None  # the allocation is exclusive
+    assert request({**cfg, "launch": {"devices": "2,3"}}, {}) is None  # fixed by hand
+    cpu = {"hardware": {"device": "cpu", "devices_per_node": None}, "parallel": {"dp": 4}, "launch": {"devices": None}}
+    assert request(cpu, {}) == Request("cpu", 1, ("host",))  # CPU points take the whole host
+    with pytest.raises(ValueError, match=r"parallel.dp=2 needs 2 GPUs .* CUDA_VISIBLE_DEVICES='5' lists 1"):
+        request(cfg, {"CUDA_VISIBLE_DEVICES": "5"})
+    with pytest.raises(ValueError, match=r"parallel.dp=8 .* hardware.devices_per_node=4: run it under SLURM"):
+        request({**cfg, "parallel": {"dp": 8}}, {})
+
+
+def test_concurrent_leases_get_disjoint_slots_and_a_third_waits(tmp_path, lock_env):
+    a = start_holder(tmp_path / "a", 2, 4, 3.0, lock_env)
+    b = start_holder(tmp_path / "b", 2, 4, 3.0, lock_env)
+    got_a, got_b = wait_for(tmp_path / "a.acquired"), wait_for(tmp_path / "b.acquired")
+    c = start_holder(tmp_path / "c", 2, 4, 0.0, lock_env)
+    for p in (a, b, c):
+        assert p.wait(timeout=30) == 0
+    done = {k: json.loads((tmp_path / k).read_text()) for k in "abc"}
+    assert sorted(got_a["got"] + got_b["got"]) == ["0", "1", "2", "3"]  # disjoint, two aligned pairs
+    first_free = min(done["a"]["released"], done["b"]["released"])
+    assert done["c"]["acquired"] >= first_free, "the third lease ran while all four slots were held"
+    assert done["c"]["got"] in (done["a"]["got"], done["b"]["got"])
+
+
+def test_a_killed_holder_releases_its_slots(tmp_path, lock_env):
+    holder = start_holder(tmp_path / "h", 4, 4, 600.0, lock_env)
+    wait_for(tmp_path / "h.acquired")
+    assert (tmp_path / "locks" / "cuda-0.lock").read_text().strip() == str(holder.pid)  # who holds it
+    waiter = start_holder(tmp_path / "w", 1, 4, 0.0, lock_env)
+    time.sleep(1.0)
+    assert not (tmp_path / "w.acquired").exists() and waiter.poll() is None
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    killed_at = time.time()
+    assert waiter.wait(timeout=30) == 0
+    assert wait_for(tmp_path / "w")["acquired"] - killed_at < 5.0
+
+
+def run_sweep(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scaling.run", "-m", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=300)
+
+
+def test_parallel_launcher_runs_jobs_at_once_but_cpu_launches_one_at_a_time(tmp_path, lock_env):
+    sweep_dir = tmp_path / "runs"
+    out = run_sweep(["hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *FAST, "train.seed=1,2",
+                     f"sweep_dir={sweep_dir}"], tmp_path, lock_env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    records = list(iter_records(sweep_dir))
+    assert sorted(r["status"] for r in records) == ["ok", "ok"]
+    first, second = sorted(records, key=lambda r: r["timing"]["launched_at"])
+
+    def window(r: dict) -> tuple[float, float]:
+        start = dt.datetime.fromisoformat(r["timing"]["launched_at"]).timestamp()
+        return start, start + r["timing"]["torchrun_wall_s"]
+
+    assert window(second)[0] >= window(first)[1], "two CPU points were launched at the same time"
+    # Both Hydra jobs were in flight together: the second waited for the host while the first ran.
+    assert second["timing"]["device_wait_s"] > 1.0 > first["timing"]["device_wait_s"]
+    assert first["env"]["devices"] is None and (tmp_path / "locks" / "cpu-host.lock").exists()
+    # Each job's progress line is printed (the [k/N] count is per worker process in this mode).
+    for r in records:
+        assert re.search(rf"^\[\d/2\] {r['job_key']} ok ", out.stdout, re.M), out.stdout
+    assert out.stdout.strip().splitlines()[-1].startswith("sweep adhoc: 2 points: 2 ok")
+
+
+def test_killing_a_parallel_sweep_leaves_no_point_running(tmp_path, lock_env):
+    sweep_dir = tmp_path / "killed"
+    driver = subprocess.Popen([sys.executable, "-m", "scaling.run", "-m", "hydra/launcher=parallel",
+                               "hydra.launcher.n_jobs=2", *FAST, "train.fault=hang", "launch.timeout_s=120",
+                               "train.seed=1,2", f"sweep_dir={sweep_dir}"], cwd=tmp_path, env=lock_env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        family = psutil.Process(driver.pid).children(recursive=True)
+        if any("scaling.worker" in " ".join(p.cmdline()) for p in family if p.is_running()):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("no point of the sweep reached torchrun")
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    gone, alive = psutil.wait_procs(family, timeout=15)
+    assert alive == [], f"outlived the killed sweep: {[' '.join(p.cmdline())[:120] for p in alive]}"
+    assert list(sweep_dir.glob("*/result.json")) == []  # the hung point never finished, the other never ran
