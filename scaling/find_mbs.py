@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 from scaling.memory import capacity_bytes, predict_config
-from scaling.record import OK, OOM
+from scaling.record import OK, OOM, PREDICTED_OOM
 from scaling.validate import InvalidConfig, validate
 
 
@@ -116,6 +116,8 @@ def _confirm(result: FindMbsResult, cfg: dict[str, Any], max_mbs: int,
 
     def status(m: int) -> str:
         rec = run(_with_mbs(cfg, m))
+        if rec["status"] == PREDICTED_OOM:  # a stored pre-screen verdict is no measurement: run it
+            rec = run({**_with_mbs(cfg, m), "launch": {**cfg["launch"], "rerun": "all"}})
         peak = (rec.get("metrics") or {}).get("peak_mem_bytes")
         result.runs.append({"mbs": m, "status": rec["status"], "peak_mem_bytes": peak, "job_key": rec["job_key"]})
         return rec["status"]

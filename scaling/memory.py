@@ -277,7 +277,8 @@ def analytic_peak(
         # out, its reduce-scatter buffer not yet released) while the block below is prefetched.
         phases["next_block_backward"] = dict(
             logits=logits_c, temps=scratch, extra_grads=root_grads + (0 if accumulating else FP32 * blk_sh),
-            comm=2 * block_unsharded + FP32 * s.block_params, minus=head + top_saved)
+            comm=(2 if s.L > 2 else 1) * block_unsharded + FP32 * s.block_params,  # no prefetch below block 0
+            minus=head + top_saved)
     best, best_name = None, ""
     for name, ph in phases.items():
         total = (states + activations - ph.get("minus", 0) + overhead + ph["logits"] + ph["temps"] + ph["comm"]

@@ -1,0 +1,105 @@
+"""The analytic memory model: the Playbook's model-state formulas, this code base's accounting, and the pre-screen."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaling import memory
+from scaling.memory import PLAYBOOK_FP32, PLAYBOOK_MIXED, analytic_peak, model_state_bytes, prescreen
+from scaling.model import ModelArgs, param_count
+from scaling.trace import trace_peak
+from tests.compose import compose_point
+
+PSI = 8_030_261_248  # llama_8b
+
+
+@pytest.mark.parametrize("dp", [1, 8, 512])
+def test_model_state_matches_playbook_formulas(dp):
+    k = 12
+    expected = {  # DESIGN.md, bf16 mixed precision, bytes per rank
+        0: 2 * PSI + 2 * PSI + k * PSI,
+        1: 2 * PSI + 2 * PSI + k * PSI / dp,
+        2: 2 * PSI + (2 * PSI + k * PSI) / dp,
+        3: (4 * PSI + k * PSI) / dp,
+    }
+    for stage, total in expected.items():
+        assert model_state_bytes(PSI, stage, dp, PLAYBOOK_MIXED).total_bytes == pytest.approx(total, rel=1e-12)
+    fp32 = {0: 16 * PSI, 1: 8 * PSI + 8 * PSI / dp, 2: 4 * PSI + 12 * PSI / dp, 3: 16 * PSI / dp}
+    for stage, total in fp32.items():  # weights 4, grads 4, Adam 8: no master copy
+        assert model_state_bytes(PSI, stage, dp, PLAYBOOK_FP32).total_bytes == pytest.approx(total, rel=1e-12)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_analytic_state_is_this_code_bases_accounting(precision):
+    """DDP keeps fp32 weights and gradient buckets whatever the precision (autocast); FSDP2 keeps fp32
+    shards (weights, gradients, Adam) plus its unsharded compute copies. Adam adds a 4-byte step per tensor."""
+    model = compose_point(["model=small"])["model"]
+    args = ModelArgs.from_dict(model)
+    psi, dp, n_tensors = param_count(args), 4, 9 * args.n_layers + 3
+    fp32 = lambda stage: model_state_bytes(psi, stage, dp, PLAYBOOK_FP32)  # noqa: E731
+    for stage in (0, 1):
+        b = analytic_peak(model, 64, 2, dp, stage, precision)
+        assert b.params_bytes == fp32(stage).params_bytes == 4 * psi
+        assert b.grads_bytes == fp32(stage).grads_bytes == 4 * psi
+        assert b.optimizer_bytes == pytest.approx(fp32(stage).optimizer_bytes + 4 * n_tensors / (dp if stage else 1), abs=4)
+    compute = 2 if precision == "bf16" else 4
+    root = 2 * args.vocab_size * args.hidden + args.hidden  # embedding, output projection, final norm
+    for stage in (2, 3):  # small's shapes divide by dp=4: no padding
+        b = analytic_peak(model, 64, 2, dp, stage, precision)
+        assert b.optimizer_bytes == fp32(3).optimizer_bytes + 4 * n_tensors
+        unsharded = b.params_bytes - 4 * psi / dp
+        if stage == 2:  # the whole model's compute copy lives from forward to the end of backward
+            assert unsharded == compute * psi
+        else:  # ZeRO-3: the root stays gathered; blocks are gathered one or two at a time (comm_bytes)
+            assert unsharded == compute * root
+
+
+def test_analytic_is_close_to_traced_on_small_points():
+    """The traced step is exact for the tracker; the analytic model is its arithmetic summary."""
+    cases = [["parallel.zero_stage=0"], ["parallel.zero_stage=2", "parallel.dp=2"],
+             ["parallel.zero_stage=3", "parallel.dp=2", "train.recompute=full"],
+             ["parallel.zero_stage=0", "train.precision=bf16", "train.seq_len=128"]]
+    for overrides in cases:
+        cfg = compose_point(["model=tiny", "train.mbs=2", *overrides])
+        analytic, traced = memory.predict_config(cfg).total_bytes, trace_peak(cfg).peak_mem_bytes
+        assert abs(analytic - traced) / traced <= 0.05, (overrides, analytic, traced)
+
+
+def test_peak_grows_with_mbs_and_shrinks_with_recompute_and_sharding():
+    model = compose_point(["model=llama_8b"])["model"]
+    peaks = [analytic_peak(model, 4096, mbs, 8, 3, "bf16").total_bytes for mbs in (1, 2, 4)]
+    assert peaks[0] < peaks[1] < peaks[2]
+    assert analytic_peak(model, 4096, 4, 8, 3, "bf16", "full").total_bytes < peaks[2]
+    by_stage = [analytic_peak(model, 4096, 1, 8, stage, "bf16").total_bytes for stage in range(4)]
+    assert by_stage[0] > by_stage[1] > by_stage[2] > by_stage[3]
+
+
+def test_bad_input_names_the_field():
+    model = compose_point(["model=tiny"])["model"]
+    with pytest.raises(ValueError, match=r"train.precision='fp16' is not valid: choose fp32 or bf16"):
+        analytic_peak(model, 64, 2, precision="fp16")
+    with pytest.raises(ValueError, match=r"parallel.zero_stage=5 is not valid: choose one of 0, 1, 2, 3"):
+        model_state_bytes(PSI, 5, 8)
+
+
+def _point(mem_gb, *overrides):
+    return compose_point(["model=tiny", "train.mbs=2", f"hardware.memory_gb={mem_gb}", *overrides])
+
+
+def test_prescreen_decides_by_capacity_and_margin():
+    assert prescreen(compose_point(["model=tiny"]))["fits"] is None  # no capacity: nothing to decide
+    over = prescreen(_point(0.0001))
+    assert over["skip"] and over["method"] == "analytic" and not over["fits"]
+    assert f"> (1 + launch.prescreen_margin=0.1) x hardware.memory_gb capacity of {over['capacity_bytes']} bytes" in over["reason"]
+    assert not prescreen(_point(0.0001, "launch.prescreen=false"))["skip"]  # switched off: launched anyway
+    under = prescreen(_point(1.0))
+    assert under["fits"] and not under["skip"] and under["traced"] is None
+
+
+def test_prescreen_traces_near_the_capacity_in_a_subprocess():
+    cfg = _point(1.0)
+    analytic = memory.predict_config(cfg).total_bytes
+    near = _point(analytic / memory.GIB)  # analytic / threshold = 1 / 1.1: inside the trace band
+    out = prescreen(near)
+    assert out["method"] == "traced" and out["peak_mem_bytes"] == trace_peak(near).peak_mem_bytes
+    assert out["analytic"]["peak_mem_bytes"] == analytic and out["skip"] is False

@@ -1,0 +1,135 @@
+"""`scaling predict`, the pre-screen in run_point, and `scaling find-mbs` against a direct search, with real runs.
+
+One emulated capacity is shared by the module so the store answers repeated points: the pre-screen
+loop, the direct search and find-mbs's confirmation together launch three real torchrun points.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from scaling.find_mbs import largest_true
+from scaling.find_mbs import main as find_mbs_main
+from scaling.memory import GIB
+from scaling.predict import main as predict_main
+from scaling.record import PREDICTED_OOM, RESULT_FILE, job_key
+from scaling.run import run_point
+from scaling.trace import trace_peak
+from tests.compose import REPO, compose_point
+
+POINT = ["model=tiny", "train.seq_len=64", "train.warmup_steps=1", "train.steps=1", "launch.timeout_s=240"]
+
+
+def scaling(*args) -> subprocess.CompletedProcess:
+    """The `scaling` command as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "scaling", *args], cwd=REPO, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def capacity_gb() -> float:
+    """A capacity that mbs=3 overshoots by 5%: inside the pre-screen's 10% margin, so it is launched (and OOMs)."""
+    return trace_peak(compose_point([*POINT, "train.mbs=3"])).peak_mem_bytes / 1.05 / GIB
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return tmp_path_factory.mktemp("predict")
+
+
+def point(store, capacity_gb, mbs, *extra):
+    return compose_point([*POINT, f"train.mbs={mbs}", f"hardware.memory_gb={capacity_gb}", *extra], store)
+
+
+def test_prescreen_skips_exactly_the_points_predicted_not_to_fit(store, capacity_gb):
+    launched = {}
+    for mbs in (1, 3, 5, 12):
+        rec = run_point(point(store, capacity_gb, mbs))
+        pred, job = rec["predicted"], store / rec["job_key"]
+        assert pred["capacity_bytes"] == int(capacity_gb * GIB)
+        should_skip = pred["peak_mem_bytes"] > 1.1 * pred["capacity_bytes"]
+        assert (rec["status"] == PREDICTED_OOM) == should_skip, (mbs, pred)
+        launched[mbs] = (job / "torchrun.log").exists()
+        assert launched[mbs] == (not should_skip)  # a skipped point starts no process
+        if not should_skip:
+            assert rec["status"] in ("ok", "oom") and rec["predicted"]["fits"] == (rec["status"] == "ok")
+    assert launched == {1: True, 3: True, 5: False, 12: False}
+    assert "predicted peak" in json.loads((store / job_key(point(store, capacity_gb, 12)) / RESULT_FILE).read_text())["error"]
+
+
+def test_find_mbs_returns_what_a_direct_search_finds(store, capacity_gb):
+    direct = 0
+    for mbs in range(1, 6):  # the Playbook's recipe: increase mbs until out of memory
+        status = run_point(point(store, capacity_gb, mbs, "launch.prescreen=false"))["status"]
+        if status != "ok":
+            assert status == "oom"
+            break
+        direct = mbs
+    out = scaling("find-mbs", "--json", "--max-mbs=16", *POINT, f"hardware.memory_gb={capacity_gb}", f"sweep_dir={store}")
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout[out.stdout.index("{"):])
+    assert found["mbs"] == found["predicted_mbs"] == direct == 2
+    assert found["confirmed"] and [r["status"] for r in found["runs"]] == ["ok", "oom"]
+    assert "confirmed: mbs=2 ok, mbs=3 oom" in found["note"]
+
+
+def test_predict_point_json_has_both_methods(capsys):
+    assert predict_main(["--json", "model=tiny", "parallel.dp=2", "parallel.zero_stage=3", "hardware.memory_gb=0.1"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    analytic, traced = res["analytic"], res["traced"]
+    assert analytic["method"] == "analytic" and traced["method"] == "traced"
+    assert abs(analytic["peak_mem_bytes"] - traced["peak_mem_bytes"]) / traced["peak_mem_bytes"] < 0.1
+    assert analytic["peak_mem_bytes"] == sum(v for k, v in analytic.items() if k.endswith("_bytes") and k != "peak_mem_bytes")
+    assert res["capacity_bytes"] == int(0.1 * GIB)
+
+
+def test_predict_sweep_prints_the_grid_without_launching(tmp_path, monkeypatch, capsys):
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps" / "fitgrid.yaml").write_text(textwrap.dedent("""\
+        defaults:
+          - config
+          - _self_
+        sweep: fitgrid
+        hardware:
+          memory_gb: 0.01
+        hydra:
+          mode: MULTIRUN
+          sweeper:
+            params:
+              model: tiny,small
+              train.mbs: 1,64
+              parallel.zero_stage: 0,3
+        """))
+    monkeypatch.chdir(tmp_path)  # ./sweeps is searched first, as for `scaling sweep`
+    assert predict_main(["--sweep", "fitgrid", "parallel.dp=2", f"sweep_dir={tmp_path / 'runs'}"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split()[:3] == ["model", "train.mbs", "parallel.zero_stage"]
+    verdicts = {tuple(line.split()[:3]): line.split()[-1] for line in lines[1:-1]}
+    assert len(verdicts) == 8
+    assert verdicts[("tiny", "1", "3")] == "fits" and verdicts[("small", "64", "0")] == "predicted_oom"
+    assert lines[-1].startswith("sweep fitgrid: 8 points:")
+    assert not (tmp_path / "runs").exists()  # nothing launched, nothing recorded
+
+
+def test_bad_input_is_a_clear_error(capsys):
+    assert predict_main(["--analytic", "parallel.zero_stage=5"]) == 2
+    assert "parallel.zero_stage=5 is not valid: choose one of 0, 1, 2, 3" in capsys.readouterr().err
+    assert find_mbs_main(["model=tiny"]) == 2
+    assert "hardware.memory_gb=null: find-mbs needs a capacity" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("answer,start", [(0, 5), (1, 1), (7, 3), (7, 40), (64, 64), (100, 9)])
+def test_largest_true_finds_the_boundary_from_any_guess(answer, start):
+    calls = []
+
+    def fits(m):
+        calls.append(m)
+        return m <= answer
+
+    assert largest_true(fits, start, 64) == min(answer, 64)
+    assert len(calls) <= 16 and all(1 <= m <= 64 for m in calls)

@@ -1,0 +1,55 @@
+"""The traced predictor: fake tensors and a fake process group against real torchrun runs, and its isolation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from scaling.model import ModelArgs, param_count
+from scaling.run import run_point
+from scaling.trace import TraceError, trace_peak
+from tests.compose import compose_point
+
+POINT = ["model=tiny", "train.seq_len=64", "train.mbs=2", "parallel.dp=2", "train.warmup_steps=1", "train.steps=1",
+         "launch.prescreen=false", "launch.timeout_s=240"]
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_traced_matches_measured_run(tmp_path_factory, stage):
+    cfg = compose_point([*POINT, f"parallel.zero_stage={stage}"], tmp_path_factory.mktemp("trace"))
+    measured = run_point(cfg)
+    assert measured["status"] == "ok", measured["error"]
+    traced = trace_peak(cfg)
+    peak = measured["metrics"]["peak_mem_bytes"]
+    assert abs(traced.peak_mem_bytes - peak) / peak <= 0.10, (traced.peak_mem_bytes, peak)
+    assert sum(traced.breakdown.values()) == traced.peak_mem_bytes  # the categories at the peak add up
+
+
+def test_trace_leaves_the_process_as_it_found_it():
+    patched = (MemTracker._update_peak_stats, fsdp_param._chunk_with_empty)
+    trace_peak(compose_point(["model=tiny", "parallel.dp=4", "parallel.zero_stage=3"]))
+    assert not dist.is_initialized()
+    assert (MemTracker._update_peak_stats, fsdp_param._chunk_with_empty) == patched
+    assert not isinstance(torch.empty(1), torch._subclasses.fake_tensor.FakeTensor)
+
+
+def test_trace_refuses_a_process_that_has_a_process_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(TraceError, match="needs a process without a process group"):
+            trace_peak(compose_point(["model=tiny"]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_large_model_is_traced_without_allocating_it():
+    """llama_1b, 8 ranks, ZeRO-3: ~40 GiB of fp32 state across ranks, predicted on fake tensors."""
+    cfg = compose_point(["model=llama_1b", "train.seq_len=512", "train.mbs=1", "parallel.dp=8", "parallel.zero_stage=3",
+                         "train.precision=bf16", "hardware=h100"])
+    traced = trace_peak(cfg)
+    psi = param_count(ModelArgs.from_dict(cfg["model"]))
+    assert traced.breakdown["opt"] >= 8 * psi // 8  # AdamW m and v of this rank's shard
+    assert 1 * 2**30 < traced.peak_mem_bytes < 40 * 2**30
