@@ -18,12 +18,13 @@ What the step holds, per rank, in this code base (see scaling/parallel.py):
 - Gradient accumulation keeps a second, unsynchronised copy of the gradients (DDP: p.grad next to
   the buckets; FSDP2: unsharded gradients) from the first micro-step on.
 
-Activation bytes per token per block were read off the traced step (scaling.trace) and are exact
-for this block (RMSNorm, RoPE, GQA SDPA, SwiGLU) in eager mode; the peak is the largest of the
-step's phases (end of the loss, backward of the output layer, backward of the top block,
-optimizer step). All of it is pure arithmetic on the config: no tensor is made, microseconds per
-point. `prescreen` refines an analytic prediction that lands near the capacity with the traced one
-(scaling.trace, in a subprocess), which is exact for this tracker's notion of live bytes.
+Activation bytes per token per block were read off the traced step (scaling.trace) for this block
+(RMSNorm, RoPE, GQA SDPA, SwiGLU) in eager mode. The peak is the largest of the step's phases: the
+loss, backward of the output layer, of the top block and, under FSDP2, its reduce-scatter and the
+next block's backward with its prefetch, and the optimizer step. All of it is pure arithmetic on
+the config: no tensor is made, tens of microseconds per point. `prescreen` refines an analytic
+prediction that lands near the capacity with the traced one (scaling.trace, in a subprocess), which
+measures live bytes with the worker's own tracker.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class MemoryBreakdown:
     overhead_bytes: int
     """Small fixed tensors: RoPE tables, token ids, scalars."""
     phase: str
-    """Where the peak is: loss, output_backward, block_backward or optimizer."""
+    """Where the peak is: loss, output_backward, block_backward, reduce_scatter, next_block_backward or optimizer."""
 
     @property
     def total_bytes(self) -> int:
@@ -177,14 +178,74 @@ def _block_activation_bytes(s: _Shapes, bf16: bool, fsdp: bool) -> int:
     (2 kvd), four f-wide SwiGLU tensors (w1 x, silu, w3 x, their product), the SDPA log-sum-exp
     (nh) and two RMSNorm rstd: 4·(9h + 2kvd + 4f + nh + 2) bytes. bf16 autocast (DDP) keeps the
     norms and the residual stream in fp32 and saves the bf16 weight copies (2 bytes x matmul
-    weights); FSDP2's bf16 keeps the residual stream in bf16 and saves fp32 RoPE tables per block.
+    weights); FSDP2's bf16 keeps the residual stream in bf16 and saves an fp32 RoPE table per block.
     """
     t = s.t
     if not bf16:
         return t * (36 * s.h + 8 * s.kvd + 16 * s.f + 4 * s.nh + 8)
     if not fsdp:
         return t * (32 * s.h + 4 * s.kvd + 8 * s.f + 4 * s.nh + 8) + BF16 * s.block_matmul
-    return t * (26 * s.h + 4 * s.kvd + 8 * s.f + 4 * s.nh + 8) + 2 * s.hd * s.T * 2 // 2
+    return t * (26 * s.h + 4 * s.kvd + 8 * s.f + 4 * s.nh + 8) + FP32 * s.T * (s.hd // 2)  # a (T, hd/2) RoPE table
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """What a phase of the step adds to (or frees from) the state and activations at the end of forward."""
+
+    logits: float
+    temps: float = 0
+    comm: float = 0
+    grads: float = 0
+    freed: float = 0
+    """Saved activations already released when the phase happens."""
+
+
+def _phases(s: _Shapes, dp: int, zero_stage: int, bf16: bool, full: bool, grad_acc: int,
+            head: float) -> dict[str, _Phase]:
+    """The candidate peaks of forward and backward, each relative to the memory at the end of forward."""
+    fsdp = zero_stage >= 2
+    t, h, V, cu = s.t, s.h, s.V, (BF16 if bf16 else FP32)
+    tf, hf, th = t * s.f, h * s.f, t * h
+    logits = (BF16 if bf16 else FP32) * t * V
+    block_full = _block_activation_bytes(s, bf16, fsdp)
+    top_saved = (BF16 if bf16 and fsdp else FP32) * th if full else block_full
+    phases = {
+        # Logits, fp32 log-probabilities and both their gradients (bf16: the logits are bf16 and
+        # cross-entropy works on an fp32 copy).
+        "loss": _Phase(logits + 3 * FP32 * t * V if bf16 else 4 * FP32 * t * V),
+        # The output weight's gradient exists in full before it reaches its bucket or shard.
+        "output_backward": _Phase(2 * logits, temps=FP32 * V * h + cu * th),
+    }
+    # Backward of the top block: the logits are still referenced by the step, the final norm's
+    # tensors are freed; the SwiGLU backward adds (h, f) weight gradients and (t, f) input
+    # gradients, recomputation the block's whole activations.
+    if not bf16:
+        scratch = (block_full + 4 * max(tf, hf) + 8 * th) if full else 4 * tf + 4 * max(tf, hf)
+    else:
+        scratch = (block_full + 2 * tf + 2 * th) if full else max(2 * tf + 2 * hf + 2 * th, 4 * hf)
+    if not fsdp:
+        phases["block_backward"] = _Phase(logits, temps=scratch, freed=head)
+        return phases
+    # FSDP2: the root's unsharded gradients wait for the end of backward, a block's for its
+    # reduce-scatter; with accumulation they already exist and backward adds into them.
+    accumulating = grad_acc > 1
+    root_grads = 0 if accumulating else cu * s.root_params
+    scratch += 0 if accumulating else cu * hf
+    block_unsharded = cu * s.block_params
+    regathered = block_unsharded if zero_stage == 3 else 0
+    phases["block_backward"] = _Phase(logits, temps=scratch, comm=regathered, grads=root_grads, freed=head)
+    # End of a block's backward: its activations are freed, its gradients sit in the fp32
+    # reduce-scatter buffer.
+    phases["reduce_scatter"] = _Phase(logits, temps=FP32 * s.block_params, comm=regathered, grads=root_grads,
+                                      freed=head + top_saved)
+    if zero_stage == 3 and s.L > 1:
+        # The next block down: the one above is reduced (its gradient shard out, its
+        # reduce-scatter buffer not yet released) while the one below is prefetched (none below block 0).
+        block_sh, _ = _sharded_params(s, dp)
+        phases["next_block_backward"] = _Phase(
+            logits, temps=scratch, grads=root_grads + (0 if accumulating else FP32 * block_sh),
+            comm=(2 if s.L > 2 else 1) * block_unsharded + FP32 * s.block_params, freed=head + top_saved)
+    return phases
 
 
 def analytic_peak(
@@ -206,106 +267,48 @@ def analytic_peak(
     s = _Shapes(a.n_layers, a.hidden, a.n_kv_heads * a.head_dim, a.ffn_hidden, a.n_heads, a.head_dim,
                 a.vocab_size, a.tie_embeddings, seq_len, mbs)
     bf16, fsdp, full = precision == "bf16", zero_stage >= 2, recompute == "full"
-    psi = param_count(a)
-    t, h, V = s.t, s.h, s.V
-    cu = BF16 if bf16 else FP32  # bytes of the compute copy of a weight
+    psi, t, h, V = param_count(a), s.t, s.h, s.V
+    cu = BF16 if bf16 else FP32  # bytes of a weight's compute copy
 
-    # --- model state that lives through forward and backward ---------------------------------
+    # Model state through forward and backward.
     if not fsdp:
         params = FP32 * psi
-        grads = FP32 * psi + (FP32 * psi if grad_acc > 1 else 0)
+        grads = FP32 * psi * (2 if grad_acc > 1 else 1)  # buckets, and p.grad while accumulating
         own = psi / dp if zero_stage == 1 else psi
         optimizer = 2 * FP32 * own + FP32 * math.ceil(s.n_tensors * own / psi)
-        unsharded_fw = 0
-        block_unsharded = 0
+        unsharded = 0
+        step_grads = FP32 * psi
     else:
-        blk_sh, root_sh = _sharded_params(s, dp)
-        sharded = s.L * blk_sh + root_sh
+        block_sh, root_sh = _sharded_params(s, dp)
+        sharded = s.L * block_sh + root_sh
         params = FP32 * sharded
-        grads = FP32 * psi if grad_acc > 1 else 0
+        grads = FP32 * psi if grad_acc > 1 else 0  # unsharded, accumulating
         optimizer = 2 * FP32 * sharded + FP32 * s.n_tensors
-        block_unsharded = cu * s.block_params
-        unsharded_fw = cu * psi if zero_stage == 2 else cu * s.root_params
+        unsharded = cu * (psi if zero_stage == 2 else s.root_params)
+        step_grads = FP32 * sharded
 
-    # --- activations saved at the end of forward ---------------------------------------------
-    block_full = _block_activation_bytes(s, bf16, fsdp)
+    # Saved activations at the end of forward: the embedding output, every block, the final norm.
     resid = BF16 if (bf16 and fsdp) else FP32  # dtype of the residual stream
-    block_saved = resid * t * h if full else block_full
+    block_saved = resid * t * h if full else _block_activation_bytes(s, bf16, fsdp)
     head = t * (8 * h + 4) if not bf16 else t * (4 * h + 4) + BF16 * t * h
     head += BF16 * V * h if (bf16 and not fsdp) else 0  # autocast's bf16 copy of the output weight
     activations = resid * t * h + s.L * block_saved + head
-    overhead = 8 * mbs * (seq_len + 1) + FP32 * seq_len * s.hd + 64
+    overhead = 8 * mbs * (seq_len + 1) + FP32 * seq_len * s.hd + 64  # token ids, RoPE tables, scalars
 
-    # --- logits and cross-entropy (fp32) -------------------------------------------------------
-    logits_c = (BF16 if bf16 else FP32) * t * V
-    loss_phase = logits_c + 3 * FP32 * t * V if bf16 else 4 * FP32 * t * V
-    out_bwd_logits = 2 * logits_c
-    grad_w_out = FP32 * V * h  # the output weight's gradient before it reaches its bucket or shard
-
-    states = params + grads + optimizer + unsharded_fw
-    phases = {
-        "loss": dict(logits=loss_phase, temps=0, comm=0, extra_grads=0),
-        "output_backward": dict(logits=out_bwd_logits, temps=grad_w_out + cu * t * h, comm=0, extra_grads=0),
-    }
-    # Backward of the top block starts with the other blocks' saved activations, the logits
-    # (still referenced by the step) and, under FSDP2, the root's unsharded gradients (reduced
-    # only when the whole backward is done). Its peak adds the scratch of the SwiGLU backward:
-    # weight gradients (h x f) before they reach their bucket or shard, (t, f) input gradients,
-    # and under recomputation the block's recomputed activations.
-    tf, hf, th = t * s.f, h * s.f, t * h
-    if not bf16:
-        scratch = (block_full + 4 * max(tf, hf) + 8 * th) if full else 4 * tf + 4 * max(tf, hf)
-    else:
-        scratch = (block_full + 2 * tf + 2 * th) if full else max(2 * tf + 2 * hf + 2 * th, 4 * hf)
-    accumulating = fsdp and grad_acc > 1  # unsharded gradients already exist: backward adds into them
-    root_grads = cu * s.root_params if fsdp and not accumulating else 0
-    comm_bw = 0
-    if fsdp and not accumulating:
-        scratch += cu * hf  # unsharded w2 gradient, held until the block's reduce-scatter
-    if fsdp:
-        comm_bw = block_unsharded if zero_stage == 3 else 0  # the block gathered again for backward
-    top_saved = block_saved
-    phases["block_backward"] = dict(logits=logits_c, temps=scratch - (0 if full else 0), comm=comm_bw,
-                                    extra_grads=root_grads, minus=head)
-    if fsdp:
-        # End of a block's backward: its activations are freed, its unsharded gradients wait in
-        # the fp32 reduce-scatter buffer.
-        phases["reduce_scatter"] = dict(logits=logits_c, temps=FP32 * s.block_params, comm=comm_bw,
-                                        extra_grads=root_grads, minus=head + top_saved)
-    if zero_stage == 3 and s.L > 1:
-        # Backward of the next block down: the block above is reduced (its shard of gradients is
-        # out, its reduce-scatter buffer not yet released) while the block below is prefetched.
-        phases["next_block_backward"] = dict(
-            logits=logits_c, temps=scratch, extra_grads=root_grads + (0 if accumulating else FP32 * blk_sh),
-            comm=(2 if s.L > 2 else 1) * block_unsharded + FP32 * s.block_params,  # no prefetch below block 0
-            minus=head + top_saved)
-    best, best_name = None, ""
-    for name, ph in phases.items():
-        total = (states + activations - ph.get("minus", 0) + overhead + ph["logits"] + ph["temps"] + ph["comm"]
-                 + ph["extra_grads"])
-        if best is None or total > best:
-            best, best_name = total, name
-    ph = phases[best_name]
-    breakdown = MemoryBreakdown(
-        params_bytes=int(params + unsharded_fw),
-        grads_bytes=int(grads + ph["extra_grads"]),
-        optimizer_bytes=int(optimizer),
-        activations_bytes=int(activations - ph.get("minus", 0)),
-        logits_bytes=int(ph["logits"]),
-        comm_bytes=int(ph["comm"]),
-        temporaries_bytes=int(ph["temps"]),
-        overhead_bytes=int(overhead),
-        phase=best_name,
+    name, ph = max(_phases(s, dp, zero_stage, bf16, full, grad_acc, head).items(),
+                   key=lambda kv: kv[1].logits + kv[1].temps + kv[1].comm + kv[1].grads - kv[1].freed)
+    peak = MemoryBreakdown(
+        params_bytes=int(params + unsharded), grads_bytes=int(grads + ph.grads), optimizer_bytes=int(optimizer),
+        activations_bytes=int(activations - ph.freed), logits_bytes=int(ph.logits), comm_bytes=int(ph.comm),
+        temporaries_bytes=int(ph.temps), overhead_bytes=int(overhead), phase=name,
     )
-    # Optimizer step: weights, gradients and states, plus single-tensor AdamW's two scratch
-    # tensors of the largest parameter (CPU); activations are gone by then.
-    largest = _shard(V, h, dp) if fsdp else V * h
-    opt_grads = FP32 * (s.L * blk_sh + root_sh if fsdp else psi)
-    opt_total = params + opt_grads + optimizer + 2 * FP32 * largest + overhead
-    if opt_total > breakdown.total_bytes:
-        breakdown = MemoryBreakdown(int(params), int(opt_grads), int(optimizer), 0, 0, 0,
-                                    int(2 * FP32 * largest), int(overhead), "optimizer")
-    return breakdown
+    # The optimizer step: weights, gradients, states, and single-tensor AdamW's two scratch copies
+    # of the largest parameter (CPU); the activations are gone.
+    largest = FP32 * (_shard(V, h, dp) if fsdp else V * h)
+    if params + step_grads + optimizer + 2 * largest + overhead > peak.total_bytes:
+        peak = MemoryBreakdown(int(params), int(step_grads), int(optimizer), 0, 0, 0, int(2 * largest),
+                               int(overhead), "optimizer")
+    return peak
 
 
 def predict_config(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> MemoryBreakdown:
