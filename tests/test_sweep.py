@@ -20,7 +20,8 @@ FAST = ["model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0",
 
 FAULT_CASES = {
     "ok": {},
-    "oom": {"hardware": {"memory_gb": 0.001}},
+    "oom": {"hardware": {"memory_gb": 0.001}, "launch": {"prescreen": False}},
+    "predicted": {"hardware": {"memory_gb": 0.0005}},  # another capacity: launch settings are not in job_key
     "crash": {"parallel": {"dp": 2}, "train": {"fault": "crash"}},
     "hang": {"parallel": {"dp": 2}, "train": {"fault": "hang"}, "launch": {"timeout_s": 20}},
     "invalid": {"parallel": {"zero_stage": 5}},
@@ -53,7 +54,7 @@ def write_fault_sweep(root: Path) -> None:
           mode: MULTIRUN
           sweeper:
             params:
-              case: ok,oom,crash,hang,invalid
+              case: ok,oom,predicted,crash,hang,invalid
         """))
 
 
@@ -64,15 +65,18 @@ def test_sweep_with_faults_records_every_point_and_counts(tmp_path):
     by_case = {}
     for rec in records:
         fault, mem, zero = rec["config"]["train"]["fault"], rec["config"]["hardware"]["memory_gb"], rec["config"]["parallel"]["zero_stage"]
-        case = {"crash": "crash", "hang": "hang"}.get(fault) or ("oom" if mem else "invalid" if zero == 5 else "ok")
+        prescreened = mem and rec["predicted"] and rec["status"] != "oom"
+        case = {"crash": "crash", "hang": "hang"}.get(fault) or (
+            ("predicted" if prescreened else "oom") if mem else "invalid" if zero == 5 else "ok")
         by_case.setdefault(case, []).append(rec["status"])
-    assert by_case == {"ok": ["ok"], "oom": ["oom"], "crash": ["failed"], "hang": ["timeout"], "invalid": ["invalid"]}, out.stdout
+    assert by_case == {"ok": ["ok"], "oom": ["oom"], "predicted": ["predicted_oom"], "crash": ["failed"],
+                       "hang": ["timeout"], "invalid": ["invalid"]}, out.stdout
     last = out.stdout.strip().splitlines()[-1]
-    assert last.startswith("sweep faults: 5 points: 1 ok, 1 oom, 1 timeout, 1 failed, 1 invalid")
+    assert last.startswith("sweep faults: 6 points: 1 ok, 1 oom, 1 predicted_oom, 1 timeout, 1 failed, 1 invalid")
     assert out.returncode == 1  # a point failed: the exit status says so, after all points ran
-    assert sum(line.startswith("[") and "/5] " in line for line in out.stdout.splitlines()) == 5
+    assert sum(line.startswith("[") and "/6] " in line for line in out.stdout.splitlines()) == 6
     index = json.loads((tmp_path / "runs" / "sweep.json").read_text())
-    assert index["name"] == "faults" and index["runs"][0]["points"] == 5 and index["hardware"]["name"] == "cpu"
+    assert index["name"] == "faults" and index["runs"][0]["points"] == 6 and index["hardware"]["name"] == "cpu"
 
     # Re-running answers every point from the store; rerun=failed runs the failed and timed-out ones again.
     again = scaling(["sweep", "faults", *FAST, f"sweep_dir={tmp_path / 'runs'}"], cwd=tmp_path, timeout=400)
@@ -81,7 +85,7 @@ def test_sweep_with_faults_records_every_point_and_counts(tmp_path):
                      "case=crash,invalid"], cwd=tmp_path, timeout=400)
     assert retry.stdout.count("already recorded as invalid: skipped") == 1
     assert "[scaling]" in retry.stdout and " failed " in retry.stdout
-    assert len(list(iter_records(tmp_path / "runs"))) == 5
+    assert len(list(iter_records(tmp_path / "runs"))) == 6
 
 
 def _leftovers(marker: str) -> list[psutil.Process]:
