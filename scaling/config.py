@@ -34,7 +34,7 @@ class ModelConfig:
     """Inner width of the SwiGLU MLP."""
     vocab_size: int = 512
     """Vocabulary size (v)."""
-    max_seq_len: int = 256
+    max_seq_len: int = 512
     """Longest sequence the model is configured for; `train.seq_len` may not exceed it."""
     rope_theta: float = 10000.0
     """RoPE base frequency."""

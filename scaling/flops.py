@@ -14,7 +14,6 @@ import fcntl
 import json
 import os
 import socket
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Iterator, Mapping
 import torch
 
 from scaling.model import ModelArgs, block_matmul_param_count, matmul_param_count
+from scaling.record import write_json_atomic
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 """`train.precision` -> the dtype the matmuls run in."""
@@ -166,7 +166,7 @@ def _cached_cpu_peak(precision: str, threads: int) -> PeakFlops:
         value = measure_matmul_flops_per_s(PRECISION_DTYPES[precision], threads)
         measured_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         entries[key] = {"flops_per_s": value, "matmul_size": MATMUL_SIZE, "measured_at": measured_at}
-        _write_json_atomic(path, entries)
+        write_json_atomic(path, entries)
     return PeakFlops(value, "measured")
 
 
@@ -176,15 +176,3 @@ def _read_cache(path: Path) -> dict:
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
     return entries if isinstance(entries, dict) else {}
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    # scaling.record has the general helper, but it imports the config schema; workers stay torch + stdlib.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -5,7 +5,8 @@ with RoPE -> RMSNorm -> SwiGLU MLP, final RMSNorm, output projection), its seede
 initialisation, activation recomputation per block, and the formulas `param_count` and
 `matmul_param_count` that the FLOPs and memory arithmetic build on.
 
-Imports torch and the standard library only: it runs inside torchrun workers on bare GPU boxes.
+Imports torch and the standard library only (scaling.config is plain dataclasses): it runs inside
+torchrun workers on bare GPU boxes.
 Shapes in comments: B batch, T sequence, C hidden, nh query heads, nkv key/value heads,
 hd head_dim, V vocabulary.
 """
@@ -13,13 +14,14 @@ hd head_dim, V vocabulary.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from scaling.config import ModelConfig
 
 Device = Optional[Union[torch.device, str]]
 """Where layers are created; "meta" for shapes only."""
@@ -28,46 +30,8 @@ INIT_STD = 0.02
 """Standard deviation of the normal init of every matmul weight and the embedding."""
 
 
-@dataclass
-class ModelArgs:
-    """Shapes of the decoder; the same fields as `ModelConfig` in scaling/config.py."""
-
-    name: str = "tiny"
-    n_layers: int = 2
-    hidden: int = 64
-    n_heads: int = 4
-    n_kv_heads: int = 2
-    ffn_hidden: int = 192
-    vocab_size: int = 512
-    max_seq_len: int = 256
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-
-    def __post_init__(self) -> None:
-        for field in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "max_seq_len"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"model.{field}={value!r} is invalid: it must be an integer >= 1")
-        for field in ("rope_theta", "norm_eps"):
-            if not getattr(self, field) > 0:
-                raise ValueError(f"model.{field}={getattr(self, field)!r} is invalid: it must be > 0")
-        if self.hidden % self.n_heads:
-            options = [d for d in range(1, self.hidden + 1) if self.hidden % d == 0 and (self.hidden // d) % 2 == 0]
-            raise ValueError(
-                f"model.n_heads={self.n_heads} does not divide model.hidden={self.hidden}: try n_heads in {options}"
-            )
-        if self.head_dim % 2:
-            raise ValueError(
-                f"model.hidden={self.hidden} / model.n_heads={self.n_heads} gives head_dim={self.head_dim}, "
-                "but RoPE rotates pairs of channels: head_dim must be even"
-            )
-        if self.n_heads % self.n_kv_heads:
-            options = [d for d in range(1, self.n_heads + 1) if self.n_heads % d == 0]
-            raise ValueError(
-                f"model.n_kv_heads={self.n_kv_heads} does not divide model.n_heads={self.n_heads}: "
-                f"try n_kv_heads in {options}"
-            )
+class ModelArgs(ModelConfig):
+    """Shapes of the decoder: the `model` config group (checked by scaling.validate) plus derived sizes."""
 
     @property
     def head_dim(self) -> int:
