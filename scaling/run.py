@@ -102,7 +102,8 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "job_key": key, "sweep": cfg["sweep"], "status": None, "error": None,
         "config": experiment_config(cfg), "derived": None, "metrics": None, "predicted": None, "env": None,
-        "timing": {"started_at": started, "wall_s": None, "torchrun_wall_s": None, "launch_overhead_s": None},
+        "timing": {"started_at": started, "wall_s": None, "device_wait_s": None, "launched_at": None,
+                   "torchrun_wall_s": None, "launch_overhead_s": None},
     }
     jd = job_dir(sweep_dir, key)
     try:
