@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scaling.memory import analytic_peak, predict_config  # noqa: E402
+from scaling.memory import TRACE_BAND, analytic_peak, predict_config  # noqa: E402
 from scaling.predict import compose_config  # noqa: E402
 from scaling.run import run_point  # noqa: E402
 from scaling.trace import trace_peak  # noqa: E402
@@ -57,9 +57,13 @@ def rel(pred: float, meas: float) -> float:
 
 
 def accuracy(rows: list[dict], capacity: float) -> dict[str, float]:
-    """Fraction of points whose predicted fit/OOM at `capacity` agrees with the measured one, per method."""
-    return {m: sum((r[m] > capacity) == (r["measured"] > capacity) for r in rows) / len(rows)
-            for m in ("analytic", "traced")}
+    """Fraction of points whose predicted fit/OOM at `capacity` agrees with the measured one, per method;
+    `pre-screen` is the pre-screen's rule: analytic, traced where analytic / capacity is in TRACE_BAND."""
+    def prescreen(r: dict) -> float:
+        return r["traced"] if TRACE_BAND[0] <= r["analytic"] / capacity <= TRACE_BAND[1] else r["analytic"]
+
+    methods = {"analytic": lambda r: r["analytic"], "traced": lambda r: r["traced"], "pre-screen": prescreen}
+    return {m: sum((f(r) > capacity) == (r["measured"] > capacity) for r in rows) / len(rows) for m, f in methods.items()}
 
 
 def speed_analytic(n: int = 10_000) -> float:
