@@ -350,13 +350,20 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> dict[st
         return out
     threshold = (1.0 + margin) * capacity
     if cfg["launch"]["prescreen"] and TRACE_BAND[0] <= analytic.total_bytes / threshold <= TRACE_BAND[1]:
-        from scaling.trace import TraceError, trace_peak_isolated
+        import torch.distributed as dist
+
+        from scaling.trace import trace_peak, trace_peak_isolated
 
         try:
-            traced = trace_peak_isolated(cfg, timeout_s=min(float(cfg["launch"]["timeout_s"]), 300.0))
+            # The sweep driver has no process group of its own, so the trace runs here (under a
+            # second for CPU-sized points); a process that has one traces in a fresh interpreter.
+            if dist.is_initialized():
+                traced = trace_peak_isolated(cfg, timeout_s=min(float(cfg["launch"]["timeout_s"]), 300.0))
+            else:
+                traced = trace_peak(cfg)
             out.update(peak_mem_bytes=traced.peak_mem_bytes, method=traced.as_dict()["method"], traced=traced.as_dict())
-        except TraceError as e:
-            out["trace_error"] = str(e)
+        except Exception as e:  # noqa: BLE001 - a failed trace leaves the analytic figure, never the point
+            out["trace_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
     peak = out["peak_mem_bytes"]
     out["fits"] = peak <= capacity
     if cfg["launch"]["prescreen"] and peak > threshold:

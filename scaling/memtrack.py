@@ -73,7 +73,8 @@ def tracked_step(
     tracker = sharded(model, optimizer) if fsdp else plain()
     tracker.capacity_bytes = capacity_bytes
     if not fsdp:  # FSDPMemTracker registers its module and optimizer itself
-        tracker.track_external(model, optimizer)
+        # ZeroRedundancyOptimizer keeps this rank's states in its inner optimizer.
+        tracker.track_external(model, getattr(optimizer, "optim", optimizer))
     result = PeakMemory(tracker)
     with tracker:
         yield result

@@ -70,7 +70,7 @@ def test_record_schema(sweep_dir):
 
 
 def test_emulated_capacity_below_need_is_oom(sweep_dir):
-    rec = point(sweep_dir, "parallel.dp=2", "train.grad_acc=1", "hardware.memory_gb=0.002")
+    rec = point(sweep_dir, "parallel.dp=2", "train.grad_acc=1", "hardware.memory_gb=0.002", "launch.prescreen=false")
     assert rec["status"] == "oom"
     assert "emulated capacity exceeded" in rec["error"]
     assert rec["env"]["memory_capacity"] == "emulated"
