@@ -71,3 +71,28 @@ def test_console_check_catches_a_script_error(tmp_path):
     page.write_text("<html><body><p>x</p><script>undefinedFunction();</script></body></html>")
     console = screenshot(page, tmp_path / "bad.png", tmp_path / "profile", size="400,300")
     assert any("Uncaught ReferenceError: undefinedFunction is not defined" in line for line in console)
+
+
+def test_demo_sweep_report_opens_in_chromium(tmp_path):
+    """The README's path, shrunk: `scaling sweep demo` (4 points, some out of memory), then `scaling report`."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed: apt-get install -y chromium (scripts/install-system-deps.sh)")
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    sweep_dir = tmp_path / "demo"
+    shrink = ["model=tiny", "train.seq_len=128", "train.mbs=2,8", "parallel.zero_stage=0", "parallel.dp=1,2",
+              "hardware.memory_gb=0.02", "logger=none", f"sweep_dir={sweep_dir}"]
+    sweep = subprocess.run([sys.executable, "-m", "scaling", "sweep", "demo", *shrink], cwd=repo, capture_output=True,
+                           text=True, timeout=400, stdin=subprocess.DEVNULL)
+    assert sweep.returncode == 0, sweep.stderr[-2000:]
+    assert "sweep demo: 4 points:" in sweep.stdout and " ok" in sweep.stdout and "oom" in sweep.stdout
+    report = subprocess.run([sys.executable, "-m", "scaling", "report", str(sweep_dir)], cwd=repo,
+                            capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    page = sweep_dir / "report" / "report.html"
+    assert str(page) in report.stdout
+    shot = tmp_path / "demo.png"
+    assert screenshot(page, shot, tmp_path / "profile") == []
+    colours = np.unique((imread(shot)[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)
+    assert len(colours) > 200
