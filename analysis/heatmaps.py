@@ -264,7 +264,16 @@ def default_layout(df: pd.DataFrame) -> dict[str, Optional[str]]:
 
 def draw_all(df: pd.DataFrame, metrics: tuple[str, ...] = ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes")
              ) -> dict[str, Figure]:
-    """The standard heatmaps of a sweep, one faceted figure per metric, laid out by `default_layout`."""
+    """The standard heatmaps of a sweep, laid out by `default_layout`: one faceted figure per metric,
+    or, when one more axis varies (a sweep over models, say), one per metric and value of that axis,
+    so that each model's out-of-memory cells show instead of the best value over models."""
     layout = default_layout(df)
-    return {metric: facet_grid(df, metric=metric, **layout) for metric in metrics}
-
+    placed = [a for a in layout.values() if a]
+    # An axis that follows from the placed ones (grad_acc from dp at a fixed global batch) adds no
+    # cells; one that takes several values within a cell would be hidden under the best of them.
+    split = next((a for a in LAYOUT_AXES if a in df.columns and a not in placed
+                  and df.groupby(placed, dropna=False)[a].nunique(dropna=True).max() > 1), None)
+    if split is None:
+        return {metric: facet_grid(df, metric=metric, **layout) for metric in metrics}
+    return {f"{metric}__{split}-{value}": facet_grid(df, metric=metric, filters={split: value}, **layout)
+            for metric in metrics for value in _values(df, split)}

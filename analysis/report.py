@@ -190,11 +190,15 @@ def write_report(sweep_dir: str | os.PathLike, out_dir: Optional[str | os.PathLi
     meta = _sweep_meta(sweep_dir)
     sections = build_sections(sweep_dir, df, threshold)
     (out / "figures").mkdir(parents=True, exist_ok=True)
+    for stale in (out / "figures").glob("*.png"):  # figures of an earlier report of another layout
+        stale.unlink()
     paths: dict[str, Path] = {"parquet": to_parquet(df, out / "results.parquet")}
     title = f"Sweep report: {meta.get('name', sweep_dir.name)}"
     intro = f"{len(df)} records in <code>{html.escape(str(sweep_dir))}</code>"
-    if meta.get("start"):
-        intro += f", started {html.escape(str(meta['start']))}"
+    if meta.get("created_at"):  # sweep.json: written when the sweep first started
+        intro += f", started {html.escape(str(meta['created_at']))}"
+        if meta.get("hardware"):
+            intro += f" on {html.escape(str(meta['hardware'].get('name')))}"
     md = [f"# {title}", "", intro.replace("<code>", "`").replace("</code>", "`") + ".", ""]
     page = [f"<h1>{html.escape(title)}</h1>", f"<p>{intro}.</p>"]
     for section in sections:

@@ -33,7 +33,7 @@ from hydra_plugins.scaling_optuna_sweeper._outcome import (
 )
 from hydra_plugins.scaling_optuna_sweeper._space import format_value, parse_search_space
 from hydra_plugins.scaling_optuna_sweeper._study import make_sampler
-from scaling.record import OK, iter_records
+from scaling.record import OK, PREDICTED_OOM, iter_records
 
 DEMO_DIR = Path("runs/demo")
 SAMPLERS = ("tpe", "random", "grid")
@@ -72,8 +72,9 @@ def load_grid(sweep_dir: Path) -> tuple[dict[str, list[Any]], dict[tuple, dict[s
 def first_hit(
     sampler: str, seed: int, dims: dict[str, list[Any]], points: dict[tuple, dict[str, Any]],
     objective: str, target: float, n_startup_trials: int,
-) -> int:
-    """Points measured until one is feasible with objective >= target (the grid size if never)."""
+) -> tuple[int, int]:
+    """(points measured, jobs launched) until one is feasible with objective >= target (the grid's
+    sizes if never). A predicted_oom point is measured but costs no job: the pre-screen answers it."""
     space = parse_search_space([f"{k}=choice({','.join(format_value(v) for v in vs)})" for k, vs in dims.items()],
                                OverridesParser.create())
     study = optuna.create_study(direction="maximize")
@@ -92,8 +93,13 @@ def first_hit(
         tell(study, trial, outcome)
         done = study.trials[-1]
         if is_feasible(done) and done.value >= target:
-            return len(measured)
-    return len(points)
+            return len(measured), launched(points, measured)
+    return len(points), launched(points, set(points))
+
+
+def launched(points: dict[tuple, dict[str, Any]], keys: set[tuple]) -> int:
+    """How many of these points started a job (all but those the pre-screen answered)."""
+    return sum(1 for k in keys if k in points and points[k].get("status") != PREDICTED_OOM)
 
 
 def sweep_order_hit(
@@ -138,13 +144,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     statuses = sorted({r["status"] for r in points.values()})
     print(f"grid: {n} points over {', '.join(f'{k} ({len(v)})' for k, v in dims.items())}; statuses {statuses}")
     print(f"best {a.objective} = {best:.6g}; {n_hits} point(s) within {a.tolerance:.0%} of it\n")
-    print(f"{'sampler':<22} {'median':>8} {'min':>6} {'max':>6}   points measured (median of {a.seeds} seeds)")
+    jobs = launched(points, set(points))
+    print(f"{'sampler':<22} {'median':>8} {'min':>6} {'max':>6}   points measured   jobs launched (of {jobs}), "
+          f"median of {a.seeds} seeds")
     for sampler in SAMPLERS:
-        hits = [first_hit(sampler, seed, dims, points, a.objective, target, a.n_startup_trials)
+        runs = [first_hit(sampler, seed, dims, points, a.objective, target, a.n_startup_trials)
                 for seed in range(a.seeds)]
-        fractions = [h / n for h in hits]
+        fractions = [h / n for h, _ in runs]
+        started = statistics.median(j for _, j in runs)
         print(f"{sampler:<22} {statistics.median(fractions):>8.1%} {min(fractions):>6.1%} {max(fractions):>6.1%}   "
-              f"{statistics.median(hits):g}")
+              f"{statistics.median(h for h, _ in runs):>15g}   {started:g} ({started / jobs:.1%})")
     order = sweep_order_hit(dims, points, a.objective, target)
     print(f"{'grid (cartesian order)':<22} {order / n:>8.1%} {'':>6} {'':>6}   {order}")
     print(f"{'random (expected)':<22} {(n + 1) / (n_hits + 1) / n:>8.1%} {'':>6} {'':>6}   "

@@ -142,8 +142,8 @@ def write_sweep(sweep_dir: Path, records: Iterable[dict[str, Any]], name: str = 
     """Lay records out as a sweep directory: sweep.json plus <job_key>/result.json each."""
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(sweep_dir / "sweep.json", {"name": name, "grid": {}, "hardware": "h100",
-                                                 "start": "2025-01-01T00:00:00+00:00"})
+    write_json_atomic(sweep_dir / "sweep.json", {"name": name, "created_at": "2025-01-01T00:00:00+00:00",
+                                                 "hardware": {"name": "h100"}, "runs": []})
     for record in records:
         write_json_atomic(job_dir(sweep_dir, record["job_key"]) / RESULT_FILE, record)
     return sweep_dir

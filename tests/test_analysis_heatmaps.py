@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pandas as pd
 import pytest
 
 from analysis.collect import collect
@@ -112,3 +113,11 @@ def test_default_layout_and_draw_all(df):
     assert default_layout(one_dp)["col"] is None
     figs = draw_all(df)
     assert set(figs) == {"tokens_per_s_per_gpu", "mfu", "peak_mem_bytes"}
+
+
+def test_draw_all_splits_a_further_varying_axis_into_figures(df):
+    two_models = pd.concat([df.assign(model="tiny"), df.assign(model="small", status="oom")], ignore_index=True)
+    figs = draw_all(two_models, metrics=("mfu",))
+    assert set(figs) == {"mfu__model-small", "mfu__model-tiny"}
+    labels = [t.get_text() for ax in figs["mfu__model-small"].axes for t in ax.texts]
+    assert "OOM" in labels  # not hidden under the other model's values

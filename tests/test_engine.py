@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-import psutil
 import pytest
 
 from scaling.record import RESULT_FILE, job_key
 from scaling.run import run_point
 from tests.compose import compose_point
+from tests.processes import processes_mentioning
 from tests.test_validate import INVALID
 
 BASE = ["logger=none", "model=tiny", "train.mbs=2", "train.warmup_steps=2", "train.steps=3", "train.precision=fp32", "launch.timeout_s=180"]
@@ -76,26 +76,18 @@ def test_emulated_capacity_below_need_is_oom(sweep_dir):
     assert rec["env"]["memory_capacity"] == "emulated"
 
 
-def _job_processes(key: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        if any(key in part for part in (p.info["cmdline"] or [])):
-            found.append(p)
-    return found
-
-
 def test_hanging_rank_times_out_and_leaves_nothing(sweep_dir):
     rec = point(sweep_dir, "parallel.dp=2", "train.fault=hang", "launch.timeout_s=20")
     assert rec["status"] == "timeout"
     assert "launch.timeout_s=20s" in rec["error"]
-    assert _job_processes(rec["job_key"]) == []
+    assert processes_mentioning(rec["job_key"]) == []
 
 
 def test_rank_that_dies_is_failed_with_last_line(sweep_dir):
     rec = point(sweep_dir, "parallel.dp=2", "train.fault=crash")
     assert rec["status"] == "failed"
     assert rec["error"] == "RuntimeError: injected fault: rank 1 crashed on purpose (train.fault=crash)"
-    assert _job_processes(rec["job_key"]) == []
+    assert processes_mentioning(rec["job_key"]) == []
 
 
 @pytest.mark.parametrize("overrides,expected", INVALID[:12], ids=[" ".join(o) for o, _ in INVALID[:12]])

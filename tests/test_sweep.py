@@ -11,10 +11,10 @@ import textwrap
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from scaling.record import FINAL_STATUSES, iter_records
+from tests.processes import processes_mentioning
 
 FAST = ["model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
 
@@ -88,10 +88,6 @@ def test_sweep_with_faults_records_every_point_and_counts(tmp_path):
     assert len(list(iter_records(tmp_path / "runs"))) == 6
 
 
-def _leftovers(marker: str) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if any(marker in a for a in p.info["cmdline"] or [])]
-
-
 def test_sigkill_of_driver_then_resume_completes_exactly_the_missing_points(tmp_path):
     sweep_dir = tmp_path / "killed"
     args = ["run", "-m", "logger=none", *FAST, "parallel.dp=1,2", "parallel.zero_stage=0,1,2", f"sweep_dir={sweep_dir}"]
@@ -101,7 +97,7 @@ def test_sigkill_of_driver_then_resume_completes_exactly_the_missing_points(tmp_
     # Kill once two points are recorded and a third is running under torchrun.
     while time.time() < deadline:
         done = len(list(sweep_dir.glob("*/result.json")))
-        running = [p for p in _leftovers(str(sweep_dir)) if "scaling.worker" in " ".join(p.info["cmdline"])]
+        running = [p for p in processes_mentioning(str(sweep_dir)) if "scaling.worker" in " ".join(p.info["cmdline"])]
         if done >= 2 and running:
             break
         time.sleep(0.2)
@@ -110,7 +106,7 @@ def test_sigkill_of_driver_then_resume_completes_exactly_the_missing_points(tmp_
     driver.send_signal(signal.SIGKILL)
     driver.wait()
     time.sleep(3)
-    assert _leftovers(str(sweep_dir)) == [], "a rank or torchrun outlived the killed driver"
+    assert processes_mentioning(str(sweep_dir)) == [], "a rank or torchrun outlived the killed driver"
     assert list(sweep_dir.rglob("*.tmp")) == []
     before = {r["job_key"] for r in iter_records(sweep_dir)}
     assert len(before) >= 2
