@@ -100,8 +100,7 @@ def main() -> None:
         analytic = predict_config(cfg)
         traced = trace_peak(cfg)
         row = {"point": " ".join(o.split(".")[-1] for o in overrides), "stage": cfg["parallel"]["zero_stage"],
-               "measured": measured, "analytic": analytic.total_bytes, "traced": traced.peak_mem_bytes,
-               "analytic_no_zero1_opt": analytic.total_bytes - (analytic.optimizer_bytes if cfg["parallel"]["zero_stage"] == 1 else 0)}
+               "measured": measured, "analytic": analytic.total_bytes, "traced": traced.peak_mem_bytes}
         rows.append(row)
         print(f"{row['point']:<92} {measured:>10} {rel(row['analytic'], measured):>+9.3f} {rel(row['traced'], measured):>+8.3f}"
               f"  {analytic.phase}", flush=True)
@@ -115,9 +114,6 @@ def main() -> None:
             se = [abs(rel(r[method], r["measured"])) for r in rows if r["stage"] == stage]
             if se:
                 print(f"      ZeRO-{stage}: median {100 * statistics.median(se):6.2f}%   max {100 * max(se):6.2f}%  (n={len(se)})")
-    errs = [abs(rel(r["analytic_no_zero1_opt"], r["measured"])) for r in rows]
-    print(f"  analytic without ZeRO-1 optimizer states (which the CPU tracker does not see): "
-          f"median {100 * statistics.median(errs):.2f}%   max {100 * max(errs):.2f}%")
     measured = sorted(r["measured"] for r in rows)
     for label, capacity in (("median of measured peaks", statistics.median(measured)),
                             ("midpoint of measured range", (measured[0] + measured[-1]) / 2)):
