@@ -14,7 +14,6 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from seaborn.utils import relative_luminance
 from matplotlib.axes import Axes
 from matplotlib.cm import ScalarMappable
@@ -139,11 +138,20 @@ def heatmap(df: pd.DataFrame, x: str, y: str, metric: str, ax: Optional[Axes] = 
     fontsize = max(5.0, min(10.0, 48.0 / max(len(xs), len(ys), 1)))
     if ax is None:
         ax = new_figure((0.85 * len(xs) + 2.6, 0.45 * len(ys) + 2.0)).subplots()
-    # values are written below, not by seaborn: it renders the axes once to check tick overlap, and
-    # leaving the cell texts out of that render halves the cost of a large grid
-    ax = sns.heatmap(values, mask=~finite, cmap=_cmap(m), vmin=vmin, vmax=vmax, ax=ax, cbar=cbar,
-                     cbar_kws={"label": m.label} if cbar else None, linewidths=0.5, linecolor="white",
-                     xticklabels=xs, yticklabels=ys)
+    # One pcolormesh per facet, laid out as seaborn's heatmap (first y value at the top, ticks at
+    # cell centres): seaborn renders the whole figure per call to check tick overlap, several times
+    # the cost of a large grid.
+    mesh = ax.pcolormesh(np.ma.masked_invalid(ok_values), cmap=_cmap(m), vmin=vmin, vmax=vmax,
+                         edgecolors="white", linewidth=0.5)
+    ax.set_xlim(0, len(xs))
+    ax.set_ylim(len(ys), 0)
+    ax.set_xticks(np.arange(len(xs)) + 0.5, labels=[str(v) for v in xs])
+    ax.set_yticks(np.arange(len(ys)) + 0.5, labels=[str(v) for v in ys], rotation=90, va="center")
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    if cbar:
+        ax.figure.colorbar(mesh, ax=ax, label=m.label)
     colours = ax.collections[0].cmap(Normalize(vmin, vmax)(ok_values))  # (len(ys), len(xs), RGBA)
     for i, j in zip(*np.nonzero(finite)):
         text = ("★ " if (i, j) == best else "") + m.fmt.format(ok_values[i, j])
@@ -203,10 +211,6 @@ def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str]
     facet_keys = [k for k in (row, col) if k]
     table = cells(df, x, y, metric, by=facet_keys)
     facets = dict(iter(table.groupby(level=facet_keys, sort=False))) if facet_keys else {(): table}
-    # seaborn draws the whole figure after each heatmap to check tick overlap: only the facet being
-    # drawn is visible, so a grid costs linear, not quadratic, time.
-    for ax in axes.flat:
-        ax.set_visible(False)
     shown: set[str] = set()
     for i, rv in enumerate(rows):
         for j, cv in enumerate(cols):
@@ -215,11 +219,9 @@ def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str]
             if facet_keys:
                 facet = facet.droplevel(facet_keys)
             ax = axes[i, j]
-            ax.set_visible(True)
             heatmap(df, x, y, metric, ax=ax, xs=xs, ys=ys, vmin=vmin, vmax=vmax, cbar=False,
                     title=", ".join(facet_label(k, v) for k, v in zip(facet_keys, key)), note_aggregation=False,
                     table=facet)
-            ax.set_visible(False)
             shown.update(p.get_gid() for p in ax.patches)
             # inner facets share the outer ones' tick labels
             ax.tick_params(labelleft=j == 0, labelbottom=i == len(rows) - 1)
@@ -228,8 +230,6 @@ def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str]
             if i < len(rows) - 1:
                 ax.set_xlabel("")
     n_max = int(table["n"].max()) if len(table) else 0
-    for ax in axes.flat:
-        ax.set_visible(True)
     cax = fig.add_axes((1 - (right - 0.35) / width, bottom / height, 0.18 / width, 1 - (top + bottom) / height))
     bar = fig.colorbar(ScalarMappable(Normalize(vmin, vmax), _cmap(m)), cax=cax, label=m.label)
     bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: m.fmt.format(v)))

@@ -27,6 +27,7 @@ TORCHRUN_LOG = "torchrun.log"
 ELASTIC_LOGS = "elastic"
 KILL_GRACE_S = 5.0
 _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory")
+_ECHO_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,14 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _is_echo(message: str) -> bool:
+    """A rank that failed only because a peer died first (gloo/NCCL saw the connection drop)."""
+    return any(marker in message for marker in _ECHO_MARKERS)
+
+
 def error_messages(job_dir: Path) -> list[str]:
-    """Messages of the elastic error files the ranks wrote (`@record`), oldest first."""
+    """Messages of the elastic error files the ranks wrote (`@record`): root causes first (a peer's
+    dropped connection is an echo of another rank's failure), each group oldest first."""
     found = []
     for path in (job_dir / ELASTIC_LOGS).glob("**/error.json"):
         try:
@@ -85,7 +92,7 @@ def error_messages(job_dir: Path) -> list[str]:
             found.append((body.get("extraInfo", {}).get("timestamp", "0"), str(body.get("message", ""))))
         else:
             found.append(("0", str(body)))
-    return [m for _, m in sorted(found)]
+    return [m for _, _, m in sorted((_is_echo(m), t, m) for t, m in found)]
 
 
 def _last_line(text: str) -> Optional[str]:

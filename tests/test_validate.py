@@ -81,3 +81,4 @@ def test_plan_playbook_example(capsys):
     assert cli_main(["plan", "--gbs-tokens", "4M", "--seq-len", "4000", "--mbs", "2", "--gpus", "128"]) == 0
     out = capsys.readouterr().out
     assert "grad_acc 1 would need 500.0 GPUs" in out and "grad_acc = 3.91" in out and "125 GPUs x grad_acc 4" in out
+
