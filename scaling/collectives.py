@@ -14,7 +14,6 @@ Imports torch and the standard library only.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -23,6 +22,8 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+
+from scaling.record import write_json_atomic
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -132,10 +133,7 @@ def main(argv: list[str] | None = None) -> None:
                    "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
                    or platform.machine(), "torch": torch.__version__, "hostname": platform.node(),
                    "results": results}
-            tmp = f"{args.out}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(doc, f, indent=2)
-            os.replace(tmp, args.out)
+            write_json_atomic(args.out, doc)
     finally:
         dist.destroy_process_group()
 

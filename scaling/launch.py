@@ -8,7 +8,6 @@ timeout every process of the job is killed: SIGTERM, a grace period, then SIGKIL
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -21,6 +20,7 @@ from typing import Mapping, Optional, Sequence
 
 import psutil
 
+from scaling.lifetime import die_with_parent
 from scaling.record import FAILED, OK, OOM, TIMEOUT
 
 TORCHRUN_LOG = "torchrun.log"
@@ -47,12 +47,6 @@ def torchrun_argv(config_path: Path, nproc_per_node: int, prefix: Optional[Seque
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
     ]
     return base + ["--log-dir", str(log_dir), "-m", "scaling.worker", str(config_path)]
-
-
-def _die_with_parent() -> None:
-    """preexec hook: the child gets SIGKILL if the driver dies, so a killed sweep leaves no job behind."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
@@ -129,7 +123,7 @@ def run_job(argv: Sequence[str], job_dir: Path, timeout_s: float, env: Mapping[s
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=dict(env), start_new_session=True, preexec_fn=_die_with_parent,
+            env=dict(env), start_new_session=True, preexec_fn=die_with_parent,
         )
         try:
             proc.wait(timeout=timeout_s)

@@ -36,7 +36,6 @@ from scaling.worker import WORKER_OUTPUT
 
 CONFIG_FILE = "config.json"
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
-GIB = 1024**3
 
 
 def threads_per_rank(cfg: dict[str, Any]) -> int:

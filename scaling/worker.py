@@ -14,11 +14,9 @@ torch and the standard library only: this must run on a bare GPU box.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import platform
-import signal
 import socket
 import sys
 import time
@@ -31,6 +29,7 @@ import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from scaling.data import GlobalBatch, micro_batch
+from scaling.lifetime import die_with_parent
 from scaling.memtrack import tracked_step
 from scaling.model import ModelArgs, Transformer
 from scaling.parallel import Parallelized, parallelize
@@ -38,13 +37,6 @@ from scaling.record import write_json_atomic
 
 WORKER_OUTPUT = "worker.json"
 GIB = 1024**3
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this rank when its torchrun agent dies, so no rank outlives a killed job."""
-    if sys.platform.startswith("linux"):
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _setup_device(cfg: dict[str, Any], local_rank: int) -> tuple[torch.device, str]:
@@ -216,7 +208,7 @@ def run(cfg: dict[str, Any], job_dir: Path) -> None:
 @record
 def main(argv: list[str] | None = None) -> None:
     """Entry point under torchrun: `python -m scaling.worker <job_dir>/config.json`."""
-    _die_with_parent()
+    die_with_parent()  # no rank outlives its torchrun agent
     argv = sys.argv[1:] if argv is None else argv
     config_path = Path(argv[0])
     cfg = json.loads(config_path.read_text())
