@@ -1,13 +1,31 @@
-"""Figures on the Agg canvas, made without pyplot: no global figure registry, no GUI, any backend set.
+"""Figures on the Agg canvas, made without pyplot, and written to PNG, several at once when there are cores.
 
 Every figure of `analysis` comes from `new_figure`, so it renders to PNG the same way in a script,
 a test, CI or a notebook (where IPython displays it inline), whatever `matplotlib.use` says.
+`save_png` is the one place that says how a figure becomes a PNG; `render_pngs` builds and writes
+many figures in forked processes, one per core, since a report's heatmaps are thousands of text
+artists and matplotlib draws them on one core.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from pathlib import Path
+from typing import IO, Callable, Mapping, Optional
+
+import matplotlib as mpl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+DPI = 100
+PNG_RC = {"text.hinting": "none"}
+"""Unhinted glyphs: a quarter less time per text artist, and no visible loss at 100 dpi."""
+PNG_COMPRESS_LEVEL = 1
+"""zlib level of the PNG: level 1 takes a fraction of the default level's time for ~10% more bytes."""
+
+FigureSpec = Callable[[], Figure]
+"""How to build a figure (a `functools.partial` of a plotting function, say), so a worker can draw it."""
 
 
 def new_figure(figsize: tuple[float, float]) -> Figure:
@@ -15,3 +33,55 @@ def new_figure(figsize: tuple[float, float]) -> Figure:
     fig = Figure(figsize=figsize)
     FigureCanvasAgg(fig)
     return fig
+
+
+def save_png(fig: Figure, target: str | os.PathLike | IO[bytes]) -> None:
+    """Write `fig` as the report's PNGs are written (DPI, unhinted text, fast compression)."""
+    with mpl.rc_context(PNG_RC):
+        fig.savefig(target, format="png", dpi=DPI, pil_kwargs={"compress_level": PNG_COMPRESS_LEVEL})
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which containers and SLURM narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+_PENDING: dict[str, tuple[FigureSpec, Path]] = {}
+"""The specs a `render_pngs` call hands its forked workers: inherited with the memory, never pickled."""
+
+
+def _render(name: str) -> tuple[str, Path]:
+    spec, path = _PENDING[name]
+    save_png(spec(), path)
+    return name, path
+
+
+def render_pngs(specs: Mapping[str, FigureSpec], directory: str | os.PathLike,
+                jobs: Optional[int] = None) -> dict[str, Path]:
+    """Build each figure and write it to `directory/<name>.png` (made if missing); return the paths in order.
+
+    `jobs` processes (default: one per usable core, at most one per figure) draw in parallel; they
+    are forked, so the specs and the data they close over are shared, not copied through pickle.
+    Without fork (or with one job) the figures are drawn here, one after the other.
+    """
+    directory = Path(directory)
+    jobs = min(usable_cores() if jobs is None else jobs, len(specs))
+    if jobs < 1 and specs:
+        raise ValueError(f"jobs={jobs} must be at least 1")
+    directory.mkdir(parents=True, exist_ok=True)
+    _PENDING.update({name: (spec, directory / f"{name}.png") for name, spec in specs.items()})
+    try:
+        if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+            done = dict(map(_render, specs))
+        else:
+            with multiprocessing.get_context("fork").Pool(jobs) as pool:
+                done = dict(pool.imap_unordered(_render, specs))
+                pool.close()
+                pool.join()
+    finally:
+        for name in specs:
+            _PENDING.pop(name, None)
+    return {name: done[name] for name in specs}

@@ -10,6 +10,7 @@ drawn as patches with their own text on top of the heatmap.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -23,7 +24,7 @@ from matplotlib.ticker import FuncFormatter
 from matplotlib.patches import Patch, Rectangle
 
 from analysis.collect import CONFIG_AXES, GIB, memory_unit
-from analysis.figures import new_figure
+from analysis.figures import FigureSpec, new_figure
 from scaling.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, TIMEOUT
 
 
@@ -116,10 +117,12 @@ def _values(df: pd.DataFrame, column: str) -> list[Any]:
 def heatmap(df: pd.DataFrame, x: str, y: str, metric: str, ax: Optional[Axes] = None,
             title: Optional[str] = None, xs: Optional[list] = None, ys: Optional[list] = None,
             vmin: Optional[float] = None, vmax: Optional[float] = None, cbar: bool = True,
-            note_aggregation: bool = True, table: Optional[pd.DataFrame] = None) -> Axes:
+            note_aggregation: bool = True, table: Optional[pd.DataFrame] = None,
+            xticklabels: bool = True, yticklabels: bool = True) -> Axes:
     """Draw one heatmap of `metric` over y x x on `ax`; status cells labelled, the best cell starred.
 
-    `table` is `cells(df, x, y, metric)` when the caller has it already.
+    `table` is `cells(df, x, y, metric)` when the caller has it already. Without x (y) tick labels
+    the axis gets no ticks at all: an inner facet of a grid reads them off its outer neighbours.
     """
     m = _metric(metric, df)
     table = cells(df, x, y, metric) if table is None else table
@@ -145,8 +148,14 @@ def heatmap(df: pd.DataFrame, x: str, y: str, metric: str, ax: Optional[Axes] = 
                          edgecolors="white", linewidth=0.5)
     ax.set_xlim(0, len(xs))
     ax.set_ylim(len(ys), 0)
-    ax.set_xticks(np.arange(len(xs)) + 0.5, labels=[str(v) for v in xs])
-    ax.set_yticks(np.arange(len(ys)) + 0.5, labels=[str(v) for v in ys], rotation=90, va="center")
+    if xticklabels:
+        ax.set_xticks(np.arange(len(xs)) + 0.5, labels=[str(v) for v in xs])
+    else:
+        ax.set_xticks([])
+    if yticklabels:
+        ax.set_yticks(np.arange(len(ys)) + 0.5, labels=[str(v) for v in ys], rotation=90, va="center")
+    else:
+        ax.set_yticks([])
     ax.tick_params(length=0)
     for spine in ax.spines.values():
         spine.set_visible(False)
@@ -221,10 +230,8 @@ def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str]
             ax = axes[i, j]
             heatmap(df, x, y, metric, ax=ax, xs=xs, ys=ys, vmin=vmin, vmax=vmax, cbar=False,
                     title=", ".join(facet_label(k, v) for k, v in zip(facet_keys, key)), note_aggregation=False,
-                    table=facet)
+                    table=facet, xticklabels=i == len(rows) - 1, yticklabels=j == 0)
             shown.update(p.get_gid() for p in ax.patches)
-            # inner facets share the outer ones' tick labels
-            ax.tick_params(labelleft=j == 0, labelbottom=i == len(rows) - 1)
             if j:
                 ax.set_ylabel("")
             if i < len(rows) - 1:
@@ -262,11 +269,9 @@ def default_layout(df: pd.DataFrame) -> dict[str, Optional[str]]:
     return dict(zip(("y", "x", "row", "col"), roles))
 
 
-def draw_all(df: pd.DataFrame, metrics: tuple[str, ...] = ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes")
-             ) -> dict[str, Figure]:
-    """The standard heatmaps of a sweep, laid out by `default_layout`: one faceted figure per metric,
-    or, when one more axis varies (a sweep over models, say), one per metric and value of that axis,
-    so that each model's out-of-memory cells show instead of the best value over models."""
+def figure_specs(df: pd.DataFrame, metrics: tuple[str, ...] = ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes")
+                 ) -> dict[str, FigureSpec]:
+    """The standard heatmaps of a sweep, by name, still to be drawn (see `draw_all`, `render_pngs`)."""
     layout = default_layout(df)
     placed = [a for a in layout.values() if a]
     # An axis that follows from the placed ones (grad_acc from dp at a fixed global batch) adds no
@@ -274,6 +279,14 @@ def draw_all(df: pd.DataFrame, metrics: tuple[str, ...] = ("tokens_per_s_per_gpu
     split = next((a for a in LAYOUT_AXES if a in df.columns and a not in placed
                   and df.groupby(placed, dropna=False)[a].nunique(dropna=True).max() > 1), None)
     if split is None:
-        return {metric: facet_grid(df, metric=metric, **layout) for metric in metrics}
-    return {f"{metric}__{split}-{value}": facet_grid(df, metric=metric, filters={split: value}, **layout)
+        return {metric: partial(facet_grid, df, metric=metric, **layout) for metric in metrics}
+    return {f"{metric}__{split}-{value}": partial(facet_grid, df, metric=metric, filters={split: value}, **layout)
             for metric in metrics for value in _values(df, split)}
+
+
+def draw_all(df: pd.DataFrame, metrics: tuple[str, ...] = ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes")
+             ) -> dict[str, Figure]:
+    """The standard heatmaps of a sweep, laid out by `default_layout`: one faceted figure per metric,
+    or, when one more axis varies (a sweep over models, say), one per metric and value of that axis,
+    so that each model's out-of-memory cells show instead of the best value over models."""
+    return {name: spec() for name, spec in figure_specs(df, metrics).items()}

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 
 from analysis import alpha_beta, dp_scaling, heatmaps
 from analysis.collect import collect, memory_unit, to_parquet
-from analysis.figures import new_figure
+from analysis.figures import FigureSpec, new_figure, render_pngs, save_png
 from scaling.record import FAILED, OK, STATUSES, TIMEOUT
 
 KNEES_IN_WORDS = 8
@@ -44,12 +44,12 @@ FORMATS: dict[str, Callable[[Any], str]] = {
 
 @dataclass
 class Section:
-    """One part of the report: a heading, paragraphs, tables and figures (name -> Figure)."""
+    """One part of the report: a heading, paragraphs, tables and figures (name -> Figure, or how to draw it)."""
 
     title: str
     paragraphs: list[str] = field(default_factory=list)
     tables: list[pd.DataFrame] = field(default_factory=list)
-    figures: dict[str, Figure] = field(default_factory=dict)
+    figures: dict[str, Figure | FigureSpec] = field(default_factory=dict)
 
 
 def _sweep_meta(sweep_dir: Path) -> dict[str, Any]:
@@ -135,7 +135,7 @@ def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Sec
 
 
 def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
-    """Everything the report shows, in order, with figures still open."""
+    """Everything the report shows, in order: small figures drawn, the heatmaps still to be drawn."""
     counts = df["status"].value_counts().reindex(list(STATUSES), fill_value=0)
     sections = [Section("Status counts", tables=[counts.rename_axis("status").reset_index(name="records")])]
     if df.empty:
@@ -148,7 +148,7 @@ def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[
     sections.append(Section("Heatmaps", [f"Axes: {layout['y']} × {layout['x']}" + (
         f", faceted by {' × '.join(k for k in (layout['row'], layout['col']) if k)}" if layout["row"] else "") +
         ". OOM = measured out of memory, pred OOM = skipped by the memory predictor, blank = never run, "
-        "★ = best cell of its facet."], figures=heatmaps.draw_all(df)))
+        "★ = best cell of its facet."], figures=heatmaps.figure_specs(df)))
     if df.loc[df["status"] == OK, "dp"].nunique() > 1:
         sections += dp_sections(sweep_dir, df, threshold)
     if ((df["status"] == OK) & df["pred_peak_mem_bytes"].notna() & df["peak_mem_bytes"].notna()).any():
@@ -182,8 +182,12 @@ CSS = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1
 
 def write_report(sweep_dir: str | os.PathLike, out_dir: Optional[str | os.PathLike] = None,
                  threshold: float = dp_scaling.DEFAULT_THRESHOLD, wandb: bool = False,
-                 wandb_project: str = "scaling", wandb_mode: str = "offline") -> dict[str, Path]:
-    """Write report.md, report.html (self-contained), results.parquet and figures/*.png; return their paths."""
+                 wandb_project: str = "scaling", wandb_mode: str = "offline",
+                 jobs: Optional[int] = None) -> dict[str, Path]:
+    """Write report.md, report.html (self-contained), results.parquet and figures/*.png; return their paths.
+
+    The heatmaps are drawn by `jobs` processes (default: one per usable core).
+    """
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep_dir / "report"
     df = collect(sweep_dir)
@@ -193,6 +197,13 @@ def write_report(sweep_dir: str | os.PathLike, out_dir: Optional[str | os.PathLi
     for stale in (out / "figures").glob("*.png"):  # figures of an earlier report of another layout
         stale.unlink()
     paths: dict[str, Path] = {"parquet": to_parquet(df, out / "results.parquet")}
+    pngs = render_pngs({name: fig for section in sections for name, fig in section.figures.items()
+                        if not isinstance(fig, Figure)}, out / "figures", jobs)
+    for section in sections:
+        for name, fig in section.figures.items():
+            if isinstance(fig, Figure):
+                pngs[name] = out / "figures" / f"{name}.png"
+                save_png(fig, pngs[name])
     title = f"Sweep report: {meta.get('name', sweep_dir.name)}"
     intro = f"{len(df)} records in <code>{html.escape(str(sweep_dir))}</code>"
     if meta.get("created_at"):  # sweep.json: written when the sweep first started
@@ -210,10 +221,8 @@ def write_report(sweep_dir: str | os.PathLike, out_dir: Optional[str | os.PathLi
         for table in section.tables:
             md += [_md_table(table), ""]
             page.append(_html_table(table))
-        for name, fig in section.figures.items():
-            png = out / "figures" / f"{name}.png"
-            fig.savefig(png, dpi=100)
-            paths[f"figure:{name}"] = png
+        for name in section.figures:
+            png = paths[f"figure:{name}"] = pngs[name]
             md += [f"![{name}](figures/{png.name})", ""]
             data = base64.b64encode(png.read_bytes()).decode()
             page.append(f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">')
@@ -264,12 +273,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--wandb", action="store_true", help="also log a summary run to W&B (job_type report)")
     p.add_argument("--wandb-project", default="scaling")
     p.add_argument("--wandb-mode", choices=("offline", "online"), default="offline")
+    p.add_argument("--jobs", type=int, default=None, help="processes drawing the heatmaps (default: one per core)")
     args = p.parse_args(argv)
     if not Path(args.sweep_dir).is_dir():
         p.error(f"SWEEP_DIR={args.sweep_dir!r} is not a directory: pass a sweep folder such as runs/demo")
     if not 0 < args.threshold <= 1:
         p.error(f"--threshold={args.threshold}: an efficiency threshold lies in (0, 1]")
-    paths = write_report(args.sweep_dir, args.out, args.threshold, args.wandb, args.wandb_project, args.wandb_mode)
+    if args.jobs is not None and args.jobs < 1:
+        p.error(f"--jobs={args.jobs}: at least one process draws the heatmaps")
+    paths = write_report(args.sweep_dir, args.out, args.threshold, args.wandb, args.wandb_project, args.wandb_mode,
+                         args.jobs)
     print(f"report: {paths['html']}")
     print(f"markdown: {paths['markdown']}")
     if "wandb_run_dir" in paths:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+from functools import partial
 
 import pandas as pd
 import pytest
 
 from analysis.collect import collect
-from analysis.heatmaps import cells, default_layout, draw_all, facet_grid, heatmap
+from analysis.figures import render_pngs, save_png
+from analysis.heatmaps import cells, default_layout, draw_all, facet_grid, figure_specs, heatmap
 from records import FAILURES, grid_records, write_sweep
 
 
@@ -121,3 +123,17 @@ def test_draw_all_splits_a_further_varying_axis_into_figures(df):
     assert set(figs) == {"mfu__model-small", "mfu__model-tiny"}
     labels = [t.get_text() for ax in figs["mfu__model-small"].axes for t in ax.texts]
     assert "OOM" in labels  # not hidden under the other model's values
+
+
+def test_render_pngs_draws_each_figure_in_a_forked_worker_as_drawn_here(df, tmp_path):
+    specs = figure_specs(df, metrics=("mfu", "tokens_per_s_per_gpu", "peak_mem_bytes"))
+    paths = render_pngs(specs, tmp_path / "figures", jobs=2)
+    assert list(paths) == list(specs)
+    assert all(path == tmp_path / "figures" / f"{name}.png" for name, path in paths.items())
+    here = io.BytesIO()
+    save_png(specs["mfu"](), here)
+    assert paths["mfu"].read_bytes() == here.getvalue()
+    with pytest.raises(ValueError, match="x='batch' is not a column"):  # a worker's error reaches the caller
+        render_pngs({"bad": partial(facet_grid, df, x="batch", y="seq_len", metric="mfu"), **specs}, tmp_path, jobs=2)
+    with pytest.raises(ValueError, match="jobs=0 must be at least 1"):
+        render_pngs(specs, tmp_path, jobs=0)

@@ -80,6 +80,10 @@ def test_main_prints_where_the_report_is(tmp_path, capsys):
         main([str(tmp_path / "missing")])
     assert exc.value.code == 2
     assert "SWEEP_DIR=" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(sweep), "--out", str(tmp_path / "r"), "--jobs", "0"])
+    assert "--jobs=0: at least one process draws the heatmaps" in capsys.readouterr().err
+    assert main([str(sweep), "--out", str(tmp_path / "r"), "--jobs", "1"]) == 0
 
 
 def _run_records(path):
