@@ -91,7 +91,7 @@ def first_hit(
             worst = worst_values(trials, study.directions)
             outcome = judge(record, [objective], worst) if record else failure("not in the recorded grid")
         tell(study, trial, outcome)
-        done = study.trials[-1]
+        done = study.get_trials(deepcopy=False)[-1]
         if is_feasible(done) and done.value >= target:
             return len(measured), launched(points, measured)
     return len(points), launched(points, set(points))

@@ -26,6 +26,7 @@ from optuna.trial import TrialState
 
 from hydra_plugins.scaling_optuna_sweeper._outcome import judge
 from hydra_plugins.scaling_optuna_sweeper._space import parse_search_space
+from hydra_plugins.scaling_optuna_sweeper._study import make_sampler
 from scaling.record import job_key, read_record
 from tests.compose import compose_point
 
@@ -206,6 +207,35 @@ def test_grid_sampler_visits_each_point_once(tmp_path: Path) -> None:
     points = {(t.params["x"], t.params["mbs"], t.params["kind"]) for t in study.trials}
     assert len(study.trials) == 8 and len(points) == 8
     assert "the grid sampler visited every point" in stdout
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_tpe_and_random_propose_untried_points_until_the_space_is_used_up(tmp_path: Path, sampler: str) -> None:
+    toy_sweep(tmp_path, "x=range(0,1,0.5)", "mbs=1,2", "kind=a,b", f"hydra.sweeper.sampler.name={sampler}",
+              "hydra.sweeper.sampler.n_startup_trials=2", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=10",
+              "hydra.sweeper.n_jobs=2")
+    trials = load_study(tmp_path).trials
+    points = [(t.params["x"], t.params["mbs"], t.params["kind"]) for t in trials]
+    assert len(points) == 10 and len(set(points[:8])) == 8  # each of the 8 points once, then repeats
+    assert [bool(t.user_attrs.get("answered_from")) for t in trials] == [False] * 8 + [True] * 2
+
+
+def test_untried_first_counts_failed_points_as_tried_and_stale_ones_as_untried() -> None:
+    space = parse_search_space(["a=1,2", "b=x,y"], OverridesParser.create())
+    study = optuna.create_study(direction="maximize")
+    study.sampler = make_sampler("tpe", 0, 1, space, 1)
+    tried = [({"a": 1, "b": "x"}, TrialState.FAIL, {}), ({"a": 2, "b": "x"}, TrialState.COMPLETE, {}),
+             ({"a": 1, "b": "y"}, TrialState.FAIL, {"stale": True})]  # left running by a dead driver
+    for params, state, attrs in tried:
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=space.distributions, state=state,
+                                                  value=1.0 if state == TrialState.COMPLETE else None,
+                                                  user_attrs=attrs))
+    proposed = []
+    for _ in range(2):
+        trial = study.ask(space.distributions)
+        proposed.append((trial.params["a"], trial.params["b"]))
+        study.tell(trial, 2.0)
+    assert sorted(proposed) == [(1, "y"), (2, "y")]
 
 
 def test_two_objectives_give_a_feasible_pareto_front_in_sqlite(tmp_path: Path) -> None:

@@ -9,14 +9,17 @@ get recorded before the driver died is then answered from the record store, not 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+import random
 import warnings
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
+from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler, CmaEsSampler, GridSampler, RandomSampler, TPESampler
 from optuna.storages import BaseStorage, JournalStorage
 from optuna.storages.journal import JournalFileBackend
@@ -29,6 +32,8 @@ from ._space import SearchSpace
 log = logging.getLogger(__name__)
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes")
+MAX_LISTED_POINTS = 100_000
+"""Largest finite space `UntriedFirst` lists point by point; a larger one is sampled as it is."""
 DIRECTIONS = ("maximize", "minimize")
 JOURNAL_FILE = "optuna.journal"
 
@@ -67,14 +72,98 @@ class AskTellGridSampler(GridSampler):
         """Nothing to record: the grid's progress is read from the study's trials."""
 
 
+class UntriedFirst(BaseSampler):
+    """TPE or random search over a finite space that proposes a point no trial has tried, while one is left.
+
+    The sweeper answers a repeated point from its earlier trial without a job, so a repeat costs a
+    trial and teaches the sampler nothing, and TPE, which proposes the best point its model knows,
+    repeats the best measured point more and more often on a small grid. Each proposal of the inner
+    sampler that was tried already is drawn again, up to `tries` times; then the untried point nearest
+    to it (fewest parameters changed) is taken. While TPE still samples at random, and for random
+    search, the point is drawn uniformly from the untried ones (random search without replacement).
+    """
+
+    def __init__(self, inner: BaseSampler, space: SearchSpace, grid: dict[str, list[Any]], seed: Optional[int],
+                 tries: int = 16) -> None:
+        self.inner, self.tries = inner, tries
+        self.distributions = dict(space.distributions)
+        self.names = list(grid)
+        self.points = list(itertools.product(*grid.values()))
+        self._rng = random.Random(seed)
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        """The whole space: every parameter of a trial is chosen together, here."""
+        return dict(self.distributions)
+
+    def sample_relative(
+        self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        """An untried point as {name: value}; {} (the inner sampler's choice) once every point was tried."""
+        if set(search_space) != set(self.names):
+            return self.inner.sample_relative(study, trial, search_space)
+        tried = {
+            tuple(t.params.get(name) for name in self.names)
+            for t in study.get_trials(deepcopy=False)
+            if t.number != trial.number and t.state != TrialState.WAITING and not t.user_attrs.get("stale")
+        }
+        untried = [point for point in self.points if point not in tried]
+        if not untried:
+            return self.inner.sample_relative(study, trial, search_space)
+        proposal: dict[str, Any] = {}
+        for _ in range(self.tries):
+            proposal = self.inner.sample_relative(study, trial, search_space)
+            if not proposal:  # random search, or TPE before its model starts
+                break
+            if tuple(proposal[name] for name in self.names) not in tried:
+                return proposal
+        if proposal:
+            wanted = tuple(proposal[name] for name in self.names)
+            changed = [sum(a != b for a, b in zip(point, wanted)) for point in untried]
+            untried = [point for point, n in zip(untried, changed) if n == min(changed)]
+        return dict(zip(self.names, self._rng.choice(untried)))
+
+    def sample_independent(
+        self, study: Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        """The inner sampler's value for a parameter outside the listed space."""
+        return self.inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        """Passed to the inner sampler."""
+        self.inner.before_trial(study, trial)
+
+    def after_trial(
+        self, study: Study, trial: FrozenTrial, state: TrialState, values: Optional[Sequence[float]]
+    ) -> None:
+        """Passed to the inner sampler."""
+        self.inner.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        """Reseed this sampler and the inner one."""
+        self._rng.seed()
+        self.inner.reseed_rng()
+
+
+def _untried_first(inner: BaseSampler, space: SearchSpace, seed: Optional[int]) -> BaseSampler:
+    """`inner` wrapped in UntriedFirst when the space is finite and small enough to list."""
+    try:
+        grid = space.grid()
+    except ValueError:  # a continuous parameter: points do not repeat
+        return inner
+    if not grid or math.prod(len(values) for values in grid.values()) > MAX_LISTED_POINTS:
+        return inner
+    return UntriedFirst(inner, space, grid, seed)
+
+
 def make_sampler(
     name: str, seed: Optional[int], n_startup_trials: int, space: SearchSpace, n_objectives: int
 ) -> BaseSampler:
-    """The configured sampler; every one but cmaes handles several objectives."""
+    """The configured sampler; every one but cmaes handles several objectives. TPE and random search
+    propose untried points first on a finite space (`UntriedFirst`)."""
     if name == "tpe":
-        return TPESampler(seed=seed, n_startup_trials=n_startup_trials)
+        return _untried_first(TPESampler(seed=seed, n_startup_trials=n_startup_trials), space, seed)
     if name == "random":
-        return RandomSampler(seed=seed)
+        return _untried_first(RandomSampler(seed=seed), space, seed)
     if name == "grid":
         return AskTellGridSampler(space.grid(), seed=seed)
     if name == "cmaes":

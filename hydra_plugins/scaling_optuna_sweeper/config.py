@@ -19,7 +19,8 @@ class SamplerConf:
 
     name: str = "tpe"
     """tpe (constraint-aware, single or multi objective), random, grid (exhaustive, discrete
-    parameters only) or cmaes (single objective; needs the `cmaes` package)."""
+    parameters only) or cmaes (single objective; needs the `cmaes` package). On a finite space tpe
+    and random propose an untried point while one is left (a repeat would be answered, not run)."""
     seed: Optional[int] = None
     """Seed of the sampler; a resumed study offsets it by its trial count so it does not replay."""
     n_startup_trials: int = 5
