@@ -8,9 +8,11 @@ SWEEP_DIR holds the records of a finished grid sweep; the grid's dimensions are 
 that differ between its records. Each sampler searches that space through the sweeper's own code
 (search-space parsing, sampler construction, record -> trial outcome, constraint, repeats answered
 from earlier trials) with each trial answered from the record of its point instead of launching
-it. A point counts once, when first measured. `grid (cartesian order)` is the order Hydra's basic
-sweeper runs the grid in, dimensions sorted by name. Without SWEEP_DIR the demo grid is measured first (`scaling sweep demo`,
-into runs/demo). Prints a table; asserts nothing.
+it. A point counts once, when first measured. `tpe (repeats)` is Optuna's TPE as it is, proposing
+tried points again (answered without a job), next to the sweeper's TPE that proposes untried ones.
+`grid (cartesian order)` is the order Hydra's basic sweeper runs the grid in, dimensions sorted by
+name. Without SWEEP_DIR the demo grid is measured first (`scaling sweep demo`, into runs/demo).
+Prints a table; asserts nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import optuna
+from optuna.samplers import TPESampler
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from hydra_plugins.scaling_optuna_sweeper._outcome import (
@@ -36,7 +39,8 @@ from hydra_plugins.scaling_optuna_sweeper._study import make_sampler
 from scaling.record import OK, PREDICTED_OOM, iter_records
 
 DEMO_DIR = Path("runs/demo")
-SAMPLERS = ("tpe", "random", "grid")
+SAMPLERS = ("tpe", "random", "grid", "tpe (repeats)")
+"""The sweeper's samplers, and plain TPE (repeating tried points) for reference."""
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -78,7 +82,8 @@ def first_hit(
     space = parse_search_space([f"{k}=choice({','.join(format_value(v) for v in vs)})" for k, vs in dims.items()],
                                OverridesParser.create())
     study = optuna.create_study(direction="maximize")
-    study.sampler = make_sampler(sampler, seed, n_startup_trials, space, 1)
+    study.sampler = (TPESampler(seed=seed, n_startup_trials=n_startup_trials) if sampler == "tpe (repeats)"
+                     else make_sampler(sampler, seed, n_startup_trials, space, 1))
     measured: set[tuple] = set()
     while len(measured) < math.prod(len(v) for v in dims.values()):
         trial = study.ask(space.distributions)
