@@ -238,6 +238,16 @@ def test_untried_first_counts_failed_points_as_tried_and_stale_ones_as_untried()
     assert sorted(proposed) == [(1, "y"), (2, "y")]
 
 
+def test_untried_first_knows_a_float_step_point_however_optuna_rounds_it() -> None:
+    space = parse_search_space(["lr=range(0.1,0.5,0.1)", "b=x,y"], OverridesParser.create())
+    study = optuna.create_study(direction="maximize")
+    study.sampler = make_sampler("tpe", 1, 2, space, 1)
+    for _ in range(8):
+        trial = study.ask(space.distributions)
+        study.tell(trial, trial.params["lr"] * (2 if trial.params["b"] == "y" else 1))
+    assert len({(round(t.params["lr"], 9), t.params["b"]) for t in study.trials}) == 8
+
+
 def test_two_objectives_give_a_feasible_pareto_front_in_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'study.db'}"
     toy_sweep(tmp_path, *TOY_SPACE, "oom_above_mbs=8", "hydra.sweeper.n_trials=8", "hydra.sweeper.sampler.name=random",

@@ -89,7 +89,13 @@ class UntriedFirst(BaseSampler):
         self.distributions = dict(space.distributions)
         self.names = list(grid)
         self.points = list(itertools.product(*grid.values()))
+        self._keys = [self._key(point) for point in self.points]
         self._rng = random.Random(seed)
+
+    @staticmethod
+    def _key(values: Sequence[Any]) -> tuple:
+        # float steps sampled by Optuna may carry binary noise (0.30000000000000004) the grid lacks
+        return tuple(round(v, 9) if isinstance(v, float) else v for v in values)
 
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         """The whole space: every parameter of a trial is chosen together, here."""
@@ -98,15 +104,15 @@ class UntriedFirst(BaseSampler):
     def sample_relative(
         self, study: Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        """An untried point as {name: value}; {} (the inner sampler's choice) once every point was tried."""
+        """An untried point as {name: value}; the inner sampler's own proposal once every point was tried."""
         if set(search_space) != set(self.names):
             return self.inner.sample_relative(study, trial, search_space)
         tried = {
-            tuple(t.params.get(name) for name in self.names)
+            self._key([t.params.get(name) for name in self.names])
             for t in study.get_trials(deepcopy=False)
-            if t.number != trial.number and t.state != TrialState.WAITING and not t.user_attrs.get("stale")
+            if t.number != trial.number and not t.user_attrs.get("stale")
         }
-        untried = [point for point in self.points if point not in tried]
+        untried = [point for point, key in zip(self.points, self._keys) if key not in tried]
         if not untried:
             return self.inner.sample_relative(study, trial, search_space)
         proposal: dict[str, Any] = {}
@@ -114,7 +120,7 @@ class UntriedFirst(BaseSampler):
             proposal = self.inner.sample_relative(study, trial, search_space)
             if not proposal:  # random search, or TPE before its model starts
                 break
-            if tuple(proposal[name] for name in self.names) not in tried:
+            if self._key([proposal[name] for name in self.names]) not in tried:
                 return proposal
         if proposal:
             wanted = tuple(proposal[name] for name in self.names)
