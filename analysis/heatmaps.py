@@ -64,6 +64,11 @@ LAYOUT_AXES = ("seq_len", "mbs", "zero_stage", "dp", "grad_acc", "model", "recom
                "memory_gb")
 """Axes in the order `default_layout` gives them the roles y, x, facet row, facet column."""
 
+CELL_IN = (0.85, 0.4)
+"""Width and height of a heatmap cell in a facet grid, inches."""
+GAP_IN = (0.3, 0.55)
+"""Space between the facets of a grid, inches: across, and down (room for a facet's title)."""
+
 PRETTY = {"zero_stage": "ZeRO-{}", "dp": "dp={}", "seq_len": "seq {}", "mbs": "mbs={}", "grad_acc": "grad_acc={}"}
 
 
@@ -114,22 +119,13 @@ def _values(df: pd.DataFrame, column: str) -> list[Any]:
     return sorted(df[column].dropna().unique().tolist())
 
 
-def heatmap(df: pd.DataFrame, x: str, y: str, metric: str, ax: Optional[Axes] = None,
-            title: Optional[str] = None, xs: Optional[list] = None, ys: Optional[list] = None,
-            vmin: Optional[float] = None, vmax: Optional[float] = None, cbar: bool = True,
-            note_aggregation: bool = True, table: Optional[pd.DataFrame] = None,
-            xticklabels: bool = True, yticklabels: bool = True) -> Axes:
-    """Draw one heatmap of `metric` over y x x on `ax`; status cells labelled, the best cell starred.
-
-    `table` is `cells(df, x, y, metric)` when the caller has it already. Without x (y) tick labels
-    the axis gets no ticks at all: an inner facet of a grid reads them off its outer neighbours.
-    """
-    m = _metric(metric, df)
-    table = cells(df, x, y, metric) if table is None else table
-    xs = _values(df, x) if xs is None else xs
-    ys = _values(df, y) if ys is None else ys
-    values = table["value"].unstack(x).reindex(index=ys, columns=xs).astype("float64")
-    ok_values = values.to_numpy()
+def _draw_cells(ax: Axes, table: pd.DataFrame, xs: list, ys: list, m: Metric, vmin: Optional[float],
+                vmax: Optional[float], origin: tuple[float, float] = (0.0, 0.0)) -> Any:
+    """One facet's cells on `ax`, cell (i-th y, j-th x) at origin + (j, i) in data units: the ok values
+    in colour and print, status cells as labelled patches, the best cell boxed and starred.
+    Returns the QuadMesh (for a colour bar)."""
+    x0, y0 = origin
+    ok_values = table["value"].unstack(-1).reindex(index=ys, columns=xs).astype("float64").to_numpy()
     finite = np.isfinite(ok_values)
     if vmin is None or vmax is None:
         lo, hi = (np.nanmin(ok_values), np.nanmax(ok_values)) if finite.any() else (0.0, 1.0)
@@ -139,32 +135,14 @@ def heatmap(df: pd.DataFrame, x: str, y: str, metric: str, ax: Optional[Axes] = 
         flat = np.where(finite, ok_values, -np.inf if m.higher_is_better else np.inf)
         best = np.unravel_index(np.argmax(flat) if m.higher_is_better else np.argmin(flat), flat.shape)
     fontsize = max(5.0, min(10.0, 48.0 / max(len(xs), len(ys), 1)))
-    if ax is None:
-        ax = new_figure((0.85 * len(xs) + 2.6, 0.45 * len(ys) + 2.0)).subplots()
-    # One pcolormesh per facet, laid out as seaborn's heatmap (first y value at the top, ticks at
-    # cell centres): seaborn renders the whole figure per call to check tick overlap, several times
-    # the cost of a large grid.
-    mesh = ax.pcolormesh(np.ma.masked_invalid(ok_values), cmap=_cmap(m), vmin=vmin, vmax=vmax,
-                         edgecolors="white", linewidth=0.5)
-    ax.set_xlim(0, len(xs))
-    ax.set_ylim(len(ys), 0)
-    if xticklabels:
-        ax.set_xticks(np.arange(len(xs)) + 0.5, labels=[str(v) for v in xs])
-    else:
-        ax.set_xticks([])
-    if yticklabels:
-        ax.set_yticks(np.arange(len(ys)) + 0.5, labels=[str(v) for v in ys], rotation=90, va="center")
-    else:
-        ax.set_yticks([])
-    ax.tick_params(length=0)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
-    if cbar:
-        ax.figure.colorbar(mesh, ax=ax, label=m.label)
-    colours = ax.collections[0].cmap(Normalize(vmin, vmax)(ok_values))  # (len(ys), len(xs), RGBA)
+    # One pcolormesh per facet (first y value at the top when the y axis runs downwards): seaborn's
+    # heatmap renders the whole figure per call to check tick overlap, several times the cost.
+    mesh = ax.pcolormesh(x0 + np.arange(len(xs) + 1), y0 + np.arange(len(ys) + 1), np.ma.masked_invalid(ok_values),
+                         cmap=_cmap(m), vmin=vmin, vmax=vmax, edgecolors="white", linewidth=0.5)
+    colours = mesh.cmap(Normalize(vmin, vmax)(ok_values))  # (len(ys), len(xs), RGBA)
     for i, j in zip(*np.nonzero(finite)):
         text = ("★ " if (i, j) == best else "") + m.fmt.format(ok_values[i, j])
-        ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=fontsize,
+        ax.text(x0 + j + 0.5, y0 + i + 0.5, text, ha="center", va="center", fontsize=fontsize,
                 color="black" if relative_luminance(colours[i, j]) > 0.408 else "white")
     position = {(yv, xv): (ys.index(yv), xs.index(xv)) for yv, xv in table.index if yv in ys and xv in xs}
     for (yv, xv), status in table["status"].items():
@@ -172,13 +150,40 @@ def heatmap(df: pd.DataFrame, x: str, y: str, metric: str, ax: Optional[Axes] = 
             continue
         i, j = position[(yv, xv)]
         label, face, text_colour, hatch = STATUS_STYLE[status]
-        ax.add_patch(Rectangle((j, i), 1, 1, facecolor=face, edgecolor="white", hatch=hatch, linewidth=0.5,
-                               gid=f"status:{status}"))
-        ax.text(j + 0.5, i + 0.5, label, ha="center", va="center", color=text_colour, fontsize=0.9 * fontsize,
-                fontweight="bold")
+        ax.add_patch(Rectangle((x0 + j, y0 + i), 1, 1, facecolor=face, edgecolor="white", hatch=hatch,
+                               linewidth=0.5, gid=f"status:{status}"))
+        ax.text(x0 + j + 0.5, y0 + i + 0.5, label, ha="center", va="center", color=text_colour,
+                fontsize=0.9 * fontsize, fontweight="bold")
     if best is not None:
-        ax.add_patch(Rectangle((best[1], best[0]), 1, 1, fill=False, edgecolor="black", linewidth=2.5,
+        ax.add_patch(Rectangle((x0 + best[1], y0 + best[0]), 1, 1, fill=False, edgecolor="black", linewidth=2.5,
                                gid="best", zorder=5))
+    return mesh
+
+
+def heatmap(df: pd.DataFrame, x: str, y: str, metric: str, ax: Optional[Axes] = None,
+            title: Optional[str] = None, xs: Optional[list] = None, ys: Optional[list] = None,
+            vmin: Optional[float] = None, vmax: Optional[float] = None, cbar: bool = True,
+            note_aggregation: bool = True, table: Optional[pd.DataFrame] = None) -> Axes:
+    """Draw one heatmap of `metric` over y x x on `ax`; status cells labelled, the best cell starred.
+
+    `table` is `cells(df, x, y, metric)` when the caller has it already.
+    """
+    m = _metric(metric, df)
+    table = cells(df, x, y, metric) if table is None else table
+    xs = _values(df, x) if xs is None else xs
+    ys = _values(df, y) if ys is None else ys
+    if ax is None:
+        ax = new_figure((0.85 * len(xs) + 2.6, 0.45 * len(ys) + 2.0)).subplots()
+    mesh = _draw_cells(ax, table, xs, ys, m, vmin, vmax)
+    ax.set_xlim(0, len(xs))
+    ax.set_ylim(len(ys), 0)
+    ax.set_xticks(np.arange(len(xs)) + 0.5, labels=[str(v) for v in xs])
+    ax.set_yticks(np.arange(len(ys)) + 0.5, labels=[str(v) for v in ys], rotation=90, va="center")
+    ax.tick_params(length=0)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    if cbar:
+        ax.figure.colorbar(mesh, ax=ax, label=m.label)
     ax.set_xlabel(x)
     ax.set_ylabel(y)
     n_max = int(table["n"].max()) if len(table) else 0
@@ -210,34 +215,48 @@ def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str]
     xs, ys = _values(df, x), _values(df, y)
     ok = df.loc[df["status"] == OK, m.column].dropna()
     vmin, vmax = (float(ok.min()), float(ok.max())) if len(ok) else (0.0, 1.0)
-    cell_w, cell_h = 0.85 * len(xs) + 1.0, 0.4 * len(ys) + 1.0
-    left, right, top, bottom = 0.9, 1.4, 1.0, 1.0  # inches: tick labels, colour bar, titles, legend
-    width, height = max(cell_w * len(cols) + left + right, 9.0), cell_h * len(rows) + top + bottom
+    # All facets share one Axes in cell units (a cell is CELL_IN inches), laid out by hand: an Axes
+    # per facet costs more to build and to draw than the facet's cells.
+    nx, ny = len(xs), len(ys)
+    gap_x, gap_y = GAP_IN[0] / CELL_IN[0], GAP_IN[1] / CELL_IN[1]  # between facets, in cells
+    span_x, span_y = len(cols) * nx + (len(cols) - 1) * gap_x, len(rows) * ny + (len(rows) - 1) * gap_y
+    left, right, top, bottom = 0.9, 1.4, 1.1, 1.0  # inches: y labels, colour bar, titles, x labels + legend
+    grid_w, grid_h = span_x * CELL_IN[0], span_y * CELL_IN[1]
+    width, height = max(grid_w + left + right, 9.0), grid_h + top + bottom
+    left += (width - grid_w - left - right) / 2  # a small grid sits in the middle, its colour bar beside it
     fig = new_figure((width, height))
-    axes = fig.subplots(len(rows), len(cols), squeeze=False)
-    fig.subplots_adjust(left=left / width, right=1 - right / width, top=1 - top / height, bottom=bottom / height,
-                        wspace=0.25, hspace=0.45)
+    ax = fig.add_axes((left / width, bottom / height, grid_w / width, grid_h / height))
+    ax.set_xlim(0, span_x)
+    ax.set_ylim(span_y, 0)
+    ax.set_axis_off()
     facet_keys = [k for k in (row, col) if k]
     table = cells(df, x, y, metric, by=facet_keys)
     facets = dict(iter(table.groupby(level=facet_keys, sort=False))) if facet_keys else {(): table}
-    shown: set[str] = set()
+    label_x, label_y = 0.12 / CELL_IN[0], 0.08 / CELL_IN[1]  # tick labels' distance from the cells
     for i, rv in enumerate(rows):
+        y0 = i * (ny + gap_y)
         for j, cv in enumerate(cols):
+            x0 = j * (nx + gap_x)
             key = tuple(v for v in (rv, cv) if v is not None)
             facet = facets.get(key, table.iloc[:0])
             if facet_keys:
                 facet = facet.droplevel(facet_keys)
-            ax = axes[i, j]
-            heatmap(df, x, y, metric, ax=ax, xs=xs, ys=ys, vmin=vmin, vmax=vmax, cbar=False,
-                    title=", ".join(facet_label(k, v) for k, v in zip(facet_keys, key)), note_aggregation=False,
-                    table=facet, xticklabels=i == len(rows) - 1, yticklabels=j == 0)
-            shown.update(p.get_gid() for p in ax.patches)
-            if j:
-                ax.set_ylabel("")
-            if i < len(rows) - 1:
-                ax.set_xlabel("")
+            _draw_cells(ax, facet, xs, ys, m, vmin, vmax, origin=(x0, y0))
+            if facet_keys:
+                ax.text(x0 + nx / 2, y0 - label_y, ", ".join(facet_label(k, v) for k, v in zip(facet_keys, key)),
+                        ha="center", va="bottom", fontsize=10, gid="facet", clip_on=False)
+            if j == 0:  # the outer facets carry the tick labels and the axis names
+                for k, v in enumerate(ys):
+                    ax.text(-label_x, y0 + k + 0.5, str(v), ha="right", va="center", rotation=90, clip_on=False)
+                ax.text(-label_x - 0.3 / CELL_IN[0], y0 + ny / 2, y, ha="right", va="center", rotation=90,
+                        clip_on=False)
+            if i == len(rows) - 1:
+                for k, v in enumerate(xs):
+                    ax.text(x0 + k + 0.5, y0 + ny + label_y, str(v), ha="center", va="top", clip_on=False)
+                ax.text(x0 + nx / 2, y0 + ny + label_y + 0.25 / CELL_IN[1], x, ha="center", va="top", clip_on=False)
+    shown = {p.get_gid() for p in ax.patches}
     n_max = int(table["n"].max()) if len(table) else 0
-    cax = fig.add_axes((1 - (right - 0.35) / width, bottom / height, 0.18 / width, 1 - (top + bottom) / height))
+    cax = fig.add_axes(((left + grid_w + 0.35) / width, bottom / height, 0.18 / width, grid_h / height))
     bar = fig.colorbar(ScalarMappable(Normalize(vmin, vmax), _cmap(m)), cax=cax, label=m.label)
     bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: m.fmt.format(v)))
     present = [s for s in STATUS_STYLE if f"status:{s}" in shown]

@@ -83,12 +83,15 @@ def test_aggregated_cells_say_so_in_the_title(df):
     assert "best ok value of up to 5 records per cell (over dp, grad_acc)" in fig._suptitle.get_text()
 
 
-def test_facet_grid_one_axes_per_facet_with_shared_scale(df):
+def test_facet_grid_titles_each_facet_and_shares_one_colour_scale(df):
     fig = facet_grid(df, x="mbs", y="seq_len", metric="tokens_per_s_per_gpu", row="zero_stage", col="dp")
-    heat_axes = [ax for ax in fig.axes if ax.get_title()]
-    assert [ax.get_title() for ax in heat_axes[:2]] == ["ZeRO-0, dp=1", "ZeRO-0, dp=2"]
-    assert len(heat_axes) == 10
-    assert any(t.get_text() == "OOM" for ax in heat_axes for t in ax.texts)
+    grid = fig.axes[0]
+    titles = [t.get_text() for t in grid.texts if t.get_gid() == "facet"]
+    assert titles[:2] == ["ZeRO-0, dp=1", "ZeRO-0, dp=2"] and len(titles) == 10
+    assert len(grid.collections) == 10  # one mesh per facet
+    ok = df.loc[df["status"] == "ok", "tokens_per_s_per_gpu"]
+    assert {(mesh.norm.vmin, mesh.norm.vmax) for mesh in grid.collections} == {(ok.min(), ok.max())}
+    assert any(t.get_text() == "OOM" for t in grid.texts)
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend == ["OOM", "pred OOM", "timeout", "failed", "invalid", "★ best"]
     png = io.BytesIO()
