@@ -20,6 +20,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image
 
+from scaling.devices import usable_cores
+
 DPI = 100
 PNG_RC = {"text.hinting": "none"}
 """Unhinted glyphs: a quarter less time per text artist, and no visible loss at 100 dpi."""
@@ -48,15 +50,7 @@ def save_png(fig: Figure, target: str | os.PathLike | IO[bytes]) -> None:
     rgba.convert("RGB").save(target, format="png", compress_level=PNG_COMPRESS_LEVEL)
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, which containers and SLURM narrow)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-_PENDING: dict[str, tuple[FigureSpec, Path]] = {}
+_PENDING: dict[str, tuple[Figure | FigureSpec, Path]] = {}
 """The specs a `render_pngs` call hands its forked workers: inherited with the memory, never pickled."""
 
 
@@ -67,7 +61,7 @@ def _render(name: str) -> tuple[str, Path]:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        save_png(spec(), path)
+        save_png(spec if isinstance(spec, Figure) else spec(), path)
     finally:
         if enabled:
             gc.enable()
@@ -75,9 +69,10 @@ def _render(name: str) -> tuple[str, Path]:
     return name, path
 
 
-def render_pngs(specs: Mapping[str, FigureSpec], directory: str | os.PathLike,
+def render_pngs(specs: Mapping[str, Figure | FigureSpec], directory: str | os.PathLike,
                 jobs: Optional[int] = None) -> dict[str, Path]:
-    """Build each figure and write it to `directory/<name>.png` (made if missing); return the paths in order.
+    """Build each figure (or take it, when drawn already) and write it to `directory/<name>.png` (made
+    if missing); return the paths in order.
 
     `jobs` processes (default: one per usable core, at most one per figure) draw in parallel; they
     are forked, so the specs and the data they close over are shared, not copied through pickle.

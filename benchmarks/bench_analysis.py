@@ -20,9 +20,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from analysis.collect import collect  # noqa: E402
-from analysis.figures import render_pngs, usable_cores  # noqa: E402
+from analysis.figures import render_pngs  # noqa: E402
 from analysis.heatmaps import default_layout, figure_specs  # noqa: E402
 from records import GIB, make_record, peak_mem_bytes  # noqa: E402
+from scaling.devices import usable_cores  # noqa: E402
 from scaling.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, RESULT_FILE, TIMEOUT  # noqa: E402
 
 MODELS = ("tiny", "small", "llama_1b", "llama_3b")
@@ -82,19 +83,19 @@ def main() -> None:
         with Timer() as t_collect:
             df = collect(sweep)
         with Timer() as t_serial:
-            serial = render_pngs(figure_specs(df), sweep / "serial", jobs=1)
+            render_pngs(figure_specs(df), sweep / "serial", jobs=1)
         with Timer() as t_heatmaps:
             pngs = render_pngs(figure_specs(df), sweep / "report")
-        sizes = [p.stat().st_size for p in pngs.values()]
-        assert len(serial) == len(pngs) == len(sizes)
+        png_mb = sum(p.stat().st_size for p in pngs.values()) / 1e6
 
     jobs = min(usable_cores(), len(pngs))
     print(f"records written: {n} in {t_write} (setup, not part of the total)")
     print(f"statuses: { {k: int(v) for k, v in df['status'].value_counts().items()} }")
     print(f"layout: {default_layout(df)}")
     print(f"collect ({len(df)} rows x {df.shape[1]} columns): {t_collect}")
-    print(f"heatmaps ({len(pngs)} figures, {len(ZERO_STAGES) * len(DPS) * len(pngs)} facets, {sum(sizes) / 1e6:.1f} MB of PNG) "
-          f"in 1 process: {t_serial} (reference)")
+    facets = len(ZERO_STAGES) * len(DPS) * len(pngs)
+    print(f"heatmaps ({len(pngs)} figures, {facets} facets, {png_mb:.1f} MB of PNG) in 1 process: {t_serial} "
+          "(reference)")
     print(f"heatmaps in {jobs} processes, as the report draws them: {t_heatmaps}; "
           f"{t_serial.wall / t_heatmaps.wall:.2f}x faster than 1 process")
     wall = t_collect.wall + t_heatmaps.wall

@@ -24,6 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from scaling.devices import usable_cores  # noqa: E402
 from scaling.run import run_point  # noqa: E402
 from tests.compose import compose_point  # noqa: E402
 
@@ -46,7 +47,7 @@ def main() -> None:
     p.add_argument("--dp", type=int, default=2)
     p.add_argument("--steps", type=int, default=10)
     a = p.parse_args()
-    threads = max(1, len(os.sched_getaffinity(0)) // a.dp)
+    threads = max(1, usable_cores() // a.dp)
     work = Path(tempfile.mkdtemp(prefix="bench_engine_"))
     overrides = [f"model={a.model}", f"train.seq_len={a.seq}", f"train.mbs={a.mbs}", "train.grad_acc=1",
                  f"parallel.dp={a.dp}", "parallel.zero_stage=0", f"train.steps={a.steps}", "train.warmup_steps=2",
@@ -71,7 +72,7 @@ def main() -> None:
         return statistics.median(xs)
 
     print(f"bench_engine: model={a.model} seq={a.seq} mbs={a.mbs} dp={a.dp} ZeRO-0 fp32, {a.steps} timed steps, "
-          f"{threads} threads/rank, {a.reps} reps, host {os.uname().nodename} ({len(os.sched_getaffinity(0))} cores)")
+          f"{threads} threads/rank, {a.reps} reps, host {os.uname().nodename} ({usable_cores()} cores)")
     print(f"  tokens/s per rank   scaling.worker {med(ours):10.1f}   bare DDP loop {med(bare):10.1f}   "
           f"ratio {med(ours) / med(bare):.3f}  (target >= 0.97)  runs: {[round(x) for x in ours]} vs {[round(x) for x in bare]}")
     print(f"  launch overhead s   scaling job    {med(overhead):10.2f}   bare torchrun {med(bare_wall):10.2f}   "

@@ -54,6 +54,14 @@ class Held:
     """Seconds spent waiting for the slots."""
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which containers and SLURM narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def lock_dir() -> Path:
     """The host's lock directory: $SCALING_DEVICE_LOCK_DIR, else /tmp/scaling-devices-<uid>."""
     return Path(os.environ.get(LOCK_DIR_ENV) or f"/tmp/scaling-devices-{os.getuid()}")

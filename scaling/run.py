@@ -44,7 +44,7 @@ def threads_per_rank(cfg: dict[str, Any]) -> int:
         return int(cfg["launch"]["threads_per_rank"])
     per_node = cfg["hardware"]["devices_per_node"]
     ranks_here = min(cfg["parallel"]["dp"], per_node) if per_node else cfg["parallel"]["dp"]
-    return max(1, len(os.sched_getaffinity(0)) // ranks_here)
+    return max(1, devices.usable_cores() // ranks_here)
 
 
 def _host_env(cfg: dict[str, Any], threads: Optional[int]) -> dict[str, Any]:
