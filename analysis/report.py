@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 
 from analysis import alpha_beta, dp_scaling, heatmaps
 from analysis.collect import collect, memory_unit, to_parquet
-from analysis.figures import FigureSpec, new_figure, render_pngs, save_png
+from analysis.figures import FigureSpec, new_figure, render_pngs
 from scaling.record import FAILED, OK, STATUSES, TIMEOUT
 
 KNEES_IN_WORDS = 8
@@ -197,13 +197,8 @@ def write_report(sweep_dir: str | os.PathLike, out_dir: Optional[str | os.PathLi
     for stale in (out / "figures").glob("*.png"):  # figures of an earlier report of another layout
         stale.unlink()
     paths: dict[str, Path] = {"parquet": to_parquet(df, out / "results.parquet")}
-    pngs = render_pngs({name: fig for section in sections for name, fig in section.figures.items()
-                        if not isinstance(fig, Figure)}, out / "figures", jobs)
-    for section in sections:
-        for name, fig in section.figures.items():
-            if isinstance(fig, Figure):
-                pngs[name] = out / "figures" / f"{name}.png"
-                save_png(fig, pngs[name])
+    pngs = render_pngs({name: fig for section in sections for name, fig in section.figures.items()},
+                       out / "figures", jobs)
     title = f"Sweep report: {meta.get('name', sweep_dir.name)}"
     intro = f"{len(df)} records in <code>{html.escape(str(sweep_dir))}</code>"
     if meta.get("created_at"):  # sweep.json: written when the sweep first started
