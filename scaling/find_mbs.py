@@ -144,7 +144,7 @@ def _confirm(result: FindMbsResult, cfg: dict[str, Any], max_mbs: int,
         if s2 == OOM:
             result.mbs, result.confirmed = first, True
             result.note = (f"confirmed: mbs={first} ok, mbs={above} oom" if m >= 1 else
-                           f"prediction said even mbs=1 does not fit, but mbs=1 ran and mbs=2 ran out of memory")
+                           "prediction said even mbs=1 does not fit, but mbs=1 ran and mbs=2 ran out of memory")
         else:
             result.mbs = above
             result.note = (f"contradiction: the prediction said mbs={above} does not fit but it ran; "
