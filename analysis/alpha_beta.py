@@ -4,7 +4,7 @@ A ring collective over n ranks on an S-byte buffer costs `t = steps·α + bytes/
 all-reduce takes 2(n−1) steps moving 2(n−1)/n·S bytes per rank; reduce-scatter and all-gather
 take (n−1) steps moving (n−1)/n·S. α is the per-step latency (s), β the link bandwidth (B/s).
 
-`measure` runs the `scaling.collectives` worker under torchrun and fits α and β; `extrapolate`
+`measure` runs the `scaling.engine.collectives` worker under torchrun and fits α and β; `extrapolate`
 combines them with a configuration's measured compute time to predict tokens/s per GPU at dp
 up to 1024, assuming no overlap of communication with compute.
 """
@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from scaling.collectives import OPS
+from scaling.engine.collectives import OPS
 
 PROFILE_FILE = "alpha_beta.json"
 """Name of the fitted profile inside a sweep directory; the report extrapolates when it is there."""
@@ -86,7 +86,7 @@ def fit(samples: Iterable[Mapping[str, Any]], name: str = "fitted") -> AlphaBeta
 def run_collectives(world_size: int = 2, sizes_bytes: Sequence[int] = DEFAULT_SIZES, ops: Sequence[str] = OPS,
                     iters: int = 5, warmup: int = 1, backend: Optional[str] = None,
                     timeout_s: float = 300.0) -> dict[str, Any]:
-    """Run the `scaling.collectives` worker under torchrun on this host and return its JSON."""
+    """Run the `scaling.engine.collectives` worker under torchrun on this host and return its JSON."""
     if world_size < 2:
         raise ValueError(f"world_size={world_size}: a collective benchmark needs at least 2 ranks")
     root = Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ def run_collectives(world_size: int = 2, sizes_bytes: Sequence[int] = DEFAULT_SI
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "collectives.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-               "-m", "scaling.collectives", "--sizes", ",".join(map(str, sizes_bytes)), "--ops", ",".join(ops),
+               "-m", "scaling.engine.collectives", "--sizes", ",".join(map(str, sizes_bytes)), "--ops", ",".join(ops),
                "--iters", str(iters), "--warmup", str(warmup), "--out", str(out)]
         if backend:
             cmd += ["--backend", backend]

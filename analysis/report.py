@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from analysis import alpha_beta, dp_scaling, heatmaps
 from analysis.collect import collect, memory_unit, to_parquet
 from analysis.figures import FigureSpec, new_figure, render_pngs
-from scaling.record import FAILED, OK, STATUSES, TIMEOUT
+from scaling.record import FAILED, OK, STATUSES, SWEEP_INDEX, TIMEOUT
 
 KNEES_IN_WORDS = 8
 """Knees stated in sentences (and drawn): those of the fastest configurations; the table lists all."""
@@ -54,7 +54,7 @@ class Section:
 
 def _sweep_meta(sweep_dir: Path) -> dict[str, Any]:
     try:
-        return json.loads((sweep_dir / "sweep.json").read_text())
+        return json.loads((sweep_dir / SWEEP_INDEX).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {"name": sweep_dir.name}
 

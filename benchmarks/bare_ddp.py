@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from scaling.model import ModelArgs, Transformer
+from scaling.engine.model import ModelArgs, Transformer
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
         step_times = [max(ts) for ts in zip(*all_times)]
         json.dump({"step_time_s": statistics.median(step_times)}, open(out, "w"))
     dist.barrier()
-    os._exit(0)  # same exit as scaling.worker: no teardown of the DDP reducer's gloo group
+    os._exit(0)  # same exit as scaling.engine.worker: no teardown of the DDP reducer's gloo group
 
 
 if __name__ == "__main__":

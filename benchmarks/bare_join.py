@@ -6,4 +6,4 @@ import torch.distributed as dist
 
 dist.init_process_group("gloo")
 dist.barrier()
-os._exit(0)  # same exit as scaling.worker
+os._exit(0)  # same exit as scaling.engine.worker

@@ -1,6 +1,6 @@
 """Engine overheads, measured side by side in one run (ratios, not absolute times).
 
-1. Throughput: tokens/s per rank of `scaling.worker` vs a bare hand-written DDP loop on the same
+1. Throughput: tokens/s per rank of `scaling.engine.worker` vs a bare hand-written DDP loop on the same
    model and batch shape (target ratio >= 0.97).
 2. Launch overhead: a job's wall time minus its measured window vs the wall time of a bare
    `torchrun` of a script that only imports torch and joins a gloo group (target <= 1.5x).
@@ -73,7 +73,7 @@ def main() -> None:
 
     print(f"bench_engine: model={a.model} seq={a.seq} mbs={a.mbs} dp={a.dp} ZeRO-0 fp32, {a.steps} timed steps, "
           f"{threads} threads/rank, {a.reps} reps, host {os.uname().nodename} ({usable_cores()} cores)")
-    print(f"  tokens/s per rank   scaling.worker {med(ours):10.1f}   bare DDP loop {med(bare):10.1f}   "
+    print(f"  tokens/s per rank   scaling.engine.worker {med(ours):10.1f}   bare DDP loop {med(bare):10.1f}   "
           f"ratio {med(ours) / med(bare):.3f}  (target >= 0.97)  runs: {[round(x) for x in ours]} vs {[round(x) for x in bare]}")
     print(f"  launch overhead s   scaling job    {med(overhead):10.2f}   bare torchrun {med(bare_wall):10.2f}   "
           f"ratio {med(overhead) / med(bare_wall):.2f}   (target <= 1.5)")

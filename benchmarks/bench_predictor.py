@@ -27,10 +27,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scaling.memory import TRACE_BAND, analytic_peak, predict_config  # noqa: E402
-from scaling.predict import compose_config  # noqa: E402
+from scaling.predictor.analytic import TRACE_BAND, analytic_peak, predict_config  # noqa: E402
+from scaling.predictor.cli import compose_config  # noqa: E402
 from scaling.run import run_point  # noqa: E402
-from scaling.trace import trace_peak  # noqa: E402
+from scaling.predictor.trace import trace_peak  # noqa: E402
 
 SEQ_MBS = [(32, 4), (64, 2), (128, 1), (256, 2), (64, 8), (128, 4), (32, 1), (256, 1)]
 
@@ -131,7 +131,7 @@ def main() -> None:
         print(f"speed: traced llama_8b seq_len=4096 mbs=1 bf16 dp=512 ZeRO-{stage}: {time.perf_counter() - t0:.1f} s in process "
               f"(peak {tr.peak_mem_bytes / 2**30:.1f} GiB per rank; analytic {predict_config(cfg).total_bytes / 2**30:.1f} GiB)")
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "scaling.predict", "--json", "model=llama_8b", "hardware=h100", "train.precision=bf16",
+    subprocess.run([sys.executable, "-m", "scaling.predictor.cli", "--json", "model=llama_8b", "hardware=h100", "train.precision=bf16",
                     "train.seq_len=4096", "train.mbs=1", "parallel.dp=512", "parallel.zero_stage=3"],
                    cwd=REPO, check=True, capture_output=True)
     print(f"speed: `scaling predict` for the same ZeRO-3 point from a cold interpreter (imports, both methods): "

@@ -67,8 +67,8 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], Optional[int]], str]] = {
     "run": (_hydra, "run one experiment point (Hydra overrides)"),
     "sweep": (_lazy("scaling.sweep"), "run a named sweep from sweeps/ (Hydra multirun)"),
     "plan": (_plan, "grad_acc and effective global batch for a target gbs"),
-    "predict": (_lazy("scaling.predict"), "peak memory per rank of a point or a sweep grid, before launch"),
-    "find-mbs": (_lazy("scaling.find_mbs"), "the largest mbs that fits, predicted and confirmed by two runs"),
+    "predict": (_lazy("scaling.predictor.cli"), "peak memory per rank of a point or a sweep grid, before launch"),
+    "find-mbs": (_lazy("scaling.predictor.find_mbs"), "the largest mbs that fits, predicted and confirmed by two runs"),
     "report": (_lazy("analysis.report"), "Markdown + HTML report of a sweep directory"),
 }
 

@@ -11,9 +11,12 @@ logger and launch say how it is run and logged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+"""The primary config (config.yaml) and its groups."""
 
 
 @dataclass

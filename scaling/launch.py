@@ -1,7 +1,7 @@
 """Start one point's torchrun as a subprocess, bound its time, and classify how it ended.
 
 torchrun runs in its own session (so a timeout can signal the whole job) and dies with the
-driver (PR_SET_PDEATHSIG); each rank dies with torchrun the same way (see scaling.worker). On
+driver (PR_SET_PDEATHSIG); each rank dies with torchrun the same way (see scaling.engine.worker). On
 timeout every process of the job is killed: SIGTERM, a grace period, then SIGKILL.
 `classify` is pure: it turns (exit code, timed out, elastic error files, log tail) into a status.
 """
@@ -20,11 +20,10 @@ from typing import Mapping, Optional, Sequence
 
 import psutil
 
-from scaling.lifetime import die_with_parent
+from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG
+from scaling.engine.lifetime import die_with_parent
 from scaling.record import FAILED, OK, OOM, TIMEOUT
 
-TORCHRUN_LOG = "torchrun.log"
-ELASTIC_LOGS = "elastic"
 KILL_GRACE_S = 5.0
 _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory")
 _ECHO_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
@@ -46,7 +45,7 @@ def torchrun_argv(config_path: Path, nproc_per_node: int, prefix: Optional[Seque
     base = list(prefix) if prefix else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
     ]
-    return base + ["--log-dir", str(log_dir), "-m", "scaling.worker", str(config_path)]
+    return base + ["--log-dir", str(log_dir), "-m", "scaling.engine.worker", str(config_path)]
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:

@@ -1,7 +1,7 @@
 """The record's throughput and efficiency figures, from what rank 0 measured.
 
 tokens_per_s = gbs_tokens / median step time (timed steps only); tokens_per_s_per_gpu =
-tokens_per_s / world_size; mfu and hfu through scaling.flops. Every key carries its unit.
+tokens_per_s / world_size; mfu and hfu through scaling.engine.flops. Every key carries its unit.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping
 
-from scaling import flops
+from scaling.engine import flops
 
 
 def throughput_metrics(

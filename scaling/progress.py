@@ -21,9 +21,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from scaling.record import FAILED, STATUSES, TIMEOUT, iter_records, write_json_atomic
-
-SWEEP_INDEX = "sweep.json"
+from scaling.engine.jobfiles import write_json_atomic
+from scaling.record import FAILED, STATUSES, SWEEP_INDEX, TIMEOUT, iter_records
 
 last_counts: Optional[Counter] = None
 """Status counts of the last multirun that ended in this process (read by `scaling sweep`)."""

@@ -9,14 +9,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
 from scaling.config import EXPERIMENT_GROUPS
+from scaling.engine.jobfiles import RESULT_FILE, read_json, write_json_atomic
 
 SCHEMA_VERSION = 1
-RESULT_FILE = "result.json"
+SWEEP_INDEX = "sweep.json"
+"""The sweep directory's index: name, start, hardware and one entry per run of the sweep."""
 
 OK, OOM, PREDICTED_OOM, TIMEOUT, FAILED, INVALID = "ok", "oom", "predicted_oom", "timeout", "failed", "invalid"
 STATUSES = (OK, OOM, PREDICTED_OOM, TIMEOUT, FAILED, INVALID)
@@ -40,29 +41,9 @@ def job_dir(sweep_dir: str | os.PathLike, key: str) -> Path:
     return Path(sweep_dir) / key
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON so that readers see the old file or the whole new one, never a part."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def read_record(sweep_dir: str | os.PathLike, key: str) -> Optional[dict[str, Any]]:
     """The record of a point, or None if it has none (or only an unreadable one)."""
-    path = job_dir(sweep_dir, key) / RESULT_FILE
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+    return read_json(job_dir(sweep_dir, key) / RESULT_FILE)
 
 
 def iter_records(sweep_dir: str | os.PathLike) -> Iterator[dict[str, Any]]:

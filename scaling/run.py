@@ -11,7 +11,6 @@ This process never imports CUDA and never becomes a rank; a point never raises i
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import platform
 import socket
@@ -22,20 +21,19 @@ from typing import Any, Optional
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from scaling import devices, flops, launch, slurm, wandb_log
-from scaling.config import register_configs
-from scaling.memory import prescreen
+from scaling import devices, launch, slurm, wandb_log
+from scaling.engine import flops
+from scaling.config import CONF_DIR, register_configs
+from scaling.predictor.analytic import prescreen
 from scaling.metrics import throughput_metrics
-from scaling.model import ModelArgs, param_count
+from scaling.engine.model import ModelArgs, param_count
 from scaling.record import (
     FAILED, INVALID, OK, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, experiment_config, job_dir, job_key, read_record,
-    should_skip, write_json_atomic,
+    should_skip,
 )
 from scaling.validate import Derived, InvalidConfig, validate
-from scaling.worker import WORKER_OUTPUT
+from scaling.engine.jobfiles import CONFIG_FILE, TORCHRUN_LOG, WORKER_OUTPUT, read_json, write_json_atomic
 
-CONFIG_FILE = "config.json"
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 def threads_per_rank(cfg: dict[str, Any]) -> int:
@@ -118,7 +116,7 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
         record.update(status=PREDICTED_OOM, error=prediction["reason"], env=_host_env(cfg, threads))
         return _finish(record, jd, t0, cfg)
     jd.mkdir(parents=True, exist_ok=True)
-    for stale in (WORKER_OUTPUT, launch.TORCHRUN_LOG):
+    for stale in (WORKER_OUTPUT, TORCHRUN_LOG):
         (jd / stale).unlink(missing_ok=True)
     runtime = {"threads_per_rank": threads, "job_key": key}
     write_json_atomic(jd / CONFIG_FILE, {**cfg, "derived": record["derived"], "runtime": runtime})
@@ -139,7 +137,7 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
         record.update(status=FAILED, error=str(e), env=_host_env(cfg, threads))
         return _finish(record, jd, t0, cfg)
     argv = launch.torchrun_argv(jd / CONFIG_FILE, derived.world_size, prefix)
-    log_name = launch.TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
+    log_name = TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
     # Concurrent points on this host take disjoint GPUs (CPU points: the host, one at a time).
     with devices.hold(lease, cfg["launch"]["devices"]) as held:
         record["timing"].update(device_wait_s=held.wait_s,
@@ -165,10 +163,7 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def read_worker_output(jd: Path) -> Optional[dict[str, Any]]:
     """What rank 0 wrote, if anything."""
-    try:
-        return json.loads((jd / WORKER_OUTPUT).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+    return read_json(jd / WORKER_OUTPUT)
 
 
 def _finish(record: dict[str, Any], jd: Path, t0: float, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -193,7 +188,7 @@ slurm.register_resolvers()  # conf/hydra/launcher/slurm.yaml reads them while Hy
 devices.register_resolvers()  # conf/hydra/launcher/parallel.yaml
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
     """Hydra entry point: resolve the config and run the point."""
     _absolute_sweep_dir(cfg)

@@ -173,7 +173,7 @@ def is_lead_task(env: Mapping[str, str]) -> bool:
 
 def launch_prefix(dp: int, devices_per_node: Optional[int], env: Mapping[str, str],
                   port: Optional[int] = None) -> list[str]:
-    """argv up to and including torchrun's options (append `-m scaling.worker ...`) to run a point here."""
+    """argv up to and including torchrun's options (append `-m scaling.engine.worker ...`) to run a point here."""
     p = placement(dp, devices_per_node, env)
     if p.nodes == 1:
         return torchrun_argv(p)

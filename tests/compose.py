@@ -8,10 +8,9 @@ from typing import Any, Sequence
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from scaling.config import register_configs
+from scaling.config import CONF_DIR, register_configs
 
 REPO = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO / "conf"
 
 
 def compose_point(overrides: Sequence[str] = (), sweep_dir: str | Path | None = None) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional
 
 from scaling.config import HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
 from scaling.record import (
-    FAILED, INVALID, OK, OOM, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, TIMEOUT, job_dir, job_key,
+    FAILED, INVALID, OK, OOM, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, SWEEP_INDEX, TIMEOUT, job_dir, job_key,
     write_json_atomic,
 )
 
@@ -142,7 +142,7 @@ def write_sweep(sweep_dir: Path, records: Iterable[dict[str, Any]], name: str = 
     """Lay records out as a sweep directory: sweep.json plus <job_key>/result.json each."""
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(sweep_dir / "sweep.json", {"name": name, "created_at": "2025-01-01T00:00:00+00:00",
+    write_json_atomic(sweep_dir / SWEEP_INDEX, {"name": name, "created_at": "2025-01-01T00:00:00+00:00",
                                                  "hardware": {"name": "h100"}, "runs": []})
     for record in records:
         write_json_atomic(job_dir(sweep_dir, record["job_key"]) / RESULT_FILE, record)

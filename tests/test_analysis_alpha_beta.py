@@ -11,7 +11,7 @@ from analysis.alpha_beta import (
     DEFAULT_SIZES, PROFILE_FILE, AlphaBeta, dp_comm_s, extrapolate, fit, load_profile, measure, ring_cost,
     run_collectives, save_profile,
 )
-from scaling.collectives import OPS, bus_factor, parse_args
+from scaling.engine.collectives import OPS, bus_factor, parse_args
 
 
 def test_ring_costs():
@@ -71,7 +71,7 @@ def test_profile_round_trip(tmp_path):
 
 
 def test_measure_runs_the_worker_under_torchrun_and_fits(tmp_path):
-    """One real torchrun of scaling.collectives: 2 ranks over gloo, tiny sizes, JSON back, α-β fitted."""
+    """One real torchrun of scaling.engine.collectives: 2 ranks over gloo, tiny sizes, JSON back, α-β fitted."""
     sizes = (4096, 4 * 1024**2)  # far apart, so the bandwidth term shows through a busy machine's noise
     ab, samples = measure((2,), sizes_bytes=sizes, iters=5, backend="gloo")
     assert ab.name.startswith("gloo on ") and ab.name.endswith("(n=2)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from scaling.data import GlobalBatch, micro_batch
+from scaling.engine.data import GlobalBatch, micro_batch
 
 
 def test_rows_do_not_depend_on_the_split():

@@ -145,7 +145,7 @@ def test_killing_a_parallel_sweep_leaves_no_point_running(tmp_path, lock_env):
     deadline = time.time() + 120
     while time.time() < deadline:
         family = psutil.Process(driver.pid).children(recursive=True)
-        if any("scaling.worker" in " ".join(p.cmdline()) for p in family if p.is_running()):
+        if any("scaling.engine.worker" in " ".join(p.cmdline()) for p in family if p.is_running()):
             break
         time.sleep(0.2)
     else:

@@ -21,8 +21,8 @@ import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from scaling import flops
-from scaling.model import ModelArgs, Transformer
+from scaling.engine import flops
+from scaling.engine.model import ModelArgs, Transformer
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from scaling import memory
-from scaling.memory import PLAYBOOK_FP32, PLAYBOOK_MIXED, analytic_peak, model_state_bytes, prescreen
-from scaling.model import ModelArgs, param_count
-from scaling.trace import trace_peak
+from scaling.predictor import analytic as memory
+from scaling.predictor.analytic import PLAYBOOK_FP32, PLAYBOOK_MIXED, analytic_peak, model_state_bytes, prescreen
+from scaling.engine.model import ModelArgs, param_count
+from scaling.predictor.trace import trace_peak
 from tests.compose import compose_point
 
 PSI = 8_030_261_248  # llama_8b

@@ -13,13 +13,13 @@ import textwrap
 
 import pytest
 
-from scaling.find_mbs import largest_true
-from scaling.find_mbs import main as find_mbs_main
-from scaling.memory import GIB
-from scaling.predict import main as predict_main
+from scaling.predictor.find_mbs import largest_true
+from scaling.predictor.find_mbs import main as find_mbs_main
+from scaling.predictor.analytic import GIB
+from scaling.predictor.cli import main as predict_main
 from scaling.record import PREDICTED_OOM, RESULT_FILE, job_key
 from scaling.run import run_point
-from scaling.trace import trace_peak
+from scaling.predictor.trace import trace_peak
 from tests.compose import REPO, compose_point
 
 POINT = ["model=tiny", "train.seq_len=64", "train.warmup_steps=1", "train.steps=1", "launch.timeout_s=240"]

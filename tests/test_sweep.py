@@ -97,7 +97,7 @@ def test_sigkill_of_driver_then_resume_completes_exactly_the_missing_points(tmp_
     # Kill once two points are recorded and a third is running under torchrun.
     while time.time() < deadline:
         done = len(list(sweep_dir.glob("*/result.json")))
-        running = [p for p in processes_mentioning(str(sweep_dir)) if "scaling.worker" in " ".join(p.info["cmdline"])]
+        running = [p for p in processes_mentioning(str(sweep_dir)) if "scaling.engine.worker" in " ".join(p.info["cmdline"])]
         if done >= 2 and running:
             break
         time.sleep(0.2)

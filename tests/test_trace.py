@@ -8,9 +8,9 @@ import torch.distributed as dist
 import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from scaling.model import ModelArgs, param_count
+from scaling.engine.model import ModelArgs, param_count
 from scaling.run import run_point
-from scaling.trace import TraceError, trace_peak
+from scaling.predictor.trace import TraceError, trace_peak
 from tests.compose import compose_point
 
 POINT = ["model=tiny", "train.seq_len=64", "train.mbs=2", "parallel.dp=2", "train.warmup_steps=1", "train.steps=1",

@@ -21,10 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from scaling.memory import GIB, capacity_bytes, predict_config, prescreen
+from scaling.predictor.analytic import GIB, capacity_bytes, predict_config, prescreen
+from scaling.config import CONF_DIR
 from scaling.validate import InvalidConfig, validate
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def compose_config(overrides: Sequence[str] = (), sweep_file: Optional[Path] = None) -> dict[str, Any]:
@@ -121,7 +120,7 @@ def predict_point(cfg: dict[str, Any], traced: bool = True) -> dict[str, Any]:
     analytic = predict_config(cfg)
     out: dict[str, Any] = {"capacity_bytes": capacity_bytes(cfg), "analytic": analytic.as_dict(), "traced": None}
     if traced:
-        from scaling.trace import trace_peak
+        from scaling.predictor.trace import trace_peak
 
         out["traced"] = trace_peak(cfg).as_dict()
     return out

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from scaling.model import Transformer
+from scaling.engine.model import Transformer
 
 
 @dataclass

@@ -1,9 +1,9 @@
 """Traced memory prediction: the real training step of a point, on fake tensors, one rank of a fake world.
 
-The project's own model (`scaling.model.Transformer`), ZeRO wrapping (`scaling.parallel.parallelize`)
-and step (`scaling.worker.train_step`) run under torch's `FakeTensorMode` with a fake process group
+The project's own model (`scaling.engine.model.Transformer`), ZeRO wrapping (`scaling.engine.parallel.parallelize`)
+and step (`scaling.engine.worker.train_step`) run under torch's `FakeTensorMode` with a fake process group
 (`dist.init_process_group("fake")`: rank 0 of `parallel.dp` ranks, collectives return at once), and
-the step is measured by the worker's own tracker (`scaling.memtrack.tracked_step`). No tensor is
+the step is measured by the worker's own tracker (`scaling.engine.memtrack.tracked_step`). No tensor is
 allocated, so llama_8b at dp=512 is predicted on a laptop in seconds; the result is the same
 "peak of live tensor bytes" that the worker reports on CPU.
 
@@ -15,7 +15,7 @@ prediction is for eager mode).
 Where it runs: `trace_peak(cfg)` runs in this process, which must have no process group of its own;
 it installs the fake group and a few adjustments of torch internals that fake tensors need (each
 listed in `_fake_world`) and removes all of them when it returns. `trace_peak_isolated(cfg)` runs the
-same in a fresh interpreter (`python -m scaling.trace`), which is what the Hydra job's pre-screen
+same in a fresh interpreter (`python -m scaling.predictor.trace`), which is what the Hydra job's pre-screen
 uses: a job process stays free of process groups and patched torch internals.
 """
 
@@ -174,12 +174,12 @@ def _fake_world(dp: int) -> Iterator[Any]:
 
 def trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
     """Peak live bytes per rank of a resolved point's training step, traced on fake tensors in this process."""
-    from scaling.data import GlobalBatch
-    from scaling.memtrack import tracked_step
-    from scaling.model import ModelArgs, Transformer
-    from scaling.parallel import parallelize
+    from scaling.engine.data import GlobalBatch
+    from scaling.engine.memtrack import tracked_step
+    from scaling.engine.model import ModelArgs, Transformer
+    from scaling.engine.parallel import parallelize
     from scaling.validate import validate
-    from scaling.worker import train_step
+    from scaling.engine.worker import train_step
 
     t0 = time.perf_counter()
     grad_acc = validate(cfg).grad_acc
@@ -203,9 +203,9 @@ def trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
 
 
 def trace_peak_isolated(cfg: Mapping[str, Any], timeout_s: float = 300.0) -> TracedPrediction:
-    """`trace_peak` in a fresh interpreter (`python -m scaling.trace`): no process group or patch leaks here."""
+    """`trace_peak` in a fresh interpreter (`python -m scaling.predictor.trace`): no process group or patch leaks here."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "scaling.trace"], input=json.dumps(dict(cfg), default=str),
+        proc = subprocess.run([sys.executable, "-m", "scaling.predictor.trace"], input=json.dumps(dict(cfg), default=str),
                               capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise TraceError(f"the traced prediction took longer than {timeout_s:g}s") from None
@@ -218,7 +218,7 @@ def trace_peak_isolated(cfg: Mapping[str, Any], timeout_s: float = 300.0) -> Tra
 
 
 def main() -> None:
-    """`python -m scaling.trace`: a resolved config as JSON on stdin -> the prediction as JSON on stdout."""
+    """`python -m scaling.predictor.trace`: a resolved config as JSON on stdin -> the prediction as JSON on stdout."""
     cfg = json.loads(sys.stdin.read())
     print(json.dumps(trace_peak(cfg).as_dict()))
 

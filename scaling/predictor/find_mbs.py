@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
-from scaling.memory import capacity_bytes, predict_config
+from scaling.predictor.analytic import capacity_bytes, predict_config
 from scaling.record import OK, OOM, PREDICTED_OOM
 from scaling.validate import InvalidConfig, validate
 
@@ -91,7 +91,7 @@ def find_mbs(cfg: dict[str, Any], max_mbs: int = 1024, traced: bool = True, conf
     guess = largest_true(analytic_fits, 1, max_mbs)
     method = "analytic"
     if traced:
-        from scaling.trace import trace_peak
+        from scaling.predictor.trace import trace_peak
 
         def traced_fits(m: int) -> bool:
             predictions[m] = trace_peak(_with_mbs(cfg, m)).peak_mem_bytes
@@ -177,7 +177,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     if a.max_mbs < 1:
         p.error(f"--max-mbs={a.max_mbs} must be >= 1")
-    from scaling.predict import compose_config
+    from scaling.predictor.cli import compose_config
 
     try:
         result = find_mbs(compose_config(a.overrides), a.max_mbs, traced=not a.analytic, confirm=not a.no_confirm)

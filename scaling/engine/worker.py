@@ -1,6 +1,6 @@
 """What each torchrun rank runs: train a few steps of one experiment point and measure it.
 
-    torchrun --standalone --nproc-per-node=<dp> -m scaling.worker <job_dir>/config.json
+    torchrun --standalone --nproc-per-node=<dp> -m scaling.engine.worker <job_dir>/config.json
 
 Reads the resolved config (JSON), joins the process group (gloo on CPU with this rank's share of
 the cores, nccl on CUDA), runs the untimed warm-up steps (on CPU the last of them, at least the
@@ -28,14 +28,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from scaling.data import GlobalBatch, micro_batch
-from scaling.lifetime import die_with_parent
-from scaling.memtrack import tracked_step
-from scaling.model import ModelArgs, Transformer
-from scaling.parallel import Parallelized, parallelize
-from scaling.record import write_json_atomic
+from scaling.engine.data import GlobalBatch, micro_batch
+from scaling.engine.lifetime import die_with_parent
+from scaling.engine.memtrack import tracked_step
+from scaling.engine.model import ModelArgs, Transformer
+from scaling.engine.parallel import Parallelized, parallelize
+from scaling.engine.jobfiles import WORKER_OUTPUT, write_json_atomic
 
-WORKER_OUTPUT = "worker.json"
+
 GIB = 1024**3
 
 
@@ -207,7 +207,7 @@ def run(cfg: dict[str, Any], job_dir: Path) -> None:
 
 @record
 def main(argv: list[str] | None = None) -> None:
-    """Entry point under torchrun: `python -m scaling.worker <job_dir>/config.json`."""
+    """Entry point under torchrun: `python -m scaling.engine.worker <job_dir>/config.json`."""
     die_with_parent()  # no rank outlives its torchrun agent
     argv = sys.argv[1:] if argv is None else argv
     config_path = Path(argv[0])

@@ -21,8 +21,8 @@ from typing import Iterator, Mapping
 
 import torch
 
-from scaling.model import ModelArgs, block_matmul_param_count, matmul_param_count
-from scaling.record import write_json_atomic
+from scaling.engine.model import ModelArgs, block_matmul_param_count, matmul_param_count
+from scaling.engine.jobfiles import write_json_atomic
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 """`train.precision` -> the dtype the matmuls run in."""

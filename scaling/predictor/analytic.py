@@ -18,12 +18,12 @@ What the step holds, per rank, in this code base (see scaling/parallel.py):
 - Gradient accumulation keeps a second, unsynchronised copy of the gradients (DDP: p.grad next to
   the buckets; FSDP2: unsharded gradients) from the first micro-step on.
 
-Activation bytes per token per block were read off the traced step (scaling.trace) for this block
+Activation bytes per token per block were read off the traced step (scaling.predictor.trace) for this block
 (RMSNorm, RoPE, GQA SDPA, SwiGLU) in eager mode. The peak is the largest of the step's phases: the
 loss, backward of the output layer, of the top block and, under FSDP2, its reduce-scatter and the
 next block's backward with its prefetch, and the optimizer step. All of it is pure arithmetic on
 the config: no tensor is made, tens of microseconds per point. `prescreen` refines an analytic
-prediction that lands near the capacity with the traced one (scaling.trace, in a subprocess), which
+prediction that lands near the capacity with the traced one (scaling.predictor.trace, in a subprocess), which
 measures live bytes with the worker's own tracker.
 """
 
@@ -33,7 +33,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Optional
 
-from scaling.model import ModelArgs, param_count
+from scaling.engine.model import ModelArgs, param_count
 
 ANALYTIC = "analytic"
 GIB = 1024**3
@@ -352,7 +352,7 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> dict[st
     if cfg["launch"]["prescreen"] and TRACE_BAND[0] <= analytic.total_bytes / threshold <= TRACE_BAND[1]:
         import torch.distributed as dist
 
-        from scaling.trace import trace_peak, trace_peak_isolated
+        from scaling.predictor.trace import trace_peak, trace_peak_isolated
 
         try:
             # The sweep driver has no process group of its own, so the trace runs here (under a
