@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup sysdeps demo test bench clean
+.PHONY: setup sysdeps demo test bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -28,6 +28,12 @@ test: setup sysdeps
 
 bench: setup
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done
+
+# The GPU path on this machine's CUDA devices (<= 10 minutes on one H100); writes benchmarks/gpu/<device>.md.
+# Uses the python that has your CUDA build of torch (GPU_PY=...), else .venv's; without CUDA it says so and fails.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	$(GPU_PY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) runs reports

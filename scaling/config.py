@@ -93,7 +93,8 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     """Token source."""
     fault: str = "none"
-    """Fault injection for testing a sweep's resilience: none, crash or hang (on the last rank)."""
+    """Fault injection for testing a sweep's resilience: none, crash, hang or oom (on the last rank, at its
+    first step, while the other ranks go on into their first collective)."""
 
 
 @dataclass
@@ -106,6 +107,10 @@ class ParallelConfig:
     """0 plain DDP, 1 shards optimizer states, 2 also gradients, 3 also parameters."""
     bucket_mb: float = 25.0
     """DDP gradient bucket size in MiB (stages 0 and 1)."""
+    fsdp_grad_reduce: str = "every_micro_step"
+    """Stages 2-3 with grad_acc > 1: reduce-scatter gradients on every micro-step into shards (ZeRO's way,
+    the default), or only on the last one, accumulating unsharded gradients (`last_micro_step`: 4Ψ more
+    memory per rank, less communication)."""
 
 
 @dataclass
@@ -127,6 +132,15 @@ class HardwareConfig:
     it is an emulated capacity (exceeding it raises torch.OutOfMemoryError). null: no limit."""
     devices_per_node: Optional[int] = None
     """Accelerators per node; dp above it spans several nodes. null: one node (CPU)."""
+    reserve_gb: float = 0.0
+    """Device memory the tensors cannot use, in GiB: the CUDA context, NCCL's buffers and the allocator's
+    slack. The pre-screen predicts against memory_gb - reserve_gb. 0 on CPU (nothing but tensors counts)."""
+    threads_per_device: int = 1
+    """CPU only: threads of one rank, pinned to cores of its own. One CPU rank stands for one GPU: a fixed
+    compute unit, never a share of the host, so DP curves measure communication, not thread division."""
+    oversubscribe: bool = False
+    """CPU only: allow dp x threads_per_device above the usable cores (ranks then share cores; recorded
+    and shown as oversubscribed). Without it such a point is invalid."""
 
 
 @dataclass
@@ -157,8 +171,9 @@ class LaunchConfig:
     """Skip points the memory predictor says cannot fit (status predicted_oom)."""
     prescreen_margin: float = 0.1
     """Safety margin of the pre-screen: skip only when predicted bytes > (1 + margin) x capacity."""
-    threads_per_rank: Optional[int] = None
-    """CPU threads per rank; null: the host's cores divided by the ranks on it (at least 1)."""
+    prescreen_sample: float = 0.0
+    """Fraction of the points the pre-screen would skip that run anyway (chosen by job key, so the same
+    ones on every re-run), to measure how often the pre-screen is wrong; their record says `predicted.sampled`."""
     devices: Optional[str] = None
     """CUDA_VISIBLE_DEVICES for this point (partitioning one node between concurrent points)."""
     master_port: Optional[int] = None

@@ -9,7 +9,8 @@ exits, however it exits, so a killed point never leaves a device taken. Each loc
 that holds it. Waiters queue on `<kind>.queue.lock`: the first in line takes slots as they come free
 while the rest wait behind it, so a wide point is not starved by a stream of narrow ones.
 
-Under SLURM the allocation is the lease: points there lease nothing. A point that runs in a worker
+Inside a SLURM allocation (a batch job, or salloc used interactively by several sweeps at once) points
+lease the allocation's GPUs the same way, with locks of that job's own. A point that runs in a worker
 process of the sweep (the parallel launcher's) exits when the sweep's process dies, so a killed sweep
 leaves no point running and no slot taken.
 """
@@ -62,9 +63,11 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def lock_dir() -> Path:
-    """The host's lock directory: $SCALING_DEVICE_LOCK_DIR, else /tmp/scaling-devices-<uid>."""
-    return Path(os.environ.get(LOCK_DIR_ENV) or f"/tmp/scaling-devices-{os.getuid()}")
+def lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """The host's lock directory: $SCALING_DEVICE_LOCK_DIR, else /tmp/scaling-devices-<uid>; inside a SLURM
+    allocation a folder of its own under it, since the GPU ids SLURM shows a job are that job's alone."""
+    root = Path(environ.get(LOCK_DIR_ENV) or f"/tmp/scaling-devices-{os.getuid()}")
+    return root / f"slurm-{environ['SLURM_JOB_ID']}" if "SLURM_JOB_ID" in environ else root
 
 
 def pick(free: set[int], wanted: int) -> Optional[list[int]]:
@@ -132,16 +135,15 @@ def request(cfg: Mapping[str, Any], environ: Mapping[str, str]) -> Optional[Requ
     """What a resolved point must lease before it launches; None when it leases nothing.
 
     CPU: the host's one slot. CUDA: dp GPUs of this node (the entries of an inherited
-    CUDA_VISIBLE_DEVICES, else 0..devices_per_node-1), unless `launch.devices` fixes them or
-    devices_per_node is unknown. Under SLURM nothing: the allocation already is exclusive.
+    CUDA_VISIBLE_DEVICES, which SLURM sets to the GPUs of its allocation, else 0..devices_per_node-1),
+    unless `launch.devices` fixes them or devices_per_node is unknown. A point spanning several nodes
+    leases nothing: under SLURM those nodes are its own.
     """
     hw, dp = cfg["hardware"], cfg["parallel"]["dp"]
-    if "SLURM_JOB_ID" in environ:
-        return None
     if hw["device"] == "cpu":
         return Request("cpu", 1, (CPU_SLOT,))
     per_node = hw["devices_per_node"]
-    if cfg["launch"]["devices"] is not None or per_node is None:
+    if cfg["launch"]["devices"] is not None or per_node is None or dp > per_node:
         return None
     inherited = environ.get("CUDA_VISIBLE_DEVICES")
     slots = tuple(s.strip() for s in inherited.split(",") if s.strip()) if inherited is not None else tuple(
@@ -150,8 +152,8 @@ def request(cfg: Mapping[str, Any], environ: Mapping[str, str]) -> Optional[Requ
     if dp > len(slots):
         where = (f"CUDA_VISIBLE_DEVICES={inherited!r} lists {len(slots)}" if inherited is not None
                  else f"hardware.devices_per_node={per_node}")
-        hint = "run it under SLURM (hydra/launcher=slurm)" if dp > per_node else "widen CUDA_VISIBLE_DEVICES"
-        raise ValueError(f"parallel.dp={dp} needs {dp} GPUs on this node but {where}: {hint} or lower dp to {len(slots)}")
+        raise ValueError(f"parallel.dp={dp} needs {dp} GPUs on this node but {where}: widen CUDA_VISIBLE_DEVICES "
+                         f"(under SLURM: ask for more GPUs) or lower dp to {len(slots)}")
     return Request("cuda", dp, slots)
 
 

@@ -1,13 +1,16 @@
 """Start one point's torchrun as a subprocess, bound its time, and classify how it ended.
 
-torchrun runs in its own session (so a timeout can signal the whole job) and dies with the
-driver (PR_SET_PDEATHSIG); each rank dies with torchrun the same way (see scaling.engine.worker). On
-timeout every process of the job is killed: SIGTERM, a grace period, then SIGKILL.
+Owns the one builder of torchrun command lines (`torchrun_argv`). torchrun runs in its own session
+(so a timeout can signal the whole job) and dies with the driver (scaling.engine.lifetime: a death
+signal, then a check that the driver is still its parent); each rank does the same with torchrun
+before it imports torch. On timeout every process of the job is killed: SIGTERM, a grace period, then
+SIGKILL, and `end_point_processes` makes sure none is left before the point's devices are released.
 `classify` is pure: it turns (exit code, timed out, elastic error files, log tail) into a status.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -26,7 +29,11 @@ from scaling.record import FAILED, OK, OOM, TIMEOUT
 
 KILL_GRACE_S = 5.0
 _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory")
-_ECHO_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
+_ECHO_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing",
+                 "NCCL communicator was aborted", "ProcessGroupNCCL is aborted")
+_COLLECTIVE_TIMEOUT_MARKERS = ("Timed out waiting", "Watchdog caught collective operation timeout",
+                               "timed out after", "Timeout waiting for")
+"""A rank gave up waiting in a collective (the process-group timeout): a peer hung."""
 
 
 @dataclass(frozen=True)
@@ -39,13 +46,35 @@ class Outcome:
     wall_s: float
 
 
-def torchrun_argv(config_path: Path, nproc_per_node: int, prefix: Optional[Sequence[str]] = None) -> list[str]:
-    """The command for one point: torchrun (standalone unless a prefix, e.g. SLURM's, is given) + worker."""
-    log_dir = config_path.parent / ELASTIC_LOGS
-    base = list(prefix) if prefix else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc_per_node}",
-    ]
-    return base + ["--log-dir", str(log_dir), "-m", "scaling.engine.worker", str(config_path)]
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+WORKER = "scaling.engine.worker"
+
+
+def torchrun_argv(module: str, module_args: Sequence[str], nproc_per_node: int, *, nnodes: int = 1,
+                  rendezvous: Optional[tuple[str, str]] = None, log_dir: Optional[Path] = None) -> list[str]:
+    """torchrun running `python -m module module_args...` on this node: `--standalone` on one node, or
+    joining the c10d `rendezvous` (endpoint, id) of a point that spans `nnodes` nodes.
+
+    The one place a torchrun command line is made: points (locally and under SLURM) and the collectives
+    benchmark all come through here.
+    """
+    if nnodes == 1:
+        argv = [*TORCHRUN, "--standalone", "--nnodes=1", f"--nproc-per-node={nproc_per_node}"]
+    elif rendezvous is None:
+        raise ValueError(f"a {nnodes}-node torchrun needs a rendezvous endpoint and id")
+    else:
+        endpoint, rdzv_id = rendezvous
+        argv = [*TORCHRUN, f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}"]
+    if log_dir is not None:
+        argv += ["--log-dir", str(log_dir)]
+    return [*argv, "-m", module, *module_args]
+
+
+def process_group_timeout_s(timeout_s: float) -> float:
+    """The ranks' collective timeout for a point allowed `timeout_s`: well below it, so a rank left waiting
+    for a dead or hung peer fails with its own error (and the point ends) before the driver's kill."""
+    return max(10.0, 0.5 * float(timeout_s))
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
@@ -99,14 +128,22 @@ def _last_line(text: str) -> Optional[str]:
 
 
 def classify(returncode: Optional[int], timed_out: bool, errors: Sequence[str], log_tail: str, timeout_s: float) -> tuple[str, Optional[str]]:
-    """Status and one-line error of a finished job (pure)."""
-    if timed_out:
-        return TIMEOUT, f"no result within launch.timeout_s={timeout_s:g}s: all ranks killed"
+    """Status and one-line error of a finished job (pure).
+
+    An out-of-memory error in any rank wins over everything, also over a timeout: the ranks still
+    waiting for the rank that died are its echo. A rank that gave up waiting in a collective (the
+    process-group timeout, below the point's) means a peer hung: `timeout` too.
+    """
     for message in errors:
         if any(marker in message for marker in _OOM_MARKERS):
             return OOM, _last_line(message)
+    if timed_out:
+        return TIMEOUT, f"no result within launch.timeout_s={timeout_s:g}s: all ranks killed"
     if returncode == 0:
         return OK, None
+    for message in errors:
+        if any(marker in message for marker in _COLLECTIVE_TIMEOUT_MARKERS):
+            return TIMEOUT, f"a rank waited past the process-group timeout in a collective: {_last_line(message)}"
     if errors:
         return FAILED, _last_line(errors[0])
     if any(marker in log_tail for marker in _OOM_MARKERS):
@@ -114,15 +151,41 @@ def classify(returncode: Optional[int], timed_out: bool, errors: Sequence[str], 
     return FAILED, _last_line(log_tail) or f"torchrun exited with code {returncode}"
 
 
-def run_job(argv: Sequence[str], job_dir: Path, timeout_s: float, env: Mapping[str, str],
-            log_name: str = TORCHRUN_LOG) -> Outcome:
-    """Run the job, wait at most `timeout_s`, leave no process behind, and classify the result."""
+def point_processes(config_path: Path) -> list[psutil.Process]:
+    """Live processes of one point: torchrun and the ranks, all of which name its config.json."""
+    marker = str(config_path)
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(marker in part for part in p.info["cmdline"] or []):
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def end_point_processes(config_path: Path, grace_s: float = KILL_GRACE_S) -> None:
+    """Wait until no process of the point is left, killing stragglers: a lease on a device may only be
+    released once nothing of the point holds it (an orphaned rank keeps its GPU memory)."""
+    left = [p for p in point_processes(config_path) if p.pid != os.getpid()]
+    _, alive = psutil.wait_procs(left, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+
+
+def launch_torchrun(argv: Sequence[str], job_dir: Path, timeout_s: float, env: Mapping[str, str],
+                    log_name: str = TORCHRUN_LOG) -> Outcome:
+    """Run one point's torchrun, wait at most `timeout_s`, leave no process behind, and classify the result."""
     log_path = job_dir / log_name
     start = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=dict(env), start_new_session=True, preexec_fn=die_with_parent,
+            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(env),
+            start_new_session=True, preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
         try:
             proc.wait(timeout=timeout_s)
@@ -138,11 +201,14 @@ def run_job(argv: Sequence[str], job_dir: Path, timeout_s: float, env: Mapping[s
     return Outcome(status=status, error=error, returncode=proc.returncode, wall_s=wall_s)
 
 
-def job_env(threads_per_rank: int, devices: Optional[str]) -> dict[str, str]:
-    """Environment of a job: this process's, with thread and device settings for the ranks."""
+def job_env(threads_per_device: int, devices: Optional[str], cuda: bool) -> dict[str, str]:
+    """Environment of a job: this process's, with each rank's thread count and devices, and NCCL's error
+    handling on (a failed collective aborts its communicator instead of hanging)."""
     env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = str(threads_per_rank)
+    env["OMP_NUM_THREADS"] = str(threads_per_device)
     env["PYTHONUNBUFFERED"] = "1"
+    if cuda:
+        env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = devices
     return env

@@ -36,16 +36,7 @@ from scaling.engine.jobfiles import CONFIG_FILE, TORCHRUN_LOG, WORKER_OUTPUT, re
 
 
 
-def threads_per_rank(cfg: dict[str, Any]) -> int:
-    """This host's cores divided among the ranks it runs (at least 1), unless set explicitly."""
-    if cfg["launch"]["threads_per_rank"]:
-        return int(cfg["launch"]["threads_per_rank"])
-    per_node = cfg["hardware"]["devices_per_node"]
-    ranks_here = min(cfg["parallel"]["dp"], per_node) if per_node else cfg["parallel"]["dp"]
-    return max(1, devices.usable_cores() // ranks_here)
-
-
-def _host_env(cfg: dict[str, Any], threads: Optional[int]) -> dict[str, Any]:
+def _host_env(cfg: dict[str, Any]) -> dict[str, Any]:
     """What the record says about the machine when no rank reported it (the point never ran)."""
     import torch  # CPU-side import only: version string, no device initialisation
 
@@ -56,7 +47,7 @@ def _host_env(cfg: dict[str, Any], threads: Optional[int]) -> dict[str, Any]:
         "device_name": hw["name"],
         "backend": hw["backend"],
         "hostname": socket.gethostname(),
-        "threads_per_rank": threads,
+        "threads_per_device": hw["threads_per_device"],
         "memory_capacity": ("real" if hw["device"] == "cuda" else "emulated") if hw["memory_gb"] else "unlimited",
     }
 
@@ -106,54 +97,53 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
     try:
         derived = validate(cfg)
     except InvalidConfig as e:
-        record.update(status=INVALID, error=str(e), env=_host_env(cfg, None))
+        record.update(status=INVALID, error=str(e), env=_host_env(cfg))
         return _finish(record, jd, t0, cfg)
 
-    threads = threads_per_rank(cfg)
     record["derived"] = _derived_block(cfg, derived)
     record["predicted"] = prediction = prescreen(cfg, derived.grad_acc)
-    if prediction["skip"]:  # launch.prescreen and predicted > (1 + prescreen_margin) x capacity
-        record.update(status=PREDICTED_OOM, error=prediction["reason"], env=_host_env(cfg, threads))
+    if prediction["skip"] and not prediction["sampled"]:  # predicted > (1 + prescreen_margin) x capacity
+        record.update(status=PREDICTED_OOM, error=prediction["reason"], env=_host_env(cfg))
         return _finish(record, jd, t0, cfg)
+    lead = slurm.is_lead_task(os.environ)
     jd.mkdir(parents=True, exist_ok=True)
-    for stale in (WORKER_OUTPUT, TORCHRUN_LOG):
-        (jd / stale).unlink(missing_ok=True)
-    runtime = {"threads_per_rank": threads, "job_key": key}
+    if lead:  # only the task that writes the record cleans the job directory (the others share it)
+        for stale in (WORKER_OUTPUT, TORCHRUN_LOG):
+            (jd / stale).unlink(missing_ok=True)
+    timeout_s = cfg["launch"]["timeout_s"]
+    runtime = {"job_key": key, "pg_timeout_s": launch.process_group_timeout_s(timeout_s)}
     write_json_atomic(jd / CONFIG_FILE, {**cfg, "derived": record["derived"], "runtime": runtime})
-
-    # Under SLURM the allocation decides how torchrun starts (one node, or one torchrun per node
-    # joined by a c10d rendezvous); elsewhere it is `torchrun --standalone`.
-    prefix, lead = None, slurm.is_lead_task(os.environ)
-    if "SLURM_JOB_ID" in os.environ:
-        try:
-            prefix = slurm.launch_prefix(derived.world_size, cfg["hardware"]["devices_per_node"], os.environ,
-                                         cfg["launch"]["master_port"])
-        except ValueError as e:  # the allocation cannot hold the point
-            record.update(status=FAILED, error=str(e), env=_host_env(cfg, threads))
-            return _finish(record, jd, t0, cfg)
     try:
+        # Under SLURM the allocation decides how torchrun starts (one node, or one torchrun per node joined by
+        # a c10d rendezvous); elsewhere it is `torchrun --standalone`. This node must hold its ranks.
+        argv = slurm.point_argv(jd / CONFIG_FILE, key, derived.world_size, cfg["hardware"]["devices_per_node"],
+                                os.environ, cfg["launch"]["master_port"])
         lease = devices.request(cfg, os.environ)
-    except ValueError as e:  # this node cannot hold the point
-        record.update(status=FAILED, error=str(e), env=_host_env(cfg, threads))
+    except ValueError as e:
+        record.update(status=FAILED, error=str(e), env=_host_env(cfg))
         return _finish(record, jd, t0, cfg)
-    argv = launch.torchrun_argv(jd / CONFIG_FILE, derived.world_size, prefix)
     log_name = TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
-    # Concurrent points on this host take disjoint GPUs (CPU points: the host, one at a time).
+    hw = cfg["hardware"]
+    # Concurrent points on this host take disjoint GPUs (CPU points: the host, one at a time). The lease is
+    # given back only once no process of the point is left.
     with devices.hold(lease, cfg["launch"]["devices"]) as held:
+        # The CPU peak that MFU divides by is measured here, while this point holds the host.
+        peak = flops.resolve_peak_flops(hw, cfg["train"]["precision"], hw["threads_per_device"], hw["device"])
         record["timing"].update(device_wait_s=held.wait_s,
                                 launched_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds"))
-        outcome = launch.run_job(argv, jd, cfg["launch"]["timeout_s"], launch.job_env(threads, held.visible), log_name)
+        env = launch.job_env(hw["threads_per_device"], held.visible, hw["device"] == "cuda")
+        outcome = launch.launch_torchrun(argv, jd, timeout_s, env, log_name)
+        launch.end_point_processes(jd / CONFIG_FILE)
     if not lead:
         return record  # another node's task of a multi-node point: its lead task writes the record
-    record.update(status=outcome.status, error=outcome.error, env=_host_env(cfg, threads))
+    record.update(status=outcome.status, error=outcome.error, env=_host_env(cfg))
     record["timing"]["torchrun_wall_s"] = outcome.wall_s
     worker_out = read_worker_output(jd)
     if outcome.status == OK and worker_out is not None:
-        hw, precision = cfg["hardware"], cfg["train"]["precision"]
-        peak = flops.peak_flops_per_s(hw, precision, threads, hw["device"])
         d = record["derived"]
-        record["metrics"] = throughput_metrics(worker_out, d, peak, d["flops_per_token"], d["hw_flops_per_token"])
-        record["env"] = worker_out["env"]
+        record["metrics"] = throughput_metrics(worker_out, d, peak)
+        record["env"] = {**worker_out["env"], "warmup_steps_run": worker_out["warmup_steps_run"],
+                         "compile": worker_out["compile"]}
         record["timing"]["launch_overhead_s"] = outcome.wall_s - worker_out["measured_window_s"]
     elif outcome.status == OK:
         record.update(status=FAILED, error=f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}")

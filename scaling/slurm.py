@@ -10,22 +10,26 @@ ways to start them, chosen from the SLURM environment of the calling process:
   `nodes: N`): each task starts its own node's torchrun with the same c10d rendezvous, and only
   the lead task (`is_lead_task`) writes the record.
 
-The deciding functions are pure (they read a Mapping, never os.environ); `launch_prefix` adds
-the two look-ups that need `scontrol` (expanding a node list, a node's address). The OmegaConf
-resolvers used by `conf/hydra/launcher/slurm.yaml` live here too.
+The deciding functions are pure (they read a Mapping, never os.environ); `point_argv` adds
+the two look-ups that need `scontrol` (expanding a node list, a node's address); its torchrun
+command line comes from scaling.launch. What a point asks of SLURM (nodes, GPUs and CPUs per node)
+and the OmegaConf resolvers used by `conf/hydra/launcher/slurm.yaml` live here too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from itertools import product
+from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
-TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+from scaling.engine.jobfiles import ELASTIC_LOGS
+from scaling.launch import WORKER, torchrun_argv
+
 RDZV_PORT_BASE, RDZV_PORT_SPAN = 20000, 10000
 TIMEOUT_MARGIN_MIN = 5
 """Minutes a SLURM job gets beyond the point's own timeout, so the point records `timeout` itself."""
@@ -87,23 +91,13 @@ def placement(dp: int, devices_per_node: Optional[int], env: Mapping[str, str]) 
     return Placement(nodes, dp // nodes, via_srun=True)
 
 
-def rendezvous_port(job_id: str) -> int:
-    """A c10d port every node of a job derives alike from its SLURM job id (no port exchange needed)."""
+def rendezvous_port(job_id: str, rdzv_name: str) -> int:
+    """A c10d port every node of a point derives alike from its SLURM job id and its rendezvous name (the job
+    key; no exchange needed): two points of one allocation (salloc, a batch script) never share a rendezvous."""
     if not str(job_id).isdigit():
         raise ValueError(f"SLURM_JOB_ID={job_id!r} is not a job number")
-    return RDZV_PORT_BASE + int(job_id) % RDZV_PORT_SPAN
-
-
-def torchrun_argv(p: Placement, rdzv_endpoint: Optional[str] = None, rdzv_id: Optional[str] = None) -> list[str]:
-    """torchrun and its options for one node: standalone on one node, a c10d rendezvous across several."""
-    if p.nodes == 1:
-        return [*TORCHRUN, "--standalone", "--nnodes=1", f"--nproc-per-node={p.nproc_per_node}"]
-    if not rdzv_endpoint or not rdzv_id:
-        raise ValueError(f"a {p.nodes}-node point needs a rendezvous endpoint and id")
-    return [
-        *TORCHRUN, f"--nnodes={p.nodes}", f"--nproc-per-node={p.nproc_per_node}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
-    ]
+    digest = int(hashlib.sha256(f"{job_id}:{rdzv_name}".encode()).hexdigest()[:8], 16)
+    return RDZV_PORT_BASE + digest % RDZV_PORT_SPAN
 
 
 def srun_argv(p: Placement, hosts: Sequence[str]) -> list[str]:
@@ -171,18 +165,29 @@ def is_lead_task(env: Mapping[str, str]) -> bool:
     return env.get("SLURM_PROCID", "0") == "0"
 
 
-def launch_prefix(dp: int, devices_per_node: Optional[int], env: Mapping[str, str],
-                  port: Optional[int] = None) -> list[str]:
-    """argv up to and including torchrun's options (append `-m scaling.engine.worker ...`) to run a point here."""
+def torchrun_here(module: str, module_args: Sequence[str], dp: int, devices_per_node: Optional[int],
+                  env: Mapping[str, str], rdzv_name: str, port: Optional[int] = None,
+                  log_dir: Optional[Path] = None) -> list[str]:
+    """The command that runs `python -m module` as dp ranks from this process: torchrun on one node, or one
+    torchrun per node (through srun, or this task's own) joined by a c10d rendezvous named after the SLURM
+    job and `rdzv_name`."""
     p = placement(dp, devices_per_node, env)
     if p.nodes == 1:
-        return torchrun_argv(p)
+        return torchrun_argv(module, module_args, p.nproc_per_node, log_dir=log_dir)
     job_id = env["SLURM_JOB_ID"]
     nodelist = env["SLURM_JOB_NODELIST"] if p.via_srun else env["SLURM_STEP_NODELIST"]
     hosts = hostnames(nodelist, env)
-    endpoint = f"{node_address(hosts[0], env)}:{port or rendezvous_port(job_id)}"
-    run = torchrun_argv(p, rdzv_endpoint=endpoint, rdzv_id=f"scaling-{job_id}")
+    endpoint = f"{node_address(hosts[0], env)}:{port or rendezvous_port(job_id, rdzv_name)}"
+    run = torchrun_argv(module, module_args, p.nproc_per_node, nnodes=p.nodes,
+                        rendezvous=(endpoint, f"scaling-{job_id}-{rdzv_name}"), log_dir=log_dir)
     return [*srun_argv(p, hosts), *run] if p.via_srun else run
+
+
+def point_argv(config_path: Path, job_key: str, dp: int, devices_per_node: Optional[int], env: Mapping[str, str],
+               port: Optional[int] = None) -> list[str]:
+    """The command that runs a point's ranks from this process, its rendezvous named after the point."""
+    return torchrun_here(WORKER, [str(config_path)], dp, devices_per_node, env, job_key, port,
+                         log_dir=config_path.parent / ELASTIC_LOGS)
 
 
 def slurm_timeout_min(timeout_s: float) -> int:
@@ -190,9 +195,20 @@ def slurm_timeout_min(timeout_s: float) -> int:
     return math.ceil(float(timeout_s) / 60) + TIMEOUT_MARGIN_MIN
 
 
-def slurm_gpus_per_node(device: str, devices_per_node: Optional[int]) -> Optional[int]:
-    """GPUs to ask per node: the whole node on CUDA (any dp of the sweep fits), none on CPU."""
-    return (devices_per_node or 1) if device == "cuda" else None
+def ranks_per_node(dp: int, devices_per_node: Optional[int]) -> int:
+    """Ranks each node of a point runs: dp on one node, devices_per_node on each of several."""
+    return dp // nodes_needed(dp, devices_per_node)
+
+
+def slurm_gpus_per_node(device: str, dp: int, devices_per_node: Optional[int]) -> Optional[int]:
+    """GPUs a point asks of each node: one per rank there on CUDA (dp=2 takes 2 of 8), none on CPU."""
+    return ranks_per_node(dp, devices_per_node) if device == "cuda" else None
+
+
+def slurm_cpus_per_task(dp: int, devices_per_node: Optional[int], threads_per_device: int) -> int:
+    """CPUs of each node's task (its torchrun and ranks): threads_per_device for every rank there, so that
+    ranks never share a core."""
+    return ranks_per_node(dp, devices_per_node) * int(threads_per_device)
 
 
 def register_resolvers() -> None:
@@ -203,6 +219,7 @@ def register_resolvers() -> None:
         "scaling.slurm_nodes": nodes_needed,
         "scaling.slurm_timeout_min": slurm_timeout_min,
         "scaling.slurm_gpus_per_node": slurm_gpus_per_node,
+        "scaling.slurm_cpus_per_task": slurm_cpus_per_task,
     }
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):

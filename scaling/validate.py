@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
+from scaling import devices
 from scaling.batch import BatchError, derive_grad_acc, target_gbs_samples
+from scaling.slurm import nodes_needed
 
 PRECISIONS = ("fp32", "bf16")
 RECOMPUTE = ("none", "full")
@@ -20,7 +22,8 @@ DEVICES = ("cpu", "cuda")
 BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo")}
 DATA_SOURCES = ("synthetic", "file")
 TOKEN_DTYPES = ("uint16", "int32")
-FAULTS = ("none", "crash", "hang")
+FAULTS = ("none", "crash", "hang", "oom")
+FSDP_GRAD_REDUCE = ("every_micro_step", "last_micro_step")
 LOGGERS = ("none", "wandb")
 WANDB_MODES = ("offline", "online", "disabled")
 RERUN = ("none", "failed", "all")
@@ -120,18 +123,48 @@ def _check_parallel(c: _Checker, p: Mapping[str, Any]) -> None:
     c.positive("parallel.dp", p["dp"])
     c.choice("parallel.zero_stage", p["zero_stage"], ZERO_STAGES)
     c.positive("parallel.bucket_mb", p["bucket_mb"], integer=False)
+    c.choice("parallel.fsdp_grad_reduce", p["fsdp_grad_reduce"], FSDP_GRAD_REDUCE)
 
 
 def _check_hardware(c: _Checker, hw: Mapping[str, Any], precision: Any) -> None:
     if c.choice("hardware.device", hw["device"], DEVICES):
         c.choice("hardware.backend", hw["backend"], BACKENDS[hw["device"]])
-    c.positive("hardware.memory_gb", hw["memory_gb"], allow_none=True, integer=False)
+    if c.positive("hardware.memory_gb", hw["memory_gb"], allow_none=True, integer=False) and hw["memory_gb"]:
+        c.require(0 <= hw["reserve_gb"] < hw["memory_gb"], f"hardware.reserve_gb={hw['reserve_gb']!r} must be >= 0 "
+                  f"and below hardware.memory_gb={hw['memory_gb']!r}")
     c.positive("hardware.devices_per_node", hw["devices_per_node"], allow_none=True)
+    c.positive("hardware.threads_per_device", hw["threads_per_device"])
     for key in ("peak_tflops_bf16", "peak_tflops_fp32"):
         c.positive(f"hardware.{key}", hw[key], allow_none=True, integer=False)
     if hw["device"] == "cuda" and precision in PRECISIONS:
         key = f"peak_tflops_{precision}"
         c.require(hw[key] is not None, f"hardware.{key}=null: a CUDA profile needs its peak TFLOP/s for MFU")
+
+
+def _check_kernels(c: _Checker, cfg: Mapping[str, Any]) -> None:
+    """CUDA runs attention only on fused kernels (scaling.engine.kernels): refuse what none of them runs."""
+    m, precision = cfg["model"], cfg["train"]["precision"]
+    if cfg["hardware"]["device"] == "cuda" and precision == "fp32" and m["n_kv_heads"] != m["n_heads"]:
+        c.errors.append(
+            f"train.precision=fp32 on hardware.device=cuda with grouped-query attention (model.n_kv_heads="
+            f"{m['n_kv_heads']} < model.n_heads={m['n_heads']}): no fused attention kernel runs it in fp32 (flash "
+            "and cuDNN need bf16, memory-efficient attention has no GQA), and the math kernel would hold a "
+            "seq_len x seq_len matrix per head: use train.precision=bf16")
+
+
+def _check_cores(c: _Checker, cfg: Mapping[str, Any], usable_cores: int) -> None:
+    """On CPU every rank of a node is a device of threads_per_device cores of its own."""
+    hw, dp = cfg["hardware"], cfg["parallel"]["dp"]
+    if hw["device"] != "cpu" or hw["oversubscribe"]:
+        return
+    per_node = hw["devices_per_node"]
+    ranks = min(dp, per_node) if per_node else dp
+    threads = hw["threads_per_device"]
+    c.require(ranks * threads <= usable_cores,
+              f"parallel.dp={dp} x hardware.threads_per_device={threads} = {ranks * threads} threads on one host "
+              f"but this host has {usable_cores} usable cores: the largest dp that fits is "
+              f"{max(usable_cores // threads, 0)} (or set hardware.oversubscribe=true to let ranks share cores; "
+              "the record and the report then say so)")
 
 
 def _check_run(c: _Checker, cfg: Mapping[str, Any]) -> None:
@@ -140,7 +173,8 @@ def _check_run(c: _Checker, cfg: Mapping[str, Any]) -> None:
     c.choice("logger.mode", log["mode"], WANDB_MODES)
     c.positive("launch.timeout_s", launch["timeout_s"], integer=False)
     c.choice("launch.rerun", launch["rerun"], RERUN)
-    c.positive("launch.threads_per_rank", launch["threads_per_rank"], allow_none=True)
+    c.require(0 <= launch["prescreen_sample"] <= 1,
+              f"launch.prescreen_sample={launch['prescreen_sample']!r} must be a fraction in [0, 1]")
     c.require(0 <= launch["prescreen_margin"] < 10,
               f"launch.prescreen_margin={launch['prescreen_margin']!r} must be in [0, 10)")
 
@@ -161,16 +195,21 @@ def _derive(c: _Checker, cfg: Mapping[str, Any]) -> Derived | None:
     except BatchError as e:
         c.errors.append(str(e))
         return None
-    per_node = hw["devices_per_node"]
-    nnodes = 1 if per_node is None else -(-dp // per_node)
-    if per_node is not None and dp > per_node:
-        c.require(dp % per_node == 0, f"parallel.dp={dp} spans nodes of hardware.devices_per_node={per_node} "
-                  f"but is not a multiple of it: try dp in {{{per_node}, {2 * per_node}, {4 * per_node}}}")
+    try:
+        nnodes = nodes_needed(dp, hw["devices_per_node"])
+    except ValueError as e:
+        c.errors.append(str(e))
+        return None
     return Derived(gbs=gbs, gbs_tokens=gbs * seq, grad_acc=ga, world_size=dp, nnodes=nnodes)
 
 
-def validate(cfg: Mapping[str, Any]) -> Derived:
-    """Check a resolved config (plain dict); return its derived layout or raise InvalidConfig."""
+def validate(cfg: Mapping[str, Any], usable_cores: Optional[int] = None, host: bool = True) -> Derived:
+    """Check a resolved config (plain dict); return its derived layout or raise InvalidConfig.
+
+    With `host`, a CPU point must also fit this host: `usable_cores` (default: this process's CPU
+    affinity) hold dp x threads_per_device. The memory predictors, which need only the batch layout of
+    a point that may run elsewhere, pass host=False.
+    """
     c = _Checker()
     _check_model(c, cfg["model"])
     _check_train(c, cfg["train"], cfg["model"]["max_seq_len"])
@@ -180,6 +219,9 @@ def validate(cfg: Mapping[str, Any]) -> Derived:
     if c.errors:
         raise InvalidConfig(c.errors)
     derived = _derive(c, cfg)
+    _check_kernels(c, cfg)
+    if host:
+        _check_cores(c, cfg, usable_cores if usable_cores is not None else devices.usable_cores())
     if c.errors or derived is None:
         raise InvalidConfig(c.errors)
     return derived

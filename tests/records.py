@@ -100,7 +100,7 @@ def make_record(
         "predicted": None if status == INVALID else
         {"peak_mem_bytes": predicted, "method": "analytic", "fits": predicted <= memory_gb * GIB},
         "env": {"torch": "2.13.0", "python": "3.11.7", "device_name": "NVIDIA H100", "backend": "nccl",
-                "hostname": "node0", "threads_per_rank": 1, "memory_capacity": "real"},
+                "hostname": "node0", "threads_per_device": 8, "memory_capacity": "real"},
         "timing": {"started_at": "2025-01-01T00:00:00+00:00", "wall_s": 12.5, "launch_overhead_s": 3.0},
     }
 

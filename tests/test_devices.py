@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from scaling.devices import LOCK_DIR_ENV, Request, pick, request
+from scaling.devices import LOCK_DIR_ENV, Request, lock_dir, pick, request
 from scaling.record import iter_records
 
 FAST = ["logger=none", "model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
@@ -70,14 +70,48 @@ def test_request_says_what_a_point_leases():
     cfg = {"hardware": {"device": "cuda", "devices_per_node": 4}, "parallel": {"dp": 2}, "launch": {"devices": None}}
     assert request(cfg, {}) == Request("cuda", 2, ("0", "1", "2", "3"))
     assert request(cfg, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}) == Request("cuda", 2, ("4", "5", "6", "7"))
-    assert request(cfg, {"SLURM_JOB_ID": "7"}) is None  # the allocation is exclusive
+    # Inside a SLURM allocation the point leases among the GPUs SLURM gave the job.
+    assert request(cfg, {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1"}) == Request("cuda", 2, ("0", "1"))
+    assert request({**cfg, "parallel": {"dp": 8}}, {"SLURM_JOB_ID": "7"}) is None  # its nodes are its own
     assert request({**cfg, "launch": {"devices": "2,3"}}, {}) is None  # fixed by hand
     cpu = {"hardware": {"device": "cpu", "devices_per_node": None}, "parallel": {"dp": 4}, "launch": {"devices": None}}
     assert request(cpu, {}) == Request("cpu", 1, ("host",))  # CPU points take the whole host
     with pytest.raises(ValueError, match=r"parallel.dp=2 needs 2 GPUs .* CUDA_VISIBLE_DEVICES='5' lists 1"):
         request(cfg, {"CUDA_VISIBLE_DEVICES": "5"})
-    with pytest.raises(ValueError, match=r"parallel.dp=8 .* hardware.devices_per_node=4: run it under SLURM"):
-        request({**cfg, "parallel": {"dp": 8}}, {})
+
+
+def test_each_slurm_job_has_locks_of_its_own(tmp_path):
+    """GPU ids inside a job are the job's own (SLURM renumbers them): two jobs on one node never share a lock."""
+    env = {LOCK_DIR_ENV: str(tmp_path)}
+    assert lock_dir(env) == tmp_path
+    assert lock_dir({**env, "SLURM_JOB_ID": "41"}) == tmp_path / "slurm-41" != lock_dir({**env, "SLURM_JOB_ID": "42"})
+
+
+# Two points of one interactive allocation (salloc), each leasing 2 of the job's 4 GPUs for a moment.
+IN_JOB = textwrap.dedent("""\
+    import json, os, sys, time
+    from scaling.devices import hold, lock_dir, request
+    cfg = {"hardware": {"device": "cuda", "devices_per_node": 4}, "parallel": {"dp": 2}, "launch": {"devices": None}}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    with hold(request(cfg, env), None, poll_s=0.05) as held:
+        t = time.time()
+        time.sleep(2.0)
+    print(json.dumps({"visible": held.visible, "start": t, "end": time.time(), "locks": str(lock_dir())}))
+    """)
+
+
+@pytest.mark.slurm
+def test_points_inside_one_slurm_allocation_lease_disjoint_gpus(slurm_cluster, tmp_path, lock_env):
+    script = tmp_path / "in_job.py"
+    script.write_text(IN_JOB)
+    both = f"{sys.executable} {script} & {sys.executable} {script} & wait"
+    done = subprocess.run(["salloc", "--nodes=1", "--time=5", "bash", "-c", both], cwd=Path(__file__).parents[1],
+                          env=lock_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    a, b = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    overlap = a["start"] < b["end"] and b["start"] < a["end"]
+    assert overlap and set(a["visible"].split(",")).isdisjoint(b["visible"].split(","))  # at once, on other GPUs
+    assert a["locks"] == b["locks"] and "/slurm-" in a["locks"]
 
 
 def test_concurrent_leases_get_disjoint_slots_and_a_third_waits(tmp_path, lock_env):

@@ -39,7 +39,7 @@ def test_dp_split_does_not_change_training(sweep_dir, stage):
     assert max(rel(a, b) for a, b in zip(l2, l1)) <= 1e-5, (l2, l1)
     assert rel(two["metrics"]["final_param_norm"], one["metrics"]["final_param_norm"]) <= 1e-5
     assert two["derived"]["gbs"] == one["derived"]["gbs"] == 8
-    assert two["env"]["threads_per_rank"] >= 1 and two["env"]["world_size"] == 2
+    assert two["env"]["threads_per_device"] == 1 and two["env"]["world_size"] == 2
     assert len(two["metrics"]["peak_mem_bytes_per_rank"]) == 2
 
 
@@ -77,9 +77,22 @@ def test_emulated_capacity_below_need_is_oom(sweep_dir):
 
 
 def test_hanging_rank_times_out_and_leaves_nothing(sweep_dir):
-    rec = point(sweep_dir, "parallel.dp=2", "train.fault=hang", "launch.timeout_s=20")
-    assert rec["status"] == "timeout"
-    assert "launch.timeout_s=20s" in rec["error"]
+    """A lone rank that hangs is killed at launch.timeout_s; with a peer, the peer gives up first, at the
+    process-group timeout (half the point's), and says so."""
+    alone = point(sweep_dir, "parallel.dp=1", "train.fault=hang", "launch.timeout_s=20")
+    assert alone["status"] == "timeout" and "launch.timeout_s=20s" in alone["error"]
+    pair = point(sweep_dir, "parallel.dp=2", "train.fault=hang", "launch.timeout_s=40")
+    assert pair["status"] == "timeout" and "process-group timeout" in pair["error"], pair["error"]
+    assert pair["timing"]["torchrun_wall_s"] < 40
+    assert processes_mentioning(alone["job_key"]) == processes_mentioning(pair["job_key"]) == []
+
+
+def test_one_rank_out_of_memory_while_its_peer_waits_in_a_collective_is_oom_within_seconds(sweep_dir):
+    """The OOM rank's error wins over its peer's dropped connection, long before the point's timeout."""
+    rec = point(sweep_dir, "parallel.dp=2", "train.fault=oom", "launch.timeout_s=120")
+    assert rec["status"] == "oom", rec["error"]
+    assert "rank 1 ran out of memory on purpose" in rec["error"]
+    assert rec["timing"]["torchrun_wall_s"] < 30
     assert processes_mentioning(rec["job_key"]) == []
 
 

@@ -12,6 +12,7 @@ FlopCounterMode counts op by op: exactly what the PaLM convention describes, wit
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -83,9 +84,9 @@ def test_peak_flops_come_from_the_hardware_config(hardware, precision, expected)
 
 def test_bad_precision_and_unmeasurable_device_are_rejected():
     with pytest.raises(ValueError, match=r"train.precision='fp16'.*\['bf16', 'fp32'\]"):
-        flops.peak_flops_per_s(load("hardware", "h100"), "fp16", threads=1, device="cuda")
+        flops.resolve_peak_flops(load("hardware", "h100"), "fp16", threads=1, device="cuda")
     with pytest.raises(ValueError, match="hardware.peak_tflops_bf16 is null for device='cuda'"):
-        flops.peak_flops_per_s({"peak_tflops_bf16": None}, "bf16", threads=1, device="cuda")
+        flops.resolve_peak_flops({"peak_tflops_bf16": None}, "bf16", threads=1, device="cuda")
 
 
 def test_cpu_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
@@ -93,20 +94,22 @@ def test_cpu_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatc
     cpu = load("hardware", "cpu")
     threads_before = torch.get_num_threads()
 
+    cores_before = os.sched_getaffinity(0)
     first = flops.resolve_peak_flops(cpu, "fp32", threads=1, device="cpu")
     assert first.source == "measured" and first.flops_per_s > 1e8
-    assert torch.get_num_threads() == threads_before
+    assert first.measured_at and 0 <= first.spread < 1  # when, and how far the median repeat fell below the best
+    assert torch.get_num_threads() == threads_before and os.sched_getaffinity(0) == cores_before
     entries = json.loads((tmp_path / flops.CACHE_FILE).read_text())
     key = flops.cache_key("fp32", 1)
     assert entries[key]["flops_per_s"] == first.flops_per_s
 
     second = flops.resolve_peak_flops(cpu, "fp32", threads=1, device="cpu")
-    assert second == flops.PeakFlops(first.flops_per_s, "cache")
+    assert second == flops.PeakFlops(first.flops_per_s, "cache", first.measured_at, first.spread)
 
     # The cache file is what answers: a value written there is returned as is.
     entries[key]["flops_per_s"] = 1234.0
     (tmp_path / flops.CACHE_FILE).write_text(json.dumps(entries))
-    assert flops.peak_flops_per_s(cpu, "fp32", threads=1, device="cpu") == 1234.0
+    assert flops.resolve_peak_flops(cpu, "fp32", threads=1, device="cpu").flops_per_s == 1234.0
 
     # Another dtype is another measurement, added beside the first.
     assert flops.resolve_peak_flops(cpu, "bf16", threads=1, device="cpu").source == "measured"

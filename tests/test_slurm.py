@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from scaling import slurm
+from scaling.launch import torchrun_argv
 
 REPO = Path(__file__).resolve().parents[1]
-ALLREDUCE = Path(__file__).with_name("slurm_allreduce.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
@@ -48,10 +48,12 @@ def test_expand_hostlist_rejects_what_it_cannot_read():
 
 
 def test_single_node_is_standalone_inside_or_outside_slurm():
-    expected = [*TORCHRUN, "--standalone", "--nnodes=1", "--nproc-per-node=4"]
-    assert slurm.launch_prefix(4, None, {}) == expected
+    config = Path("/runs/demo/abc/config.json")
+    expected = [*TORCHRUN, "--standalone", "--nnodes=1", "--nproc-per-node=4", "--log-dir", "/runs/demo/abc/elastic",
+                "-m", "scaling.engine.worker", str(config)]
+    assert slurm.point_argv(config, "abc", 4, None, {}) == expected
     in_job = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "vm", "SLURM_PROCID": "0"}
-    assert slurm.launch_prefix(4, 8, in_job) == expected
+    assert slurm.point_argv(config, "abc", 4, 8, in_job) == expected
 
 
 def test_one_process_in_a_multi_node_job_wraps_torchrun_in_srun():
@@ -62,9 +64,10 @@ def test_one_process_in_a_multi_node_job_wraps_torchrun_in_srun():
         "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=gpu01,gpu02",
         "--overlap", "--kill-on-bad-exit=1",
     ]
-    assert slurm.torchrun_argv(p, "10.0.0.1:29400", "scaling-1234") == [
+    assert torchrun_argv("scaling.engine.worker", ["c.json"], 8, nnodes=2,
+                         rendezvous=("10.0.0.1:29400", "scaling-1234-abc")) == [
         *TORCHRUN, "--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d",
-        "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=scaling-1234",
+        "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=scaling-1234-abc", "-m", "scaling.engine.worker", "c.json",
     ]
 
 
@@ -87,20 +90,25 @@ def test_placement_errors_say_what_to_set(dp, per_node, env, match):
         slurm.placement(dp, per_node, env)
 
 
-def test_rendezvous_port_is_shared_by_the_nodes_of_a_job():
-    assert slurm.rendezvous_port("123") == slurm.rendezvous_port("123") == 20123
-    assert slurm.RDZV_PORT_BASE <= slurm.rendezvous_port("987654321") < slurm.RDZV_PORT_BASE + slurm.RDZV_PORT_SPAN
+def test_rendezvous_port_is_shared_by_the_nodes_of_a_point_and_differs_between_points():
+    assert slurm.rendezvous_port("123", "abc") == slurm.rendezvous_port("123", "abc")
+    ports = {slurm.rendezvous_port("123", key) for key in ("abc", "abd", "abe", "abf")}
+    assert len(ports) == 4  # several points of one allocation never meet in one rendezvous
+    assert all(slurm.RDZV_PORT_BASE <= p < slurm.RDZV_PORT_BASE + slurm.RDZV_PORT_SPAN for p in ports)
     with pytest.raises(ValueError, match="SLURM_JOB_ID='abc'"):
-        slurm.rendezvous_port("abc")
+        slurm.rendezvous_port("abc", "abc")
 
 
 # --- conf/hydra/launcher/slurm.yaml -------------------------------------------------------------
-@pytest.mark.parametrize("overrides, nodes, gpus, timeout_min", [
-    ([], 1, None, 15),
-    (["hardware=h100", "parallel.dp=16", "launch.timeout_s=300"], 2, 8, 10),
-    (["hardware=h100", "parallel.dp=4"], 1, 8, 15),
+@pytest.mark.parametrize("overrides, nodes, gpus, cpus, timeout_min", [
+    ([], 1, None, 1, 15),
+    (["parallel.dp=2", "hardware.threads_per_device=2"], 1, None, 4, 15),
+    (["hardware=h100", "parallel.dp=16", "launch.timeout_s=300"], 2, 8, 8 * 8, 10),
+    (["hardware=h100", "parallel.dp=4"], 1, 4, 4 * 8, 15),
+    (["hardware=h100", "parallel.dp=1"], 1, 1, 8, 15),
 ])
-def test_launcher_config_follows_the_point(overrides, nodes, gpus, timeout_min):
+def test_launcher_config_asks_for_what_the_point_needs(overrides, nodes, gpus, cpus, timeout_min):
+    """GPUs: one per rank on the node (not the node's 8); CPUs: threads_per_device for every rank there."""
     from hydra import compose, initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
@@ -114,7 +122,8 @@ def test_launcher_config_follows_the_point(overrides, nodes, gpus, timeout_min):
     HydraConfig.instance().set_config(cfg)
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     assert launcher["_target_"].endswith("SlurmLauncher")
-    assert (launcher["nodes"], launcher["gpus_per_node"], launcher["timeout_min"]) == (nodes, gpus, timeout_min)
+    assert (launcher["nodes"], launcher["gpus_per_node"], launcher["cpus_per_task"], launcher["timeout_min"]) == (
+        nodes, gpus, cpus, timeout_min)
     assert launcher["tasks_per_node"] == 1 and launcher["submitit_folder"] == "/s/.submitit/%j"
 
 
@@ -179,8 +188,9 @@ def _assert_allreduce_spanned_two_nodes(out: Path, cluster) -> None:
 
 
 _LAUNCH = (
-    "import os, subprocess, sys; from scaling.slurm import launch_prefix; "
-    "sys.exit(subprocess.run(launch_prefix(2, 1, os.environ) + sys.argv[1:]).returncode)"
+    "import os, subprocess, sys; from scaling.slurm import torchrun_here; "
+    "sys.exit(subprocess.run(torchrun_here('tests.slurm_allreduce', sys.argv[1:], 2, 1, os.environ, 'allreduce'))"
+    ".returncode)"
 )
 
 
@@ -193,7 +203,7 @@ def test_two_nodes_one_task_each_rendezvous_over_c10d(slurm_cluster, tmp_path):
         pytest.skip("the test cluster has one node")
     out = tmp_path / "allreduce.json"
     executor = _executor(slurm_cluster, tmp_path / "submitit", nodes=2, tasks_per_node=1)
-    job = executor.submit(submitit.helpers.CommandFunction([sys.executable, "-c", _LAUNCH, str(ALLREDUCE), str(out)]))
+    job = executor.submit(submitit.helpers.CommandFunction([sys.executable, "-c", _LAUNCH, str(out)], cwd=str(REPO)))
     job.results()
     _assert_allreduce_spanned_two_nodes(out, slurm_cluster)
 
@@ -205,8 +215,8 @@ def test_one_process_in_a_two_node_allocation_starts_both_nodes_with_srun(slurm_
         pytest.skip("the test cluster has one node")
     out = tmp_path / "allreduce.json"
     done = subprocess.run(
-        ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", sys.executable, "-c", _LAUNCH, str(ALLREDUCE), str(out)],
-        capture_output=True, text=True, timeout=240,
+        ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", sys.executable, "-c", _LAUNCH, str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=240,
     )
     assert done.returncode == 0, done.stderr
     _assert_allreduce_spanned_two_nodes(out, slurm_cluster)

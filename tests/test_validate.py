@@ -53,7 +53,7 @@ def test_auto_grad_acc_from_gbs_tokens():
 
 
 def test_nodes_from_devices_per_node():
-    d = validate(compose_point(["hardware=h100", "parallel.dp=16", "train.mbs=1"]))
+    d = validate(compose_point(["hardware=h100", "train.precision=bf16", "parallel.dp=16", "train.mbs=1"]))
     assert d.nnodes == 2
 
 

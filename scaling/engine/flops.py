@@ -2,7 +2,10 @@
 
 One module owns these formulas; every name carries its unit (`flops_per_token`,
 `tokens_per_s_per_gpu`, `peak_flops_per_s`). Peak FLOP/s come from the hardware config; where it
-has none (cpu) they are measured once per host with a square matmul and cached in a JSON file.
+has none (cpu) they are measured with a square matmul on threads pinned as a rank pins its own, best of
+several repeats (their spread kept), once per host and thread count, and cached in a JSON file with the
+time it was taken. The sweep driver measures it inside the point's lease of the host, so no other point
+runs meanwhile. CPU MFU is therefore against a measured matmul peak, not a datasheet figure.
 
 Imports torch and the standard library only: it runs inside torchrun workers on bare GPU boxes.
 """
@@ -14,10 +17,11 @@ import fcntl
 import json
 import os
 import socket
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Optional
 
 import torch
 
@@ -85,15 +89,15 @@ class PeakFlops:
     flops_per_s: float
     source: str
     """`config` (hardware.peak_tflops_*), `measured` (timed now) or `cache` (timed earlier on this host)."""
-
-
-def peak_flops_per_s(hardware: Mapping, precision: str, threads: int, device: str) -> float:
-    """Peak FLOP/s of one device at the run's precision: configured, or measured once per host and cached."""
-    return resolve_peak_flops(hardware, precision, threads, device).flops_per_s
+    measured_at: Optional[str] = None
+    """When a measured peak was taken (UTC, ISO 8601); None for a configured one."""
+    spread: Optional[float] = None
+    """Of a measured peak: (best − median) / best over its timed repeats."""
 
 
 def resolve_peak_flops(hardware: Mapping, precision: str, threads: int, device: str) -> PeakFlops:
-    """Like `peak_flops_per_s`, also saying whether the value came from config, a measurement or the cache."""
+    """Peak FLOP/s of one device at the run's precision: configured, or measured on cpu and cached; with where
+    the figure came from and, for a measured one, when it was taken and the spread of its repeats."""
     if precision not in PRECISION_DTYPES:
         raise ValueError(f"train.precision={precision!r} is invalid: expected one of {sorted(PRECISION_DTYPES)}")
     key = f"peak_tflops_{precision}"
@@ -119,37 +123,43 @@ def cache_path() -> Path:
 
 
 def cache_key(precision: str, threads: int, device: str = "cpu") -> str:
-    """What a measurement depends on: host, device, dtype, thread count and torch version."""
-    return f"{socket.gethostname()}|{device}|{precision}|threads={threads}|torch={torch.__version__}"
+    """What a measurement depends on: host, device, dtype, pinned thread count and torch version."""
+    return f"{socket.gethostname()}|{device}|{precision}|pinned-threads={threads}|torch={torch.__version__}"
 
 
-def measure_matmul_flops_per_s(dtype: torch.dtype, threads: int, size: int = MATMUL_SIZE) -> float:
-    """Best-of-a-few FLOP/s of a (size x size) @ (size x size) matmul on cpu at `threads` threads."""
-    with _num_threads(threads):
+def measure_matmul_flops_per_s(dtype: torch.dtype, threads: int, size: int = MATMUL_SIZE) -> list[float]:
+    """FLOP/s of each timed (size x size) @ (size x size) matmul on cpu, on `threads` threads pinned to
+    the first usable cores (as a rank of threads_per_device pins its own): up to MEASURE_REPEATS of them."""
+    with _pinned_threads(threads):
         gen = torch.Generator().manual_seed(0)
         a = torch.randn(size, size, generator=gen).to(dtype)
         b = torch.randn(size, size, generator=gen).to(dtype)
         out = torch.empty(size, size, dtype=dtype)
         torch.mm(a, b, out=out)  # warm-up: thread pool and kernel selection
-        best_s = float("inf")
+        rates = []
         started = time.perf_counter()
         for _ in range(MEASURE_REPEATS):
             t0 = time.perf_counter()
             torch.mm(a, b, out=out)
-            best_s = min(best_s, time.perf_counter() - t0)
+            rates.append(2.0 * size**3 / (time.perf_counter() - t0))
             if time.perf_counter() - started > MEASURE_BUDGET_S:
                 break
-    return 2.0 * size**3 / best_s
+    return rates
 
 
 @contextlib.contextmanager
-def _num_threads(threads: int) -> Iterator[None]:
-    previous = torch.get_num_threads()
+def _pinned_threads(threads: int) -> Iterator[None]:
+    previous_threads = torch.get_num_threads()
+    previous_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     torch.set_num_threads(threads)
+    if previous_cores is not None:
+        os.sched_setaffinity(0, sorted(previous_cores)[:threads])
     try:
         yield
     finally:
-        torch.set_num_threads(previous)
+        torch.set_num_threads(previous_threads)
+        if previous_cores is not None:
+            os.sched_setaffinity(0, previous_cores)
 
 
 def _cached_cpu_peak(precision: str, threads: int) -> PeakFlops:
@@ -162,12 +172,16 @@ def _cached_cpu_peak(precision: str, threads: int) -> PeakFlops:
         fcntl.flock(lock, fcntl.LOCK_EX)
         entries = _read_cache(path)
         if key in entries:
-            return PeakFlops(float(entries[key]["flops_per_s"]), "cache")
-        value = measure_matmul_flops_per_s(PRECISION_DTYPES[precision], threads)
-        measured_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        entries[key] = {"flops_per_s": value, "matmul_size": MATMUL_SIZE, "measured_at": measured_at}
+            entry = entries[key]
+            return PeakFlops(float(entry["flops_per_s"]), "cache", entry.get("measured_at"), entry.get("spread"))
+        rates = measure_matmul_flops_per_s(PRECISION_DTYPES[precision], threads)
+        best = max(rates)
+        measured = PeakFlops(best, "measured", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                             (best - statistics.median(rates)) / best)
+        entries[key] = {"flops_per_s": best, "spread": measured.spread, "repeats": len(rates),
+                        "matmul_size": MATMUL_SIZE, "measured_at": measured.measured_at}
         write_json_atomic(path, entries)
-    return PeakFlops(value, "measured")
+    return measured
 
 
 def _read_cache(path: Path) -> dict:

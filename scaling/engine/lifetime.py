@@ -1,18 +1,58 @@
-"""Process lifetime: a child that must not outlive its parent (the sweep driver, a torchrun agent).
+"""Process lifetime: a child that must not outlive the parent that started it.
 
-Standard library only: the worker uses it too.
+Two links hold a point together: the sweep driver starts torchrun, torchrun starts the ranks. Each
+child asks Linux to SIGKILL it when its parent dies (PR_SET_PDEATHSIG), and then checks that its
+parent is still the one that started it: a parent that died before the request was made has
+already handed the child to init (or a subreaper), and the request then never fires. The check
+comes right after the request, so there is no window between them in which the parent can die
+unnoticed. Ranks make the request before `import torch`, which takes seconds.
+
+Standard library only: the worker calls it before it imports anything else.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import sys
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+TORCHRUN_MARKERS = ("torch.distributed.run", "torchrun")
+"""How a rank recognises its torchrun agent in the parent's command line."""
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (elsewhere: nothing to do)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def _request_death_signal() -> bool:
+    """PR_SET_PDEATHSIG with SIGKILL; False where Linux's prctl is not there."""
+    if not sys.platform.startswith("linux"):
+        return False
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    return True
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when its parent dies; exit at once if `parent_pid` is no longer its parent.
+
+    Meant for `subprocess.Popen(preexec_fn=...)`: the driver passes its own pid, read before the fork.
+    """
+    if _request_death_signal() and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def parent_command(pid: int) -> str:
+    """The command line of process `pid` as one string ('' when it cannot be read)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def die_with_torchrun() -> None:
+    """For a rank: SIGKILL with its torchrun agent; exit at once if the agent is already gone.
+
+    The agent passes no pid to its ranks, so the rank checks what its parent is: a torchrun
+    agent's command line, not init's or a subreaper's.
+    """
+    if _request_death_signal() and not any(m in parent_command(os.getppid()) for m in TORCHRUN_MARKERS):
+        os._exit(1)

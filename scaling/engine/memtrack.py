@@ -1,17 +1,23 @@
-"""Peak-memory measurement of one training step, and the emulated device capacity on CPU.
+"""Peak-memory measurement of a rank: the training steps' peak, the build's peak, and the emulated capacity on CPU.
 
-On CUDA the allocator's own counters are the truth (`max_memory_allocated`/`reserved`). On CPU
-there is no device allocator, so one untimed step runs under torch's memory tracker (MemTracker,
+On CUDA the allocator's own counters are the truth (`max_memory_allocated`/`reserved`, reset once the
+model, its wrapping and its optimizer exist, so building is measured apart from training), next to
+what the device really had in use (`torch.cuda.mem_get_info`: allocator reserve, CUDA context, NCCL
+buffers). On CPU there is no device allocator, so one untimed step runs under torch's memory tracker (MemTracker,
 or FSDPMemTracker for fully_shard models), which counts the bytes of live tensor storages:
 parameters, gradients, optimizer states, activations and temporaries. With a capacity set, the
 tracked step raises `torch.OutOfMemoryError` the moment live bytes exceed it, which is how a CPU
-run emulates a smaller device. torch and the standard library only.
+run emulates a smaller device. Beside it, as a measure the tracker does not make, each rank reads its
+peak resident memory from the OS (`VmHWM`, reset through /proc/self/clear_refs) for building and for
+training, as growth over its resident memory after imports. torch and the standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import re
+from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import torch
@@ -37,7 +43,7 @@ class _CapacityCheck:
 
 
 @functools.cache
-def _trackers() -> tuple[type, type]:
+def load_trackers() -> tuple[type, type]:
     """torch's trackers with the capacity check; imported on first use, since importing
     torch.distributed._tools pulls in the compiler stack (seconds) that CUDA runs never need."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -69,7 +75,7 @@ def tracked_step(
     capacity_bytes: Optional[int],
 ) -> Iterator[PeakMemory]:
     """Run the body as one step under torch's memory tracker; fills the yielded PeakMemory."""
-    plain, sharded = _trackers()
+    plain, sharded = load_trackers()
     tracker = sharded(model, optimizer) if fsdp else plain()
     tracker.capacity_bytes = capacity_bytes
     if not fsdp:  # FSDPMemTracker registers its module and optimizer itself
@@ -83,3 +89,52 @@ def tracked_step(
         if snap[_TOTAL] >= result.peak_bytes:
             result.peak_bytes = snap[_TOTAL]
             result.breakdown = {str(k): int(v) for k, v in snap.items()}
+
+
+class ResidentMemory:
+    """A process's resident memory from the OS: growth of its peak over a baseline, phase by phase (Linux)."""
+
+    def __init__(self) -> None:
+        self.baseline_bytes = self._read("VmRSS")
+        self.available = self.baseline_bytes is not None and self.reset_peak()
+
+    @staticmethod
+    def _read(key: str) -> Optional[int]:
+        try:
+            match = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+        except OSError:
+            return None
+        return int(match.group(1)) * 1024 if match else None
+
+    def reset_peak(self) -> bool:
+        """Start a new phase: the kernel's peak (VmHWM) drops to the current resident memory."""
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            return True
+        except OSError:
+            return False
+
+    def peak_growth_bytes(self) -> Optional[int]:
+        """Peak resident bytes since the last reset, minus the baseline after imports (None off Linux)."""
+        peak = self._read("VmHWM") if self.available else None
+        return None if peak is None else max(0, peak - self.baseline_bytes)
+
+
+def cuda_memory(device: torch.device) -> dict[str, int]:
+    """The allocator's peaks since the last reset and what the device has in use now (all in bytes)."""
+    stats = torch.cuda.memory_stats(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return {
+        "peak_allocated": int(torch.cuda.max_memory_allocated(device)),
+        "peak_reserved": int(torch.cuda.max_memory_reserved(device)),
+        "num_ooms": int(stats.get("num_ooms", 0)),
+        "num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
+        "device_used": int(total - free),
+    }
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer states this rank holds (ZeroRedundancyOptimizer: its own partition)."""
+    inner = getattr(optimizer, "optim", optimizer)
+    return sum(t.numel() * t.element_size() for state in inner.state.values() for t in state.values()
+               if isinstance(t, torch.Tensor))

@@ -127,7 +127,12 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """One pre-norm decoder block; the unit that FSDP2 shards and activation checkpointing wraps."""
+    """One pre-norm decoder block: the unit that activation checkpointing wraps, compile compiles and FSDP2 shards.
+
+    With `recompute` the block runs under `torch.utils.checkpoint` (full recomputation): only its
+    inputs are kept for backward and its forward runs again during backward. The checkpoint sits
+    inside the block's own forward, so a compiled block compiles the recomputation with it.
+    """
 
     def __init__(self, args: ModelArgs, device: Device = None):
         super().__init__()
@@ -135,18 +140,20 @@ class Block(nn.Module):
         self.attention = Attention(args, device)
         self.ffn_norm = nn.RMSNorm(args.hidden, eps=args.norm_eps, device=device)
         self.feed_forward = FeedForward(args, device)
+        self.recompute = False
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _compute(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.feed_forward(self.ffn_norm(x))  # (B, T, C)
 
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.recompute:
+            return checkpoint(self._compute, x, cos, sin, use_reentrant=False)
+        return self._compute(x, cos, sin)
+
 
 class Transformer(nn.Module):
-    """Llama-style decoder: tokens (B, T) -> logits (B, T, V).
-
-    With `recompute` each block runs under `torch.utils.checkpoint` (full recomputation): only the
-    block's input is kept for backward and its forward runs again during backward.
-    """
+    """Llama-style decoder: tokens (B, T) -> logits (B, T, V); `recompute` checkpoints every block."""
 
     def __init__(self, args: ModelArgs, recompute: bool = False, device: Device = None):
         # `device="meta"` builds the shapes without memory (then `to_empty` + `init_weights`); it is
@@ -154,12 +161,12 @@ class Transformer(nn.Module):
         # imports the compiler stack.
         super().__init__()
         self.args = args
-        self.recompute = recompute
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.hidden, device=device)
         self.layers = nn.ModuleList(Block(args, device) for _ in range(args.n_layers))
         self.norm = nn.RMSNorm(args.hidden, eps=args.norm_eps, device=device)
         self.output = nn.Linear(args.hidden, args.vocab_size, bias=False, device=device)
         self._tie()
+        self.set_recompute(recompute)
 
     def _tie(self) -> None:
         if self.args.tie_embeddings:
@@ -174,7 +181,8 @@ class Transformer(nn.Module):
 
     def set_recompute(self, flag: bool) -> None:
         """Switch full activation recomputation of every block on or off."""
-        self.recompute = flag
+        for layer in self.layers:
+            layer.recompute = flag
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         T = tokens.shape[1]
@@ -182,10 +190,7 @@ class Transformer(nn.Module):
         cos, sin = rope_cos_sin(T, self.args.head_dim, self.args.rope_theta, tokens.device)  # (T, hd/2)
         h = self.tok_embeddings(tokens)  # (B, T, C)
         for layer in self.layers:
-            if self.recompute:
-                h = checkpoint(layer, h, cos, sin, use_reentrant=False)
-            else:
-                h = layer(h, cos, sin)
+            h = layer(h, cos, sin)
         return self.output(self.norm(h))  # (B, T, V)
 
     @torch.no_grad()

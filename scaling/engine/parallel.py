@@ -1,4 +1,4 @@
-"""ZeRO stages 0-3 on torch's own machinery, behind one small interface.
+"""ZeRO stages 0-3 on torch's own machinery: one rank's model, built in the order that lets it fit.
 
 | stage | sharded                        | implementation                                        |
 |-------|--------------------------------|-------------------------------------------------------|
@@ -7,9 +7,29 @@
 | 2     | optimizer states + gradients   | FSDP2 fully_shard(reshard_after_forward=False)        |
 | 3     | + parameters                   | FSDP2 fully_shard(reshard_after_forward=True)         |
 
-Gradient accumulation skips gradient synchronisation on all but the last micro-step. bf16 mixed
-precision keeps fp32 master weights and optimizer states: autocast under DDP, FSDP2's
-MixedPrecisionPolicy (bf16 params and compute, fp32 gradient reduction) under fully_shard.
+`parallelize` builds the model in one order, written here once (torchtitan's):
+
+1. on the meta device: shapes only, no memory;
+2. recompute: activation checkpointing of every block, first, because it changes what a block
+   computes in backward and both compile and sharding must see the block as it will run;
+3. compile: each block, before sharding, so FSDP2's all-gathers and reduce-scatters stay hooks
+   around the compiled block instead of being traced into it;
+4. shard (stages 2-3): fully_shard per block, then the root, still on meta;
+5. materialise: `to_empty` allocates only what this rank owns (its shards at stages 2-3; the whole
+   model at stages 0-1, which DDP replicates anyway), and `init_weights` fills it from one seeded
+   generator, each rank keeping its own part: the same weights for every dp and stage;
+6. wrap (stages 0-1) in DDP, then make the optimizer.
+
+A rank therefore never holds more than its shards plus one full parameter while it builds, so
+ZeRO-3 runs models that do not fit one device.
+
+Gradient accumulation: stages 0-1 all-reduce once, on the last micro-step (`no_sync` before).
+Stages 2-3 reduce-scatter every micro-step into fp32 gradient shards, as ZeRO (DeepSpeed) and
+torchtitan do, so no rank ever holds a whole accumulated gradient; stage 2 keeps its parameters
+gathered between micro-steps. `parallel.fsdp_grad_reduce=last_micro_step` accumulates unsharded
+gradients instead (less communication, 4Ψ more memory per rank): an explicit, recorded choice.
+bf16 mixed precision keeps fp32 master weights and optimizer states: autocast under DDP, FSDP2's
+MixedPrecisionPolicy (bf16 parameters and compute, fp32 gradient reduction) under fully_shard.
 torch and the standard library only: this runs inside the worker.
 """
 
@@ -17,14 +37,17 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import ContextManager, Iterator
+from typing import Any, ContextManager, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from scaling.engine.model import Transformer
+from scaling.engine.model import ModelArgs, Transformer
+
+EVERY_MICRO_STEP, LAST_MICRO_STEP = "every_micro_step", "last_micro_step"
+FSDP_GRAD_REDUCE = (EVERY_MICRO_STEP, LAST_MICRO_STEP)
 
 
 @dataclass
@@ -36,13 +59,24 @@ class Parallelized:
     zero_stage: int
     autocast_dtype: torch.dtype | None
     device: torch.device
+    fsdp_grad_reduce: str = EVERY_MICRO_STEP
 
-    def sync_gradients(self, enabled: bool) -> ContextManager[None]:
-        """Context for one micro-step: gradients are reduced across ranks only when `enabled`."""
-        if self.zero_stage >= 2:
-            self.model.set_requires_gradient_sync(enabled)
-            return contextlib.nullcontext()
-        return contextlib.nullcontext() if enabled else self.model.no_sync()
+    def micro_step(self, index: int, count: int) -> ContextManager[None]:
+        """Context for micro-step `index` of `count`: how its gradients are reduced across ranks."""
+        last = index == count - 1
+        if self.zero_stage <= 1:
+            return contextlib.nullcontext() if last else self.model.no_sync()
+        if self.fsdp_grad_reduce == LAST_MICRO_STEP:
+            self.model.set_requires_gradient_sync(last)
+        elif self.zero_stage == 2:
+            # ZeRO-2 shards gradients, not parameters: keep them gathered until the step's last backward.
+            self.model.set_reshard_after_backward(last)
+        return contextlib.nullcontext()
+
+    def zero_grad(self) -> None:
+        """Clear gradients before a step. Under DDP they are views of its buckets: zero them in place,
+        since setting them to None makes no_sync micro-steps allocate a second copy outside the buckets."""
+        self.optimizer.zero_grad(set_to_none=self.zero_stage >= 2)
 
     def autocast(self) -> ContextManager[None]:
         """bf16 autocast under DDP stages; FSDP2 casts through its MixedPrecisionPolicy instead."""
@@ -67,48 +101,62 @@ def _adamw(params: Iterator[nn.Parameter] | list[nn.Parameter], lr: float, weigh
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=device.type == "cuda")
 
 
-def parallelize(
-    model: Transformer,
-    zero_stage: int,
-    device: torch.device,
-    *,
-    precision: str,
-    bucket_mb: float,
-    lr: float,
-    weight_decay: float,
-) -> Parallelized:
-    """Wrap `model` (already on `device`, weights initialised identically on every rank) for its stage."""
-    bf16 = precision == "bf16"
-    if zero_stage <= 1:
-        ddp = DDP(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=bucket_mb,
-            gradient_as_bucket_view=True,  # gradients live in the buckets: no second copy
-        )
-        if zero_stage == 0:
-            optimizer = _adamw(ddp.parameters(), lr, weight_decay, device)
-        else:
-            from torch.distributed.optim import ZeroRedundancyOptimizer
+def load_wrappers(zero_stage: int) -> None:
+    """Import what this stage wraps the model with, now: each is imported only by the stages that use it
+    (FSDP2 and DTensor cost a second of start-up), and the worker calls this before it takes its memory
+    baseline, so that imports are not counted as building."""
+    if zero_stage >= 2:
+        import torch.distributed.fsdp  # noqa: F401
+    elif zero_stage == 1:
+        import torch.distributed.optim  # noqa: F401
 
-            optimizer = ZeroRedundancyOptimizer(
-                ddp.parameters(),
-                optimizer_class=torch.optim.AdamW,
-                lr=lr,
-                weight_decay=weight_decay,
-                fused=device.type == "cuda",
-            )
-        return Parallelized(ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device)
 
-    # FSDP2 (and DTensor under it) is imported only by the stages that use it: a second of start-up.
+def _shard(model: Transformer, zero_stage: int, bf16: bool) -> None:
+    """fully_shard every block, then the root (embedding, final norm, output projection)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-    reshard = zero_stage == 3
     for block in model.layers:
-        fully_shard(block, reshard_after_forward=reshard, mp_policy=mp)
-    # The root keeps embedding, final norm and output projection; after forward it is needed
-    # again at once by backward, so it is never resharded in between.
+        fully_shard(block, reshard_after_forward=zero_stage == 3, mp_policy=mp)
+    # The root's parameters are needed again by backward right after forward: never resharded in between.
     fully_shard(model, reshard_after_forward=False, mp_policy=mp)
-    optimizer = _adamw(model.parameters(), lr, weight_decay, device)
-    return Parallelized(model, optimizer, zero_stage, None, device)
+
+
+def parallelize(args: ModelArgs, train: Mapping[str, Any], parallel: Mapping[str, Any], device: torch.device,
+                on_meta: bool = True) -> Parallelized:
+    """Build this rank's model for its ZeRO stage in the order of the module docstring, with its optimizer.
+
+    `on_meta=False` builds the shapes on `device` itself: for fake tensors (the traced predictor), which
+    hold no memory anyway and cannot be moved off meta.
+    """
+    zero_stage, bf16 = parallel["zero_stage"], train["precision"] == "bf16"
+    model = Transformer(args, device="meta" if on_meta else device)  # 1. shapes only
+    model.set_recompute(train["recompute"] == "full")             # 2. recompute
+    if train["compile"]:                                          # 3. compile
+        for block in model.layers:
+            block.compile()
+    if zero_stage >= 2:                                           # 4. shard
+        _shard(model, zero_stage, bf16)
+    if on_meta:                                                   # 5. materialise what this rank owns
+        model.to_empty(device=device)
+    model.init_weights(train["seed"])
+    lr, weight_decay = train["lr"], train["weight_decay"]
+    if zero_stage >= 2:
+        return Parallelized(model, _adamw(model.parameters(), lr, weight_decay, device), zero_stage, None, device,
+                            parallel["fsdp_grad_reduce"])
+    ddp = DDP(                                                    # 6. wrap
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=parallel["bucket_mb"],
+        gradient_as_bucket_view=True,  # gradients live in the buckets: no second copy
+    )
+    if zero_stage == 0:
+        optimizer = _adamw(ddp.parameters(), lr, weight_decay, device)
+    else:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        optimizer = ZeroRedundancyOptimizer(
+            ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=lr, weight_decay=weight_decay,
+            fused=device.type == "cuda",
+        )
+    return Parallelized(ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device)

@@ -1,87 +1,82 @@
-"""What each torchrun rank runs: train a few steps of one experiment point and measure it.
+"""What each torchrun rank runs: train a few steps of one experiment point and measure them.
 
     torchrun --standalone --nproc-per-node=<dp> -m scaling.engine.worker <job_dir>/config.json
 
-Reads the resolved config (JSON), joins the process group (gloo on CPU with this rank's share of
-the cores, nccl on CUDA), runs the untimed warm-up steps (on CPU the last of them, at least the
-second step, runs under the memory tracker), then the timed steps. Rank 0 writes `worker.json` (step times, losses, peak memory per rank, final
-parameter norm, environment) next to the config; the parent turns it into result.json.
-The entry point is wrapped in torch elastic's `@record`, so an exception in any rank lands in an
-error file the parent classifies (an out-of-memory error gives status `oom`).
+Read top-down, `measure_point` is the whole job of a rank: take the device, join the process group,
+build the model for its ZeRO stage (scaling.engine.parallel), note what the build cost, run the
+untimed warm-up steps (on CPU the last one under the memory tracker), run the timed steps, and let
+rank 0 write `worker.json` (step times, losses, memory per rank, the kernels that ran) next to the
+config; the driver turns it into result.json. `main` is wrapped in torch elastic's `@record`, so an
+exception in any rank lands in an error file the driver classifies (out of memory gives `oom`).
 
 torch and the standard library only: this must run on a bare GPU box.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import platform
-import socket
-import sys
-import time
-from pathlib import Path
-from typing import Any, Callable, Optional
+if __name__ == "__main__":  # a rank: first of all, before `import torch` (seconds), tie its life to torchrun's
+    from scaling.engine.lifetime import die_with_torchrun
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.distributed.elastic.multiprocessing.errors import record
+    die_with_torchrun()
 
-from scaling.engine.data import GlobalBatch, micro_batch
-from scaling.engine.lifetime import die_with_parent
-from scaling.engine.memtrack import tracked_step
-from scaling.engine.model import ModelArgs, Transformer
-from scaling.engine.parallel import Parallelized, parallelize
-from scaling.engine.jobfiles import WORKER_OUTPUT, write_json_atomic
+import datetime as dt  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable, Optional  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
+
+from scaling.engine import device as devices  # noqa: E402
+from scaling.engine import kernels, memtrack  # noqa: E402
+from scaling.engine.data import GlobalBatch  # noqa: E402
+from scaling.engine.jobfiles import WORKER_OUTPUT, write_json_atomic  # noqa: E402
+from scaling.engine.model import ModelArgs  # noqa: E402
+from scaling.engine.parallel import Parallelized, load_wrappers, parallelize  # noqa: E402
+from scaling.engine.step import train_step  # noqa: E402
+
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-GIB = 1024**3
-
-
-def _setup_device(cfg: dict[str, Any], local_rank: int) -> tuple[torch.device, str]:
-    """Pick this rank's device, cap CUDA memory when asked; return (device, memory_capacity kind)."""
-    hw = cfg["hardware"]
-    if hw["device"] == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-        if hw["memory_gb"] is not None:
-            total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, hw["memory_gb"] * GIB / total), device)
-        return device, "real"
-    torch.set_num_threads(cfg["runtime"]["threads_per_rank"])
-    return torch.device("cpu"), "emulated" if hw["memory_gb"] is not None else "unlimited"
+def warmup_steps(cfg: dict[str, Any], device_type: str) -> int:
+    """Untimed steps before timing: as configured, but on CPU at least 2 (the last is memory-tracked after
+    one that made the optimizer states) and on CUDA at least 2, 3 with compile (lazy init, autotuning)."""
+    train = cfg["train"]
+    floor = (3 if train["compile"] else 2) if device_type == "cuda" else 2
+    return max(train["warmup_steps"], floor)
 
 
 def _inject_fault(kind: str, rank: int, world: int) -> None:
-    """Fault injection for resilience tests: the last rank crashes or hangs on the first step."""
+    """Fault injection for resilience tests, on the last rank at its first step: crash, hang or run out of
+    memory (the other ranks are then waiting for it in their first collective)."""
     if kind == "none" or rank != world - 1:
         return
     if kind == "crash":
         raise RuntimeError(f"injected fault: rank {rank} crashed on purpose (train.fault=crash)")
-    while True:  # kind == "hang": the other ranks wait in their next collective forever
+    if kind == "oom":
+        raise torch.OutOfMemoryError(f"injected fault: rank {rank} ran out of memory on purpose (train.fault=oom)")
+    while True:  # kind == "hang": the other ranks wait in their next collective
         time.sleep(3600)
 
 
-def train_step(
-    pz: Parallelized, data: GlobalBatch, step: int, dp_rank: int, mbs: int, grad_acc: int,
-    before_micro: Optional[Callable[[], None]] = None,
-) -> torch.Tensor:
-    """One optimizer step over this rank's grad_acc micro-batches; returns the rank's mean loss."""
-    pz.optimizer.zero_grad(set_to_none=True)
-    step_loss = torch.zeros((), device=pz.device)
-    for micro in range(grad_acc):
-        if before_micro is not None:
-            before_micro()
-        inputs, targets = micro_batch(data, step, dp_rank, micro, mbs, grad_acc, pz.device)
-        with pz.sync_gradients(micro == grad_acc - 1):
-            with pz.autocast():
-                logits = pz.model(inputs)  # (mbs, T, V)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) / grad_acc
-            loss.backward()
-        step_loss += loss.detach()
-    pz.optimizer.step()
-    return step_loss
+class Phases:
+    """Wall time of each start-up phase of a rank, in seconds, by name."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._mark = time.perf_counter()
+
+    def end(self, name: str) -> None:
+        """Close the phase that began at the previous end."""
+        now = time.perf_counter()
+        self.seconds[name] = now - self._mark
+        self._mark = now
 
 
 def _gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
@@ -92,113 +87,119 @@ def _gather_floats(values: list[float], device: torch.device) -> list[list[float
     return [t.tolist() for t in out]
 
 
-def run(cfg: dict[str, Any], job_dir: Path) -> None:
-    """Train and measure one experiment point as this rank."""
+def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
+    """Train and measure one experiment point as this rank; rank 0 writes worker.json."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device, capacity_kind = _setup_device(cfg, local_rank)
-    hw, train, par, derived = cfg["hardware"], cfg["train"], cfg["parallel"], cfg["derived"]
-    phases: dict[str, float] = {}
-    mark = time.perf_counter()
+    hw, train, par = cfg["hardware"], cfg["train"], cfg["parallel"]
+    phases = Phases()
 
-    def phase(name: str) -> None:
-        nonlocal mark
-        now = time.perf_counter()
-        phases[name] = now - mark
-        mark = now
+    # The device, and the process group with a timeout below the point's, so that a rank left waiting
+    # for a dead peer fails with its own error before the driver's timeout kills everything.
+    dev = devices.setup(hw, int(os.environ.get("LOCAL_RANK", 0)))
+    cuda = dev.device.type == "cuda"
+    if cuda:
+        kernels.forbid_math_attention()
+    dist.init_process_group(hw["backend"], device_id=dev.device if cuda else None,
+                            timeout=dt.timedelta(seconds=cfg["runtime"]["pg_timeout_s"]))
+    load_wrappers(par["zero_stage"])  # imported now, so that their memory is part of the baseline
+    if not cuda:
+        memtrack.load_trackers()
+    resident = memtrack.ResidentMemory()  # baseline: this rank after its imports
+    phases.end("init_process_group_s")
 
-    dist.init_process_group(hw["backend"], device_id=device if device.type == "cuda" else None)
-    phase("init_process_group_s")
-
+    # Build: only what this rank owns is ever allocated (see scaling.engine.parallel).
     args = ModelArgs.from_dict(cfg["model"])
-    # On CUDA build shapes on the meta device and allocate once on the GPU. On CPU build in place:
-    # initialising meta tensors imports the compiler stack (a second or more of every rank's start).
-    model = Transformer(args, recompute=train["recompute"] == "full", device="meta" if device.type == "cuda" else device)
-    if device.type == "cuda":
-        model.to_empty(device=device)
-    model.init_weights(train["seed"])
-    if train["compile"]:
-        for block in model.layers:
-            block.compile()
-    pz = parallelize(
-        model, par["zero_stage"], device, precision=train["precision"], bucket_mb=par["bucket_mb"],
-        lr=train["lr"], weight_decay=train["weight_decay"],
-    )
+    pz = parallelize(args, train, par, dev.device)
+    build_peak_bytes = (torch.cuda.max_memory_allocated(dev.device) if cuda else resident.peak_growth_bytes())
+    dev.env["attention_kernel"] = kernels.attention_kernel(args.n_heads, args.n_kv_heads, args.head_dim,
+                                                           train["seq_len"], PRECISION_DTYPES[train["precision"]],
+                                                           dev.device)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev.device)  # from here on: the training steps' peak
+    resident.reset_peak()
+    phases.end("build_s")
+
     data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"], **train["data"])
-    mbs, grad_acc = train["mbs"], derived["grad_acc"]
-    step, losses = 0, []
+    mbs, grad_acc = train["mbs"], cfg["derived"]["grad_acc"]
+    losses: list[torch.Tensor] = []
 
-    def one_step(before_micro: Optional[Callable[[], None]] = None) -> None:
-        nonlocal step
-        losses.append(train_step(pz, data, step, rank, mbs, grad_acc, before_micro))
-        step += 1
+    def one_step(before_micro: Optional[Callable[[], None]] = None) -> float:
+        t0 = time.perf_counter()
+        losses.append(train_step(pz, data, len(losses), rank, mbs, grad_acc, before_micro))
+        if cuda:
+            torch.cuda.synchronize(dev.device)
+        return time.perf_counter() - t0
 
-    phase("build_s")
     _inject_fault(train["fault"], rank, world)
-    peak_bytes, breakdown = 0, {}
-    if device.type == "cpu":
-        # The last untimed step is the memory-tracked one; at least one plain step comes first so
-        # that optimizer states already exist, as they do in every later step.
-        for _ in range(max(train["warmup_steps"], 2) - 1):
-            one_step()
-        phase("warmup_s")
-        capacity = None if hw["memory_gb"] is None else int(hw["memory_gb"] * GIB)
-        with tracked_step(pz.model, pz.optimizer, par["zero_stage"] >= 2, capacity) as peak:
-            one_step(peak.new_micro_step)
-        peak_bytes, breakdown = peak.peak_bytes, peak.breakdown
-        phase("memory_step_s")
-    else:
-        for _ in range(train["warmup_steps"]):
-            one_step()
-        torch.cuda.synchronize(device)
-        phase("warmup_s")
+    n_warmup = warmup_steps(cfg, dev.device.type)
+    warmup_times = [one_step() for _ in range(n_warmup - (0 if cuda else 1))]
+    tracked_peak, breakdown = None, {}
+    if not cuda:  # the last warm-up step: live tensor bytes under torch's tracker, against the capacity
+        with memtrack.tracked_step(pz.model, pz.optimizer, par["zero_stage"] >= 2, dev.capacity_bytes) as peak:
+            warmup_times.append(one_step(peak.new_micro_step))
+        tracked_peak, breakdown = peak.peak_bytes, peak.breakdown
+    phases.end("warmup_s")
 
-    step_times: list[float] = []
+    graphs_after_warmup = kernels.compiled_graphs()
     dist.barrier()
     window_start = time.perf_counter()
-    for _ in range(train["steps"]):
-        t0 = time.perf_counter()
-        one_step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        step_times.append(time.perf_counter() - t0)
+    step_times = [one_step() for _ in range(train["steps"])]
     window_s = time.perf_counter() - window_start
 
-    mem = [float(peak_bytes), 0.0, 0.0, 0.0]
-    if device.type == "cuda":
-        stats = torch.cuda.memory_stats(device)
-        mem = [float(torch.cuda.max_memory_allocated(device)), float(torch.cuda.max_memory_reserved(device)),
-               float(stats.get("num_ooms", 0)), float(stats.get("num_alloc_retries", 0))]
+    _report(cfg, job_dir, pz, dev, losses, step_times, {
+        "peak_mem_bytes": tracked_peak, "peak_mem_reserved_bytes": None, "num_ooms": 0, "num_alloc_retries": 0,
+        "device_used_bytes": None, "build_peak_mem_bytes": build_peak_bytes,
+        "peak_rss_growth_bytes": resident.peak_growth_bytes(),
+        "optimizer_state_bytes": memtrack.optimizer_state_bytes(pz.optimizer),
+    }, {
+        "warmup_steps_run": n_warmup, "warmup_step_times_s": warmup_times,
+        "compile": bool(train["compile"]), "recompiles_after_warmup": kernels.compiled_graphs() - graphs_after_warmup,
+        "phases_s": phases.seconds, "measured_window_s": window_s, "peak_mem_breakdown_rank0": breakdown or None,
+    })
+
+
+def _report(cfg: dict[str, Any], job_dir: Path, pz: Parallelized, dev: devices.Device, losses: list[torch.Tensor],
+            step_times: list[float], memory: dict[str, Optional[int]], ran: dict[str, Any]) -> None:
+    """Gather every rank's figures; rank 0 writes worker.json."""
+    cuda = dev.device.type == "cuda"
+    if cuda:
+        cm = memtrack.cuda_memory(dev.device)
+        memory = {**memory, "peak_mem_bytes": cm["peak_allocated"], "peak_mem_reserved_bytes": cm["peak_reserved"],
+                  "num_ooms": cm["num_ooms"], "num_alloc_retries": cm["num_alloc_retries"],
+                  "device_used_bytes": cm["device_used"]}
+    names = list(memory)
+    gathered = _gather_floats([float("nan") if memory[k] is None else float(memory[k]) for k in names], dev.device)
+    per_rank = {k: None if any(row[i] != row[i] for row in gathered) else [int(row[i]) for row in gathered]
+                for i, k in enumerate(names)}  # NaN: a figure this device kind does not have
+    world = dist.get_world_size()
     step_losses = torch.stack(losses).double()
     dist.all_reduce(step_losses)  # sum of per-rank means -> divided by world below
-    times_by_rank = _gather_floats(step_times, device)
-    mem_by_rank = _gather_floats(mem, device)
+    times_by_rank = _gather_floats(step_times, dev.device)
     norm = pz.param_norm()
-    if rank == 0:
+    if dist.get_rank() == 0:
         write_json_atomic(job_dir / WORKER_OUTPUT, {
+            **ran,
             "losses": (step_losses / world).tolist(),
             "step_times_s": [max(ts) for ts in zip(*times_by_rank)],
-            "measured_window_s": window_s,
             "final_param_norm": norm,
-            "peak_mem_bytes_per_rank": [int(m[0]) for m in mem_by_rank],
-            "peak_mem_reserved_bytes_per_rank": [int(m[1]) for m in mem_by_rank] if device.type == "cuda" else None,
-            "num_ooms": int(sum(m[2] for m in mem_by_rank)),
-            "num_alloc_retries": int(sum(m[3] for m in mem_by_rank)),
-            "peak_mem_breakdown_rank0": breakdown or None,
-            "phases_s": phases,
+            "peak_mem_source": "cuda_max_memory_allocated" if cuda else "mem_tracker",
+            **{f"{k}_per_rank": v for k, v in per_rank.items() if k not in ("num_ooms", "num_alloc_retries")},
+            "num_ooms": sum(per_rank["num_ooms"] or [0]),
+            "num_alloc_retries": sum(per_rank["num_alloc_retries"] or [0]),
             "env": {
                 "torch": torch.__version__,
                 "python": platform.python_version(),
-                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
-                "backend": hw["backend"],
+                "backend": cfg["hardware"]["backend"],
                 "hostname": socket.gethostname(),
-                "threads_per_rank": torch.get_num_threads(),
-                "memory_capacity": capacity_kind,
+                "memory_capacity": dev.memory_capacity,
                 "world_size": world,
+                **dev.env,
             },
         })
     dist.barrier()
-    # Leave without tearing down: freeing the DDP reducer's gloo group while its worker thread
+    if cuda:
+        dist.destroy_process_group()
+    # On gloo leave without tearing down: freeing the DDP reducer's gloo group while its worker thread
     # still waits for the GIL to release a finished work's tensors deadlocks the exit.
     sys.stdout.flush()
     sys.stderr.flush()
@@ -208,11 +209,9 @@ def run(cfg: dict[str, Any], job_dir: Path) -> None:
 @record
 def main(argv: list[str] | None = None) -> None:
     """Entry point under torchrun: `python -m scaling.engine.worker <job_dir>/config.json`."""
-    die_with_parent()  # no rank outlives its torchrun agent
     argv = sys.argv[1:] if argv is None else argv
     config_path = Path(argv[0])
-    cfg = json.loads(config_path.read_text())
-    run(cfg, config_path.parent)
+    measure_point(json.loads(config_path.read_text()), config_path.parent)
 
 
 if __name__ == "__main__":

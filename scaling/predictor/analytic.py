@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Optional
 
 from scaling.engine.model import ModelArgs, param_count
+from scaling.record import job_key
 
 ANALYTIC = "analytic"
 GIB = 1024**3
@@ -170,6 +171,24 @@ def _sharded_params(s: _Shapes, dp: int) -> tuple[int, int]:
     return block, root
 
 
+def zero1_worst_rank(s: _Shapes, dp: int) -> tuple[int, int]:
+    """(elements, tensors) of AdamW state on the busiest rank of ZeroRedundancyOptimizer's partition.
+
+    torch assigns whole parameters, largest first, each to the rank with the fewest elements so far, so
+    the embedding and the output projection land on a rank each: at large dp the worst rank holds far
+    more than Ψ/dp (llama_8b at dp=64: 525M elements, not 125M).
+    """
+    per_block = [s.h * s.h] * 2 + [s.kvd * s.h] * 2 + [s.f * s.h] * 3 + [s.h] * 2
+    numels = [s.V * s.h] * (1 if s.tied else 2) + per_block * s.L + [s.h]
+    totals, counts = [0] * dp, [0] * dp
+    for numel in sorted(numels, reverse=True):
+        rank = totals.index(min(totals))
+        totals[rank] += numel
+        counts[rank] += 1
+    worst = totals.index(max(totals))
+    return totals[worst], counts[worst]
+
+
 def _block_activation_bytes(s: _Shapes, bf16: bool, fsdp: bool) -> int:
     """Bytes one block saves for backward, without recomputation.
 
@@ -200,7 +219,7 @@ class _Phase:
     """Saved activations already released when the phase happens."""
 
 
-def _phases(s: _Shapes, dp: int, zero_stage: int, bf16: bool, full: bool, grad_acc: int,
+def _phases(s: _Shapes, dp: int, zero_stage: int, bf16: bool, full: bool, grad_acc: int, accumulating: bool,
             head: float) -> dict[str, _Phase]:
     """The candidate peaks of forward and backward, each relative to the memory at the end of forward."""
     fsdp = zero_stage >= 2
@@ -227,8 +246,7 @@ def _phases(s: _Shapes, dp: int, zero_stage: int, bf16: bool, full: bool, grad_a
         phases["block_backward"] = _Phase(logits, temps=scratch, freed=head)
         return phases
     # FSDP2: the root's unsharded gradients wait for the end of backward, a block's for its
-    # reduce-scatter; with accumulation they already exist and backward adds into them.
-    accumulating = grad_acc > 1
+    # reduce-scatter; accumulating unsharded, they already exist and backward adds into them.
     root_grads = 0 if accumulating else cu * s.root_params
     scratch += 0 if accumulating else cu * hf
     block_unsharded = cu * s.block_params
@@ -243,7 +261,7 @@ def _phases(s: _Shapes, dp: int, zero_stage: int, bf16: bool, full: bool, grad_a
         # reduce-scatter buffer not yet released) while the one below is prefetched (none below block 0).
         block_sh, _ = _sharded_params(s, dp)
         phases["next_block_backward"] = _Phase(
-            logits, temps=scratch, grads=root_grads + (0 if accumulating else FP32 * block_sh),
+            logits, temps=scratch, grads=root_grads + (0 if grad_acc > 1 else FP32 * block_sh),
             comm=(2 if s.L > 2 else 1) * block_unsharded + FP32 * s.block_params, freed=head + top_saved)
     return phases
 
@@ -257,6 +275,7 @@ def analytic_peak(
     precision: str = "fp32",
     recompute: str = "none",
     grad_acc: int = 1,
+    fsdp_grad_reduce: str = "every_micro_step",
 ) -> MemoryBreakdown:
     """Predicted peak bytes per rank of one training step of this project's model, by phase."""
     a = model if isinstance(model, ModelArgs) else ModelArgs.from_dict(model)
@@ -271,18 +290,21 @@ def analytic_peak(
     cu = BF16 if bf16 else FP32  # bytes of a weight's compute copy
 
     # Model state through forward and backward.
+    accumulate_unsharded = fsdp and grad_acc > 1 and fsdp_grad_reduce == "last_micro_step"
     if not fsdp:
         params = FP32 * psi
-        grads = FP32 * psi * (2 if grad_acc > 1 else 1)  # buckets, and p.grad while accumulating
-        own = psi / dp if zero_stage == 1 else psi
-        optimizer = 2 * FP32 * own + FP32 * math.ceil(s.n_tensors * own / psi)
+        grads = FP32 * psi  # DDP's buckets; accumulation adds into them (gradients are views of the buckets)
+        own_numel, own_tensors = zero1_worst_rank(s, dp) if zero_stage == 1 else (psi, s.n_tensors)
+        optimizer = 2 * FP32 * own_numel + FP32 * own_tensors
         unsharded = 0
         step_grads = FP32 * psi
     else:
         block_sh, root_sh = _sharded_params(s, dp)
         sharded = s.L * block_sh + root_sh
         params = FP32 * sharded
-        grads = FP32 * psi if grad_acc > 1 else 0  # unsharded, accumulating
+        # Accumulation: fp32 gradient shards from the first micro-step on (reduce-scatter every micro-step),
+        # or whole unsharded gradients (fsdp_grad_reduce=last_micro_step).
+        grads = 0 if grad_acc == 1 else FP32 * (psi if accumulate_unsharded else sharded)
         optimizer = 2 * FP32 * sharded + FP32 * s.n_tensors
         unsharded = cu * (psi if zero_stage == 2 else s.root_params)
         step_grads = FP32 * sharded
@@ -295,7 +317,7 @@ def analytic_peak(
     activations = resid * t * h + s.L * block_saved + head
     overhead = 8 * mbs * (seq_len + 1) + FP32 * seq_len * s.hd + 64  # token ids, RoPE tables, scalars
 
-    name, ph = max(_phases(s, dp, zero_stage, bf16, full, grad_acc, head).items(),
+    name, ph = max(_phases(s, dp, zero_stage, bf16, full, grad_acc, accumulate_unsharded, head).items(),
                    key=lambda kv: kv[1].logits + kv[1].temps + kv[1].comm + kv[1].grads - kv[1].freed)
     peak = MemoryBreakdown(
         params_bytes=int(params + unsharded), grads_bytes=int(grads + ph.grads), optimizer_bytes=int(optimizer),
@@ -316,16 +338,23 @@ def predict_config(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> Me
     if grad_acc is None:
         from scaling.validate import validate
 
-        grad_acc = validate(cfg).grad_acc
+        grad_acc = validate(cfg, host=False).grad_acc
     t, p = cfg["train"], cfg["parallel"]
     return analytic_peak(cfg["model"], t["seq_len"], t["mbs"], p["dp"], p["zero_stage"], t["precision"],
-                         t["recompute"], grad_acc)
+                         t["recompute"], grad_acc, p["fsdp_grad_reduce"])
 
 
 def capacity_bytes(cfg: Mapping[str, Any]) -> Optional[int]:
-    """The device capacity per rank the point runs against (hardware.memory_gb), or None for no limit."""
-    gb = cfg["hardware"]["memory_gb"]
-    return None if gb is None else int(gb * GIB)
+    """What tensors may use per rank: hardware.memory_gb less hardware.reserve_gb (the CUDA context, NCCL's
+    buffers, the allocator's slack), or None for no limit."""
+    hw = cfg["hardware"]
+    return None if hw["memory_gb"] is None else int((hw["memory_gb"] - hw["reserve_gb"]) * GIB)
+
+
+def sampled(key: str, fraction: float) -> bool:
+    """Whether a point the pre-screen would skip runs anyway, as part of a `fraction` sample: decided by its
+    job key, so a re-run samples the same points."""
+    return int(key, 16) % 10_000 < round(fraction * 10_000)
 
 
 TRACE_BAND = (0.8, 1.25)
@@ -343,8 +372,9 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> dict[st
     capacity = capacity_bytes(cfg)
     margin = float(cfg["launch"]["prescreen_margin"])
     out: dict[str, Any] = {
-        "peak_mem_bytes": analytic.total_bytes, "method": ANALYTIC, "fits": None, "skip": False, "reason": None,
-        "capacity_bytes": capacity, "margin": margin, "analytic": analytic.as_dict(), "traced": None,
+        "peak_mem_bytes": analytic.total_bytes, "method": ANALYTIC, "fits": None, "skip": False, "sampled": False,
+        "reason": None, "capacity_bytes": capacity, "reserve_bytes": int(cfg["hardware"]["reserve_gb"] * GIB),
+        "margin": margin, "analytic": analytic.as_dict(), "traced": None,
     }
     if capacity is None:
         return out
@@ -369,6 +399,7 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> dict[st
     if cfg["launch"]["prescreen"] and peak > threshold:
         out["skip"] = True
         out["reason"] = (f"predicted peak {peak} bytes per rank ({peak / GIB:.3f} GiB, {out['method']}) > "
-                         f"(1 + launch.prescreen_margin={margin:g}) x hardware.memory_gb capacity of {capacity} bytes: "
-                         "not launched (launch.prescreen=false runs it anyway)")
+                         f"(1 + launch.prescreen_margin={margin:g}) x the capacity of {capacity} bytes "
+                         "(hardware.memory_gb - reserve_gb): not launched (launch.prescreen=false runs it anyway)")
+        out["sampled"] = sampled(job_key(cfg), float(cfg["launch"]["prescreen_sample"]))
     return out

@@ -1,7 +1,8 @@
 """Traced memory prediction: the real training step of a point, on fake tensors, one rank of a fake world.
 
 The project's own model (`scaling.engine.model.Transformer`), ZeRO wrapping (`scaling.engine.parallel.parallelize`)
-and step (`scaling.engine.worker.train_step`) run under torch's `FakeTensorMode` with a fake process group
+and step (`scaling.engine.step.train_step`), built in the worker's order (recompute, shard, initialise,
+wrap), run under torch's `FakeTensorMode` with a fake process group
 (`dist.init_process_group("fake")`: rank 0 of `parallel.dp` ranks, collectives return at once), and
 the step is measured by the worker's own tracker (`scaling.engine.memtrack.tracked_step`). No tensor is
 allocated, so llama_8b at dp=512 is predicted on a laptop in seconds; the result is the same
@@ -176,21 +177,20 @@ def trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
     """Peak live bytes per rank of a resolved point's training step, traced on fake tensors in this process."""
     from scaling.engine.data import GlobalBatch
     from scaling.engine.memtrack import tracked_step
-    from scaling.engine.model import ModelArgs, Transformer
+    from scaling.engine.model import ModelArgs
     from scaling.engine.parallel import parallelize
+    from scaling.engine.step import train_step
     from scaling.validate import validate
-    from scaling.engine.worker import train_step
 
     t0 = time.perf_counter()
-    grad_acc = validate(cfg).grad_acc
+    grad_acc = validate(cfg, host=False).grad_acc
     train, par = cfg["train"], cfg["parallel"]
     args = ModelArgs.from_dict(cfg["model"])
     micro_steps, mbs, dp = min(grad_acc, MAX_MICRO_STEPS), train["mbs"], par["dp"]
     cpu = torch.device("cpu")
     with _fake_world(dp):
-        model = Transformer(args, recompute=train["recompute"] == "full")
-        pz = parallelize(model, par["zero_stage"], cpu, precision=train["precision"], bucket_mb=par["bucket_mb"],
-                         lr=train["lr"], weight_decay=train["weight_decay"])
+        # The worker's build order; fake tensors hold no memory, so the shapes are made on the fake device.
+        pz = parallelize(args, {**train, "compile": False}, par, cpu, on_meta=False)
         if par["zero_stage"] <= 1:
             pz.model.register_comm_hook(None, _completed_allreduce(dp))
             pz.model.reducer = _NoBucketRebuild(pz.model.reducer)

@@ -1,0 +1,262 @@
+"""`make gpu-check`: the GPU path, run for real on whatever CUDA devices this machine has.
+
+    python benchmarks/gpu_check.py [--budget-s 560] [--out benchmarks/gpu]
+
+(a) llama_1b at seq 4096 in bf16 on one GPU, ZeRO 0-3: the largest mbs that fits (`scaling find-mbs`:
+    predicted, then confirmed by a run at that mbs and one at mbs + 1), then the same mbs with
+    `train.compile`: tokens/s per GPU, MFU, the attention kernel that ran, compile time;
+(b) the memory predictor against `max_memory_allocated` on 12 or more eager points (mbs, recompute,
+    ZeRO stage), with `mem_get_info`'s view of what the device had in use beside it;
+(c) a point made to run out of memory (the find-mbs run at mbs + 1, and one on a capped device) must
+    be classified `oom`;
+(d) with two or more GPUs, the ZeRO equivalence check on NCCL (dp=2, grad_acc=2 against dp=1,
+    grad_acc=4: the same losses for every stage).
+
+It writes `benchmarks/gpu/<device>.md` (tokens/s per GPU, MFU, measured against predicted memory per
+point, the targets: MFU >= 40% for llama_1b bf16 seq 4096 on an H100, predictor median error <= 5%).
+Without a CUDA device it composes and predicts every planned point, says that no CUDA device was
+found, and exits 1. Parts that would overrun --budget-s are skipped and listed as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from scaling.predictor.analytic import predict_config  # noqa: E402
+from scaling.predictor.cli import compose_config  # noqa: E402
+from scaling.record import OK, OOM  # noqa: E402
+from scaling.validate import validate  # noqa: E402
+
+GIB = 1024**3
+PROFILES = {"H100": "h100", "H200": "h200", "A100": "a100"}
+MFU_TARGET, PREDICTOR_TARGET = 0.40, 0.05
+STAGES = (0, 1, 2, 3)
+BASE = ["model=llama_1b", "train.seq_len=4096", "train.precision=bf16", "parallel.dp=1", "train.warmup_steps=2",
+        "train.steps=5", "logger=none", "launch.rerun=all", "launch.timeout_s=300"]
+EXTRA = [(mbs, rc, z) for mbs in (1, 4) for rc in ("none", "full") for z in (0, 3)]
+"""(b)'s further eager points: llama_1b at seq 2048."""
+
+
+def profile_for(name: str) -> str:
+    """The hardware profile of a CUDA device name ('NVIDIA H100 80GB HBM3' -> 'h100')."""
+    for marker, profile in PROFILES.items():
+        if marker in name:
+            return profile
+    raise SystemExit(f"gpu-check: no hardware profile for {name!r}: add one to conf/hardware/ (one of "
+                     f"{', '.join(PROFILES.values())} exists)")
+
+
+class Check:
+    """The run's points, its verdicts and its time budget."""
+
+    def __init__(self, hardware: str, sweep_dir: Path, budget_s: float) -> None:
+        self.hardware, self.sweep_dir, self.deadline = hardware, sweep_dir, time.monotonic() + budget_s
+        self.rows: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.failures: list[str] = []
+
+    def config(self, *overrides: str) -> dict[str, Any]:
+        """A resolved point of the check."""
+        return compose_config([*BASE, f"hardware={self.hardware}", f"sweep_dir={self.sweep_dir}", *overrides])
+
+    def time_left(self, need_s: float, part: str) -> bool:
+        """Whether `need_s` more seconds fit in the budget; if not the part is listed as skipped."""
+        if time.monotonic() + need_s <= self.deadline:
+            return True
+        self.notes.append(f"skipped for time (--budget-s): {part}")
+        return False
+
+    def expect(self, ok: bool, what: str) -> None:
+        """A correctness verdict: recorded, and failing the check when false."""
+        if not ok:
+            self.failures.append(what)
+
+    def add(self, part: str, record: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+        """One measured point as a table row."""
+        m, env = record.get("metrics") or {}, record.get("env") or {}
+        t, p = cfg["train"], cfg["parallel"]
+        times = m.get("step_times_s") or []
+        row = {
+            "part": part, "seq": t["seq_len"], "mbs": t["mbs"], "zero": p["zero_stage"], "recompute": t["recompute"],
+            "compile": t["compile"], "status": record["status"], "error": record.get("error"),
+            "tokens_per_s_per_gpu": m.get("tokens_per_s_per_gpu"), "mfu": m.get("mfu"),
+            "step_spread": (max(times) - min(times)) / statistics.median(times) if times else None,
+            "peak_alloc": m.get("peak_mem_bytes"), "peak_reserved": m.get("peak_mem_reserved_bytes"),
+            "device_used": m.get("device_used_bytes"), "build_peak": m.get("build_peak_mem_bytes"),
+            "predicted": predict_config(cfg).total_bytes, "kernel": env.get("attention_kernel"),
+            "compile_s": m.get("compile_s"), "recompiles": m.get("recompiles_after_warmup"),
+        }
+        self.rows.append(row)
+        print(_row_line(row), flush=True)
+        return row
+
+
+def _row_line(r: dict[str, Any]) -> str:
+    gib = (lambda b: f"{b / GIB:6.2f}" if b else "     -")
+    mfu = f"{100 * r['mfu']:5.1f}%" if r["mfu"] is not None else "     -"
+    tps = f"{r['tokens_per_s_per_gpu']:9.0f}" if r["tokens_per_s_per_gpu"] else "        -"
+    return (f"  [{r['part']}] seq {r['seq']} mbs {r['mbs']:>2} zero {r['zero']} rc {r['recompute']:<4} "
+            f"compile {int(r['compile'])}: {r['status']:<7} tok/s/GPU {tps} MFU {mfu} peak {gib(r['peak_alloc'])} GiB "
+            f"predicted {gib(r['predicted'])} GiB kernel {r['kernel'] or '-'}")
+
+
+def part_a(check: Check) -> None:
+    """find-mbs per ZeRO stage (its mbs + 1 run is part (c)), then the found mbs with compile."""
+    from scaling.predictor.find_mbs import find_mbs
+    from scaling.run import run_point
+
+    for stage in STAGES:
+        if not check.time_left(60, f"(a) ZeRO-{stage}"):
+            return
+        cfg = check.config(f"parallel.zero_stage={stage}", "launch.prescreen=false")
+        found = find_mbs(cfg, max_mbs=64, traced=False)
+        print(f"(a) ZeRO-{stage}: largest mbs {found.mbs} (predicted {found.predicted_mbs}; {found.note})", flush=True)
+        for run in found.runs:
+            run_cfg = check.config(f"parallel.zero_stage={stage}", f"train.mbs={run['mbs']}", "launch.prescreen=false")
+            record = run_point({**run_cfg, "launch": {**run_cfg["launch"], "rerun": "none"}})  # the stored run
+            row = check.add("a", record, run_cfg)
+            if run["mbs"] > found.mbs:
+                check.expect(row["status"] == OOM, f"(c) ZeRO-{stage} mbs={run['mbs']} ran out of memory but "
+                                                   f"was recorded {row['status']}")
+        check.expect(found.mbs >= 1, f"(a) ZeRO-{stage}: not even mbs=1 fits")
+        if found.mbs >= 1 and check.time_left(120, f"(a) ZeRO-{stage} with compile"):
+            cfg = check.config(f"parallel.zero_stage={stage}", f"train.mbs={found.mbs}", "train.compile=true",
+                               "launch.prescreen=false")
+            row = check.add("a", run_point(cfg), cfg)
+            check.expect(row["status"] == OK, f"(a) ZeRO-{stage} mbs={found.mbs} with compile: {row['error']}")
+
+
+def part_b(check: Check) -> None:
+    """Further eager points for the predictor: seq 2048, mbs, recompute and stage varied."""
+    from scaling.run import run_point
+
+    for mbs, recompute, stage in EXTRA:
+        if not check.time_left(25, f"(b) seq 2048 mbs={mbs} recompute={recompute} ZeRO-{stage}"):
+            return
+        cfg = check.config("train.seq_len=2048", f"train.mbs={mbs}", f"train.recompute={recompute}",
+                           f"parallel.zero_stage={stage}")
+        row = check.add("b", run_point(cfg), cfg)
+        check.expect(row["status"] == OK, f"(b) seq 2048 mbs={mbs} rc={recompute} ZeRO-{stage}: {row['error']}")
+
+
+def part_c(check: Check) -> None:
+    """A device capped below what the point needs: oom, and said so."""
+    from scaling.run import run_point
+
+    if not check.time_left(30, "(c) capped device"):
+        return
+    cfg = check.config("train.mbs=8", "hardware.memory_gb=8", "hardware.reserve_gb=0.5", "launch.prescreen=false")
+    row = check.add("c", run_point(cfg), cfg)
+    check.expect(row["status"] == OOM, f"(c) llama_1b mbs=8 on an 8 GiB cap was recorded {row['status']}: {row['error']}")
+
+
+def part_d(check: Check, devices: int) -> None:
+    """ZeRO equivalence on NCCL: dp=2 x grad_acc=2 against dp=1 x grad_acc=4, every stage."""
+    from scaling.run import run_point
+
+    if devices < 2:
+        check.notes.append("(d) skipped: one CUDA device (the ZeRO equivalence on NCCL needs two)")
+        return
+    for stage in STAGES:
+        if not check.time_left(40, f"(d) ZeRO-{stage}"):
+            return
+        losses = []
+        for dp, ga in ((2, 2), (1, 4)):
+            cfg = check.config("model=small", "train.seq_len=256", "train.mbs=2", f"parallel.dp={dp}",
+                               f"train.grad_acc={ga}", f"parallel.zero_stage={stage}")
+            record = run_point(cfg)
+            losses.append((record.get("metrics") or {}).get("losses"))
+        same = all(losses) and max(abs(a - b) / abs(b) for a, b in zip(*losses)) <= 1e-2
+        check.expect(same, f"(d) ZeRO-{stage}: dp=2 x ga=2 and dp=1 x ga=4 losses differ: {losses}")
+        check.notes.append(f"(d) ZeRO-{stage}: losses {'agree' if same else 'DIFFER'} within 1% (bf16)")
+
+
+def summary(check: Check, device: str) -> list[str]:
+    """The Markdown page."""
+    eager_ok = [r for r in check.rows if r["status"] == OK and not r["compile"] and r["peak_alloc"]]
+    errors = [abs(r["predicted"] - r["peak_alloc"]) / r["peak_alloc"] for r in eager_ok]
+    big = [r for r in check.rows if r["status"] == OK and r["seq"] == 4096 and r["mfu"] is not None]
+    best = max(big, key=lambda r: r["mfu"], default=None)
+    lines = [f"# GPU check: {device}", "", f"`python benchmarks/gpu_check.py` ({time.strftime('%Y-%m-%d')}).", "",
+             "| part | seq | mbs | ZeRO | recompute | compile | status | tokens/s/GPU | MFU | step spread | "
+             "peak alloc GiB | reserved GiB | device used GiB | build peak GiB | predicted GiB | error | attention | "
+             "compile s |", "|" + "---|" * 18]
+    gib = (lambda b: f"{b / GIB:.2f}" if b else "")
+    pct = (lambda v: "" if v is None else f"{v:.1%}")
+    for r in check.rows:
+        err = f"{(r['predicted'] - r['peak_alloc']) / r['peak_alloc']:+.1%}" if r["peak_alloc"] and r["status"] == OK else ""
+        compile_s = "" if r["compile_s"] is None else f"{r['compile_s']:.1f}"
+        lines.append(
+            f"| {r['part']} | {r['seq']} | {r['mbs']} | {r['zero']} | {r['recompute']} | {int(r['compile'])} | "
+            f"{r['status']} | {r['tokens_per_s_per_gpu'] or 0:,.0f} | {pct(r['mfu'])} | {pct(r['step_spread'])} | "
+            f"{gib(r['peak_alloc'])} | {gib(r['peak_reserved'])} | {gib(r['device_used'])} | {gib(r['build_peak'])} | "
+            f"{gib(r['predicted'])} | {err} | {r['kernel'] or ''} | {compile_s} |")
+    lines += ["", "## Targets", ""]
+    if best is not None:
+        lines.append(f"- MFU of llama_1b bf16 seq 4096: best {best['mfu']:.1%} (ZeRO-{best['zero']}, mbs {best['mbs']}, "
+                     f"compile {int(best['compile'])}); target >= {MFU_TARGET:.0%}: "
+                     f"{'met' if best['mfu'] >= MFU_TARGET else 'NOT met'}.")
+    if errors:
+        med = statistics.median(errors)
+        lines.append(f"- Memory predictor (analytic) against max_memory_allocated on {len(errors)} eager points: median "
+                     f"|error| {med:.1%}, largest {max(errors):.1%}; target <= {PREDICTOR_TARGET:.0%}: "
+                     f"{'met' if med <= PREDICTOR_TARGET else 'NOT met'}.")
+    lines += ["", "## Checks", ""] + [f"- FAILED: {f}" for f in check.failures] + [f"- {n}" for n in check.notes]
+    if not check.failures:
+        lines.append("- every correctness check passed (OOM points classified oom, every ok point ran).")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the check; exit 0 when every correctness check passed, 1 otherwise or without CUDA."""
+    p = argparse.ArgumentParser(prog="gpu_check", description=__doc__.splitlines()[0])
+    p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock budget; later parts are skipped past it")
+    p.add_argument("--out", type=Path, default=HERE / "gpu", help="folder of the <device>.md page")
+    p.add_argument("--sweep-dir", type=Path, default=Path("runs/gpu-check"), help="where the points' records go")
+    p.add_argument("--parts", default="a,b,c,d", help="which parts to run, e.g. a,c")
+    a = p.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        planned = _planned_configs()
+        for cfg in planned:
+            validate(cfg)
+        print(f"gpu-check: composed and validated {len(planned)} planned points (analytic peaks "
+              f"{min(predict_config(c).total_bytes for c in planned) / GIB:.1f}-"
+              f"{max(predict_config(c).total_bytes for c in planned) / GIB:.1f} GiB per rank)")
+        print("gpu-check: no CUDA device found (torch.cuda.is_available() is False): nothing was measured; "
+              "run this on a machine with an NVIDIA GPU", file=sys.stderr)
+        return 1
+    device = torch.cuda.get_device_name(0)
+    check = Check(profile_for(device), a.sweep_dir.resolve(), a.budget_s)
+    parts: dict[str, Callable[[], None]] = {"a": lambda: part_a(check), "b": lambda: part_b(check),
+                                             "c": lambda: part_c(check),
+                                             "d": lambda: part_d(check, torch.cuda.device_count())}
+    for name in a.parts.split(","):
+        parts[name]()
+    a.out.mkdir(parents=True, exist_ok=True)
+    page = a.out / f"{device.replace(' ', '_')}.md"
+    page.write_text("\n".join(summary(check, device)) + "\n")
+    print("\n".join(summary(check, device)[-8:]))
+    print(f"gpu-check: wrote {page}")
+    return 1 if check.failures else 0
+
+
+def _planned_configs() -> list[dict[str, Any]]:
+    """The points parts (a) and (b) start from, on the H100 profile (for the CPU dry run)."""
+    check = Check("h100", Path("runs/gpu-check"), 0)
+    return ([check.config(f"parallel.zero_stage={z}", "train.mbs=1") for z in STAGES]
+            + [check.config("train.seq_len=2048", f"train.mbs={m}", f"train.recompute={rc}", f"parallel.zero_stage={z}")
+               for m, rc, z in EXTRA])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

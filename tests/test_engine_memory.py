@@ -1,0 +1,116 @@
+"""The engine's memory by construction, measured on CPU: shard before materialising, peaks apart from the
+build, ZeRO-2/3 accumulation in shards, ZeRO-1's real partition, and what actually ran."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scaling.engine import kernels
+from scaling.engine.device import PROFILE_TOLERANCE, profile_note, rank_cores
+from scaling.engine.memtrack import ResidentMemory
+from scaling.engine.model import ModelArgs, param_count
+from scaling.predictor.analytic import _Shapes, capacity_bytes, zero1_worst_rank
+from scaling.run import run_point
+from tests.compose import compose_point
+
+BASE = ["logger=none", "train.warmup_steps=2", "train.steps=1", "launch.timeout_s=300", "launch.prescreen=false"]
+MIB = 2**20
+# 142M parameters (570 MB in fp32) in many tensors of at most 16 MB: ZeRO-3 over 2 ranks must never
+# hold the whole model on one rank while building it.
+FAT = ["model=small", "model.hidden=1024", "model.n_layers=8", "model.n_heads=8", "model.n_kv_heads=8",
+       "model.ffn_hidden=4096", "model.vocab_size=4096", "train.seq_len=32", "train.mbs=1"]
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("engine_memory")
+
+
+def point(sweep_dir, *overrides):
+    return run_point(compose_point([*BASE, *overrides], sweep_dir))
+
+
+def test_zero3_builds_only_each_ranks_shard_plus_one_parameter(sweep_dir):
+    rec = point(sweep_dir, *FAT, "parallel.dp=2", "parallel.zero_stage=3")
+    assert rec["status"] == "ok", rec["error"]
+    args = ModelArgs.from_dict(rec["config"]["model"])
+    full = 4 * param_count(args)
+    largest = 4 * args.ffn_hidden * args.hidden
+    build = rec["metrics"]["build_peak_mem_bytes_per_rank"]
+    assert len(build) == 2
+    for rank_bytes in build:  # resident growth while building, from the OS (allocator and FSDP2 copies beside)
+        assert rank_bytes <= full / 2 + largest + 96 * MIB, (rank_bytes / MIB, full / MIB)
+        assert rank_bytes < 0.7 * full
+    # The training peak is measured apart from the build: the tracked step's live tensors.
+    assert rec["metrics"]["peak_mem_source"] == "mem_tracker"
+    assert rec["metrics"]["peak_rss_growth_bytes"] >= rec["metrics"]["peak_mem_bytes"] * 0.8
+
+
+def test_resident_peak_is_reset_between_phases():
+    """The CPU stand-in for resetting CUDA's peak after building: a freed 256 MiB no longer counts."""
+    resident = ResidentMemory()
+    assert resident.available
+    big = torch.ones(64 * MIB)  # 256 MiB, touched
+    del big
+    assert resident.peak_growth_bytes() >= 250 * MIB
+    resident.reset_peak()
+    small = torch.ones(8 * MIB)  # 32 MiB
+    assert 24 * MIB <= resident.peak_growth_bytes() < 100 * MIB
+    del small
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero23_accumulate_gradients_in_shards(sweep_dir, stage):
+    """grad_acc=2 adds the fp32 gradient shards (4Ψ/dp), not unsharded gradients (4Ψ), unless asked."""
+    common = ["model=tiny", "train.seq_len=64", "train.mbs=2", "parallel.dp=2", f"parallel.zero_stage={stage}"]
+    psi = param_count(ModelArgs.from_dict(compose_point(["model=tiny"])["model"]))
+    peaks = {}
+    for label, extra in {"ga1": ["train.grad_acc=1"], "sharded": ["train.grad_acc=2"],
+                         "unsharded": ["train.grad_acc=2", "parallel.fsdp_grad_reduce=last_micro_step"]}.items():
+        rec = point(sweep_dir, *common, *extra)
+        assert rec["status"] == "ok", rec["error"]
+        peaks[label] = rec["metrics"]["peak_mem_bytes"]
+    assert peaks["sharded"] - peaks["ga1"] <= 4 * psi / 2 * 1.1, peaks
+    assert peaks["unsharded"] - peaks["ga1"] >= 4 * psi * 0.9, peaks
+
+
+def test_zero1_worst_rank_is_predicted_from_torchs_partition(sweep_dir):
+    rec = point(sweep_dir, "model=tiny", "train.seq_len=64", "train.mbs=2", "parallel.dp=2", "parallel.zero_stage=1")
+    assert rec["status"] == "ok", rec["error"]
+    measured = rec["metrics"]["optimizer_state_bytes_per_rank"]
+    args = ModelArgs.from_dict(rec["config"]["model"])
+    shapes = _Shapes(args.n_layers, args.hidden, args.n_kv_heads * args.head_dim, args.ffn_hidden, args.n_heads,
+                     args.head_dim, args.vocab_size, args.tie_embeddings, 64, 2)
+    numel, tensors = zero1_worst_rank(shapes, 2)
+    assert max(measured) == 8 * numel + 4 * tensors  # AdamW m and v, and a 4-byte step per tensor
+    assert max(measured) > 8 * param_count(args) / 2  # whole tensors: the worst rank holds more than Ψ/dp
+
+
+def test_record_says_which_attention_kernel_ran(sweep_dir):
+    rec = point(sweep_dir, "model=tiny", "train.seq_len=64", "train.mbs=2")
+    assert rec["env"]["attention_kernel"] == "flash (cpu)" and rec["env"]["compile"] is False
+    assert rec["env"]["warmup_steps_run"] == 2 and rec["metrics"]["compile_s"] is None
+    # The probe tells kernels apart: with the fused kernel ruled out, SDPA falls back to the math one.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cpu = torch.device("cpu")
+    assert kernels.attention_kernel(4, 2, 16, 32, torch.float32, cpu) == "flash (cpu)"
+    with sdpa_kernel(SDPBackend.MATH):
+        assert kernels.attention_kernel(4, 2, 16, 32, torch.float32, cpu) == kernels.MATH
+
+
+def test_capacity_is_what_the_device_states_less_a_reserve():
+    h100 = compose_point(["hardware=h100", "train.precision=bf16"])
+    assert capacity_bytes(h100) == int((h100["hardware"]["memory_gb"] - h100["hardware"]["reserve_gb"]) * 2**30)
+    total = int(79.19 * 2**30)  # what torch reports for an "80 GB" H100
+    assert profile_note(80.0, "NVIDIA H100 80GB HBM3", total) is None  # within PROFILE_TOLERANCE
+    note = profile_note(141.0, "NVIDIA H100 80GB HBM3", total)
+    assert note and "hardware.memory_gb=141 GiB" in note and "79.19 GiB" in note
+    assert PROFILE_TOLERANCE < 0.05
+
+
+def test_ranks_get_cores_of_their_own():
+    assert [rank_cores(r, 1, [0, 1]) for r in (0, 1)] == [[0], [1]]
+    assert [rank_cores(r, 2, [4, 5, 6, 7]) for r in (0, 1)] == [[4, 5], [6, 7]]
+    assert rank_cores(2, 1, [0, 1]) == [0]  # oversubscribed: wraps around
