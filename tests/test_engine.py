@@ -40,6 +40,8 @@ def test_dp_split_does_not_change_training(sweep_dir, stage):
     assert rel(two["metrics"]["final_param_norm"], one["metrics"]["final_param_norm"]) <= 1e-5
     assert two["derived"]["gbs"] == one["derived"]["gbs"] == 8
     assert two["env"]["threads_per_device"] == 1 and two["env"]["world_size"] == 2
+    cores = two["env"]["cores_per_rank"]
+    assert len(cores) == 2 and len({c for rank in cores for c in rank}) == 2 and not two["env"]["oversubscribed"]
     assert len(two["metrics"]["peak_mem_bytes_per_rank"]) == 2
 
 
@@ -67,6 +69,14 @@ def test_record_schema(sweep_dir):
     assert rec["env"]["memory_capacity"] == "unlimited" and rec["env"]["backend"] == "gloo"
     assert rec["timing"]["launch_overhead_s"] > 0
     assert set(rec["config"]) == {"model", "train", "parallel", "hardware"}
+
+
+def test_oversubscribed_point_runs_when_asked_and_says_so(sweep_dir):
+    rec = point(sweep_dir, "parallel.dp=3", "hardware.oversubscribe=true", "train.steps=1")
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["config"]["hardware"]["oversubscribe"] is True
+    cores = rec["env"]["cores_per_rank"]
+    assert rec["env"]["oversubscribed"] is True and len(cores) == 3 and cores[2] == cores[0] != cores[1]
 
 
 def test_emulated_capacity_below_need_is_oom(sweep_dir):

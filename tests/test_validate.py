@@ -30,6 +30,10 @@ INVALID = [
     (["train.grad_acc=2", "train.gbs=8", "train.mbs=2"], "set train.grad_acc=auto"),
     (["hardware=h100", "hardware.devices_per_node=8", "parallel.dp=12", "train.mbs=1", "train.grad_acc=1"],
      "is not a multiple of it"),
+    (["hardware=h100", "train.precision=fp32"], "use train.precision=bf16"),
+    (["hardware.threads_per_device=0"], "hardware.threads_per_device=0 must be a positive integer"),
+    (["parallel.fsdp_grad_reduce=never"], "choose one of every_micro_step, last_micro_step"),
+    (["launch.prescreen_sample=2"], "launch.prescreen_sample=2.0 must be a fraction in [0, 1]"),
 ]
 
 
@@ -50,6 +54,31 @@ def test_several_problems_are_all_reported():
 def test_auto_grad_acc_from_gbs_tokens():
     d = validate(compose_point(["train.grad_acc=auto", "train.gbs_tokens=1024", "train.seq_len=64", "train.mbs=2", "parallel.dp=2"]))
     assert (d.gbs, d.gbs_tokens, d.grad_acc, d.world_size, d.nnodes) == (16, 1024, 4, 2, 1)
+
+
+def test_a_cpu_rank_is_a_device_of_its_own_cores():
+    """dp x threads_per_device must fit the host's cores, unless oversubscription is asked for (and recorded)."""
+    too_many = compose_point(["parallel.dp=4", "hardware.threads_per_device=2"])
+    with pytest.raises(InvalidConfig) as err:
+        validate(too_many, usable_cores=6)
+    assert str(err.value) == (
+        "parallel.dp=4 x hardware.threads_per_device=2 = 8 threads on one host but this host has 6 usable cores: "
+        "the largest dp that fits is 3 (or set hardware.oversubscribe=true to let ranks share cores; the record "
+        "and the report then say so)")
+    assert validate(too_many, usable_cores=8).world_size == 4
+    assert validate(compose_point(["parallel.dp=4", "hardware.threads_per_device=2", "hardware.oversubscribe=true"]),
+                    usable_cores=6).world_size == 4
+    assert validate(too_many, usable_cores=6, host=False).world_size == 4  # the predictors' view: any host
+
+
+def test_the_cpu_device_is_part_of_the_job_key():
+    """A record measured on 1-thread devices never answers a point asked on 2-thread ones."""
+    from scaling.record import job_key
+
+    keys = {job_key(compose_point([f"hardware.threads_per_device={t}"])) for t in (1, 2)}
+    keys.add(job_key(compose_point(["hardware.oversubscribe=true"])))
+    assert len(keys) == 3
+    assert job_key(compose_point(["launch.timeout_s=5"])) == job_key(compose_point([]))  # how it runs: not the key
 
 
 def test_nodes_from_devices_per_node():

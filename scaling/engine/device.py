@@ -87,6 +87,5 @@ def setup(hw: Mapping[str, Any], local_rank: int) -> Device:
         "device_name": platform.processor() or platform.machine(),
         "threads_per_device": torch.get_num_threads(),
         "cores": cores,
-        "oversubscribed": (local_rank + 1) * threads > len(usable),
     }
     return Device(torch.device("cpu"), "emulated" if capacity is not None else "unlimited", capacity, env)

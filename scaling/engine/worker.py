@@ -172,6 +172,11 @@ def _report(cfg: dict[str, Any], job_dir: Path, pz: Parallelized, dev: devices.D
     per_rank = {k: None if any(row[i] != row[i] for row in gathered) else [int(row[i]) for row in gathered]
                 for i, k in enumerate(names)}  # NaN: a figure this device kind does not have
     world = dist.get_world_size()
+    env = {k: v for k, v in dev.env.items() if k != "cores"}
+    if not cuda:  # which cores each rank ran on: shared ones mean the point was oversubscribed
+        cores: list[Any] = [None] * world
+        dist.all_gather_object(cores, dev.env["cores"])
+        env.update(cores_per_rank=cores, oversubscribed=len({c for rank in cores for c in rank}) < sum(map(len, cores)))
     step_losses = torch.stack(losses).double()
     dist.all_reduce(step_losses)  # sum of per-rank means -> divided by world below
     times_by_rank = _gather_floats(step_times, dev.device)
@@ -193,7 +198,7 @@ def _report(cfg: dict[str, Any], job_dir: Path, pz: Parallelized, dev: devices.D
                 "hostname": socket.gethostname(),
                 "memory_capacity": dev.memory_capacity,
                 "world_size": world,
-                **dev.env,
+                **env,
             },
         })
     dist.barrier()
