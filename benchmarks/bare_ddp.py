@@ -21,6 +21,9 @@ def main() -> None:
     out, model_json, seq, mbs, steps, warmup, threads = sys.argv[1:8]
     seq, mbs, steps, warmup, threads = int(seq), int(mbs), int(steps), int(warmup), int(threads)
     torch.set_num_threads(threads)
+    cores = sorted(os.sched_getaffinity(0))  # pinned like a scaling rank: cores of its own
+    rank = int(os.environ["LOCAL_RANK"])
+    os.sched_setaffinity(0, [cores[(rank * threads + i) % len(cores)] for i in range(threads)])
     dist.init_process_group("gloo")
     args = ModelArgs.from_dict(json.loads(model_json))
     model = Transformer(args)
@@ -32,7 +35,7 @@ def main() -> None:
     times = []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=False)
         logits = ddp(batch[:, :-1])
         F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten()).backward()
         opt.step()

@@ -46,12 +46,13 @@ def main() -> None:
     p.add_argument("--mbs", type=int, default=8)
     p.add_argument("--dp", type=int, default=2)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--threads", type=int, default=1, help="hardware.threads_per_device: pinned threads per rank")
     a = p.parse_args()
-    threads = max(1, usable_cores() // a.dp)
+    threads = a.threads
     work = Path(tempfile.mkdtemp(prefix="bench_engine_"))
     overrides = [f"model={a.model}", f"train.seq_len={a.seq}", f"train.mbs={a.mbs}", "train.grad_acc=1",
                  f"parallel.dp={a.dp}", "parallel.zero_stage=0", f"train.steps={a.steps}", "train.warmup_steps=2",
-                 "logger=none", "launch.rerun=all", f"launch.threads_per_rank={threads}"]
+                 "logger=none", "launch.rerun=all", f"hardware.threads_per_device={threads}"]
     cfg = compose_point(overrides, work / "runs")
     model_json = json.dumps(cfg["model"])
     tokens_per_step = a.mbs * a.seq
@@ -72,7 +73,7 @@ def main() -> None:
         return statistics.median(xs)
 
     print(f"bench_engine: model={a.model} seq={a.seq} mbs={a.mbs} dp={a.dp} ZeRO-0 fp32, {a.steps} timed steps, "
-          f"{threads} threads/rank, {a.reps} reps, host {os.uname().nodename} ({usable_cores()} cores)")
+          f"{threads} pinned threads/rank, {a.reps} reps, host {os.uname().nodename} ({usable_cores()} cores)")
     print(f"  tokens/s per rank   scaling.engine.worker {med(ours):10.1f}   bare DDP loop {med(bare):10.1f}   "
           f"ratio {med(ours) / med(bare):.3f}  (target >= 0.97)  runs: {[round(x) for x in ours]} vs {[round(x) for x in bare]}")
     print(f"  launch overhead s   scaling job    {med(overhead):10.2f}   bare torchrun {med(bare_wall):10.2f}   "

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from scaling import devices, launch, slurm, wandb_log
 from scaling.engine import flops
 from scaling.config import CONF_DIR, register_configs
-from scaling.predictor.analytic import prescreen
+from scaling.predictor.analytic import prescreen, sampled
 from scaling.metrics import throughput_metrics
 from scaling.engine.model import ModelArgs, param_count
 from scaling.record import (
@@ -81,6 +81,8 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
     sweep_dir = Path(cfg["sweep_dir"]).resolve()
     key = job_key(cfg)
     existing = read_record(sweep_dir, key)
+    if existing and existing["status"] == PREDICTED_OOM and sampled(key, cfg["launch"]["prescreen_sample"]):
+        existing = None  # a point the pre-screen skipped, now in the sample that runs anyway
     if should_skip(existing, cfg["launch"]["rerun"]):
         print(f"[scaling] {key} already recorded as {existing['status']}: skipped", flush=True)
         return existing

@@ -62,6 +62,21 @@ def test_prescreen_skips_exactly_the_points_predicted_not_to_fit(store, capacity
     assert "predicted peak" in json.loads((store / job_key(point(store, capacity_gb, 12)) / RESULT_FILE).read_text())["error"]
 
 
+def test_a_sample_of_predicted_oom_points_runs_anyway_to_measure_the_prescreen(store, capacity_gb):
+    """launch.prescreen_sample=1 launches what the pre-screen would skip; the record says it was a sample."""
+    sampled = run_point(point(store, capacity_gb, 12, "launch.prescreen_sample=1.0"))
+    assert sampled["predicted"]["skip"] and sampled["predicted"]["sampled"]
+    assert sampled["status"] == "oom" and (store / sampled["job_key"] / "torchrun.log").exists()  # really launched
+    rec = run_point(point(store, capacity_gb, 12, "launch.prescreen_sample=0.0", "launch.rerun=all"))
+    assert rec["status"] == PREDICTED_OOM and not rec["predicted"]["sampled"]
+    # The sample is chosen by job key: about the asked fraction of keys, the same ones every time.
+    from scaling.predictor.analytic import sampled as in_sample
+
+    keys = [f"{i * 7919:012x}" for i in range(2000)]
+    share = sum(in_sample(k, 0.1) for k in keys) / len(keys)
+    assert 0.07 < share < 0.13 and [in_sample(k, 0.1) for k in keys] == [in_sample(k, 0.1) for k in keys]
+
+
 def test_find_mbs_returns_what_a_direct_search_finds(store, capacity_gb):
     direct = 0
     for mbs in range(1, 6):  # the Playbook's recipe: increase mbs until out of memory
