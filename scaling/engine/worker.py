@@ -109,7 +109,7 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
 
     # Build: only what this rank owns is ever allocated (see scaling.engine.parallel).
     args = ModelArgs.from_dict(cfg["model"])
-    pz = parallelize(args, train, par, dev.device)
+    wrapped = parallelize(args, train, par, dev.device)
     build_peak_bytes = (torch.cuda.max_memory_allocated(dev.device) if cuda else resident.peak_growth_bytes())
     dev.env["attention_kernel"] = kernels.attention_kernel(args.n_heads, args.n_kv_heads, args.head_dim,
                                                            train["seq_len"], PRECISION_DTYPES[train["precision"]],
@@ -125,7 +125,7 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
 
     def one_step(before_micro: Optional[Callable[[], None]] = None) -> float:
         t0 = time.perf_counter()
-        losses.append(train_step(pz, data, len(losses), rank, mbs, grad_acc, before_micro))
+        losses.append(train_step(wrapped, data, len(losses), rank, mbs, grad_acc, before_micro))
         if cuda:
             torch.cuda.synchronize(dev.device)
         return time.perf_counter() - t0
@@ -135,7 +135,7 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
     warmup_times = [one_step() for _ in range(n_warmup - (0 if cuda else 1))]
     tracked_peak, breakdown = None, {}
     if not cuda:  # the last warm-up step: live tensor bytes under torch's tracker, against the capacity
-        with memtrack.tracked_step(pz.model, pz.optimizer, par["zero_stage"] >= 2, dev.capacity_bytes) as peak:
+        with memtrack.tracked_step(wrapped.model, wrapped.optimizer, par["zero_stage"] >= 2, dev.capacity_bytes) as peak:
             warmup_times.append(one_step(peak.new_micro_step))
         tracked_peak, breakdown = peak.peak_bytes, peak.breakdown
     phases.end("warmup_s")
@@ -146,11 +146,11 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
     step_times = [one_step() for _ in range(train["steps"])]
     window_s = time.perf_counter() - window_start
 
-    _report(cfg, job_dir, pz, dev, losses, step_times, {
+    _report(cfg, job_dir, wrapped, dev, losses, step_times, {
         "peak_mem_bytes": tracked_peak, "peak_mem_reserved_bytes": None, "num_ooms": 0, "num_alloc_retries": 0,
         "device_used_bytes": None, "build_peak_mem_bytes": build_peak_bytes,
         "peak_rss_growth_bytes": resident.peak_growth_bytes(),
-        "optimizer_state_bytes": memtrack.optimizer_state_bytes(pz.optimizer),
+        "optimizer_state_bytes": memtrack.optimizer_state_bytes(wrapped.optimizer),
     }, {
         "warmup_steps_run": n_warmup, "warmup_step_times_s": warmup_times,
         "compile": bool(train["compile"]), "recompiles_after_warmup": kernels.compiled_graphs() - graphs_after_warmup,
@@ -158,7 +158,7 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
     })
 
 
-def _report(cfg: dict[str, Any], job_dir: Path, pz: Parallelized, dev: devices.Device, losses: list[torch.Tensor],
+def _report(cfg: dict[str, Any], job_dir: Path, wrapped: Parallelized, dev: devices.Device, losses: list[torch.Tensor],
             step_times: list[float], memory: dict[str, Optional[int]], ran: dict[str, Any]) -> None:
     """Gather every rank's figures; rank 0 writes worker.json."""
     cuda = dev.device.type == "cuda"
@@ -180,7 +180,7 @@ def _report(cfg: dict[str, Any], job_dir: Path, pz: Parallelized, dev: devices.D
     step_losses = torch.stack(losses).double()
     dist.all_reduce(step_losses)  # sum of per-rank means -> divided by world below
     times_by_rank = _gather_floats(step_times, dev.device)
-    norm = pz.param_norm()
+    norm = wrapped.param_norm()
     if dist.get_rank() == 0:
         write_json_atomic(job_dir / WORKER_OUTPUT, {
             **ran,

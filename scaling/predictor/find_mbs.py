@@ -76,7 +76,7 @@ def _search_point(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def find_mbs(cfg: dict[str, Any], max_mbs: int = 1024, traced: bool = True, confirm: bool = True,
-             run: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None) -> FindMbsResult:
+             launch_point: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None) -> FindMbsResult:
     """Largest mbs that fits `cfg`'s capacity: predicted (analytic, then traced), confirmed with <= 2 runs."""
     cfg = _search_point(cfg)
     capacity = capacity_bytes(cfg)
@@ -104,20 +104,20 @@ def find_mbs(cfg: dict[str, Any], max_mbs: int = 1024, traced: bool = True, conf
     result = FindMbsResult(predicted, predicted, method, capacity, False, "not confirmed (--no-confirm)",
                            predictions=dict(sorted(predictions.items())))
     if confirm:
-        _confirm(result, cfg, max_mbs, run)
+        _confirm(result, cfg, max_mbs, launch_point)
     return result
 
 
 def _confirm(result: FindMbsResult, cfg: dict[str, Any], max_mbs: int,
-             run: Optional[Callable[[dict[str, Any]], dict[str, Any]]]) -> None:
+             launch_point: Optional[Callable[[dict[str, Any]], dict[str, Any]]]) -> None:
     """At most two real runs around the prediction; updates result.mbs, confirmed and note."""
-    if run is None:
-        from scaling.run import run_point as run
+    if launch_point is None:
+        from scaling.run import run_point as launch_point
 
     def status(m: int) -> str:
-        rec = run(_with_mbs(cfg, m))
+        rec = launch_point(_with_mbs(cfg, m))
         if rec["status"] == PREDICTED_OOM:  # a stored pre-screen verdict is no measurement: run it
-            rec = run({**_with_mbs(cfg, m), "launch": {**cfg["launch"], "rerun": "all"}})
+            rec = launch_point({**_with_mbs(cfg, m), "launch": {**cfg["launch"], "rerun": "all"}})
         peak = (rec.get("metrics") or {}).get("peak_mem_bytes")
         result.runs.append({"mbs": m, "status": rec["status"], "peak_mem_bytes": peak, "job_key": rec["job_key"]})
         return rec["status"]

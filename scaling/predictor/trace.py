@@ -190,14 +190,14 @@ def trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
     cpu = torch.device("cpu")
     with _fake_world(dp):
         # The worker's build order; fake tensors hold no memory, so the shapes are made on the fake device.
-        pz = parallelize(args, {**train, "compile": False}, par, cpu, on_meta=False)
+        wrapped = parallelize(args, {**train, "compile": False}, par, cpu, on_meta=False)
         if par["zero_stage"] <= 1:
-            pz.model.register_comm_hook(None, _completed_allreduce(dp))
-            pz.model.reducer = _NoBucketRebuild(pz.model.reducer)
+            wrapped.model.register_comm_hook(None, _completed_allreduce(dp))
+            wrapped.model.reducer = _NoBucketRebuild(wrapped.model.reducer)
         data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"])  # token values do not matter
-        train_step(pz, data, 0, 0, mbs, micro_steps)
-        with tracked_step(pz.model, pz.optimizer, par["zero_stage"] >= 2, None) as peak:
-            train_step(pz, data, 1, 0, mbs, micro_steps, peak.new_micro_step)
+        train_step(wrapped, data, 0, 0, mbs, micro_steps)
+        with tracked_step(wrapped.model, wrapped.optimizer, par["zero_stage"] >= 2, None) as peak:
+            train_step(wrapped, data, 1, 0, mbs, micro_steps, peak.new_micro_step)
     breakdown = {_category(k): v for k, v in peak.breakdown.items() if k != "Total" and v}
     return TracedPrediction(int(peak.peak_bytes), breakdown, time.perf_counter() - t0)
 
