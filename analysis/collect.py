@@ -4,6 +4,9 @@ Owns the mapping from the nested record (and from a W&B run's config/summary) to
 so every other part of `analysis` speaks in the same column names: the config axes (`model`,
 `seq_len`, `mbs`, `grad_acc`, `dp`, `zero_stage`, ...), `status` (kept as recorded), the metrics
 (`tokens_per_s_per_gpu`, `mfu`, `peak_mem_bytes`, ...) and the prediction (`pred_peak_mem_bytes`).
+Dtypes say what a column is: `status` is an ordered category (the order of `STATUSES`), `model` an
+ordered category by parameter count (llama_8b before llama_70b), timestamps are UTC datetimes and
+counts nullable integers.
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ INT_COLUMNS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "voc
                "grad_acc", "gbs", "gbs_tokens", "target_gbs", "target_gbs_tokens", "steps", "dp", "zero_stage",
                "n_params", "flops_per_token", "hw_flops_per_token", "world_size", "peak_mem_bytes",
                "peak_mem_reserved_bytes", "pred_peak_mem_bytes", "threads_per_rank")
+TIME_COLUMNS = ("started_at",)
+"""ISO-8601 strings in the record, UTC datetimes in the DataFrame."""
 GIB, MIB = 1024**3, 1024**2
 
 
@@ -119,15 +124,25 @@ def record_to_row(record: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
+def model_order(df: pd.DataFrame) -> list[str]:
+    """Model names by parameter count (smallest first), ties and models never sized by name."""
+    sizes = df.groupby("model", dropna=True)["n_params"].min()
+    return sorted(sizes.index, key=lambda name: (pd.isna(sizes[name]), 0 if pd.isna(sizes[name]) else sizes[name], name))
+
+
 def to_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
-    """Rows -> DataFrame with `COLUMNS` in order, nullable integers, status as an ordered category."""
+    """Rows -> DataFrame with `COLUMNS` in order, nullable integers, status and model as ordered
+    categories, timestamps as UTC datetimes."""
     df = pd.DataFrame.from_records(list(rows), columns=list(COLUMNS))
     for column in INT_COLUMNS:
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("Int64")
     for column in ("tokens_per_s", "tokens_per_s_per_gpu", "mfu", "hfu", "step_time_s", "peak_flops_per_s",
                    "memory_gb", "bucket_mb", "wall_s", "launch_overhead_s"):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("float64")
-    df["status"] = pd.Categorical(df["status"], categories=list(STATUSES))
+    df["status"] = pd.Categorical(df["status"], categories=list(STATUSES), ordered=True)
+    df["model"] = pd.Categorical(df["model"], categories=model_order(df), ordered=True)
+    for column in TIME_COLUMNS:
+        df[column] = pd.to_datetime(df[column], utc=True, format="ISO8601")
     for prefix in ("", "pred_"):
         peak = df[f"{prefix}peak_mem_bytes"].astype("float64")
         df[f"{prefix}peak_mem_gib"], df[f"{prefix}peak_mem_mib"] = peak / GIB, peak / MIB

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from analysis.collect import COLUMNS, collect, record_to_row, to_parquet, wandb_run_to_row
+from analysis.collect import COLUMNS, collect, record_to_row, to_frame, to_parquet, wandb_run_to_row
 from records import grid_records, make_record, write_sweep
 from scaling.record import STATUSES
 
@@ -93,3 +93,28 @@ def test_wandb_summary_with_top_level_metrics_and_dotted_config():
     row = wandb_run_to_row(config, summary, run_id="r1", group="g")
     assert (row["status"], row["dp"], row["peak_mem_bytes"], row["sweep"]) == ("oom", 2, 123, "g")
     assert row["tokens_per_s_per_gpu"] is None
+
+
+def test_status_and_model_are_ordered_categories_and_timestamps_datetimes(tmp_path):
+    sizes = {"llama_70b": 70_553_706_496, "llama_8b": 8_030_261_248, "tiny": 103_552, "llama_1b": 1_235_814_400}
+    records = []
+    for name, status in (("llama_70b", "ok"), ("llama_8b", "oom"), ("tiny", "invalid"), ("llama_1b", "ok")):
+        record = make_record(status, model=name)
+        record["derived"]["n_params"] = sizes[name]
+        record["timing"]["started_at"] = "2025-03-04T05:06:07+00:00"
+        records.append(record)
+    df = collect(write_sweep(tmp_path / "s", records))
+    assert df["status"].cat.ordered and list(df["status"].cat.categories) == list(STATUSES)
+    assert (df["status"] < "failed").sum() == 3  # ok, oom (and predicted_oom, timeout) come before failed
+    # by parameter count, not by name: llama_8b before llama_70b
+    assert df["model"].cat.ordered
+    assert list(df["model"].cat.categories) == ["tiny", "llama_1b", "llama_8b", "llama_70b"]
+    assert list(df.sort_values("model")["model"]) == ["tiny", "llama_1b", "llama_8b", "llama_70b"]
+    assert isinstance(df["started_at"].dtype, pd.DatetimeTZDtype)
+    assert df["started_at"].iloc[0] == pd.Timestamp("2025-03-04T05:06:07Z")
+
+
+def test_models_without_a_parameter_count_sort_after_by_name():
+    rows = [{**record_to_row(make_record("invalid", model=name)), "n_params": None} for name in ("b", "a")]
+    rows.append({**record_to_row(make_record("ok", model="c")), "n_params": 5})
+    assert list(to_frame(rows)["model"].cat.categories) == ["c", "a", "b"]

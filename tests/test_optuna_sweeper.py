@@ -181,6 +181,20 @@ def test_journal_opens_in_optuna_dashboard(tpe_search: tuple[Path, str]) -> None
     assert len(detail["trials"]) == 12 and detail["objective_names"] == ["metrics.score"]
 
 
+def test_readme_opens_the_study_in_pandas(tpe_search: tuple[Path, str]) -> None:
+    """The README's recipe, run on a finished search: one row per trial with the record's status."""
+    sweep_dir = tpe_search[0]
+    readme = (REPO / "README.md").read_text()
+    code = readme.split("The study in pandas", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    code = code.replace("runs/best_throughput/optuna.journal", str(sweep_dir / "optuna.journal"))
+    code = code.replace('study_name="best_throughput"', f"study_name={sweep_dir.name!r}")
+    scope: dict[str, Any] = {}
+    exec(code, scope)
+    trials = scope["trials"]
+    assert len(trials) == 12 and {"number", "value_metrics.score", "params_mbs", "user_attrs_status"} <= set(trials.columns)
+    assert set(trials["user_attrs_status"]) == {"ok", "oom"}
+
+
 def test_failures_are_tolerated_up_to_max_failure_rate(tmp_path: Path) -> None:
     toy_sweep(tmp_path / "tolerant", "x=0.3", "kind=a,b", "mbs=1,2", "fail_kind=b", "hydra.sweeper.n_trials=6")
     study = load_study(tmp_path / "tolerant")
