@@ -6,14 +6,20 @@
     scaling predict [overrides]          memory breakdown before launch
     scaling find-mbs [overrides]         the largest mbs that fits
     scaling report SWEEP_DIR             Markdown + HTML report with heatmaps
+
+Exit status: 0, or 1 when a point failed or timed out (after every point ran), 2 for a bad command
+line. Shell completion (bash): eval "$(scaling run -sc install=bash)".
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
-from typing import Callable, Optional
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional, Sequence
 
 _SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
 
@@ -29,12 +35,28 @@ def parse_count(text: str) -> int:
     return int(value)
 
 
-def _hydra(argv: list[str]) -> int:
-    """Hand the arguments to the Hydra app of scaling.run, as `python -m scaling.run` would get them."""
-    from scaling import run
+PROG = "scaling"
+"""The program name Hydra sees: `-sc install=bash` registers completion for it."""
+_NO_RUN_FLAGS = frozenset({"-h", "--help", "-hh", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info",
+                           "-sc", "--shell-completion", "-p", "--package", "--resolve"})
 
-    sys.argv = ["scaling.run", *argv]
-    run.main()
+
+def run_app(argv: Sequence[str], config: Sequence[str] = ()) -> None:
+    """Run the Hydra app of scaling.run on `argv` (after `config`, e.g. --config-name); raise
+    `PointsFailed` when a point failed or timed out."""
+    from scaling import progress, run
+
+    with tempfile.TemporaryDirectory(prefix="scaling-outcome-") as tmp:
+        outcome = Path(tmp) / "outcome.json"
+        # Where the progress callback leaves the counts; not added where Hydra only prints or completes.
+        report = [] if _NO_RUN_FLAGS & set(argv) else [f"hydra.callbacks.progress.outcome_file={outcome}"]
+        sys.argv = [PROG, *config, *argv, *report]
+        run.main()
+        progress.raise_for_failures(progress.read_outcome(outcome))
+
+
+def _run(argv: list[str]) -> int:
+    run_app(argv)
     return 0
 
 
@@ -64,7 +86,7 @@ def _lazy(module: str) -> Callable[[list[str]], Optional[int]]:
 
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], Optional[int]], str]] = {
-    "run": (_hydra, "run one experiment point (Hydra overrides)"),
+    "run": (_run, "run one experiment point (Hydra overrides)"),
     "sweep": (_lazy("scaling.sweep"), "run a named sweep from sweeps/ (Hydra multirun)"),
     "plan": (_plan, "grad_acc and effective global batch for a target gbs"),
     "predict": (_lazy("scaling.predictor.cli"), "peak memory per rank of a point or a sweep grid, before launch"),
@@ -73,9 +95,46 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], Optional[int]], str]] = {
 }
 
 
+def completion_target(line: str) -> tuple[Optional[list[str]], list[str], str]:
+    """What completes a `scaling ...` command line: (words to offer, or None for Hydra; the config
+    arguments of the app to ask; the line as that app sees it, `scaling <overrides>`)."""
+    from scaling.sweep import available, find_sweep
+
+    words = line.split()
+    ended = line.endswith(" ")  # the cursor is on a new, empty word
+    if len(words) < 2 or (len(words) == 2 and not ended):
+        return list(COMMANDS), [], line
+    config: list[str] = []
+    rest = words[2:]
+    if words[1] == "sweep":
+        if len(words) == 2 or (len(words) == 3 and not ended):
+            return available(), [], line
+        path = find_sweep(words[2])
+        config, rest = ["--config-dir", str(path.parent), "--config-name", path.stem], words[3:]
+    elif words[1] != "run":
+        return [], [], line
+    return None, config, " ".join([PROG, *rest]) + (" " if ended else "")
+
+
+def _complete(line: str) -> int:
+    """Answer bash completion (`scaling -sc query=bash` with COMP_LINE): commands, sweeps, overrides."""
+    offer, config, app_line = completion_target(line)
+    if offer is not None:
+        print(" ".join(offer))
+        return 0
+    os.environ["COMP_LINE"] = app_line  # Hydra completes the overrides of this line
+    run_app(["-sc", "query=bash"], config)
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    """Dispatch `scaling <command> ...`."""
+    """Dispatch `scaling <command> ...`; turn the library's exceptions into exit statuses."""
+    from scaling.progress import PointsFailed
+    from scaling.sweep import SweepNotFound
+
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-sc"], ["--shell-completion"]) and argv[1:] == ["query=bash"]:
+        return _complete(os.environ.get("COMP_LINE", PROG))
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(__doc__.strip())
         if argv and argv[0] not in ("-h", "--help"):
@@ -83,7 +142,14 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 2
         return 0
     handler, _ = COMMANDS[argv[0]]
-    return handler(argv[1:]) or 0
+    try:
+        return handler(argv[1:]) or 0
+    except PointsFailed as e:
+        print(f"scaling {argv[0]}: {e}", file=sys.stderr)
+        return 1
+    except SweepNotFound as e:
+        print(f"scaling {argv[0]}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

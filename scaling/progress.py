@@ -7,6 +7,11 @@ closing line with the count of points in each status.
 Registered in conf/config.yaml under hydra.callbacks, so plain `python -m scaling.run -m` and
 `scaling sweep NAME` behave the same. The counts are read from the record store, so they cover
 every point the sweep directory holds, including those answered by an earlier run.
+
+The outcome leaves the callback as data, not as module state: given `outcome_file`, the callback
+writes the closing counts there as JSON (a single run: its point's status), and `raise_for_failures`
+turns counts with failed or timed-out points into `PointsFailed`, which the `scaling` command alone
+turns into exit status 1.
 """
 
 from __future__ import annotations
@@ -21,11 +26,18 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from scaling.engine.jobfiles import write_json_atomic
+from scaling.engine.jobfiles import read_json, write_json_atomic
 from scaling.record import FAILED, STATUSES, SWEEP_INDEX, TIMEOUT, iter_records
 
-last_counts: Optional[Counter] = None
-"""Status counts of the last multirun that ended in this process (read by `scaling sweep`)."""
+
+
+class PointsFailed(Exception):
+    """Some points of a sweep failed or timed out (raised after every point ran and was recorded)."""
+
+    def __init__(self, counts: Counter) -> None:
+        self.counts = counts
+        bad = ", ".join(f"{counts[s]} {s}" for s in (TIMEOUT, FAILED) if counts[s])
+        super().__init__(f"{bad} of {sum(counts.values())} points (every point ran; each record has its error)")
 
 
 def count_grid(config: DictConfig) -> Optional[int]:
@@ -76,10 +88,24 @@ def has_failures(counts: Counter) -> bool:
     return counts[FAILED] + counts[TIMEOUT] > 0
 
 
-class SweepProgress(Callback):
-    """Writes sweep.json, prints a progress line as each point ends and the counts at the end."""
+def raise_for_failures(counts: Optional[Counter]) -> None:
+    """Raise `PointsFailed` when the counts hold failed or timed-out points; None (nothing ran) passes."""
+    if counts is not None and has_failures(counts):
+        raise PointsFailed(counts)
 
-    def __init__(self) -> None:
+
+def read_outcome(path: str | Path) -> Optional[Counter]:
+    """The status counts a `SweepProgress` wrote to its outcome file; None if it wrote none."""
+    outcome = read_json(path)
+    return None if outcome is None else Counter(outcome["counts"])
+
+
+class SweepProgress(Callback):
+    """Writes sweep.json, prints a progress line as each point ends and the counts at the end; with
+    `outcome_file`, also writes the counts there (JSON) for the command that started Hydra."""
+
+    def __init__(self, outcome_file: Optional[str] = None) -> None:
+        self.outcome_file = outcome_file
         self.multirun = False
         self.total: Optional[int] = None
         self.done = 0
@@ -108,6 +134,8 @@ class SweepProgress(Callback):
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if not self.multirun:  # a single run prints its own summary line
+            if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, dict):
+                self._write_outcome(Counter([job_return.return_value.get("status")]))
             return
         self.done += 1
         if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, dict):
@@ -117,6 +145,10 @@ class SweepProgress(Callback):
                   flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        global last_counts
-        last_counts = status_counts(config.hydra.sweep.dir)
-        print(closing_line(config.sweep, config.hydra.sweep.dir, last_counts), flush=True)
+        counts = status_counts(config.hydra.sweep.dir)
+        print(closing_line(config.sweep, config.hydra.sweep.dir, counts), flush=True)
+        self._write_outcome(counts)
+
+    def _write_outcome(self, counts: Counter) -> None:
+        if self.outcome_file:
+            write_json_atomic(Path(self.outcome_file), {"counts": dict(counts)})

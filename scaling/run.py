@@ -187,5 +187,9 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     return run_point(OmegaConf.to_container(cfg, resolve=True))
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the `scaling run` command: its exit status says whether a point failed
+    import sys
+
+    from scaling.cli import main as cli_main
+
+    sys.exit(cli_main(["run", *sys.argv[1:]]))

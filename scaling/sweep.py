@@ -1,9 +1,10 @@
 """`scaling sweep NAME [overrides]`: a named Hydra multirun from sweeps/NAME.yaml.
 
 A thin wrapper: it is `python -m scaling.run --config-dir sweeps --config-name NAME [overrides]`
-(the sweep file sets hydra.mode=MULTIRUN and lists its grid under hydra.sweeper.params), plus an
-exit status: 0 when every point ended ok, oom, predicted_oom or invalid, 1 when some point
-failed or timed out (every point is still run and recorded).
+(the sweep file sets hydra.mode=MULTIRUN and lists its grid under hydra.sweeper.params), with the
+exit status of `scaling run -m`: 0 when every point ended ok, oom, predicted_oom or invalid, 1 when
+some point failed or timed out (every point is still run and recorded). `scaling sweep --help`
+lists the sweeps with the first comment line of each file.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from pathlib import Path
 from typing import Optional
 
 REPO_SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+
+
+class SweepNotFound(LookupError):
+    """No sweep file of that name in ./sweeps or the project's sweeps/."""
 
 
 def sweep_dirs() -> list[Path]:
@@ -31,19 +36,35 @@ def find_sweep(name: str) -> Path:
     for d in sweep_dirs():
         if (d / f"{name}.yaml").is_file():
             return d / f"{name}.yaml"
-    raise SystemExit(f"scaling sweep: no sweep named {name!r}: choose one of {', '.join(available()) or '(none)'}")
+    raise SweepNotFound(f"no sweep named {name!r}: choose one of {', '.join(available()) or '(none)'}")
+
+
+def describe(path: Path) -> str:
+    """What a sweep does: the first comment line of its file."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("#").strip()
+    return ""
+
+
+def usage() -> str:
+    """`scaling sweep --help`: the command line and every sweep with what it does."""
+    names = available()
+    width = max(map(len, names), default=0)
+    lines = ["usage: scaling sweep NAME [overrides]   (a Hydra multirun of sweeps/NAME.yaml)", "", "sweeps:"]
+    lines += [f"  {name:<{width}}  {describe(find_sweep(name))}" for name in names]
+    lines += ["", "scaling sweep NAME --help shows the sweep's config and Hydra's options."]
+    return "\n".join(lines)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Run the named sweep; returns the exit status."""
+    """Run the named sweep; raises PointsFailed when a point failed or timed out."""
+    from scaling.cli import run_app
+
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("-"):
-        print(f"usage: scaling sweep NAME [overrides]\nsweeps: {', '.join(available())}")
+        print(usage(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     path = find_sweep(argv[0])
-    from scaling import progress, run
-
-    sys.argv = ["scaling.run", "--config-dir", str(path.parent), "--config-name", path.stem, *argv[1:]]
-    run.main()
-    counts = progress.last_counts
-    return 1 if counts is not None and progress.has_failures(counts) else 0
+    run_app(argv[1:], ["--config-dir", str(path.parent), "--config-name", path.stem])
+    return 0
