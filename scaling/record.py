@@ -36,6 +36,17 @@ def job_key(cfg: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
+def output_dir(sweep_dir: str, hydra: Any) -> str:
+    """The sweep's one folder, absolute: `hydra.sweep.dir` in a multirun (it defaults to `${sweep_dir}`, so
+    overriding either moves records, sweep.json, the study and best.yaml together), else `sweep_dir`.
+
+    `hydra` is the composed `hydra` node (HydraConfig.get() in a job, cfg.hydra in a sweeper)."""
+    from hydra.types import RunMode
+
+    chosen = hydra.sweep.dir if hydra.mode == RunMode.MULTIRUN else sweep_dir
+    return os.path.join(hydra.runtime.cwd, chosen)  # an absolute `chosen` stays as it is
+
+
 def job_dir(sweep_dir: str | os.PathLike, key: str) -> Path:
     """Folder of one point inside a sweep directory."""
     return Path(sweep_dir) / key

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from scaling import devices, launch, slurm, wandb_log
@@ -28,8 +29,8 @@ from scaling.predictor.analytic import prescreen, sampled
 from scaling.metrics import throughput_metrics
 from scaling.engine.model import ModelArgs, param_count
 from scaling.record import (
-    FAILED, INVALID, OK, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, experiment_config, job_dir, job_key, read_record,
-    should_skip,
+    FAILED, INVALID, OK, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, experiment_config, job_dir, job_key, output_dir,
+    read_record, should_skip,
 )
 from scaling.validate import Derived, InvalidConfig, validate
 from scaling.engine.jobfiles import CONFIG_FILE, TORCHRUN_LOG, WORKER_OUTPUT, read_json, write_json_atomic
@@ -167,12 +168,6 @@ def _finish(record: dict[str, Any], jd: Path, t0: float, cfg: dict[str, Any]) ->
     return record
 
 
-def _absolute_sweep_dir(cfg: DictConfig) -> None:
-    """Make sweep_dir absolute against the directory the command was started in."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not os.path.isabs(cfg.sweep_dir):
-        cfg.sweep_dir = os.path.join(HydraConfig.get().runtime.cwd, cfg.sweep_dir)
 
 
 register_configs()
@@ -183,7 +178,7 @@ devices.register_resolvers()  # conf/hydra/launcher/parallel.yaml
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
     """Hydra entry point: resolve the config and run the point."""
-    _absolute_sweep_dir(cfg)
+    cfg.sweep_dir = output_dir(cfg.sweep_dir, HydraConfig.get())
     return run_point(OmegaConf.to_container(cfg, resolve=True))
 
 

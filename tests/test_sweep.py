@@ -149,3 +149,24 @@ def test_wandb_failure_never_fails_the_point(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "W&B logging failed" in out.stderr
     assert [r["status"] for r in iter_records(tmp_path / "x")] == ["ok"]
+
+
+@pytest.mark.parametrize("search", [False, True], ids=["grid", "optuna"])
+@pytest.mark.parametrize("override", ["hydra.sweep.dir", "sweep_dir"])
+def test_one_output_directory_whichever_is_overridden(override, search, tmp_path):
+    """Records, sweep.json, the closing count and (for a search) the journal and best.yaml share one folder."""
+    out_dir = tmp_path / "out"
+    grid = ["parallel.zero_stage=5,6"]  # rejected before launch: fast, and counted
+    if search:
+        grid += ["hydra/sweeper=scaling_optuna", "hydra.sweeper.sampler.name=grid", "hydra.sweeper.n_trials=2"]
+    out = scaling(["run", "-m", "logger=none", *grid, f"{override}={out_dir}"], cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [r["status"] for r in iter_records(out_dir)] == ["invalid", "invalid"]
+    assert (out_dir / "sweep.json").is_file()
+    assert out.stdout.strip().splitlines()[-1] == f"sweep adhoc: 2 points: 2 invalid ({out_dir})"
+    if search:
+        assert (out_dir / "optuna.journal").is_file() and (out_dir / "best.yaml").is_file()
+    assert not (tmp_path / "runs").exists()
+    if not search:  # the store is that folder: a re-run answers every point from it
+        again = scaling(["run", "-m", "logger=none", *grid, f"{override}={out_dir}"], cwd=tmp_path, timeout=300)
+        assert again.stdout.count("already recorded as invalid: skipped") == 2, again.stdout[-2000:]

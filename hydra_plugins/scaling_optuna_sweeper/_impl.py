@@ -14,7 +14,6 @@ batch it rewrites `best.yaml` and `trials.csv`, and raises once the failure rate
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence
@@ -30,7 +29,7 @@ from optuna.study import Study
 from optuna.trial import Trial, TrialState
 
 from scaling.config import EXPERIMENT_GROUPS
-from scaling.record import job_key, read_record, should_skip
+from scaling.record import job_key, output_dir, read_record, should_skip
 
 from . import _report
 from ._outcome import Outcome, failure, judge, repeat_outcome, tell, worst_values
@@ -219,7 +218,7 @@ class OptunaSearch(Sweeper):
         if not all(key in cfg for key in (*EXPERIMENT_GROUPS, "sweep", "sweep_dir")):
             return None
         experiment = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS}
-        sweep_dir = os.path.abspath(cfg.sweep_dir)
+        sweep_dir = output_dir(cfg.sweep_dir, cfg.hydra)
         # The whole experiment, so the point runs the same from the default primary config too.
         run_overrides = leaf_overrides({**experiment, "sweep": cfg.sweep, "sweep_dir": sweep_dir})
         record = read_record(sweep_dir, job_key(experiment))
