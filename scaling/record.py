@@ -66,6 +66,13 @@ def iter_records(sweep_dir: str | os.PathLike) -> Iterator[dict[str, Any]]:
             continue
 
 
+def next_attempt(previous: Optional[Mapping[str, Any]]) -> int:
+    """The attempt number of a new record of a point: 1, or one more than the record it replaces."""
+    if previous is None:
+        return 1
+    return int((previous.get("provenance") or {}).get("attempt") or 1) + 1
+
+
 def should_skip(record: Optional[Mapping[str, Any]], rerun: str) -> bool:
     """Whether a stored record answers the point: final statuses always, failed/timeout unless rerun."""
     if record is None or rerun == "all":

@@ -29,8 +29,8 @@ from scaling.predictor.analytic import prescreen, sampled
 from scaling.metrics import throughput_metrics
 from scaling.engine.model import ModelArgs, param_count
 from scaling.record import (
-    FAILED, INVALID, OK, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, experiment_config, job_dir, job_key, output_dir,
-    read_record, should_skip,
+    FAILED, INVALID, OK, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, experiment_config, job_dir, job_key, next_attempt,
+    output_dir, read_record, should_skip,
 )
 from scaling.validate import Derived, InvalidConfig, validate
 from scaling.engine.jobfiles import CONFIG_FILE, TORCHRUN_LOG, WORKER_OUTPUT, read_json, write_json_atomic
@@ -77,8 +77,10 @@ def _summary_line(record: dict[str, Any]) -> str:
     return f"[scaling] {record['job_key']} {record['status']}{figures} ({point}){error}"
 
 
-def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Run one resolved experiment config (plain dict) to its record; never raises for a bad point."""
+def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Run one resolved experiment config (plain dict) to its record; never raises for a bad point.
+
+    `provenance` says what made the point (see `hydra_provenance`); the record adds its attempt number."""
     sweep_dir = Path(cfg["sweep_dir"]).resolve()
     key = job_key(cfg)
     existing = read_record(sweep_dir, key)
@@ -93,6 +95,8 @@ def run_point(cfg: dict[str, Any]) -> dict[str, Any]:
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "job_key": key, "sweep": cfg["sweep"], "status": None, "error": None,
         "config": experiment_config(cfg), "derived": None, "metrics": None, "predicted": None, "env": None,
+        "provenance": {"hydra_job_num": None, "overrides": [], "optuna_trial": None, **(provenance or {}),
+                       "attempt": next_attempt(existing)},
         "timing": {"started_at": started, "wall_s": None, "device_wait_s": None, "launched_at": None,
                    "torchrun_wall_s": None, "launch_overhead_s": None},
     }
@@ -170,6 +174,16 @@ def _finish(record: dict[str, Any], jd: Path, t0: float, cfg: dict[str, Any]) ->
 
 
 
+def hydra_provenance(hydra: DictConfig) -> dict[str, Any]:
+    """What made this job: Hydra's job number (multirun) and task overrides, and the Optuna trial number
+    when the scaling_optuna sweeper made it (its jobs are numbered by trial)."""
+    from hydra_plugins.scaling_optuna_sweeper.config import ScalingOptunaSweeperConf
+
+    num = OmegaConf.select(hydra, "job.num", default=None, throw_on_missing=False)
+    searched = OmegaConf.select(hydra, "sweeper._target_") == ScalingOptunaSweeperConf._target_
+    return {"hydra_job_num": num, "overrides": list(hydra.overrides.task), "optuna_trial": num if searched else None}
+
+
 register_configs()
 slurm.register_resolvers()  # conf/hydra/launcher/slurm.yaml reads them while Hydra composes
 devices.register_resolvers()  # conf/hydra/launcher/parallel.yaml
@@ -178,8 +192,9 @@ devices.register_resolvers()  # conf/hydra/launcher/parallel.yaml
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
     """Hydra entry point: resolve the config and run the point."""
-    cfg.sweep_dir = output_dir(cfg.sweep_dir, HydraConfig.get())
-    return run_point(OmegaConf.to_container(cfg, resolve=True))
+    hydra_cfg = HydraConfig.get()
+    cfg.sweep_dir = output_dir(cfg.sweep_dir, hydra_cfg)
+    return run_point(OmegaConf.to_container(cfg, resolve=True), hydra_provenance(hydra_cfg))
 
 
 if __name__ == "__main__":  # the `scaling run` command: its exit status says whether a point failed

@@ -357,6 +357,9 @@ def test_engine_search_stores_oom_infeasible(engine_search: Path) -> None:
         record = read_record(engine_search, t.user_attrs["job_key"])
         assert t.user_attrs["status"] == "ok" and t.constraints == {"oom": 0.0}
         assert t.value == record["metrics"]["tokens_per_s_per_gpu"] > 0
+        # the record names the trial (and Hydra job) that made it, with the trial's overrides
+        assert record["provenance"]["optuna_trial"] == record["provenance"]["hydra_job_num"] == t.number
+        assert f"train.mbs={mbs}" in record["provenance"]["overrides"]
 
 
 def test_engine_best_point_runs_with_scaling_run(engine_search: Path) -> None:

@@ -170,3 +170,18 @@ def test_one_output_directory_whichever_is_overridden(override, search, tmp_path
     if not search:  # the store is that folder: a re-run answers every point from it
         again = scaling(["run", "-m", "logger=none", *grid, f"{override}={out_dir}"], cwd=tmp_path, timeout=300)
         assert again.stdout.count("already recorded as invalid: skipped") == 2, again.stdout[-2000:]
+
+
+def test_records_keep_the_hydra_job_and_overrides_that_made_them_and_count_attempts(tmp_path):
+    grid = ["run", "-m", "logger=none", "parallel.zero_stage=5,6", "train.mbs=3", f"sweep_dir={tmp_path}"]
+    assert scaling(grid, cwd=tmp_path, timeout=300).returncode == 0
+    by_stage = {r["config"]["parallel"]["zero_stage"]: r["provenance"] for r in iter_records(tmp_path)}
+    assert by_stage[5] == {"hydra_job_num": 0, "overrides": ["logger=none", "parallel.zero_stage=5", "train.mbs=3",
+                                                              f"sweep_dir={tmp_path}"], "optuna_trial": None,
+                           "attempt": 1}
+    assert by_stage[6]["hydra_job_num"] == 1 and "parallel.zero_stage=6" in by_stage[6]["overrides"]
+    # launch.rerun=all records a second attempt of each point; a single run has no job number
+    scaling(["run", "logger=none", "parallel.zero_stage=6", "train.mbs=3", "launch.rerun=all", f"sweep_dir={tmp_path}"],
+            cwd=tmp_path, timeout=300)
+    by_stage = {r["config"]["parallel"]["zero_stage"]: r["provenance"] for r in iter_records(tmp_path)}
+    assert (by_stage[6]["attempt"], by_stage[6]["hydra_job_num"], by_stage[5]["attempt"]) == (2, None, 1)
