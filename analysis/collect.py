@@ -17,7 +17,9 @@ from typing import Any, Iterable, Mapping, Optional
 
 import pandas as pd
 
+from scaling.config import EXPERIMENT_GROUPS
 from scaling.record import STATUSES, iter_records
+from scaling.wandb_log import MEMORY, RECORD_BLOCKS, SUMMARY_BLOCKS, TOP_LEVEL, flat, read_offline_run
 
 # (column, path in the record). A later path wins when both exist: `derived` holds the values the
 # engine resolved (grad_acc: auto -> 4), `config` the values asked for; `target_gbs*` keep the
@@ -170,17 +172,6 @@ def to_parquet(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     return path
 
 
-def _flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in mapping.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
-
-
 def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     nested: dict[str, Any] = {}
     for key, value in flat.items():
@@ -195,30 +186,34 @@ def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
     return nested
 
 
-def wandb_run_to_row(config: Mapping[str, Any], summary: Mapping[str, Any], run_id: Optional[str] = None,
-                     group: Optional[str] = None) -> dict[str, Any]:
-    """Map a W&B run's config and summary (nested, dotted or slash keys alike) to a `collect` row.
+def run_record(config: Mapping[str, Any], summary: Mapping[str, Any], group: Optional[str] = None) -> dict[str, Any]:
+    """The record a W&B run's config and summary hold (nested, dotted or slash keys alike).
 
-    The config holds the resolved experiment config (`model`, `train`, `parallel`, `hardware`);
-    the summary holds `status`, `error`, `job_key` and the metrics, either at its top level or
-    under `metrics`, `derived` and `predicted` (as `metrics/tokens_per_s` or `metrics.mfu`).
+    The config holds the experiment config (`model`, `train`, `parallel`, `hardware`) and `derived`,
+    `env`, `provenance`; the summary `status`, `error`, `job_key` and the sections `metrics`, `memory`
+    (back into `metrics`), `predicted` and `timing`. Figures at the summary's top level (runs logged
+    by other tools) fill what the sections leave empty.
     """
-    flat_config = {k: v for k, v in _flatten(config).items() if not k.startswith("_")}
-    flat_summary = {k: v for k, v in _flatten(summary).items() if not k.startswith("_")}
+    flat_config = {k: v for k, v in flat("", config).items() if not k.startswith("_")}
+    flat_summary = {k: v for k, v in flat("", summary).items() if not k.startswith("_")}
     nested = _nest({**flat_config, **flat_summary})
-    record: dict[str, Any] = {"config": {group: nested.get(group) for group in ("model", "train", "parallel",
-                                                                                "hardware")}}
-    for section, names in (("metrics", ("tokens_per_s", "tokens_per_s_per_gpu", "mfu", "hfu", "step_time_s",
-                                        "step_times_s", "peak_mem_bytes", "peak_mem_bytes_per_rank", "losses")),
-                           ("derived", ("n_params", "flops_per_token", "gbs", "gbs_tokens", "grad_acc",
-                                        "world_size"))):
-        record[section] = {name: _first(nested.get(section, {}).get(name), nested.get(name)) for name in names}
-    for section in ("predicted", "env", "timing"):
-        record[section] = nested.get(section)
-    for key in ("schema_version", "job_key", "status", "error"):
+    record: dict[str, Any] = {"config": {g: nested.get(g) for g in EXPERIMENT_GROUPS}}
+    for section in ("metrics", *RECORD_BLOCKS, *SUMMARY_BLOCKS):
+        record[section] = dict(nested.get(section) or {})
+    record["metrics"].update(nested.get(MEMORY) or {})
+    for _, (section, *path) in FIELDS:
+        if section in ("metrics", "derived") and record[section].get(path[0]) is None:
+            record[section][path[0]] = _first(nested.get(path[0]))
+    for key in TOP_LEVEL:
         record[key] = nested.get(key)
     record["sweep"] = _first(nested.get("sweep"), group)
-    row = record_to_row(record)
+    return record
+
+
+def wandb_run_to_row(config: Mapping[str, Any], summary: Mapping[str, Any], run_id: Optional[str] = None,
+                     group: Optional[str] = None) -> dict[str, Any]:
+    """Map a W&B run's config and summary to a `collect` row (see `run_record`), with its run id."""
+    row = record_to_row(run_record(config, summary, group))
     row["wandb_run_id"] = run_id
     return row
 
@@ -227,23 +222,44 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None and not isinstance(v, Mapping)), None)
 
 
-def from_wandb(project: str, group: str, entity: Optional[str] = None) -> pd.DataFrame:
-    """The runs of one sweep (W&B group) as a `collect`-shaped DataFrame, one row per run id.
+def latest_attempts(runs: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+    """Runs ({id, config, summary, group, job_type}, oldest first) as a `collect`-shaped DataFrame with
+    `wandb_run_id`: one row per point, from the run of its latest attempt (a later run of the same
+    attempt wins), in job-key order as `collect` gives them. Report runs and runs without a status
+    are left out."""
+    latest: dict[str, tuple[int, dict[str, Any]]] = {}
+    for run in runs:
+        if run.get("job_type") == "report":
+            continue
+        record = run_record(run["config"], run["summary"], run.get("group"))
+        if record["status"] is None:
+            continue
+        attempt = int(record["provenance"].get("attempt") or 1)
+        if record["job_key"] not in latest or attempt >= latest[record["job_key"]][0]:
+            latest[record["job_key"]] = (attempt, {**record_to_row(record), "wandb_run_id": run["id"]})
+    rows = [row for _, (_, row) in sorted(latest.items())]
+    df = to_frame(rows)
+    df["wandb_run_id"] = [row["wandb_run_id"] for row in rows]
+    return df
 
-    Summary runs (job_type `report`) and runs without a status are left out.
-    """
+
+def from_wandb(project: str, group: str, entity: Optional[str] = None) -> pd.DataFrame:
+    """The runs of one sweep (W&B group) as a `collect`-shaped DataFrame: the latest attempt of each point."""
     import wandb
 
     path = f"{entity}/{project}" if entity else project
-    runs = wandb.Api().runs(path, filters={"group": group}, lazy=False)
-    rows: dict[str, dict[str, Any]] = {}
-    for run in runs:
-        if getattr(run, "job_type", None) == "report" or run.id in rows:
-            continue
-        summary = run.summary_metrics
-        if summary.get("status") is None:
-            continue
-        rows[run.id] = wandb_run_to_row(dict(run.config), summary, run_id=run.id, group=group)
-    df = to_frame(rows.values())
-    df["wandb_run_id"] = list(rows)
-    return df
+    runs = wandb.Api().runs(path, filters={"group": group}, order="+created_at", lazy=False)
+    return latest_attempts({"id": run.id, "config": dict(run.config), "summary": dict(run.summary_metrics),
+                            "group": group, "job_type": getattr(run, "job_type", None)} for run in runs)
+
+
+def from_wandb_offline(sweep_dir: str | os.PathLike, wandb_dir: Optional[str | os.PathLike] = None) -> pd.DataFrame:
+    """A sweep's offline W&B runs (`<sweep_dir>/wandb`, or `logger.dir`'s `wandb` folder) as a
+    `collect`-shaped DataFrame, read from their `.wandb` files: equal to `collect(sweep_dir)` plus
+    `wandb_run_id` once every point was logged."""
+    folder = Path(wandb_dir if wandb_dir is not None else sweep_dir) / "wandb"
+    if not folder.is_dir():
+        raise ValueError(f"no W&B folder at {str(folder)!r}: log the sweep with logger=wandb (offline by default), "
+                         "or pass wandb_dir= the logger.dir it used")
+    files = sorted(folder.glob("offline-run-*/run-*.wandb"))  # offline-run-<start time>-<id>: oldest first
+    return latest_attempts(read_offline_run(path) for path in files)

@@ -150,11 +150,12 @@ class LoggerConfig:
     name: str = "none"
     """`none` or `wandb`."""
     project: str = "scaling"
-    """W&B project."""
+    """W&B project (conf/logger/wandb.yaml: $WANDB_PROJECT, else scaling)."""
     entity: Optional[str] = None
-    """W&B entity (team or user); null for the default."""
+    """W&B entity (team or user); null for the default (conf/logger/wandb.yaml: $WANDB_ENTITY)."""
     mode: str = "offline"
-    """W&B mode: offline (default, nothing leaves the machine), online or disabled."""
+    """W&B mode: offline (default, nothing leaves the machine), online or disabled
+    (conf/logger/wandb.yaml: $WANDB_MODE, else offline)."""
     dir: Optional[str] = None
     """Where W&B writes its files; null: the sweep directory."""
 

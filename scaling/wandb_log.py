@@ -1,22 +1,57 @@
-"""Weights & Biases logging of one launched point: the dashboard, never the source of truth.
+"""Weights & Biases logging of one point: the dashboard, never the source of truth.
 
-One run per launched point: group = sweep name, job_type = `throughput`, config = the
-experiment config (plus derived sizes), summary = the metrics, history = one row per timed step
-(tokens/s, step time, memory). Offline by default. Any W&B failure is reported on stderr and
-never fails the point: result.json is written before this runs.
+One run per point and attempt, whatever its status (`predicted_oom` and `invalid` too, with config and
+status but no history), so a W&B heatmap has the report's cells:
+
+- id `<sweep>-<job_key>-<attempt>`: logging one attempt again (a retried job) resumes its run instead of
+  adding one; `launch.rerun` records a new attempt, so it gets a new run;
+- name `tiny seq64 mbs2 ga1 dp2 zero3` (`#2` from the second attempt), group = sweep, job_type
+  `throughput`, tags: the status and one `axis=value` per axis (`dp=2`, `zero_stage=3`, ...);
+- config: the experiment config, `derived.*`, `env.*` and `provenance.*`, flat (`parallel.dp`);
+- summary, one section per meaning: `metrics/…` the headline figures of the timed steps
+  (`metrics/tokens_per_s_per_gpu` is gbs_tokens / median step time, per GPU), `memory/…` measured
+  memory, `predicted/…` the memory prediction, `timing/…`, plus `status`, `error`, `job_key`, `sweep`;
+- history `step/…`, one row per timed step (`step/timed_step` is its x-axis), whose summaries are
+  their min, max and mean (`define_metric`), never a last step passed off as the headline.
+
+`analysis.collect` reads runs back into records' rows (`from_wandb`, and `from_wandb_offline` through
+`read_offline_run`, this module's reader of `.wandb` files). Offline by default; any W&B failure is
+reported on stderr and never fails the point: result.json is written before this runs.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import traceback
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
-from scaling.record import FAILED, OK, OOM, TIMEOUT
+from scaling.config import EXPERIMENT_GROUPS
 
-LAUNCHED = (OK, OOM, FAILED, TIMEOUT)
+TOP_LEVEL = ("status", "error", "job_key", "sweep", "schema_version")
+"""Record fields kept under their own names in the run summary."""
+RECORD_BLOCKS = ("derived", "env", "provenance")
+"""Record blocks besides the experiment config that describe the point: they go to the run config."""
+CONFIG_BLOCKS = (*EXPERIMENT_GROUPS, *RECORD_BLOCKS)
+"""Record blocks that go to the run config, flat (`parallel.dp`, `derived.n_params`, `env.hostname`)."""
+SUMMARY_BLOCKS = ("predicted", "timing")
+"""Record blocks that go to the run summary as `<block>/<key>`; `metrics` splits into metrics/ and memory/."""
+MEMORY = "memory"
+"""The summary section of the record's memory metrics (`memory/peak_mem_bytes`): a reader puts them back
+into `metrics`."""
+AXES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "model": (("config", "model", "name"),),
+    "seq_len": (("config", "train", "seq_len"),),
+    "mbs": (("config", "train", "mbs"),),
+    "grad_acc": (("derived", "grad_acc"), ("config", "train", "grad_acc")),  # derived resolves `auto`
+    "dp": (("config", "parallel", "dp"),),
+    "zero_stage": (("config", "parallel", "zero_stage"),),
+}
+"""The axes every run is named and tagged by: where each is found in a record, first found wins."""
+STEP = "step/timed_step"
+"""The x-axis of the per-step history: 0 for the first timed step after warm-up."""
 
 
 def flat(prefix: str, tree: Mapping[str, Any]) -> dict[str, Any]:
@@ -31,34 +66,79 @@ def flat(prefix: str, tree: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def axis_value(record: Mapping[str, Any], axis: str) -> Any:
+    """The value of one of `AXES` in a record."""
+    for path in AXES[axis]:
+        node: Any = record
+        for key in path:
+            node = node.get(key) if isinstance(node, Mapping) else None
+        if node is not None:
+            return node
+    return None
+
+
+def safe_name(text: str) -> str:
+    """`text` with what W&B run ids and artifact names refuse replaced by `_` (at most 40 characters)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:40]
+
+
+def run_id(record: Mapping[str, Any]) -> str:
+    """`<sweep>-<job_key>-<attempt>`: one W&B run per point and attempt (the sweep names the group)."""
+    return f"{safe_name(str(record.get('sweep') or 'sweep'))}-{record['job_key']}-{attempt_of(record)}"
+
+
+def attempt_of(record: Mapping[str, Any]) -> int:
+    """The record's attempt number (1 for records written before attempts were counted)."""
+    return int((record.get("provenance") or {}).get("attempt") or 1)
+
+
+def run_name(record: Mapping[str, Any]) -> str:
+    """`tiny seq64 mbs2 ga1 dp2 zero3`, with ` #2` from the second attempt on."""
+    short = {"model": "", "seq_len": "seq", "grad_acc": "ga", "zero_stage": "zero"}
+    parts = [f"{short.get(axis, axis)}{axis_value(record, axis)}" for axis in AXES]
+    attempt = attempt_of(record)
+    return " ".join(parts) + (f" #{attempt}" if attempt > 1 else "")
+
+
+def run_tags(record: Mapping[str, Any]) -> list[str]:
+    """The status and one `axis=value` tag per axis."""
+    return [record["status"]] + [f"{axis}={axis_value(record, axis)}" for axis in AXES]
+
+
+def run_config(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config: experiment config, derived sizes, environment and provenance, flat."""
+    config: dict[str, Any] = {}
+    for block in CONFIG_BLOCKS:
+        tree = (record.get("config") or {}).get(block) if block in EXPERIMENT_GROUPS else record.get(block)
+        config.update(flat(block, tree or {}))
+    return config
+
+
 def summary_of(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The run summary: status, error and every scalar metric and prediction."""
-    summary: dict[str, Any] = {"status": record["status"], "error": record["error"], "job_key": record["job_key"]}
-    for block in ("metrics", "predicted", "timing"):
-        for key, value in flat(block, record.get(block) or {}).items():
-            if not isinstance(value, (list, dict)):
-                summary[key] = value
+    """The run summary: the top-level fields, then metrics/, memory/, predicted/ and timing/ sections."""
+    summary: dict[str, Any] = {key: record.get(key) for key in TOP_LEVEL}
+    for key, value in (record.get("metrics") or {}).items():
+        summary[f"{MEMORY if 'mem' in key else 'metrics'}/{key}"] = value
+    for block in SUMMARY_BLOCKS:
+        for key, value in (record.get(block) or {}).items():
+            summary[f"{block}/{key}"] = value
     return summary
 
 
 def history_of(record: Mapping[str, Any]) -> list[dict[str, float]]:
-    """One history row per timed step."""
+    """One `step/…` history row per timed step (none for a point that did not run to the end)."""
     m, d = record.get("metrics") or {}, record.get("derived") or {}
     rows = []
-    for step_time in m.get("step_times_s") or []:
+    for step, step_time in enumerate(m.get("step_times_s") or []):
         tokens_per_s = d["gbs_tokens"] / step_time
-        rows.append({
-            "step_time_s": step_time,
-            "tokens_per_s": tokens_per_s,
-            "tokens_per_s_per_gpu": tokens_per_s / d["world_size"],
-            "peak_mem_bytes": m["peak_mem_bytes"],
-        })
+        rows.append({STEP: step, "step/step_time_s": step_time, "step/tokens_per_s": tokens_per_s,
+                     "step/tokens_per_s_per_gpu": tokens_per_s / d["world_size"]})
     return rows
 
 
 def log_point(record: Mapping[str, Any], logger: Mapping[str, Any], default_dir: str) -> Optional[str]:
-    """Log a launched point as one W&B run; returns the run's directory, or None if not logged."""
-    if logger["name"] != "wandb" or record["status"] not in LAUNCHED:
+    """Log a point as one W&B run (per attempt); returns the run's directory, or None if not logged."""
+    if logger["name"] != "wandb":
         return None
     try:
         import wandb
@@ -66,19 +146,23 @@ def log_point(record: Mapping[str, Any], logger: Mapping[str, Any], default_dir:
         run = wandb.init(
             project=logger["project"],
             entity=logger["entity"],
+            id=run_id(record),
+            resume="allow",
             group=record["sweep"],
             job_type="throughput",
-            name=record["job_key"],
-            tags=[record["status"]],
-            config={**flat("", record["config"]), **flat("derived", record.get("derived") or {})},
+            name=run_name(record),
+            tags=run_tags(record),
+            config=run_config(record),
             dir=logger["dir"] or default_dir,
             mode=logger["mode"],
             reinit="finish_previous",
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, x_disable_meta=True),
         )
         try:
-            for step, row in enumerate(history_of(record)):
-                run.log(row, step=step)
+            run.define_metric(STEP)
+            run.define_metric("step/*", step_metric=STEP, summary="min,max,mean")
+            for row in history_of(record):
+                run.log(row)
             run.summary.update(summary_of(record))
             return str(run.dir)
         finally:
@@ -116,16 +200,19 @@ def _log_records(data: bytes) -> Iterator[bytes]:
 
 
 def read_offline_run(path: str | Path) -> dict[str, Any]:
-    """Group, job type, config, summary and history of an offline run, read from its .wandb file."""
+    """Id, project, group, job type, name, tags, config, summary, history and logged artifacts (name,
+    type, file names) of an offline run, read from its .wandb file."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    run: dict[str, Any] = {"group": None, "job_type": None, "name": None, "config": {}, "summary": {}, "history": []}
+    run: dict[str, Any] = {"id": None, "project": None, "group": None, "job_type": None, "name": None, "tags": [],
+                           "config": {}, "summary": {}, "history": [], "artifacts": []}
     for payload in _log_records(Path(path).read_bytes()):
         rec = pb.Record()
         rec.ParseFromString(payload)
         kind = rec.WhichOneof("record_type")
         if kind == "run":
-            run.update(group=rec.run.run_group, job_type=rec.run.job_type, name=rec.run.display_name)
+            run.update(id=rec.run.run_id, project=rec.run.project, group=rec.run.run_group, job_type=rec.run.job_type,
+                       name=rec.run.display_name, tags=list(rec.run.tags))
             run["config"].update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
         elif kind == "config":
             run["config"].update({i.key: json.loads(i.value_json) for i in rec.config.update})
@@ -133,4 +220,7 @@ def read_offline_run(path: str | Path) -> dict[str, Any]:
             run["summary"].update({i.key or ".".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
         elif kind == "history":
             run["history"].append({i.key or ".".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
+        elif kind == "artifact":
+            run["artifacts"].append({"name": rec.artifact.name, "type": rec.artifact.type,
+                                     "files": [c.path for c in rec.artifact.manifest.contents]})
     return run

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from analysis.collect import collect, from_wandb_offline
 from scaling import slurm
 from scaling.launch import torchrun_argv
 
@@ -224,13 +227,14 @@ def test_one_process_in_a_two_node_allocation_starts_both_nodes_with_srun(slurm_
 
 @pytest.mark.slurm
 def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp_path):
-    """`python -m scaling.run -m hydra/launcher=slurm ...`: one SLURM job per point, one record each."""
+    """`python -m scaling.run -m hydra/launcher=slurm ...`: one SLURM job per point, one record and one
+    offline W&B run each, the runs read back equal to the records."""
     sweep_dir = tmp_path / "sweep"
     done = subprocess.run(
         [sys.executable, "-m", "scaling.run", "-m", "hydra/launcher=slurm", "model=tiny", "parallel.dp=1,2",
-         "parallel.zero_stage=0,3", "train.steps=2", "logger=none", f"sweep_dir={sweep_dir}",
+         "parallel.zero_stage=0,3", "train.steps=2", "logger=wandb", "logger.mode=offline", f"sweep_dir={sweep_dir}",
          "hydra.launcher.array_parallelism=2"],  # two points at a time on this machine's cores
-        cwd=REPO, capture_output=True, text=True, timeout=400,
+        cwd=REPO, capture_output=True, text=True, timeout=400, env={**os.environ, "WANDB_SILENT": "true"},
     )
     assert done.returncode == 0, done.stderr[-4000:]
     records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
@@ -244,3 +248,7 @@ def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp
     # Each point ran as a task of the SLURM job array, which left its log in the submitit folder.
     task_logs = sorted(sweep_dir.glob(".submitit/*_*/*_0_log.out"))
     assert len(task_logs) == 4 and all("Job completed successfully" in p.read_text() for p in task_logs)
+    # Each job logged its point to W&B from its SLURM task.
+    runs = list((sweep_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 4
+    pd.testing.assert_frame_equal(from_wandb_offline(sweep_dir).drop(columns="wandb_run_id"), collect(sweep_dir))

@@ -1,0 +1,100 @@
+"""W&B offline runs of a real sweep under the joblib launcher: one run per point and attempt, every status,
+readable names and axis tags, sectioned summaries, WANDB_* defaults, and the runs read back equal to
+`collect()`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.collect import collect, from_wandb_offline
+from scaling.record import iter_records
+from scaling.wandb_log import log_point, read_offline_run
+from tests.compose import compose_point
+
+FAST = ["model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=2"]
+
+
+def scaling(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scaling", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=400)
+
+
+def offline_runs(sweep_dir: Path) -> list[dict]:
+    return [read_offline_run(p) for p in sorted((sweep_dir / "wandb").glob("offline-run-*/run-*.wandb"))]
+
+
+def test_logger_defaults_come_from_wandb_environment_variables_and_overrides_win(monkeypatch):
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
+    monkeypatch.setenv("WANDB_ENTITY", "team")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    logger = compose_point(["logger=wandb"])["logger"]
+    assert (logger["project"], logger["entity"], logger["mode"]) == ("from-env", "team", "disabled")
+    logger = compose_point(["logger=wandb", "logger.project=cli", "logger.mode=offline"])["logger"]
+    assert (logger["project"], logger["entity"], logger["mode"]) == ("cli", "team", "offline")
+    for name in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_MODE"):
+        monkeypatch.delenv(name)
+    logger = compose_point(["logger=wandb"])["logger"]
+    assert (logger["project"], logger["entity"], logger["mode"]) == ("scaling", None, "offline")
+
+
+def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_collect(tmp_path):
+    sweep_dir = tmp_path / "wb"
+    env = {**os.environ, "WANDB_SILENT": "true", "WANDB_PROJECT": "from-env"}
+    env.pop("WANDB_MODE", None)
+    # ok, predicted_oom (not launched) and two invalid points, two Hydra jobs at a time
+    grid = ["logger=wandb", *FAST, "parallel.zero_stage=0,5", "hardware.memory_gb=null,0.0005", "sweep=wbtest",
+            f"sweep_dir={sweep_dir}"]
+    out = scaling(["run", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *grid], tmp_path, env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # a second attempt of one point (launch.rerun=all) is a second run; the first stays
+    again = scaling(["run", "logger=wandb", *FAST, "parallel.zero_stage=5", "hardware.memory_gb=null",
+                     "launch.rerun=all", "sweep=wbtest", f"sweep_dir={sweep_dir}"], tmp_path, env)
+    assert again.returncode == 0, again.stderr[-3000:]
+
+    records = {r["job_key"]: r for r in iter_records(sweep_dir)}
+    assert sorted(r["status"] for r in records.values()) == ["invalid", "invalid", "ok", "predicted_oom"]
+    runs = offline_runs(sweep_dir)
+    assert len(runs) == 5 and {r["project"] for r in runs} == {"from-env"}
+    assert {r["id"] for r in runs} == {f"wbtest-{key}-1" for key in records} | {
+        f"wbtest-{key}-2" for key, r in records.items() if r["provenance"]["attempt"] == 2}
+    by_status = {r["summary"]["status"]: r for r in runs}
+    ok, ok_record = by_status["ok"], next(r for r in records.values() if r["status"] == "ok")
+    assert ok["name"] == "tiny seq32 mbs2 ga1 dp1 zero0" and ok["group"] == "wbtest"
+    assert {"ok", "model=tiny", "seq_len=32", "mbs=2", "grad_acc=1", "dp=1", "zero_stage=0"} == set(ok["tags"])
+    assert any(r["name"] == "tiny seq32 mbs2 ga1 dp1 zero5 #2" for r in runs)
+    # the headline is the record's median figure; each step's figures live under step/ with min/max/mean
+    assert ok["summary"]["metrics/tokens_per_s_per_gpu"] == ok_record["metrics"]["tokens_per_s_per_gpu"]
+    assert ok["summary"]["memory/peak_mem_bytes"] == ok_record["metrics"]["peak_mem_bytes"]
+    assert set(ok["summary"]["step/tokens_per_s_per_gpu"]) == {"min", "max", "mean"}
+    assert [row["step/timed_step"] for row in ok["history"]] == [0, 1]
+    assert "tokens_per_s_per_gpu" not in ok["summary"] and "metrics/losses" in ok["summary"]
+    for status in ("predicted_oom", "invalid"):  # on the dashboard too: status and config, no history
+        assert by_status[status]["history"] == [] and by_status[status]["config"]["model.name"] == "tiny"
+    assert by_status["predicted_oom"]["config"]["hardware.memory_gb"] == 0.0005
+
+    # Logging the same attempt again resumes its run (same id), it never adds a point.
+    logger = {"name": "wandb", "project": "from-env", "entity": None, "mode": "offline", "dir": None}
+    assert log_point(ok_record, logger, str(sweep_dir)) is not None
+    deadline = time.monotonic() + 30  # wandb-core finishes writing the log after finish() returns
+    while sum(r["id"] == ok["id"] and "status" in r["summary"] for r in offline_runs(sweep_dir)) < 2:
+        assert time.monotonic() < deadline, "the second log of the attempt never reached its .wandb file"
+        time.sleep(0.2)
+
+    from_runs = from_wandb_offline(sweep_dir)
+    assert from_runs["wandb_run_id"].str.endswith("-2").sum() == 1
+    pd.testing.assert_frame_equal(from_runs.drop(columns="wandb_run_id"), collect(sweep_dir))
+
+    # The README's recipe: the report run joins the same folder, and one `wandb sync` takes all of it.
+    report = scaling(["report", str(sweep_dir), "--wandb", "--jobs", "1"], tmp_path, env)
+    assert report.returncode == 0, report.stderr[-2000:]
+    folders = sorted(str(p) for p in (sweep_dir / "wandb").glob("offline-run-*"))
+    dry = subprocess.run([str(Path(sys.executable).parent / "wandb"), "sync", "--dry-run", *folders], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert f"Would sync {len(folders)} run(s)" in dry.stdout + dry.stderr and len(folders) == 7
+    pd.testing.assert_frame_equal(from_wandb_offline(sweep_dir).drop(columns="wandb_run_id"), collect(sweep_dir))
