@@ -1,4 +1,5 @@
-"""The sweep report: Markdown plus a self-contained HTML page (figures as base64 PNG), optionally W&B.
+"""The sweep report: Markdown plus a self-contained HTML page (figures as base64 PNG), optionally W&B
+(figures, typed tables, and the Parquet record table and the HTML report as artifacts).
 
 `scaling report SWEEP_DIR [--out DIR] [--wandb]` writes, under `<sweep_dir>/report` unless told:
 status counts, the top configurations, the heatmaps, the DP-scaling curve with its knee (when
@@ -183,7 +184,7 @@ CSS = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1
 def write_report(sweep_dir: str | os.PathLike, out_dir: Optional[str | os.PathLike] = None,
                  threshold: float = dp_scaling.DEFAULT_THRESHOLD, wandb: bool = False,
                  wandb_project: str = "scaling", wandb_mode: str = "offline",
-                 jobs: Optional[int] = None) -> dict[str, Path]:
+                 jobs: Optional[int] = None, wandb_entity: Optional[str] = None) -> dict[str, Path]:
     """Write report.md, report.html (self-contained), results.parquet and figures/*.png; return their paths.
 
     The heatmaps are drawn by `jobs` processes (default: one per usable core).
@@ -227,25 +228,40 @@ def write_report(sweep_dir: str | os.PathLike, out_dir: Optional[str | os.PathLi
     paths["html"].write_text(f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}'
                              f"</title><style>{CSS}</style></head><body>{''.join(page)}</body></html>")
     if wandb:
-        paths["wandb_run_dir"] = log_to_wandb(df, sections, paths, meta.get("name", sweep_dir.name), out,
-                                              wandb_project, wandb_mode)
+        paths["wandb_run_dir"] = log_to_wandb(df, sections, paths, meta.get("name", sweep_dir.name), sweep_dir,
+                                              wandb_project, wandb_entity, wandb_mode)
     return paths
 
 
-def log_to_wandb(df: pd.DataFrame, sections: list[Section], paths: dict[str, Path], sweep: str, out: Path,
-                 project: str, mode: str) -> Path:
-    """One summary run in the sweep's group (job_type report): the figures, the tables, the knees."""
+def typed_table(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` ready for a typed wandb.Table: numbers stay numbers, categories and times become text, list
+    columns (losses, step times) are left to the Parquet artifact, missing values become None."""
+    scalar = df[[c for c in df.columns if not any(isinstance(v, (list, tuple)) for v in df[c])]]
+    out = scalar.astype({c: str for c in scalar.columns if isinstance(scalar[c].dtype, pd.CategoricalDtype)
+                         or pd.api.types.is_datetime64_any_dtype(scalar[c])})
+    return out.astype(object).where(scalar.notna(), None)
+
+
+def log_to_wandb(df: pd.DataFrame, sections: list[Section], paths: dict[str, Path], sweep: str, sweep_dir: Path,
+                 project: str, entity: Optional[str], mode: str) -> Path:
+    """One report run in the sweep's group (job_type report), beside the points' runs in the sweep's
+    wandb folder: the figures, typed tables (status counts, top configurations, every record), the knees
+    in the summary, and the Parquet record table and the HTML report as artifacts."""
     import wandb
 
-    run = wandb.init(project=project, group=sweep, job_type="report", name=f"{sweep}-report", dir=str(out),
-                     mode=mode, config={"sweep": sweep, "records": len(df)})
+    from scaling.wandb_log import safe_name
+
+    run = wandb.init(project=project, entity=entity, group=sweep, job_type="report", name=f"{sweep} report",
+                     dir=str(sweep_dir), mode=mode, config={"sweep": sweep, "records": len(df)},
+                     settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, x_disable_meta=True))
     try:
         images = {f"report/{k.split(':', 1)[1]}": wandb.Image(str(p)) for k, p in paths.items()
                   if k.startswith("figure:")}
-        tables = {f"report/{s.title.lower().replace(' ', '_')}": wandb.Table(dataframe=t.astype(str))
-                  for s in sections for t in s.tables[:1]}
-        run.log({**images, **tables})
-        for status, count in df["status"].value_counts().items():
+        counts = df["status"].value_counts().reindex(list(STATUSES), fill_value=0)
+        tables = {"status_counts": counts.rename_axis("status").reset_index(name="records"),
+                  "top_configurations": top_configurations(df), "records": df}
+        run.log({**images, **{f"report/{name}": wandb.Table(dataframe=typed_table(t)) for name, t in tables.items()}})
+        for status, count in counts.items():
             run.summary[f"records/{status}"] = int(count)
         ok = df[df["status"] == OK]
         if len(ok):
@@ -253,6 +269,12 @@ def log_to_wandb(df: pd.DataFrame, sections: list[Section], paths: dict[str, Pat
         for section in sections:
             if section.title == "Data-parallel scaling":
                 run.summary["dp_knees"] = " ".join(section.paragraphs)
+        for name, kind, files in ((f"{sweep}-records", "dataset", ("parquet",)),
+                                  (f"{sweep}-report", "report", ("html", "markdown"))):
+            artifact = wandb.Artifact(safe_name(name), type=kind)
+            for key in files:
+                artifact.add_file(str(paths[key]))
+            run.log_artifact(artifact)
         return Path(run.dir).parent
     finally:
         run.finish()
@@ -265,9 +287,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--out", default=None, help="output folder (default: SWEEP_DIR/report)")
     p.add_argument("--threshold", type=float, default=dp_scaling.DEFAULT_THRESHOLD,
                    help="DP efficiency below which scaling stops paying off (default 0.8)")
-    p.add_argument("--wandb", action="store_true", help="also log a summary run to W&B (job_type report)")
-    p.add_argument("--wandb-project", default="scaling")
-    p.add_argument("--wandb-mode", choices=("offline", "online"), default="offline")
+    p.add_argument("--wandb", action="store_true",
+                   help="also log a report run to W&B (job_type report) in SWEEP_DIR/wandb, beside the points' runs")
+    # W&B's own environment variables give the defaults; an option on the command line wins over them.
+    p.add_argument("--wandb-project", default=os.environ.get("WANDB_PROJECT", "scaling"),
+                   help="default: $WANDB_PROJECT, else scaling")
+    p.add_argument("--wandb-entity", default=os.environ.get("WANDB_ENTITY"), help="default: $WANDB_ENTITY")
+    p.add_argument("--wandb-mode", choices=("offline", "online", "disabled"),
+                   default=os.environ.get("WANDB_MODE", "offline"), help="default: $WANDB_MODE, else offline")
     p.add_argument("--jobs", type=int, default=None, help="processes drawing the heatmaps (default: one per core)")
     args = p.parse_args(argv)
     if not Path(args.sweep_dir).is_dir():
@@ -277,7 +304,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.jobs is not None and args.jobs < 1:
         p.error(f"--jobs={args.jobs}: at least one process draws the heatmaps")
     paths = write_report(args.sweep_dir, args.out, args.threshold, args.wandb, args.wandb_project, args.wandb_mode,
-                         args.jobs)
+                         args.jobs, args.wandb_entity)
     print(f"report: {paths['html']}")
     print(f"markdown: {paths['markdown']}")
     if "wandb_run_dir" in paths:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import base64
+import json
 import re
-import struct
 import time
 
 import pandas as pd
@@ -13,6 +13,7 @@ import pytest
 from analysis.alpha_beta import PROFILE_FILE, AlphaBeta, save_profile
 from analysis.report import main, write_report
 from records import grid_records, make_record, write_sweep
+from scaling.wandb_log import read_offline_run
 
 
 @pytest.fixture(scope="module")
@@ -86,40 +87,32 @@ def test_main_prints_where_the_report_is(tmp_path, capsys):
     assert main([str(sweep), "--out", str(tmp_path / "r"), "--jobs", "1"]) == 0
 
 
-def _run_records(path):
-    """The run records of a .wandb file: a 7-byte header, then leveldb-log chunks of protobuf Records."""
-    from wandb.proto import wandb_internal_pb2
-
-    data, pos, block, buf, runs = path.read_bytes(), 7, 32768, b"", []
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
-            pos += block - pos % block
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        buf, pos = buf + data[pos + 7:pos + 7 + length], pos + 7 + length
-        if kind in (1, 4):  # FULL or LAST chunk: one whole record
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(buf)
-            buf = b""
-            if record.WhichOneof("record_type") == "run":
-                runs.append(record.run)
-    return runs
-
-
-def test_wandb_summary_run_offline(tmp_path, monkeypatch):
+def test_wandb_report_run_offline_typed_tables_and_artifacts(tmp_path, monkeypatch):
     sweep = write_sweep(tmp_path / "s", grid_records(seq_lens=(256,), mbss=(1, 2), dps=(1, 2, 4)), name="grid")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    paths = write_report(sweep, out_dir=tmp_path / "w", wandb=True)
-    run_dir = paths["wandb_run_dir"]
-    assert run_dir.is_dir() and run_dir.parent == tmp_path / "w" / "wandb"
-    assert run_dir.name.startswith("offline-run-")
-    (log,) = run_dir.glob("*.wandb")
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")  # W&B's variable gives the default; the option wins
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert main([str(sweep), "--out", str(tmp_path / "w"), "--wandb", "--jobs", "1"]) == 0
+    assert main([str(sweep), "--out", str(tmp_path / "w"), "--wandb", "--jobs", "1", "--wandb-project", "cli"]) == 0
+    runs = []
     deadline = time.monotonic() + 30  # wandb-core finishes writing the log after finish() returns
-    while not _run_records(log) and time.monotonic() < deadline:
+    while sum(any(a["type"] == "report" for a in r["artifacts"]) for r in runs) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
-    (run,) = _run_records(log)
-    assert (run.run_group, run.job_type, run.project) == ("grid", "report", "scaling")
+        runs = [read_offline_run(p) for p in sorted((sweep / "wandb").glob("offline-run-*/run-*.wandb"))]
+    # beside the points' runs, in the sweep's own wandb folder: one `wandb sync` of it takes everything
+    assert [(r["project"], r["group"], r["job_type"]) for r in runs] == [("from-env", "grid", "report"),
+                                                                         ("cli", "grid", "report")]
+    run_dir = next((sweep / "wandb").glob("offline-run-*"))
+    assert {(a["type"], tuple(a["files"])) for a in runs[0]["artifacts"] if a["type"] != "run_table"} == {
+        ("dataset", ("results.parquet",)), ("report", ("report.html", "report.md"))}
     media = {p.name.split("_0_")[0] for p in (run_dir / "files" / "media" / "images" / "report").glob("*.png")}
     assert {"tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "dp_scaling"} <= media
-    tables = {p.name.split("_0_")[0] for p in (run_dir / "files" / "media" / "table" / "report").glob("*.json")}
-    assert "top_configurations" in tables
+    tables = {p.name.split("_0_")[0]: json.loads(p.read_text())
+              for p in (run_dir / "files" / "media" / "table" / "report").glob("*.json")}
+    assert {"status_counts", "top_configurations", "records"} <= set(tables)
+    top = tables["top_configurations"]
+    row = dict(zip(top["columns"], top["data"][0]))  # typed cells: numbers stay numbers
+    assert isinstance(row["tokens_per_s_per_gpu"], float) and isinstance(row["dp"], int) and row["model"] == "tiny"
+    counts = dict(tuple(r) for r in tables["status_counts"]["data"])
+    assert counts["ok"] > 0 and all(isinstance(v, int) for v in counts.values())
+    assert len(tables["records"]["data"]) == len(list(sweep.glob("*/result.json")))
