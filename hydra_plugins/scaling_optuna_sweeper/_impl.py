@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Mapping, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.plugins import Plugins
@@ -24,7 +24,9 @@ from hydra.core.utils import JobReturn
 from hydra.errors import HydraException
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from hydra.utils import get_method
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import Trial, TrialState
 
@@ -32,6 +34,7 @@ from scaling.config import EXPERIMENT_GROUPS
 from scaling.record import job_key, output_dir, read_record, should_skip
 
 from . import _report
+from .config import DEFAULT_OBJECTIVE
 from ._outcome import Outcome, failure, judge, repeat_outcome, tell, worst_values
 from ._space import SearchSpace, leaf_overrides, parse_search_space
 from ._study import (
@@ -66,8 +69,10 @@ class OptunaSearch(Sweeper):
     def __init__(
         self,
         objectives: List[str],
-        directions: List[str],
+        directions: Optional[List[str]],
+        direction: Optional[Any],
         sampler: Any,
+        custom_search_space: Optional[str],
         n_trials: int,
         n_jobs: int,
         patience: Optional[int],
@@ -76,10 +81,14 @@ class OptunaSearch(Sweeper):
         storage: Optional[str],
         params: Optional[Mapping[str, str]],
     ) -> None:
+        objectives, directions = resolve_objectives(objectives, directions, direction)
         _check_settings(objectives, directions, n_trials, n_jobs, patience, max_failure_rate)
         self.objectives = objectives
         self.directions = directions
         self.sampler_conf = sampler
+        """Our SamplerConf (name, seed, n_startup_trials), or the sampler Hydra built from a `_target_`."""
+        self.extend_space: Optional[Callable[[DictConfig, Trial], None]] = (
+            get_method(custom_search_space) if custom_search_space else None)
         self.n_trials = n_trials
         self.n_jobs = n_jobs
         self.patience = patience
@@ -114,13 +123,16 @@ class OptunaSearch(Sweeper):
         storage_name = self.storage or str(sweep_dir / "optuna.journal")
         study = open_study(storage, self._study_name(sweep_dir), self.directions, self.objectives)
         recover_stale(study)
-        seed = resumed_seed(self.sampler_conf.seed, len(study.trials))
-        study.sampler = make_sampler(
-            self.sampler_conf.name, seed, self.sampler_conf.n_startup_trials, space, len(self.objectives)
-        )
+        if isinstance(self.sampler_conf, BaseSampler):  # built by Hydra from hydra/sweeper/sampler's _target_
+            study.sampler = self.sampler_conf
+        else:
+            seed = resumed_seed(self.sampler_conf.seed, len(study.trials))
+            study.sampler = make_sampler(
+                self.sampler_conf.name, seed, self.sampler_conf.n_startup_trials, space, len(self.objectives)
+            )
         log.info(
             "Study %r in %s: %d trial(s) held, searching %s with %s",
-            study.study_name, storage_name, len(study.trials), list(space.distributions), self.sampler_conf.name,
+            study.study_name, storage_name, len(study.trials), list(space.distributions), type(study.sampler).__name__,
         )
 
         while (reason := self._stop_reason(study)) is None:
@@ -172,6 +184,8 @@ class OptunaSearch(Sweeper):
         to_launch: list[tuple[Trial, list[str]]] = []
         worst = worst_values(study.get_trials(deepcopy=False, states=[TrialState.COMPLETE]), study.directions)
         for trial in batch:
+            if self.extend_space is not None:  # hydra-optuna-sweeper's custom_search_space: more suggest_* calls
+                self.extend_space(self.config, trial)
             overrides = space.overrides(trial.params)
             trial.set_user_attr("overrides", overrides)
             point = self._experiment_point(overrides)
@@ -246,6 +260,24 @@ def _consecutive_runs(items: list[tuple[Trial, list[str]]]) -> list[list[tuple[T
         else:
             runs.append([item])
     return runs
+
+
+def resolve_objectives(
+    objectives: Sequence[str], directions: Optional[Sequence[str]], direction: Optional[Any]
+) -> tuple[list[str], list[str]]:
+    """The objectives and their directions from `directions` or hydra-optuna-sweeper's `direction` (one
+    or a list); several directions with the default objective name the values value_0, value_1, ..."""
+    if direction is not None:
+        given = [str(d) for d in direction] if isinstance(direction, (list, tuple, ListConfig)) else [str(direction)]
+        if directions is not None and list(directions) != given:
+            raise ValueError(f"hydra.sweeper.direction={given} and hydra.sweeper.directions={list(directions)} "
+                             "disagree: set one of them")
+        directions = given
+    directions = list(directions) if directions is not None else ["maximize"]
+    objectives = list(objectives)
+    if objectives == [DEFAULT_OBJECTIVE] and len(directions) > 1:
+        objectives = [f"value_{i}" for i in range(len(directions))]
+    return objectives, directions
 
 
 def _check_settings(

@@ -8,6 +8,8 @@
   trials so far (0.0 while there is none); samplers rank infeasible trials by their violation,
   not by these values.
 - `failed`, `timeout`, `invalid`, a missing objective or a job that raised -> FAIL.
+- A number, or a list of numbers (one per objective), as tasks return them to hydra-optuna-sweeper
+  -> COMPLETE with those values.
 """
 
 from __future__ import annotations
@@ -47,9 +49,16 @@ def dotted_get(record: Mapping[str, Any], name: str) -> Any:
 
 
 def judge(record: Any, objectives: Sequence[str], worst: Sequence[float]) -> Outcome:
-    """Translate one returned record into the trial's state, values and attrs."""
+    """Translate one returned record (or, as with hydra-optuna-sweeper, the objective value or a list of
+    values, one per objective) into the trial's state, values and attrs."""
+    values = [record] if _is_number(record) else record if isinstance(record, (list, tuple)) else None
+    if values is not None:
+        if len(values) != len(objectives) or not all(_is_number(v) and math.isfinite(v) for v in values):
+            return failure(f"task returned {record!r}: expected {len(objectives)} finite number(s), one per "
+                           f"objective {list(objectives)}, or a record dict")
+        return Outcome(TrialState.COMPLETE, values=[float(v) for v in values], attrs={"status": OK})
     if not isinstance(record, Mapping):
-        return failure(f"task returned {type(record).__name__}, expected a record dict")
+        return failure(f"task returned {type(record).__name__}, expected a record dict or the objective value(s)")
     status = record.get("status")
     attrs = {
         "status": status,

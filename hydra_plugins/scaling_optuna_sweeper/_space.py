@@ -6,7 +6,7 @@ Mapping (the key of each override is the Optuna parameter name):
 - `range(start, stop, step)` (stop exclusive, as in Hydra) -> IntDistribution with that step
   (FloatDistribution when any bound is a float)
 - `interval(low, high)` -> FloatDistribution; `tag(log, ...)` samples on a log scale,
-  `tag(int, ...)` makes it an IntDistribution
+  `tag(int, ...)` or `int(interval(...))` makes it an IntDistribution
 - a plain value -> a fixed override added to every trial
 """
 
@@ -40,8 +40,14 @@ class SearchSpace:
     fixed: list[str] = field(default_factory=list)
 
     def overrides(self, params: Mapping[str, Any]) -> list[str]:
-        """The task overrides of one trial: the fixed ones, then one per sampled parameter."""
-        return self.fixed + [f"{name}={format_value(params[name])}" for name in self.distributions]
+        """The task overrides of one trial: the fixed ones, then one per sampled parameter (those a
+        custom_search_space function suggested last)."""
+        fixed_keys = {o.split("=", 1)[0] for o in self.fixed}
+        extra = [name for name in params if name not in self.distributions]
+        clash = fixed_keys & set(extra)
+        if clash:
+            raise ValueError(f"custom_search_space suggested {sorted(clash)}, which hydra.sweeper.params fixes")
+        return self.fixed + [f"{name}={format_value(params[name])}" for name in [*self.distributions, *extra]]
 
     def grid(self) -> dict[str, list[Any]]:
         """Every value of every parameter, for GridSampler; continuous parameters are refused."""
@@ -118,7 +124,7 @@ def _distribution(override: Override) -> BaseDistribution:
     if isinstance(value, IntervalSweep):
         assert value.start is not None and value.end is not None
         log = "log" in value.tags
-        if "int" in value.tags:
+        if "int" in value.tags or all(isinstance(v, int) for v in (value.start, value.end)):  # int(interval(..))
             return IntDistribution(int(value.start), int(value.end), log=log)
         return FloatDistribution(float(value.start), float(value.end), log=log)
     raise HydraException(

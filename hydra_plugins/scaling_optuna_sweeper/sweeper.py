@@ -8,7 +8,6 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from .config import SamplerConf
 
 
 class ScalingOptunaSweeper(Sweeper):
@@ -17,8 +16,10 @@ class ScalingOptunaSweeper(Sweeper):
     def __init__(
         self,
         objectives: List[str],
-        directions: List[str],
-        sampler: SamplerConf,
+        directions: Optional[List[str]],
+        direction: Optional[Any],
+        sampler: Any,
+        custom_search_space: Optional[str],
         n_trials: int,
         n_jobs: int,
         patience: Optional[int],
@@ -32,8 +33,10 @@ class ScalingOptunaSweeper(Sweeper):
 
         self._search = OptunaSearch(
             objectives=list(objectives),
-            directions=list(directions),
+            directions=directions,
+            direction=direction,
             sampler=sampler,
+            custom_search_space=custom_search_space,
             n_trials=n_trials,
             n_jobs=n_jobs,
             patience=patience,

@@ -3,6 +3,7 @@
 score = 1 - (x - 0.3)^2 + 0.1 * mbs + (0.5 if kind == "b" else 0); mem = 10 * mbs.
 mbs above `oom_above_mbs` is an `oom`, `kind == fail_kind` is `failed`. Each call appends one
 JSON line (its parameters and hydra.job.num) to `calls_log`, so tests can see what ran.
+`mbs_for_kind` is a hydra-optuna-sweeper `custom_search_space` function for it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from omegaconf import DictConfig
 def score(x: float, mbs: int, kind: str) -> float:
     """The toy objective (higher is better)."""
     return 1.0 - (x - 0.3) ** 2 + 0.1 * mbs + (0.5 if kind == "b" else 0.0)
+
+
+def mbs_for_kind(cfg: DictConfig, trial: Any) -> None:
+    """custom_search_space: mbs depends on the sampled kind (1 or 2 for `a`, 4 or 8 for `b`)."""
+    low, high = (1, 2) if trial.params["kind"] == "a" else (4, 8)
+    trial.suggest_int("mbs", low, high, step=high - low)
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
