@@ -9,8 +9,9 @@ status but no history), so a W&B heatmap has the report's cells:
   `throughput`, tags: the status and one `axis=value` per axis (`dp=2`, `zero_stage=3`, ...);
 - config: the experiment config, `derived.*`, `env.*` and `provenance.*`, flat (`parallel.dp`);
 - summary, one section per meaning: `metrics/…` the headline figures of the timed steps
-  (`metrics/tokens_per_s_per_gpu` is gbs_tokens / median step time, per GPU), `memory/…` measured
-  memory, `predicted/…` the memory prediction, `timing/…`, plus `status`, `error`, `job_key`, `sweep`;
+  (`metrics/tokens_per_s_per_gpu` is gbs_tokens / median step time, per GPU), `memory/…` the measured
+  memory (every metric in bytes or named mem), `predicted/…` the memory prediction, `timing/…`, plus
+  `status`, `error`, `job_key`, `sweep`;
 - history `step/…`, one row per timed step (`step/timed_step` is its x-axis), whose summaries are
   their min, max and mean (`define_metric`), never a last step passed off as the headline.
 
@@ -118,7 +119,7 @@ def summary_of(record: Mapping[str, Any]) -> dict[str, Any]:
     """The run summary: the top-level fields, then metrics/, memory/, predicted/ and timing/ sections."""
     summary: dict[str, Any] = {key: record.get(key) for key in TOP_LEVEL}
     for key, value in (record.get("metrics") or {}).items():
-        summary[f"{MEMORY if 'mem' in key else 'metrics'}/{key}"] = value
+        summary[f"{MEMORY if 'mem' in key or 'bytes' in key else 'metrics'}/{key}"] = value
     for block in SUMMARY_BLOCKS:
         for key, value in (record.get(block) or {}).items():
             summary[f"{block}/{key}"] = value
