@@ -179,6 +179,9 @@ class LaunchConfig:
     """CUDA_VISIBLE_DEVICES for this point (partitioning one node between concurrent points)."""
     master_port: Optional[int] = None
     """Rendezvous port for torchrun; null: a free port is picked."""
+    repeats: int = 1
+    """Independent launches of the point (a fresh torchrun each), all kept in its one record; its
+    figures are the median over them with their spread. A point with fewer ok launches is not done."""
 
 
 @dataclass
