@@ -30,9 +30,6 @@ def relative_spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / (2.0 * middle)
 
 
-def within_noise(value: float, band_frac: float, best: float, best_band_frac: float,
-                 higher_is_better: bool = True) -> bool:
-    """Whether `value` cannot be told apart from `best`: their bands v·(1 ± band) overlap."""
-    if higher_is_better:
-        return value * (1.0 + band_frac) >= best * (1.0 - best_band_frac)
-    return value * (1.0 - band_frac) <= best * (1.0 + best_band_frac)
+def within_noise(a: float, band_a_frac: float, b: float, band_b_frac: float) -> bool:
+    """Whether figures a and b cannot be told apart: their bands v·(1 ± band) overlap."""
+    return a * (1.0 - band_a_frac) <= b * (1.0 + band_b_frac) and b * (1.0 - band_b_frac) <= a * (1.0 + band_a_frac)
