@@ -85,8 +85,7 @@ CELL_IN = (0.85, 0.4)
 GAP_IN = (0.3, 0.55)
 """Space between the facets of a grid, inches: across, and down (room for a facet's title)."""
 
-PRETTY = {"zero_stage": "ZeRO-{}", "dp": "dp={}", "seq_len": "seq {}", "mbs": "mbs={}", "grad_acc": "grad_acc={}",
-          "threads_per_device": "{} threads/device"}
+PRETTY = {"zero_stage": "ZeRO-{}", "dp": "dp={}", "seq_len": "seq {}", "mbs": "mbs={}", "grad_acc": "grad_acc={}"}
 
 
 def _metric(name: str, df: Optional[pd.DataFrame] = None) -> Metric:
@@ -122,6 +121,8 @@ def facet_label(column: str, value: Any) -> str:
     """How a facet value reads in a title: `ZeRO-1`, `dp=8`, `seq 4096`, `model=llama_1b`, `oversubscribed`."""
     if column == "oversubscribe":
         return "oversubscribed" if value else "not oversubscribed"
+    if column == "threads_per_device":
+        return f"{value} thread{'' if value == 1 else 's'}/device"
     return PRETTY.get(column, f"{column}={{}}").format(value)
 
 

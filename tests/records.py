@@ -52,6 +52,7 @@ def make_record(
     peak_mem_bytes_value: Optional[int] = None,
     predicted_bytes: Optional[int] = None,
     noise_band_frac: float = 0.0,
+    threads_per_device: int = 1,
     oversubscribe: bool = False,
 ) -> dict[str, Any]:
     """One record as the engine writes it; metrics only for `ok`, a measured peak also for `oom`.
@@ -65,6 +66,7 @@ def make_record(
         "parallel": dataclasses.asdict(ParallelConfig(dp=dp, zero_stage=zero_stage)),
         "hardware": dataclasses.asdict(HardwareConfig(name=hardware, device="cuda", backend="nccl",
                                                       peak_tflops_bf16=989.0, memory_gb=memory_gb,
+                                                      threads_per_device=threads_per_device,
                                                       oversubscribe=oversubscribe)),
     }
     gbs = mbs * grad_acc * dp
