@@ -134,7 +134,7 @@ def cells(df: pd.DataFrame, x: str, y: str, metric: str, by: Sequence[str] = ())
     _check_columns(df, x=x, y=y, **{f"by[{i}]": k for i, k in enumerate(by)})
     if len(set(keys)) < len(keys):
         raise ValueError(f"x={x!r}, y={y!r} and facets {list(by)} must be different columns")
-    extra = [c for c in (NOISE_BAND_KEY, "oversubscribe") if c in df.columns]
+    extra = [c for c in (NOISE_BAND_KEY, "oversubscribe") if c in df.columns and c not in keys]  # a facet says it
     d = df[[*keys, "status", m.column, *extra]].dropna(subset=keys)
     d = d.assign(status=d["status"].astype(str), rank=d["status"].astype(str).map(STATUS_PRIORITY))
     grouped = d.groupby(keys, sort=True, observed=True)
@@ -177,10 +177,9 @@ def _draw_cells(ax: Axes, table: pd.DataFrame, xs: list, ys: list, m: Metric, vm
     in colour and print, status cells as labelled patches, the best cell boxed and starred.
     Returns the QuadMesh (for a colour bar)."""
     x0, y0 = origin
-    grid = table[["value", "noise", "oversubscribed"]].unstack(-1)
-    ok_values, noise, over = (grid[c].reindex(index=ys, columns=xs).to_numpy() for c in ("value", "noise",
-                                                                                         "oversubscribed"))
-    ok_values = ok_values.astype("float64")
+    ok_values, noise, over = (table[c].unstack(-1).reindex(index=ys, columns=xs).to_numpy()
+                              for c in ("value", "noise", "oversubscribed"))
+    ok_values, noise = ok_values.astype("float64"), noise.astype("float64")
     over = over == True  # noqa: E712 - NaN (no ok record) is not oversubscribed
     finite = np.isfinite(ok_values)
     if vmin is None or vmax is None:
@@ -190,7 +189,7 @@ def _draw_cells(ax: Axes, table: pd.DataFrame, xs: list, ys: list, m: Metric, vm
     if finite.any():
         flat = np.where(finite, ok_values, -np.inf if m.higher_is_better else np.inf)
         best = np.unravel_index(np.argmax(flat) if m.higher_is_better else np.argmin(flat), flat.shape)
-        tied = ties(ok_values, noise.astype("float64"), best)
+        tied = ties(ok_values, noise, best)
         tied[best] = False
     fontsize = max(5.0, min(10.0, 48.0 / max(len(xs), len(ys), 1)))
     # One pcolormesh per facet (first y value at the top when the y axis runs downwards): seaborn's
