@@ -73,11 +73,11 @@ class TrainConfig:
     """Global batch in samples; fixes grad_acc when grad_acc is `auto`."""
     gbs_tokens: Optional[int] = None
     """Global batch in tokens (gbs x seq_len); fixes grad_acc when grad_acc is `auto`."""
-    warmup_steps: int = 2
+    warmup_steps: int = 3
     """Untimed optimizer steps before timing starts. On CPU at least 2: the last one is measured
     under the memory tracker, after a first step has created the optimizer states."""
-    steps: int = 3
-    """Optimizer steps that are timed."""
+    steps: int = 8
+    """Optimizer steps that are timed (their median is the step time, their spread the within-run noise)."""
     precision: str = "fp32"
     """fp32, or bf16 mixed precision (bf16 compute, fp32 master weights and optimizer states)."""
     recompute: str = "none"
