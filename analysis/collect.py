@@ -92,6 +92,7 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("backend", ("env", "backend")),
     ("hostname", ("env", "hostname")),
     ("threads_per_rank", ("env", "threads_per_rank")),
+    ("oversubscribed", ("env", "oversubscribed")),
     ("memory_capacity", ("env", "memory_capacity")),
     ("started_at", ("timing", "started_at")),
     ("wall_s", ("timing", "wall_s")),

@@ -58,7 +58,7 @@ def scaling_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _describe(key: str, value: Any) -> str:
-    """How a configuration key reads in its name; a point that is not oversubscribed says nothing of it."""
+    """How a configuration key reads in its name; one that does not allow oversubscription says nothing of it."""
     if key == "model":
         return str(value)
     if key == "oversubscribe" and not value:

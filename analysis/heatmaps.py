@@ -6,7 +6,7 @@ shows why: "OOM" (measured; on CPU against an emulated capacity, which the legen
 colour; a cell no record reached stays blank. The best cell of a facet carries a box and a star;
 for a throughput metric every cell within noise of it (their bands v·(1 ± noise_band_frac)
 overlap, `scaling.noise.within_noise`) is a tie, marked "≈" with a dashed box. A value measured
-with more threads than cores (hardware.oversubscribe) carries a "†". Status cells are drawn as
+with ranks sharing cores (`env.oversubscribed`, under hardware.oversubscribe) carries a "†". Status cells are drawn as
 patches with their own text on top of the colour mesh.
 """
 
@@ -118,9 +118,9 @@ def _check_columns(df: pd.DataFrame, **axes: Optional[str]) -> None:
 
 
 def facet_label(column: str, value: Any) -> str:
-    """How a facet value reads in a title: `ZeRO-1`, `dp=8`, `seq 4096`, `model=llama_1b`, `oversubscribed`."""
+    """How a facet value reads in a title: `ZeRO-1`, `dp=8`, `seq 4096`, `model=llama_1b`, `2 threads/device`."""
     if column == "oversubscribe":
-        return "oversubscribed" if value else "not oversubscribed"
+        return "oversubscription allowed" if value else "no oversubscription"
     if column == "threads_per_device":
         return f"{value} thread{'' if value == 1 else 's'}/device"
     return PRETTY.get(column, f"{column}={{}}").format(value)
@@ -128,13 +128,13 @@ def facet_label(column: str, value: Any) -> str:
 
 def cells(df: pd.DataFrame, x: str, y: str, metric: str, by: Sequence[str] = ()) -> pd.DataFrame:
     """One row per ([*by,] y, x) cell: the best ok `value`, its `noise` band (0 for memory or when not
-    measured) and whether it was measured `oversubscribed`, the `status` shown and `n` records in the cell."""
+    measured) and whether its ranks shared cores (`oversubscribed`), the `status` shown and `n` records in the cell."""
     m = _metric(metric, df)
     keys = [*by, y, x]
     _check_columns(df, x=x, y=y, **{f"by[{i}]": k for i, k in enumerate(by)})
     if len(set(keys)) < len(keys):
         raise ValueError(f"x={x!r}, y={y!r} and facets {list(by)} must be different columns")
-    extra = [c for c in (NOISE_BAND_KEY, "oversubscribe") if c in df.columns and c not in keys]  # a facet says it
+    extra = [c for c in (NOISE_BAND_KEY, "oversubscribed") if c in df.columns]
     d = df[[*keys, "status", m.column, *extra]].dropna(subset=keys)
     d = d.assign(status=d["status"].astype(str), rank=d["status"].astype(str).map(STATUS_PRIORITY))
     grouped = d.groupby(keys, sort=True, observed=True)
@@ -145,7 +145,7 @@ def cells(df: pd.DataFrame, x: str, y: str, metric: str, by: Sequence[str] = ())
     out["value"] = best[m.column].reindex(out.index).astype("float64")
     noise = best[NOISE_BAND_KEY] if m.noisy and NOISE_BAND_KEY in best else pd.Series(0.0, index=best.index)
     out["noise"] = noise.reindex(out.index).astype("float64").fillna(0.0)
-    over = best["oversubscribe"] if "oversubscribe" in best else pd.Series(False, index=best.index)
+    over = best["oversubscribed"] if "oversubscribed" in best else pd.Series(False, index=best.index)
     out["oversubscribed"] = over.reindex(out.index).eq(True)
     by_rank = {rank: status for status, rank in STATUS_PRIORITY.items()}
     out["status"] = out["rank"].map(by_rank)

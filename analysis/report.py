@@ -138,11 +138,12 @@ def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Sec
     words = [k.sentence[0].upper() + k.sentence[1:] + "." for k in found if k.config in fastest]
     if len(found) > len(words):
         words.append(f"Those are the {len(words)} fastest configurations; the table has the knees of all {len(found)}.")
-    over = set(table.loc[table["oversubscribe"].eq(True), "config"]) & {k.config for k in found}
-    if over:
-        words.append(f"{len(over)} configurations are oversubscribed (hardware.oversubscribe=true): their ranks ran "
-                     "more threads than the host has usable cores, so their curves measure the sharing of cores "
-                     "as well as communication.")
+    shared = table[table["oversubscribed"].eq(True) & table["config"].isin({k.config for k in found})]
+    if len(shared):
+        where = "; ".join(f"{config} at dp={', '.join(str(int(d)) for d in group['dp'])}"
+                          for config, group in shared.groupby("config", sort=False))
+        words.append(f"Oversubscribed (hardware.oversubscribe=true, ranks sharing cores): {where}. There the curve "
+                     "measures the sharing of cores as well as communication.")
     sections = [Section("Data-parallel scaling", words, [knee_table(found)],
                         {"dp_scaling": dp_scaling.plot_dp_scaling(df, threshold, max_configs=KNEES_IN_WORDS)})]
     profile_path = sweep_dir / alpha_beta.PROFILE_FILE

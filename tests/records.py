@@ -116,7 +116,8 @@ def make_record(
         {"peak_mem_bytes": predicted, "method": "analytic", "fits": predicted <= memory_gb * GIB,
          "analytic": {"method": "analytic", "peak_mem_bytes": predicted}, "traced": None},
         "env": {"torch": "2.13.0", "python": "3.11.7", "device_name": "NVIDIA H100", "backend": "nccl",
-                "hostname": "node0", "threads_per_device": 8, "memory_capacity": "real"},
+                "hostname": "node0", "threads_per_device": 8, "memory_capacity": "real",
+                "oversubscribed": oversubscribe},
         "timing": {"started_at": "2025-01-01T00:00:00+00:00", "wall_s": 12.5, "launch_overhead_s": 3.0},
     }
 

@@ -128,7 +128,7 @@ def test_noise_device_and_memory_check_columns():
     record["predicted"].update(traced={"method": "traced", "peak_mem_bytes": 5}, sampled=True)
     df = to_frame([record_to_row(record)])
     row = df.iloc[0]
-    assert (row["threads_per_device"], row["oversubscribe"]) == (2, True)
+    assert (row["threads_per_device"], row["oversubscribe"], row["oversubscribed"]) == (2, True, True)
     assert (row["noise_band_frac"], row["step_time_spread_frac"], row["repeat_spread_frac"]) == (0.04, 0.04, 0.04)
     assert row["repeats_ok"] == 3 and list(row["tokens_per_s_per_gpu_repeats"]) == [1.0, 2.0, 3.0]
     assert (row["peak_mem_source"], row["peak_rss_growth_bytes"], row["peak_flops_source"]) == ("mem_tracker", 7, "cache")

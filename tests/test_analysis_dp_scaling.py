@@ -106,4 +106,4 @@ def test_points_of_different_thread_counts_never_share_a_curve():
             + _curve(0.0, oversubscribe=True)]
     found = {k.config for k in knees(to_frame(rows))}
     assert found == {"tiny, seq 256, ZeRO-0, 1 thread/device", "tiny, seq 256, ZeRO-0, 2 threads/device",
-                     "tiny, seq 256, ZeRO-0, 1 thread/device, oversubscribed"}
+                     "tiny, seq 256, ZeRO-0, 1 thread/device, oversubscription allowed"}

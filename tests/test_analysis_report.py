@@ -184,5 +184,5 @@ def test_ties_noise_knee_uncertainty_and_oversubscription_in_words(tmp_path):
     assert ("Over 7 ok points the band is ±5.0% at the median (largest ±5.0%)" in md
             and "2 points were launched 3 to 3 times: their repeat-to-repeat spread is ±5.0%" in md)
     assert "DP stops paying off after dp=8 (dp=4 within noise); efficiency falls from 85% ± 10% (dp=8)" in md
-    assert "1 configurations are oversubscribed (hardware.oversubscribe=true)" in md
-    assert "tiny, seq 256, mbs=2, ZeRO-0, oversubscribed" in md
+    assert ("Oversubscribed (hardware.oversubscribe=true, ranks sharing cores): tiny, seq 256, mbs=2, ZeRO-0, "
+            "oversubscription allowed at dp=1, 2.") in md
