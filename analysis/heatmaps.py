@@ -6,8 +6,8 @@ shows why: "OOM" (measured; on CPU against an emulated capacity, which the legen
 colour; a cell no record reached stays blank. The best cell of a facet carries a box and a star;
 for a throughput metric every cell within noise of it (their bands v·(1 ± noise_band_frac)
 overlap, `scaling.noise.within_noise`) is a tie, marked "≈" with a dashed box. A value measured
-with ranks sharing cores (`env.oversubscribed`, under hardware.oversubscribe) carries a "†". Status cells are drawn as
-patches with their own text on top of the colour mesh.
+with ranks sharing cores (`env.oversubscribed`, under hardware.oversubscribe) carries a "†".
+Status cells are drawn as patches with their own text on top of the colour mesh.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def _values(df: pd.DataFrame, column: str) -> list[Any]:
 def _draw_cells(ax: Axes, table: pd.DataFrame, xs: list, ys: list, m: Metric, vmin: Optional[float],
                 vmax: Optional[float], origin: tuple[float, float] = (0.0, 0.0)) -> Any:
     """One facet's cells on `ax`, cell (i-th y, j-th x) at origin + (j, i) in data units: the ok values
-    in colour and print, status cells as labelled patches, the best cell boxed and starred.
+    in colour and print, status cells as labelled patches, the best cell boxed and starred, its ties marked.
     Returns the QuadMesh (for a colour bar)."""
     x0, y0 = origin
     ok_values, noise, over = (table[c].unstack(-1).reindex(index=ys, columns=xs).to_numpy()
