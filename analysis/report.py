@@ -109,8 +109,10 @@ def _mfu_words(df: pd.DataFrame) -> list[str]:
     if not heatmaps.measured_peak(df):
         return []
     ok = df[(df["status"] == OK) & df["peak_flops_source"].isin(["measured", "cache"])]
-    when = ok["peak_flops_measured_at"].dropna()
-    span = f" (measured {when.min()}" + (f" to {when.max()}" if when.max() != when.min() else "") + ")" if len(when) else ""
+    when = sorted(ok["peak_flops_measured_at"].dropna().unique())
+    span = ""
+    if when:
+        span = f" (measured {when[0]})" if len(when) == 1 else f" (measured {when[0]} to {when[-1]})"
     return [f"MFU of {len(ok)} points is against a measured matmul peak{span}: a square matmul timed on this host at "
             "the run's dtype and threads per device, not a datasheet peak, so it is not comparable with a GPU's MFU."]
 
