@@ -117,8 +117,8 @@ def knee_sentence(config: str, dps: Sequence[int], efficiency: Sequence[float], 
     band = dict(zip(dps, noise_frac))
     ref = f"relative to dp={dps[0]}"
 
-    def pct(dp: int) -> str:
-        return f"{eff[dp]:.0%}" + (f" ± {band[dp]:.0%}" if band.get(dp) else "")
+    def pct(dp: int) -> str:  # the band in percentage points of efficiency
+        return f"{eff[dp]:.0%}" + (f" ± {100 * eff[dp] * band[dp]:.0f} pts" if band.get(dp) else "")
 
     noise = f" ({', '.join(f'dp={d}' for d in within_noise)} within noise)" if within_noise else ""
     if next_dp is None:

@@ -92,8 +92,8 @@ def test_the_knee_is_stated_with_the_dps_it_may_lie_at_within_noise():
     (k,) = knees(to_frame(record_to_row(r) for r in _curve(0.05)))
     assert (k.knee_dp, k.next_dp, k.within_noise) == (8, 16, (4,))
     assert k.noise_frac == pytest.approx((0.0, 0.1, 0.1, 0.1, 0.1))
-    assert ("DP stops paying off after dp=8 (dp=4 within noise); efficiency falls from 85% ± 10% (dp=8) to "
-            "62% ± 10% (dp=16)") in k.sentence
+    assert ("DP stops paying off after dp=8 (dp=4 within noise); efficiency falls from 85% ± 8 pts (dp=8) to "
+            "62% ± 6 pts (dp=16)") in k.sentence
     (k,) = knees(to_frame(record_to_row(r) for r in _curve(0.15)))  # ±30%: 62% may be 81%, 97% may be 68%
     assert k.within_noise == (1, 2, 4, 16)
     (k,) = knees(to_frame(record_to_row(r) for r in _curve(0.0)))
