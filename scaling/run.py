@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ from scaling.record import (
     launches_timing, next_attempt, output_dir, read_record, should_skip,
 )
 from scaling.validate import Derived, InvalidConfig, validate
-from scaling.engine.jobfiles import CONFIG_FILE, TORCHRUN_LOG, WORKER_OUTPUT, read_json, write_json_atomic
+from scaling.engine.jobfiles import CONFIG_FILE, ELASTIC_LOGS, TORCHRUN_LOG, WORKER_OUTPUT, read_json, write_json_atomic
 
 
 
@@ -137,6 +138,7 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
         if lead:  # only the task that writes the record cleans the job directory (the others share it)
             for stale in (WORKER_OUTPUT, TORCHRUN_LOG):
                 (jd / stale).unlink(missing_ok=True)
+            shutil.rmtree(jd / ELASTIC_LOGS, ignore_errors=True)  # an earlier launch's errors are not this one's
         with devices.hold(lease, cfg["launch"]["devices"]) as held:
             # The CPU peak that MFU divides by is measured here, while this point holds the host.
             peak = flops.resolve_peak_flops(hw, cfg["train"]["precision"], hw["threads_per_device"], hw["device"])
