@@ -91,7 +91,6 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("device_name", ("env", "device_name")),
     ("backend", ("env", "backend")),
     ("hostname", ("env", "hostname")),
-    ("threads_per_rank", ("env", "threads_per_rank")),
     ("oversubscribed", ("env", "oversubscribed")),
     ("memory_capacity", ("env", "memory_capacity")),
     ("started_at", ("timing", "started_at")),
@@ -110,7 +109,7 @@ CONFIG_AXES = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "preci
 INT_COLUMNS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "seq_len", "mbs",
                "grad_acc", "gbs", "gbs_tokens", "target_gbs", "target_gbs_tokens", "steps", "dp", "zero_stage",
                "n_params", "flops_per_token", "hw_flops_per_token", "world_size", "peak_mem_bytes",
-               "peak_mem_reserved_bytes", "pred_peak_mem_bytes", "threads_per_rank", "threads_per_device",
+               "peak_mem_reserved_bytes", "pred_peak_mem_bytes", "threads_per_device",
                "repeats_ok", "peak_rss_growth_bytes", "pred_analytic_peak_mem_bytes", "pred_traced_peak_mem_bytes")
 TIME_COLUMNS = ("started_at",)
 """ISO-8601 strings in the record, UTC datetimes in the DataFrame."""

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from analysis.collect import memory_unit
 from analysis.figures import new_figure
 from analysis.heatmaps import EMULATED_OOM_LABEL
+from scaling.predictor.analytic import CALIBRATION_MODELS
 from scaling.record import OK, OOM, PREDICTED_OOM
 
 MEASUREMENTS = {
@@ -31,8 +32,6 @@ MEASUREMENTS = {
 """What the measured peak is, by `metrics.peak_mem_source`."""
 SAME_INSTRUMENT = "mem_tracker"
 """The measurement the traced prediction reproduces by construction (the same tracker, on fake tensors)."""
-CALIBRATION_MODELS = ("tiny", "small")
-"""The presets whose traced steps the analytic activation coefficients were read off: in-sample for it."""
 
 
 def relative_error(predicted: pd.Series, measured: pd.Series) -> tuple[float, float]:
