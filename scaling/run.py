@@ -22,7 +22,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from scaling import devices, launch, slurm, wandb_log
+from scaling import devices, inflight, launch, slurm, wandb_log
 from scaling.engine import flops
 from scaling.config import CONF_DIR, register_configs
 from scaling.predictor.analytic import prescreen, sampled
@@ -130,6 +130,8 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
         record.update(status=FAILED, error=str(e), env=_host_env(cfg))
         return _finish(record, jd, t0, cfg)
     log_name = TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
+    if lead:  # until _finish writes the record: `scaling status` and a re-run see the point in flight
+        inflight.mark_running(jd, os.environ)
     hw = cfg["hardware"]
     # Concurrent points on this host take disjoint GPUs (CPU points: the host, one at a time). The lease is
     # given back only once no process of the point is left.
@@ -167,6 +169,7 @@ def _finish(record: dict[str, Any], jd: Path, t0: float, cfg: dict[str, Any]) ->
     """Time, write atomically, announce the record, then log it to W&B (which may fail harmlessly)."""
     record["timing"]["wall_s"] = time.perf_counter() - t0
     write_json_atomic(jd / RESULT_FILE, record)
+    inflight.clear(jd)
     print(_summary_line(record), flush=True)
     wandb_log.log_point(record, cfg["logger"], cfg["sweep_dir"])
     return record
