@@ -26,11 +26,12 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
-
-from omegaconf import DictConfig, OmegaConf, open_dict
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
 from scaling.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, STATUSES, TIMEOUT, job_key, read_record, should_skip
+
+if TYPE_CHECKING:  # OmegaConf is imported where it is used: `scaling status` reads records only
+    from omegaconf import DictConfig
 
 LAUNCHED_STATUSES = (OK, OOM, TIMEOUT, FAILED)
 """Statuses of points that ran torchrun: their wall time says what a launch costs."""
@@ -50,6 +51,8 @@ def expand(params: Mapping[str, Any], arguments: Sequence[str]) -> list[list[str
 
 def resolve_without_hydra(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config as a plain dict, without the `hydra` node (what a job's run_point reads)."""
+    from omegaconf import OmegaConf
+
     out: dict[str, Any] = {}
     for key in cfg:
         if key == "hydra":
@@ -110,6 +113,8 @@ class PointConfigs:
                 and not isinstance(o.value(), dict))
 
     def _base(self, group_overrides: tuple[str, ...]) -> _Base:
+        from omegaconf import open_dict
+
         if group_overrides not in self._bases:
             cfg = self._compose(list(group_overrides))
             groups = frozenset(cfg.hydra.runtime.choices)
@@ -129,6 +134,7 @@ def sweep_file_grid(sweep_file: Path, overrides: Sequence[str] = ()) -> Iterator
     and their configs, outside a Hydra run; hydra.* overrides go to the primary config as in a run."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
 
     from scaling import devices, slurm
     from scaling.config import CONF_DIR, register_configs
@@ -231,7 +237,7 @@ class Forecast:
         new = sum(self.new.values())
         parts = [f"{new} new ({self.new[LAUNCH]} to launch, {self.new[PREDICTED_OOM]} predicted_oom, "
                  f"{self.new[INVALID]} invalid)", f"{sum(self.recorded.values())} recorded"
-                 + _counts(self.recorded)]
+                 + (f" ({status_list(self.recorded)})" if self.recorded else "")]
         if self.in_flight:
             parts.append(f"{self.in_flight} in flight")
         head = f"sweep {name}: {self.points} points: " + ", ".join(parts)
@@ -250,9 +256,9 @@ class Forecast:
         return [head, wall]
 
 
-def _counts(counts: Counter) -> str:
-    listed = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])
-    return f" ({listed})" if listed else ""
+def status_list(counts: Mapping[str, int]) -> str:
+    """'40 ok, 12 oom': the non-zero counts, in the order of STATUSES."""
+    return ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts.get(s))
 
 
 def format_duration(seconds: float) -> str:

@@ -1,0 +1,130 @@
+"""The grid sweep: expand the grid, answer recorded points from the store, launch the rest.
+
+Each point's config and job key come from `scaling.grid` (one Hydra composition per config-group
+choice, not per point), so a fully recorded grid of 10,000 points resumes in seconds instead of
+making 10,000 Hydra jobs that each find their record. A point a live job still holds (its running
+marker names a queued or running SLURM task, or a live process: see `scaling.inflight`) is not
+launched again. The points left go to the Hydra launcher, in one batch or in batches of
+`max_batch_size`; the driver's `scaling.progress.Progress` counts the answered ones and prints
+each launched one as it ends. With `dry_run` it prints the forecast and launches nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Mapping, Optional
+
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobReturn
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+from scaling import inflight, progress
+from scaling.grid import Forecast, PointConfigs, expand, points_at_once, predict_new, survey
+from scaling.record import job_dir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _ToRun:
+    """A point the store does not answer: what the launcher needs, and where its record goes."""
+
+    num: int
+    overrides: list[str]
+    jd: Path
+
+
+def _holder(marker: Mapping[str, Any]) -> str:
+    """Who holds an in-flight point, in words."""
+    if marker.get("slurm_job_id"):
+        return f"SLURM job {marker['slurm_job_id']}"
+    return f"pid {marker.get('pid')} on {marker.get('host')}"
+
+
+class GridSweep(Sweeper):
+    """The sweep `sweeper.ScalingGridSweeper` delegates to."""
+
+    def __init__(self, max_batch_size: Optional[int], dry_run: bool, params: Optional[Mapping[str, str]]) -> None:
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"hydra.sweeper.max_batch_size={max_batch_size} must be >= 1 or null (one batch)")
+        self.max_batch_size = max_batch_size
+        self.dry_run = dry_run
+        self.params = dict(params or {})
+        self.hydra_context: Optional[HydraContext] = None
+        self.config: Optional[DictConfig] = None
+        self.launcher: Any = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        """Keep the context and instantiate the configured launcher."""
+        self.hydra_context = hydra_context
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: List[str]) -> list[list[JobReturn]]:
+        """Answer, then launch, every point of the grid; returns the launched points' JobReturns per batch."""
+        assert self.config is not None and self.hydra_context is not None
+        points = expand(self.params, arguments)
+        configs = PointConfigs(self.hydra_context.config_loader, self.config)
+        forecast, answered, keys = Forecast(), Counter(), []
+        to_run: list[_ToRun] = []
+        marked: dict[str, tuple[_ToRun, dict[str, Any], Any]] = {}
+        for point in survey(points, configs):
+            keys.append(point.key)
+            if point.done:
+                answered[point.record["status"]] += 1
+                forecast.add(point, None)
+                continue
+            item = _ToRun(point.num, point.overrides, job_dir(point.sweep_dir, point.key))
+            marker = inflight.read_marker(item.jd)
+            verdict = predict_new(point.cfg)["status"] if self.dry_run else None
+            if marker is None:
+                to_run.append(item)
+                forecast.add(point, verdict)
+            else:
+                marked[point.key] = (item, marker, (point, verdict))
+        markers = {key: marker for key, (_, marker, _) in marked.items()}
+        live = inflight.live_markers(markers, inflight.marker_states(markers))
+        held = []
+        for key, (item, marker, (point, verdict)) in marked.items():
+            forecast.add(point, verdict, in_flight=bool(live[key]))
+            if live[key]:
+                held.append(_holder(marker))
+            else:
+                to_run.append(item)
+        to_run.sort(key=lambda p: p.num)
+        log.info("Grid of %d points: %d Hydra compositions, %d answered by the store, %d held by live jobs, %d to run",
+                 len(points), configs.compositions, sum(answered.values()), len(held), len(to_run))
+
+        if self.dry_run:
+            print("\n".join(forecast.lines(str(self.config.get("sweep", "grid")), points_at_once(self.config))), flush=True)
+            return []
+        tracker = progress.active or progress.Progress(len(points), None)
+        tracker.record_grid(keys, str(OmegaConf.select(self.config, "launch.rerun", default="none")))
+        tracker.answered(answered)
+        tracker.held_elsewhere(held)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        return self._launch(to_run, tracker)
+
+    def _launch(self, to_run: list[_ToRun], tracker: progress.Progress) -> list[list[JobReturn]]:
+        returns = []
+        size = self.max_batch_size or max(1, len(to_run))
+        for start in range(0, len(to_run), size):
+            batch = to_run[start:start + size]
+            for i, point in enumerate(batch):
+                tracker.expect(start + i, point.jd)
+            results = self.launcher.launch([p.overrides for p in batch], initial_job_idx=start)
+            for i, ret in enumerate(results):
+                tracker.ended(start + i, ret)
+            for ret in results:
+                _ = ret.return_value  # re-raises what a job raised, after its batch, as Hydra's basic sweeper does
+            returns.append(list(results))
+        return returns
