@@ -12,7 +12,7 @@ a config group under its own group choices, is composed in full. Either way the 
 of every sweep file).
 
 `survey` walks a grid and says, for each point, its key, its stored record and whether the store
-already answers it (`scaling.record.should_skip`); `Forecast` counts what a run of the grid would
+already answers it (`store_answers`, which run_point asks too); `Forecast` counts what a run of the grid would
 do (new, recorded, predicted out of memory, invalid) and estimates its wall time. The grid
 sweeper, its dry run and `scaling predict --sweep` share them.
 """
@@ -164,7 +164,19 @@ class GridPoint:
     sweep_dir: Path
     record: Optional[dict[str, Any]]
     done: bool
-    """The stored record answers it (should_skip under the point's launch.rerun)."""
+    """The stored record answers it (store_answers under the point's launch settings)."""
+
+
+def store_answers(record: Optional[Mapping[str, Any]], key: str, launch: Mapping[str, Any]) -> bool:
+    """Whether a stored record answers its point, so that it is not run again: `should_skip` under
+    launch.rerun, except a predicted_oom point that the pre-screen's sample (launch.prescreen_sample)
+    runs anyway. run_point and the grid sweeper both decide by it."""
+    if record is not None and record.get("status") == PREDICTED_OOM:
+        from scaling.predictor.analytic import sampled
+
+        if sampled(key, launch["prescreen_sample"]):
+            return False
+    return should_skip(record, launch["rerun"])
 
 
 def survey(points: Sequence[Sequence[str]], configs: PointConfigs) -> Iterator[GridPoint]:
@@ -174,14 +186,14 @@ def survey(points: Sequence[Sequence[str]], configs: PointConfigs) -> Iterator[G
         key = job_key(cfg)
         sweep_dir = Path(os.path.abspath(cfg["sweep_dir"]))
         record = read_record(sweep_dir, key)
-        yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, should_skip(record, cfg["launch"]["rerun"]))
+        yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, store_answers(record, key, cfg["launch"]))
 
 
 def predict_new(cfg: Mapping[str, Any], traced: bool = False) -> dict[str, Any]:
     """What run_point will do with a point it has to run: `invalid`, `predicted_oom` or `launch`, with
     the prediction (`predicted`) or the error. Analytic unless `traced` (the pre-screen traces
     near-capacity points at launch)."""
-    from scaling.predictor.analytic import prescreen
+    from scaling.predictor.analytic import prescreen, sampled
     from scaling.validate import InvalidConfig, validate
 
     try:
@@ -191,8 +203,9 @@ def predict_new(cfg: Mapping[str, Any], traced: bool = False) -> dict[str, Any]:
     launch = cfg["launch"]
     predicted = prescreen({**cfg, "launch": {**launch, "prescreen": launch["prescreen"] and traced}}, grad_acc)
     capacity, margin = predicted["capacity_bytes"], float(launch["prescreen_margin"])
-    over = capacity is not None and predicted["peak_mem_bytes"] > (1 + margin) * capacity
-    return {"status": PREDICTED_OOM if launch["prescreen"] and over else LAUNCH, "error": None, "predicted": predicted}
+    skip = launch["prescreen"] and capacity is not None and predicted["peak_mem_bytes"] > (1 + margin) * capacity
+    skip = skip and not sampled(job_key(cfg), float(launch["prescreen_sample"]))  # the sample runs anyway
+    return {"status": PREDICTED_OOM if skip else LAUNCH, "error": None, "predicted": predicted}
 
 
 @dataclass

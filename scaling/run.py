@@ -24,13 +24,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from scaling import devices, inflight, launch, slurm, wandb_log
 from scaling.engine import flops
+from scaling.grid import store_answers
 from scaling.config import CONF_DIR, register_configs
-from scaling.predictor.analytic import prescreen, sampled
+from scaling.predictor.analytic import prescreen
 from scaling.metrics import throughput_metrics
 from scaling.engine.model import ModelArgs, param_count
 from scaling.record import (
     FAILED, INVALID, OK, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, experiment_config, job_dir, job_key, next_attempt,
-    output_dir, read_record, should_skip,
+    output_dir, read_record,
 )
 from scaling.validate import Derived, InvalidConfig, validate
 from scaling.engine.jobfiles import CONFIG_FILE, TORCHRUN_LOG, WORKER_OUTPUT, read_json, write_json_atomic
@@ -84,9 +85,7 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
     sweep_dir = Path(cfg["sweep_dir"]).resolve()
     key = job_key(cfg)
     existing = read_record(sweep_dir, key)
-    if existing and existing["status"] == PREDICTED_OOM and sampled(key, cfg["launch"]["prescreen_sample"]):
-        existing = None  # a point the pre-screen skipped, now in the sample that runs anyway
-    if should_skip(existing, cfg["launch"]["rerun"]):
+    if store_answers(existing, key, cfg["launch"]):  # a predicted_oom point in the pre-screen's sample runs anyway
         print(f"[scaling] {key} already recorded as {existing['status']}: skipped", flush=True)
         return existing
 

@@ -13,8 +13,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from scaling.config import CONF_DIR, EXPERIMENT_GROUPS, register_configs
-from scaling.grid import LAUNCH, Forecast, GridPoint, format_duration, predict_new, survey, sweep_file_grid
-from scaling.record import OK, OOM, PREDICTED_OOM, job_key
+from scaling.grid import LAUNCH, Forecast, GridPoint, format_duration, predict_new, store_answers, survey, sweep_file_grid
+from scaling.record import FAILED, OK, OOM, PREDICTED_OOM, job_key
 from tests.compose import REPO, compose_point
 
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -135,4 +135,14 @@ def test_predict_new_follows_validation_and_the_prescreen():
     assert predict_new(compose_point(["parallel.zero_stage=5"]))["status"] == "invalid"
     assert predict_new(compose_point(["hardware.memory_gb=0.0001"]))["status"] == PREDICTED_OOM
     assert predict_new(compose_point(["hardware.memory_gb=0.0001", "launch.prescreen=false"]))["status"] == LAUNCH
+    assert predict_new(compose_point(["hardware.memory_gb=0.0001", "launch.prescreen_sample=1"]))["status"] == LAUNCH
     assert predict_new(compose_point([]))["status"] == LAUNCH
+
+
+def test_store_answers_as_run_point_decides():
+    launch = {"rerun": "none", "prescreen_sample": 0.0}
+    assert store_answers({"status": PREDICTED_OOM}, "0" * 12, launch)
+    assert not store_answers({"status": PREDICTED_OOM}, "0" * 12, {**launch, "prescreen_sample": 1.0})  # the sample runs
+    assert store_answers({"status": FAILED}, "0" * 12, launch)
+    assert not store_answers({"status": FAILED}, "0" * 12, {**launch, "rerun": "failed"})
+    assert not store_answers(None, "0" * 12, launch)
