@@ -1,13 +1,13 @@
 """`scaling status SWEEP_DIR [--watch [SECONDS]] [--json]`: where a sweep stands, read from its directory.
 
     sweep demo (runs/demo): run 2, started 2026-11-22 23:00:04 UTC (12.5 min ago), 64 points in its grid
-      done       40  30 ok, 5 oom, 3 predicted_oom, 2 invalid
-      running     2  3f2a4b5c6d7e since 23:10:04 (SLURM job 12_4)
-                     9b1c2d3e4f5a since 23:11:30 (pid 4321 on node7)
-      queued      6  SLURM jobs 12_5, 12_6, ...
-      to run     16
-      stale       1  77aa88bb99cc: pid 4310 on node7 is gone (a re-run runs it again)
-      time       median 6.1 s per launched point (38 recorded); about 1.1 min left at 2 at once
+      done        40  30 ok, 5 oom, 3 predicted_oom, 2 invalid
+      running      2  3f2a4b5c6d7e since 23:10:04 (SLURM job 12_4)
+                      9b1c2d3e4f5a since 23:11:30 (SLURM job 12_5)
+      queued       6  SLURM jobs 12_6, 12_7, ...
+      to run      15
+      stale        1  77aa88bb99cc: pid 4310 on node7 is gone without a record (a re-run runs it again)
+      time     median 6.1 s per launched point (38 recorded); about 1.1 min left at 2 at once
 
 It reads the last run's entry of sweep.json (the grid's job keys, launch.rerun, the start), the
 records and the running markers (scaling.inflight), never a Hydra config, so it answers from
@@ -145,7 +145,7 @@ def render(s: Status, now: dt.datetime) -> list[str]:
         when = "no sweep.json: records of single points"
     grid = f", {s.grid_points} points in its grid" if s.grid_points is not None else ", no grid (a search or single points)"
     lines = [f"sweep {s.name or '?'} ({s.sweep_dir}): {when}{grid}",
-             f"  done     {sum(s.done.values()):5d}  {status_list(s.done)}"]
+             f"  done     {sum(s.done.values()):5d}  {status_list(s.done)}".rstrip()]
     running = [f for f in s.in_flight if f.state == inflight.RUNNING]
     queued = [f for f in s.in_flight if f.state == inflight.QUEUED]
     for i, f in enumerate(running[:SHOWN]):
