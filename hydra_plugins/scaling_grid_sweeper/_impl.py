@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
@@ -37,6 +37,20 @@ class _ToRun:
     num: int
     overrides: list[str]
     jd: Path
+
+
+@dataclass
+class _Plan:
+    """What this run of the grid does with each point."""
+
+    keys: list[str] = field(default_factory=list)
+    """Every point's job key, in grid order."""
+    answered: Counter = field(default_factory=Counter)
+    """Statuses of the points the store answers."""
+    to_run: list[_ToRun] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
+    """Who holds each point a live job still runs (not launched again)."""
+    forecast: Forecast = field(default_factory=Forecast)
 
 
 def _holder(marker: Mapping[str, Any]) -> str:
@@ -72,47 +86,50 @@ class GridSweep(Sweeper):
         assert self.config is not None and self.hydra_context is not None
         points = expand(self.params, arguments)
         configs = PointConfigs(self.hydra_context.config_loader, self.config)
-        forecast, answered, keys = Forecast(), Counter(), []
-        to_run: list[_ToRun] = []
-        marked: dict[str, tuple[_ToRun, dict[str, Any], Any]] = {}
-        for point in survey(points, configs):
-            keys.append(point.key)
-            if point.done:
-                answered[point.record["status"]] += 1
-                forecast.add(point, None)
-                continue
-            item = _ToRun(point.num, point.overrides, job_dir(point.sweep_dir, point.key))
-            marker = inflight.read_marker(item.jd)
-            verdict = predict_new(point.cfg)["status"] if self.dry_run else None
-            if marker is None:
-                to_run.append(item)
-                forecast.add(point, verdict)
-            else:
-                marked[point.key] = (item, marker, (point, verdict))
-        markers = {key: marker for key, (_, marker, _) in marked.items()}
-        live = inflight.live_markers(markers, inflight.marker_states(markers))
-        held = []
-        for key, (item, marker, (point, verdict)) in marked.items():
-            forecast.add(point, verdict, in_flight=bool(live[key]))
-            if live[key]:
-                held.append(_holder(marker))
-            else:
-                to_run.append(item)
-        to_run.sort(key=lambda p: p.num)
+        plan = self._plan(points, configs)
         log.info("Grid of %d points: %d Hydra compositions, %d answered by the store, %d held by live jobs, %d to run",
-                 len(points), configs.compositions, sum(answered.values()), len(held), len(to_run))
-
+                 len(points), configs.compositions, sum(plan.answered.values()), len(plan.held), len(plan.to_run))
         if self.dry_run:
-            print("\n".join(forecast.lines(str(self.config.get("sweep", "grid")), points_at_once(self.config))), flush=True)
+            lines = plan.forecast.lines(str(self.config.get("sweep", "grid")), points_at_once(self.config))
+            print("\n".join(lines), flush=True)
             return []
         tracker = progress.active or progress.Progress(len(points), None)
-        tracker.record_grid(keys, str(OmegaConf.select(self.config, "launch.rerun", default="none")))
-        tracker.answered(answered)
-        tracker.held_elsewhere(held)
+        tracker.record_grid(plan.keys, str(OmegaConf.select(self.config, "launch.rerun", default="none")))
+        tracker.answered(plan.answered)
+        tracker.held_elsewhere(plan.held)
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        return self._launch(to_run, tracker)
+        return self._launch(plan.to_run, tracker)
+
+    def _plan(self, points: list[list[str]], configs: PointConfigs) -> _Plan:
+        """Sort the grid's points into answered by the store, held by a live job, and to run."""
+        plan, marked = _Plan(), []
+        for point in survey(points, configs):
+            plan.keys.append(point.key)
+            verdict = predict_new(point.cfg)["status"] if self.dry_run and not point.done else None
+            if point.done:
+                plan.answered[point.record["status"]] += 1
+                plan.forecast.add(point, verdict)
+                continue
+            item = _ToRun(point.num, point.overrides, job_dir(point.sweep_dir, point.key))
+            marker = inflight.read_marker(item.jd)
+            if marker is None:
+                plan.to_run.append(item)
+                plan.forecast.add(point, verdict)
+            else:  # decided below, with one squeue call for every marker that names a SLURM job
+                marked.append((item, marker, point, verdict))
+        markers = {item.jd.name: marker for item, marker, _, _ in marked}
+        live = inflight.live_markers(markers, inflight.marker_states(markers))
+        for item, marker, point, verdict in marked:
+            held = bool(live[item.jd.name])
+            plan.forecast.add(point, verdict, in_flight=held)
+            if held:
+                plan.held.append(_holder(marker))
+            else:
+                plan.to_run.append(item)
+        plan.to_run.sort(key=lambda p: p.num)
+        return plan
 
     def _launch(self, to_run: list[_ToRun], tracker: progress.Progress) -> list[list[JobReturn]]:
         returns = []
