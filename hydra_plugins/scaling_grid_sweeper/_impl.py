@@ -17,11 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
-from hydra.core.plugins import Plugins
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.utils import JobReturn
-from hydra.plugins.sweeper import Sweeper
-from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from scaling import inflight, progress
 from scaling.grid import Forecast, PointConfigs, expand, points_at_once, predict_new, survey
@@ -60,26 +58,14 @@ def _holder(marker: Mapping[str, Any]) -> str:
     return f"pid {marker.get('pid')} on {marker.get('host')}"
 
 
-class GridSweep(Sweeper):
-    """The sweep `sweeper.ScalingGridSweeper` delegates to."""
+class GridSweep(BasicSweeper):
+    """Hydra's basic sweeper (its params, setup and batches), answering the store before it launches."""
 
     def __init__(self, max_batch_size: Optional[int], dry_run: bool, params: Optional[Mapping[str, str]]) -> None:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"hydra.sweeper.max_batch_size={max_batch_size} must be >= 1 or null (one batch)")
-        self.max_batch_size = max_batch_size
+        super().__init__(max_batch_size=max_batch_size, params=dict(params or {}))
         self.dry_run = dry_run
-        self.params = dict(params or {})
-        self.hydra_context: Optional[HydraContext] = None
-        self.config: Optional[DictConfig] = None
-        self.launcher: Any = None
-
-    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        """Keep the context and instantiate the configured launcher."""
-        self.hydra_context = hydra_context
-        self.config = config
-        self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config
-        )
 
     def sweep(self, arguments: List[str]) -> list[list[JobReturn]]:
         """Answer, then launch, every point of the grid; returns the launched points' JobReturns per batch."""
