@@ -49,8 +49,16 @@ def mark_running(jd: Path, env: Mapping[str, str]) -> None:
 
 
 def mark_queued(jd: Path, job_id: str) -> None:
-    """Say that SLURM job `job_id` was submitted to run the point of job directory `jd`."""
-    write_json_atomic(jd / RUNNING_FILE, {"state": QUEUED, "submitted_at": _now(), "slurm_job_id": job_id})
+    """Say that SLURM job `job_id` was submitted to run the point of job directory `jd`, unless the task has
+    already said that it runs it (a task can start before the driver gets here)."""
+    staged = jd / f".{RUNNING_FILE}.{os.getpid()}.queued"
+    write_json_atomic(staged, {"state": QUEUED, "submitted_at": _now(), "slurm_job_id": job_id})
+    try:
+        os.link(staged, jd / RUNNING_FILE)  # atomic, and never over the task's own marker
+    except FileExistsError:
+        pass
+    finally:
+        staged.unlink()
 
 
 def clear(jd: Path) -> None:

@@ -56,3 +56,14 @@ def test_slurm_states_is_none_without_squeue(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert inflight.slurm_states(["12_4"]) is None
     assert inflight.slurm_states([]) == {}
+
+
+def test_a_queued_marker_never_replaces_the_task_s_own(tmp_path):
+    inflight.mark_queued(tmp_path, "12_4")
+    assert inflight.read_marker(tmp_path)["state"] == inflight.QUEUED
+    inflight.clear(tmp_path)
+    inflight.mark_running(tmp_path, {"SLURM_ARRAY_JOB_ID": "12", "SLURM_ARRAY_TASK_ID": "4"})
+    inflight.mark_queued(tmp_path, "12_4")  # the driver, late: the task has started already
+    marker = inflight.read_marker(tmp_path)
+    assert marker["state"] == inflight.RUNNING and marker["slurm_job_id"] == "12_4"
+    assert [p.name for p in tmp_path.iterdir()] == [RUNNING_FILE]
