@@ -9,9 +9,11 @@ Registered in conf/config.yaml under hydra.callbacks, so plain `python -m scalin
 `scaling sweep NAME` behave the same. When a multirun starts, the callback writes sweep.json and opens
 the driver's `Progress`, which numbers the points as they end, each once, whichever part of the driver
 learns of it first: the callback itself when a job runs in the driver's process (Hydra's basic
-launcher), or the sweeper when a launcher hands back its batch (the joblib launcher). Points the grid
-sweeper answers from the store count too. A job's own process (a joblib worker, a SLURM task) has no
-Progress and prints nothing. The closing counts are read from the record store, so they cover every
+launcher), the SLURM launcher as it collects each array task's result, or the sweeper when a launcher
+hands back its batch (the joblib launcher); the sweeper and the launcher reach it through the Hydra
+context (`driver_progress`). Points the grid sweeper answers from the store count too. The Progress
+never leaves the driver: a job's own process (a joblib worker, a SLURM task) gets the callback
+without it and prints nothing. The closing counts are read from the record store, so they cover every
 point the sweep directory holds, including those answered by an earlier run.
 
 The outcome leaves the callback as data, not as module state: given `outcome_file`, the callback
@@ -171,8 +173,12 @@ def dry_run(config: DictConfig) -> bool:
     return bool(OmegaConf.select(config, "hydra.sweeper.dry_run", default=False))
 
 
-active: Optional[Progress] = None
-"""The Progress of the multirun this process drives; None in a job's own process."""
+def driver_progress(hydra_context: Any) -> Optional[Progress]:
+    """The Progress of the multirun this driver runs, from its Hydra context (None without the callback)."""
+    for callback in hydra_context.callbacks.callbacks:
+        if isinstance(callback, SweepProgress):
+            return callback.progress
+    return None
 
 
 class SweepProgress(Callback):
@@ -183,9 +189,13 @@ class SweepProgress(Callback):
     def __init__(self, outcome_file: Optional[str] = None) -> None:
         self.outcome_file = outcome_file
         self.multirun = False
+        self.progress: Optional[Progress] = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The copy a launcher ships to a job's process leaves the driver's Progress behind."""
+        return {**self.__dict__, "progress": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        global active
         self.multirun = True
         if dry_run(config):
             return
@@ -208,21 +218,20 @@ class SweepProgress(Callback):
             "points": total,
         })
         write_json_atomic(index_path, index)
-        active = Progress(total, index_path)
+        self.progress = Progress(total, index_path)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        if active is not None:  # a job of the multirun, run in the driver's own process
-            active.ended(config.hydra.job.num, job_return)
+        if self.progress is not None:  # a job of the multirun, run in the driver's own process
+            self.progress.ended(config.hydra.job.num, job_return)
         elif not self.multirun:  # a single run prints its own summary line
             if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, dict):
                 self._write_outcome(Counter([job_return.return_value.get("status")]))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        global active
         if dry_run(config):
             return
-        in_flight = active.in_flight if active is not None else 0
-        active = None
+        in_flight = self.progress.in_flight if self.progress is not None else 0
+        self.progress = None
         counts = status_counts(config.hydra.sweep.dir)
         print(closing_line(config.sweep, config.hydra.sweep.dir, counts, in_flight), flush=True)
         self._write_outcome(counts)

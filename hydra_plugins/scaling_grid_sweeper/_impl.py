@@ -79,7 +79,7 @@ class GridSweep(BasicSweeper):
             lines = plan.forecast.lines(str(self.config.get("sweep", "grid")), points_at_once(self.config))
             print("\n".join(lines), flush=True)
             return []
-        tracker = progress.active or progress.Progress(len(points), None)
+        tracker = progress.driver_progress(self.hydra_context) or progress.Progress(len(points), None)
         tracker.record_grid(plan.keys, str(OmegaConf.select(self.config, "launch.rerun", default="none")))
         tracker.answered(plan.answered)
         tracker.held_elsewhere(plan.held)

@@ -9,7 +9,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus
@@ -102,13 +102,14 @@ def launch_in_arrays(launcher: Any, job_overrides: Sequence[Sequence[str]], init
     at_once = int(launcher.params["array_parallelism"])
     arrays: list[_Array] = []
     returns: dict[int, JobReturn] = {}
+    tracker = progress.driver_progress(launcher.hydra_context)
     while todo or arrays:
         unfinished = sum(len(a.jobs) for a in arrays)
         if todo and unfinished < at_once:
             chunk = [todo.popleft() for _ in range(min(array_chunk, len(todo)))]
-            arrays.append(_submit(ex, task, chunk, at_once - unfinished))
+            arrays.append(_submit(ex, task, chunk, at_once - unfinished, tracker))
             continue
-        _collect(arrays, returns)
+        _collect(arrays, returns, tracker)
         arrays = [a for a in arrays if a.jobs]
         _rethrottle(arrays, at_once)
         if arrays:
@@ -117,10 +118,10 @@ def launch_in_arrays(launcher: Any, job_overrides: Sequence[Sequence[str]], init
     return [returns[initial_job_idx + i] for i in range(len(job_overrides))]
 
 
-def _submit(ex: Any, task: _Shared, chunk: list[tuple[int, list[str]]], throttle: int) -> _Array:
+def _submit(ex: Any, task: _Shared, chunk: list[tuple[int, list[str]]], throttle: int,
+            tracker: Optional[progress.Progress]) -> _Array:
     ex.update_parameters(slurm_array_parallelism=throttle)
     jobs = ex.map_array(task, [o for _, o in chunk], [num for num, _ in chunk])
-    tracker = progress.active
     for (num, _), job in zip(chunk, jobs):
         if tracker is not None:
             tracker.submitted(num, job.job_id)
@@ -129,10 +130,9 @@ def _submit(ex: Any, task: _Shared, chunk: list[tuple[int, list[str]]], throttle
     return _Array(array_id, throttle, {num: job for (num, _), job in zip(chunk, jobs)})
 
 
-def _collect(arrays: list[_Array], returns: dict[int, JobReturn]) -> None:
+def _collect(arrays: list[_Array], returns: dict[int, JobReturn], tracker: Optional[progress.Progress]) -> None:
     """Take every task that ended since the last look: its result, or a failure if SLURM lost it."""
     states = inflight.slurm_states(a.array_id for a in arrays)
-    tracker = progress.active
     for array in arrays:
         for num, job in list(array.jobs.items()):
             if job.paths.result_pickle.exists():
