@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
-from scaling.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, STATUSES, TIMEOUT, job_key, read_record, should_skip
+from scaling.record import (
+    FAILED, INVALID, OK, OOM, PREDICTED_OOM, STATUSES, TIMEOUT, job_key, output_dir, read_record, should_skip,
+)
 
 if TYPE_CHECKING:  # OmegaConf is imported where it is used: `scaling status` reads records only
     from omegaconf import DictConfig
@@ -49,22 +50,23 @@ def expand(params: Mapping[str, Any], arguments: Sequence[str]) -> list[list[str
     return points
 
 
-def resolve_without_hydra(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved config as a plain dict, without the `hydra` node (what a job's run_point reads)."""
+def _as_run_main_resolves(cfg: DictConfig) -> dict[str, Any]:
+    """The plain config scaling.run's main hands to run_point: sweep_dir made the records' folder
+    (scaling.record.output_dir), then everything but the hydra node resolved."""
     from omegaconf import OmegaConf
 
+    cfg.sweep_dir = output_dir(cfg.sweep_dir, cfg.hydra)
     out: dict[str, Any] = {}
     for key in cfg:
-        if key == "hydra":
-            continue
-        node = cfg[key]
-        out[str(key)] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+        if key != "hydra":
+            node = cfg[key]
+            out[str(key)] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
     return out
 
 
 @dataclass
 class _Base:
-    """One composition of a group choice: its config without the hydra node, and its config groups."""
+    """One composition of a group choice: its config (of the hydra node, the records' folder), and its config groups."""
 
     cfg: DictConfig
     groups: frozenset[str]
@@ -97,8 +99,8 @@ class PointConfigs:
             cfg = base.cfg.copy()
             ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
             with contextlib.suppress(InterpolationResolutionError):  # it reads the hydra node: compose in full
-                return resolve_without_hydra(cfg)
-        return resolve_without_hydra(self._compose(list(overrides)))
+                return _as_run_main_resolves(cfg)
+        return _as_run_main_resolves(self._compose(list(overrides)))
 
     def _parse(self, override: str) -> Any:
         if override not in self._parsed:
@@ -113,13 +115,18 @@ class PointConfigs:
                 and not isinstance(o.value(), dict))
 
     def _base(self, group_overrides: tuple[str, ...]) -> _Base:
-        from omegaconf import open_dict
+        from omegaconf import OmegaConf, open_dict
 
         if group_overrides not in self._bases:
             cfg = self._compose(list(group_overrides))
-            groups = frozenset(cfg.hydra.runtime.choices)
+            hydra = cfg.hydra
+            # Of the hydra node, only what says where the records go (scaling.record.output_dir): a copy per
+            # point of the whole node would cost more than the point's own config.
+            kept = {"sweep": {"dir": OmegaConf.to_container(hydra.sweep, resolve=False)["dir"]}, "mode": hydra.mode,
+                    "runtime": {"cwd": hydra.runtime.cwd}}
+            groups = frozenset(hydra.runtime.choices)
             with open_dict(cfg):
-                del cfg["hydra"]
+                cfg["hydra"] = kept
             self._bases[group_overrides] = _Base(cfg, groups)
         return self._bases[group_overrides]
 
@@ -144,7 +151,7 @@ def sweep_file_grid(sweep_file: Path, overrides: Sequence[str] = ()) -> Iterator
     devices.register_resolvers()
     hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
     task = [o for o in overrides if o not in hydra_overrides]
-    with initialize_config_dir(config_dir=str(sweep_file.parent), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(sweep_file.resolve().parent), version_base="1.3"):
         master = compose(sweep_file.stem, overrides=[f"hydra.searchpath=[file://{CONF_DIR}]", *hydra_overrides],
                          return_hydra_config=True)
         params = OmegaConf.to_container(master.hydra.sweeper.params) or {}
@@ -184,7 +191,7 @@ def survey(points: Sequence[Sequence[str]], configs: PointConfigs) -> Iterator[G
     for num, overrides in enumerate(points):
         cfg = configs.resolved(overrides)
         key = job_key(cfg)
-        sweep_dir = Path(os.path.abspath(cfg["sweep_dir"]))
+        sweep_dir = Path(cfg["sweep_dir"])
         record = read_record(sweep_dir, key)
         yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, store_answers(record, key, cfg["launch"]))
 
