@@ -76,7 +76,7 @@ def test_resume_runs_exactly_the_missing_points_and_counts_the_rest(tmp_path):
     assert not (sweep_dir / SWEEP_INDEX).exists() and not (sweep_dir / "multirun.yaml").exists()
 
     first = scaling(*args)
-    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.returncode == 1, first.stderr[-3000:]  # the store still holds the failed and timed-out points
     ran = [point_of[k] for k in launched(first.stdout)]
     assert sorted(ran) == [(0, 1), (5, 5), (6, 2), (6, 3), (6, 4)], first.stdout
     lines = first.stdout.splitlines()
@@ -103,3 +103,12 @@ def test_resume_runs_exactly_the_missing_points_and_counts_the_rest(tmp_path):
     assert "[20/20] 20 points already recorded (8 ok, 2 oom, 1 predicted_oom, 9 invalid)" in again.stdout
     assert Counter(json.loads(p.read_text())["status"] for p in sweep_dir.glob(f"*/{RESULT_FILE}")) == \
         Counter({OK: 8, OOM: 2, PREDICTED_OOM: 1, INVALID: 9})
+
+
+def test_sweep_dry_run_forecasts_as_predict_sweep_does_and_writes_nothing(tmp_path):
+    sweep_dir = tmp_path / "runs"
+    dry = scaling("sweep", "dp_scaling", "--dry-run", f"sweep_dir={sweep_dir}")
+    predicted = scaling("predict", "--sweep", "dp_scaling", f"sweep_dir={sweep_dir}")
+    assert dry.returncode == 0 and predicted.returncode == 0, dry.stderr[-2000:] + predicted.stderr[-2000:]
+    assert dry.stdout.splitlines()[-2:] == predicted.stdout.splitlines()[-2:]
+    assert dry.stdout.splitlines()[-2].startswith("sweep dp_scaling: ") and not sweep_dir.exists()
