@@ -14,7 +14,13 @@ and, on a fresh directory, a small real grid through `scaling sweep` (benchmarks
 driver time per launched point = (sweep wall - torchrun wall - driver start-up) / points.
 Targets: resume of 10,000 recorded points < 60 s; driver time per launched point <= 0.398 s (bench_sweep, before).
 
-    python benchmarks/bench_scale.py [--points 10000] [--dir DIR] [--real-sweep demo] [--real-overrides ...]
+With `--slurm N` (root, Debian's slurmctld/slurmd/munge) it also starts the test SLURM cluster
+(tests/slurm_cluster.py) and sends N stand-in points (tests/standin_app: the project's config and plugins,
+a job that only writes its record) through hydra-submitit's own launcher and through `hydra/launcher=slurm`,
+4 at a time: the driver's peak resident memory, the bytes each point leaves in the submitit folder, and the
+wall time.
+
+    python benchmarks/bench_scale.py [--points 10000] [--dir DIR] [--real-sweep demo] [--real-overrides ...] [--slurm 500]
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -96,6 +104,39 @@ def timed(argv: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProces
     return time.perf_counter() - t0, out
 
 
+def slurm_footprint(root: Path, points: int) -> None:
+    """Stand-in points through hydra-submitit's launcher and ours, on the test cluster: memory, bytes, wall."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from slurm_cluster import SlurmCluster
+
+    cluster = SlurmCluster(nodes=2)
+    cluster.start()
+    try:
+        for launcher in ("submitit_slurm", "slurm"):
+            sweep_dir = root / "runs" / f"slurm-{launcher}"
+            argv = [sys.executable, str(REPO / "tests" / "standin_app" / "standin_app.py"), "-m",
+                    f"hydra/launcher={launcher}", f"train.seed=range(0,{points})", "logger=none", f"sweep_dir={sweep_dir}",
+                    "hydra.launcher.array_parallelism=4"]
+            t0 = time.perf_counter()
+            driver = subprocess.Popen(argv, cwd=REPO, env=cluster.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            peak = 0
+            while driver.poll() is None:
+                try:
+                    peak = max(peak, psutil.Process(driver.pid).memory_info().rss)
+                except psutil.NoSuchProcess:
+                    break
+                time.sleep(0.2)
+            wall = time.perf_counter() - t0
+            submitit = sweep_dir / ".submitit"
+            files = [p for p in submitit.rglob("*") if p.is_file()]
+            per_point = sum(p.stat().st_size for p in files if p.name.endswith(("_submitted.pkl", "_result.pkl"))) / points
+            print(f"  SLURM, {points} stand-in points, hydra/launcher={launcher:<14} exit {driver.returncode}: "
+                  f"driver peak RSS {peak / 2**20:6.1f} MiB, {per_point / 1024:6.1f} KiB of pickles per point, "
+                  f"wall {wall:6.1f} s")
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--points", type=int, default=10_000, help=f"grid size, a multiple of {BLOCK}")
@@ -103,6 +144,8 @@ def main() -> None:
     p.add_argument("--real-sweep", default="demo", help="the small real grid's sweep file")
     p.add_argument("--real-overrides", nargs="*", default=["model=tiny", "train.seq_len=128"],
                    help="overrides that make it small (default: the demo's 16 tiny points)")
+    p.add_argument("--slurm", type=int, default=0, metavar="N",
+                   help="also send N stand-in points through both SLURM launchers on the test cluster (root)")
     a = p.parse_args()
     if a.points < BLOCK or a.points % BLOCK:
         p.error(f"--points={a.points}: use a multiple of {BLOCK}")
@@ -138,6 +181,8 @@ def main() -> None:
     print(f"  real grid {a.real_sweep} {' '.join(a.real_overrides)}: {len(records)} points, wall {wall:.1f} s, "
           f"in torchrun {torchrun:.1f} s, driver start-up {start:.2f} s")
     print(f"  driver time per launched point {per_point:6.3f} s   (target <= 0.398)")
+    if a.slurm:
+        slurm_footprint(root, a.slurm)
 
 
 if __name__ == "__main__":
