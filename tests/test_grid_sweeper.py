@@ -112,3 +112,12 @@ def test_sweep_dry_run_forecasts_as_predict_sweep_does_and_writes_nothing(tmp_pa
     assert dry.returncode == 0 and predicted.returncode == 0, dry.stderr[-2000:] + predicted.stderr[-2000:]
     assert dry.stdout.splitlines()[-2:] == predicted.stdout.splitlines()[-2:]
     assert dry.stdout.splitlines()[-2].startswith("sweep dp_scaling: ") and not sweep_dir.exists()
+
+
+def test_bad_sweeper_and_launcher_settings_fail_before_any_point(tmp_path):
+    for setting, message in [("hydra.sweeper.max_batch_size=0", "hydra.sweeper.max_batch_size=0 must be >= 1"),
+                             ("hydra.launcher.array_chunk=0", "hydra.launcher.array_chunk=0 must be >= 1"),
+                             ("hydra.launcher.array_parallelism=0", "hydra.launcher.array_parallelism=0 must be >= 1")]:
+        out = scaling("run", "-m", "hydra/launcher=slurm", setting, "parallel.zero_stage=5,6", f"sweep_dir={tmp_path}")
+        assert out.returncode != 0 and message in out.stderr, out.stderr[-2000:]
+        assert list(tmp_path.glob("*/result.json")) == [] and not (tmp_path / ".submitit").exists()
