@@ -6,6 +6,7 @@
     scaling predict [overrides]          memory breakdown before launch
     scaling find-mbs [overrides]         the largest mbs that fits
     scaling report SWEEP_DIR             Markdown + HTML report with heatmaps
+    scaling status SWEEP_DIR [--watch]   done, running, queued and still to run; time per point and left
 
 Exit status: 0, or 1 when a point failed or timed out (after every point ran), 2 for a bad command
 line. Shell completion (bash): eval "$(scaling run -sc install=bash)".
@@ -92,6 +93,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], Optional[int]], str]] = {
     "predict": (_lazy("scaling.predictor.cli"), "peak memory per rank of a point or a sweep grid, before launch"),
     "find-mbs": (_lazy("scaling.predictor.find_mbs"), "the largest mbs that fits, predicted and confirmed by two runs"),
     "report": (_lazy("analysis.report"), "Markdown + HTML report of a sweep directory"),
+    "status": (_lazy("scaling.status"), "where a sweep stands: done, running, to run, time left"),
 }
 
 

@@ -1,12 +1,20 @@
-"""Sweep bookkeeping as a Hydra callback: the sweep.json index, a progress line per point, and the
-closing line with the count of points in each status.
+"""Sweep bookkeeping as a Hydra callback: the sweep.json index, a progress line per point in the terminal
+that started the sweep, and the closing line with the count of points in each status.
 
-    [k/N] <job_key> <status> <tokens/s/GPU> <peak mem>
-    sweep demo: 64 points: 40 ok, 12 oom, 10 predicted_oom, 2 invalid (runs/demo)
+    [60/64] 60 points already recorded (40 ok, 12 oom, 8 predicted_oom): not launched again
+    [61/64] <job_key> <status> <tokens/s/GPU> <peak mem>
+    sweep demo: 64 points: 40 ok, 13 oom, 9 predicted_oom, 2 invalid (runs/demo)
 
 Registered in conf/config.yaml under hydra.callbacks, so plain `python -m scaling.run -m` and
-`scaling sweep NAME` behave the same. The counts are read from the record store, so they cover
-every point the sweep directory holds, including those answered by an earlier run.
+`scaling sweep NAME` behave the same. When a multirun starts, the callback writes sweep.json and opens
+the driver's `Progress`, which numbers the points as they end, each once, whichever part of the driver
+learns of it first: the callback itself when a job runs in the driver's process (Hydra's basic
+launcher), the SLURM launcher as it collects each array task's result, or the sweeper when a launcher
+hands back its batch (the joblib launcher); the sweeper and the launcher reach it through the Hydra
+context (`driver_progress`). Points the grid sweeper answers from the store count too. The Progress
+never leaves the driver: a job's own process (a joblib worker, a SLURM task) gets the callback
+without it and prints nothing. The closing counts are read from the record store, so they cover every
+point the sweep directory holds, including those answered by an earlier run.
 
 The outcome leaves the callback as data, not as module state: given `outcome_file`, the callback
 writes the closing counts there as JSON (a single run: its point's status), and `raise_for_failures`
@@ -20,15 +28,16 @@ import datetime as dt
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from scaling import inflight
 from scaling.engine.jobfiles import read_json, write_json_atomic
-from scaling.record import FAILED, STATUSES, SWEEP_INDEX, TIMEOUT, iter_records
-
+from scaling.grid import status_list
+from scaling.record import FAILED, SWEEP_INDEX, TIMEOUT, iter_records
 
 
 class PointsFailed(Exception):
@@ -77,10 +86,10 @@ def status_counts(sweep_dir: str | Path) -> Counter:
     return Counter(r.get("status") for r in iter_records(sweep_dir))
 
 
-def closing_line(name: str, sweep_dir: str | Path, counts: Counter) -> str:
-    """The sweep's last line: how many points ended in each status."""
-    parts = ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts[s])
-    return f"sweep {name}: {sum(counts.values())} points: {parts or 'none'} ({sweep_dir})"
+def closing_line(name: str, sweep_dir: str | Path, counts: Counter, in_flight: int = 0) -> str:
+    """The sweep's last line: how many points ended in each status (and how many other jobs still hold)."""
+    held = f"; {in_flight} still in flight (scaling status {sweep_dir})" if in_flight else ""
+    return f"sweep {name}: {sum(counts.values())} points: {status_list(counts) or 'none'} ({sweep_dir}){held}"
 
 
 def has_failures(counts: Counter) -> bool:
@@ -100,21 +109,100 @@ def read_outcome(path: str | Path) -> Optional[Counter]:
     return None if outcome is None else Counter(outcome["counts"])
 
 
+class Progress:
+    """The driver's view of one multirun: numbers and prints each point once as it ends."""
+
+    def __init__(self, total: Optional[int], index_path: Optional[Path]) -> None:
+        self.total = total
+        self.index_path = index_path
+        self.done = 0
+        self.in_flight = 0
+        self._reported: set[int] = set()
+        self._points: dict[int, Path] = {}
+        """Job directory of each job number the grid sweeper launches (for the SLURM launcher's markers)."""
+
+    def _k(self) -> str:
+        return f"[{self.done}/{self.total if self.total is not None else '?'}]"
+
+    def record_grid(self, job_keys: Sequence[str], rerun: str, repeats: int = 1) -> None:
+        """Add the grid's job keys, launch.rerun and launch.repeats to this run's entry of sweep.json (for
+        `scaling status`, which judges a point done by the rule run_point follows)."""
+        if self.index_path is None:
+            return
+        index = json.loads(self.index_path.read_text())
+        index["runs"][-1].update(points=len(job_keys), rerun=rerun, repeats=repeats, job_keys=list(job_keys))
+        write_json_atomic(self.index_path, index)
+
+    def answered(self, counts: Counter) -> None:
+        """Points the record store answers: they count as done, in one line."""
+        n = sum(counts.values())
+        if n:
+            self.done += n
+            print(f"{self._k()} {n} points already recorded ({status_list(counts)}): not launched again", flush=True)
+
+    def held_elsewhere(self, holders: Sequence[str]) -> None:
+        """Points a live job holds (another driver's process, a queued or running SLURM task): not launched."""
+        if holders:
+            self.in_flight = len(holders)
+            shown = ", ".join(holders[:5]) + (", ..." if len(holders) > 5 else "")
+            print(f"{self._k()} {len(holders)} points in flight in other jobs ({shown}): not launched again", flush=True)
+
+    def expect(self, num: int, jd: Path) -> None:
+        """Job number `num` of this run is the point of job directory `jd`."""
+        self._points[num] = jd
+
+    def submitted(self, num: int, slurm_job_id: str) -> None:
+        """SLURM job `slurm_job_id` holds job number `num`: mark its point queued, so a re-run leaves it alone."""
+        if num in self._points:
+            inflight.mark_queued(self._points[num], slurm_job_id)
+
+    def ended(self, num: int, job_return: JobReturn) -> None:
+        """Print job number `num`'s line, the first time its end is reported."""
+        if num in self._reported:
+            return
+        self._reported.add(num)
+        self._points.pop(num, None)
+        self.done += 1
+        if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, dict):
+            print(progress_line(self.done, self.total, job_return.return_value), flush=True)
+        else:
+            print(f"{self._k()} job {num} raised: {job_return._return_value!r}", flush=True)
+
+
+def dry_run(config: DictConfig) -> bool:
+    """Whether the multirun only prints its forecast (hydra.sweeper.dry_run=true)."""
+    return bool(OmegaConf.select(config, "hydra.sweeper.dry_run", default=False))
+
+
+def driver_progress(hydra_context: Any) -> Optional[Progress]:
+    """The Progress of the multirun this driver runs, from its Hydra context (None without the callback)."""
+    for callback in hydra_context.callbacks.callbacks:
+        if isinstance(callback, SweepProgress):
+            return callback.progress
+    return None
+
+
 class SweepProgress(Callback):
-    """Writes sweep.json, prints a progress line as each point ends and the counts at the end; with
-    `outcome_file`, also writes the counts there (JSON) for the command that started Hydra."""
+    """Writes sweep.json and opens the driver's Progress, reports jobs that end in the driver's process, and
+    prints the counts at the end; with `outcome_file`, also writes the counts there (JSON) for the command
+    that started Hydra."""
 
     def __init__(self, outcome_file: Optional[str] = None) -> None:
         self.outcome_file = outcome_file
         self.multirun = False
-        self.total: Optional[int] = None
-        self.done = 0
+        self.progress: Optional[Progress] = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The copy a launcher ships to a job's process leaves the driver's Progress behind."""
+        return {**self.__dict__, "progress": None}
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.multirun = True
+        if dry_run(config):
+            return
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        self.total = count_grid(config)
+        total = count_grid(config)
         index_path = sweep_dir / SWEEP_INDEX
         index = json.loads(index_path.read_text()) if index_path.exists() else {
             "name": config.sweep,
@@ -128,25 +216,25 @@ class SweepProgress(Callback):
             "overrides": list(config.hydra.overrides.task),
             "sweeper": config.hydra.sweeper._target_,
             "launcher": config.hydra.launcher._target_,
-            "points": self.total,
+            "points": total,
         })
         write_json_atomic(index_path, index)
+        self.progress = Progress(total, index_path)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
-        if not self.multirun:  # a single run prints its own summary line
+        if self.progress is not None:  # a job of the multirun, run in the driver's own process
+            self.progress.ended(config.hydra.job.num, job_return)
+        elif not self.multirun:  # a single run prints its own summary line
             if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, dict):
                 self._write_outcome(Counter([job_return.return_value.get("status")]))
-            return
-        self.done += 1
-        if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, dict):
-            print(progress_line(self.done, self.total, job_return.return_value), flush=True)
-        else:
-            print(f"[{self.done}/{self.total or '?'}] job {config.hydra.job.num} raised: {job_return._return_value!r}",
-                  flush=True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if dry_run(config):
+            return
+        in_flight = self.progress.in_flight if self.progress is not None else 0
+        self.progress = None
         counts = status_counts(config.hydra.sweep.dir)
-        print(closing_line(config.sweep, config.hydra.sweep.dir, counts), flush=True)
+        print(closing_line(config.sweep, config.hydra.sweep.dir, counts, in_flight), flush=True)
         self._write_outcome(counts)
 
     def _write_outcome(self, counts: Counter) -> None:

@@ -23,15 +23,16 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from scaling import devices, launch, slurm, wandb_log
+from scaling import devices, inflight, launch, slurm, wandb_log
 from scaling.engine import flops
+from scaling.grid import store_answers
 from scaling.config import CONF_DIR, register_configs
-from scaling.predictor.analytic import prescreen, sampled
+from scaling.predictor.analytic import prescreen
 from scaling.metrics import repeats_metrics, throughput_metrics
 from scaling.engine.model import ModelArgs, param_count
 from scaling.record import (
     FAILED, INVALID, OK, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, experiment_config, job_dir, job_key, kept_launches,
-    launches_timing, next_attempt, output_dir, read_record, should_skip,
+    launches_timing, next_attempt, output_dir, read_record,
 )
 from scaling.validate import Derived, InvalidConfig, validate
 from scaling.engine.jobfiles import CONFIG_FILE, ELASTIC_LOGS, TORCHRUN_LOG, WORKER_OUTPUT, read_json, write_json_atomic
@@ -85,9 +86,7 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
     sweep_dir = Path(cfg["sweep_dir"]).resolve()
     key = job_key(cfg)
     existing = read_record(sweep_dir, key)
-    if existing and existing["status"] == PREDICTED_OOM and sampled(key, cfg["launch"]["prescreen_sample"]):
-        existing = None  # a point the pre-screen skipped, now in the sample that runs anyway
-    if should_skip(existing, cfg["launch"]["rerun"], cfg["launch"]["repeats"]):
+    if store_answers(existing, key, cfg["launch"]):  # a predicted_oom point in the pre-screen's sample runs anyway
         print(f"[scaling] {key} already recorded as {existing['status']}: skipped", flush=True)
         return existing
     launches = kept_launches(existing, cfg["launch"]["rerun"])  # a resumed point launches only the missing repeats
@@ -130,6 +129,8 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
         record.update(status=FAILED, error=str(e), env=_host_env(cfg))
         return _finish(record, jd, t0, cfg)
     log_name = TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
+    if lead:  # until _finish writes the record: `scaling status` and a re-run see the point in flight
+        inflight.mark_running(jd, os.environ)
     hw = cfg["hardware"]
     # Concurrent points on this host take disjoint GPUs (CPU points: the host, one at a time). The lease is
     # given back only once no process of the point is left. Each repeat is a fresh torchrun; the record is
@@ -184,6 +185,7 @@ def _finish(record: dict[str, Any], jd: Path, t0: float, cfg: dict[str, Any]) ->
     """Time, write atomically, announce the record, then log it to W&B (which may fail harmlessly)."""
     record["timing"]["wall_s"] = time.perf_counter() - t0
     write_json_atomic(jd / RESULT_FILE, record)
+    inflight.clear(jd)
     print(_summary_line(record), flush=True)
     wandb_log.log_point(record, cfg["logger"], cfg["sweep_dir"])
     return record

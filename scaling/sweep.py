@@ -1,10 +1,12 @@
-"""`scaling sweep NAME [overrides]`: a named Hydra multirun from sweeps/NAME.yaml.
+"""`scaling sweep NAME [--dry-run] [overrides]`: a named Hydra multirun from sweeps/NAME.yaml.
 
 A thin wrapper: it is `python -m scaling.run --config-dir sweeps --config-name NAME [overrides]`
 (the sweep file sets hydra.mode=MULTIRUN and lists its grid under hydra.sweeper.params), with the
 exit status of `scaling run -m`: 0 when every point ended ok, oom, predicted_oom or invalid, 1 when
 some point failed or timed out (every point is still run and recorded). `scaling sweep --help`
-lists the sweeps with the first comment line of each file.
+lists the sweeps with the first comment line of each file. `--dry-run` is `hydra.sweeper.dry_run=true`:
+the grid's size, new, recorded, predicted_oom and invalid points and an estimate of the wall time,
+with nothing launched.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ def usage() -> str:
     """`scaling sweep --help`: the command line and every sweep with what it does."""
     names = available()
     width = max(map(len, names), default=0)
-    lines = ["usage: scaling sweep NAME [overrides]   (a Hydra multirun of sweeps/NAME.yaml)", "", "sweeps:"]
+    lines = ["usage: scaling sweep NAME [--dry-run] [overrides]   (a Hydra multirun of sweeps/NAME.yaml)", "",
+             "--dry-run: the grid's size, new, recorded, predicted_oom and invalid points and the wall time it "
+             "would take, launching nothing", "", "sweeps:"]
     lines += [f"  {name:<{width}}  {describe(find_sweep(name))}" for name in names]
     lines += ["", "scaling sweep NAME --help shows the sweep's config and Hydra's options."]
     return "\n".join(lines)
@@ -66,5 +70,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(usage(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     path = find_sweep(argv[0])
-    run_app(argv[1:], ["--config-dir", str(path.parent), "--config-name", path.stem])
+    overrides = ["hydra.sweeper.dry_run=true" if a == "--dry-run" else a for a in argv[1:]]
+    run_app(overrides, ["--config-dir", str(path.parent), "--config-name", path.stem])
     return 0

@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from scaling.grid import format_duration
 from scaling.predictor.find_mbs import largest_true
 from scaling.predictor.find_mbs import main as find_mbs_main
 from scaling.predictor.analytic import GIB
@@ -124,10 +125,14 @@ def test_predict_sweep_prints_the_grid_without_launching(tmp_path, monkeypatch, 
     assert predict_main(["--sweep", "fitgrid", "parallel.dp=2", f"sweep_dir={tmp_path / 'runs'}"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].split()[:3] == ["model", "train.mbs", "parallel.zero_stage"]
-    verdicts = {tuple(line.split()[:3]): line.split()[-1] for line in lines[1:-1]}
+    verdicts = {tuple(line.split()[:3]): line.split()[-1] for line in lines[1:-2]}
     assert len(verdicts) == 8
     assert verdicts[("tiny", "1", "3")] == "fits" and verdicts[("small", "64", "0")] == "predicted_oom"
-    assert lines[-1].startswith("sweep fitgrid: 8 points:")
+    skipped = sum(v == "predicted_oom" for v in verdicts.values())
+    assert lines[-2] == (f"sweep fitgrid: 8 points: 8 new ({8 - skipped} to launch, {skipped} predicted_oom, 0 invalid), "
+                         "0 recorded")
+    assert lines[-1] == (f"wall time: unknown, no launched point recorded yet; at most {format_duration((8 - skipped) * 600)} "
+                         f"({8 - skipped} launches, 1 at a time, launch.timeout_s=600)")
     assert not (tmp_path / "runs").exists()  # nothing launched, nothing recorded
 
 

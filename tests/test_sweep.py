@@ -83,7 +83,7 @@ def test_sweep_with_faults_records_every_point_and_counts(tmp_path):
     assert "torch.distributed.run" not in again.stdout
     retry = scaling(["sweep", "faults", *FAST, f"sweep_dir={tmp_path / 'runs'}", "launch.rerun=failed",
                      "case=crash,invalid"], cwd=tmp_path, timeout=400)
-    assert retry.stdout.count("already recorded as invalid: skipped") == 1
+    assert "[1/2] 1 points already recorded (1 invalid): not launched again" in retry.stdout
     assert "[scaling]" in retry.stdout and " failed " in retry.stdout
     assert len(list(iter_records(tmp_path / "runs"))) == 6
 
@@ -116,9 +116,9 @@ def test_sigkill_of_driver_then_resume_completes_exactly_the_missing_points(tmp_
     records = list(iter_records(sweep_dir))
     assert len(records) == 6 and len({r["job_key"] for r in records}) == 6
     assert all(r["status"] in FINAL_STATUSES for r in records)
-    assert out.stdout.count("skipped") == len(before)
-    launched = [ln for ln in out.stdout.splitlines() if ln.startswith("[scaling]") and "skipped" not in ln]
-    assert len(launched) == 6 - len(before)
+    assert f"[{len(before)}/6] {len(before)} points already recorded" in out.stdout
+    launched = [ln for ln in out.stdout.splitlines() if ln.startswith("[scaling]")]
+    assert len(launched) == 6 - len(before) and not {ln.split()[1] for ln in launched} & before
 
 
 def test_wandb_failure_never_fails_the_point(tmp_path):
@@ -150,7 +150,7 @@ def test_one_output_directory_whichever_is_overridden(override, search, tmp_path
     assert not (tmp_path / "runs").exists()
     if not search:  # the store is that folder: a re-run answers every point from it
         again = scaling(["run", "-m", "logger=none", *grid, f"{override}={out_dir}"], cwd=tmp_path, timeout=300)
-        assert again.stdout.count("already recorded as invalid: skipped") == 2, again.stdout[-2000:]
+        assert "[2/2] 2 points already recorded (2 invalid): not launched again" in again.stdout, again.stdout[-2000:]
 
 
 def test_records_keep_the_hydra_job_and_overrides_that_made_them_and_count_attempts(tmp_path):

@@ -5,6 +5,7 @@
     <sweep_dir>/<job_key>/torchrun.log    torchrun's and the ranks' output
     <sweep_dir>/<job_key>/elastic/        torch elastic's per-rank error files (@record)
     <sweep_dir>/<job_key>/result.json     the record (scaling.record)
+    <sweep_dir>/<job_key>/running.json    the point is queued or running, and where (scaling.inflight)
 
 Standard library only: the worker and the driver both import it.
 """
@@ -22,6 +23,7 @@ WORKER_OUTPUT = "worker.json"
 TORCHRUN_LOG = "torchrun.log"
 ELASTIC_LOGS = "elastic"
 RESULT_FILE = "result.json"
+RUNNING_FILE = "running.json"
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:

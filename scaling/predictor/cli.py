@@ -5,23 +5,24 @@
     scaling predict --analytic [overrides]      the analytic breakdown only (no tracing)
     scaling predict --sweep NAME [overrides]    the grid of sweeps/NAME.yaml: predicted fit / OOM per point
                                                 (fits, oom_within_margin: launched but over capacity,
-                                                predicted_oom: the pre-screen skips it)
+                                                predicted_oom: the pre-screen skips it), then the grid's
+                                                size, its new, recorded, predicted_oom and invalid points
+                                                and an estimate of the wall time (scaling.grid.Forecast)
     scaling predict --sweep NAME --traced ...   ... deciding near-capacity points by tracing, as the pre-screen does
 
-Overrides are the Hydra overrides of `scaling run`. Also owns composing configs outside a Hydra
-job (`compose_config`, `sweep_points`), which `scaling find-mbs` shares.
+Overrides are the Hydra overrides of `scaling run`. Also owns composing one config outside a Hydra
+job (`compose_config`), which `scaling find-mbs` shares.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from scaling.predictor.analytic import GIB, capacity_bytes, predict_config, prescreen
+from scaling.predictor.analytic import GIB, capacity_bytes, predict_config
 from scaling.config import CONF_DIR
 from scaling.validate import InvalidConfig, validate
 
@@ -31,7 +32,7 @@ def compose_config(overrides: Sequence[str] = (), sweep_file: Optional[Path] = N
     return _resolve(_compose(overrides, sweep_file))
 
 
-def _compose(overrides: Sequence[str], sweep_file: Optional[Path], hydra_node: bool = False) -> Any:
+def _compose(overrides: Sequence[str], sweep_file: Optional[Path]) -> Any:
     from hydra import compose, initialize_config_dir
 
     from scaling.config import register_configs
@@ -41,7 +42,7 @@ def _compose(overrides: Sequence[str], sweep_file: Optional[Path], hydra_node: b
     if sweep_file is not None:  # the sweep file's `defaults: [config, ...]` finds conf/ on the search path
         config_dir, name, extra = str(sweep_file.parent), sweep_file.stem, [f"hydra.searchpath=[file://{CONF_DIR}]"]
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-        return compose(config_name=name, overrides=[*extra, *overrides], return_hydra_config=hydra_node)
+        return compose(config_name=name, overrides=[*extra, *overrides])
 
 
 def _resolve(cfg: Any) -> dict[str, Any]:
@@ -50,39 +51,6 @@ def _resolve(cfg: Any) -> dict[str, Any]:
     out = OmegaConf.to_container(cfg, resolve=True)
     out.pop("hydra", None)
     return out
-
-
-def sweep_points(sweep_file: Path, overrides: Sequence[str] = ()) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    """(grid choice, resolved config) for every point of a sweep file's `hydra.sweeper.params` grid.
-
-    The config is composed once per combination of config-group choices (e.g. model=...); plain
-    keys (train.mbs=...) are set on a copy, which is what Hydra's basic sweeper amounts to.
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    parser = OverridesParser.create()
-    base_overrides = [o for o in overrides if "," not in o.split("=", 1)[-1]]
-    params = dict(OmegaConf.to_container(_compose(base_overrides, sweep_file, hydra_node=True).hydra.sweeper.params) or {})
-    for o in overrides:  # sweep-style overrides on the command line extend or replace the grid
-        key, _, value = o.partition("=")
-        if "," in value:
-            params[key] = value
-    axes: list[tuple[str, list[Any], bool]] = []
-    for key, value in params.items():
-        (parsed,) = parser.parse_overrides([f"{key}={value}"])
-        values = list(parsed.sweep_iterator()) if parsed.is_sweep_override() else [parsed.value()]
-        group = "." not in key and any((d / key).is_dir() for d in (CONF_DIR, sweep_file.parent))
-        axes.append((key, values, group))
-    group_axes = [a for a in axes if a[2]]
-    key_axes = [a for a in axes if not a[2]]
-    for groups in itertools.product(*[[(k, v) for v in vs] for k, vs, _ in group_axes]):
-        base = _compose([*base_overrides, *(f"{k}={v}" for k, v in groups)], sweep_file)
-        for keys in itertools.product(*[[(k, v) for v in vs] for k, vs, _ in key_axes]):
-            cfg = base.copy()
-            for k, v in keys:
-                OmegaConf.update(cfg, k, v, merge=True)
-            yield dict(groups + keys), _resolve(cfg)
 
 
 def _unit(largest: float) -> tuple[str, int]:
@@ -136,37 +104,44 @@ def _verdict(peak: int, capacity: Optional[int], margin: float) -> str:
 
 
 def _sweep(name: str, overrides: list[str], traced: bool, as_json: bool) -> int:
+    from omegaconf import OmegaConf
+
+    from scaling.grid import Forecast, points_at_once, predict_new, survey, sweep_file_grid
     from scaling.sweep import find_sweep
 
-    rows, keys = [], None
-    for choice, cfg in sweep_points(find_sweep(name), overrides):
-        keys = keys or list(choice)
-        try:
-            grad_acc = validate(cfg).grad_acc
-        except InvalidConfig as e:
-            rows.append({**choice, "status": "invalid", "error": str(e)})
-            continue
-        # The pre-screen's own decision; it traces near-capacity points only when switched on.
-        pred = prescreen({**cfg, "launch": {**cfg["launch"], "prescreen": traced}}, grad_acc)
-        margin = cfg["launch"]["prescreen_margin"]
-        rows.append({**choice, "status": _verdict(pred["peak_mem_bytes"], pred["capacity_bytes"], margin),
-                     "peak_mem_bytes": pred["peak_mem_bytes"], "method": pred["method"],
-                     "capacity_bytes": pred["capacity_bytes"], "phase": pred["analytic"]["phase"]})
+    rows, forecast = [], Forecast()
+    with sweep_file_grid(find_sweep(name), overrides) as (points, configs):
+        params = OmegaConf.to_container(configs.master.hydra.sweeper.params) or {}
+        axes = [*params, *(o.split("=", 1)[0] for o in overrides if "," in o.split("=", 1)[-1] and o.split("=", 1)[0] not in params)]
+        at_once = points_at_once(configs.master)
+        for point in survey(points, configs):
+            choice = {k: v for k, v in (o.split("=", 1) for o in point.overrides) if k in axes}
+            new = predict_new(point.cfg, traced)
+            forecast.add(point, new["status"])
+            pred = new["predicted"]
+            if pred is None:
+                rows.append({**choice, "status": "invalid", "error": new["error"]})
+                continue
+            margin = point.cfg["launch"]["prescreen_margin"]
+            rows.append({**choice, "status": _verdict(pred["peak_mem_bytes"], pred["capacity_bytes"], margin),
+                         "peak_mem_bytes": pred["peak_mem_bytes"], "method": pred["method"],
+                         "capacity_bytes": pred["capacity_bytes"], "phase": pred["analytic"]["phase"],
+                         "recorded": point.record["status"] if point.done else None})
+    summary = forecast.lines(name, at_once)
     if as_json:
-        print(json.dumps({"sweep": name, "points": rows}, indent=2))
+        print(json.dumps({"sweep": name, "points": rows, "summary": summary,
+                          "estimated_wall_s": forecast.wall_s(at_once)}, indent=2))
         return 0
-    keys = keys or []
+    keys = axes
     unit, div = _unit(max([r.get("peak_mem_bytes") or 0 for r in rows] + [0]))
     widths = [max(len(k), *(len(str(r.get(k, ""))) for r in rows)) for k in keys]
     print("  ".join(k.ljust(w) for k, w in zip(keys, widths)) + f"  {'peak ' + unit:>9}  {'cap ' + unit:>9}  verdict")
     for r in rows:
         cells = "  ".join(str(r.get(k, "")).ljust(w) for k, w in zip(keys, widths))
         print(f"{cells}  {_fmt(r.get('peak_mem_bytes'), div):>9}  {_fmt(r.get('capacity_bytes'), div):>9}  {r['status']}"
-              + (f" ({r['method']})" if r.get("method") == "traced" else "") + (f": {r['error']}" if "error" in r else ""))
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    print(f"sweep {name}: {len(rows)} points: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+              + (f" ({r['method']})" if r.get("method") == "traced" else "") + (f": {r['error']}" if "error" in r else "")
+              + (f" [recorded {r['recorded']}]" if r.get("recorded") else ""))
+    print("\n".join(summary))
     return 0
 
 

@@ -1,0 +1,134 @@
+"""The grid sweep: expand the grid, answer recorded points from the store, launch the rest.
+
+Each point's config and job key come from `scaling.grid` (one Hydra composition per config-group
+choice, not per point), so a fully recorded grid of 10,000 points resumes in seconds instead of
+making 10,000 Hydra jobs that each find their record. A point a live job still holds (its running
+marker names a queued or running SLURM task, or a live process: see `scaling.inflight`) is not
+launched again. The points left go to the Hydra launcher, in one batch or in batches of
+`max_batch_size`; the driver's `scaling.progress.Progress` counts the answered ones and prints
+each launched one as it ends. With `dry_run` it prints the forecast and launches nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Mapping, Optional
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.utils import JobReturn
+from omegaconf import OmegaConf
+
+from scaling import inflight, progress
+from scaling.grid import Forecast, PointConfigs, expand, points_at_once, predict_new, survey
+from scaling.record import job_dir
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _ToRun:
+    """A point the store does not answer: what the launcher needs, and where its record goes."""
+
+    num: int
+    overrides: list[str]
+    jd: Path
+
+
+@dataclass
+class _Plan:
+    """What this run of the grid does with each point."""
+
+    keys: list[str] = field(default_factory=list)
+    """Every point's job key, in grid order."""
+    answered: Counter = field(default_factory=Counter)
+    """Statuses of the points the store answers."""
+    to_run: list[_ToRun] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
+    """Who holds each point a live job still runs (not launched again)."""
+    forecast: Forecast = field(default_factory=Forecast)
+
+
+def _holder(marker: Mapping[str, Any]) -> str:
+    """Who holds an in-flight point, in words."""
+    if marker.get("slurm_job_id"):
+        return f"SLURM job {marker['slurm_job_id']}"
+    return f"pid {marker.get('pid')} on {marker.get('host')}"
+
+
+class GridSweep(BasicSweeper):
+    """Hydra's basic sweeper (its params, setup and batches), answering the store before it launches."""
+
+    def __init__(self, max_batch_size: Optional[int], dry_run: bool, params: Optional[Mapping[str, str]]) -> None:
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"hydra.sweeper.max_batch_size={max_batch_size} must be >= 1 or null (one batch)")
+        super().__init__(max_batch_size=max_batch_size, params=dict(params or {}))
+        self.dry_run = dry_run
+
+    def sweep(self, arguments: List[str]) -> list[list[JobReturn]]:
+        """Answer, then launch, every point of the grid; returns the launched points' JobReturns per batch."""
+        assert self.config is not None and self.hydra_context is not None
+        points = expand(self.params, arguments)
+        configs = PointConfigs(self.hydra_context.config_loader, self.config)
+        plan = self._plan(points, configs)
+        log.info("Grid of %d points: %d Hydra compositions, %d answered by the store, %d held by live jobs, %d to run",
+                 len(points), configs.compositions, sum(plan.answered.values()), len(plan.held), len(plan.to_run))
+        if self.dry_run:
+            lines = plan.forecast.lines(str(self.config.get("sweep", "grid")), points_at_once(self.config))
+            print("\n".join(lines), flush=True)
+            return []
+        tracker = progress.driver_progress(self.hydra_context) or progress.Progress(len(points), None)
+        tracker.record_grid(plan.keys, str(OmegaConf.select(self.config, "launch.rerun", default="none")),
+                           int(OmegaConf.select(self.config, "launch.repeats", default=1)))
+        tracker.answered(plan.answered)
+        tracker.held_elsewhere(plan.held)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        return self._launch(plan.to_run, tracker)
+
+    def _plan(self, points: list[list[str]], configs: PointConfigs) -> _Plan:
+        """Sort the grid's points into answered by the store, held by a live job, and to run."""
+        plan, marked = _Plan(), []
+        for point in survey(points, configs):
+            plan.keys.append(point.key)
+            verdict = predict_new(point.cfg)["status"] if self.dry_run and not point.done else None
+            if point.done:
+                plan.answered[point.record["status"]] += 1
+                plan.forecast.add(point, verdict)
+                continue
+            item = _ToRun(point.num, point.overrides, job_dir(point.sweep_dir, point.key))
+            marker = inflight.read_marker(item.jd)
+            if marker is None:
+                plan.to_run.append(item)
+                plan.forecast.add(point, verdict)
+            else:  # decided below, with one squeue call for every marker that names a SLURM job
+                marked.append((item, marker, point, verdict))
+        markers = {item.jd.name: marker for item, marker, _, _ in marked}
+        live = inflight.live_markers(markers, inflight.marker_states(markers))
+        for item, marker, point, verdict in marked:
+            held = bool(live[item.jd.name])
+            plan.forecast.add(point, verdict, in_flight=held)
+            if held:
+                plan.held.append(_holder(marker))
+            else:
+                plan.to_run.append(item)
+        plan.to_run.sort(key=lambda p: p.num)
+        return plan
+
+    def _launch(self, to_run: list[_ToRun], tracker: progress.Progress) -> list[list[JobReturn]]:
+        returns = []
+        size = self.max_batch_size or max(1, len(to_run))
+        for start in range(0, len(to_run), size):
+            batch = to_run[start:start + size]
+            for i, point in enumerate(batch):
+                tracker.expect(start + i, point.jd)
+            results = self.launcher.launch([p.overrides for p in batch], initial_job_idx=start)
+            for i, ret in enumerate(results):
+                tracker.ended(start + i, ret)
+            for ret in results:
+                _ = ret.return_value  # re-raises what a job raised, after its batch, as Hydra's basic sweeper does
+            returns.append(list(results))
+        return returns

@@ -1,0 +1,42 @@
+"""hydra-submitit-launcher's SLURM launcher, for sweeps of thousands of points.
+
+Three changes to how its `launch` submits and waits, none to what a job runs:
+
+- The launcher and Hydra's global state are pickled once per launch (`_Shared`), not once per
+  point (77 KB each for this project's config): a point's submission pickle holds its overrides
+  and job number only, and its result drops the job's composed configs (the record is the return
+  value), so 10,000 points cost the driver, and the submitit folder, little.
+- Points go out in job arrays of at most `array_chunk`. The next array is submitted once the
+  points still unfinished leave room under `array_parallelism`, with its throttle (SLURM's
+  `%N`, raised with `scontrol update ArrayTaskThrottle` as the older arrays drain) set so that the
+  sweep never runs more than `array_parallelism` points at once; only the arrays in flight have
+  job objects in the driver.
+- Each task's end is read from its result file as it appears (and from squeue for a task that
+  ended without one), so the driver prints the point's progress line in the terminal that started
+  the sweep as it ends, and marks each submitted point as queued under its SLURM job id
+  (`scaling.progress.Progress.submitted`, reached through the Hydra context), so that a re-run leaves it to that job.
+"""
+
+from typing import Any, Sequence
+
+from hydra.core.utils import JobReturn
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+
+
+class ScalingSlurmLauncher(SlurmLauncher):
+    """SLURM launcher that submits a sweep in throttled job arrays and reports each point as it ends."""
+
+    def __init__(self, array_chunk: int, **params: Any) -> None:
+        if array_chunk < 1:
+            raise ValueError(f"hydra.launcher.array_chunk={array_chunk} must be >= 1 (and at most SLURM's MaxArraySize)")
+        super().__init__(**params)
+        if int(self.params["array_parallelism"]) < 1:
+            raise ValueError(f"hydra.launcher.array_parallelism={self.params['array_parallelism']} must be >= 1")
+        self.array_chunk = array_chunk
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        """Submit the points in throttled arrays (see `_impl`); their JobReturns once every one has ended."""
+        from ._impl import launch_in_arrays
+
+        assert self.config is not None
+        return launch_in_arrays(self, job_overrides, initial_job_idx, self.array_chunk)

@@ -1,0 +1,299 @@
+"""A grid sweep's points, their resolved configs and job keys, without a Hydra composition per point.
+
+Hydra builds a job's config in two steps: the defaults list with the config-group overrides
+(`model=small`), then the value overrides (`train.mbs=4`) applied to the result, in the order
+given. A grid has a handful of distinct group choices and up to thousands of value combinations,
+so `PointConfigs` composes once per group choice and applies each point's value overrides to a
+copy with Hydra's own function (`ConfigLoaderImpl._apply_overrides_to_config`). An override it
+cannot reproduce that way (`+key`, `~key`, `key@pkg`, a dict value, a config group) goes into the
+composition instead, and a point whose value interpolates the `hydra` node, or sets a key that is
+a config group under its own group choices, is composed in full. Either way the config, and so
+`job_key`, is the one the point's own job computes (tests/test_grid.py checks it for every point
+of every sweep file).
+
+`survey` walks a grid and says, for each point, its key, its stored record and whether the store
+already answers it (`store_answers`, which run_point asks too); `Forecast` counts what a run of the grid would
+do (new, recorded, predicted out of memory, invalid) and estimates its wall time. The grid
+sweeper, its dry run and `scaling predict --sweep` share them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
+
+from scaling.record import (
+    FAILED, INVALID, OK, OOM, PREDICTED_OOM, STATUSES, TIMEOUT, job_key, output_dir, read_record, should_skip,
+)
+
+if TYPE_CHECKING:  # OmegaConf is imported where it is used: `scaling status` reads records only
+    from omegaconf import DictConfig
+
+LAUNCHED_STATUSES = (OK, OOM, TIMEOUT, FAILED)
+"""Statuses of points that ran torchrun: their wall time says what a launch costs."""
+LAUNCH = "launch"
+"""Forecast of a new point that passes validation and the pre-screen: it runs torchrun."""
+
+
+def expand(params: Mapping[str, Any], arguments: Sequence[str]) -> list[list[str]]:
+    """Every point's overrides, in the order and form Hydra's basic sweeper gives its jobs."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + list(arguments))
+    (points,) = BasicSweeper.split_arguments(parsed, None)
+    return points
+
+
+def _as_run_main_resolves(cfg: DictConfig) -> dict[str, Any]:
+    """The plain config scaling.run's main hands to run_point: sweep_dir made the records' folder
+    (scaling.record.output_dir), then everything but the hydra node resolved."""
+    from omegaconf import OmegaConf
+
+    cfg.sweep_dir = output_dir(cfg.sweep_dir, cfg.hydra)
+    out: dict[str, Any] = {}
+    for key in cfg:
+        if key != "hydra":
+            node = cfg[key]
+            out[str(key)] = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    return out
+
+
+@dataclass
+class _Base:
+    """One composition of a group choice: its config (of the hydra node, the records' folder), and its config groups."""
+
+    cfg: DictConfig
+    groups: frozenset[str]
+
+
+class PointConfigs:
+    """Resolved configs of a grid's points, composed once per distinct config-group choice."""
+
+    def __init__(self, config_loader: Any, master_config: DictConfig) -> None:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        self.loader = config_loader
+        self.master = master_config
+        self.groups = frozenset(master_config.hydra.runtime.choices)
+        self.parser = OverridesParser.create()
+        self._parsed: dict[str, Any] = {}
+        self._bases: dict[tuple[str, ...], _Base] = {}
+        self.compositions = 0
+        """Hydra compositions made so far: one per group choice, plus each point composed in full."""
+
+    def resolved(self, overrides: Sequence[str]) -> dict[str, Any]:
+        """The point's resolved config without the hydra node, as its job composes it."""
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from omegaconf.errors import InterpolationResolutionError
+
+        parsed = [self._parse(o) for o in overrides]
+        values = [o for o in parsed if self._is_value(o)]
+        base = self._base(tuple(o.input_line for o in parsed if not self._is_value(o)))
+        if not any(v.key_or_group in base.groups for v in values):
+            cfg = base.cfg.copy()
+            ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+            with contextlib.suppress(InterpolationResolutionError):  # it reads the hydra node: compose in full
+                return _as_run_main_resolves(cfg)
+        return _as_run_main_resolves(self._compose(list(overrides)))
+
+    def _parse(self, override: str) -> Any:
+        if override not in self._parsed:
+            (self._parsed[override],) = self.parser.parse_overrides([override])
+        return self._parsed[override]
+
+    def _is_value(self, o: Any) -> bool:
+        """A plain `key=value` of a config key: Hydra applies it after composing the defaults list."""
+        from hydra.core.override_parser.types import OverrideType
+
+        return (o.type == OverrideType.CHANGE and o.package is None and o.key_or_group not in self.groups
+                and not isinstance(o.value(), dict))
+
+    def _base(self, group_overrides: tuple[str, ...]) -> _Base:
+        from omegaconf import OmegaConf, open_dict
+
+        if group_overrides not in self._bases:
+            cfg = self._compose(list(group_overrides))
+            hydra = cfg.hydra
+            # Of the hydra node, only what says where the records go (scaling.record.output_dir): a copy per
+            # point of the whole node would cost more than the point's own config.
+            kept = {"sweep": {"dir": OmegaConf.to_container(hydra.sweep, resolve=False)["dir"]}, "mode": hydra.mode,
+                    "runtime": {"cwd": hydra.runtime.cwd}}
+            groups = frozenset(hydra.runtime.choices)
+            with open_dict(cfg):
+                cfg["hydra"] = kept
+            self._bases[group_overrides] = _Base(cfg, groups)
+        return self._bases[group_overrides]
+
+    def _compose(self, overrides: list[str]) -> DictConfig:
+        self.compositions += 1
+        return self.loader.load_sweep_config(self.master, overrides)
+
+
+@contextlib.contextmanager
+def sweep_file_grid(sweep_file: Path, overrides: Sequence[str] = ()) -> Iterator[tuple[list[list[str]], PointConfigs]]:
+    """The points of a sweep file's grid (`hydra.sweeper.params` and the command line's overrides)
+    and their configs, outside a Hydra run; hydra.* overrides go to the primary config as in a run."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from scaling import devices, slurm
+    from scaling.config import CONF_DIR, register_configs
+
+    register_configs()
+    slurm.register_resolvers()  # as scaling.run does: the launcher configs read them
+    devices.register_resolvers()
+    hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    task = [o for o in overrides if o not in hydra_overrides]
+    with initialize_config_dir(config_dir=str(sweep_file.resolve().parent), version_base="1.3"):
+        master = compose(sweep_file.stem, overrides=[f"hydra.searchpath=[file://{CONF_DIR}]", *hydra_overrides],
+                         return_hydra_config=True)
+        params = OmegaConf.to_container(master.hydra.sweeper.params) or {}
+        yield expand(params, task), PointConfigs(GlobalHydra.instance().config_loader(), master)
+
+
+@dataclass
+class GridPoint:
+    """One point of a grid and what the record store knows of it."""
+
+    num: int
+    """Position in the grid (0-based, the basic sweeper's job order)."""
+    overrides: list[str]
+    cfg: dict[str, Any]
+    """The resolved config (no hydra node)."""
+    key: str
+    sweep_dir: Path
+    record: Optional[dict[str, Any]]
+    done: bool
+    """The stored record answers it (store_answers under the point's launch settings)."""
+
+
+def store_answers(record: Optional[Mapping[str, Any]], key: str, launch: Mapping[str, Any]) -> bool:
+    """Whether a stored record answers its point, so that it is not run again: `should_skip` under
+    launch.rerun, except a predicted_oom point that the pre-screen's sample (launch.prescreen_sample)
+    runs anyway. run_point and the grid sweeper both decide by it."""
+    if record is not None and record.get("status") == PREDICTED_OOM:
+        from scaling.predictor.analytic import sampled
+
+        if sampled(key, launch["prescreen_sample"]):
+            return False
+    return should_skip(record, launch["rerun"], launch["repeats"])
+
+
+def survey(points: Sequence[Sequence[str]], configs: PointConfigs) -> Iterator[GridPoint]:
+    """Each point of the grid with its job key, its record and whether the store answers it."""
+    for num, overrides in enumerate(points):
+        cfg = configs.resolved(overrides)
+        key = job_key(cfg)
+        sweep_dir = Path(cfg["sweep_dir"])
+        record = read_record(sweep_dir, key)
+        yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, store_answers(record, key, cfg["launch"]))
+
+
+def predict_new(cfg: Mapping[str, Any], traced: bool = False) -> dict[str, Any]:
+    """What run_point will do with a point it has to run: `invalid`, `predicted_oom` or `launch`, with
+    the prediction (`predicted`) or the error. Analytic unless `traced` (the pre-screen traces
+    near-capacity points at launch)."""
+    from scaling.predictor.analytic import prescreen, sampled
+    from scaling.validate import InvalidConfig, validate
+
+    try:
+        grad_acc = validate(cfg).grad_acc
+    except InvalidConfig as e:
+        return {"status": INVALID, "error": str(e), "predicted": None}
+    launch = cfg["launch"]
+    predicted = prescreen({**cfg, "launch": {**launch, "prescreen": launch["prescreen"] and traced}}, grad_acc)
+    capacity, margin = predicted["capacity_bytes"], float(launch["prescreen_margin"])
+    skip = launch["prescreen"] and capacity is not None and predicted["peak_mem_bytes"] > (1 + margin) * capacity
+    skip = skip and not sampled(job_key(cfg), float(launch["prescreen_sample"]))  # the sample runs anyway
+    return {"status": PREDICTED_OOM if skip else LAUNCH, "error": None, "predicted": predicted}
+
+
+@dataclass
+class Forecast:
+    """What a run of a grid would do, counted before any job starts."""
+
+    points: int = 0
+    recorded: Counter = field(default_factory=Counter)
+    """Statuses of the points the store answers."""
+    new: Counter = field(default_factory=Counter)
+    """Forecasts of the points still to run: launch, predicted_oom, invalid."""
+    in_flight: int = 0
+    """Points still to run that a live job holds (not launched again)."""
+    launched_wall_s: list[float] = field(default_factory=list)
+    """Wall time of each recorded point that ran torchrun."""
+    timeout_s: float = 0.0
+    """The longest launch.timeout_s among the points to launch."""
+
+    def add(self, point: GridPoint, forecast: Optional[str], in_flight: bool = False) -> None:
+        """Count one point: recorded, in flight, or new with its forecast (from predict_new)."""
+        self.points += 1
+        if point.record is not None and (point.record.get("timing") or {}).get("wall_s") is not None \
+                and point.record.get("status") in LAUNCHED_STATUSES:
+            self.launched_wall_s.append(float(point.record["timing"]["wall_s"]))
+        if point.done:
+            self.recorded[point.record["status"]] += 1
+        elif in_flight:
+            self.in_flight += 1
+        else:
+            self.new[forecast] += 1
+            if forecast == LAUNCH:
+                self.timeout_s = max(self.timeout_s, float(point.cfg["launch"]["timeout_s"]))
+
+    def wall_s(self, at_once: int) -> Optional[float]:
+        """Estimated wall time of the launches: waves of `at_once` points of the median recorded wall time."""
+        if not self.launched_wall_s:
+            return None
+        return math.ceil(self.new[LAUNCH] / max(1, at_once)) * statistics.median(self.launched_wall_s)
+
+    def lines(self, name: str, at_once: int) -> list[str]:
+        """The grid's size and counts, then the wall-time estimate, as printed before a run."""
+        new = sum(self.new.values())
+        parts = [f"{new} new ({self.new[LAUNCH]} to launch, {self.new[PREDICTED_OOM]} predicted_oom, "
+                 f"{self.new[INVALID]} invalid)", f"{sum(self.recorded.values())} recorded"
+                 + (f" ({status_list(self.recorded)})" if self.recorded else "")]
+        if self.in_flight:
+            parts.append(f"{self.in_flight} in flight")
+        head = f"sweep {name}: {self.points} points: " + ", ".join(parts)
+        launches = self.new[LAUNCH]
+        how = f"{launches} launch{'es' if launches != 1 else ''}, {at_once} at a time"
+        estimate = self.wall_s(at_once)
+        if not self.new[LAUNCH]:
+            wall = "wall time: nothing to launch"
+        elif estimate is not None:
+            wall = (f"wall time: about {format_duration(estimate)} ({how}; median {statistics.median(self.launched_wall_s):.1f} s "
+                    f"per launched point over {len(self.launched_wall_s)} recorded)")
+        else:
+            bound = math.ceil(self.new[LAUNCH] / max(1, at_once)) * self.timeout_s
+            wall = (f"wall time: unknown, no launched point recorded yet; at most {format_duration(bound)} "
+                    f"({how}, launch.timeout_s={self.timeout_s:g})")
+        return [head, wall]
+
+
+def status_list(counts: Mapping[str, int]) -> str:
+    """'40 ok, 12 oom': the non-zero counts, in the order of STATUSES."""
+    return ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts.get(s))
+
+
+def format_duration(seconds: float) -> str:
+    """12 -> '12 s', 150 -> '2.5 min', 7200 -> '2.0 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def points_at_once(config: DictConfig) -> int:
+    """Points the configured launcher runs at once: SLURM's array_parallelism, joblib's n_jobs, else 1."""
+    launcher = config.hydra.launcher
+    for at_once in ("array_parallelism", "n_jobs"):
+        if at_once in launcher and launcher[at_once]:
+            return int(launcher[at_once])
+    return 1

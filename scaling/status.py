@@ -1,0 +1,240 @@
+"""`scaling status SWEEP_DIR [--watch [SECONDS]] [--json]`: where a sweep stands, read from its directory.
+
+    sweep demo (runs/demo): run 2, started 2026-11-22 23:00:04 UTC (12.5 min ago), 64 points in its grid
+      done        40  30 ok, 5 oom, 3 predicted_oom, 2 invalid
+      running      2  3f2a4b5c6d7e since 23:10:04 (SLURM job 12_4)
+                      9b1c2d3e4f5a since 23:11:30 (SLURM job 12_5)
+      queued       6  SLURM jobs 12_6, 12_7, ...
+      to run      15
+      stale        1  77aa88bb99cc: pid 4310 on node7 is gone without a record (a re-run runs it again)
+      time     median 6.1 s per launched point (38 recorded); about 1.1 min left at 2 at once
+
+It reads the last run's entry of sweep.json (the grid's job keys, launch.rerun, the start), the
+records and the running markers (scaling.inflight), never a Hydra config, so it answers from
+another shell while the sweep runs, after a crash, and for a directory that single points or a
+search wrote (without a grid there is nothing "to run"). `--watch` redraws every few seconds
+and re-reads only the records that changed. The counting is pure (`summarize`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from scaling import inflight
+from scaling.engine.jobfiles import RESULT_FILE, read_json
+from scaling.grid import LAUNCHED_STATUSES, format_duration, status_list
+from scaling.record import SWEEP_INDEX, should_skip
+
+SHOWN = 8
+"""Running points listed one per line; the rest are counted."""
+
+
+@dataclass
+class InFlight:
+    """A point a job holds now."""
+
+    job_key: str
+    state: str
+    """running or queued."""
+    since: Optional[str]
+    slurm_job_id: Optional[str]
+    where: Optional[str]
+    """`pid P on HOST`, for a point run outside SLURM."""
+    checked: bool
+    """False when this host could not tell whether the job lives (another host, no squeue)."""
+
+
+@dataclass
+class Status:
+    """One look at a sweep directory."""
+
+    sweep_dir: str
+    name: Optional[str]
+    run: int
+    """Runs of the sweep so far (sweep.json entries); 0 without sweep.json."""
+    started_at: Optional[str]
+    grid_points: Optional[int]
+    """Points in the last run's grid; None when the directory has no grid (single points, a search)."""
+    done: dict[str, int] = field(default_factory=dict)
+    """Points per status among the records that answer the grid's points (all records without a grid)."""
+    in_flight: list[InFlight] = field(default_factory=list)
+    to_run: Optional[int] = None
+    stale: list[str] = field(default_factory=list)
+    """`job_key: why` for markers whose job is gone without a record."""
+    median_wall_s: Optional[float] = None
+    """Median wall time of the recorded points that ran torchrun."""
+    launched: int = 0
+    """Recorded points that ran torchrun."""
+    at_once: int = 1
+    """Points running now (at least 1): the pace the estimate assumes."""
+    eta_s: Optional[float] = None
+    """Estimated time left: waves of `at_once` points of the median wall time."""
+
+
+def _time(iso: Optional[str]) -> Optional[dt.datetime]:
+    return dt.datetime.fromisoformat(iso) if iso else None
+
+
+def _done(record: Mapping[str, Any], rerun: str, repeats: int, run_started: Optional[dt.datetime]) -> bool:
+    """Whether a record answers its point in this run: the store answered it, or this run wrote it."""
+    started = _time((record.get("timing") or {}).get("started_at"))
+    return should_skip(record, rerun, repeats) or (run_started is not None and started is not None and started >= run_started)
+
+
+def summarize(sweep_dir: str, index: Optional[Mapping[str, Any]], records: Mapping[str, Mapping[str, Any]],
+              markers: Mapping[str, Mapping[str, Any]], live: Mapping[str, Optional[bool]],
+              states: Optional[Mapping[str, str]] = None) -> Status:
+    """Count a sweep directory's points: done per status, in flight, to run, stale; the time per point and left."""
+    runs = (index or {}).get("runs") or []
+    last = runs[-1] if runs else {}
+    keys = last.get("job_keys")
+    run_started = _time(last.get("started_at"))
+    status = Status(sweep_dir, (index or {}).get("name"), len(runs), last.get("started_at"),
+                    len(keys) if keys is not None else None)
+    grid = set(keys) if keys is not None else set(records)
+    rerun, repeats = last.get("rerun", "none"), last.get("repeats", 1)
+    done = {k for k in grid if k in records and _done(records[k], rerun, repeats, run_started)}
+    status.done = dict(Counter(records[k].get("status") for k in done))
+    for key, marker in sorted(markers.items(), key=lambda kv: kv[1].get("started_at") or kv[1].get("submitted_at") or ""):
+        if key in done:
+            continue
+        if live.get(key) is False:
+            holder = f"SLURM job {marker['slurm_job_id']} ended" if marker.get("slurm_job_id") else \
+                f"pid {marker.get('pid')} on {marker.get('host')} is gone"
+            status.stale.append(f"{key}: {holder} without a record (a re-run runs it again)")
+            continue
+        job_id = marker.get("slurm_job_id")
+        queued = (states or {}).get(job_id, "PENDING" if marker.get("state") == inflight.QUEUED else "RUNNING") == "PENDING"
+        status.in_flight.append(InFlight(
+            key, inflight.QUEUED if queued else inflight.RUNNING, marker.get("started_at") or marker.get("submitted_at"),
+            job_id, None if job_id else f"pid {marker.get('pid')} on {marker.get('host')}", live.get(key) is not None))
+    held = {f.job_key for f in status.in_flight}
+    if keys is not None:
+        status.to_run = len([k for k in grid if k not in done and k not in held])
+    walls = [float(records[k]["timing"]["wall_s"]) for k in grid if k in records
+             and records[k].get("status") in LAUNCHED_STATUSES and (records[k].get("timing") or {}).get("wall_s") is not None]
+    status.launched = len(walls)
+    if walls:
+        status.median_wall_s = statistics.median(walls)
+        status.at_once = max(1, sum(f.state == inflight.RUNNING for f in status.in_flight))
+        if status.to_run is not None:
+            status.eta_s = math.ceil((status.to_run + len(status.in_flight)) / status.at_once) * status.median_wall_s
+    return status
+
+
+def _clock(iso: Optional[str]) -> str:
+    t = _time(iso)
+    return t.astimezone(dt.timezone.utc).strftime("%H:%M:%S") if t else "?"
+
+
+def render(s: Status, now: dt.datetime) -> list[str]:
+    """The status as printed: a header, then one line per kind of point, then time."""
+    if s.started_at:
+        ago = format_duration((now - _time(s.started_at)).total_seconds())
+        when = f"run {s.run}, started {_time(s.started_at).strftime('%Y-%m-%d %H:%M:%S %Z')} ({ago} ago)"
+    else:
+        when = "no sweep.json: records of single points"
+    grid = f", {s.grid_points} points in its grid" if s.grid_points is not None else ", no grid (a search or single points)"
+    lines = [f"sweep {s.name or '?'} ({s.sweep_dir}): {when}{grid}",
+             f"  done     {sum(s.done.values()):5d}  {status_list(s.done)}".rstrip()]
+    running = [f for f in s.in_flight if f.state == inflight.RUNNING]
+    queued = [f for f in s.in_flight if f.state == inflight.QUEUED]
+    for i, f in enumerate(running[:SHOWN]):
+        where = f"SLURM job {f.slurm_job_id}" if f.slurm_job_id else f.where
+        head = f"  running  {len(running):5d}  " if i == 0 else " " * 18
+        lines.append(f"{head}{f.job_key} since {_clock(f.since)} ({where}){'' if f.checked else ', unchecked'}")
+    if len(running) > SHOWN:
+        lines.append(" " * 18 + f"... and {len(running) - SHOWN} more")
+    if queued:
+        ids = [f.slurm_job_id or f.job_key for f in queued]
+        lines.append(f"  queued   {len(queued):5d}  SLURM jobs {', '.join(ids[:SHOWN])}{', ...' if len(ids) > SHOWN else ''}")
+    if s.to_run is not None:
+        lines.append(f"  to run   {s.to_run:5d}")
+    for i, why in enumerate(s.stale[:SHOWN]):
+        lines.append((f"  stale    {len(s.stale):5d}  " if i == 0 else " " * 18) + why)
+    if s.median_wall_s is None:
+        lines.append("  time     no launched point recorded yet")
+    else:
+        left = "" if s.eta_s is None else "; nothing left to run" if s.eta_s == 0 else \
+            f"; about {format_duration(s.eta_s)} left at {s.at_once} at once"
+        lines.append(f"  time     median {s.median_wall_s:.1f} s per launched point ({s.launched} recorded){left}")
+    return lines
+
+
+class Store:
+    """A sweep directory's records and markers; re-reads a record only when its file changed."""
+
+    def __init__(self, sweep_dir: Path) -> None:
+        self.sweep_dir = sweep_dir
+        self._records: dict[str, tuple[int, dict[str, Any]]] = {}
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        """Status and timing of each record, by job key."""
+        fresh = {}
+        for path in self.sweep_dir.glob(f"*/{RESULT_FILE}"):
+            try:
+                mtime = path.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue
+            key = path.parent.name
+            if key not in self._records or self._records[key][0] != mtime:
+                record = read_json(path)
+                if not isinstance(record, dict):
+                    continue
+                # What the counting reads: the status, the timing and how many launches were ok (launch.repeats).
+                launches = ([{"status": launch.get("status")} for launch in record["repeats"]]
+                            if isinstance(record.get("repeats"), list) else None)
+                self._records[key] = (mtime, {"status": record.get("status"), "timing": record.get("timing") or {},
+                                              "repeats": launches, "metrics": bool(record.get("metrics")) or None})
+            fresh[key] = self._records[key]
+        self._records = fresh
+        return {key: rec for key, (_, rec) in fresh.items()}
+
+    def look(self) -> Optional[Status]:
+        """The sweep's status now; None when the directory holds no sweep (no sweep.json, records or markers)."""
+        index = read_json(self.sweep_dir / SWEEP_INDEX)
+        records, markers = self.records(), inflight.read_markers(self.sweep_dir)
+        if index is None and not records and not markers:
+            return None
+        states = inflight.marker_states(markers)
+        return summarize(str(self.sweep_dir), index, records, markers, inflight.live_markers(markers, states), states)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`scaling status`: print a sweep directory's status (once, or redrawn with --watch)."""
+    p = argparse.ArgumentParser(prog="scaling status", description=__doc__.splitlines()[0].split(": ", 1)[1])
+    p.add_argument("sweep_dir", type=Path, help="the sweep's directory (sweep_dir, runs/<sweep> by default)")
+    p.add_argument("--watch", nargs="?", type=float, const=5.0, metavar="SECONDS", help="redraw every SECONDS (5)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    store = Store(a.sweep_dir)
+    try:
+        while True:
+            status = store.look()
+            now = dt.datetime.now(dt.timezone.utc)
+            if status is None:
+                text = (f"scaling status: {a.sweep_dir} holds no sweep yet (no {SWEEP_INDEX}, no records, nothing "
+                        f"running): start one with `scaling sweep NAME sweep_dir={a.sweep_dir}`")
+            elif a.json:
+                text = json.dumps(asdict(status), indent=2)
+            else:
+                text = "\n".join(render(status, now))
+            if a.watch is None:
+                print(text, file=sys.stderr if status is None else sys.stdout)
+                return 1 if status is None else 0
+            if sys.stdout.isatty():
+                print("\x1b[H\x1b[2J", end="")
+            print(f"{text}\n(every {a.watch:g} s, Ctrl-C to stop; {now.strftime('%H:%M:%S')} UTC)", flush=True)
+            time.sleep(a.watch)
+    except KeyboardInterrupt:
+        return 0

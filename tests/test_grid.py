@@ -1,0 +1,151 @@
+"""A grid's points without a composition each (scaling/grid.py): the config, and so the job key, of every
+point equals what a full Hydra composition of that point gives, for every sweep file in sweeps/ and for
+the overrides that take the slower paths (package-global group files, `++`, interpolations)."""
+
+from __future__ import annotations
+
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from scaling.config import CONF_DIR, EXPERIMENT_GROUPS, register_configs
+from scaling.grid import LAUNCH, Forecast, GridPoint, format_duration, predict_new, store_answers, survey, sweep_file_grid
+from scaling.record import FAILED, OK, OOM, PREDICTED_OOM, job_key
+from tests.compose import REPO, compose_point
+
+SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
+
+
+def full_keys(sweep_file: Path, points: list[list[str]]) -> list[str]:
+    """Job keys from a full composition of each point, as its Hydra job composes it."""
+    register_configs()
+    keys = []
+    with initialize_config_dir(config_dir=str(sweep_file.parent), version_base="1.3"):
+        for overrides in points:
+            cfg = compose(sweep_file.stem, overrides=[f"hydra.searchpath=[file://{CONF_DIR}]", *overrides],
+                          return_hydra_config=True)
+            keys.append(job_key({group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS}))
+    return keys
+
+
+def test_every_sweep_file_is_covered():
+    assert {"demo", "dp_scaling", "playbook_grid", "best_throughput"} <= {p.stem for p in SWEEP_FILES}
+
+
+def covering(points: list[list[str]], groups: frozenset[str]) -> list[list[str]]:
+    """Points, in grid order, until every value of every axis has been seen under every group choice."""
+    seen, chosen = set(), []
+    for point in points:
+        choice = tuple(o for o in point if o.split("=")[0] in groups)
+        pairs = {(choice, o) for o in point}
+        if pairs - seen:
+            chosen.append(point)
+            seen |= pairs
+    return chosen
+
+
+@pytest.mark.parametrize("sweep_file", SWEEP_FILES, ids=lambda p: p.stem)
+def test_keys_equal_a_full_composition(sweep_file):
+    """Every point of the demo grid, and of every other sweep file the points that show each axis value
+    under each group choice (a full composition costs ~0.15 s: 856 of them would take minutes of CI)."""
+    with sweep_file_grid(sweep_file) as (points, configs):
+        fast = {tuple(p.overrides): p.key for p in survey(points, configs)}
+        choices = {tuple(o for o in p if o.split("=")[0] in configs.groups) for p in points}
+        assert configs.compositions == len(choices)  # one per group choice, none per point
+    assert len(points) > 1 and len(set(fast.values())) == len(points)
+    checked = points if sweep_file.stem == "demo" else covering(points, configs.groups)
+    assert [fast[tuple(p)] for p in checked] == full_keys(sweep_file, checked)
+
+
+def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
+    (tmp_path / "case").mkdir()
+    (tmp_path / "case" / "wide.yaml").write_text("# @package _global_\nparallel:\n  dp: 2\n")
+    (tmp_path / "case" / "narrow.yaml").write_text("# @package _global_\nparallel:\n  dp: 1\n")
+    (tmp_path / "grid.yaml").write_text(textwrap.dedent("""\
+        defaults:
+          - config
+          - _self_
+          - case: narrow
+        sweep: grid
+        train:
+          seq_len: ${model.max_seq_len}
+          gbs_tokens: ${train.seq_len}
+        hydra:
+          mode: MULTIRUN
+          sweeper:
+            params:
+              model: tiny,small
+              case: wide,narrow
+              train.mbs: 1,2
+        """))
+    with sweep_file_grid(tmp_path / "grid.yaml", ["++train.steps=2", "parallel.zero_stage=1,3"]) as (points, configs):
+        surveyed = list(survey(points, configs))
+        assert configs.compositions == 4  # model x case; ++ is part of every composition
+    assert len(points) == 16 and [p.key for p in surveyed] == full_keys(tmp_path / "grid.yaml", points)
+    by_model = {p.cfg["model"]["name"]: p.cfg["train"] for p in surveyed}
+    assert by_model["small"]["seq_len"] != by_model["tiny"]["seq_len"]  # the interpolation follows the group
+    assert {p.cfg["train"]["gbs_tokens"] == p.cfg["train"]["seq_len"] for p in surveyed} == {True}
+    assert {(p.cfg["parallel"]["dp"], "case=wide" in p.overrides) for p in surveyed} == {(2, True), (1, False)}
+
+    # A value that reads the hydra node cannot be resolved without it: such points are composed in full.
+    with sweep_file_grid(tmp_path / "grid.yaml", ["logger.project=${hydra.job.name}"]) as (points, configs):
+        surveyed = list(survey(points, configs))
+        assert configs.compositions == 4 + len(points)
+    assert [p.key for p in surveyed] == full_keys(tmp_path / "grid.yaml", points) and len(points) == 8
+
+
+def test_a_misspelt_key_fails_like_hydra_before_anything_runs(tmp_path):
+    from hydra.errors import ConfigCompositionException
+
+    with sweep_file_grid(REPO / "sweeps" / "dp_scaling.yaml", ["train.mbz=2"]) as (points, configs):
+        with pytest.raises(ConfigCompositionException, match="train.mbz"):
+            list(survey(points, configs))
+
+
+def _point(status, wall_s=10.0, done=True):
+    record = None if status is None else {"status": status, "timing": {"wall_s": wall_s}}
+    return GridPoint(0, [], {"launch": {"timeout_s": 300.0}}, "k", Path("."), record, done)
+
+
+def test_forecast_counts_and_estimates_from_recorded_wall_times():
+    f = Forecast()
+    for status, wall in [(OK, 10.0), (OK, 30.0), (OOM, 20.0), (PREDICTED_OOM, 0.01)]:
+        f.add(_point(status, wall), None)
+    for forecast in [LAUNCH] * 5 + [PREDICTED_OOM, "invalid"]:
+        f.add(_point(None, done=False), forecast)
+    f.add(_point(None, done=False), LAUNCH, in_flight=True)
+    assert f.points == 12 and f.recorded == Counter({OK: 2, OOM: 1, PREDICTED_OOM: 1}) and f.in_flight == 1
+    assert f.wall_s(at_once=1) == 5 * 20.0 and f.wall_s(at_once=2) == 3 * 20.0  # waves of the median
+    head, wall = f.lines("g", at_once=2)
+    assert head == ("sweep g: 12 points: 7 new (5 to launch, 1 predicted_oom, 1 invalid), "
+                    "4 recorded (2 ok, 1 oom, 1 predicted_oom), 1 in flight")
+    assert wall.startswith("wall time: about 60 s (5 launches, 2 at a time; median 20.0 s per launched point over 3")
+
+    fresh = Forecast()
+    fresh.add(_point(None, done=False), LAUNCH)
+    assert fresh.wall_s(1) is None and "at most 5.0 min (1 launch, 1 at a time" in fresh.lines("g", 1)[1]
+    assert format_duration(7200) == "2.0 h" and format_duration(150) == "2.5 min"
+
+
+def test_predict_new_follows_validation_and_the_prescreen():
+    assert predict_new(compose_point(["parallel.zero_stage=5"]))["status"] == "invalid"
+    assert predict_new(compose_point(["hardware.memory_gb=0.0001"]))["status"] == PREDICTED_OOM
+    assert predict_new(compose_point(["hardware.memory_gb=0.0001", "launch.prescreen=false"]))["status"] == LAUNCH
+    assert predict_new(compose_point(["hardware.memory_gb=0.0001", "launch.prescreen_sample=1"]))["status"] == LAUNCH
+    assert predict_new(compose_point([]))["status"] == LAUNCH
+
+
+def test_store_answers_as_run_point_decides():
+    launch = {"rerun": "none", "prescreen_sample": 0.0, "repeats": 1}
+    assert store_answers({"status": PREDICTED_OOM}, "0" * 12, launch)
+    assert not store_answers({"status": PREDICTED_OOM}, "0" * 12, {**launch, "prescreen_sample": 1.0})  # the sample runs
+    assert store_answers({"status": FAILED}, "0" * 12, launch)
+    assert not store_answers({"status": FAILED}, "0" * 12, {**launch, "rerun": "failed"})
+    assert not store_answers(None, "0" * 12, launch)
+    one_launch = {"status": OK, "repeats": [{"status": OK, "metrics": {}}]}
+    assert store_answers(one_launch, "0" * 12, launch)
+    assert not store_answers(one_launch, "0" * 12, {**launch, "repeats": 2})  # the missing repeat is launched

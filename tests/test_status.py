@@ -1,0 +1,121 @@
+"""`scaling status`: the counting (pure), and the command on a real sweep from another process while it
+runs, after the driver is killed, once it is finished, and on a directory that holds no sweep."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from scaling.status import render, summarize
+from tests.compose import REPO
+from tests.processes import processes_mentioning
+
+T0 = "2026-01-01T10:00:00+00:00"
+
+
+def rec(status, started=T0, wall_s=10.0):
+    return {"status": status, "timing": {"started_at": started, "wall_s": wall_s},
+            "repeats": [{"status": status, "metrics": None, "timing": {}}]}
+
+
+def test_summarize_counts_done_in_flight_to_run_and_stale():
+    index = {"name": "g", "runs": [{"started_at": T0, "rerun": "failed", "job_keys": list("abcdefgh")}]}
+    records = {"a": rec("ok", wall_s=10.0), "b": rec("oom", wall_s=30.0), "c": rec("failed", "2025-12-31T00:00:00+00:00"),
+               "d": rec("failed", "2026-01-01T10:05:00+00:00"), "z": rec("ok")}  # z: not in this run's grid
+    markers = {"e": {"state": "queued", "slurm_job_id": "7_1"}, "f": {"state": "queued", "slurm_job_id": "7_2"},
+               "g": {"state": "running", "pid": 1, "host": "n1", "started_at": T0}, "h": {"state": "running", "pid": 2,
+                                                                                           "host": "n1"}}
+    live = {"e": True, "f": True, "g": True, "h": False}
+    s = summarize("/s", index, records, markers, live, states={"7_1": "PENDING", "7_2": "RUNNING"})
+    # c failed before this run started and rerun=failed runs it again; d failed in this run: done.
+    assert s.done == Counter({"ok": 1, "oom": 1, "failed": 1}) and s.grid_points == 8
+    assert [(f.job_key, f.state) for f in s.in_flight] == [("e", "queued"), ("f", "running"), ("g", "running")]
+    assert s.to_run == 2 and len(s.stale) == 1 and s.stale[0].startswith("h: pid 2 on n1 is gone")
+    assert s.median_wall_s == 10.0 and s.launched == 4 and s.at_once == 2
+    assert s.eta_s == 3 * 10.0  # (2 to run + 3 in flight) in waves of 2, of the median
+    lines = render(s, dt.datetime.fromisoformat(T0) + dt.timedelta(minutes=10))
+    assert lines[0] == "sweep g (/s): run 1, started 2026-01-01 10:00:00 UTC (10.0 min ago), 8 points in its grid"
+    assert lines[1] == "  done         3  1 ok, 1 oom, 1 failed"
+    assert lines[2] == "  running      2  f since ? (SLURM job 7_2)" and lines[3].endswith("g since 10:00:00 (pid 1 on n1)")
+    assert "  queued       1  SLURM jobs 7_1" in lines and "  to run       2" in lines
+    assert lines[-1] == "  time     median 10.0 s per launched point (4 recorded); about 30 s left at 2 at once"
+
+
+def test_summarize_without_a_grid_counts_every_record():
+    s = summarize("/s", None, {"a": rec("ok"), "b": rec("invalid", wall_s=0.1)}, {}, {})
+    assert s.grid_points is None and s.to_run is None and s.done == Counter({"ok": 1, "invalid": 1})
+    assert "no grid" in render(s, dt.datetime.now(dt.timezone.utc))[0]
+
+
+def scaling(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "scaling", *args], cwd=REPO, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=400, **kw)
+
+
+def status_json(sweep_dir) -> dict:
+    """`scaling status --json`; {} before the sweep has written anything."""
+    out = scaling("status", str(sweep_dir), "--json")
+    assert out.returncode == 0 or "holds no sweep yet" in out.stderr, out.stderr
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
+def wait_for(ready, timeout_s=240.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = ready()
+        if value:
+            return value
+        time.sleep(1.0)
+    pytest.fail("timed out")
+
+
+def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = scaling("status", str(empty))
+    assert out.returncode == 1 and f"{empty} holds no sweep yet" in out.stderr and out.stdout == ""
+
+    sweep_dir = tmp_path / "runs"
+    args = ["run", "-m", "logger=none", "model=tiny", "train.seq_len=32", "train.warmup_steps=0", "train.steps=1",
+            "parallel.dp=1,2", "parallel.zero_stage=0,1", f"sweep_dir={sweep_dir}"]
+    driver = subprocess.Popen([sys.executable, "-m", "scaling", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    watch = subprocess.Popen([sys.executable, "-m", "scaling", "status", str(sweep_dir), "--watch", "0.5"], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        # Once a point has a record and the next one runs, status sees both, from this other process.
+        seen = wait_for(lambda: (s := status_json(sweep_dir)) and s["in_flight"] and sum(s["done"].values()) >= 1 and s)
+        (running,) = seen["in_flight"]
+        assert running["state"] == "running" and running["where"] == f"pid {driver.pid} on {socket.gethostname()}"
+        assert seen["grid_points"] == 4 and seen["to_run"] == 4 - sum(seen["done"].values()) - 1
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        wait_for(lambda: not processes_mentioning(str(sweep_dir / running["job_key"])))
+        watch.send_signal(signal.SIGINT)
+        watched, _ = watch.communicate(timeout=60)
+    finally:
+        for proc in (driver, watch):
+            proc.kill()
+    assert watch.returncode == 0 and watched.count("(every 0.5 s, Ctrl-C to stop;") >= 2
+    assert f"running      1  {running['job_key']} since " in watched
+
+    crashed = status_json(sweep_dir)
+    assert crashed["in_flight"] == [] and crashed["to_run"] == seen["to_run"] + 1
+    assert crashed["stale"] == [f"{running['job_key']}: pid {driver.pid} on {socket.gethostname()} is gone without "
+                                "a record (a re-run runs it again)"]
+
+    assert scaling(*args).returncode == 0
+    done = status_json(sweep_dir)
+    assert done["done"] == {"ok": 4} and done["to_run"] == 0 and done["stale"] == [] and done["run"] == 2
+    assert done["launched"] == 4 and done["median_wall_s"] > 0 and done["eta_s"] == 0
+    text = scaling("status", str(sweep_dir)).stdout.splitlines()
+    assert text[1:] == ["  done         4  4 ok", "  to run       0",
+                        f"  time     median {done['median_wall_s']:.1f} s per launched point (4 recorded); nothing left to run"]
