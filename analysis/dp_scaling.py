@@ -152,27 +152,3 @@ def plot_dp_scaling(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD, max_
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     return fig
-
-
-def plot_extrapolation(frame: pd.DataFrame, config: str, profile: str,
-                       threshold: float = DEFAULT_THRESHOLD) -> Figure:
-    """One configuration's tokens/s per GPU vs dp: measured points and the α-β extrapolation beyond."""
-    fig = new_figure((8, 4.8))
-    ax = fig.subplots()
-    ax.plot(frame["dp"], frame["model_tokens_per_s_per_gpu"], linestyle="--", color="tab:blue",
-            label="α-β model (no overlap)")
-    for source, style in (("measured", {"marker": "o", "color": "tab:blue"}),
-                          ("extrapolated", {"marker": "o", "markerfacecolor": "white", "color": "tab:blue"})):
-        part = frame[frame["source"] == source]
-        ax.plot(part["dp"], part["tokens_per_s_per_gpu"], linestyle="none", label=source, gid=source, **style)
-    knee_dp, next_dp = find_knee(list(frame["dp"]), list(frame["efficiency"]), threshold)
-    at = frame[frame["dp"] == knee_dp]
-    ax.plot(at["dp"], at["tokens_per_s_per_gpu"], marker="*", markersize=18, color="gold", markeredgecolor="black",
-            linestyle="none", label=f"knee dp={knee_dp} (efficiency ≥ {threshold:.0%})")
-    _dp_axis(ax, frame["dp"])
-    ax.set_ylabel("tokens/s per GPU")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{config}: DP extrapolated with α-β ({profile}),\ngradient communication not overlapped "
-                 "with compute", fontsize=10)
-    fig.tight_layout()
-    return fig

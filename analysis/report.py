@@ -3,8 +3,8 @@
 
 `scaling report SWEEP_DIR [--out DIR] [--wandb]` writes, under `<sweep_dir>/report` unless told:
 status counts, the top configurations, the heatmaps, the DP-scaling curve with its knee (when
-the sweep has several dp; with the α-β extrapolation when `<sweep_dir>/alpha_beta.json` exists),
-predicted vs measured memory (when predictions exist) and the failures' last error lines.
+the sweep has several dp), predicted vs measured memory (when predictions exist) and the failures'
+last error lines.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import alpha_beta, dp_scaling, heatmaps
+from analysis import dp_scaling, heatmaps
 from analysis.collect import collect, memory_unit, to_parquet
 from analysis.figures import FigureSpec, new_figure, render_pngs
 from scaling.record import FAILED, OK, STATUSES, SWEEP_INDEX, TIMEOUT
@@ -110,7 +110,7 @@ def memory_scatter(df: pd.DataFrame) -> tuple[Figure, str]:
 
 
 def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
-    """The DP knees in words, their table and curve; the α-β extrapolation when the sweep has a profile."""
+    """The DP knees in words, their table and curve."""
     found = dp_scaling.knees(df, threshold)
     if not found:
         return [Section("Data-parallel scaling", ["No configuration was measured ok at two or more dp."])]
@@ -121,17 +121,6 @@ def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Sec
         words.append(f"Those are the {len(words)} fastest configurations; the table has the knees of all {len(found)}.")
     sections = [Section("Data-parallel scaling", words, [knee_table(found)],
                         {"dp_scaling": dp_scaling.plot_dp_scaling(df, threshold, max_configs=KNEES_IN_WORDS)})]
-    profile_path = sweep_dir / alpha_beta.PROFILE_FILE
-    if profile_path.exists():
-        ab = alpha_beta.load_profile(profile_path)
-        best = table.loc[table["tokens_per_s_per_gpu"].idxmax(), "config"]
-        frame = alpha_beta.extrapolate(table[table["config"] == best], ab)
-        sections.append(Section("DP extrapolation (α-β model)", [
-            f"{best}, extrapolated to dp={int(frame['dp'].max())} with α = {ab.alpha_s * 1e6:.1f} µs and β = "
-            f"{ab.beta_bytes_per_s / 1e9:.2f} GB/s ({ab.name}): the smallest dp's step time is the compute, each "
-            "step adds the gradient all-reduce (ZeRO 0/1) or reduce-scatter + all-gather (ZeRO 2/3) of dp ranks, "
-            "with no overlap assumed. Filled points are measured, hollow points extrapolated."],
-            figures={"dp_extrapolation": dp_scaling.plot_extrapolation(frame, best, ab.name, threshold)}))
     return sections
 
 

@@ -1,4 +1,4 @@
-"""The `scaling` command: run a point, run a named sweep, plan a batch, predict memory, report.
+"""The `scaling` command: run a point, run a named sweep, plan a batch, predict memory, report, measure the network.
 
     scaling run [overrides]              one point (= python -m scaling.run)
     scaling sweep NAME [overrides]       a named multirun from sweeps/NAME.yaml
@@ -6,6 +6,7 @@
     scaling predict [overrides]          memory breakdown before launch
     scaling find-mbs [overrides]         the largest mbs that fits
     scaling report SWEEP_DIR             Markdown + HTML report with heatmaps
+    scaling collectives [--sweep-dir DIR] [overrides]   the network's α-β profile, measured into the sweep
 
 Exit status: 0, or 1 when a point failed or timed out (after every point ran), 2 for a bad command
 line. Shell completion (bash): eval "$(scaling run -sc install=bash)".
@@ -92,6 +93,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], Optional[int]], str]] = {
     "predict": (_lazy("scaling.predictor.cli"), "peak memory per rank of a point or a sweep grid, before launch"),
     "find-mbs": (_lazy("scaling.predictor.find_mbs"), "the largest mbs that fits, predicted and confirmed by two runs"),
     "report": (_lazy("analysis.report"), "Markdown + HTML report of a sweep directory"),
+    "collectives": (_lazy("analysis.alpha_beta"), "measure the network's α-β figures per tier into a sweep directory"),
 }
 
 

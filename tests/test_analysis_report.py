@@ -10,7 +10,6 @@ import time
 import pandas as pd
 import pytest
 
-from analysis.alpha_beta import PROFILE_FILE, AlphaBeta, save_profile
 from analysis.report import main, write_report
 from records import grid_records, make_record, write_sweep
 from scaling.wandb_log import read_offline_run
@@ -19,7 +18,6 @@ from scaling.wandb_log import read_offline_run
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     sweep = write_sweep(tmp_path_factory.mktemp("sweep"), grid_records(), name="grid")
-    save_profile(sweep / PROFILE_FILE, AlphaBeta(20e-6, 40e9, "nominal"), [])
     return sweep, write_report(sweep)
 
 
@@ -28,17 +26,15 @@ def test_report_files_and_sections(report):
     assert paths["html"] == sweep / "report" / "report.html"
     md = paths["markdown"].read_text()
     for heading in ("# Sweep report: grid", "## Status counts", "## Top configurations", "## Heatmaps",
-                    "## Data-parallel scaling", "## DP extrapolation (α-β model)", "## Predicted vs measured memory",
+                    "## Data-parallel scaling", "## Predicted vs measured memory",
                     "## Failures"):
         assert heading in md, heading
     assert "| oom | 6 |" in md and "| predicted_oom | 6 |" in md and "| invalid | 1 |" in md
     assert "DP stops paying off after dp=8; efficiency falls from 85% (dp=8) to 62% (dp=16)" in md
     assert "Those are the 8 fastest configurations; the table has the knees of all 20." in md
-    assert "extrapolated to dp=1024 with α = 20.0 µs and β = 40.00 GB/s (nominal)" in md
     # the fastest point heads the table, its memory in the unit that reads best
     assert "| tiny | 256 | 8 | 8 | 1 | 0 | bf16 | none | 28,284 | 21.3% | 10.0 GiB |" in md
-    for name in ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "dp_scaling", "dp_extrapolation",
-                 "memory_prediction"):
+    for name in ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "dp_scaling", "memory_prediction"):
         assert paths[f"figure:{name}"].exists()
         assert f"(figures/{name}.png)" in md
     assert len(pd.read_parquet(paths["parquet"])) == len(list(sweep.glob("*/result.json")))
