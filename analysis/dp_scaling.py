@@ -108,7 +108,8 @@ def knees(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> list[Knee]:
     return out
 
 
-def _dp_axis(ax: Axes, dps: pd.Series) -> None:
+def dp_axis(ax: Axes, dps: pd.Series) -> None:
+    """A log-2 dp axis with a plain tick at every dp given."""
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({int(d) for d in dps}))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -138,7 +139,7 @@ def plot_dp_scaling(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD, max_
                     markeredgecolor="black", linestyle="none")
     ax_eff.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:.0%}")
     for ax, label in ((ax_tps, "tokens/s per GPU"), (ax_eff, "efficiency vs smallest dp")):
-        _dp_axis(ax, table.loc[table["config"].isin(shown), "dp"])
+        dp_axis(ax, table.loc[table["config"].isin(shown), "dp"])
         ax.set_ylabel(label)
     ax_eff.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}"))
     ax_eff.legend(loc="lower left", fontsize=8)
