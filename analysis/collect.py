@@ -49,6 +49,7 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hardware", ("config", "hardware", "name")),
     ("device", ("config", "hardware", "device")),
     ("memory_gb", ("config", "hardware", "memory_gb")),
+    ("devices_per_node", ("config", "hardware", "devices_per_node")),
     ("n_params", ("derived", "n_params")),
     ("flops_per_token", ("derived", "flops_per_token")),
     ("hw_flops_per_token", ("derived", "hw_flops_per_token")),
@@ -90,7 +91,7 @@ CONFIG_AXES = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "preci
 
 INT_COLUMNS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "seq_len", "mbs",
                "grad_acc", "gbs", "gbs_tokens", "target_gbs", "target_gbs_tokens", "steps", "dp", "zero_stage",
-               "n_params", "flops_per_token", "hw_flops_per_token", "world_size", "peak_mem_bytes",
+               "devices_per_node", "n_params", "flops_per_token", "hw_flops_per_token", "world_size", "peak_mem_bytes",
                "peak_mem_reserved_bytes", "pred_peak_mem_bytes", "threads_per_rank")
 TIME_COLUMNS = ("started_at",)
 """ISO-8601 strings in the record, UTC datetimes in the DataFrame."""

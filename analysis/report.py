@@ -2,9 +2,9 @@
 (figures, typed tables, and the Parquet record table and the HTML report as artifacts).
 
 `scaling report SWEEP_DIR [--out DIR] [--wandb]` writes, under `<sweep_dir>/report` unless told:
-status counts, the top configurations, the heatmaps, the DP-scaling curve with its knee (when
-the sweep has several dp), predicted vs measured memory (when predictions exist) and the failures'
-last error lines.
+status counts, the top configurations, the heatmaps, the DP-scaling curve with its knee and its
+extrapolation beyond the measured dp (when the sweep has several dp), predicted vs measured memory
+(when predictions exist) and the failures' last error lines.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import dp_scaling, heatmaps
+from analysis import dp_scaling, extrapolate, heatmaps
 from analysis.collect import collect, memory_unit, to_parquet
 from analysis.figures import FigureSpec, new_figure, render_pngs
 from scaling.record import FAILED, OK, STATUSES, SWEEP_INDEX, TIMEOUT
@@ -110,7 +110,7 @@ def memory_scatter(df: pd.DataFrame) -> tuple[Figure, str]:
 
 
 def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
-    """The DP knees in words, their table and curve."""
+    """The DP knees in words, their table and curve; the extrapolation beyond the measured dp."""
     found = dp_scaling.knees(df, threshold)
     if not found:
         return [Section("Data-parallel scaling", ["No configuration was measured ok at two or more dp."])]
@@ -121,7 +121,23 @@ def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Sec
         words.append(f"Those are the {len(words)} fastest configurations; the table has the knees of all {len(found)}.")
     sections = [Section("Data-parallel scaling", words, [knee_table(found)],
                         {"dp_scaling": dp_scaling.plot_dp_scaling(df, threshold, max_configs=KNEES_IN_WORDS)})]
+    sections.append(extrapolation_section(sweep_dir, table, threshold))
     return sections
+
+
+def extrapolation_section(sweep_dir: Path, table: pd.DataFrame, threshold: float) -> Section:
+    """Beyond the measured dp: the step model fitted under each parameter source, for the fastest configurations."""
+    found, notes = extrapolate.sweep_extrapolations(sweep_dir, table, threshold)
+    intro = (f"The fastest configurations measured at two or more dp (at most {extrapolate.EXTRAPOLATED_CONFIGS}), "
+             "extrapolated at their global batch "
+             "with the step model of the README (grad_acc × compute per micro-step + the exposed communication of "
+             "their ZeRO stage, α-β per network tier, an overlap fraction), under each source of parameters: "
+             "(a) fitted to this sweep's DP curve alone, (b) the network profile measured by `scaling collectives`, "
+             "(c) the hardware's published network figures. Compute per micro-step (and the overlap, for b and c) "
+             "is always fitted to the measured points. Bands span the 2.5th-97.5th percentile of bootstrap draws (95%).")
+    return Section("DP extrapolation beyond the measured dp", [intro, *notes, *extrapolate.report_text(found)],
+                   [extrapolate.summary_table(found)],
+                   {f"dp_extrapolation_{i}": extrapolate.plot(results) for i, results in enumerate(found.values())})
 
 
 def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
