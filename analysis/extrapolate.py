@@ -59,6 +59,8 @@ BAND = (2.5, 97.5)
 N_DRAWS = 200
 OVERLAP_GRID = np.linspace(0.0, 1.0, 101)
 CHI2_95 = 3.84
+MISFIT_WARNING = 0.10
+"""A source whose nominal model misses a measured step time by more than this is flagged in the report."""
 GRAD_BYTES = 4
 """Gradients are reduced in fp32 at every stage: DDP's parameters (and so gradients) stay fp32 under autocast,
 and FSDP2's MixedPrecisionPolicy reduces in fp32."""
@@ -464,6 +466,10 @@ def extrapolate(config: str, w: Workload, points: Sequence[Point], dpn: Optional
         notes.append(_why_it_stops(w, dps[-1], reaches, max_dp))
     misfit = max(abs(step_time_s(w, nominal.network, p.dp, nominal.compute_s, nominal.overlap, p.grad_acc)
                      / p.step_time_s - 1) for p in points if reaches(p.dp))
+    if misfit > MISFIT_WARNING:
+        notes.insert(0, f"the model misses the measured step times by up to {misfit:.0%}: these points are not "
+                        "a curve it can produce (more ranks faster per rank, or noise beyond the timed steps' "
+                        "spread), so its extrapolation does not describe this configuration")
     return Extrapolation(config, label, kind, tuple(dps), tuple(tps), tuple(low), tuple(high), tuple(eff), measured,
                          threshold, knee_dp, next_dp, _band_of_first_below(firsts), nominal, spread, misfit,
                          w.batch(), tuple(notes))

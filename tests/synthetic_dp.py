@@ -1,7 +1,8 @@
 """Synthetic DP curves from known step-model parameters, for the extrapolation tests and benchmark.
 
 A `Truth` is a workload, a two-tier network, a compute time per micro-step and an overlap; `measure`
-draws the timed steps of a point at dp=n with multiplicative Gaussian noise, as a sweep would record them.
+draws the timed steps of a point at dp=n with multiplicative Gaussian noise, as a sweep would record them,
+and `profile_of` the collective timings `scaling collectives` would record of its network.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from analysis.alpha_beta import INTER, INTRA, AlphaBeta, Network
+from analysis.alpha_beta import INTER, INTRA, AlphaBeta, Network, Profile, fit_tiers
 from analysis.extrapolate import Point, Workload, step_time_s
 
 
@@ -43,6 +44,20 @@ def measure(truth: Truth, dps: Sequence[int], rng: np.random.Generator, steps: i
     """The points a sweep would record at each dp: `steps` timed steps, each off by N(0, noise) relative."""
     return [Point(n, truth.workload.grad_acc_at(n),
                   tuple(truth.step_time_s(n) * (1 + rng.normal(0, noise, steps)))) for n in dps]
+
+
+def profile_of(truth: Truth, rng: np.random.Generator, world_sizes: Sequence[int] = (2, 4, 8, 16),
+               noise: float = 0.05) -> Profile:
+    """What `scaling collectives` would measure of the truth's network: 5 timed calls per collective and size."""
+    samples = []
+    for n in world_sizes:
+        for op in ("all_reduce", "reduce_scatter", "all_gather"):
+            for size in (4096, 2**20, 2**24, 2**28):
+                times = [truth.network.tier(n).time_s(op, n, size) * (1 + e) for e in rng.normal(0, noise, 5)]
+                samples.append({"op": op, "world_size": n, "size_bytes": size, "time_s": float(np.median(times)),
+                                "times_s": times})
+    dpn = truth.network.devices_per_node
+    return Profile(f"synthetic, n={','.join(map(str, world_sizes))}", dpn, fit_tiers(samples, dpn), tuple(samples))
 
 
 def h100_network(inter_alpha_s: float = 12e-6, inter_beta: float = 40e9, devices_per_node: Optional[int] = 8) -> Network:

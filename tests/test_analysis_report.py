@@ -11,12 +11,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.alpha_beta import PROFILE_FILE, Profile, fit_tiers, save_profile
+from analysis.alpha_beta import PROFILE_FILE, save_profile
 from analysis.report import main, write_report
 from records import grid_records, make_record, write_sweep
 from scaling.record import job_key
 from scaling.wandb_log import read_offline_run
-from synthetic_dp import TRUTHS
+from synthetic_dp import TRUTHS, profile_of
 
 
 @pytest.fixture(scope="module")
@@ -67,10 +67,7 @@ def test_extrapolation_names_each_source_its_knee_range_and_reach(tmp_path):
     the published H100 figures extrapolate to dp=512 (the batch's limit), each with its knee as a range."""
     truth, rng = TRUTHS[0], np.random.default_rng(0)
     sweep = _truth_sweep(tmp_path / "s", truth, (1, 2, 4, 8), rng)
-    samples = [{"op": op, "world_size": n, "size_bytes": size, "time_s": truth.network.tier(n).time_s(op, n, size),
-                "times_s": [truth.network.tier(n).time_s(op, n, size) * (1 + e) for e in rng.normal(0, 0.03, 4)]}
-               for n in (2, 8, 16) for op in ("all_reduce", "all_gather") for size in (2**12, 2**20, 2**26)]
-    save_profile(sweep / PROFILE_FILE, Profile("nccl on 2 nodes", 8, fit_tiers(samples, 8), tuple(samples)))
+    save_profile(sweep / PROFILE_FILE, profile_of(truth, rng, world_sizes=(2, 8, 16)))
     md = write_report(sweep, jobs=1)["markdown"].read_text()
     section = md[md.index("## DP extrapolation beyond the measured dp"):md.index("## Predicted vs measured")]
     assert "llama_1b, seq 4096, ZeRO-0: global batch fixed at 512 samples: grad_acc = 512 / (1 × dp)." in section
@@ -79,7 +76,7 @@ def test_extrapolation_names_each_source_its_knee_range_and_reach(tmp_path):
             "predicted). Measured dp 1, 2, 4, 8: 3 point(s) with communication identify") in section
     assert "; the tier between nodes (no measured dp spans more than 8 ranks). Stops at dp=8: " in section
     assert "Stops at dp=8: this source has no figures for the tier between nodes." in section
-    for source in ("(b) scaling collectives profile (nccl on 2 nodes)", "(c) published h100 figures "
+    for source in ("(b) scaling collectives profile (synthetic, n=2,8,16)", "(c) published h100 figures "
                    "(conf/network/h100.yaml)"):
         line = next(p for p in section.split("\n\n") if p.startswith(source))
         assert ": efficiency falls below 80% between dp=32 and dp=64 (in 95% of the draws the first dp below " in line

@@ -10,14 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.alpha_beta import INTER, INTRA, AlphaBeta, Network, Profile, fit_tiers, profile_estimate, \
-    published_estimate
+from analysis.alpha_beta import INTER, INTRA, AlphaBeta, Network, profile_estimate, published_estimate
 from analysis.dp_scaling import find_knee
 from analysis.extrapolate import (
     BACKWARD_SHARE, Point, Workload, _design, extrapolate, fit_given, fit_sweep, identifiable, noise_variance,
     plot, resolved_columns, step_time_s, summary_table, workload_and_points,
 )
-from synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure
+from synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
 
 NET = Network({INTRA: AlphaBeta(2e-6, 100e9), INTER: AlphaBeta(10e-6, 10e9)}, 4)
 
@@ -115,18 +114,6 @@ def _next(truth: Truth, dps) -> int:
     return find_knee(list(dps), truth.efficiency(list(dps)), 0.8)[1]
 
 
-def _profile(truth: Truth, rng: np.random.Generator) -> Profile:
-    """What `scaling collectives` would measure of the truth's network on two nodes (5% noise per call)."""
-    samples = []
-    for n in (2, 4, 8, 16):
-        for op in ("all_reduce", "reduce_scatter", "all_gather"):
-            for size in (4096, 2**20, 2**24, 2**28):
-                times = [truth.network.tier(n).time_s(op, n, size) * (1 + rng.normal(0, 0.05)) for _ in range(5)]
-                samples.append({"op": op, "world_size": n, "size_bytes": size, "time_s": float(np.median(times)),
-                                "times_s": times})
-    return Profile("synthetic", 8, fit_tiers(samples, 8), tuple(samples))
-
-
 @pytest.mark.parametrize("truth", TRUTHS, ids=lambda t: t.name)
 def test_fitted_on_the_smallest_dp_the_held_out_dp_and_the_knee_are_recovered(truth):
     """(a) the sweep alone, measured at dp 1-32 (both tiers, 2% noise per timed step): dp 64 and 128 within 10%,
@@ -148,7 +135,7 @@ def test_a_measured_profile_and_one_node_find_the_knee_past_the_node(truth):
     the band covers the truth at every dp past the node. (dp 1-8 at this global batch hide most communication
     behind 64-512 micro-steps, so the overlap is pinned loosely or not at all: see benchmarks/RESULTS.md.)"""
     rng = np.random.default_rng(7)
-    profile = profile_estimate(_profile(truth, rng), 8, 200, rng)
+    profile = profile_estimate(profile_of(truth, rng), 8, 200, rng)
     r = extrapolate(truth.name, truth.workload, measure(truth, [1, 2, 4, 8], rng), 8, profile)
     _assert_knee(r, truth)
     _, lo, hi = r.params["overlap"]
@@ -203,6 +190,13 @@ def test_dp_1_and_2_identify_compute_and_one_communication_figure():
                                         "of the draws the first dp below 80% ")
 
 
+def test_points_the_model_cannot_produce_are_flagged():
+    """dp=2 five times faster per rank than dp=1 (a host busy during the dp=1 point): no step model does that."""
+    w = Workload(0, 3_000_000, "fp32", 8, 128, gbs=None, grad_acc=1)
+    r = extrapolate("busy", w, [Point(1, 1, (1.0, 1.01, 0.99)), Point(2, 1, (0.2, 0.21, 0.19))], None, n_draws=20)
+    assert r.misfit > 0.5 and r.notes[0].startswith(f"the model misses the measured step times by up to {r.misfit:.0%}")
+
+
 def test_noise_in_the_timed_steps_widens_the_band():
     truth = TRUTHS[0]
     widths = []
@@ -235,7 +229,7 @@ def test_figure_and_table_carry_every_source():
     rng = np.random.default_rng(0)
     points = measure(truth, [1, 2, 4, 8], rng)
     results = [extrapolate("c", truth.workload, points, 8, n_draws=20),
-               extrapolate("c", truth.workload, points, 8, profile_estimate(_profile(truth, rng), 8, 20, rng), n_draws=20),
+               extrapolate("c", truth.workload, points, 8, profile_estimate(profile_of(truth, rng), 8, 20, rng), n_draws=20),
                extrapolate("c", truth.workload, points, 8, published_estimate("h100", 8, 20, rng), n_draws=20)]
     ax = plot(results).axes[0]
     bands = {c.get_gid() for c in ax.collections}
