@@ -46,6 +46,7 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dp", ("config", "parallel", "dp")),
     ("zero_stage", ("config", "parallel", "zero_stage")),
     ("bucket_mb", ("config", "parallel", "bucket_mb")),
+    ("fsdp_grad_reduce", ("config", "parallel", "fsdp_grad_reduce")),
     ("hardware", ("config", "hardware", "name")),
     ("device", ("config", "hardware", "device")),
     ("memory_gb", ("config", "hardware", "memory_gb")),

@@ -22,7 +22,7 @@ from analysis.heatmaps import facet_label
 from scaling.record import OK
 
 GROUP_KEYS = ("model", "seq_len", "mbs", "zero_stage", "precision", "recompute", "hardware", "memory_gb",
-              "bucket_mb", "compile", "target_gbs", "target_gbs_tokens")
+              "bucket_mb", "fsdp_grad_reduce", "compile", "target_gbs", "target_gbs_tokens")
 """What makes a configuration for DP scaling: the config axes except dp and grad_acc (and the global batch
 they give, unless the sweep fixed it: then each fixed batch is its own configuration)."""
 ALWAYS_NAMED = ("model", "seq_len", "zero_stage")

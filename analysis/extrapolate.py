@@ -13,9 +13,11 @@ travel in bf16 only under FSDP2's mixed precision, DDP's parameters are fp32):
   ZeRO-0  one all-reduce of the gradients per step, bucketed and overlapped with the last backward
   ZeRO-1  the same, plus an all-gather of the updated parameter shards after the optimizer (exposed)
   ZeRO-2  a reduce-scatter of the gradients every micro-step, overlapped with its backward, and the
-          parameters all-gathered once per step (exposed)
+          parameters all-gathered once per step, prefetched beside the forward
   ZeRO-3  a reduce-scatter every micro-step and parameter all-gathers in its forward and again in its
           backward, overlapped with that micro-step's compute
+  (with parallel.fsdp_grad_reduce=last_micro_step, ZeRO-2/3 reduce-scatter once, in the last backward, and
+  gather the parameters on every micro-step; records without the setting did that)
 
 An overlap fraction o hides o of the overlappable communication, at most the compute it runs beside:
 hidden = min(o·comm, window), the window being the backward (BACKWARD_SHARE of a micro-step's compute) or,
@@ -65,6 +67,8 @@ GRAD_BYTES = 4
 """Gradients are reduced in fp32 at every stage: DDP's parameters (and so gradients) stay fp32 under autocast,
 and FSDP2's MixedPrecisionPolicy reduces in fp32."""
 MICRO, STEP = "micro-step", "step"
+EVERY, LAST = "every_micro_step", "last_micro_step"
+"""`parallel.fsdp_grad_reduce` (scaling.validate.FSDP_GRAD_REDUCE)."""
 BACKWARD, WHOLE = "backward", "micro-step"
 
 
@@ -81,13 +85,21 @@ class Collective:
     """BACKWARD, WHOLE (the micro-step's forward and backward) or None (exposed)."""
 
 
-STAGE_COLLECTIVES: dict[int, tuple[Collective, ...]] = {
-    0: (Collective("all_reduce", "grad", STEP, BACKWARD),),
-    1: (Collective("all_reduce", "grad", STEP, BACKWARD), Collective("all_gather", "param", STEP, None)),
-    2: (Collective("reduce_scatter", "grad", MICRO, BACKWARD), Collective("all_gather", "param", STEP, None)),
-    3: (Collective("reduce_scatter", "grad", MICRO, WHOLE), Collective("all_gather", "param", MICRO, WHOLE),
-        Collective("all_gather", "param", MICRO, WHOLE)),
+STAGE_COLLECTIVES: dict[tuple[int, str], tuple[Collective, ...]] = {
+    # DDP: one bucketed all-reduce in the last backward; ZeroRedundancyOptimizer gathers the updated shards in step()
+    (0, EVERY): (Collective("all_reduce", "grad", STEP, BACKWARD),),
+    (1, EVERY): (Collective("all_reduce", "grad", STEP, BACKWARD), Collective("all_gather", "param", STEP, None)),
+    # FSDP2: gathers prefetched beside the forward; ZeRO-2 keeps its parameters gathered between micro-steps
+    (2, EVERY): (Collective("reduce_scatter", "grad", MICRO, BACKWARD), Collective("all_gather", "param", STEP, WHOLE)),
+    (3, EVERY): (Collective("reduce_scatter", "grad", MICRO, WHOLE), Collective("all_gather", "param", MICRO, WHOLE),
+                 Collective("all_gather", "param", MICRO, WHOLE)),
+    # parallel.fsdp_grad_reduce=last_micro_step: one reduce-scatter in the last backward; parameters resharded
+    # after every backward, so gathered again on every micro-step
+    (2, LAST): (Collective("reduce_scatter", "grad", STEP, BACKWARD), Collective("all_gather", "param", MICRO, WHOLE)),
+    (3, LAST): (Collective("reduce_scatter", "grad", STEP, BACKWARD), Collective("all_gather", "param", MICRO, WHOLE),
+                Collective("all_gather", "param", MICRO, WHOLE)),
 }
+"""What each (ZeRO stage, parallel.fsdp_grad_reduce) communicates; stages 0-1 do not read the latter."""
 WINDOW_SHARE = {BACKWARD: BACKWARD_SHARE, WHOLE: 1.0}
 
 
@@ -104,10 +116,18 @@ class Workload:
     """Global batch in samples, fixed across dp; None when the sweep fixed grad_acc instead."""
     grad_acc: int = 1
     """grad_acc at every dp when gbs is None."""
+    fsdp_grad_reduce: str = EVERY
+    """Stages 2-3: reduce-scatter on every micro-step or only the last (`parallel.fsdp_grad_reduce`)."""
 
     def __post_init__(self) -> None:
-        if self.zero_stage not in STAGE_COLLECTIVES:
+        if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage}: valid stages are 0, 1, 2, 3")
+        if self.fsdp_grad_reduce not in (EVERY, LAST):
+            raise ValueError(f"fsdp_grad_reduce={self.fsdp_grad_reduce!r}: valid are {EVERY}, {LAST}")
+
+    def collectives(self) -> tuple[Collective, ...]:
+        """The collectives this configuration issues (STAGE_COLLECTIVES)."""
+        return STAGE_COLLECTIVES[self.zero_stage, EVERY if self.zero_stage <= 1 else self.fsdp_grad_reduce]
 
     def grad_acc_at(self, n: int) -> Optional[int]:
         """grad_acc at dp=n, or None when the fixed global batch does not split into whole micro-steps."""
@@ -142,7 +162,7 @@ def comm_groups(w: Workload, net: Network, n: int) -> dict[tuple[str, Optional[s
     tier = net.tier(n)
     if tier is None:
         raise ValueError(f"dp={n}: the network has no figures for its tier ({tier_of(n, net.devices_per_node)})")
-    for c in STAGE_COLLECTIVES[w.zero_stage]:
+    for c in w.collectives():
         key = (c.per, c.window)
         groups[key] = groups.get(key, 0.0) + tier.time_s(c.op, n, w.bytes_of(c.moves))
     return groups
@@ -183,7 +203,7 @@ def _design(w: Workload, points: Sequence[Point], dpn: Optional[int]) -> np.ndar
         row = [float(p.grad_acc)] + [0.0] * (2 * len(TIERS))
         if p.dp >= 2:
             t = TIERS.index(INTRA if dpn is None or p.dp <= dpn else INTER)
-            for c in STAGE_COLLECTIVES[w.zero_stage]:
+            for c in w.collectives():
                 steps, moved = ring_cost(c.op, p.dp, w.bytes_of(c.moves))
                 times = p.grad_acc if c.per == MICRO else 1
                 row[1 + 2 * t] += times * moved
@@ -527,9 +547,12 @@ def workload_and_points(group: pd.DataFrame) -> tuple[Workload, list[Point]]:
     group = group.sort_values("dp")
     last = group.iloc[-1]
     fixed_batch = group["gbs"].nunique(dropna=False) == 1
+    reduce = last.get("fsdp_grad_reduce")
     w = Workload(int(last["zero_stage"]), int(last["n_params"]), str(last["precision"]), int(last["mbs"]),
                  int(last["seq_len"]), int(last["gbs"]) if fixed_batch else None,
-                 1 if fixed_batch else int(last["grad_acc"]))
+                 1 if fixed_batch else int(last["grad_acc"]),
+                 # records from before the setting existed reduce-scattered on the last micro-step only
+                 str(reduce) if isinstance(reduce, str) else LAST)
     points = []
     for _, row in group.iterrows():
         times = row.get("step_times_s")

@@ -54,6 +54,21 @@ def test_each_stage_communicates_what_the_engine_does(stage, precision, expected
     assert step_time_s(w, NET, 4, compute_s=0.2, overlap=0.0) == pytest.approx(10 * (0.2 + per_micro) + per_step)
 
 
+def test_fsdp_grad_reduce_on_the_last_micro_step_trades_reduce_scatters_for_gathers():
+    """parallel.fsdp_grad_reduce=last_micro_step: one reduce-scatter per step, parameters gathered every micro-step."""
+    ab = NET.tier(4)
+    w2 = Workload(2, 10**8, "bf16", mbs=1, seq_len=64, gbs=40, fsdp_grad_reduce="last_micro_step")
+    assert step_time_s(w2, NET, 4, 0.2, 0.0) == pytest.approx(
+        10 * (0.2 + _ring("all_gather", 4, 2e8, ab)) + _ring("reduce_scatter", 4, 4e8, ab))
+    w3 = Workload(3, 10**8, "bf16", mbs=1, seq_len=64, gbs=40, fsdp_grad_reduce="last_micro_step")
+    assert step_time_s(w3, NET, 4, 0.2, 0.0) == pytest.approx(
+        10 * (0.2 + 2 * _ring("all_gather", 4, 2e8, ab)) + _ring("reduce_scatter", 4, 4e8, ab))
+    assert Workload(0, 10**8, "bf16", 1, 64, 40, fsdp_grad_reduce="last_micro_step").collectives() == \
+        Workload(0, 10**8, "bf16", 1, 64, 40).collectives()  # DDP stages do not read it
+    with pytest.raises(ValueError, match="fsdp_grad_reduce='sometimes': valid are every_micro_step, last_micro_step"):
+        Workload(2, 1, "bf16", 1, 64, 40, fsdp_grad_reduce="sometimes")
+
+
 def test_overlap_hides_at_most_the_compute_it_runs_beside():
     w = Workload(0, 10**8, "fp32", mbs=1, seq_len=64, gbs=8)
     ar = _ring("all_reduce", 2, 4e8, NET.tier(2))  # 4 ms
@@ -210,6 +225,7 @@ def test_noise_in_the_timed_steps_widens_the_band():
 def _table(truth: Truth, dps, noise_steps=(1.0, 1.02, 0.98)) -> pd.DataFrame:
     w = truth.workload
     return pd.DataFrame([{"config": "c", "dp": n, "zero_stage": w.zero_stage, "n_params": w.n_params,
+                          "fsdp_grad_reduce": w.fsdp_grad_reduce,
                           "precision": w.precision, "mbs": w.mbs, "seq_len": w.seq_len, "gbs": w.gbs,
                           "grad_acc": w.grad_acc_at(n), "step_time_s": truth.step_time_s(n),
                           "step_times_s": [truth.step_time_s(n) * f for f in noise_steps]} for n in dps])
@@ -222,6 +238,9 @@ def test_a_sweep_table_becomes_a_workload_and_its_points():
     grown = _table(TRUTHS[0], [1, 2]).assign(gbs=[512, 1024], grad_acc=[512, 512])
     w, _ = workload_and_points(grown.assign(step_times_s=[None, None]))
     assert w.gbs is None and w.grad_acc == 512
+    # a record from before parallel.fsdp_grad_reduce existed: the engine reduce-scattered on the last micro-step
+    w, _ = workload_and_points(_table(TRUTHS[2], [1, 2]).drop(columns="fsdp_grad_reduce"))
+    assert w.fsdp_grad_reduce == "last_micro_step"
 
 
 def test_figure_and_table_carry_every_source():
