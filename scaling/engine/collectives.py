@@ -44,10 +44,10 @@ def _call(op: str, numel: int, n: int, dtype: torch.dtype, device: torch.device)
     if op == "reduce_scatter":
         inp = torch.ones(numel, dtype=dtype, device=device)
         out = torch.empty(numel // n, dtype=dtype, device=device)
-        return lambda: dist.reduce_scatter_single(out, inp)
+        return lambda: dist.reduce_scatter_tensor(out, inp)
     shard = torch.ones(numel // n, dtype=dtype, device=device)
     out = torch.empty(numel, dtype=dtype, device=device)
-    return lambda: dist.all_gather_single(out, shard)
+    return lambda: dist.all_gather_into_tensor(out, shard)
 
 
 def _sync(device: torch.device) -> None:
