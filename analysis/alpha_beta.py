@@ -333,8 +333,11 @@ def measure(cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int],
         runs.append(_launch_one(cfg, n, jd, argv, env))
     samples = tuple(r for run in runs for r in run["results"])
     name = f"{runs[0]['backend']} on {runs[0]['device']} at {runs[0]['hostname']}, n={','.join(map(str, plan))}"
-    return Profile(name, dpn, fit_tiers(samples, dpn), samples,
-                   dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+    try:
+        tiers = fit_tiers(samples, dpn)
+    except ValueError as e:  # measured, but not fittable: not a bad request
+        raise RuntimeError(f"the timings in {sweep_dir / BENCH_DIR} cannot be fitted: {e}") from e
+    return Profile(name, dpn, tiers, samples, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
 
 
 def keep_earlier(path: Path) -> Optional[Path]:
@@ -349,8 +352,9 @@ def keep_earlier(path: Path) -> Optional[Path]:
 
 def describe(profile: Profile) -> list[str]:
     """One line per tier: α, β and the ranks it was measured on."""
-    return [f"{tier}: α = {ab.alpha_s * 1e6:.1f} µs, β = {ab.beta_bytes_per_s / 1e9:.3g} GB/s "
-            f"(n={','.join(str(n) for n in sorted({int(s['world_size']) for s in profile.samples}) if tier_of(n, profile.devices_per_node) == tier)})"
+    ranks = sorted({int(s["world_size"]) for s in profile.samples})
+    return [f"{tier}: α = {ab.alpha_s * 1e6:.1f} µs, β = {ab.beta_bytes_per_s / 1e9:.3g} GB/s (n="
+            f"{','.join(str(n) for n in ranks if tier_of(n, profile.devices_per_node) == tier)})"
             for tier, ab in profile.tiers.items()]
 
 
@@ -384,7 +388,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (HydraException, OmegaConfBaseException) as e:
         p.error(" ".join(str(e).split()))
     if cfg["parallel"]["dp"] < 1:
-        p.error(f"parallel.dp={cfg['parallel']['dp']} is the largest launch's ranks: give dp >= 1 (1 and 2 both measure 2)")
+        p.error(f"parallel.dp={cfg['parallel']['dp']} is the largest launch's ranks: give dp >= 1 "
+                "(1 and 2 both measure 2)")
     sweep_dir = Path(a.sweep_dir or cfg["sweep_dir"]).resolve()
     sizes = sizes or list(CUDA_SIZES if cfg["hardware"]["device"] == "cuda" else CPU_SIZES)
     try:

@@ -134,7 +134,8 @@ def extrapolation_section(sweep_dir: Path, table: pd.DataFrame, threshold: float
              "their ZeRO stage, α-β per network tier, an overlap fraction), under each source of parameters: "
              "(a) fitted to this sweep's DP curve alone, (b) the network profile measured by `scaling collectives`, "
              "(c) the hardware's published network figures. Compute per micro-step (and the overlap, for b and c) "
-             "is always fitted to the measured points. Bands span the 2.5th-97.5th percentile of bootstrap draws (95%).")
+             "is always fitted to the measured points. Bands span the 2.5th-97.5th percentile of bootstrap draws "
+             "(95%).")
     return Section("DP extrapolation beyond the measured dp", [intro, *notes, *extrapolate.report_text(found)],
                    [extrapolate.summary_table(found)],
                    {f"dp_extrapolation_{i}": extrapolate.plot(results) for i, results in enumerate(found.values())})

@@ -60,7 +60,8 @@ def profile_of(truth: Truth, rng: np.random.Generator, world_sizes: Sequence[int
     return Profile(f"synthetic, n={','.join(map(str, world_sizes))}", dpn, fit_tiers(samples, dpn), tuple(samples))
 
 
-def h100_network(inter_alpha_s: float = 12e-6, inter_beta: float = 40e9, devices_per_node: Optional[int] = 8) -> Network:
+def h100_network(inter_alpha_s: float = 12e-6, inter_beta: float = 40e9,
+                 devices_per_node: Optional[int] = 8) -> Network:
     """NVLink-like tier within a node, InfiniBand-like between nodes."""
     return Network({INTRA: AlphaBeta(3e-6, 360e9), INTER: AlphaBeta(inter_alpha_s, inter_beta)}, devices_per_node)
 

@@ -248,7 +248,8 @@ def test_figure_and_table_carry_every_source():
     rng = np.random.default_rng(0)
     points = measure(truth, [1, 2, 4, 8], rng)
     results = [extrapolate("c", truth.workload, points, 8, n_draws=20),
-               extrapolate("c", truth.workload, points, 8, profile_estimate(profile_of(truth, rng), 8, 20, rng), n_draws=20),
+               extrapolate("c", truth.workload, points, 8, profile_estimate(profile_of(truth, rng), 8, 20, rng),
+                           n_draws=20),
                extrapolate("c", truth.workload, points, 8, published_estimate("h100", 8, 20, rng), n_draws=20)]
     ax = plot(results).axes[0]
     bands = {c.get_gid() for c in ax.collections}
