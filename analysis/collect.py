@@ -2,8 +2,10 @@
 
 Owns the mapping from the nested record (and from a W&B run's config/summary) to flat columns,
 so every other part of `analysis` speaks in the same column names: the config axes (`model`,
-`seq_len`, `mbs`, `grad_acc`, `dp`, `zero_stage`, ...), `status` (kept as recorded), the metrics
-(`tokens_per_s_per_gpu`, `mfu`, `peak_mem_bytes`, ...) and the prediction (`pred_peak_mem_bytes`).
+`seq_len`, `mbs`, `grad_acc`, `dp`, `zero_stage`, `threads_per_device`, ...), `status` (kept as
+recorded), the metrics (`tokens_per_s_per_gpu`, `mfu`, `peak_mem_bytes`, ...) with their noise
+(`noise_band_frac`, `repeat_spread_frac`, `repeats_ok`, ...) and the predictions
+(`pred_peak_mem_bytes`, `pred_analytic_peak_mem_bytes`, `pred_traced_peak_mem_bytes`).
 Dtypes say what a column is: `status` is an ordered category (the order of `STATUSES`), `model` an
 ordered category by parameter count (llama_8b before llama_70b), timestamps are UTC datetimes and
 counts nullable integers.
@@ -51,6 +53,8 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("device", ("config", "hardware", "device")),
     ("memory_gb", ("config", "hardware", "memory_gb")),
     ("devices_per_node", ("config", "hardware", "devices_per_node")),
+    ("threads_per_device", ("config", "hardware", "threads_per_device")),
+    ("oversubscribe", ("config", "hardware", "oversubscribe")),
     ("n_params", ("derived", "n_params")),
     ("flops_per_token", ("derived", "flops_per_token")),
     ("hw_flops_per_token", ("derived", "hw_flops_per_token")),
@@ -64,19 +68,32 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hfu", ("metrics", "hfu")),
     ("step_time_s", ("metrics", "step_time_s")),
     ("step_times_s", ("metrics", "step_times_s")),
+    ("step_time_spread_frac", ("metrics", "step_time_spread_frac")),
+    ("repeat_spread_frac", ("metrics", "repeat_spread_frac")),
+    ("noise_band_frac", ("metrics", "noise_band_frac")),
+    ("repeats_ok", ("metrics", "repeats_ok")),
+    ("tokens_per_s_per_gpu_repeats", ("metrics", "tokens_per_s_per_gpu_repeats")),
     ("peak_mem_bytes", ("metrics", "peak_mem_bytes")),
     ("peak_mem_bytes_per_rank", ("metrics", "peak_mem_bytes_per_rank")),
     ("peak_mem_reserved_bytes", ("metrics", "peak_mem_reserved_bytes")),
+    ("peak_mem_source", ("metrics", "peak_mem_source")),
+    ("peak_rss_growth_bytes", ("metrics", "peak_rss_growth_bytes")),
+    ("peak_rss_growth_bytes_per_rank", ("metrics", "peak_rss_growth_bytes_per_rank")),
     ("peak_flops_per_s", ("metrics", "peak_flops_per_s")),
+    ("peak_flops_source", ("metrics", "peak_flops_source")),
+    ("peak_flops_measured_at", ("metrics", "peak_flops_measured_at")),
     ("losses", ("metrics", "losses")),
     ("pred_peak_mem_bytes", ("predicted", "peak_mem_bytes")),
     ("pred_method", ("predicted", "method")),
     ("pred_fits", ("predicted", "fits")),
+    ("pred_analytic_peak_mem_bytes", ("predicted", "analytic", "peak_mem_bytes")),
+    ("pred_traced_peak_mem_bytes", ("predicted", "traced", "peak_mem_bytes")),
+    ("pred_sampled", ("predicted", "sampled")),
     ("torch_version", ("env", "torch")),
     ("device_name", ("env", "device_name")),
     ("backend", ("env", "backend")),
     ("hostname", ("env", "hostname")),
-    ("threads_per_rank", ("env", "threads_per_rank")),
+    ("oversubscribed", ("env", "oversubscribed")),
     ("memory_capacity", ("env", "memory_capacity")),
     ("started_at", ("timing", "started_at")),
     ("wall_s", ("timing", "wall_s")),
@@ -87,13 +104,15 @@ COLUMNS: tuple[str, ...] = HEAD + tuple(dict.fromkeys(name for name, _ in FIELDS
 """Every column of `collect`'s DataFrame, in order."""
 
 CONFIG_AXES = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "precision", "recompute", "hardware",
-               "memory_gb", "bucket_mb", "compile", "gbs", "gbs_tokens", "target_gbs", "target_gbs_tokens")
+               "memory_gb", "threads_per_device", "oversubscribe", "bucket_mb", "compile", "gbs", "gbs_tokens",
+               "target_gbs", "target_gbs_tokens")
 """Columns that say which point was measured (heatmap axes, DP-scaling groups)."""
 
 INT_COLUMNS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "seq_len", "mbs",
                "grad_acc", "gbs", "gbs_tokens", "target_gbs", "target_gbs_tokens", "steps", "dp", "zero_stage",
                "devices_per_node", "n_params", "flops_per_token", "hw_flops_per_token", "world_size", "peak_mem_bytes",
-               "peak_mem_reserved_bytes", "pred_peak_mem_bytes", "threads_per_rank")
+               "peak_mem_reserved_bytes", "pred_peak_mem_bytes", "threads_per_device",
+               "repeats_ok", "peak_rss_growth_bytes", "pred_analytic_peak_mem_bytes", "pred_traced_peak_mem_bytes")
 TIME_COLUMNS = ("started_at",)
 """ISO-8601 strings in the record, UTC datetimes in the DataFrame."""
 GIB, MIB = 1024**3, 1024**2
@@ -141,7 +160,8 @@ def to_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     for column in INT_COLUMNS:
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("Int64")
     for column in ("tokens_per_s", "tokens_per_s_per_gpu", "mfu", "hfu", "step_time_s", "peak_flops_per_s",
-                   "memory_gb", "bucket_mb", "wall_s", "launch_overhead_s"):
+                   "memory_gb", "bucket_mb", "wall_s", "launch_overhead_s", "step_time_spread_frac",
+                   "repeat_spread_frac", "noise_band_frac"):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("float64")
     df["status"] = pd.Categorical(df["status"], categories=list(STATUSES), ordered=True)
     df["model"] = pd.Categorical(df["model"], categories=model_order(df), ordered=True)

@@ -1,10 +1,15 @@
 """Where data parallelism stops paying off: tokens/s per GPU and efficiency vs dp, and the knee.
 
-A configuration is everything but dp and grad_acc (and the global batch they imply, unless fixed); within one,
-efficiency at dp is tokens/s per GPU at dp over tokens/s per GPU at the smallest measured dp.
-The knee is the largest dp up to which efficiency stays at or above a threshold (0.8 unless
-told), said in a sentence and marked on the curve. When one dp holds several ok records of a
-configuration (grad_acc swept too), the best tokens/s per GPU stands for it.
+A configuration is everything but dp and grad_acc (and the global batch they imply, unless fixed); the
+CPU device (threads per device, oversubscription) is part of it, so points of different thread counts
+never share a curve. Within one, efficiency at dp is tokens/s per GPU at dp over tokens/s per GPU at
+the smallest measured dp. The knee is the largest dp up to which efficiency stays at or above a
+threshold (0.8 unless told), said in a sentence and marked on the curve. When one dp holds several ok
+records of a configuration (grad_acc swept too), the best tokens/s per GPU stands for it.
+
+Each efficiency has a noise band, the two points' bands added (`metrics.noise_band_frac` of the dp
+and of the smallest dp); the knee is stated with the dps it could also be within that band
+(`knee_range`: the knee of the efficiencies pushed down, and pushed up, by their bands).
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from matplotlib.ticker import FuncFormatter, NullLocator
 
 from analysis.figures import new_figure
 from analysis.heatmaps import facet_label
+from scaling.noise import NOISE_BAND_KEY
 from scaling.record import OK
 
 GROUP_KEYS = ("model", "seq_len", "mbs", "zero_stage", "precision", "recompute", "hardware", "memory_gb",
-              "bucket_mb", "fsdp_grad_reduce", "compile", "target_gbs", "target_gbs_tokens")
+              "threads_per_device", "oversubscribe", "bucket_mb", "fsdp_grad_reduce", "compile", "target_gbs",
+              "target_gbs_tokens")
 """What makes a configuration for DP scaling: the config axes except dp and grad_acc (and the global batch
 they give, unless the sweep fixed it: then each fixed batch is its own configuration)."""
 ALWAYS_NAMED = ("model", "seq_len", "zero_stage")
@@ -30,24 +37,33 @@ DEFAULT_THRESHOLD = 0.8
 
 
 def scaling_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Ok records -> one row per (configuration, dp): best tokens/s per GPU, efficiency vs smallest dp."""
+    """Ok records -> one row per (configuration, dp): best tokens/s per GPU, efficiency vs smallest dp and
+    its noise band (`efficiency_noise_frac`)."""
     keys = [k for k in GROUP_KEYS if k in df.columns]
     ok = df[(df["status"] == OK) & df["tokens_per_s_per_gpu"].notna()]
     if ok.empty:
-        return pd.DataFrame(columns=[*keys, "dp", "tokens_per_s_per_gpu", "efficiency", "config"])
+        return pd.DataFrame(columns=[*keys, "dp", "tokens_per_s_per_gpu", "efficiency", "efficiency_noise_frac",
+                                     "config"])
     best = ok.loc[ok.groupby([*keys, "dp"], dropna=False, observed=True)["tokens_per_s_per_gpu"].idxmax()]
     best = best.sort_values([*keys, "dp"]).reset_index(drop=True)
-    base = best.groupby(keys, dropna=False, observed=True)["tokens_per_s_per_gpu"].transform("first")
-    best["efficiency"] = best["tokens_per_s_per_gpu"] / base
+    groups = best.groupby(keys, dropna=False, observed=True)
+    best["efficiency"] = best["tokens_per_s_per_gpu"] / groups["tokens_per_s_per_gpu"].transform("first")
+    band = (best[NOISE_BAND_KEY] if NOISE_BAND_KEY in best else pd.Series(0.0, index=best.index)).fillna(0.0)
+    base_band = band.groupby([best[k] for k in keys], dropna=False).transform("first")
+    first = groups.cumcount() == 0  # the smallest dp is its own reference: efficiency 1, exactly
+    best["efficiency_noise_frac"] = (band + base_band).where(~first, 0.0)
     named = [k for k in keys if k in ALWAYS_NAMED or best[k].nunique(dropna=True) > 1]
-    best["config"] = [", ".join(_describe(k, row[k]) for k in named if pd.notna(row[k]))
+    best["config"] = [", ".join(d for k in named if pd.notna(row[k]) and (d := _describe(k, row[k])))
                       for _, row in best[named].iterrows()]
     return best
 
 
 def _describe(key: str, value: Any) -> str:
+    """How a configuration key reads in its name; one that does not allow oversubscription says nothing of it."""
     if key == "model":
         return str(value)
+    if key == "oversubscribe" and not value:
+        return ""
     return facet_label(key, value)
 
 
@@ -68,9 +84,17 @@ def find_knee(dps: Sequence[int], efficiency: Sequence[float], threshold: float 
     return knee, None
 
 
+def knee_range(dps: Sequence[int], efficiency: Sequence[float], noise_frac: Sequence[float],
+               threshold: float = DEFAULT_THRESHOLD) -> tuple[int, int]:
+    """(earliest, latest) knee within noise: the knee of each efficiency pushed down, and up, by its band."""
+    low = [e * (1.0 - n) for e, n in zip(efficiency, noise_frac)]
+    high = [e * (1.0 + n) for e, n in zip(efficiency, noise_frac)]
+    return find_knee(dps, low, threshold)[0], find_knee(dps, high, threshold)[0]
+
+
 @dataclass(frozen=True)
 class Knee:
-    """The knee of one configuration's DP curve, and the sentence that states it."""
+    """The knee of one configuration's DP curve, the dps it may lie at within noise, and the sentence."""
 
     config: str
     dps: tuple[int, ...]
@@ -79,22 +103,34 @@ class Knee:
     knee_dp: int
     next_dp: Optional[int]
     sentence: str = field(default="")
+    noise_frac: tuple[float, ...] = ()
+    """Each efficiency's band (0 at the smallest dp)."""
+    within_noise: tuple[int, ...] = ()
+    """Other measured dps the knee may lie at within noise (empty when the noise decides nothing)."""
 
 
 def knee_sentence(config: str, dps: Sequence[int], efficiency: Sequence[float], knee_dp: int,
-                  next_dp: Optional[int], threshold: float) -> str:
-    """The knee in words, e.g. 'for llama_1b, seq 4096, ZeRO-1: DP stops paying off after dp=8; ...'."""
+                  next_dp: Optional[int], threshold: float, within_noise: Sequence[int] = (),
+                  noise_frac: Sequence[float] = ()) -> str:
+    """The knee in words, e.g. 'for llama_1b, seq 4096, ZeRO-1: DP stops paying off after dp=8 (dp=16
+    within noise); ...'."""
     eff = dict(zip(dps, efficiency))
+    band = dict(zip(dps, noise_frac))
     ref = f"relative to dp={dps[0]}"
+
+    def pct(dp: int) -> str:  # the band in percentage points of efficiency
+        return f"{eff[dp]:.0%}" + (f" ± {100 * eff[dp] * band[dp]:.0f} pts" if band.get(dp) else "")
+
+    noise = f" ({', '.join(f'dp={d}' for d in within_noise)} within noise)" if within_noise else ""
     if next_dp is None:
-        return (f"for {config}: DP keeps paying off up to dp={dps[-1]}, the largest measured; efficiency stays "
-                f"≥ {threshold:.0%} ({eff[dps[-1]]:.0%} at dp={dps[-1]}, {ref})")
-    return (f"for {config}: DP stops paying off after dp={knee_dp}; efficiency falls from {eff[knee_dp]:.0%} "
-            f"(dp={knee_dp}) to {eff[next_dp]:.0%} (dp={next_dp}), {ref}, below the {threshold:.0%} threshold")
+        return (f"for {config}: DP keeps paying off up to dp={dps[-1]}, the largest measured{noise}; efficiency "
+                f"stays ≥ {threshold:.0%} ({pct(dps[-1])} at dp={dps[-1]}, {ref})")
+    return (f"for {config}: DP stops paying off after dp={knee_dp}{noise}; efficiency falls from {pct(knee_dp)} "
+            f"(dp={knee_dp}) to {pct(next_dp)} (dp={next_dp}), {ref}, below the {threshold:.0%} threshold")
 
 
 def knees(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> list[Knee]:
-    """The knee of every configuration measured at two or more dp."""
+    """The knee of every configuration measured at two or more dp, with the dps it may lie at within noise."""
     table = scaling_table(df)
     out = []
     for config, group in table.groupby("config", sort=False):  # table is in numeric key order
@@ -102,9 +138,12 @@ def knees(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> list[Knee]:
             continue
         dps = tuple(int(d) for d in group["dp"])
         eff = tuple(float(e) for e in group["efficiency"])
+        noise = tuple(float(n) for n in group["efficiency_noise_frac"])
         knee_dp, next_dp = find_knee(dps, eff, threshold)
+        low, high = knee_range(dps, eff, noise, threshold)
+        within = tuple(d for d in dps if low <= d <= high and d != knee_dp)
         out.append(Knee(config, dps, eff, threshold, knee_dp, next_dp,
-                        knee_sentence(config, dps, eff, knee_dp, next_dp, threshold)))
+                        knee_sentence(config, dps, eff, knee_dp, next_dp, threshold, within, noise), noise, within))
     return out
 
 
@@ -130,8 +169,12 @@ def plot_dp_scaling(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD, max_
     for config in shown:
         group = table[table["config"] == config]
         knee = found[config]
-        (line,) = ax_tps.plot(group["dp"], group["tokens_per_s_per_gpu"], marker="o", label=config)
-        ax_eff.plot(group["dp"], group["efficiency"], marker="o", color=line.get_color())
+        band = group[NOISE_BAND_KEY].fillna(0.0) if NOISE_BAND_KEY in group else 0.0
+        bars = ax_tps.errorbar(group["dp"], group["tokens_per_s_per_gpu"], yerr=group["tokens_per_s_per_gpu"] * band,
+                               marker="o", capsize=3, label=config)
+        line = bars.lines[0]
+        ax_eff.errorbar(group["dp"], group["efficiency"], yerr=group["efficiency"] * group["efficiency_noise_frac"],
+                        marker="o", capsize=3, color=line.get_color())
         at = group[group["dp"] == knee.knee_dp]
         ax_eff.plot(at["dp"], at["efficiency"], marker="*", markersize=18, color=line.get_color(),
                     markeredgecolor="black", linestyle="none", gid=f"knee:{config}")
@@ -145,7 +188,7 @@ def plot_dp_scaling(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD, max_
     ax_eff.legend(loc="lower left", fontsize=8)
     if shown:
         ax_tps.legend(loc="best", fontsize=7)
-    title = "DP scaling (★ = knee: last dp with efficiency ≥ threshold)"
+    title = "DP scaling (★ = knee: last dp with efficiency ≥ threshold; bars = noise band)"
     if len(found) > len(shown):
         title += f"; the {len(shown)} fastest of {len(found)} configurations"
     if not shown:

@@ -1,10 +1,13 @@
 """Heatmaps of a metric over two config axes, faceted by two more, with every status visible.
 
 A cell holds the best `ok` value of the records that fall into it. A cell without an `ok` record
-shows why: "OOM" (measured), "pred OOM" (skipped by the memory predictor), "timeout", "failed"
-or "invalid", each in its own colour; a cell no record reached stays blank. The best cell of a
-facet carries a box and a star. Seaborn does not annotate masked cells, so status cells are
-drawn as patches with their own text on top of the heatmap.
+shows why: "OOM" (measured; on CPU against an emulated capacity, which the legend says),
+"pred OOM" (skipped by the memory predictor), "timeout", "failed" or "invalid", each in its own
+colour; a cell no record reached stays blank. The best cell of a facet carries a box and a star;
+for a throughput metric every cell within noise of it (their bands v·(1 ± noise_band_frac)
+overlap, `scaling.noise.within_noise`) is a tie, marked "≈" with a dashed box. A value measured
+with ranks sharing cores (`env.oversubscribed`, under hardware.oversubscribe) carries a "†".
+Status cells are drawn as patches with their own text on top of the colour mesh.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from analysis.collect import CONFIG_AXES, GIB, memory_unit
 from analysis.figures import FigureSpec, new_figure
+from scaling.noise import NOISE_BAND_KEY, THROUGHPUT_KEYS, within_noise
 from scaling.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, TIMEOUT
 
 
@@ -36,6 +40,11 @@ class Metric:
     label: str
     higher_is_better: bool
     fmt: str
+
+    @property
+    def noisy(self) -> bool:
+        """Whether the metric moves with the step time, so its cells have a noise band."""
+        return self.column in THROUGHPUT_KEYS
 
 
 METRICS = {
@@ -57,11 +66,18 @@ STATUS_STYLE = {
 }
 """Label, face colour, text colour and hatch of a cell whose records have no `ok` among them."""
 
+EMULATED_OOM_LABEL = "OOM (emulated capacity)"
+"""The legend's name for OOM cells measured against an emulated capacity (CPU, hardware.memory_gb)."""
+MFU_MEASURED_PEAK_LABEL = "MFU against a measured matmul peak"
+"""The MFU label when the peak was measured on the host (CPU): not comparable with a datasheet MFU."""
+TIE, OVERSUBSCRIBED = "≈", "†"
+"""Marks of a cell within noise of the best one, and of a value measured oversubscribed."""
+
 STATUS_PRIORITY = {OK: 0, OOM: 1, PREDICTED_OOM: 2, TIMEOUT: 3, FAILED: 4, INVALID: 5}
 """Which status a cell shows when its records differ: an ok value first, then the most telling failure."""
 
 LAYOUT_AXES = ("seq_len", "mbs", "zero_stage", "dp", "grad_acc", "model", "recompute", "precision", "hardware",
-               "memory_gb")
+               "memory_gb", "threads_per_device", "oversubscribe")
 """Axes in the order `default_layout` gives them the roles y, x, facet row, facet column."""
 
 CELL_IN = (0.85, 0.4)
@@ -78,7 +94,21 @@ def _metric(name: str, df: Optional[pd.DataFrame] = None) -> Metric:
         return METRICS["peak_mem_" + memory_unit(largest if pd.notna(largest) else GIB)[0].lower()]
     if name not in METRICS:
         raise ValueError(f"metric={name!r} has no heatmap: use one of peak_mem_bytes, {', '.join(METRICS)}")
+    if name == "mfu" and df is not None and measured_peak(df):
+        return Metric("mfu", MFU_MEASURED_PEAK_LABEL, True, METRICS["mfu"].fmt)
     return METRICS[name]
+
+
+def measured_peak(df: pd.DataFrame) -> bool:
+    """Whether any ok point's MFU divides by a peak measured on the host (a matmul), not a datasheet's."""
+    if "peak_flops_source" not in df.columns:
+        return False
+    return bool(df.loc[df["status"] == OK, "peak_flops_source"].isin(["measured", "cache"]).any())
+
+
+def emulated_oom(df: pd.DataFrame) -> bool:
+    """Whether an OOM among these records was measured against an emulated capacity (CPU)."""
+    return bool(((df["status"] == OOM) & (df["memory_capacity"] == "emulated")).any())
 
 
 def _check_columns(df: pd.DataFrame, **axes: Optional[str]) -> None:
@@ -88,26 +118,48 @@ def _check_columns(df: pd.DataFrame, **axes: Optional[str]) -> None:
 
 
 def facet_label(column: str, value: Any) -> str:
-    """How a facet value reads in a title: `ZeRO-1`, `dp=8`, `seq 4096`, `model=llama_1b`."""
+    """How a facet value reads in a title: `ZeRO-1`, `dp=8`, `seq 4096`, `model=llama_1b`, `2 threads/device`."""
+    if column == "oversubscribe":
+        return "oversubscription allowed" if value else "no oversubscription"
+    if column == "threads_per_device":
+        return f"{value} thread{'' if value == 1 else 's'}/device"
     return PRETTY.get(column, f"{column}={{}}").format(value)
 
 
 def cells(df: pd.DataFrame, x: str, y: str, metric: str, by: Sequence[str] = ()) -> pd.DataFrame:
-    """One row per ([*by,] y, x) cell: the best ok `value`, the `status` shown and `n` records in the cell."""
+    """One row per ([*by,] y, x) cell: the best ok `value`, its `noise` band (0 for memory or when not
+    measured) and whether its ranks shared cores (`oversubscribed`), the `status` shown and `n` records in the cell."""
     m = _metric(metric, df)
     keys = [*by, y, x]
     _check_columns(df, x=x, y=y, **{f"by[{i}]": k for i, k in enumerate(by)})
     if len(set(keys)) < len(keys):
         raise ValueError(f"x={x!r}, y={y!r} and facets {list(by)} must be different columns")
-    d = df[[*keys, "status", m.column]].dropna(subset=keys)
+    extra = [c for c in (NOISE_BAND_KEY, "oversubscribed") if c in df.columns]
+    d = df[[*keys, "status", m.column, *extra]].dropna(subset=keys)
     d = d.assign(status=d["status"].astype(str), rank=d["status"].astype(str).map(STATUS_PRIORITY))
     grouped = d.groupby(keys, sort=True, observed=True)
     out = pd.DataFrame({"n": grouped.size(), "rank": grouped["rank"].min()})
-    ok = d[d["status"] == OK].groupby(keys, observed=True)[m.column]
-    out["value"] = (ok.max() if m.higher_is_better else ok.min()).reindex(out.index).astype("float64")
+    ok = d[(d["status"] == OK) & d[m.column].notna()]
+    values = ok.groupby(keys, observed=True)[m.column]
+    best = ok.loc[values.idxmax() if m.higher_is_better else values.idxmin()].set_index(keys)  # the cell's record
+    out["value"] = best[m.column].reindex(out.index).astype("float64")
+    noise = best[NOISE_BAND_KEY] if m.noisy and NOISE_BAND_KEY in best else pd.Series(0.0, index=best.index)
+    out["noise"] = noise.reindex(out.index).astype("float64").fillna(0.0)
+    over = best["oversubscribed"] if "oversubscribed" in best else pd.Series(False, index=best.index)
+    out["oversubscribed"] = over.reindex(out.index).eq(True)
     by_rank = {rank: status for status, rank in STATUS_PRIORITY.items()}
     out["status"] = out["rank"].map(by_rank)
     return out.drop(columns="rank")
+
+
+def ties(values: np.ndarray, noise: np.ndarray, best: tuple[int, ...]) -> np.ndarray:
+    """Cells whose value is within noise of the best cell's (the best cell included); NaN cells never."""
+    if not np.isfinite(values[best]):
+        raise ValueError(f"best cell {best} has no value")
+    out = np.zeros(values.shape, dtype=bool)
+    for index in zip(*np.nonzero(np.isfinite(values))):
+        out[index] = within_noise(values[index], noise[index], values[best], noise[best])
+    return out
 
 
 def _cmap(m: Metric) -> str:
@@ -122,18 +174,23 @@ def _values(df: pd.DataFrame, column: str) -> list[Any]:
 def _draw_cells(ax: Axes, table: pd.DataFrame, xs: list, ys: list, m: Metric, vmin: Optional[float],
                 vmax: Optional[float], origin: tuple[float, float] = (0.0, 0.0)) -> Any:
     """One facet's cells on `ax`, cell (i-th y, j-th x) at origin + (j, i) in data units: the ok values
-    in colour and print, status cells as labelled patches, the best cell boxed and starred.
+    in colour and print, status cells as labelled patches, the best cell boxed and starred, its ties marked.
     Returns the QuadMesh (for a colour bar)."""
     x0, y0 = origin
-    ok_values = table["value"].unstack(-1).reindex(index=ys, columns=xs).astype("float64").to_numpy()
+    ok_values, noise, over = (table[c].unstack(-1).reindex(index=ys, columns=xs).to_numpy()
+                              for c in ("value", "noise", "oversubscribed"))
+    ok_values, noise = ok_values.astype("float64"), noise.astype("float64")
+    over = over == True  # noqa: E712 - NaN (no ok record) is not oversubscribed
     finite = np.isfinite(ok_values)
     if vmin is None or vmax is None:
         lo, hi = (np.nanmin(ok_values), np.nanmax(ok_values)) if finite.any() else (0.0, 1.0)
         vmin, vmax = (lo if vmin is None else vmin), (hi if vmax is None else vmax)
-    best = None
+    best, tied = None, np.zeros(ok_values.shape, dtype=bool)
     if finite.any():
         flat = np.where(finite, ok_values, -np.inf if m.higher_is_better else np.inf)
         best = np.unravel_index(np.argmax(flat) if m.higher_is_better else np.argmin(flat), flat.shape)
+        tied = ties(ok_values, noise, best)
+        tied[best] = False
     fontsize = max(5.0, min(10.0, 48.0 / max(len(xs), len(ys), 1)))
     # One pcolormesh per facet (first y value at the top when the y axis runs downwards): seaborn's
     # heatmap renders the whole figure per call to check tick overlap, several times the cost.
@@ -141,7 +198,8 @@ def _draw_cells(ax: Axes, table: pd.DataFrame, xs: list, ys: list, m: Metric, vm
                          cmap=_cmap(m), vmin=vmin, vmax=vmax, edgecolors="white", linewidth=0.5)
     colours = mesh.cmap(Normalize(vmin, vmax)(ok_values))  # (len(ys), len(xs), RGBA)
     for i, j in zip(*np.nonzero(finite)):
-        text = ("★ " if (i, j) == best else "") + m.fmt.format(ok_values[i, j])
+        mark = "★ " if (i, j) == best else f"{TIE} " if tied[i, j] else ""
+        text = mark + m.fmt.format(ok_values[i, j]) + (OVERSUBSCRIBED if over[i, j] else "")
         ax.text(x0 + j + 0.5, y0 + i + 0.5, text, ha="center", va="center", fontsize=fontsize,
                 color="black" if relative_luminance(colours[i, j]) > 0.408 else "white")
     position = {(yv, xv): (ys.index(yv), xs.index(xv)) for yv, xv in table.index if yv in ys and xv in xs}
@@ -157,6 +215,9 @@ def _draw_cells(ax: Axes, table: pd.DataFrame, xs: list, ys: list, m: Metric, vm
     if best is not None:
         ax.add_patch(Rectangle((x0 + best[1], y0 + best[0]), 1, 1, fill=False, edgecolor="black", linewidth=2.5,
                                gid="best", zorder=5))
+    for i, j in zip(*np.nonzero(tied)):
+        ax.add_patch(Rectangle((x0 + j, y0 + i), 1, 1, fill=False, edgecolor="black", linewidth=1.5,
+                               linestyle="--", gid="tie", zorder=5))
     return mesh
 
 
@@ -260,9 +321,13 @@ def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str]
     bar = fig.colorbar(ScalarMappable(Normalize(vmin, vmax), _cmap(m)), cax=cax, label=m.label)
     bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: m.fmt.format(v)))
     present = [s for s in STATUS_STYLE if f"status:{s}" in shown]
-    handles = [Patch(facecolor=STATUS_STYLE[s][1], hatch=STATUS_STYLE[s][3], label=STATUS_STYLE[s][0])
-               for s in present]
+    names = {**{s: STATUS_STYLE[s][0] for s in present}, **({OOM: EMULATED_OOM_LABEL} if emulated_oom(df) else {})}
+    handles = [Patch(facecolor=STATUS_STYLE[s][1], hatch=STATUS_STYLE[s][3], label=names[s]) for s in present]
     handles.append(Patch(facecolor="white", edgecolor="black", linewidth=2, label="★ best"))
+    if "tie" in shown:
+        handles.append(Patch(facecolor="white", edgecolor="black", linestyle="--", label=f"{TIE} within noise of ★"))
+    if any(OVERSUBSCRIBED in t.get_text() for t in ax.texts):
+        handles.append(Patch(facecolor="white", edgecolor="white", label=f"{OVERSUBSCRIBED} oversubscribed"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=9,
                bbox_to_anchor=(0.5, 0.0))
     heading = f"{m.label}: {y} × {x}"

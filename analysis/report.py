@@ -2,9 +2,10 @@
 (figures, typed tables, and the Parquet record table and the HTML report as artifacts).
 
 `scaling report SWEEP_DIR [--out DIR] [--wandb]` writes, under `<sweep_dir>/report` unless told:
-status counts, the top configurations, the heatmaps, the DP-scaling curve with its knee and its
-extrapolation beyond the measured dp (when the sweep has several dp), predicted vs measured memory
-(when predictions exist) and the failures' last error lines.
+status counts, the top configurations (ties within noise of the best marked), the noise of the
+measurements, the heatmaps, the DP-scaling curve with its knee and the dps it may lie at within
+noise, and its extrapolation beyond the measured dp (when the sweep has several dp), the memory
+checks (`analysis.memory`) and the failures' last error lines.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ from typing import Any, Callable, Optional
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import dp_scaling, extrapolate, heatmaps
+from analysis import dp_scaling, extrapolate, heatmaps, memory
 from analysis.collect import collect, memory_unit, to_parquet
-from analysis.figures import FigureSpec, new_figure, render_pngs
+from analysis.figures import FigureSpec, render_pngs
+from scaling.noise import NOISE_BAND_KEY, within_noise
 from scaling.record import FAILED, OK, STATUSES, SWEEP_INDEX, TIMEOUT
 
 KNEES_IN_WORDS = 8
 """Knees stated in sentences (and drawn): those of the fastest configurations; the table lists all."""
 TOP_COLUMNS = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "precision", "recompute",
-               "tokens_per_s_per_gpu", "mfu", "peak_mem_bytes")
+               "tokens_per_s_per_gpu", NOISE_BAND_KEY, "repeats_ok", "vs best", "mfu", "peak_mem_bytes")
 
 
 def human_bytes(n: float) -> str:
@@ -40,6 +42,7 @@ def human_bytes(n: float) -> str:
 
 FORMATS: dict[str, Callable[[Any], str]] = {
     "tokens_per_s_per_gpu": "{:,.0f}".format, "mfu": "{:.1%}".format, "peak_mem_bytes": human_bytes,
+    NOISE_BAND_KEY: "±{:.1%}".format,
 }
 
 
@@ -69,44 +72,62 @@ def _fmt(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def top_configurations(df: pd.DataFrame, n: int = 10) -> pd.DataFrame:
-    """The n ok points with the most tokens/s per GPU."""
+    """The n ok points with the most tokens/s per GPU; `vs best` marks the best and the ties within its noise."""
     ok = df[df["status"] == OK].nlargest(n, "tokens_per_s_per_gpu")
-    return ok[list(TOP_COLUMNS)].reset_index(drop=True)
+    if len(ok):
+        band = ok[NOISE_BAND_KEY].fillna(0.0)
+        best, best_band = ok["tokens_per_s_per_gpu"].iloc[0], band.iloc[0]
+        tied = [within_noise(v, b, best, best_band) for v, b in zip(ok["tokens_per_s_per_gpu"], band)]
+        ok = ok.assign(**{"vs best": ["★ best" if i == 0 else f"{heatmaps.TIE} within noise" if t else ""
+                                      for i, t in enumerate(tied)]})
+    return ok.reindex(columns=list(TOP_COLUMNS)).reset_index(drop=True)
+
+
+def noise_paragraphs(df: pd.DataFrame) -> list[str]:
+    """How noisy the sweep's throughput figures are, in the report's one statistic."""
+    ok = df[(df["status"] == OK) & df[NOISE_BAND_KEY].notna()]
+    if ok.empty:
+        return ["No ok point states its noise band (records written before bands were kept)."]
+    words = ["Every throughput figure is a median with its noise band: the relative half-range (max − min) / "
+             "(2 · median) of a launch's timed steps (within a run) and of a point's launches' tokens/s (across "
+             "repeats, launch.repeats), the larger of the two. Two figures whose bands overlap are ties: the report "
+             f"does not rank them. Over {len(ok)} ok points the band is ±{ok[NOISE_BAND_KEY].median():.1%} at the "
+             f"median (largest ±{ok[NOISE_BAND_KEY].max():.1%}); within a run ±{ok['step_time_spread_frac'].median():.1%}."]
+    repeated = ok[ok["repeats_ok"].fillna(1) > 1]
+    if len(repeated):
+        words.append(f"{len(repeated)} points were launched {int(repeated['repeats_ok'].min())} to "
+                     f"{int(repeated['repeats_ok'].max())} times: their repeat-to-repeat spread is "
+                     f"±{repeated['repeat_spread_frac'].median():.1%} at the median (largest "
+                     f"±{repeated['repeat_spread_frac'].max():.1%}).")
+    else:
+        words.append("No point was launched more than once: the bands are within-run spreads, which leave out the "
+                     "launch-to-launch noise (often larger); launch.repeats=k measures it.")
+    return words
+
+
+def _mfu_words(df: pd.DataFrame) -> list[str]:
+    if not heatmaps.measured_peak(df):
+        return []
+    ok = df[(df["status"] == OK) & df["peak_flops_source"].isin(["measured", "cache"])]
+    when = sorted(ok["peak_flops_measured_at"].dropna().unique())
+    span = ""
+    if when:
+        span = f" (measured {when[0]})" if len(when) == 1 else f" (measured {when[0]} to {when[-1]})"
+    return [f"MFU of {len(ok)} points is against a measured matmul peak{span}: a square matmul timed on this host at "
+            "the run's dtype and threads per device, not a datasheet peak, so it is not comparable with a GPU's MFU."]
 
 
 def knee_table(found: list[dp_scaling.Knee]) -> pd.DataFrame:
-    """Every configuration's knee: the last dp at or above the threshold and the first below it."""
+    """Every configuration's knee: the last dp at or above the threshold, the dps within noise, the first below."""
     rows = []
     for k in found:
         eff = dict(zip(k.dps, k.efficiency))
         rows.append({"configuration": k.config, "dp measured": ", ".join(map(str, k.dps)), "knee dp": k.knee_dp,
+                     "within noise": ", ".join(map(str, k.within_noise)),
                      "efficiency at knee": f"{eff[k.knee_dp]:.0%}",
                      "next dp": k.next_dp if k.next_dp is not None else "none below threshold",
                      "efficiency there": f"{eff[k.next_dp]:.0%}" if k.next_dp is not None else ""})
     return pd.DataFrame(rows)
-
-
-def memory_scatter(df: pd.DataFrame) -> tuple[Figure, str]:
-    """Predicted vs measured peak memory of the ok points, and the median relative error in words."""
-    both = df[(df["status"] == OK) & df["peak_mem_bytes"].notna() & df["pred_peak_mem_bytes"].notna()]
-    measured, predicted = both["peak_mem_bytes"].astype(float), both["pred_peak_mem_bytes"].astype(float)
-    unit, size = memory_unit(max(measured.max(), predicted.max()))
-    fig = new_figure((6.5, 5.5))
-    ax = fig.subplots()
-    for stage in sorted(both["zero_stage"].dropna().unique()):
-        part = both["zero_stage"] == stage
-        ax.scatter(predicted[part] / size, measured[part] / size, label=f"ZeRO-{stage}", alpha=0.8)
-    hi = 1.05 * max(measured.max(), predicted.max()) / size
-    ax.plot([0, hi], [0, hi], color="grey", linestyle="--", linewidth=1, label="predicted = measured")
-    ax.set_xlabel(f"predicted peak memory per rank ({unit})")
-    ax.set_ylabel(f"measured peak memory per rank ({unit})")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    rel = ((predicted - measured) / measured).abs()
-    ax.set_title(f"memory predictor on {len(both)} ok points", fontsize=10)
-    fig.tight_layout()
-    return fig, (f"Median relative error of the memory prediction: {rel.median():.1%} "
-                 f"(largest {rel.max():.1%}) over {len(both)} ok points.")
 
 
 def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
@@ -119,6 +140,12 @@ def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Sec
     words = [k.sentence[0].upper() + k.sentence[1:] + "." for k in found if k.config in fastest]
     if len(found) > len(words):
         words.append(f"Those are the {len(words)} fastest configurations; the table has the knees of all {len(found)}.")
+    shared = table[table["oversubscribed"].eq(True) & table["config"].isin({k.config for k in found})]
+    if len(shared):
+        where = "; ".join(f"{config} at dp={', '.join(str(int(d)) for d in group['dp'])}"
+                          for config, group in shared.groupby("config", sort=False))
+        words.append(f"Oversubscribed (hardware.oversubscribe=true, ranks sharing cores): {where}. There the curve "
+                     "measures the sharing of cores as well as communication.")
     sections = [Section("Data-parallel scaling", words, [knee_table(found)],
                         {"dp_scaling": dp_scaling.plot_dp_scaling(df, threshold, max_configs=KNEES_IN_WORDS)})]
     sections.append(extrapolation_section(sweep_dir, table, threshold))
@@ -149,18 +176,25 @@ def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[
         sections[0].paragraphs.append("No records yet.")
         return sections
     top = top_configurations(df)
-    sections.append(Section("Top configurations", ["By tokens/s per GPU, ok points only."] if len(top) else
-                            ["No point finished ok."], tables=[_fmt(top)] if len(top) else []))
+    sections.append(Section("Top configurations", ["By tokens/s per GPU, ok points only; ★ best and "
+                                                   f"{heatmaps.TIE} within its noise band (a tie)."] + _mfu_words(df)
+                            if len(top) else ["No point finished ok."], tables=[_fmt(top)] if len(top) else []))
+    if len(top):
+        sections.append(Section("Noise", noise_paragraphs(df)))
     layout = heatmaps.default_layout(df)
+    oom = (f"OOM = {heatmaps.EMULATED_OOM_LABEL}: the tracked tensor bytes passed hardware.memory_gb"
+           if heatmaps.emulated_oom(df) else "OOM = measured out of memory")
     sections.append(Section("Heatmaps", [f"Axes: {layout['y']} × {layout['x']}" + (
         f", faceted by {' × '.join(k for k in (layout['row'], layout['col']) if k)}" if layout["row"] else "") +
-        ". OOM = measured out of memory, pred OOM = skipped by the memory predictor, blank = never run, "
-        "★ = best cell of its facet."], figures=heatmaps.figure_specs(df)))
+        f". {oom}, pred OOM = skipped by the memory predictor, blank = never run, ★ = best cell of its facet, "
+        f"{heatmaps.TIE} = within noise of it (a tie), {heatmaps.OVERSUBSCRIBED} = oversubscribed."],
+        figures=heatmaps.figure_specs(df)))
     if df.loc[df["status"] == OK, "dp"].nunique() > 1:
         sections += dp_sections(sweep_dir, df, threshold)
-    if ((df["status"] == OK) & df["pred_peak_mem_bytes"].notna() & df["peak_mem_bytes"].notna()).any():
-        fig, text = memory_scatter(df)
-        sections.append(Section("Predicted vs measured memory", [text], figures={"memory_prediction": fig}))
+    if memory.has_memory_checks(df):
+        fig = memory.memory_figure(df)
+        sections.append(Section("Predicted vs measured memory", memory.memory_paragraphs(df),
+                                figures={"memory_prediction": fig} if fig is not None else {}))
     failures = df[df["status"].isin([FAILED, TIMEOUT])]
     if len(failures):
         cols = ["status", "model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "error"]

@@ -73,11 +73,11 @@ class TrainConfig:
     """Global batch in samples; fixes grad_acc when grad_acc is `auto`."""
     gbs_tokens: Optional[int] = None
     """Global batch in tokens (gbs x seq_len); fixes grad_acc when grad_acc is `auto`."""
-    warmup_steps: int = 2
+    warmup_steps: int = 3
     """Untimed optimizer steps before timing starts. On CPU at least 2: the last one is measured
     under the memory tracker, after a first step has created the optimizer states."""
-    steps: int = 3
-    """Optimizer steps that are timed."""
+    steps: int = 8
+    """Optimizer steps that are timed (their median is the step time, their spread the within-run noise)."""
     precision: str = "fp32"
     """fp32, or bf16 mixed precision (bf16 compute, fp32 master weights and optimizer states)."""
     recompute: str = "none"
@@ -179,6 +179,9 @@ class LaunchConfig:
     """CUDA_VISIBLE_DEVICES for this point (partitioning one node between concurrent points)."""
     master_port: Optional[int] = None
     """Rendezvous port for torchrun; null: a free port is picked."""
+    repeats: int = 1
+    """Independent launches of the point (a fresh torchrun each), all kept in its one record; its
+    figures are the median over them with their spread. A point with fewer ok launches is not done."""
 
 
 @dataclass

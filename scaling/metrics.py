@@ -1,16 +1,26 @@
-"""The record's throughput, efficiency and memory figures, from what rank 0 measured.
+"""The record's throughput, efficiency and memory figures, from what rank 0 measured, with their noise.
 
 tokens_per_s = gbs_tokens / median step time (timed steps only); tokens_per_s_per_gpu =
 tokens_per_s / world_size; mfu and hfu through scaling.engine.flops, against the peak FLOP/s the
 driver resolved (and the record says where that peak came from). Every key carries its unit.
+
+Noise is stated with scaling.noise's one statistic, the relative half-range. A launch states it over its
+timed steps (`step_time_spread_frac`); a point launched k times (`launch.repeats=k`) states it over
+the repeats' tokens/s (`repeat_spread_frac`), and its headline figures are the median over repeats.
+`noise_band_frac`, the larger of the two, is the band within which two figures are not told apart.
 """
 
 from __future__ import annotations
 
 import statistics
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from scaling.engine import flops
+from scaling.noise import relative_spread
+
+PEAK_KEYS = ("peak_mem_bytes", "peak_mem_reserved_bytes", "device_used_bytes", "build_peak_mem_bytes",
+             "peak_rss_growth_bytes")
+"""Memory peaks a launch reports per rank (`<key>_per_rank`) and as their max (`<key>`)."""
 
 
 def tokens_per_s(gbs_tokens: float, step_time_s: float) -> float:
@@ -23,12 +33,13 @@ def _max(values: Optional[list[int]]) -> Optional[int]:
 
 
 def throughput_metrics(worker: Mapping[str, Any], derived: Mapping[str, Any], peak: flops.PeakFlops) -> dict[str, Any]:
-    """The record's `metrics` block for a run that finished."""
+    """The `metrics` block of one launch that finished."""
     step_times = list(worker["step_times_s"])
     step_time_s = statistics.median(step_times)
     total = tokens_per_s(derived["gbs_tokens"], step_time_s)
     per_gpu = total / derived["world_size"]
     warmup = list(worker["warmup_step_times_s"])
+    spread = relative_spread(step_times)
     return {
         "tokens_per_s": total,
         "tokens_per_s_per_gpu": per_gpu,
@@ -40,6 +51,11 @@ def throughput_metrics(worker: Mapping[str, Any], derived: Mapping[str, Any], pe
         "peak_flops_spread": peak.spread,
         "step_time_s": step_time_s,
         "step_times_s": step_times,
+        "step_time_spread_frac": spread,
+        "repeat_spread_frac": None,
+        "noise_band_frac": spread,
+        "repeats_ok": 1,
+        "tokens_per_s_per_gpu_repeats": [per_gpu],
         "warmup_step_times_s": warmup,
         # With compile the first warm-up step compiles: its excess over a timed step is the compile time.
         "compile_s": max(0.0, warmup[0] - step_time_s) if worker["compile"] and warmup else None,
@@ -62,4 +78,56 @@ def throughput_metrics(worker: Mapping[str, Any], derived: Mapping[str, Any], pe
         "peak_mem_breakdown_rank0": worker["peak_mem_breakdown_rank0"],
         "losses": list(worker["losses"]),
         "final_param_norm": worker["final_param_norm"],
+    }
+
+
+def _peaks(launches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each memory peak of `PEAK_KEYS` the launches report: per rank the largest any launch saw, and
+    the largest of those."""
+    out: dict[str, Any] = {}
+    for key in PEAK_KEYS:
+        per_rank = [m[f"{key}_per_rank"] for m in launches if m.get(f"{key}_per_rank")]
+        if per_rank:
+            out[f"{key}_per_rank"] = [max(column) for column in zip(*per_rank)]
+            out[key] = max(out[f"{key}_per_rank"])
+    return out
+
+
+def repeats_metrics(launches: Sequence[Mapping[str, Any]], derived: Mapping[str, Any]) -> dict[str, Any]:
+    """The point's `metrics` over the `metrics` blocks of its ok launches (launch order), one or more.
+
+    Throughput is the median over launches: step_time_s = median of their median step times,
+    tokens_per_s = gbs_tokens / step_time_s (for an odd count, the median launch's tokens/s);
+    `step_times_s` holds every timed step of every launch, in order. Memory is the largest any
+    launch saw; losses, the final parameter norm, the peak FLOP/s and the warm-up are the first
+    launch's (the data is seeded; each launch keeps its own in the record's `repeats`).
+    """
+    if not launches:
+        raise ValueError("repeats_metrics needs at least one ok launch")
+    if len(launches) == 1:
+        return dict(launches[0])
+    first = launches[0]
+    step_time_s = statistics.median(m["step_time_s"] for m in launches)
+    total = tokens_per_s(derived["gbs_tokens"], step_time_s)
+    per_gpu = total / derived["world_size"]
+    by_launch = [m["tokens_per_s_per_gpu"] for m in launches]
+    within = statistics.median(relative_spread(m["step_times_s"]) for m in launches)
+    across = relative_spread(by_launch)
+    return {
+        **first,
+        "tokens_per_s": total,
+        "tokens_per_s_per_gpu": per_gpu,
+        "mfu": flops.mfu(derived["flops_per_token"], per_gpu, first["peak_flops_per_s"]),
+        "hfu": flops.hfu(derived["hw_flops_per_token"], per_gpu, first["peak_flops_per_s"]),
+        "step_time_s": step_time_s,
+        "step_times_s": [t for m in launches for t in m["step_times_s"]],
+        "step_time_spread_frac": within,
+        "repeat_spread_frac": across,
+        "noise_band_frac": max(within, across),
+        "repeats_ok": len(launches),
+        "tokens_per_s_per_gpu_repeats": by_launch,
+        "measured_window_s": sum(m["measured_window_s"] for m in launches),
+        **_peaks(launches),
+        "num_ooms": sum(m.get("num_ooms", 0) for m in launches),
+        "num_alloc_retries": sum(m.get("num_alloc_retries", 0) for m in launches),
     }

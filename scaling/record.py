@@ -1,6 +1,7 @@
 """The record store: one `<sweep_dir>/<job_key>/result.json` per experiment point.
 
-Owns the job key (a stable hash of the experiment-defining config), the statuses, and the atomic
+Owns the job key (a stable hash of the experiment-defining config), the statuses, the resume rule
+(which stored records answer a point, and which of its launches a new run keeps), and the atomic
 write (temp file + `os.replace`), so a killed driver never leaves half a record behind.
 """
 
@@ -10,7 +11,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from scaling.config import EXPERIMENT_GROUPS
 from scaling.engine.jobfiles import RESULT_FILE, read_json, write_json_atomic
@@ -73,10 +74,41 @@ def next_attempt(previous: Optional[Mapping[str, Any]]) -> int:
     return int((previous.get("provenance") or {}).get("attempt") or 1) + 1
 
 
-def should_skip(record: Optional[Mapping[str, Any]], rerun: str) -> bool:
-    """Whether a stored record answers the point: final statuses always, failed/timeout unless rerun."""
+def ok_launches(record: Optional[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The ok launches a stored record holds: its `repeats` entries of status ok (a record written
+    before repeats were kept counts its one ok launch)."""
+    if record is None:
+        return []
+    if isinstance(record.get("repeats"), list):
+        return [dict(launch) for launch in record["repeats"] if launch.get("status") == OK]
+    if record.get("status") == OK and record.get("metrics"):
+        return [{"status": OK, "error": None, "metrics": record["metrics"], "timing": dict(record.get("timing") or {})}]
+    return []
+
+
+def kept_launches(record: Optional[Mapping[str, Any]], rerun: str) -> list[dict[str, Any]]:
+    """The launches a new run of a point keeps: the stored ok ones (none with launch.rerun=all)."""
+    return [] if rerun == "all" else ok_launches(record)
+
+
+def should_skip(record: Optional[Mapping[str, Any]], rerun: str, repeats: int = 1) -> bool:
+    """Whether a stored record answers the point: ok with at least `repeats` ok launches, the other final
+    statuses always, failed/timeout unless rerun. An ok point with fewer launches is not done."""
     if record is None or rerun == "all":
         return False
+    if record.get("status") == OK:
+        return len(ok_launches(record)) >= repeats
     if rerun == "failed":
         return record.get("status") in FINAL_STATUSES
     return record.get("status") in STATUSES
+
+
+def launches_timing(launches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The record's launch timing over the launches of one run of the driver: the first start, and the
+    device wait, torchrun wall and launch overhead summed (each launch keeps its own in `repeats`)."""
+    def total(key: str) -> Optional[float]:
+        values = [launch["timing"][key] for launch in launches if launch["timing"].get(key) is not None]
+        return sum(values) if values else None
+
+    return {"launched_at": launches[0]["timing"]["launched_at"] if launches else None,
+            **{key: total(key) for key in ("device_wait_s", "torchrun_wall_s", "launch_overhead_s")}}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -26,14 +27,14 @@ from scaling import devices, launch, slurm, wandb_log
 from scaling.engine import flops
 from scaling.config import CONF_DIR, register_configs
 from scaling.predictor.analytic import prescreen, sampled
-from scaling.metrics import throughput_metrics
+from scaling.metrics import repeats_metrics, throughput_metrics
 from scaling.engine.model import ModelArgs, param_count
 from scaling.record import (
-    FAILED, INVALID, OK, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, experiment_config, job_dir, job_key, next_attempt,
-    output_dir, read_record, should_skip,
+    FAILED, INVALID, OK, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, experiment_config, job_dir, job_key, kept_launches,
+    launches_timing, next_attempt, output_dir, read_record, should_skip,
 )
 from scaling.validate import Derived, InvalidConfig, validate
-from scaling.engine.jobfiles import CONFIG_FILE, TORCHRUN_LOG, WORKER_OUTPUT, read_json, write_json_atomic
+from scaling.engine.jobfiles import CONFIG_FILE, ELASTIC_LOGS, TORCHRUN_LOG, WORKER_OUTPUT, read_json, write_json_atomic
 
 
 
@@ -86,15 +87,17 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
     existing = read_record(sweep_dir, key)
     if existing and existing["status"] == PREDICTED_OOM and sampled(key, cfg["launch"]["prescreen_sample"]):
         existing = None  # a point the pre-screen skipped, now in the sample that runs anyway
-    if should_skip(existing, cfg["launch"]["rerun"]):
+    if should_skip(existing, cfg["launch"]["rerun"], cfg["launch"]["repeats"]):
         print(f"[scaling] {key} already recorded as {existing['status']}: skipped", flush=True)
         return existing
+    launches = kept_launches(existing, cfg["launch"]["rerun"])  # a resumed point launches only the missing repeats
+    kept = len(launches)
 
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "job_key": key, "sweep": cfg["sweep"], "status": None, "error": None,
-        "config": experiment_config(cfg), "derived": None, "metrics": None, "predicted": None, "env": None,
+        "config": experiment_config(cfg), "derived": None, "metrics": None, "repeats": [], "predicted": None, "env": None,
         "provenance": {"hydra_job_num": None, "overrides": [], "optuna_trial": None, **(provenance or {}),
                        "attempt": next_attempt(existing)},
         "timing": {"started_at": started, "wall_s": None, "device_wait_s": None, "launched_at": None,
@@ -114,9 +117,6 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
         return _finish(record, jd, t0, cfg)
     lead = slurm.is_lead_task(os.environ)
     jd.mkdir(parents=True, exist_ok=True)
-    if lead:  # only the task that writes the record cleans the job directory (the others share it)
-        for stale in (WORKER_OUTPUT, TORCHRUN_LOG):
-            (jd / stale).unlink(missing_ok=True)
     timeout_s = cfg["launch"]["timeout_s"]
     runtime = {"job_key": key, "pg_timeout_s": launch.process_group_timeout_s(timeout_s)}
     write_json_atomic(jd / CONFIG_FILE, {**cfg, "derived": record["derived"], "runtime": runtime})
@@ -132,29 +132,46 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
     log_name = TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
     hw = cfg["hardware"]
     # Concurrent points on this host take disjoint GPUs (CPU points: the host, one at a time). The lease is
-    # given back only once no process of the point is left.
-    with devices.hold(lease, cfg["launch"]["devices"]) as held:
-        # The CPU peak that MFU divides by is measured here, while this point holds the host.
-        peak = flops.resolve_peak_flops(hw, cfg["train"]["precision"], hw["threads_per_device"], hw["device"])
-        record["timing"].update(device_wait_s=held.wait_s,
-                                launched_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds"))
-        env = launch.job_env(hw["threads_per_device"], held.visible, hw["device"] == "cuda")
-        outcome = launch.launch_torchrun(argv, jd, timeout_s, env, log_name)
-        launch.end_point_processes(jd / CONFIG_FILE)
-    if not lead:
-        return record  # another node's task of a multi-node point: its lead task writes the record
-    record.update(status=outcome.status, error=outcome.error, env=_host_env(cfg))
-    record["timing"]["torchrun_wall_s"] = outcome.wall_s
-    worker_out = read_worker_output(jd)
-    if outcome.status == OK and worker_out is not None:
-        d = record["derived"]
-        record["metrics"] = throughput_metrics(worker_out, d, peak)
-        record["env"] = {**worker_out["env"], "warmup_steps_run": worker_out["warmup_steps_run"],
+    # given back only once no process of the point is left. Each repeat is a fresh torchrun; the record is
+    # written after each, so a killed sweep keeps the repeats it finished.
+    for _ in range(max(1, cfg["launch"]["repeats"] - kept)):
+        if lead:  # only the task that writes the record cleans the job directory (the others share it)
+            for stale in (WORKER_OUTPUT, TORCHRUN_LOG):
+                (jd / stale).unlink(missing_ok=True)
+            shutil.rmtree(jd / ELASTIC_LOGS, ignore_errors=True)  # an earlier launch's errors are not this one's
+        with devices.hold(lease, cfg["launch"]["devices"]) as held:
+            # The CPU peak that MFU divides by is measured here, while this point holds the host.
+            peak = flops.resolve_peak_flops(hw, cfg["train"]["precision"], hw["threads_per_device"], hw["device"])
+            launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+            env = launch.job_env(hw["threads_per_device"], held.visible, hw["device"] == "cuda")
+            outcome = launch.launch_torchrun(argv, jd, timeout_s, env, log_name)
+            launch.end_point_processes(jd / CONFIG_FILE)
+        if not lead:  # another node's task of a multi-node point: its lead task writes the record
+            if outcome.status != OK:
+                break
+            continue
+        this = {"status": outcome.status, "error": outcome.error, "metrics": None,
+                "timing": {"launched_at": launched_at, "device_wait_s": held.wait_s, "torchrun_wall_s": outcome.wall_s,
+                           "launch_overhead_s": None}}
+        worker_out = read_worker_output(jd)
+        env_block = _host_env(cfg)
+        if outcome.status == OK and worker_out is not None:
+            this["metrics"] = throughput_metrics(worker_out, record["derived"], peak)
+            this["timing"]["launch_overhead_s"] = outcome.wall_s - worker_out["measured_window_s"]
+            env_block = {**worker_out["env"], "warmup_steps_run": worker_out["warmup_steps_run"],
                          "compile": worker_out["compile"]}
-        record["timing"]["launch_overhead_s"] = outcome.wall_s - worker_out["measured_window_s"]
-    elif outcome.status == OK:
-        record.update(status=FAILED, error=f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}")
-    record["env"]["devices"] = held.visible
+        elif outcome.status == OK:
+            this.update(status=FAILED, error=f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}")
+        launches.append(this)
+        record.update(status=this["status"], error=this["error"], repeats=launches, env={**env_block, "devices": held.visible},
+                      metrics=repeats_metrics([r["metrics"] for r in launches], record["derived"])
+                      if this["status"] == OK else None)
+        record["timing"].update(launches_timing(launches[kept:]))
+        if this["status"] != OK:
+            break
+        write_json_atomic(jd / RESULT_FILE, record)
+    if not lead:
+        return record
     return _finish(record, jd, t0, cfg)
 
 

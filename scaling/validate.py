@@ -175,6 +175,7 @@ def _check_run(c: _Checker, cfg: Mapping[str, Any]) -> None:
     c.choice("launch.rerun", launch["rerun"], RERUN)
     c.require(0 <= launch["prescreen_sample"] <= 1,
               f"launch.prescreen_sample={launch['prescreen_sample']!r} must be a fraction in [0, 1]")
+    c.positive("launch.repeats", launch["repeats"])
     c.require(0 <= launch["prescreen_margin"] < 10,
               f"launch.prescreen_margin={launch['prescreen_margin']!r} must be in [0, 10)")
 

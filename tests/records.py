@@ -51,15 +51,23 @@ def make_record(
     tokens_per_s_per_gpu_value: Optional[float] = None,
     peak_mem_bytes_value: Optional[int] = None,
     predicted_bytes: Optional[int] = None,
+    noise_band_frac: float = 0.0,
+    threads_per_device: int = 1,
+    oversubscribe: bool = False,
 ) -> dict[str, Any]:
-    """One record as the engine writes it; metrics only for `ok`, a measured peak also for `oom`."""
+    """One record as the engine writes it; metrics only for `ok`, a measured peak also for `oom`.
+
+    `noise_band_frac` is the point's measured band (here its timed steps spread by that much).
+    """
     config = {
         "model": dataclasses.asdict(ModelConfig(name=model, max_seq_len=max(seq_len, 256))),
         "train": dataclasses.asdict(TrainConfig(seq_len=seq_len, mbs=mbs, grad_acc=grad_acc, precision=precision,
                                                 recompute=recompute)),
         "parallel": dataclasses.asdict(ParallelConfig(dp=dp, zero_stage=zero_stage)),
         "hardware": dataclasses.asdict(HardwareConfig(name=hardware, device="cuda", backend="nccl",
-                                                      peak_tflops_bf16=989.0, memory_gb=memory_gb)),
+                                                      peak_tflops_bf16=989.0, memory_gb=memory_gb,
+                                                      threads_per_device=threads_per_device,
+                                                      oversubscribe=oversubscribe)),
     }
     gbs = mbs * grad_acc * dp
     n_params = 1_240_000_000
@@ -76,9 +84,16 @@ def make_record(
             "mfu": flops_per_token * tps_gpu / 989e12,
             "hfu": flops_per_token * tps_gpu / 989e12,
             "step_time_s": step_time_s,
-            "step_times_s": [step_time_s] * 3,
+            "step_times_s": [step_time_s * (1 - noise_band_frac), step_time_s, step_time_s * (1 + noise_band_frac)],
+            "step_time_spread_frac": noise_band_frac,
+            "repeat_spread_frac": None,
+            "noise_band_frac": noise_band_frac,
+            "repeats_ok": 1,
+            "tokens_per_s_per_gpu_repeats": [tps_gpu],
             "peak_mem_bytes": peak,
             "peak_mem_bytes_per_rank": [peak] * dp,
+            "peak_mem_source": "cuda_max_memory_allocated",
+            "peak_flops_source": "config",
             "losses": [6.2, 6.1, 6.0],
         }
     elif status == OOM:
@@ -98,9 +113,11 @@ def make_record(
                     "gbs_tokens": gbs * seq_len, "grad_acc": grad_acc, "world_size": dp},
         "metrics": metrics,
         "predicted": None if status == INVALID else
-        {"peak_mem_bytes": predicted, "method": "analytic", "fits": predicted <= memory_gb * GIB},
+        {"peak_mem_bytes": predicted, "method": "analytic", "fits": predicted <= memory_gb * GIB,
+         "analytic": {"method": "analytic", "peak_mem_bytes": predicted}, "traced": None},
         "env": {"torch": "2.13.0", "python": "3.11.7", "device_name": "NVIDIA H100", "backend": "nccl",
-                "hostname": "node0", "threads_per_device": 8, "memory_capacity": "real"},
+                "hostname": "node0", "threads_per_device": 8, "memory_capacity": "real",
+                "oversubscribed": oversubscribe},
         "timing": {"started_at": "2025-01-01T00:00:00+00:00", "wall_s": 12.5, "launch_overhead_s": 3.0},
     }
 

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from analysis.collect import COLUMNS, collect, record_to_row, to_frame, to_parquet, wandb_run_to_row
+from analysis.collect import CONFIG_AXES, COLUMNS, collect, record_to_row, to_frame, to_parquet, wandb_run_to_row
 from records import grid_records, make_record, write_sweep
 from scaling.record import STATUSES
 
@@ -118,3 +118,20 @@ def test_models_without_a_parameter_count_sort_after_by_name():
     rows = [{**record_to_row(make_record("invalid", model=name)), "n_params": None} for name in ("b", "a")]
     rows.append({**record_to_row(make_record("ok", model="c")), "n_params": 5})
     assert list(to_frame(rows)["model"].cat.categories) == ["c", "a", "b"]
+
+
+def test_noise_device_and_memory_check_columns():
+    record = make_record("ok", dp=2, noise_band_frac=0.04, threads_per_device=2, oversubscribe=True)
+    record["metrics"].update(repeats_ok=3, repeat_spread_frac=0.04, tokens_per_s_per_gpu_repeats=[1.0, 2.0, 3.0],
+                             peak_mem_source="mem_tracker", peak_rss_growth_bytes=7, peak_flops_source="cache",
+                             peak_flops_measured_at="2026-11-22T10:00:00Z")
+    record["predicted"].update(traced={"method": "traced", "peak_mem_bytes": 5}, sampled=True)
+    df = to_frame([record_to_row(record)])
+    row = df.iloc[0]
+    assert (row["threads_per_device"], row["oversubscribe"], row["oversubscribed"]) == (2, True, True)
+    assert (row["noise_band_frac"], row["step_time_spread_frac"], row["repeat_spread_frac"]) == (0.04, 0.04, 0.04)
+    assert row["repeats_ok"] == 3 and list(row["tokens_per_s_per_gpu_repeats"]) == [1.0, 2.0, 3.0]
+    assert (row["peak_mem_source"], row["peak_rss_growth_bytes"], row["peak_flops_source"]) == ("mem_tracker", 7, "cache")
+    assert row["pred_analytic_peak_mem_bytes"] == record["predicted"]["peak_mem_bytes"]
+    assert (row["pred_traced_peak_mem_bytes"], row["pred_sampled"]) == (5, True)
+    assert {"threads_per_device", "oversubscribe"} <= set(CONFIG_AXES)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from analysis.collect import collect, record_to_row, to_frame
-from analysis.dp_scaling import find_knee, knee_sentence, knees, plot_dp_scaling, scaling_table
+from analysis.dp_scaling import find_knee, knee_range, knee_sentence, knees, plot_dp_scaling, scaling_table
 from records import DP_EFFICIENCY, grid_records, make_record, write_sweep
 
 
@@ -81,3 +81,29 @@ def test_a_fixed_global_batch_is_its_own_configuration():
     found = {k.config: k for k in knees(to_frame(rows))}
     assert set(found) == {f"tiny, seq 256, ZeRO-0, target_gbs_tokens={n}" for n in (4096, 8192)}
     assert found["tiny, seq 256, ZeRO-0, target_gbs_tokens=8192"].next_dp == 2
+
+
+def _curve(band: float, **extra) -> list[dict]:
+    return [make_record(dp=dp, grad_acc=max(8 // dp, 1), noise_band_frac=band, **extra) for dp in (1, 2, 4, 8, 16)]
+
+
+def test_the_knee_is_stated_with_the_dps_it_may_lie_at_within_noise():
+    # efficiencies 97%, 92%, 85%, 62% vs dp=1; each point ±5%, so each efficiency ±10%
+    (k,) = knees(to_frame(record_to_row(r) for r in _curve(0.05)))
+    assert (k.knee_dp, k.next_dp, k.within_noise) == (8, 16, (4,))
+    assert k.noise_frac == pytest.approx((0.0, 0.1, 0.1, 0.1, 0.1))
+    assert ("DP stops paying off after dp=8 (dp=4 within noise); efficiency falls from 85% ± 8 pts (dp=8) to "
+            "62% ± 6 pts (dp=16)") in k.sentence
+    (k,) = knees(to_frame(record_to_row(r) for r in _curve(0.15)))  # ±30%: 62% may be 81%, 97% may be 68%
+    assert k.within_noise == (1, 2, 4, 16)
+    (k,) = knees(to_frame(record_to_row(r) for r in _curve(0.0)))
+    assert k.within_noise == () and "within noise" not in k.sentence
+    assert knee_range([1, 2, 4], [1.0, 0.85, 0.75], [0.0, 0.1, 0.1]) == (1, 4)
+
+
+def test_points_of_different_thread_counts_never_share_a_curve():
+    rows = [record_to_row(r) for r in _curve(0.0) + _curve(0.0, threads_per_device=2)
+            + _curve(0.0, oversubscribe=True)]
+    found = {k.config for k in knees(to_frame(rows))}
+    assert found == {"tiny, seq 256, ZeRO-0, 1 thread/device", "tiny, seq 256, ZeRO-0, 2 threads/device",
+                     "tiny, seq 256, ZeRO-0, 1 thread/device, oversubscription allowed"}

@@ -11,7 +11,7 @@ import pytest
 from analysis.collect import collect
 from analysis.figures import render_pngs, save_png
 from analysis.heatmaps import cells, default_layout, draw_all, facet_grid, figure_specs, heatmap
-from records import FAILURES, grid_records, write_sweep
+from records import FAILURES, grid_records, make_record, write_sweep
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +140,41 @@ def test_render_pngs_draws_each_figure_in_a_forked_worker_as_drawn_here(df, tmp_
         render_pngs({"bad": partial(facet_grid, df, x="batch", y="seq_len", metric="mfu"), **specs}, tmp_path, jobs=2)
     with pytest.raises(ValueError, match="jobs=0 must be at least 1"):
         render_pngs(specs, tmp_path, jobs=0)
+
+
+def _noisy_facet(tmp_path, bands: dict, **extra):
+    """One facet (ZeRO-0, dp=1) over seq_len x mbs whose ok points carry the given noise bands."""
+    records = [make_record(seq_len=seq, mbs=mbs, noise_band_frac=bands.get((seq, mbs), 0.0), **extra)
+               for seq in (256, 512) for mbs in (1, 2, 4, 8)]
+    return collect(write_sweep(tmp_path, records))
+
+
+def test_cells_within_noise_of_the_best_are_marked_as_ties(tmp_path):
+    # the model's tokens/s grow with sqrt(mbs): mbs=8 is best, mbs=4 is 29% below it, 512 is 7% below 256
+    df = _noisy_facet(tmp_path, {(256, 8): 0.05, (512, 8): 0.03, (256, 4): 0.02})
+    ax = heatmap(df, x="mbs", y="seq_len", metric="tokens_per_s_per_gpu")
+    texts = _texts_at(ax)
+    assert texts[(0, 3)].startswith("★ ")
+    assert texts[(1, 3)].startswith("≈ ")  # seq 512: 7% below, bands 5% + 3% overlap: a tie
+    assert not texts[(0, 2)].startswith(("≈", "★"))  # mbs=4: 29% below, outside any band
+    assert [p.get_xy() for p in ax.patches if p.get_gid() == "tie"] == [(3, 1)]
+    # memory has no noise band: no ties there
+    ax = heatmap(df, x="mbs", y="seq_len", metric="peak_mem_bytes")
+    assert not any(t.get_text().startswith("≈") for t in ax.texts)
+    # without a band (within-run spread 0) the same values are told apart
+    quiet = heatmap(_noisy_facet(tmp_path / "quiet", {}), x="mbs", y="seq_len", metric="tokens_per_s_per_gpu")
+    assert not any(t.get_text().startswith("≈") for t in quiet.texts)
+
+
+def test_facet_grid_legend_names_ties_oversubscription_and_emulated_ooms(tmp_path):
+    df = _noisy_facet(tmp_path, {(256, 8): 0.05, (512, 8): 0.03}, oversubscribe=True)
+    df.loc[df["mbs"] == 1, "status"] = "oom"
+    df["memory_capacity"] = "emulated"
+    df["peak_flops_source"] = "measured"
+    fig = facet_grid(df, x="mbs", y="seq_len", metric="tokens_per_s_per_gpu")
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "★ 28,284†" in texts and any(t.startswith("≈ ") and t.endswith("†") for t in texts)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["OOM (emulated capacity)", "★ best", "≈ within noise of ★", "† oversubscribed"]
+    mfu = facet_grid(df, x="mbs", y="seq_len", metric="mfu")
+    assert mfu.axes[-1].get_ylabel() == "MFU against a measured matmul peak"

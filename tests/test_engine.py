@@ -123,6 +123,17 @@ def test_invalid_point_is_recorded_without_starting_anything(sweep_dir, override
     assert "invalid" in capsys.readouterr().out
 
 
+def test_a_launch_is_judged_by_its_own_error_files_not_an_earlier_ones(sweep_dir):
+    """An out-of-memory error file left by an earlier launch of the point does not make a rerun `oom`."""
+    first = point(sweep_dir, "parallel.dp=1", "train.steps=1")
+    stale = sweep_dir / first["job_key"] / "elastic" / "old-run" / "attempt_0" / "0" / "error.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"message": {"message": "torch.OutOfMemoryError: from a launch long ago"}}))
+    again = point(sweep_dir, "parallel.dp=1", "train.steps=1", "launch.rerun=all")
+    assert again["status"] == "ok", again["error"]
+    assert not stale.exists()
+
+
 def test_rerun_skips_recorded_point(sweep_dir, capsys):
     first = point(sweep_dir, "parallel.dp=2", "train.grad_acc=2", "parallel.zero_stage=0")
     again = point(sweep_dir, "parallel.dp=2", "train.grad_acc=2", "parallel.zero_stage=0")

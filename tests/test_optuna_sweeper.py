@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 from wsgiref.util import setup_testing_defaults
@@ -24,9 +25,9 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-from hydra_plugins.scaling_optuna_sweeper._outcome import judge
+from hydra_plugins.scaling_optuna_sweeper._outcome import judge, repeat_outcome, tell
 from hydra_plugins.scaling_optuna_sweeper._space import parse_search_space
-from hydra_plugins.scaling_optuna_sweeper._study import make_sampler
+from hydra_plugins.scaling_optuna_sweeper._study import make_sampler, noise_band, trials_since_improvement
 from scaling.record import job_key, read_record
 from tests.compose import compose_point
 
@@ -114,6 +115,34 @@ def test_records_become_trial_outcomes() -> None:
         assert judge({"status": status}, ["metrics.x"], [0.0]).state == TrialState.FAIL
     missing = judge({"status": "ok", "metrics": {}}, ["metrics.mfu"], [0.0])
     assert missing.state == TrialState.FAIL and "metrics.mfu=None" in missing.attrs["error"]
+
+
+def test_patience_counts_only_moves_of_the_best_beyond_the_noise_band() -> None:
+    study = optuna.create_study(direction="maximize")
+    # (tokens/s per GPU, the record's noise band): 104 and 106 lie within the first point's ±5%, 120 does not
+    for value, band in ((100.0, 0.05), (104.0, 0.01), (120.0, 0.02), (121.0, 0.01), (106.0, 0.0)):
+        trial = study.ask()
+        tell(study, trial, judge({"status": "ok", "metrics": {"tokens_per_s_per_gpu": value, "noise_band_frac": band}},
+                                 ["metrics.tokens_per_s_per_gpu"], [0.0]))
+    trials = study.trials
+    measured = partial(noise_band, objective="metrics.tokens_per_s_per_gpu", fixed=None)
+    assert [measured(t) for t in trials] == [0.05, 0.01, 0.02, 0.01, 0.0]
+    assert trials_since_improvement(trials, study.direction, measured) == 2  # 120 moved it; 121 did not
+    assert trials_since_improvement(trials[:2], study.direction, measured) == 1
+    assert trials_since_improvement(trials, study.direction) == 1  # no band: 121 is an improvement
+    fixed = partial(noise_band, objective="metrics.tokens_per_s_per_gpu", fixed=0.2)
+    assert trials_since_improvement(trials, study.direction, fixed) == 4
+    # a band is a throughput band: it does not blur a memory objective
+    assert noise_band(trials[0], "metrics.peak_mem_bytes", None) == 0.0
+
+
+def test_an_earlier_trial_with_fewer_launches_than_repeats_answers_nothing() -> None:
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask({"mbs": CategoricalDistribution([1, 2])})
+    tell(study, trial, judge({"status": "ok", "metrics": {"tokens_per_s_per_gpu": 9.0, "repeats_ok": 2}},
+                             ["metrics.tokens_per_s_per_gpu"], [0.0]))
+    assert repeat_outcome(study.trials, trial.params, repeats=2).values == [9.0]
+    assert repeat_outcome(study.trials, trial.params, repeats=3) is None
 
 
 # --- toy searches (real Hydra, real Optuna journal, no torch) ---------------------------------
@@ -212,6 +241,17 @@ def test_patience_stops_and_repeated_points_are_not_run_again(tmp_path: Path) ->
     assert len(study.trials) == 4 and "3 trials without a better feasible value (patience=3)" in stdout
     assert len(calls(tmp_path)) == 1
     assert [t.user_attrs.get("answered_from") for t in study.trials] == [None, "trial 0", "trial 0", "trial 0"]
+
+
+def test_patience_with_a_noise_band_stops_when_nothing_beats_the_first_point_beyond_it(tmp_path: Path) -> None:
+    # scores 1.1 ... 1.6 (mbs 1 ... 6): within a ±20% band of one another, so no trial moves the best
+    stdout = toy_sweep(tmp_path, "x=0.3", "mbs=1,2,3,4,5,6", "kind=choice(a)", "hydra.sweeper.n_trials=50",
+                       "hydra.sweeper.patience=3", "hydra.sweeper.noise_band=0.2", f"calls_log={tmp_path / 'calls.jsonl'}")
+    assert len(load_study(tmp_path).trials) == 4 and len(calls(tmp_path)) == 4
+    assert ("3 trials without a better feasible value (patience=3); one within the noise band of the best does "
+            "not count (hydra.sweeper.noise_band=0.2)") in stdout
+    err = run_with_error(toy_command(tmp_path / "bad", "x=0.3", "hydra.sweeper.noise_band=1.5"))
+    assert "hydra.sweeper.noise_band=1.5 must be a fraction in [0, 1)" in err
 
 
 def test_grid_sampler_visits_each_point_once(tmp_path: Path) -> None:

@@ -166,3 +166,33 @@ def test_records_keep_the_hydra_job_and_overrides_that_made_them_and_count_attem
             cwd=tmp_path, timeout=300)
     by_stage = {r["config"]["parallel"]["zero_stage"]: r["provenance"] for r in iter_records(tmp_path)}
     assert (by_stage[6]["attempt"], by_stage[6]["hydra_job_num"], by_stage[5]["attempt"]) == (2, None, 1)
+
+
+def test_repeats_are_fresh_launches_kept_in_one_record_and_resume_launches_only_the_missing(tmp_path):
+    sweep_dir = tmp_path / "rep"
+    point = ["run", "logger=none", *FAST, "train.steps=2", f"sweep_dir={sweep_dir}"]
+    out = scaling([*point, "launch.repeats=2"], cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (record,) = iter_records(sweep_dir)
+    first_two = record["repeats"]
+    assert [r["status"] for r in first_two] == ["ok", "ok"]
+    assert first_two[0]["timing"]["launched_at"] < first_two[1]["timing"]["launched_at"]
+    m = record["metrics"]
+    assert m["repeats_ok"] == 2 and len(m["step_times_s"]) == 4  # every timed step of both launches
+    by_launch = [r["metrics"]["tokens_per_s_per_gpu"] for r in first_two]
+    assert m["tokens_per_s_per_gpu_repeats"] == by_launch
+    assert m["repeat_spread_frac"] == pytest.approx((max(by_launch) - min(by_launch)) / sum(by_launch))
+    assert m["noise_band_frac"] >= m["step_time_spread_frac"] > 0
+
+    # Asking for three: the point is not done, and only the third launch runs; the first two are kept.
+    out = scaling([*point, "launch.repeats=3"], cwd=tmp_path, timeout=300)
+    assert out.returncode == 0 and "skipped" not in out.stdout, out.stderr[-2000:]
+    (record,) = iter_records(sweep_dir)
+    assert record["repeats"][:2] == first_two and len(record["repeats"]) == 3
+    assert record["metrics"]["repeats_ok"] == 3
+    assert record["metrics"]["tokens_per_s_per_gpu"] == pytest.approx(
+        sorted(r["metrics"]["tokens_per_s_per_gpu"] for r in record["repeats"])[1])  # the median launch
+    assert record["timing"]["launched_at"] == record["repeats"][2]["timing"]["launched_at"]
+    for repeats in (3, 1):  # done: answered from the store
+        out = scaling([*point, f"launch.repeats={repeats}"], cwd=tmp_path, timeout=300)
+        assert "already recorded as ok: skipped" in out.stdout, out.stdout

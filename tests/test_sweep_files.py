@@ -15,7 +15,7 @@ from tests.compose import REPO
 GRIDS = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml") if "scaling_optuna" not in p.read_text())
 ONE_CPU_POINT = ["hardware=cpu", "model=tiny", "train.seq_len=32", "train.mbs=2", "train.grad_acc=1", "train.gbs_tokens=null",
                  "train.precision=fp32", "parallel.dp=1", "parallel.zero_stage=0", "train.warmup_steps=0",
-                 "train.steps=1", "logger=none"]
+                 "train.steps=1", "launch.repeats=1", "logger=none"]
 
 
 def test_grid_sweeps_are_found():

@@ -26,6 +26,7 @@ INVALID = [
     (["train.recompute=some"], "train.recompute='some' is not valid: choose one of none, full"),
     (["hardware.backend=nccl"], "hardware.backend='nccl' is not valid: choose one of gloo"),
     (["hardware.memory_gb=-1"], "hardware.memory_gb=-1.0 must be a positive number or null"),
+    (["launch.repeats=0"], "launch.repeats=0 must be a positive integer"),
     (["train.data.source=file", "train.data.path=/nonexistent.bin"], "train.data.path='/nonexistent.bin' is not a readable file"),
     (["train.grad_acc=2", "train.gbs=8", "train.mbs=2"], "set train.grad_acc=auto"),
     (["hardware=h100", "hardware.devices_per_node=8", "parallel.dp=12", "train.mbs=1", "train.grad_acc=1"],

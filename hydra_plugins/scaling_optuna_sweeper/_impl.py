@@ -6,7 +6,9 @@ store does not re-run) is answered from its record. Neither starts a job. The re
 Hydra launcher in one batch; `hydra.job.num` of each job is its trial number.
 
 The loop stops when the study holds `n_trials` counted trials, when `patience` trials passed
-without a better feasible value, or when the grid sampler has visited every point. After every
+without a better feasible value (better beyond the noise band: see `_study.noise_band`), or when the grid
+sampler has visited every point. A point measured with fewer ok launches than `launch.repeats`
+is not answered from the store or an earlier trial: its job launches the missing repeats. After every
 batch it rewrites `best.yaml` and `trials.csv`, and raises once the failure rate exceeds
 `max_failure_rate`.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
@@ -44,6 +47,7 @@ from ._study import (
     failure_rate,
     make_sampler,
     make_storage,
+    noise_band,
     open_study,
     recover_stale,
     resumed_seed,
@@ -61,6 +65,8 @@ class ExperimentPoint:
     """Every experiment field plus sweep and sweep_dir: `python -m scaling.run <these>` runs the point."""
     record: Optional[dict[str, Any]]
     """Its record in the store, when the store answers it without running (see launch.rerun)."""
+    repeats: int
+    """launch.repeats: the ok launches an earlier measurement needs to answer the point."""
 
 
 class OptunaSearch(Sweeper):
@@ -76,13 +82,14 @@ class OptunaSearch(Sweeper):
         n_trials: int,
         n_jobs: int,
         patience: Optional[int],
+        noise_band: Optional[float],
         max_failure_rate: float,
         study_name: Optional[str],
         storage: Optional[str],
         params: Optional[Mapping[str, str]],
     ) -> None:
         objectives, directions = resolve_objectives(objectives, directions, direction)
-        _check_settings(objectives, directions, n_trials, n_jobs, patience, max_failure_rate)
+        _check_settings(objectives, directions, n_trials, n_jobs, patience, noise_band, max_failure_rate)
         self.objectives = objectives
         self.directions = directions
         self.sampler_conf = sampler
@@ -92,6 +99,7 @@ class OptunaSearch(Sweeper):
         self.n_trials = n_trials
         self.n_jobs = n_jobs
         self.patience = patience
+        self.noise_band = noise_band
         self.max_failure_rate = max_failure_rate
         self.study_name = study_name
         self.storage = storage
@@ -163,9 +171,12 @@ class OptunaSearch(Sweeper):
         if len(counted) >= self.n_trials:
             return f"{len(counted)} trials reached n_trials={self.n_trials}"
         if self.patience is not None:
-            since = trials_since_improvement(counted, study.direction)
+            since = trials_since_improvement(
+                counted, study.direction, partial(noise_band, objective=self.objectives[0], fixed=self.noise_band))
             if since >= self.patience:
-                return f"{since} trials without a better feasible value (patience={self.patience})"
+                band = "measured" if self.noise_band is None else f"{self.noise_band:g}"
+                return (f"{since} trials without a better feasible value (patience={self.patience}); "
+                        f"one within the noise band of the best does not count (hydra.sweeper.noise_band={band})")
         if isinstance(study.sampler, AskTellGridSampler) and self._batch_size(study) == 0:
             return "the grid sampler visited every point"
         return None
@@ -215,7 +226,8 @@ class OptunaSearch(Sweeper):
         self, study: Study, trial: Trial, point: Optional[ExperimentPoint], worst: list[float]
     ) -> Optional[Outcome]:
         """The outcome of a point measured before: an equal COMPLETE trial, or a stored record."""
-        repeat = repeat_outcome(study.get_trials(deepcopy=False, states=[TrialState.COMPLETE]), trial.params)
+        repeat = repeat_outcome(study.get_trials(deepcopy=False, states=[TrialState.COMPLETE]), trial.params,
+                                point.repeats if point is not None else 1)
         if repeat is not None:
             return repeat
         if point is None or point.record is None:
@@ -237,7 +249,8 @@ class OptunaSearch(Sweeper):
         run_overrides = leaf_overrides({**experiment, "sweep": cfg.sweep, "sweep_dir": sweep_dir})
         record = read_record(sweep_dir, job_key(experiment))
         rerun = OmegaConf.select(cfg, "launch.rerun", default="none")
-        return ExperimentPoint(run_overrides, record if should_skip(record, rerun) else None)
+        repeats = OmegaConf.select(cfg, "launch.repeats", default=1)
+        return ExperimentPoint(run_overrides, record if should_skip(record, rerun, repeats) else None, repeats)
 
     def _check_failures(self, study: Study) -> None:
         counted = counted_trials(study)
@@ -282,7 +295,7 @@ def resolve_objectives(
 
 def _check_settings(
     objectives: Sequence[str], directions: Sequence[str], n_trials: int, n_jobs: int,
-    patience: Optional[int], max_failure_rate: float,
+    patience: Optional[int], noise_band: Optional[float], max_failure_rate: float,
 ) -> None:
     if not objectives:
         raise ValueError(
@@ -301,5 +314,8 @@ def _check_settings(
         raise ValueError(f"hydra.sweeper.n_jobs={n_jobs} must be >= 1")
     if patience is not None and (patience < 1 or len(objectives) > 1):
         raise ValueError(f"hydra.sweeper.patience={patience} needs a single objective and a value >= 1")
+    if noise_band is not None and not 0.0 <= noise_band < 1.0:
+        raise ValueError(f"hydra.sweeper.noise_band={noise_band} must be a fraction in [0, 1), or null for the "
+                         "measured band of each trial")
     if not 0.0 <= max_failure_rate <= 1.0:
         raise ValueError(f"hydra.sweeper.max_failure_rate={max_failure_rate} must be in [0, 1]")

@@ -83,10 +83,13 @@ def failure(error: str) -> Outcome:
     return Outcome(TrialState.FAIL, attrs={"status": FAILED, "error": error})
 
 
-def repeat_outcome(trials: Sequence[FrozenTrial], params: Mapping[str, Any]) -> Optional[Outcome]:
-    """The outcome of an earlier COMPLETE trial with the same parameters, if there is one."""
+def repeat_outcome(trials: Sequence[FrozenTrial], params: Mapping[str, Any], repeats: int = 1) -> Optional[Outcome]:
+    """The outcome of an earlier COMPLETE trial with the same parameters, if there is one; an ok one
+    answers only if it was measured with at least `repeats` ok launches (launch.repeats)."""
     for earlier in trials:
-        if earlier.state == TrialState.COMPLETE and earlier.params == params:
+        launched = earlier.user_attrs.get("metrics", {}).get("repeats_ok", 1)
+        if (earlier.state == TrialState.COMPLETE and earlier.params == params
+                and (earlier.user_attrs.get("status") != OK or launched >= repeats)):
             attrs = {k: earlier.user_attrs.get(k) for k in ("status", "job_key", "error", "metrics")}
             attrs["answered_from"] = f"trial {earlier.number}"
             violation = max(earlier.constraints.values(), default=0.0)

@@ -15,7 +15,7 @@ import math
 import random
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import optuna
 from optuna.exceptions import ExperimentalWarning
@@ -25,6 +25,8 @@ from optuna.storages import BaseStorage, JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
+
+from scaling.noise import NOISE_BAND_KEY, THROUGHPUT_KEYS, within_noise
 
 from ._outcome import is_feasible
 from ._space import SearchSpace
@@ -237,17 +239,30 @@ def failure_rate(trials: Sequence[FrozenTrial]) -> float:
     return sum(t.state == TrialState.FAIL for t in trials) / len(trials)
 
 
-def trials_since_improvement(trials: Sequence[FrozenTrial], direction: StudyDirection) -> int:
-    """Counted trials after the last one that set a new best feasible value (all of them if none did)."""
-    best: Optional[float] = None
+def noise_band(trial: FrozenTrial, objective: str, fixed: Optional[float]) -> float:
+    """A trial's band for the patience rule: `fixed` (hydra.sweeper.noise_band) when set, else the band its
+    record measured (metrics.noise_band_frac) when the objective moves with the step time, else 0."""
+    if fixed is not None:
+        return fixed
+    if objective.rsplit(".", 1)[-1] not in THROUGHPUT_KEYS:
+        return 0.0
+    return float(trial.user_attrs.get("metrics", {}).get(NOISE_BAND_KEY) or 0.0)
+
+
+def trials_since_improvement(trials: Sequence[FrozenTrial], direction: StudyDirection,
+                             band_of: Callable[[FrozenTrial], float] = lambda trial: 0.0) -> int:
+    """Counted trials after the last one that moved the best feasible value: better than the best and
+    not within noise of it (`band_of` gives each trial's band; all of them if none did)."""
+    best: Optional[FrozenTrial] = None
     since = 0
+    maximize = direction == StudyDirection.MAXIMIZE
     for trial in trials:
         since += 1
         if not is_feasible(trial):
             continue
         value = trial.value
         assert value is not None
-        better = best is None or (value > best if direction == StudyDirection.MAXIMIZE else value < best)
-        if better:
-            best, since = value, 0
+        if best is None or ((value > best.value if maximize else value < best.value)
+                            and not within_noise(value, band_of(trial), best.value, band_of(best))):
+            best, since = trial, 0
     return since

@@ -112,6 +112,11 @@ class ScalingOptunaSweeperConf:
     """Trials asked per launcher batch (run concurrently by a parallel launcher)."""
     patience: Optional[int] = None
     """Stop after this many trials without a better feasible value (single objective); null: never."""
+    noise_band: Optional[float] = None
+    """What `patience` counts as better: a value whose band v·(1 ± band) does not overlap the best's
+    (the rule the report marks ties with). null: each trial's measured band, its record's
+    metrics.noise_band_frac, for throughput objectives (tokens/s, MFU, HFU, step time; 0 for others);
+    a number: that band for every trial (0: any improvement counts)."""
     max_failure_rate: float = 1.0
     """Largest tolerated fraction of failed trials (failed, timeout, invalid); above it the sweep
     stops with an error after the batch. 1.0 tolerates every failure."""

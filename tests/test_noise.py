@@ -1,0 +1,108 @@
+"""Noise and repeats, the pure parts: the spread statistic, a point's metrics over its launches, and
+the resume rule that treats a point with fewer ok launches than `launch.repeats` as not done."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from scaling.engine.flops import PeakFlops
+from scaling.metrics import repeats_metrics, throughput_metrics
+from scaling.noise import relative_spread, within_noise
+from scaling.record import kept_launches, launches_timing, ok_launches, should_skip
+
+DERIVED = {"gbs_tokens": 1000, "world_size": 2, "flops_per_token": 6e6, "hw_flops_per_token": 8e6}
+PEAK_FLOPS_PER_S = 1e12
+
+
+def launch_metrics(step_times_s: list[float], peak_per_rank: list[int]) -> dict:
+    """One launch's metrics block, as the driver makes it from what rank 0 wrote (a CPU run)."""
+    ranks = len(peak_per_rank)
+    worker = {"step_times_s": step_times_s, "warmup_step_times_s": [1.0], "compile": False,
+              "recompiles_after_warmup": 0, "measured_window_s": sum(step_times_s), "losses": [6.0, 5.9],
+              "peak_mem_bytes_per_rank": peak_per_rank, "peak_mem_source": "mem_tracker",
+              "peak_mem_reserved_bytes_per_rank": None, "device_used_bytes_per_rank": None,
+              "build_peak_mem_bytes_per_rank": None, "peak_rss_growth_bytes_per_rank": [2 * b for b in peak_per_rank],
+              "optimizer_state_bytes_per_rank": [0] * ranks, "num_ooms": 0, "num_alloc_retries": 0,
+              "peak_mem_breakdown_rank0": None, "final_param_norm": 3.0}
+    return throughput_metrics(worker, DERIVED, PeakFlops(PEAK_FLOPS_PER_S, "config"))
+
+
+def launch(status: str, metrics: dict | None = None, launched_at: str = "t0", wait_s: float = 0.0) -> dict:
+    """One entry of a record's `repeats`."""
+    return {"status": status, "error": None if status == "ok" else "boom", "metrics": metrics,
+            "timing": {"launched_at": launched_at, "device_wait_s": wait_s, "torchrun_wall_s": 5.0,
+                       "launch_overhead_s": 4.0 if status == "ok" else None}}
+
+
+def test_relative_spread_is_the_half_range_over_the_median():
+    # the issue's five launches of one point: 3,991 / 4,578 / 4,976 / 4,202 / 4,346 tokens/s per GPU
+    assert relative_spread([3991, 4578, 4976, 4202, 4346]) == pytest.approx((4976 - 3991) / 2 / 4346)
+    assert relative_spread([2.0]) == 0.0
+    with pytest.raises(ValueError, match="at least one value"):
+        relative_spread([])
+
+
+def test_within_noise_when_the_bands_overlap():
+    assert within_noise(95.0, 0.03, 100.0, 0.03) and within_noise(100.0, 0.03, 95.0, 0.03)  # 97.85 >= 97
+    assert not within_noise(90.0, 0.03, 100.0, 0.03) and not within_noise(100.0, 0.03, 90.0, 0.03)  # 92.7 < 97
+    assert within_noise(100.0, 0.0, 100.0, 0.0)
+    assert within_noise(105.0, 0.03, 100.0, 0.02) and not within_noise(110.0, 0.03, 100.0, 0.02)  # 106.7 > 102
+
+
+def test_one_launch_states_its_within_run_spread():
+    m = launch_metrics([0.5, 0.4, 0.6], [10, 12])
+    assert m["step_time_s"] == 0.5 and m["tokens_per_s"] == 2000.0 and m["tokens_per_s_per_gpu"] == 1000.0
+    assert m["step_time_spread_frac"] == pytest.approx(0.2) and m["noise_band_frac"] == pytest.approx(0.2)
+    assert m["repeat_spread_frac"] is None and m["repeats_ok"] == 1 and m["tokens_per_s_per_gpu_repeats"] == [1000.0]
+    assert repeats_metrics([m], DERIVED) == m
+
+
+def test_repeats_headline_is_the_median_launch_with_both_spreads():
+    launches = [launch_metrics([0.50, 0.51, 0.49], [10, 12]), launch_metrics([0.40, 0.41, 0.40], [11, 9]),
+                launch_metrics([0.62, 0.60, 0.61], [10, 10])]
+    m = repeats_metrics(launches, DERIVED)
+    assert m["step_time_s"] == 0.5  # the median of the launches' medians 0.5, 0.4, 0.61
+    assert m["tokens_per_s"] == pytest.approx(2000.0) and m["tokens_per_s_per_gpu"] == pytest.approx(1000.0)
+    assert m["mfu"] == pytest.approx(6e6 * 1000.0 / 1e12) and m["hfu"] == pytest.approx(8e6 * 1000.0 / 1e12)
+    by_launch = [l["tokens_per_s_per_gpu"] for l in launches]
+    assert m["tokens_per_s_per_gpu_repeats"] == by_launch and m["repeats_ok"] == 3
+    assert m["repeat_spread_frac"] == pytest.approx((max(by_launch) - min(by_launch)) / 2 / statistics.median(by_launch))
+    assert m["step_time_spread_frac"] == pytest.approx(statistics.median(relative_spread(l["step_times_s"])
+                                                                         for l in launches))
+    assert m["noise_band_frac"] == m["repeat_spread_frac"]  # launches differ more than steps within one
+    assert m["step_times_s"] == [t for l in launches for t in l["step_times_s"]]  # every timed step kept
+    assert m["peak_mem_bytes_per_rank"] == [11, 12] and m["peak_mem_bytes"] == 12
+    assert m["peak_rss_growth_bytes_per_rank"] == [22, 24] and m["peak_rss_growth_bytes"] == 24
+    assert m["losses"] == [6.0, 5.9]
+
+
+def test_a_point_with_fewer_ok_launches_than_repeats_is_not_done():
+    ok1 = launch("ok", launch_metrics([0.5], [1]))
+    record = {"status": "ok", "metrics": ok1["metrics"], "repeats": [ok1]}
+    assert should_skip(record, "none", repeats=1) and should_skip(record, "failed", repeats=1)
+    assert not should_skip(record, "none", repeats=3)
+    assert kept_launches(record, "none") == [ok1] and kept_launches(record, "all") == []
+    assert not should_skip(record, "all", repeats=1)
+    # a failed repeat after two ok ones: the point is failed; rerun=failed keeps the ok launches
+    failed = {"status": "failed", "metrics": None, "repeats": [ok1, ok1, launch("failed")]}
+    assert should_skip(failed, "none", repeats=3) and not should_skip(failed, "failed", repeats=3)
+    assert kept_launches(failed, "failed") == [ok1, ok1]
+    for status in ("oom", "predicted_oom", "invalid"):
+        assert should_skip({"status": status, "repeats": []}, "none", repeats=5)
+    assert not should_skip(None, "none")
+
+
+def test_a_record_without_repeats_counts_its_one_ok_launch():
+    metrics = launch_metrics([0.5, 0.5], [1])
+    record = {"status": "ok", "metrics": metrics, "timing": {"launched_at": "t"}}
+    assert [l["metrics"] for l in ok_launches(record)] == [metrics]
+    assert should_skip(record, "none", repeats=1) and not should_skip(record, "none", repeats=2)
+    assert ok_launches({"status": "timeout", "metrics": None}) == []
+
+
+def test_launch_timing_sums_this_runs_launches():
+    timing = launches_timing([launch("ok", launched_at="first", wait_s=1.0), launch("ok", launched_at="second", wait_s=2.0),
+                              launch("oom", launched_at="third")])
+    assert timing == {"launched_at": "first", "device_wait_s": 3.0, "torchrun_wall_s": 15.0, "launch_overhead_s": 8.0}
