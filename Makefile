@@ -1,4 +1,5 @@
-# One entry for set-up: `make demo` runs the demo sweep and its report, `make test` runs the tests.
+# One entry for set-up: `make demo` runs the demo sweep, measures this host's collectives and writes the report;
+# `make test` runs the tests.
 # Both create .venv and install what they need (torch==2.13.0, the CPU build, on this path).
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -21,6 +22,7 @@ sysdeps:
 
 demo: setup
 	$(VENV)/bin/scaling sweep demo
+	$(VENV)/bin/scaling collectives --sweep-dir runs/demo parallel.dp=2
 	$(VENV)/bin/scaling report runs/demo
 
 test: setup sysdeps

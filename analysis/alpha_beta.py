@@ -1,36 +1,54 @@
-"""The α-β model of ring collectives, its fit to measured timings, and DP extrapolation with it.
+"""The α-β model of ring collectives on two network tiers, and the three places its figures come from.
 
-A ring collective over n ranks on an S-byte buffer costs `t = steps·α + bytes/β`:
-all-reduce takes 2(n−1) steps moving 2(n−1)/n·S bytes per rank; reduce-scatter and all-gather
-take (n−1) steps moving (n−1)/n·S. α is the per-step latency (s), β the link bandwidth (B/s).
+A ring collective over n ranks on an S-byte buffer costs `t = steps·α + bytes/β`: all-reduce takes
+2(n−1) steps moving 2(n−1)/n·S bytes per rank; reduce-scatter and all-gather take (n−1) steps moving
+(n−1)/n·S. α is the per-step latency (s), β the bandwidth per rank (bytes/s: nccl-tests' bus bandwidth).
 
-`measure` runs the `scaling.engine.collectives` worker under torchrun and fits α and β; `extrapolate`
-combines them with a configuration's measured compute time to predict tokens/s per GPU at dp
-up to 1024, assuming no overlap of communication with compute.
+Two tiers: within a node (`hardware.devices_per_node` ranks) and between nodes. A collective over more
+ranks than a node holds is taken as a flat ring over all n ranks at the inter-node α and β (every ring
+has at least one hop between nodes, and a ring step ends when its slowest hop does); NCCL's trees and
+hierarchical rings do better on latency at large n, so the latency term is an upper bound there.
+
+Where the figures come from, each with its spread as draws (`NetworkEstimate`):
+- a profile measured by `scaling collectives` (the `scaling.engine.collectives` worker run through the
+  same launchers as a point: torchrun here, srun + torchrun across nodes under SLURM), written into the
+  sweep directory as `alpha_beta.json`; its draws bootstrap each sample's timed calls;
+- published figures per hardware profile (`conf/network/<hardware>.yaml`, sources cited there), as
+  ranges; draws are log-uniform within them;
+- the sweep's own DP curve (fitted in `analysis.extrapolate`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import datetime as dt
+import math
 import os
-import subprocess
 import sys
-import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
-import pandas as pd
+import yaml
 
+from scaling.config import CONF_DIR
 from scaling.engine.collectives import OPS
+from scaling.engine.jobfiles import CONFIG_FILE, ELASTIC_LOGS, TORCHRUN_LOG, read_json, write_json_atomic
 
 PROFILE_FILE = "alpha_beta.json"
-"""Name of the fitted profile inside a sweep directory; the report extrapolates when it is there."""
-DEFAULT_SIZES = (4 * 1024, 64 * 1024, 1024**2, 4 * 1024**2, 16 * 1024**2)
-GRAD_BYTES = {"bf16": 2, "fp32": 4}
-"""Bytes per gradient element communicated, by `train.precision`."""
+"""The measured profile inside a sweep directory; the report uses it when it is there."""
+BENCH_DIR = "collectives"
+"""`<sweep_dir>/collectives/n<ranks>/`: one benchmark launch (config.json, torchrun.log, collectives.json)."""
+BENCH_OUTPUT = "collectives.json"
+BENCH_MODULE = "scaling.engine.collectives"
+NETWORK_DIR = CONF_DIR / "network"
+"""Published figures per hardware profile: `conf/network/<hardware.name>.yaml`."""
+INTRA, INTER = "intra_node", "inter_node"
+TIERS = (INTRA, INTER)
+CPU_SIZES = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
+CUDA_SIZES = (*CPU_SIZES, 64 * 2**20, 256 * 2**20)
+"""Message sizes the benchmark times by default: far enough apart that α (small) and β (large) both show."""
 
 
 def ring_cost(op: str, n: int, size_bytes: float) -> tuple[int, float]:
@@ -44,13 +62,17 @@ def ring_cost(op: str, n: int, size_bytes: float) -> tuple[int, float]:
     return n - 1, (n - 1) / n * size_bytes
 
 
+def tier_of(n: int, devices_per_node: Optional[int]) -> str:
+    """The tier a collective over n ranks runs at: within a node, or between nodes once n exceeds one."""
+    return INTRA if devices_per_node is None or n <= devices_per_node else INTER
+
+
 @dataclass(frozen=True)
 class AlphaBeta:
-    """Fitted per-step latency α (s) and bandwidth β (bytes/s) of one interconnect."""
+    """Per-step latency α (s) and bandwidth per rank β (bytes/s) of one tier."""
 
     alpha_s: float
     beta_bytes_per_s: float
-    name: str = "fitted"
 
     def time_s(self, op: str, n: int, size_bytes: float) -> float:
         """Predicted seconds of one collective."""
@@ -58,7 +80,35 @@ class AlphaBeta:
         return steps * self.alpha_s + moved / self.beta_bytes_per_s
 
 
-def fit(samples: Iterable[Mapping[str, Any]], name: str = "fitted") -> AlphaBeta:
+@dataclass(frozen=True)
+class Network:
+    """The α-β figures of both tiers (either may be unknown) and where the node boundary lies."""
+
+    tiers: Mapping[str, AlphaBeta]
+    devices_per_node: Optional[int]
+
+    def tier(self, n: int) -> Optional[AlphaBeta]:
+        """The figures a collective over n ranks runs at, or None when that tier is unknown."""
+        return self.tiers.get(tier_of(n, self.devices_per_node))
+
+    def reaches(self, n: int) -> bool:
+        """Whether a collective over n ranks can be predicted."""
+        return n < 2 or self.tier(n) is not None
+
+
+@dataclass(frozen=True)
+class NetworkEstimate:
+    """A network's figures from one source: the nominal values, draws that spread them, and a label."""
+
+    kind: str
+    """`profile` (measured by scaling collectives) or `published`."""
+    label: str
+    nominal: Network
+    draws: tuple[Network, ...]
+    notes: tuple[str, ...] = field(default=())
+
+
+def fit(samples: Iterable[Mapping[str, Any]]) -> AlphaBeta:
     """Least-squares α and β from samples {op, world_size, size_bytes, time_s}, in relative error.
 
     Each equation is divided by its measured time, so 4 KiB and 64 MiB messages weigh alike and
@@ -80,109 +130,280 @@ def fit(samples: Iterable[Mapping[str, Any]], name: str = "fitted") -> AlphaBeta
         alpha, inv_beta = 0.0, float(np.sum(a[:, 1] / t) / np.sum((a[:, 1] / t) ** 2))
     if inv_beta <= 0:
         raise ValueError("fit: time does not grow with message size, β cannot be fitted; measure larger sizes")
-    return AlphaBeta(float(alpha), float(1.0 / inv_beta), name)
+    return AlphaBeta(float(alpha), float(1.0 / inv_beta))
 
 
-def run_collectives(world_size: int = 2, sizes_bytes: Sequence[int] = DEFAULT_SIZES, ops: Sequence[str] = OPS,
-                    iters: int = 5, warmup: int = 1, backend: Optional[str] = None,
-                    timeout_s: float = 300.0) -> dict[str, Any]:
-    """Run the `scaling.engine.collectives` worker under torchrun on this host and return its JSON."""
-    if world_size < 2:
-        raise ValueError(f"world_size={world_size}: a collective benchmark needs at least 2 ranks")
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "collectives.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-               "-m", "scaling.engine.collectives", "--sizes", ",".join(map(str, sizes_bytes)), "--ops", ",".join(ops),
-               "--iters", str(iters), "--warmup", str(warmup), "--out", str(out)]
-        if backend:
-            cmd += ["--backend", backend]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-        if proc.returncode != 0 or not out.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            raise RuntimeError(f"collective benchmark exited {proc.returncode}: " + " | ".join(tail))
-        return json.loads(out.read_text())
+def fit_tiers(samples: Sequence[Mapping[str, Any]], devices_per_node: Optional[int]) -> dict[str, AlphaBeta]:
+    """α-β of each tier the samples cover: those of n <= devices_per_node ranks, and those of more."""
+    by_tier: dict[str, list[Mapping[str, Any]]] = {}
+    for s in samples:
+        by_tier.setdefault(tier_of(int(s["world_size"]), devices_per_node), []).append(s)
+    return {tier: fit(group) for tier, group in by_tier.items()}
 
 
-def measure(world_sizes: Sequence[int] = (2,), sizes_bytes: Sequence[int] = DEFAULT_SIZES, iters: int = 5,
-            backend: Optional[str] = None) -> tuple[AlphaBeta, list[dict[str, Any]]]:
-    """Benchmark the collectives at each world size and fit α-β to all of it."""
-    runs = [run_collectives(n, sizes_bytes, iters=iters, backend=backend) for n in world_sizes]
-    samples = [r for run in runs for r in run["results"]]
-    name = f"{runs[0]['backend']} on {runs[0]['hostname']} (n={','.join(map(str, world_sizes))})"
-    return fit(samples, name=name), samples
+# --- (b) the profile measured by `scaling collectives` -------------------------------------------
+@dataclass(frozen=True)
+class Profile:
+    """What `scaling collectives` measured: where, on how many ranks per node, each tier's fit and the samples."""
+
+    name: str
+    devices_per_node: Optional[int]
+    tiers: Mapping[str, AlphaBeta]
+    samples: tuple[Mapping[str, Any], ...]
+    measured_at: Optional[str] = None
 
 
-def save_profile(path: str | os.PathLike, ab: AlphaBeta, samples: list[dict[str, Any]]) -> Path:
-    """Write a fitted profile (α, β and the samples behind it) as JSON."""
+def save_profile(path: str | os.PathLike, profile: Profile) -> Path:
+    """Write a profile as JSON (atomically)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**asdict(ab), "samples": samples}, indent=2))
+    write_json_atomic(path, {
+        "name": profile.name, "measured_at": profile.measured_at, "devices_per_node": profile.devices_per_node,
+        "tiers": {tier: {"alpha_s": ab.alpha_s, "beta_bytes_per_s": ab.beta_bytes_per_s,
+                         "world_sizes": sorted({int(s["world_size"]) for s in profile.samples
+                                                if tier_of(int(s["world_size"]), profile.devices_per_node) == tier})}
+                  for tier, ab in profile.tiers.items()},
+        "samples": list(profile.samples)})
     return path
 
 
-def load_profile(path: str | os.PathLike) -> AlphaBeta:
+def load_profile(path: str | os.PathLike) -> Profile:
     """Read a profile written by `save_profile`."""
-    doc = json.loads(Path(path).read_text())
-    return AlphaBeta(float(doc["alpha_s"]), float(doc["beta_bytes_per_s"]), doc.get("name", "fitted"))
+    doc = read_json(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("tiers"), dict):
+        raise ValueError(f"{path}: not a network profile of scaling collectives (no 'tiers'): measure it again "
+                         f"with `scaling collectives --sweep-dir {Path(path).parent}`")
+    tiers = {t: AlphaBeta(float(v["alpha_s"]), float(v["beta_bytes_per_s"])) for t, v in doc["tiers"].items()}
+    return Profile(str(doc.get("name", "profile")), doc.get("devices_per_node"), tiers,
+                   tuple(doc.get("samples", ())), doc.get("measured_at"))
 
 
-def dp_comm_s(ab: AlphaBeta, zero_stage: int, dp: int, grad_bytes: float) -> float:
-    """Gradient communication of one optimizer step: all-reduce (ZeRO 0/1), reduce-scatter + all-gather (2/3)."""
-    if zero_stage in (0, 1):
-        return ab.time_s("all_reduce", dp, grad_bytes)
-    if zero_stage in (2, 3):
-        return ab.time_s("reduce_scatter", dp, grad_bytes) + ab.time_s("all_gather", dp, grad_bytes)
-    raise ValueError(f"zero_stage={zero_stage}: valid stages are 0, 1, 2, 3")
+def profile_draws(profile: Profile, n_draws: int, rng: np.random.Generator) -> list[dict[str, AlphaBeta]]:
+    """Tier fits of bootstrap replicates: each sample's time is the median of its timed calls drawn with replacement."""
+    draws = []
+    for _ in range(n_draws):
+        resampled = [{**s, "time_s": float(np.median(rng.choice(s["times_s"], len(s["times_s"]))))}
+                     if s.get("times_s") else s for s in profile.samples]
+        draws.append(fit_tiers(resampled, profile.devices_per_node))
+    return draws
 
 
-def extrapolate(measured: pd.DataFrame, ab: AlphaBeta, max_dp: int = 1024) -> pd.DataFrame:
-    """Tokens/s per GPU vs dp for one configuration: measured points, then the α-β model up to max_dp.
+def profile_estimate(profile: Profile, devices_per_node: Optional[int], n_draws: int,
+                     rng: np.random.Generator) -> NetworkEstimate:
+    """The profile as a source: its fits, bootstrap draws, and what it was measured on."""
+    notes = []
+    if profile.devices_per_node != devices_per_node:
+        notes.append(f"measured with devices_per_node={profile.devices_per_node}, the sweep has {devices_per_node}")
+    draws = profile_draws(profile, n_draws, rng) if profile.samples else [dict(profile.tiers)] * n_draws
+    return NetworkEstimate("profile", f"scaling collectives profile ({profile.name})",
+                           Network(dict(profile.tiers), devices_per_node),
+                           tuple(Network(d, devices_per_node) for d in draws), tuple(notes))
 
-    `measured` holds one row per dp of one configuration (a `dp_scaling.scaling_table` group) with
-    dp, tokens_per_s_per_gpu, step_time_s, gbs_tokens, n_params, precision and zero_stage. The
-    smallest dp's whole step time is taken as the compute of its tokens per rank (nothing is
-    subtracted); every rank keeps that work per step and a step at dp ranks adds the gradient
-    communication that dp costs beyond the smallest dp, with no overlap of the two.
+
+# --- (c) published figures per hardware profile ---------------------------------------------------
+@dataclass(frozen=True)
+class PublishedTier:
+    """Published figures of one tier as ranges (low, high): per-step latency and bus bandwidth per rank."""
+
+    alpha_s: tuple[float, float]
+    beta_bytes_per_s: tuple[float, float]
+
+    def nominal(self) -> AlphaBeta:
+        """The geometric middle of both ranges."""
+        return AlphaBeta(math.sqrt(self.alpha_s[0] * self.alpha_s[1]),
+                         math.sqrt(self.beta_bytes_per_s[0] * self.beta_bytes_per_s[1]))
+
+    def draw(self, rng: np.random.Generator) -> AlphaBeta:
+        """Figures drawn log-uniformly within both ranges."""
+        return AlphaBeta(*(float(np.exp(rng.uniform(*np.log(r)))) for r in (self.alpha_s, self.beta_bytes_per_s)))
+
+
+def _range(path: Path, key: str, value: Any) -> tuple[float, float]:
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: {key}={value!r} must be a range [low, high] of two numbers") from None
+    if not 0 < low <= high:
+        raise ValueError(f"{path}: {key}={value!r} must be a range [low, high] with 0 < low <= high")
+    return low, high
+
+
+def published(hardware: str, network_dir: Path = NETWORK_DIR) -> Optional[dict[str, PublishedTier]]:
+    """The published tiers of a hardware profile (`conf/network/<hardware>.yaml`), None when it has none."""
+    path = network_dir / f"{hardware}.yaml"
+    if not path.is_file():
+        return None
+    doc = yaml.safe_load(path.read_text()) or {}
+    unknown = set(doc) - {"name", *TIERS}
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}: a network profile holds name, {', '.join(TIERS)}")
+    tiers = {}
+    for tier in TIERS:
+        if doc.get(tier):
+            entry = doc[tier]
+            tiers[tier] = PublishedTier(_range(path, f"{tier}.alpha_s", entry.get("alpha_s")),
+                                        _range(path, f"{tier}.beta_bytes_per_s", entry.get("beta_bytes_per_s")))
+    return tiers or None
+
+
+def published_estimate(hardware: str, devices_per_node: Optional[int], n_draws: int,
+                       rng: np.random.Generator) -> Optional[NetworkEstimate]:
+    """The published figures of a hardware profile as a source, or None when there are none."""
+    tiers = published(hardware)
+    if tiers is None:
+        return None
+    draws = tuple(Network({t: p.draw(rng) for t, p in tiers.items()}, devices_per_node) for _ in range(n_draws))
+    return NetworkEstimate("published", f"published {hardware} figures (conf/network/{hardware}.yaml)",
+                           Network({t: p.nominal() for t, p in tiers.items()}, devices_per_node), draws)
+
+
+def with_fallback(primary: NetworkEstimate, fallback: NetworkEstimate) -> NetworkEstimate:
+    """`primary`'s figures, with the tiers it lacks taken from `fallback` (and said so in its label)."""
+    missing = [t for t in fallback.nominal.tiers if t not in primary.nominal.tiers]
+    if not missing:
+        return primary
+
+    def merge(a: Network, b: Network) -> Network:
+        return Network({**{t: b.tiers[t] for t in missing}, **a.tiers}, a.devices_per_node)
+
+    return NetworkEstimate(primary.kind, f"{primary.label}; {', '.join(missing)} from {fallback.label}",
+                           merge(primary.nominal, fallback.nominal),
+                           tuple(merge(a, b) for a, b in zip(primary.draws, fallback.draws)), primary.notes)
+
+
+# --- `scaling collectives`: the benchmark through the point's own launchers -----------------------
+def world_sizes(dp: int, devices_per_node: Optional[int]) -> list[int]:
+    """Ranks of each benchmark launch: powers of two from 2 below dp (whole nodes once past one), then dp itself.
+
+    dp=1 (the config's default) measures 2 ranks: a collective needs two.
     """
-    if max_dp < 1:
-        raise ValueError(f"max_dp={max_dp}: extrapolate to a dp >= 1")
-    first = measured.sort_values("dp").iloc[0]
-    dp0, zero_stage = int(first["dp"]), int(first["zero_stage"])
-    tokens_per_rank = float(first["gbs_tokens"]) / dp0
-    step0_s = float(first["step_time_s"])
-    grad_bytes = float(first["n_params"]) * GRAD_BYTES.get(str(first["precision"]), 4)
-    base_comm_s = dp_comm_s(ab, zero_stage, dp0, grad_bytes)
-    powers = [2**k for k in range(max_dp.bit_length()) if dp0 <= 2**k <= max_dp]
-    by_dp = measured.set_index(measured["dp"].astype(int))["tokens_per_s_per_gpu"]
-    rows = []
-    for dp in sorted(set(by_dp.index) | set(powers)):
-        added_comm_s = dp_comm_s(ab, zero_stage, dp, grad_bytes) - base_comm_s
-        model = tokens_per_rank / (step0_s + added_comm_s)
-        is_measured = dp in by_dp.index
-        rows.append({"dp": dp, "tokens_per_s_per_gpu": float(by_dp[dp]) if is_measured else model,
-                     "model_tokens_per_s_per_gpu": model, "step0_s": step0_s, "added_comm_s": added_comm_s,
-                     "source": "measured" if is_measured else "extrapolated"})
-    out = pd.DataFrame(rows)
-    out["efficiency"] = out["tokens_per_s_per_gpu"] / out["tokens_per_s_per_gpu"].iloc[0]
-    return out
+    top = max(dp, 2)
+    below = [2**k for k in range(1, top.bit_length()) if 2**k < top]
+    return [n for n in below if devices_per_node is None or n <= devices_per_node or n % devices_per_node == 0] + [top]
+
+
+def _launch_one(cfg: Mapping[str, Any], n: int, jd: Path, argv: list[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """One benchmark launch of n ranks in its job directory, holding its devices as a point does; the worker's JSON."""
+    from scaling import devices, launch
+
+    hw, out = cfg["hardware"], jd / BENCH_OUTPUT
+    point = {**cfg, "parallel": {**cfg["parallel"], "dp": n}}
+    with devices.hold(devices.request(point, env), cfg["launch"]["devices"]) as held:
+        outcome = launch.launch_torchrun(argv, jd, cfg["launch"]["timeout_s"],
+                                         launch.job_env(hw["threads_per_device"], held.visible, hw["device"] == "cuda"))
+        launch.end_point_processes(out)  # every rank names its output file on its command line
+    doc = read_json(out)
+    if outcome.status != "ok" or doc is None:
+        raise RuntimeError(f"the benchmark on {n} ranks ended {outcome.status}: {outcome.error or 'no ' + BENCH_OUTPUT}"
+                           f" (log: {jd / TORCHRUN_LOG})")
+    return doc
+
+
+def measure(cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int], iters: int,
+            env: Mapping[str, str]) -> Profile:
+    """Benchmark the collectives at every world size up to parallel.dp and fit each tier.
+
+    Every launch's command line is made first (scaling.slurm's placement: torchrun here, or one per node
+    through srun under SLURM), so a launch that cannot be placed fails before any process starts.
+    """
+    from scaling import slurm
+
+    hw = cfg["hardware"]
+    dpn = hw["devices_per_node"]
+    if int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
+        raise ValueError("scaling collectives runs as one process that starts every launch: run it with salloc or "
+                         "in a batch script, not as one of several srun tasks")
+    plan = world_sizes(int(cfg["parallel"]["dp"]), dpn)
+    if "SLURM_JOB_ID" not in env and plan[-1] > (dpn or plan[-1]):
+        nodes = slurm.nodes_needed(plan[-1], dpn)
+        raise ValueError(f"parallel.dp={plan[-1]} with hardware.devices_per_node={dpn} spans {nodes} nodes: run "
+                         f"scaling collectives inside a SLURM allocation of them (salloc --nodes={nodes} scaling "
+                         f"collectives ...) or lower parallel.dp to {dpn}")
+    args = ["--sizes", ",".join(map(str, sizes_bytes)), "--iters", str(iters), "--backend", hw["backend"]]
+    launches = {}
+    for n in plan:
+        jd = sweep_dir / BENCH_DIR / f"n{n}"
+        module_args = [*args, "--out", str(jd / BENCH_OUTPUT)]
+        launches[n] = (jd, slurm.torchrun_here(BENCH_MODULE, module_args, n, dpn, env, f"collectives-n{n}",
+                                               cfg["launch"]["master_port"], jd / ELASTIC_LOGS))
+    runs = []
+    for n, (jd, argv) in launches.items():
+        for stale in (BENCH_OUTPUT, TORCHRUN_LOG):
+            (jd / stale).unlink(missing_ok=True)
+        write_json_atomic(jd / CONFIG_FILE, {"hardware": dict(hw), "world_size": n, "argv": argv})
+        runs.append(_launch_one(cfg, n, jd, argv, env))
+    samples = tuple(r for run in runs for r in run["results"])
+    name = f"{runs[0]['backend']} on {runs[0]['device']} at {runs[0]['hostname']}, n={','.join(map(str, plan))}"
+    try:
+        tiers = fit_tiers(samples, dpn)
+    except ValueError as e:  # measured, but not fittable: not a bad request
+        raise RuntimeError(f"the timings in {sweep_dir / BENCH_DIR} cannot be fitted: {e}") from e
+    return Profile(name, dpn, tiers, samples, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+
+
+def keep_earlier(path: Path) -> Optional[Path]:
+    """Move an existing profile aside (`alpha_beta.<measured_at>.json`) so a new one never overwrites it."""
+    if not path.exists():
+        return None
+    stamp = (read_json(path) or {}).get("measured_at") or dt.datetime.fromtimestamp(path.stat().st_mtime).isoformat()
+    kept = path.with_name(f"{path.stem}.{str(stamp).replace(':', '-')}{path.suffix}")
+    os.replace(path, kept)
+    return kept
+
+
+def describe(profile: Profile) -> list[str]:
+    """One line per tier: α, β and the ranks it was measured on."""
+    ranks = sorted({int(s["world_size"]) for s in profile.samples})
+    return [f"{tier}: α = {ab.alpha_s * 1e6:.1f} µs, β = {ab.beta_bytes_per_s / 1e9:.3g} GB/s (n="
+            f"{','.join(str(n) for n in ranks if tier_of(n, profile.devices_per_node) == tier)})"
+            for tier, ab in profile.tiers.items()]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m analysis.alpha_beta --out SWEEP_DIR/alpha_beta.json`: measure this host and save the fit."""
-    p = argparse.ArgumentParser(prog="python -m analysis.alpha_beta", description=main.__doc__)
-    p.add_argument("--out", required=True, help=f"profile JSON to write (the report reads <sweep_dir>/{PROFILE_FILE})")
-    p.add_argument("--world-sizes", default="2", help="comma-separated rank counts, each >= 2")
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--backend", choices=("gloo", "nccl"), default=None)
-    args = p.parse_args(argv)
-    ab, samples = measure([int(n) for n in args.world_sizes.split(",")], iters=args.iters, backend=args.backend)
-    path = save_profile(args.out, ab, samples)
-    print(f"α = {ab.alpha_s * 1e6:.1f} µs, β = {ab.beta_bytes_per_s / 1e9:.2f} GB/s ({ab.name}) -> {path}")
+    """`scaling collectives [--sweep-dir DIR] [overrides]`: measure the network and write the sweep's profile."""
+    from scaling.cli import parse_count
+
+    p = argparse.ArgumentParser(prog="scaling collectives", description=(
+        "Time all-reduce, reduce-scatter and all-gather through the launchers of a point (torchrun here; srun + "
+        "torchrun across nodes under SLURM) at 2, 4, ... up to parallel.dp ranks, fit α and β per network tier "
+        f"and write SWEEP_DIR/{PROFILE_FILE} for `scaling report`."))
+    p.add_argument("--sweep-dir", default=None, help="where the profile goes (default: the config's sweep_dir)")
+    p.add_argument("--sizes", default=None, help="message sizes, comma-separated, e.g. 4Ki,1Mi,16Mi "
+                   "(default: 4 KiB to 16 MiB on CPU, to 256 MiB on CUDA)")
+    p.add_argument("--iters", type=int, default=10, help="timed calls per collective and size (default 10)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides of `scaling run`, e.g. hardware=h100 parallel.dp=16")
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if a.iters < 2:
+        p.error(f"--iters={a.iters}: at least 2 timed calls, so the profile has a spread")
+    try:
+        sizes = [parse_count(s) for s in a.sizes.split(",")] if a.sizes else None
+    except argparse.ArgumentTypeError as e:
+        p.error(f"--sizes={a.sizes!r}: {e}")
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from scaling.predictor.cli import compose_config
+
+    try:
+        cfg = compose_config(a.overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        p.error(" ".join(str(e).split()))
+    if cfg["parallel"]["dp"] < 1:
+        p.error(f"parallel.dp={cfg['parallel']['dp']} is the largest launch's ranks: give dp >= 1 "
+                "(1 and 2 both measure 2)")
+    sweep_dir = Path(a.sweep_dir or cfg["sweep_dir"]).resolve()
+    sizes = sizes or list(CUDA_SIZES if cfg["hardware"]["device"] == "cuda" else CPU_SIZES)
+    try:
+        profile = measure(cfg, sweep_dir, sizes, a.iters, os.environ)
+    except ValueError as e:
+        print(f"scaling collectives: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"scaling collectives: {e}", file=sys.stderr)
+        return 1
+    kept = keep_earlier(sweep_dir / PROFILE_FILE)
+    path = save_profile(sweep_dir / PROFILE_FILE, profile)
+    print(f"{profile.name}:")
+    for line in describe(profile):
+        print(f"  {line}")
+    print(f"profile: {path}" + (f" (the earlier one kept as {kept.name})" if kept else ""))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

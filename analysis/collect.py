@@ -48,9 +48,11 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dp", ("config", "parallel", "dp")),
     ("zero_stage", ("config", "parallel", "zero_stage")),
     ("bucket_mb", ("config", "parallel", "bucket_mb")),
+    ("fsdp_grad_reduce", ("config", "parallel", "fsdp_grad_reduce")),
     ("hardware", ("config", "hardware", "name")),
     ("device", ("config", "hardware", "device")),
     ("memory_gb", ("config", "hardware", "memory_gb")),
+    ("devices_per_node", ("config", "hardware", "devices_per_node")),
     ("threads_per_device", ("config", "hardware", "threads_per_device")),
     ("oversubscribe", ("config", "hardware", "oversubscribe")),
     ("n_params", ("derived", "n_params")),
@@ -108,7 +110,7 @@ CONFIG_AXES = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "preci
 
 INT_COLUMNS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "seq_len", "mbs",
                "grad_acc", "gbs", "gbs_tokens", "target_gbs", "target_gbs_tokens", "steps", "dp", "zero_stage",
-               "n_params", "flops_per_token", "hw_flops_per_token", "world_size", "peak_mem_bytes",
+               "devices_per_node", "n_params", "flops_per_token", "hw_flops_per_token", "world_size", "peak_mem_bytes",
                "peak_mem_reserved_bytes", "pred_peak_mem_bytes", "threads_per_device",
                "repeats_ok", "peak_rss_growth_bytes", "pred_analytic_peak_mem_bytes", "pred_traced_peak_mem_bytes")
 TIME_COLUMNS = ("started_at",)

@@ -28,7 +28,8 @@ from scaling.noise import NOISE_BAND_KEY
 from scaling.record import OK
 
 GROUP_KEYS = ("model", "seq_len", "mbs", "zero_stage", "precision", "recompute", "hardware", "memory_gb",
-              "threads_per_device", "oversubscribe", "bucket_mb", "compile", "target_gbs", "target_gbs_tokens")
+              "threads_per_device", "oversubscribe", "bucket_mb", "fsdp_grad_reduce", "compile", "target_gbs",
+              "target_gbs_tokens")
 """What makes a configuration for DP scaling: the config axes except dp and grad_acc (and the global batch
 they give, unless the sweep fixed it: then each fixed batch is its own configuration)."""
 ALWAYS_NAMED = ("model", "seq_len", "zero_stage")
@@ -146,7 +147,8 @@ def knees(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> list[Knee]:
     return out
 
 
-def _dp_axis(ax: Axes, dps: pd.Series) -> None:
+def dp_axis(ax: Axes, dps: pd.Series) -> None:
+    """A log-2 dp axis with a plain tick at every dp given."""
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({int(d) for d in dps}))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -180,7 +182,7 @@ def plot_dp_scaling(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD, max_
                     markeredgecolor="black", linestyle="none")
     ax_eff.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:.0%}")
     for ax, label in ((ax_tps, "tokens/s per GPU"), (ax_eff, "efficiency vs smallest dp")):
-        _dp_axis(ax, table.loc[table["config"].isin(shown), "dp"])
+        dp_axis(ax, table.loc[table["config"].isin(shown), "dp"])
         ax.set_ylabel(label)
     ax_eff.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0%}"))
     ax_eff.legend(loc="lower left", fontsize=8)
@@ -192,29 +194,5 @@ def plot_dp_scaling(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD, max_
     if not shown:
         title += ": no configuration measured at two or more dp"
     fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    return fig
-
-
-def plot_extrapolation(frame: pd.DataFrame, config: str, profile: str,
-                       threshold: float = DEFAULT_THRESHOLD) -> Figure:
-    """One configuration's tokens/s per GPU vs dp: measured points and the α-β extrapolation beyond."""
-    fig = new_figure((8, 4.8))
-    ax = fig.subplots()
-    ax.plot(frame["dp"], frame["model_tokens_per_s_per_gpu"], linestyle="--", color="tab:blue",
-            label="α-β model (no overlap)")
-    for source, style in (("measured", {"marker": "o", "color": "tab:blue"}),
-                          ("extrapolated", {"marker": "o", "markerfacecolor": "white", "color": "tab:blue"})):
-        part = frame[frame["source"] == source]
-        ax.plot(part["dp"], part["tokens_per_s_per_gpu"], linestyle="none", label=source, gid=source, **style)
-    knee_dp, next_dp = find_knee(list(frame["dp"]), list(frame["efficiency"]), threshold)
-    at = frame[frame["dp"] == knee_dp]
-    ax.plot(at["dp"], at["tokens_per_s_per_gpu"], marker="*", markersize=18, color="gold", markeredgecolor="black",
-            linestyle="none", label=f"knee dp={knee_dp} (efficiency ≥ {threshold:.0%})")
-    _dp_axis(ax, frame["dp"])
-    ax.set_ylabel("tokens/s per GPU")
-    ax.legend(fontsize=8)
-    ax.set_title(f"{config}: DP extrapolated with α-β ({profile}),\ngradient communication not overlapped "
-                 "with compute", fontsize=10)
     fig.tight_layout()
     return fig

@@ -4,8 +4,8 @@
 `scaling report SWEEP_DIR [--out DIR] [--wandb]` writes, under `<sweep_dir>/report` unless told:
 status counts, the top configurations (ties within noise of the best marked), the noise of the
 measurements, the heatmaps, the DP-scaling curve with its knee and the dps it may lie at within
-noise (when the sweep has several dp; with the α-β extrapolation when `<sweep_dir>/alpha_beta.json`
-exists), the memory checks (`analysis.memory`) and the failures' last error lines.
+noise, and its extrapolation beyond the measured dp (when the sweep has several dp), the memory
+checks (`analysis.memory`) and the failures' last error lines.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import alpha_beta, dp_scaling, heatmaps, memory
+from analysis import dp_scaling, extrapolate, heatmaps, memory
 from analysis.collect import collect, memory_unit, to_parquet
 from analysis.figures import FigureSpec, render_pngs
 from scaling.noise import NOISE_BAND_KEY, within_noise
@@ -131,7 +131,7 @@ def knee_table(found: list[dp_scaling.Knee]) -> pd.DataFrame:
 
 
 def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
-    """The DP knees in words, their table and curve; the α-β extrapolation when the sweep has a profile."""
+    """The DP knees in words, their table and curve; the extrapolation beyond the measured dp."""
     found = dp_scaling.knees(df, threshold)
     if not found:
         return [Section("Data-parallel scaling", ["No configuration was measured ok at two or more dp."])]
@@ -148,18 +148,24 @@ def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Sec
                      "measures the sharing of cores as well as communication.")
     sections = [Section("Data-parallel scaling", words, [knee_table(found)],
                         {"dp_scaling": dp_scaling.plot_dp_scaling(df, threshold, max_configs=KNEES_IN_WORDS)})]
-    profile_path = sweep_dir / alpha_beta.PROFILE_FILE
-    if profile_path.exists():
-        ab = alpha_beta.load_profile(profile_path)
-        best = table.loc[table["tokens_per_s_per_gpu"].idxmax(), "config"]
-        frame = alpha_beta.extrapolate(table[table["config"] == best], ab)
-        sections.append(Section("DP extrapolation (α-β model)", [
-            f"{best}, extrapolated to dp={int(frame['dp'].max())} with α = {ab.alpha_s * 1e6:.1f} µs and β = "
-            f"{ab.beta_bytes_per_s / 1e9:.2f} GB/s ({ab.name}): the smallest dp's step time is the compute, each "
-            "step adds the gradient all-reduce (ZeRO 0/1) or reduce-scatter + all-gather (ZeRO 2/3) of dp ranks, "
-            "with no overlap assumed. Filled points are measured, hollow points extrapolated."],
-            figures={"dp_extrapolation": dp_scaling.plot_extrapolation(frame, best, ab.name, threshold)}))
+    sections.append(extrapolation_section(sweep_dir, table, threshold))
     return sections
+
+
+def extrapolation_section(sweep_dir: Path, table: pd.DataFrame, threshold: float) -> Section:
+    """Beyond the measured dp: the step model fitted under each parameter source, for the fastest configurations."""
+    found, notes = extrapolate.sweep_extrapolations(sweep_dir, table, threshold)
+    intro = (f"The fastest configurations measured at two or more dp (at most {extrapolate.EXTRAPOLATED_CONFIGS}), "
+             "extrapolated at their global batch "
+             "with the step model of the README (grad_acc × compute per micro-step + the exposed communication of "
+             "their ZeRO stage, α-β per network tier, an overlap fraction), under each source of parameters: "
+             "(a) fitted to this sweep's DP curve alone, (b) the network profile measured by `scaling collectives`, "
+             "(c) the hardware's published network figures. Compute per micro-step (and the overlap, for b and c) "
+             "is always fitted to the measured points. Bands span the 2.5th-97.5th percentile of bootstrap draws "
+             "(95%).")
+    return Section("DP extrapolation beyond the measured dp", [intro, *notes, *extrapolate.report_text(found)],
+                   [extrapolate.summary_table(found)],
+                   {f"dp_extrapolation_{i}": extrapolate.plot(results) for i, results in enumerate(found.values())})
 
 
 def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:

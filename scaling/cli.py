@@ -1,4 +1,4 @@
-"""The `scaling` command: run a point, run a named sweep, plan a batch, predict memory, report.
+"""The `scaling` command: run a point, run a named sweep, plan a batch, predict memory, report, measure the network.
 
     scaling run [overrides]              one point (= python -m scaling.run)
     scaling sweep NAME [overrides]       a named multirun from sweeps/NAME.yaml
@@ -7,6 +7,7 @@
     scaling find-mbs [overrides]         the largest mbs that fits
     scaling report SWEEP_DIR             Markdown + HTML report with heatmaps
     scaling status SWEEP_DIR [--watch]   done, running, queued and still to run; time per point and left
+    scaling collectives [--sweep-dir DIR] [overrides]   the network's α-β profile, measured into the sweep
 
 Exit status: 0, or 1 when a point failed or timed out (after every point ran), 2 for a bad command
 line. Shell completion (bash): eval "$(scaling run -sc install=bash)".
@@ -94,6 +95,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], Optional[int]], str]] = {
     "find-mbs": (_lazy("scaling.predictor.find_mbs"), "the largest mbs that fits, predicted and confirmed by two runs"),
     "report": (_lazy("analysis.report"), "Markdown + HTML report of a sweep directory"),
     "status": (_lazy("scaling.status"), "where a sweep stands: done, running, to run, time left"),
+    "collectives": (_lazy("analysis.alpha_beta"), "measure the network's α-β figures per tier into a sweep directory"),
 }
 
 

@@ -1,17 +1,26 @@
-"""α-β model: ring costs, the fit recovering known α and β, extrapolation, and a real torchrun benchmark."""
+"""α-β model: ring costs, per-tier fits, the three sources of network figures, and `scaling collectives`
+run for real (torchrun here; srun + torchrun across two nodes of the test SLURM cluster)."""
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
+from pathlib import Path
 
-import pandas as pd
+import numpy as np
 import pytest
 
 from analysis.alpha_beta import (
-    DEFAULT_SIZES, PROFILE_FILE, AlphaBeta, dp_comm_s, extrapolate, fit, load_profile, measure, ring_cost,
-    run_collectives, save_profile,
+    BENCH_DIR, BENCH_OUTPUT, INTER, INTRA, PROFILE_FILE, AlphaBeta, Network, Profile, fit, fit_tiers,
+    load_profile, main, profile_estimate, published, published_estimate, ring_cost, save_profile, tier_of,
+    with_fallback, world_sizes,
 )
 from scaling.engine.collectives import OPS, bus_factor, parse_args
+from scaling.engine.jobfiles import CONFIG_FILE, TORCHRUN_LOG
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_ring_costs():
@@ -24,12 +33,21 @@ def test_ring_costs():
     assert bus_factor("all_reduce", 4) == 1.5 and bus_factor("all_gather", 4) == 0.75
 
 
+def _samples(truth: dict[str, AlphaBeta], dpn, world_sizes_, rng, noise=0.03):
+    out = []
+    for n in world_sizes_:
+        ab = truth[tier_of(n, dpn)]
+        for op in OPS:
+            for s in (1024, 64 * 1024, 2**20, 16 * 2**20, 256 * 2**20):
+                times = [ab.time_s(op, n, s) * (1 + rng.gauss(0, noise)) for _ in range(5)]
+                out.append({"op": op, "world_size": n, "size_bytes": s, "time_s": float(np.median(times)),
+                            "times_s": times})
+    return out
+
+
 @pytest.mark.parametrize("alpha_s, beta", [(30e-6, 25e9), (2e-3, 0.5e9)])
 def test_fit_recovers_alpha_and_beta_within_5_percent(alpha_s, beta):
-    truth = AlphaBeta(alpha_s, beta)
-    rng = random.Random(0)
-    samples = [{"op": op, "world_size": n, "size_bytes": s, "time_s": truth.time_s(op, n, s) * (1 + rng.gauss(0, 0.03))}
-               for op in OPS for n in (2, 4, 8) for s in (1024, *DEFAULT_SIZES, 256 * 1024**2)]
+    samples = _samples({INTRA: AlphaBeta(alpha_s, beta)}, None, (2, 4, 8), random.Random(0))
     got = fit(samples)
     assert got.alpha_s == pytest.approx(alpha_s, rel=0.05)
     assert got.beta_bytes_per_s == pytest.approx(beta, rel=0.05)
@@ -40,55 +58,122 @@ def test_fit_needs_two_sizes():
         fit([{"op": "all_reduce", "world_size": 2, "size_bytes": 1024, "time_s": 1e-3}])
 
 
-def test_zero_stage_decides_the_collectives():
-    ab = AlphaBeta(10e-6, 10e9)
-    grad = 2e9
-    assert dp_comm_s(ab, 0, 8, grad) == dp_comm_s(ab, 1, 8, grad) == ab.time_s("all_reduce", 8, grad)
-    assert dp_comm_s(ab, 3, 8, grad) == pytest.approx(ab.time_s("reduce_scatter", 8, grad)
-                                                      + ab.time_s("all_gather", 8, grad))
-    with pytest.raises(ValueError, match="zero_stage=5"):
-        dp_comm_s(ab, 5, 8, grad)
+def test_each_tier_is_fitted_from_its_own_world_sizes():
+    """Launches within a node fit the NVLink-like tier, launches spanning nodes the slower one."""
+    truth = {INTRA: AlphaBeta(3e-6, 300e9), INTER: AlphaBeta(15e-6, 40e9)}
+    samples = _samples(truth, 8, (2, 4, 8, 16, 32), random.Random(1))
+    tiers = fit_tiers(samples, devices_per_node=8)
+    for tier in (INTRA, INTER):
+        assert tiers[tier].alpha_s == pytest.approx(truth[tier].alpha_s, rel=0.1)
+        assert tiers[tier].beta_bytes_per_s == pytest.approx(truth[tier].beta_bytes_per_s, rel=0.05)
+    assert set(fit_tiers(samples[:15], devices_per_node=8)) == {INTRA}  # n=2 only: one node
+    net = Network(tiers, 8)
+    assert net.tier(8) is tiers[INTRA] and net.tier(16) is tiers[INTER] and net.reaches(1)
+    assert not Network({INTRA: tiers[INTRA]}, 8).reaches(16)
+    assert Network({INTRA: tiers[INTRA]}, None).reaches(1024)  # no node boundary: one tier (CPU)
 
 
-def test_extrapolation_to_1024_marks_measured_and_extrapolated():
-    measured = pd.DataFrame({"dp": [1, 2, 4], "tokens_per_s_per_gpu": [1000.0, 950.0, 900.0],
-                             "step_time_s": [4.096, 4.3, 4.5], "gbs_tokens": [4096, 8192, 16384],
-                             "n_params": [100_000_000] * 3, "precision": ["bf16"] * 3, "zero_stage": [1] * 3})
-    ab = AlphaBeta(50e-6, 10e9)
-    out = extrapolate(measured, ab)
-    assert list(out["dp"]) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
-    assert list(out["source"][:3]) == ["measured"] * 3 and set(out["source"][3:]) == {"extrapolated"}
-    assert list(out["tokens_per_s_per_gpu"][:3]) == [1000.0, 950.0, 900.0]
-    # at dp=1024: 4096 tokens per rank over 4.096 s of compute plus one all-reduce of 2e8 bytes of bf16 grads
-    comm = ab.time_s("all_reduce", 1024, 2e8)
-    assert out["tokens_per_s_per_gpu"].iloc[-1] == pytest.approx(4096 / (4.096 + comm))
-    assert out["model_tokens_per_s_per_gpu"].is_monotonic_decreasing
+def test_profile_round_trip_and_bootstrap_draws(tmp_path):
+    truth = {INTRA: AlphaBeta(5e-6, 100e9)}
+    samples = _samples(truth, None, (2, 4), random.Random(2), noise=0.1)
+    profile = Profile("gloo on host", None, fit_tiers(samples, None), tuple(samples), "2026-01-01T00:00:00+00:00")
+    back = load_profile(save_profile(tmp_path / PROFILE_FILE, profile))
+    assert back == profile
+    assert json.loads((tmp_path / PROFILE_FILE).read_text())["tiers"][INTRA]["world_sizes"] == [2, 4]
+    est = profile_estimate(back, None, 50, np.random.default_rng(0))
+    betas = [d.tiers[INTRA].beta_bytes_per_s for d in est.draws]
+    assert est.kind == "profile" and len(betas) == 50
+    assert min(betas) < profile.tiers[INTRA].beta_bytes_per_s < max(betas)  # the timed calls' noise shows
+    assert max(betas) / min(betas) < 1.5
+    est = profile_estimate(back, 8, 5, np.random.default_rng(0))
+    assert est.notes == ("measured with devices_per_node=None, the sweep has 8",)
 
 
-def test_profile_round_trip(tmp_path):
-    ab = AlphaBeta(1e-5, 3e9, "gloo on host")
-    assert load_profile(save_profile(tmp_path / "alpha_beta.json", ab, [])) == ab
+def test_an_old_profile_is_refused_with_the_command_that_replaces_it(tmp_path):
+    (tmp_path / PROFILE_FILE).write_text(json.dumps({"alpha_s": 1e-5, "beta_bytes_per_s": 1e9}))
+    with pytest.raises(ValueError, match="not a network profile .* `scaling collectives --sweep-dir"):
+        load_profile(tmp_path / PROFILE_FILE)
 
 
-def test_measure_runs_the_worker_under_torchrun_and_fits(tmp_path):
-    """One real torchrun of scaling.engine.collectives: 2 ranks over gloo, tiny sizes, JSON back, α-β fitted."""
-    sizes = (4096, 4 * 1024**2)  # far apart, so the bandwidth term shows through a busy machine's noise
-    ab, samples = measure((2,), sizes_bytes=sizes, iters=5, backend="gloo")
-    assert ab.name.startswith("gloo on ") and ab.name.endswith("(n=2)")
-    results = {(r["op"], r["size_bytes"]): r for r in samples}
-    assert set(results) == {(op, s) for op in OPS for s in sizes}
+def test_published_figures_are_ranges_and_draws_stay_inside(tmp_path):
+    tiers = published("h100")
+    assert set(tiers) == {INTRA, INTER}
+    assert tiers[INTRA].beta_bytes_per_s == (3.0e11, 4.5e11) and tiers[INTER].beta_bytes_per_s == (3.5e10, 4.8e10)
+    assert published("cpu") is None and published("no_such_profile") is None
+    assert all(published(h) for h in ("a100", "h200"))
+    est = published_estimate("h100", 8, 200, np.random.default_rng(0))
+    assert est.kind == "published" and est.nominal.tier(16).beta_bytes_per_s == pytest.approx((3.5e10 * 4.8e10) ** 0.5)
+    for d in est.draws:
+        assert 5e-6 <= d.tier(16).alpha_s <= 2e-5 and 3.0e11 <= d.tier(8).beta_bytes_per_s <= 4.5e11
+    (tmp_path / "bad.yaml").write_text("name: bad\nintra_node:\n  alpha_s: [2.0e-6]\n  beta_bytes_per_s: [1, 2]\n")
+    with pytest.raises(ValueError, match=r"intra_node.alpha_s=\[2e-06\] must be a range \[low, high\]"):
+        published("bad", tmp_path)
+    (tmp_path / "typo.yaml").write_text("name: typo\nintra: null\n")
+    with pytest.raises(ValueError, match=r"unknown keys \['intra'\]"):
+        published("typo", tmp_path)
+
+
+def test_a_profile_measured_on_one_node_borrows_the_inter_node_tier():
+    rng = np.random.default_rng(0)
+    samples = _samples({INTRA: AlphaBeta(5e-6, 100e9)}, 8, (2, 4, 8), random.Random(3))
+    prof = profile_estimate(Profile("one node", 8, fit_tiers(samples, 8), tuple(samples)), 8, 20, rng)
+    both = with_fallback(prof, published_estimate("h100", 8, 20, rng))
+    assert both.kind == "profile" and both.label.endswith("inter_node from published h100 figures "
+                                                          "(conf/network/h100.yaml)")
+    assert both.nominal.tier(8) == prof.nominal.tier(8) and both.nominal.tier(16).beta_bytes_per_s < 5e10
+    assert all(d.reaches(1024) for d in both.draws)
+
+
+@pytest.mark.parametrize("dp, dpn, sizes", [(1, None, [2]), (2, None, [2]), (6, 8, [2, 4, 6]), (8, 8, [2, 4, 8]),
+                                            (32, 8, [2, 4, 8, 16, 32]), (4, 1, [2, 4]), (24, 8, [2, 4, 8, 16, 24])])
+def test_world_sizes_of_the_benchmark(dp, dpn, sizes):
+    assert world_sizes(dp, dpn) == sizes
+
+
+def test_scaling_collectives_measures_through_torchrun_into_the_sweep_dir(tmp_path, capsys):
+    """The real command: 2 ranks over gloo, JSON back in the job directory, the profile fitted and written;
+    a second measurement keeps the first."""
+    sweep = tmp_path / "sweep"
+    args = ["--sweep-dir", str(sweep), "--iters", "3", "--sizes", "4Ki,16Mi", "parallel.dp=2", "launch.timeout_s=120"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"profile: {sweep / PROFILE_FILE}" in out and "intra_node: α = " in out
+    profile = load_profile(sweep / PROFILE_FILE)
+    assert profile.name.startswith("gloo on ") and profile.name.endswith(", n=2") and set(profile.tiers) == {INTRA}
+    results = {(r["op"], r["size_bytes"]): r for r in profile.samples}
+    assert set(results) == {(op, s) for op in OPS for s in (4096, 16 * 2**20)}
     for (op, size), r in results.items():
-        assert r["world_size"] == 2 and r["time_s"] > 0 and len(r["times_s"]) == 5
-        assert r["algbw_bytes_per_s"] == pytest.approx(size / r["time_s"])
-        assert r["busbw_bytes_per_s"] == pytest.approx(r["algbw_bytes_per_s"] * bus_factor(op, 2))
-    assert ab.beta_bytes_per_s > 0 and ab.alpha_s >= 0
-    profile = load_profile(save_profile(tmp_path / PROFILE_FILE, ab, samples))
-    assert profile == ab
+        assert r["world_size"] == 2 and r["time_s"] > 0 and len(r["times_s"]) == 3
+        assert r["busbw_bytes_per_s"] == pytest.approx(size / r["time_s"] * bus_factor(op, 2))
+    job = sweep / BENCH_DIR / "n2"
+    assert (job / BENCH_OUTPUT).exists() and (job / TORCHRUN_LOG).exists()
+    config = json.loads((job / CONFIG_FILE).read_text())
+    assert config["world_size"] == 2 and "--standalone" in config["argv"]  # scaling.launch's torchrun, as a point's
+    assert config["argv"][-2:] == ["--out", str(job / BENCH_OUTPUT)] and "scaling.engine.collectives" in config["argv"]
+    assert main(args) == 0
+    kept = [p for p in sweep.glob("alpha_beta.*.json")]
+    assert len(kept) == 1 and load_profile(kept[0]) == profile
+    assert f"the earlier one kept as {kept[0].name}" in capsys.readouterr().out
 
 
-def test_run_collectives_needs_two_ranks():
-    with pytest.raises(ValueError, match="world_size=1: a collective benchmark needs at least 2 ranks"):
-        run_collectives(1)
+@pytest.mark.parametrize("args, message", [
+    (["--iters", "1"], "--iters=1: at least 2 timed calls"),
+    (["--sizes", "4Ki,abc"], "--sizes='4Ki,abc': 'abc' is not a count"),
+    (["parallel.dpp=3"], "Could not override 'parallel.dpp'"),
+])
+def test_scaling_collectives_rejects_bad_arguments_before_any_launch(tmp_path, capsys, args, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["--sweep-dir", str(tmp_path), *args])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_scaling_collectives_beyond_one_node_needs_slurm(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert main(["--sweep-dir", str(tmp_path), "hardware=h100", "parallel.dp=16"]) == 2
+    assert ("parallel.dp=16 with hardware.devices_per_node=8 spans 2 nodes: run scaling collectives inside a SLURM "
+            "allocation of them (salloc --nodes=2") in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def test_collectives_worker_rejects_bad_sizes(capsys):
@@ -98,3 +183,24 @@ def test_collectives_worker_rejects_bad_sizes(capsys):
     with pytest.raises(SystemExit):
         parse_args(["--sizes", "1024", "--ops", "broadcast", "--out", "x.json"])
     assert "--ops='broadcast': choose from all_reduce, reduce_scatter, all_gather" in capsys.readouterr().err
+
+
+@pytest.mark.slurm
+def test_scaling_collectives_spans_two_nodes_under_slurm(slurm_cluster, tmp_path):
+    """In a two-node allocation: n=2 within a node (torchrun here), n=4 across both (srun + torchrun, c10d)."""
+    if len(slurm_cluster.nodes) < 2:
+        pytest.skip("the test cluster has one node")
+    sweep = tmp_path / "sweep"
+    done = subprocess.run(
+        ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", sys.executable, "-m", "scaling.cli", "collectives",
+         "--sweep-dir", str(sweep), "--iters", "3", "--sizes", "4Ki,16Mi", "hardware.devices_per_node=2",
+         "parallel.dp=4"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    profile = load_profile(sweep / PROFILE_FILE)
+    assert profile.devices_per_node == 2 and set(profile.tiers) == {INTRA, INTER}
+    assert sorted({s["world_size"] for s in profile.samples}) == [2, 4]
+    nodes = {n: json.loads((sweep / BENCH_DIR / f"n{n}" / BENCH_OUTPUT).read_text())["nodes"] for n in (2, 4)}
+    assert len(set(nodes[2])) == 1 and sorted(set(nodes[4])) == slurm_cluster.nodes[:2]
+    assert f"profile: {sweep / PROFILE_FILE}" in done.stdout

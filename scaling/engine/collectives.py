@@ -4,10 +4,11 @@ Run under torchrun, one process per rank (gloo on CPU, NCCL on CUDA):
 
     torchrun --standalone --nproc-per-node=2 -m scaling.engine.collectives --sizes 4096,1048576 --out c.json
 
-Rank 0 writes JSON with, per (op, size), the time of one call (median over iterations of the
-slowest rank) and the bandwidths as nccl-tests defines them: algbw = size / time and
-busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for reduce-scatter and all-gather, where
-size is the full buffer (all-reduce's tensor, reduce-scatter's input, all-gather's output).
+Rank 0 writes JSON with the node of every rank (SLURM's node name, else the host name) and, per
+(op, size), the time of one call (median over iterations of the slowest rank) and the bandwidths
+as nccl-tests defines them: algbw = size / time and busbw = algbw x 2(n-1)/n for all-reduce,
+x (n-1)/n for reduce-scatter and all-gather, where size is the full buffer (all-reduce's tensor,
+reduce-scatter's input, all-gather's output). `scaling collectives` runs it through the launchers.
 Imports torch and the standard library only.
 """
 
@@ -43,10 +44,10 @@ def _call(op: str, numel: int, n: int, dtype: torch.dtype, device: torch.device)
     if op == "reduce_scatter":
         inp = torch.ones(numel, dtype=dtype, device=device)
         out = torch.empty(numel // n, dtype=dtype, device=device)
-        return lambda: dist.reduce_scatter_single(out, inp)
+        return lambda: dist.reduce_scatter_tensor(out, inp)
     shard = torch.ones(numel // n, dtype=dtype, device=device)
     out = torch.empty(numel, dtype=dtype, device=device)
-    return lambda: dist.all_gather_single(out, shard)
+    return lambda: dist.all_gather_into_tensor(out, shard)
 
 
 def _sync(device: torch.device) -> None:
@@ -128,11 +129,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         results = [time_op(op, size, args.iters, args.warmup, DTYPES[args.dtype], device)
                    for op in args.ops for size in args.sizes]
+        nodes: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(nodes, os.environ.get("SLURMD_NODENAME", platform.node()))
         if dist.get_rank() == 0:
             doc = {"backend": backend, "world_size": dist.get_world_size(), "dtype": args.dtype,
                    "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
                    or platform.machine(), "torch": torch.__version__, "hostname": platform.node(),
-                   "results": results}
+                   "nodes": nodes, "results": results}
             write_json_atomic(args.out, doc)
     finally:
         dist.destroy_process_group()

@@ -1,0 +1,82 @@
+"""Synthetic DP curves from known step-model parameters, for the extrapolation tests and benchmark.
+
+A `Truth` is a workload, a two-tier network, a compute time per micro-step and an overlap; `measure`
+draws the timed steps of a point at dp=n with multiplicative Gaussian noise, as a sweep would record them,
+and `profile_of` the collective timings `scaling collectives` would record of its network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from analysis.alpha_beta import INTER, INTRA, AlphaBeta, Network, Profile, fit_tiers
+from analysis.extrapolate import Point, Workload, step_time_s
+
+
+@dataclass(frozen=True)
+class Truth:
+    """Known parameters of a step model."""
+
+    name: str
+    workload: Workload
+    network: Network
+    compute_s: float
+    overlap: float
+
+    def step_time_s(self, n: int) -> float:
+        """The true (noise-free) step time at dp=n."""
+        return step_time_s(self.workload, self.network, n, self.compute_s, self.overlap)
+
+    def tokens_per_s_per_gpu(self, n: int) -> float:
+        """The true tokens/s per GPU at dp=n."""
+        return self.workload.tokens_per_rank(n) / self.step_time_s(n)
+
+    def efficiency(self, dps: Sequence[int]) -> list[float]:
+        """True efficiency at each dp relative to the first."""
+        return [self.tokens_per_s_per_gpu(n) / self.tokens_per_s_per_gpu(dps[0]) for n in dps]
+
+
+def measure(truth: Truth, dps: Sequence[int], rng: np.random.Generator, steps: int = 5,
+            noise: float = 0.02) -> list[Point]:
+    """The points a sweep would record at each dp: `steps` timed steps, each off by N(0, noise) relative."""
+    return [Point(n, truth.workload.grad_acc_at(n),
+                  tuple(truth.step_time_s(n) * (1 + rng.normal(0, noise, steps)))) for n in dps]
+
+
+def profile_of(truth: Truth, rng: np.random.Generator, world_sizes: Sequence[int] = (2, 4, 8, 16),
+               noise: float = 0.05) -> Profile:
+    """What `scaling collectives` would measure of the truth's network: 5 timed calls per collective and size."""
+    samples = []
+    for n in world_sizes:
+        for op in ("all_reduce", "reduce_scatter", "all_gather"):
+            for size in (4096, 2**20, 2**24, 2**28):
+                times = [truth.network.tier(n).time_s(op, n, size) * (1 + e) for e in rng.normal(0, noise, 5)]
+                samples.append({"op": op, "world_size": n, "size_bytes": size, "time_s": float(np.median(times)),
+                                "times_s": times})
+    dpn = truth.network.devices_per_node
+    return Profile(f"synthetic, n={','.join(map(str, world_sizes))}", dpn, fit_tiers(samples, dpn), tuple(samples))
+
+
+def h100_network(inter_alpha_s: float = 12e-6, inter_beta: float = 40e9,
+                 devices_per_node: Optional[int] = 8) -> Network:
+    """NVLink-like tier within a node, InfiniBand-like between nodes."""
+    return Network({INTRA: AlphaBeta(3e-6, 360e9), INTER: AlphaBeta(inter_alpha_s, inter_beta)}, devices_per_node)
+
+
+def llama_1b(zero_stage: int, gbs: int = 512, mbs: int = 1) -> Workload:
+    """Llama 3.2 1B at seq 4096, bf16, a fixed global batch."""
+    return Workload(zero_stage, 1_235_814_400, "bf16", mbs, 4096, gbs)
+
+
+TRUTHS = (
+    Truth("1B ZeRO-0, overlap 0.5", llama_1b(0), h100_network(), compute_s=0.075, overlap=0.5),
+    Truth("1B ZeRO-1, no overlap", llama_1b(1), h100_network(), compute_s=0.075, overlap=0.0),
+    Truth("1B ZeRO-2, overlap 0.5", llama_1b(2, gbs=1024, mbs=2), h100_network(), compute_s=0.15, overlap=0.5),
+    Truth("1B ZeRO-3, overlap 0.6", llama_1b(3, gbs=2048, mbs=2), h100_network(), compute_s=0.15, overlap=0.6),
+    Truth("8B ZeRO-1, overlap 0.3", Workload(1, 8_030_261_248, "bf16", 1, 8192, 1024), h100_network(),
+          compute_s=0.95, overlap=0.3),
+)
+"""Truths with a knee between dp=16 and dp=512 on 8-GPU nodes: each stage, overlap from none to most."""
