@@ -281,20 +281,20 @@ def world_sizes(dp: int, devices_per_node: Optional[int]) -> list[int]:
     return [n for n in below if devices_per_node is None or n <= devices_per_node or n % devices_per_node == 0] + [top]
 
 
-def _launch_one(cfg: Mapping[str, Any], n: int, jd: Path, argv: list[str], env: Mapping[str, str]) -> dict[str, Any]:
+def _launch_one(cfg: Mapping[str, Any], n: int, launch_dir: Path, argv: list[str], env: Mapping[str, str]) -> dict[str, Any]:
     """One benchmark launch of n ranks in its job directory, holding its devices as a point does; the worker's JSON."""
     from scaling import devices, launch
 
-    hw, out = cfg["hardware"], jd / BENCH_OUTPUT
+    hw, out = cfg["hardware"], launch_dir / BENCH_OUTPUT
     point = {**cfg, "parallel": {**cfg["parallel"], "dp": n}}
     with devices.hold(devices.request(point, env), cfg["launch"]["devices"]) as held:
-        outcome = launch.launch_torchrun(argv, jd, cfg["launch"]["timeout_s"],
+        outcome = launch.launch_torchrun(argv, launch_dir, cfg["launch"]["timeout_s"],
                                          launch.job_env(hw["threads_per_device"], held.visible, hw["device"] == "cuda"))
         launch.end_point_processes(out)  # every rank names its output file on its command line
     doc = read_json(out)
     if outcome.status != "ok" or doc is None:
         raise RuntimeError(f"the benchmark on {n} ranks ended {outcome.status}: {outcome.error or 'no ' + BENCH_OUTPUT}"
-                           f" (log: {jd / TORCHRUN_LOG})")
+                           f" (log: {launch_dir / TORCHRUN_LOG})")
     return doc
 
 
@@ -321,16 +321,16 @@ def measure(cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int],
     args = ["--sizes", ",".join(map(str, sizes_bytes)), "--iters", str(iters), "--backend", hw["backend"]]
     launches = {}
     for n in plan:
-        jd = sweep_dir / BENCH_DIR / f"n{n}"
-        module_args = [*args, "--out", str(jd / BENCH_OUTPUT)]
-        launches[n] = (jd, slurm.torchrun_here(BENCH_MODULE, module_args, n, dpn, env, f"collectives-n{n}",
-                                               cfg["launch"]["master_port"], jd / ELASTIC_LOGS))
+        launch_dir = sweep_dir / BENCH_DIR / f"n{n}"
+        module_args = [*args, "--out", str(launch_dir / BENCH_OUTPUT)]
+        launches[n] = (launch_dir, slurm.torchrun_here(BENCH_MODULE, module_args, n, dpn, env, f"collectives-n{n}",
+                                               cfg["launch"]["master_port"], launch_dir / ELASTIC_LOGS))
     runs = []
-    for n, (jd, argv) in launches.items():
+    for n, (launch_dir, argv) in launches.items():
         for stale in (BENCH_OUTPUT, TORCHRUN_LOG):
-            (jd / stale).unlink(missing_ok=True)
-        write_json_atomic(jd / CONFIG_FILE, {"hardware": dict(hw), "world_size": n, "argv": argv})
-        runs.append(_launch_one(cfg, n, jd, argv, env))
+            (launch_dir / stale).unlink(missing_ok=True)
+        write_json_atomic(launch_dir / CONFIG_FILE, {"hardware": dict(hw), "world_size": n, "argv": argv})
+        runs.append(_launch_one(cfg, n, launch_dir, argv, env))
     samples = tuple(r for run in runs for r in run["results"])
     name = f"{runs[0]['backend']} on {runs[0]['device']} at {runs[0]['hostname']}, n={','.join(map(str, plan))}"
     try:

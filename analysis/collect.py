@@ -21,6 +21,7 @@ import pandas as pd
 
 from scaling.config import EXPERIMENT_GROUPS
 from scaling.record import STATUSES, iter_records
+from scaling.units import GIB, MIB
 from scaling.wandb_log import MEMORY, RECORD_BLOCKS, SUMMARY_BLOCKS, TOP_LEVEL, flat, read_offline_run
 
 # (column, path in the record). A later path wins when both exist: `derived` holds the values the
@@ -115,14 +116,6 @@ INT_COLUMNS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "voc
                "repeats_ok", "peak_rss_growth_bytes", "pred_analytic_peak_mem_bytes", "pred_traced_peak_mem_bytes")
 TIME_COLUMNS = ("started_at",)
 """ISO-8601 strings in the record, UTC datetimes in the DataFrame."""
-GIB, MIB = 1024**3, 1024**2
-
-
-def memory_unit(max_bytes: float) -> tuple[str, int]:
-    """('GiB', 2**30) for memory of a GiB or more, else ('MiB', 2**20): tiny CPU models read in MiB."""
-    return ("GiB", GIB) if max_bytes >= GIB else ("MiB", MIB)
-
-
 def _dig(record: Mapping[str, Any], path: tuple[str, ...]) -> Any:
     node: Any = record
     for key in path:
@@ -230,14 +223,6 @@ def run_record(config: Mapping[str, Any], summary: Mapping[str, Any], group: Opt
         record[key] = nested.get(key)
     record["sweep"] = _first(nested.get("sweep"), group)
     return record
-
-
-def wandb_run_to_row(config: Mapping[str, Any], summary: Mapping[str, Any], run_id: Optional[str] = None,
-                     group: Optional[str] = None) -> dict[str, Any]:
-    """Map a W&B run's config and summary to a `collect` row (see `run_record`), with its run id."""
-    row = record_to_row(run_record(config, summary, group))
-    row["wandb_run_id"] = run_id
-    return row
 
 
 def _first(*values: Any) -> Any:

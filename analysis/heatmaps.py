@@ -26,10 +26,11 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 from matplotlib.patches import Patch, Rectangle
 
-from analysis.collect import CONFIG_AXES, GIB, memory_unit
+from analysis.collect import CONFIG_AXES
 from analysis.figures import FigureSpec, new_figure
 from scaling.noise import NOISE_BAND_KEY, THROUGHPUT_KEYS, within_noise
 from scaling.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, TIMEOUT
+from scaling.units import GIB, memory_unit
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from typing import Optional
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.collect import memory_unit
 from analysis.figures import new_figure
 from analysis.heatmaps import EMULATED_OOM_LABEL
 from scaling.predictor.analytic import CALIBRATION_MODELS
 from scaling.record import OK, OOM, PREDICTED_OOM
+from scaling.units import memory_unit
 
 MEASUREMENTS = {
     "mem_tracker": "live tensor bytes under torch's memory tracker (MemTracker / FSDPMemTracker) over one "

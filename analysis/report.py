@@ -23,10 +23,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import dp_scaling, extrapolate, heatmaps, memory
-from analysis.collect import collect, memory_unit, to_parquet
+from analysis.collect import collect, to_parquet
 from analysis.figures import FigureSpec, render_pngs
 from scaling.noise import NOISE_BAND_KEY, within_noise
 from scaling.record import FAILED, OK, STATUSES, SWEEP_INDEX, TIMEOUT
+from scaling.units import format_bytes, memory_unit
 
 KNEES_IN_WORDS = 8
 """Knees stated in sentences (and drawn): those of the fastest configurations; the table lists all."""
@@ -34,14 +35,8 @@ TOP_COLUMNS = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "preci
                "tokens_per_s_per_gpu", NOISE_BAND_KEY, "repeats_ok", "vs best", "mfu", "peak_mem_bytes")
 
 
-def human_bytes(n: float) -> str:
-    """2.5 MiB, 10.0 GiB: bytes in the unit `memory_unit` picks for them."""
-    unit, size = memory_unit(n)
-    return f"{n / size:.1f} {unit}"
-
-
 FORMATS: dict[str, Callable[[Any], str]] = {
-    "tokens_per_s_per_gpu": "{:,.0f}".format, "mfu": "{:.1%}".format, "peak_mem_bytes": human_bytes,
+    "tokens_per_s_per_gpu": "{:,.0f}".format, "mfu": "{:.1%}".format, "peak_mem_bytes": format_bytes,
     NOISE_BAND_KEY: "±{:.1%}".format,
 }
 

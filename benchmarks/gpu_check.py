@@ -33,9 +33,9 @@ sys.path.insert(0, str(HERE.parent))
 from scaling.predictor.analytic import predict_config  # noqa: E402
 from scaling.predictor.cli import compose_config  # noqa: E402
 from scaling.record import OK, OOM  # noqa: E402
+from scaling.units import GIB  # noqa: E402
 from scaling.validate import validate  # noqa: E402
 
-GIB = 1024**3
 PROFILES = {"H100": "h100", "H200": "h200", "A100": "a100"}
 MFU_TARGET, PREDICTOR_TARGET = 0.40, 0.05
 STAGES = (0, 1, 2, 3)

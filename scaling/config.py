@@ -199,6 +199,15 @@ class ExperimentConfig:
     sweep_dir: str = "runs/${sweep}"
     """Where this sweep's records go: <sweep_dir>/<job_key>/result.json."""
 
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> ExperimentConfig:
+        """The typed config of a resolved plain one (what the driver reads); a key the schema lacks raises."""
+        train = dict(cfg["train"])
+        train["data"] = DataConfig(**train.get("data", {}))
+        return cls(model=ModelConfig(**cfg["model"]), train=TrainConfig(**train), parallel=ParallelConfig(**cfg["parallel"]),
+                   hardware=HardwareConfig(**cfg["hardware"]), logger=LoggerConfig(**cfg["logger"]),
+                   launch=LaunchConfig(**cfg["launch"]), sweep=cfg["sweep"], sweep_dir=cfg["sweep_dir"])
+
 
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore; conf/config.yaml lists it first in its defaults."""

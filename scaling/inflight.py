@@ -40,36 +40,36 @@ def slurm_job_id(env: Mapping[str, str]) -> Optional[str]:
     return env.get("SLURM_JOB_ID")
 
 
-def mark_running(jd: Path, env: Mapping[str, str]) -> None:
-    """Say that this process runs the point of job directory `jd` from now on."""
-    write_json_atomic(jd / RUNNING_FILE, {
+def mark_running(point_dir: Path, env: Mapping[str, str]) -> None:
+    """Say that this process runs the point of job directory `point_dir` from now on."""
+    write_json_atomic(point_dir / RUNNING_FILE, {
         "state": RUNNING, "started_at": _now(), "host": socket.gethostname(), "pid": os.getpid(),
         "pid_started_at": psutil.Process().create_time(), "slurm_job_id": slurm_job_id(env),
     })
 
 
-def mark_queued(jd: Path, job_id: str) -> None:
-    """Say that SLURM job `job_id` was submitted to run the point of job directory `jd`, unless the task has
+def mark_queued(point_dir: Path, job_id: str) -> None:
+    """Say that SLURM job `job_id` was submitted to run the point of job directory `point_dir`, unless the task has
     already said that it runs it (a task can start before the driver gets here)."""
-    staged = jd / f".{RUNNING_FILE}.{os.getpid()}.queued"
+    staged = point_dir / f".{RUNNING_FILE}.{os.getpid()}.queued"
     write_json_atomic(staged, {"state": QUEUED, "submitted_at": _now(), "slurm_job_id": job_id})
     try:
-        os.link(staged, jd / RUNNING_FILE)  # atomic, and never over the task's own marker
+        os.link(staged, point_dir / RUNNING_FILE)  # atomic, and never over the task's own marker
     except FileExistsError:
         pass
     finally:
         staged.unlink()
 
 
-def clear(jd: Path) -> None:
+def clear(point_dir: Path) -> None:
     """The point's record is written: it is no longer in flight."""
-    (jd / RUNNING_FILE).unlink(missing_ok=True)
+    (point_dir / RUNNING_FILE).unlink(missing_ok=True)
 
 
-def read_marker(jd: Path) -> Optional[dict[str, Any]]:
+def read_marker(point_dir: Path) -> Optional[dict[str, Any]]:
     """The marker of a job directory, or None (no marker, or one being replaced)."""
     try:
-        return json.loads((jd / RUNNING_FILE).read_text())
+        return json.loads((point_dir / RUNNING_FILE).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
 

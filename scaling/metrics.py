@@ -13,31 +13,35 @@ the repeats' tokens/s (`repeat_spread_frac`), and its headline figures are the m
 from __future__ import annotations
 
 import statistics
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from scaling.engine import flops
 from scaling.noise import relative_spread
+
+if TYPE_CHECKING:
+    from scaling.engine.flops import PeakFlops
 
 PEAK_KEYS = ("peak_mem_bytes", "peak_mem_reserved_bytes", "device_used_bytes", "build_peak_mem_bytes",
              "peak_rss_growth_bytes")
 """Memory peaks a launch reports per rank (`<key>_per_rank`) and as their max (`<key>`)."""
 
 
-def tokens_per_s(gbs_tokens: float, step_time_s: float) -> float:
-    """Tokens of one global batch over the time of one optimizer step."""
-    return gbs_tokens / step_time_s
+def tokens_per_s(derived: Mapping[str, Any], step_time_s: float) -> tuple[float, float]:
+    """Tokens/s and tokens/s per GPU of a step of `step_time_s`: the tokens of one global batch
+    (`derived.gbs_tokens`) over the time of one optimizer step, and that over `derived.world_size`."""
+    total = derived["gbs_tokens"] / step_time_s
+    return total, total / derived["world_size"]
 
 
 def _max(values: Optional[list[int]]) -> Optional[int]:
     return max(values) if values else None
 
 
-def throughput_metrics(worker: Mapping[str, Any], derived: Mapping[str, Any], peak: flops.PeakFlops) -> dict[str, Any]:
+def throughput_metrics(worker: Mapping[str, Any], derived: Mapping[str, Any], peak: PeakFlops) -> dict[str, Any]:
     """The `metrics` block of one launch that finished."""
+    from scaling.engine import flops  # torch: the driver has it; readers of tokens_per_s need not
     step_times = list(worker["step_times_s"])
     step_time_s = statistics.median(step_times)
-    total = tokens_per_s(derived["gbs_tokens"], step_time_s)
-    per_gpu = total / derived["world_size"]
+    total, per_gpu = tokens_per_s(derived, step_time_s)
     warmup = list(worker["warmup_step_times_s"])
     spread = relative_spread(step_times)
     return {
@@ -106,10 +110,11 @@ def repeats_metrics(launches: Sequence[Mapping[str, Any]], derived: Mapping[str,
         raise ValueError("repeats_metrics needs at least one ok launch")
     if len(launches) == 1:
         return dict(launches[0])
+    from scaling.engine import flops
+
     first = launches[0]
     step_time_s = statistics.median(m["step_time_s"] for m in launches)
-    total = tokens_per_s(derived["gbs_tokens"], step_time_s)
-    per_gpu = total / derived["world_size"]
+    total, per_gpu = tokens_per_s(derived, step_time_s)
     by_launch = [m["tokens_per_s_per_gpu"] for m in launches]
     within = statistics.median(relative_spread(m["step_times_s"]) for m in launches)
     across = relative_spread(by_launch)

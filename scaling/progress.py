@@ -38,6 +38,7 @@ from scaling import inflight
 from scaling.engine.jobfiles import read_json, write_json_atomic
 from scaling.grid import status_list
 from scaling.record import FAILED, SWEEP_INDEX, TIMEOUT, iter_records
+from scaling.units import format_bytes
 
 
 class PointsFailed(Exception):
@@ -60,17 +61,6 @@ def count_grid(config: DictConfig) -> Optional[int]:
     params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
     parsed = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
     return sum(len(batch) for batch in BasicSweeper.split_arguments(parsed, None))
-
-
-def format_bytes(n: Optional[float]) -> str:
-    """1536 -> '1.5KiB'."""
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f}{unit}" if unit != "B" else f"{int(n)}B"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def progress_line(k: int, total: Optional[int], record: dict[str, Any]) -> str:
@@ -147,9 +137,9 @@ class Progress:
             shown = ", ".join(holders[:5]) + (", ..." if len(holders) > 5 else "")
             print(f"{self._k()} {len(holders)} points in flight in other jobs ({shown}): not launched again", flush=True)
 
-    def expect(self, num: int, jd: Path) -> None:
-        """Job number `num` of this run is the point of job directory `jd`."""
-        self._points[num] = jd
+    def expect(self, num: int, point_dir: Path) -> None:
+        """Job number `num` of this run is the point of job directory `point_dir`."""
+        self._points[num] = point_dir
 
     def submitted(self, num: int, slurm_job_id: str) -> None:
         """SLURM job `slurm_job_id` holds job number `num`: mark its point queued, so a re-run leaves it alone."""

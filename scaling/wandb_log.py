@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
 from scaling.config import EXPERIMENT_GROUPS
+from scaling.metrics import tokens_per_s
 
 TOP_LEVEL = ("status", "error", "job_key", "sweep", "schema_version")
 """Record fields kept under their own names in the run summary."""
@@ -131,9 +132,9 @@ def history_of(record: Mapping[str, Any]) -> list[dict[str, float]]:
     m, d = record.get("metrics") or {}, record.get("derived") or {}
     rows = []
     for step, step_time in enumerate(m.get("step_times_s") or []):
-        tokens_per_s = d["gbs_tokens"] / step_time
-        rows.append({STEP: step, "step/step_time_s": step_time, "step/tokens_per_s": tokens_per_s,
-                     "step/tokens_per_s_per_gpu": tokens_per_s / d["world_size"]})
+        total, per_gpu = tokens_per_s(d, step_time)
+        rows.append({STEP: step, "step/step_time_s": step_time, "step/tokens_per_s": total,
+                     "step/tokens_per_s_per_gpu": per_gpu})
     return rows
 
 

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from analysis.collect import CONFIG_AXES, COLUMNS, collect, record_to_row, to_frame, to_parquet, wandb_run_to_row
+from analysis.collect import CONFIG_AXES, COLUMNS, collect, latest_attempts, record_to_row, to_frame, to_parquet
 from records import grid_records, make_record, write_sweep
 from scaling.record import STATUSES
 
@@ -78,7 +78,7 @@ def test_wandb_run_maps_to_the_same_row_as_the_record():
                **{f"metrics/{k}": v for k, v in record["metrics"].items()},
                **{f"derived/{k}": v for k, v in record["derived"].items()},
                **{f"predicted/{k}": v for k, v in record["predicted"].items()}}
-    row = wandb_run_to_row(config, summary, run_id="abc123", group="synthetic")
+    (row,) = latest_attempts([{"id": "abc123", "config": config, "summary": summary, "group": "synthetic"}]).to_dict("records")
     expected = record_to_row(record)
     for column in ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "status", "job_key",
                    "tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "pred_peak_mem_bytes", "n_params", "sweep"):
@@ -90,9 +90,9 @@ def test_wandb_summary_with_top_level_metrics_and_dotted_config():
     record = make_record("oom", dp=2)
     config = {f"{group}.{k}": v for group, section in record["config"].items() for k, v in section.items()}
     summary = {"status": "oom", "error": "torch.OutOfMemoryError: x", "peak_mem_bytes": 123}
-    row = wandb_run_to_row(config, summary, run_id="r1", group="g")
-    assert (row["status"], row["dp"], row["peak_mem_bytes"], row["sweep"]) == ("oom", 2, 123, "g")
-    assert row["tokens_per_s_per_gpu"] is None
+    (row,) = latest_attempts([{"id": "r1", "config": config, "summary": summary, "group": "g"}]).to_dict("records")
+    assert (row["status"], row["dp"], row["peak_mem_bytes"], row["sweep"], row["wandb_run_id"]) == ("oom", 2, 123, "g", "r1")
+    assert pd.isna(row["tokens_per_s_per_gpu"])
 
 
 def test_status_and_model_are_ordered_categories_and_timestamps_datetimes(tmp_path):

@@ -8,6 +8,7 @@ from scaling.predictor import analytic as memory
 from scaling.predictor.analytic import PLAYBOOK_FP32, PLAYBOOK_MIXED, analytic_peak, model_state_bytes, prescreen
 from scaling.engine.model import ModelArgs, param_count
 from scaling.predictor.trace import trace_peak
+from scaling.units import GIB
 from tests.compose import compose_point
 
 PSI = 8_030_261_248  # llama_8b
@@ -119,7 +120,7 @@ def test_prescreen_decides_by_capacity_and_margin():
 def test_prescreen_traces_near_the_capacity_in_a_subprocess():
     cfg = _point(1.0)
     analytic = memory.predict_config(cfg).total_bytes
-    near = _point(analytic / memory.GIB)  # analytic / threshold = 1 / 1.1: inside the trace band
+    near = _point(analytic / GIB)  # analytic / threshold = 1 / 1.1: inside the trace band
     out = prescreen(near)
     assert out["method"] == "traced" and out["peak_mem_bytes"] == trace_peak(near).peak_mem_bytes
     assert out["analytic"]["peak_mem_bytes"] == analytic and out["skip"] is False

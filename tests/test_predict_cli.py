@@ -16,7 +16,7 @@ import pytest
 from scaling.grid import format_duration
 from scaling.predictor.find_mbs import largest_true
 from scaling.predictor.find_mbs import main as find_mbs_main
-from scaling.predictor.analytic import GIB
+from scaling.units import GIB
 from scaling.predictor.cli import main as predict_main
 from scaling.record import PREDICTED_OOM, RESULT_FILE, job_key
 from scaling.run import run_point

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -245,9 +246,16 @@ def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp
     for r in records:
         m = r["metrics"]
         assert m["tokens_per_s"] > 0 and m["peak_mem_bytes"] > 0 and len(m["losses"]) >= 2
-    # Each point ran as a task of the SLURM job array, which left its log in the submitit folder.
+    # Each point ran as a task of a SLURM job array, which left its log in the submitit folder; one array per
+    # resource shape, each asking for the CPUs its points' ranks need (one thread per rank: dp CPUs).
     task_logs = sorted(sweep_dir.glob(".submitit/*_*/*_0_log.out"))
     assert len(task_logs) == 4 and all("Job completed successfully" in p.read_text() for p in task_logs)
+    asked = {}
+    for script in sweep_dir.glob(".submitit/*/*_submission.sh"):
+        (cpus,) = re.findall(r"^#SBATCH --cpus-per-task=(\d+)$", script.read_text(), re.M)
+        asked[script.name.split("_")[0]] = int(cpus)
+    arrays = {r["provenance"]["slurm_job_id"].split("_")[0]: r["config"]["parallel"]["dp"] for r in records}
+    assert len(asked) == 2 and asked == arrays, (asked, arrays)
     # Each job logged its point to W&B from its SLURM task.
     runs = list((sweep_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 4

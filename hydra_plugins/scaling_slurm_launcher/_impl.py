@@ -87,9 +87,44 @@ def executor(launcher: Any) -> Any:
     return ex
 
 
+SHAPE_KEYS = ("nodes", "gpus_per_node", "cpus_per_task", "timeout_min")
+"""The launcher settings that conf/hydra/launcher/slurm.yaml derives from a point's own config."""
+
+Shape = tuple[tuple[str, Any], ...]
+"""A point's SLURM resources: (setting, value) for each of SHAPE_KEYS the launcher derives per point."""
+
+
+def point_shapes(launcher: Any, job_overrides: Sequence[Sequence[str]]) -> list[Shape]:
+    """Each point's SLURM resources, from its own config.
+
+    Hydra resolves `hydra.launcher` once, against the sweep's primary config, so `nodes: ${...parallel.dp...}`
+    would give every point of a sweep over dp the resources of the primary config's dp. Each setting of
+    SHAPE_KEYS that is an interpolation is resolved here against each point's config instead (composed once
+    per config-group choice, scaling.grid.PointConfigs); a setting given a plain value holds for every point.
+    """
+    from omegaconf import OmegaConf
+
+    from scaling import slurm
+    from scaling.grid import PointConfigs
+
+    slurm.register_resolvers()
+    node = launcher.config.hydra.launcher
+    raw = OmegaConf.to_container(node, resolve=False)
+    derived = {k: raw[k] for k in SHAPE_KEYS if k in node and OmegaConf.is_interpolation(node, k)}
+    if not derived:
+        return [()] * len(job_overrides)
+    configs = PointConfigs(launcher.hydra_context.config_loader, launcher.config)
+    shapes: list[Shape] = []
+    for overrides in job_overrides:
+        point = OmegaConf.create({**configs.resolved(overrides), "_slurm": derived})
+        shapes.append(tuple(OmegaConf.to_container(point["_slurm"], resolve=True).items()))
+    return shapes
+
+
 def launch_in_arrays(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
                      array_chunk: int) -> list[JobReturn]:
-    """Submit the points in throttled arrays; return their JobReturns once every one has ended."""
+    """Submit the points in throttled arrays, one resource shape per array; return their JobReturns once
+    every one has ended."""
     from submitit.core.utils import JobPaths, cloudpickle_dump
 
     ex = executor(launcher)
@@ -98,7 +133,8 @@ def launch_in_arrays(launcher: Any, job_overrides: Sequence[Sequence[str]], init
     shared.parent.mkdir(parents=True, exist_ok=True)
     cloudpickle_dump((launcher, Singleton.get_state()), shared)
     task = _Shared(shared)
-    todo = deque((initial_job_idx + i, list(o)) for i, o in enumerate(job_overrides))
+    shapes = point_shapes(launcher, job_overrides)
+    todo = deque((initial_job_idx + i, list(o), shape) for i, (o, shape) in enumerate(zip(job_overrides, shapes)))
     at_once = int(launcher.params["array_parallelism"])
     arrays: list[_Array] = []
     returns: dict[int, JobReturn] = {}
@@ -106,8 +142,8 @@ def launch_in_arrays(launcher: Any, job_overrides: Sequence[Sequence[str]], init
     while todo or arrays:
         unfinished = sum(len(a.jobs) for a in arrays)
         if todo and unfinished < at_once:
-            chunk = [todo.popleft() for _ in range(min(array_chunk, len(todo)))]
-            arrays.append(_submit(ex, task, chunk, at_once - unfinished, tracker))
+            shape, chunk = _next_chunk(todo, array_chunk)
+            arrays.append(_submit(ex, task, chunk, shape, at_once - unfinished, tracker))
             continue
         _collect(arrays, returns, tracker)
         arrays = [a for a in arrays if a.jobs]
@@ -118,15 +154,31 @@ def launch_in_arrays(launcher: Any, job_overrides: Sequence[Sequence[str]], init
     return [returns[initial_job_idx + i] for i in range(len(job_overrides))]
 
 
-def _submit(ex: Any, task: _Shared, chunk: list[tuple[int, list[str]]], throttle: int,
+def _next_chunk(todo: deque, array_chunk: int) -> tuple[Shape, list[tuple[int, list[str]]]]:
+    """Take the next array's points off `todo`: up to `array_chunk` points of the first waiting point's
+    shape, in job order (points of other shapes keep their place)."""
+    shape = todo[0][2]
+    chunk, rest = [], deque()
+    while todo:
+        num, overrides, other = todo.popleft()
+        if other == shape and len(chunk) < array_chunk:
+            chunk.append((num, overrides))
+        else:
+            rest.append((num, overrides, other))
+    todo.extend(rest)
+    return shape, chunk
+
+
+def _submit(ex: Any, task: _Shared, chunk: list[tuple[int, list[str]]], shape: Shape, throttle: int,
             tracker: Optional[progress.Progress]) -> _Array:
-    ex.update_parameters(slurm_array_parallelism=throttle)
+    ex.update_parameters(slurm_array_parallelism=throttle, **dict(shape))
     jobs = ex.map_array(task, [o for _, o in chunk], [num for num, _ in chunk])
     for (num, _), job in zip(chunk, jobs):
         if tracker is not None:
             tracker.submitted(num, job.job_id)
     array_id = jobs[0].job_id.split("_")[0]
-    log.info("SLURM job array %s: points %d-%d, at most %d at once", array_id, chunk[0][0], chunk[-1][0], throttle)
+    log.info("SLURM job array %s: %d points (first %d, last %d), %s, at most %d at once", array_id, len(chunk),
+             chunk[0][0], chunk[-1][0], ", ".join(f"{k}={v}" for k, v in shape) or "the launcher's resources", throttle)
     return _Array(array_id, throttle, {num: job for (num, _), job in zip(chunk, jobs)})
 
 

@@ -21,7 +21,8 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-GIB = 1024**3
+from scaling.units import GIB
+
 PROFILE_TOLERANCE = 0.02
 """Relative difference between hardware.memory_gb and the card's total that is worth a note."""
 

@@ -35,12 +35,12 @@ from typing import Any, Mapping, Optional
 
 from scaling.engine.model import ModelArgs, param_count
 from scaling.record import job_key
+from scaling.units import GIB
 
 ANALYTIC = "analytic"
 CALIBRATION_MODELS = ("tiny", "small")
 """The model presets whose traced steps the activation coefficients below were read off: the analytic
 model's agreement on them is in-sample (benchmarks/bench_predictor.py reports held-out shapes apart)."""
-GIB = 1024**3
 FP32, BF16 = 4, 2
 
 

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from scaling.predictor.analytic import GIB, capacity_bytes, predict_config
+from scaling.predictor.analytic import capacity_bytes, predict_config
+from scaling.units import memory_unit
 from scaling.config import CONF_DIR
 from scaling.validate import InvalidConfig, validate
 
@@ -53,17 +54,12 @@ def _resolve(cfg: Any) -> dict[str, Any]:
     return out
 
 
-def _unit(largest: float) -> tuple[str, int]:
-    """GiB for device-sized figures, MiB below one GiB."""
-    return ("GiB", GIB) if largest >= GIB else ("MiB", 2**20)
-
-
 def _fmt(n: Optional[float], divisor: int) -> str:
     return "-" if n is None else f"{n / divisor:.3f}"
 
 
 def _breakdown_rows(analytic: dict[str, Any], traced: Optional[dict[str, Any]]) -> list[str]:
-    unit, div = _unit(analytic["peak_mem_bytes"])
+    unit, div = memory_unit(analytic["peak_mem_bytes"])
     rows = [f"{'analytic (peak at: ' + analytic['phase'] + ')':<44} {unit:>10}"]
     for name, value in analytic.items():
         if name.endswith("_bytes") and name != "peak_mem_bytes":
@@ -133,7 +129,7 @@ def _sweep(name: str, overrides: list[str], traced: bool, as_json: bool) -> int:
                           "estimated_wall_s": forecast.wall_s(at_once)}, indent=2))
         return 0
     keys = axes
-    unit, div = _unit(max([r.get("peak_mem_bytes") or 0 for r in rows] + [0]))
+    unit, div = memory_unit(max([r.get("peak_mem_bytes") or 0 for r in rows] + [0]))
     widths = [max(len(k), *(len(str(r.get(k, ""))) for r in rows)) for k in keys]
     print("  ".join(k.ljust(w) for k, w in zip(keys, widths)) + f"  {'peak ' + unit:>9}  {'cap ' + unit:>9}  verdict")
     for r in rows:
@@ -171,7 +167,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     cap = result["capacity_bytes"]
     if cap is not None:
         peak = (result["traced"] or result["analytic"])["peak_mem_bytes"]
-        unit, div = _unit(cap)
+        unit, div = memory_unit(cap)
         print(f"capacity {_fmt(cap, div)} {unit} per rank (hardware.memory_gb): "
               f"{_verdict(peak, cap, cfg['launch']['prescreen_margin'])}")
     return 0
