@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -90,7 +92,12 @@ def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     watch = subprocess.Popen([sys.executable, "-m", "scaling", "status", str(sweep_dir), "--watch", "0.5"], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    lines: list[str] = []  # the watch's output so far, read as it comes
+    reader = threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")), daemon=True)
+    reader.start()
     try:
+        # The watch, refreshing in another process, shows a point running.
+        shown = wait_for(lambda: re.search(r"running      1  ([0-9a-f]{12}) since \d\d:\d\d:\d\d \(pid ", "".join(lines)))
         # Once a point has a record and the next one runs, status sees both, from this other process.
         seen = wait_for(lambda: (s := status_json(sweep_dir)) and s["in_flight"] and sum(s["done"].values()) >= 1 and s)
         (running,) = seen["in_flight"]
@@ -100,12 +107,15 @@ def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
         driver.wait()
         wait_for(lambda: not processes_mentioning(str(sweep_dir / running["job_key"])))
         watch.send_signal(signal.SIGINT)
-        watched, _ = watch.communicate(timeout=60)
+        watch.wait(timeout=60)
+        reader.join(timeout=60)
     finally:
         for proc in (driver, watch):
             proc.kill()
+    watched = "".join(lines)
     assert watch.returncode == 0 and watched.count("(every 0.5 s, Ctrl-C to stop;") >= 2
-    assert f"running      1  {running['job_key']} since " in watched
+    keys = json.loads((sweep_dir / "sweep.json").read_text())["runs"][0]["job_keys"]
+    assert shown.group(1) in keys  # the running point the watch showed is one of the sweep's
 
     crashed = status_json(sweep_dir)
     assert crashed["in_flight"] == [] and crashed["to_run"] == seen["to_run"] + 1
