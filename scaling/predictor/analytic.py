@@ -29,6 +29,8 @@ measures live bytes with the worker's own tracker.
 
 from __future__ import annotations
 
+import functools
+import heapq
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Optional
@@ -181,13 +183,20 @@ def zero1_worst_rank(s: _Shapes, dp: int) -> tuple[int, int]:
     the embedding and the output projection land on a rank each: at large dp the worst rank holds far
     more than Ψ/dp (llama_8b at dp=64: 525M elements, not 125M).
     """
-    per_block = [s.h * s.h] * 2 + [s.kvd * s.h] * 2 + [s.f * s.h] * 3 + [s.h] * 2
-    numels = [s.V * s.h] * (1 if s.tied else 2) + per_block * s.L + [s.h]
+    return _zero1_partition(s.V, s.h, s.kvd, s.f, s.L, s.tied, dp)
+
+
+@functools.lru_cache(maxsize=4096)
+def _zero1_partition(V: int, h: int, kvd: int, f: int, L: int, tied: bool, dp: int) -> tuple[int, int]:
+    """`zero1_worst_rank` of one model's parameter shapes at `dp` (a sweep asks for few distinct ones)."""
+    per_block = [h * h] * 2 + [kvd * h] * 2 + [f * h] * 3 + [h] * 2
+    numels = [V * h] * (1 if tied else 2) + per_block * L + [h]
     totals, counts = [0] * dp, [0] * dp
+    ranks = [(0, rank) for rank in range(dp)]  # (elements so far, rank): the least loaded, lowest rank first
     for numel in sorted(numels, reverse=True):
-        rank = totals.index(min(totals))
-        totals[rank] += numel
-        counts[rank] += 1
+        total, rank = heapq.heappop(ranks)
+        totals[rank], counts[rank] = total + numel, counts[rank] + 1
+        heapq.heappush(ranks, (totals[rank], rank))
     worst = totals.index(max(totals))
     return totals[worst], counts[worst]
 
