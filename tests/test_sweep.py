@@ -159,7 +159,7 @@ def test_records_keep_the_hydra_job_and_overrides_that_made_them_and_count_attem
     by_stage = {r["config"]["parallel"]["zero_stage"]: r["provenance"] for r in iter_records(tmp_path)}
     assert by_stage[5] == {"hydra_job_num": 0, "overrides": ["logger=none", "parallel.zero_stage=5", "train.mbs=3",
                                                               f"sweep_dir={tmp_path}"], "optuna_trial": None,
-                           "attempt": 1}
+                           "slurm_job_id": None, "attempt": 1}
     assert by_stage[6]["hydra_job_num"] == 1 and "parallel.zero_stage=6" in by_stage[6]["overrides"]
     # launch.rerun=all records a second attempt of each point; a single run has no job number
     scaling(["run", "logger=none", "parallel.zero_stage=6", "train.mbs=3", "launch.rerun=all", f"sweep_dir={tmp_path}"],

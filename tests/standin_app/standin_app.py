@@ -22,7 +22,7 @@ from scaling.config import CONF_DIR, register_configs
 from scaling.engine.jobfiles import RESULT_FILE, write_json_atomic
 from scaling.record import OK, experiment_config, job_dir, job_key
 
-STANDIN_SLEEP_S = 0.3
+STANDIN_SLEEP_S = 0.15
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
