@@ -27,7 +27,7 @@ from analysis.collect import collect, to_parquet
 from analysis.figures import FigureSpec, render_pngs
 from scaling.noise import NOISE_BAND_KEY, within_noise
 from scaling.record import FAILED, OK, STATUSES, SWEEP_INDEX, TIMEOUT
-from scaling.units import format_bytes, memory_unit
+from scaling.units import format_bytes
 
 KNEES_IN_WORDS = 8
 """Knees stated in sentences (and drawn): those of the fastest configurations; the table lists all."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from scaling.config import EXPERIMENT_GROUPS
-from scaling.engine.jobfiles import RESULT_FILE, read_json, write_json_atomic
+from scaling.engine.jobfiles import RESULT_FILE, read_json
 
 SCHEMA_VERSION = 1
 SWEEP_INDEX = "sweep.json"

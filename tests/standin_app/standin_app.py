@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import hydra
