@@ -19,10 +19,17 @@ from typing import Any, Iterable, Mapping, Optional
 
 import pandas as pd
 
-from scaling.config import EXPERIMENT_GROUPS
-from scaling.record import STATUSES, iter_records
-from scaling.units import GIB, MIB
-from scaling.wandb_log import MEMORY, RECORD_BLOCKS, SUMMARY_BLOCKS, TOP_LEVEL, flat, read_offline_run
+from scaling.core.schema import EXPERIMENT_GROUPS
+from scaling.core.units import GIB, MIB
+from scaling.job.wandb_log import (
+    MEMORY,
+    RECORD_BLOCKS,
+    SUMMARY_BLOCKS,
+    TOP_LEVEL,
+    flat,
+    read_offline_run,
+)
+from scaling.store.record import STATUSES, iter_records
 
 # (column, path in the record). A later path wins when both exist: `derived` holds the values the
 # engine resolved (grad_acc: auto -> 4), `config` the values asked for; `target_gbs*` keep the

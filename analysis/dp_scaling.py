@@ -24,8 +24,8 @@ from matplotlib.ticker import FuncFormatter, NullLocator
 
 from analysis.figures import new_figure
 from analysis.heatmaps import facet_label
-from scaling.noise import NOISE_BAND_KEY
-from scaling.record import OK
+from scaling.core.noise import NOISE_BAND_KEY
+from scaling.store.record import OK
 
 GROUP_KEYS = ("model", "seq_len", "mbs", "zero_stage", "precision", "recompute", "hardware", "memory_gb",
               "threads_per_device", "oversubscribe", "bucket_mb", "fsdp_grad_reduce", "compile", "target_gbs",

@@ -21,7 +21,7 @@ travel in bf16 only under FSDP2's mixed precision, DDP's parameters are fp32):
 
 An overlap fraction o hides o of the overlappable communication, at most the compute it runs beside:
 hidden = min(o·comm, window), the window being the backward (BACKWARD_SHARE of a micro-step's compute) or,
-for ZeRO-3, the whole micro-step. Each collective costs what `analysis.alpha_beta` says at its tier.
+for ZeRO-3, the whole micro-step. Each collective costs what `scaling.core.network` says at its tier.
 
 The parameters come from one of three sources, each fitted here against the sweep's measured points:
 (a) "sweep": the compute time and whatever α-β figures the measured dp identify and resolve above the
@@ -44,12 +44,23 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.alpha_beta import (
-    INTER, INTRA, PROFILE_FILE, TIERS, AlphaBeta, Network, NetworkEstimate, load_profile, profile_estimate,
-    published_estimate, ring_cost, tier_of, with_fallback,
-)
 from analysis.dp_scaling import DEFAULT_THRESHOLD, dp_axis, find_knee
 from analysis.figures import new_figure
+from scaling.core.network import (
+    INTER,
+    INTRA,
+    PROFILE_FILE,
+    TIERS,
+    AlphaBeta,
+    Network,
+    NetworkEstimate,
+    load_profile,
+    profile_estimate,
+    published_estimate,
+    ring_cost,
+    tier_of,
+    with_fallback,
+)
 
 MAX_DP = 1024
 EXTRAPOLATED_CONFIGS = 3
@@ -68,7 +79,7 @@ GRAD_BYTES = 4
 and FSDP2's MixedPrecisionPolicy reduces in fp32."""
 MICRO, STEP = "micro-step", "step"
 EVERY, LAST = "every_micro_step", "last_micro_step"
-"""`parallel.fsdp_grad_reduce` (scaling.validate.FSDP_GRAD_REDUCE)."""
+"""`parallel.fsdp_grad_reduce` (scaling.core.validate.FSDP_GRAD_REDUCE)."""
 BACKWARD, WHOLE = "backward", "micro-step"
 
 

@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image
 
-from scaling.devices import usable_cores
+from scaling.core.host import usable_cores
 
 DPI = 100
 PNG_RC = {"text.hinting": "none"}

@@ -5,7 +5,7 @@ shows why: "OOM" (measured; on CPU against an emulated capacity, which the legen
 "pred OOM" (skipped by the memory predictor), "timeout", "failed" or "invalid", each in its own
 colour; a cell no record reached stays blank. The best cell of a facet carries a box and a star;
 for a throughput metric every cell within noise of it (their bands v·(1 ± noise_band_frac)
-overlap, `scaling.noise.within_noise`) is a tie, marked "≈" with a dashed box. A value measured
+overlap, `scaling.core.noise.within_noise`) is a tie, marked "≈" with a dashed box. A value measured
 with ranks sharing cores (`env.oversubscribed`, under hardware.oversubscribe) carries a "†".
 Status cells are drawn as patches with their own text on top of the colour mesh.
 """
@@ -18,19 +18,19 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
-from seaborn.utils import relative_luminance
 from matplotlib.axes import Axes
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import FuncFormatter
+from seaborn.utils import relative_luminance
 
 from analysis.collect import CONFIG_AXES
 from analysis.figures import FigureSpec, new_figure
-from scaling.noise import NOISE_BAND_KEY, THROUGHPUT_KEYS, within_noise
-from scaling.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, TIMEOUT
-from scaling.units import GIB, memory_unit
+from scaling.core.noise import NOISE_BAND_KEY, THROUGHPUT_KEYS, within_noise
+from scaling.core.units import GIB, memory_unit
+from scaling.store.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, TIMEOUT
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from matplotlib.figure import Figure
 
 from analysis.figures import new_figure
 from analysis.heatmaps import EMULATED_OOM_LABEL
+from scaling.core.units import memory_unit
 from scaling.predictor.analytic import CALIBRATION_MODELS
-from scaling.record import OK, OOM, PREDICTED_OOM
-from scaling.units import memory_unit
+from scaling.store.record import OK, OOM, PREDICTED_OOM
 
 MEASUREMENTS = {
     "mem_tracker": "live tensor bytes under torch's memory tracker (MemTracker / FSDPMemTracker) over one "

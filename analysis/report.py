@@ -10,7 +10,6 @@ checks (`analysis.memory`) and the failures' last error lines.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import json
@@ -25,9 +24,9 @@ from matplotlib.figure import Figure
 from analysis import dp_scaling, extrapolate, heatmaps, memory
 from analysis.collect import collect, to_parquet
 from analysis.figures import FigureSpec, render_pngs
-from scaling.noise import NOISE_BAND_KEY, within_noise
-from scaling.record import FAILED, OK, STATUSES, SWEEP_INDEX, TIMEOUT
-from scaling.units import format_bytes
+from scaling.core.noise import NOISE_BAND_KEY, within_noise
+from scaling.core.units import format_bytes
+from scaling.store.record import FAILED, OK, STATUSES, SWEEP_INDEX, TIMEOUT
 
 KNEES_IN_WORDS = 8
 """Knees stated in sentences (and drawn): those of the fastest configurations; the table lists all."""
@@ -284,7 +283,7 @@ def log_to_wandb(df: pd.DataFrame, sections: list[Section], paths: dict[str, Pat
     in the summary, and the Parquet record table and the HTML report as artifacts."""
     import wandb
 
-    from scaling.wandb_log import safe_name
+    from scaling.job.wandb_log import safe_name
 
     run = wandb.init(project=project, entity=entity, group=sweep, job_type="report", name=f"{sweep} report",
                      dir=str(sweep_dir), mode=mode, config={"sweep": sweep, "records": len(df)},
@@ -313,35 +312,3 @@ def log_to_wandb(df: pd.DataFrame, sections: list[Section], paths: dict[str, Pat
         return Path(run.dir).parent
     finally:
         run.finish()
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """`scaling report SWEEP_DIR [--out DIR] [--wandb]`: write the report and print where it is."""
-    p = argparse.ArgumentParser(prog="scaling report", description="Write a sweep's report (Markdown + HTML).")
-    p.add_argument("sweep_dir", help="folder holding <job_key>/result.json records")
-    p.add_argument("--out", default=None, help="output folder (default: SWEEP_DIR/report)")
-    p.add_argument("--threshold", type=float, default=dp_scaling.DEFAULT_THRESHOLD,
-                   help="DP efficiency below which scaling stops paying off (default 0.8)")
-    p.add_argument("--wandb", action="store_true",
-                   help="also log a report run to W&B (job_type report) in SWEEP_DIR/wandb, beside the points' runs")
-    # W&B's own environment variables give the defaults; an option on the command line wins over them.
-    p.add_argument("--wandb-project", default=os.environ.get("WANDB_PROJECT", "scaling"),
-                   help="default: $WANDB_PROJECT, else scaling")
-    p.add_argument("--wandb-entity", default=os.environ.get("WANDB_ENTITY"), help="default: $WANDB_ENTITY")
-    p.add_argument("--wandb-mode", choices=("offline", "online", "disabled"),
-                   default=os.environ.get("WANDB_MODE", "offline"), help="default: $WANDB_MODE, else offline")
-    p.add_argument("--jobs", type=int, default=None, help="processes drawing the heatmaps (default: one per core)")
-    args = p.parse_args(argv)
-    if not Path(args.sweep_dir).is_dir():
-        p.error(f"SWEEP_DIR={args.sweep_dir!r} is not a directory: pass a sweep folder such as runs/demo")
-    if not 0 < args.threshold <= 1:
-        p.error(f"--threshold={args.threshold}: an efficiency threshold lies in (0, 1]")
-    if args.jobs is not None and args.jobs < 1:
-        p.error(f"--jobs={args.jobs}: at least one process draws the heatmaps")
-    paths = write_report(args.sweep_dir, args.out, args.threshold, args.wandb, args.wandb_project, args.wandb_mode,
-                         args.jobs, args.wandb_entity)
-    print(f"report: {paths['html']}")
-    print(f"markdown: {paths['markdown']}")
-    if "wandb_run_dir" in paths:
-        print(f"wandb run: {paths['wandb_run_dir']}")
-    return 0

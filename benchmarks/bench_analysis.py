@@ -19,12 +19,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from records import GIB, make_record, peak_mem_bytes  # noqa: E402
+
 from analysis.collect import collect  # noqa: E402
 from analysis.figures import render_pngs  # noqa: E402
 from analysis.heatmaps import default_layout, figure_specs  # noqa: E402
-from records import GIB, make_record, peak_mem_bytes  # noqa: E402
-from scaling.devices import usable_cores  # noqa: E402
-from scaling.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, RESULT_FILE, TIMEOUT  # noqa: E402
+from scaling.launch.devices import usable_cores  # noqa: E402
+from scaling.store.record import (  # noqa: E402
+    FAILED,
+    INVALID,
+    OK,
+    OOM,
+    PREDICTED_OOM,
+    RESULT_FILE,
+    TIMEOUT,
+)
 
 MODELS = ("tiny", "small", "llama_1b", "llama_3b")
 SEQ_LENS = (256, 512, 1024, 2048, 4096)

@@ -24,8 +24,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from scaling.devices import usable_cores  # noqa: E402
-from scaling.run import run_point  # noqa: E402
+from scaling.job.run import run_point  # noqa: E402
+from scaling.launch.devices import usable_cores  # noqa: E402
 from tests.compose import compose_point  # noqa: E402
 
 

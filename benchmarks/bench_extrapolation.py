@@ -26,10 +26,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from analysis.alpha_beta import NetworkEstimate, profile_estimate, published_estimate  # noqa: E402
+from synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure, profile_of  # noqa: E402
+
 from analysis.dp_scaling import find_knee  # noqa: E402
 from analysis.extrapolate import Extrapolation, extrapolate  # noqa: E402
-from synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure, profile_of  # noqa: E402
+from scaling.core.network import NetworkEstimate, profile_estimate, published_estimate  # noqa: E402
 
 EXTRA = (
     Truth("1B ZeRO-2, overlap 0.8 (plateau near 80%)", llama_1b(2, gbs=1024, mbs=2), h100_network(), 0.15, 0.8),

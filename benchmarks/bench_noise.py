@@ -33,9 +33,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from scaling.devices import usable_cores  # noqa: E402
-from scaling.noise import relative_spread  # noqa: E402
-from scaling.run import run_point  # noqa: E402
+from scaling.core.noise import relative_spread  # noqa: E402
+from scaling.job.run import run_point  # noqa: E402
+from scaling.launch.devices import usable_cores  # noqa: E402
 from tests.compose import compose_point  # noqa: E402
 
 DEFAULT_POINTS = ",".join(f"{m}:{dp}:{z}" for m, dp, z in itertools.product(("tiny", "small"), (1, 2), (0, 2)))
@@ -141,7 +141,7 @@ def main() -> None:
     print(f"  median within-run spread ±{within:.1%}, repeat-to-repeat ±{across:.1%} "
           f"({across / within if within else float('inf'):.1f}x)")
     print(f"  suggests: train.warmup_steps={a.warmup + skip}, train.steps={steps} (median within {target:.1%} of "
-          f"all {ns[-1]}), " + (f"launch.repeats>=3 (launches differ more than steps within one)" if across > within
+          f"all {ns[-1]}), " + ("launch.repeats>=3 (launches differ more than steps within one)" if across > within
                                 else "launch.repeats=1 (launches agree within a run's spread)"))
 
 

@@ -5,7 +5,7 @@
 Runs 44 real points (tiny and small models, seq_len 32-256, mbs 1-8, ZeRO 0-3, dp 1-2,
 recompute none/full, a few bf16 and grad_acc=2) and 24 held-out points (two other shapes, one
 tied, one without GQA, seq_len 48-160, bf16, recompute and grad_acc 2-3 mixed) through
-`scaling.run.run_point` with the pre-screen off (records are reused on a rerun), and compares each measured peak
+`scaling.job.run.run_point` with the pre-screen off (records are reused on a rerun), and compares each measured peak
 (`metrics.peak_mem_bytes`: torch's memory tracker, max over ranks) with the analytic and the
 traced prediction. Prints per method the median and maximum relative error, in-sample and held out
 apart (the analytic activation coefficients were read off tiny and small), the OOM
@@ -29,10 +29,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from scaling.job.run import run_point  # noqa: E402
 from scaling.predictor.analytic import TRACE_BAND, analytic_peak, predict_config  # noqa: E402
-from scaling.predictor.cli import compose_config  # noqa: E402
-from scaling.run import run_point  # noqa: E402
 from scaling.predictor.trace import trace_peak  # noqa: E402
+from scaling.sweep.compose import compose_config  # noqa: E402
 
 SEQ_MBS = [(32, 4), (64, 2), (128, 1), (256, 2), (64, 8), (128, 4), (32, 1), (256, 1)]
 HELD_OUT_MODELS = {
@@ -164,7 +164,7 @@ def main() -> None:
         print(f"speed: traced llama_8b seq_len=4096 mbs=1 bf16 dp=512 ZeRO-{stage}: {time.perf_counter() - t0:.1f} s in process "
               f"(peak {tr.peak_mem_bytes / 2**30:.1f} GiB per rank; analytic {predict_config(cfg).total_bytes / 2**30:.1f} GiB)")
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "scaling.predictor.cli", "--json", "model=llama_8b", "hardware=h100", "train.precision=bf16",
+    subprocess.run([sys.executable, "-m", "scaling.cli.predict", "--json", "model=llama_8b", "hardware=h100", "train.precision=bf16",
                     "train.seq_len=4096", "train.mbs=1", "parallel.dp=512", "parallel.zero_stage=3"],
                    cwd=REPO, check=True, capture_output=True)
     print(f"speed: `scaling predict` for the same ZeRO-3 point from a cold interpreter (imports, both methods): "

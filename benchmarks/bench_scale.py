@@ -41,8 +41,20 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench_sweep import run_sweep, startup_s  # noqa: E402
-from scaling.grid import survey, sweep_file_grid  # noqa: E402
-from scaling.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, RESULT_FILE, TIMEOUT, experiment_config, iter_records  # noqa: E402
+
+from scaling.store.record import (  # noqa: E402
+    FAILED,
+    INVALID,
+    OK,
+    OOM,
+    PREDICTED_OOM,
+    RESULT_FILE,
+    TIMEOUT,
+    experiment_config,
+    iter_records,
+)
+from scaling.sweep.compose import sweep_file_grid  # noqa: E402
+from scaling.sweep.grid import survey  # noqa: E402
 from tests.records import make_record  # noqa: E402
 
 BLOCK = 500

@@ -28,15 +28,21 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import optuna
-from optuna.samplers import TPESampler
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from optuna.samplers import TPESampler
 
 from hydra_plugins.scaling_optuna_sweeper._outcome import (
-    dotted_get, failure, is_feasible, judge, repeat_outcome, tell, worst_values,
+    dotted_get,
+    failure,
+    is_feasible,
+    judge,
+    repeat_outcome,
+    tell,
+    worst_values,
 )
 from hydra_plugins.scaling_optuna_sweeper._space import format_value, parse_search_space
 from hydra_plugins.scaling_optuna_sweeper._study import make_sampler
-from scaling.record import OK, PREDICTED_OOM, iter_records
+from scaling.store.record import OK, PREDICTED_OOM, iter_records
 
 DEMO_DIR = Path("runs/demo")
 SAMPLERS = ("tpe", "random", "grid", "tpe (repeats)")

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scaling.record import iter_records  # noqa: E402
+from scaling.store.record import iter_records  # noqa: E402
 
 
 def run_sweep(name: str, sweep_dir: Path, overrides: list[str]) -> float:

@@ -30,11 +30,11 @@ from typing import Any, Callable
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from scaling.core.units import GIB  # noqa: E402
+from scaling.core.validate import validate  # noqa: E402
 from scaling.predictor.analytic import predict_config  # noqa: E402
-from scaling.predictor.cli import compose_config  # noqa: E402
-from scaling.record import OK, OOM  # noqa: E402
-from scaling.units import GIB  # noqa: E402
-from scaling.validate import validate  # noqa: E402
+from scaling.store.record import OK, OOM  # noqa: E402
+from scaling.sweep.compose import compose_config  # noqa: E402
 
 PROFILES = {"H100": "h100", "H200": "h200", "A100": "a100"}
 MFU_TARGET, PREDICTOR_TARGET = 0.40, 0.05
@@ -110,8 +110,8 @@ def _row_line(r: dict[str, Any]) -> str:
 
 def part_a(check: Check) -> None:
     """find-mbs per ZeRO stage (its mbs + 1 run is part (c)), then the found mbs with compile."""
-    from scaling.predictor.find_mbs import find_mbs
-    from scaling.run import run_point
+    from scaling.cli.find_mbs import find_mbs
+    from scaling.job.run import run_point
 
     for stage in STAGES:
         if not check.time_left(60, f"(a) ZeRO-{stage}"):
@@ -136,7 +136,7 @@ def part_a(check: Check) -> None:
 
 def part_b(check: Check) -> None:
     """Further eager points for the predictor: seq 2048, mbs, recompute and stage varied."""
-    from scaling.run import run_point
+    from scaling.job.run import run_point
 
     for mbs, recompute, stage in EXTRA:
         if not check.time_left(25, f"(b) seq 2048 mbs={mbs} recompute={recompute} ZeRO-{stage}"):
@@ -149,7 +149,7 @@ def part_b(check: Check) -> None:
 
 def part_c(check: Check) -> None:
     """A device capped below what the point needs: oom, and said so."""
-    from scaling.run import run_point
+    from scaling.job.run import run_point
 
     if not check.time_left(30, "(c) capped device"):
         return
@@ -160,7 +160,7 @@ def part_c(check: Check) -> None:
 
 def part_d(check: Check, devices: int) -> None:
     """ZeRO equivalence on NCCL: dp=2 x grad_acc=2 against dp=1 x grad_acc=4, every stage."""
-    from scaling.run import run_point
+    from scaling.job.run import run_point
 
     if devices < 2:
         check.notes.append("(d) skipped: one CUDA device (the ZeRO equivalence on NCCL needs two)")

@@ -2,6 +2,6 @@
 
 import sys
 
-from scaling.cli import main
+from scaling.cli.main import main
 
 sys.exit(main())

@@ -10,10 +10,20 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from scaling.config import HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
+from scaling.core.schema import HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
 from scaling.engine.jobfiles import write_json_atomic
-from scaling.record import (
-    FAILED, INVALID, OK, OOM, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, SWEEP_INDEX, TIMEOUT, job_dir, job_key,
+from scaling.store.record import (
+    FAILED,
+    INVALID,
+    OK,
+    OOM,
+    PREDICTED_OOM,
+    RESULT_FILE,
+    SCHEMA_VERSION,
+    SWEEP_INDEX,
+    TIMEOUT,
+    job_dir,
+    job_key,
 )
 
 DP_EFFICIENCY = {1: 1.0, 2: 0.97, 4: 0.92, 8: 0.85, 16: 0.62, 32: 0.40}

@@ -12,8 +12,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from analysis.alpha_beta import INTER, INTRA, AlphaBeta, Network, Profile, fit_tiers
 from analysis.extrapolate import Point, Workload, step_time_s
+from scaling.core.network import INTER, INTRA, AlphaBeta, Network, Profile, fit_tiers
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,18 @@ import json
 
 import pandas as pd
 import pytest
-
-from analysis.collect import CONFIG_AXES, COLUMNS, collect, latest_attempts, record_to_row, to_frame, to_parquet
 from records import grid_records, make_record, write_sweep
-from scaling.record import STATUSES
+
+from analysis.collect import (
+    COLUMNS,
+    CONFIG_AXES,
+    collect,
+    latest_attempts,
+    record_to_row,
+    to_frame,
+    to_parquet,
+)
+from scaling.store.record import STATUSES
 
 
 @pytest.fixture(scope="module")

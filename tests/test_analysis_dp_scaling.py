@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import pytest
+from records import DP_EFFICIENCY, grid_records, make_record, write_sweep
 
 from analysis.collect import collect, record_to_row, to_frame
-from analysis.dp_scaling import find_knee, knee_range, knee_sentence, knees, plot_dp_scaling, scaling_table
-from records import DP_EFFICIENCY, grid_records, make_record, write_sweep
+from analysis.dp_scaling import (
+    find_knee,
+    knee_range,
+    knee_sentence,
+    knees,
+    plot_dp_scaling,
+    scaling_table,
+)
 
 
 @pytest.fixture(scope="module")

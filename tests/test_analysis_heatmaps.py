@@ -7,11 +7,18 @@ from functools import partial
 
 import pandas as pd
 import pytest
+from records import FAILURES, grid_records, make_record, write_sweep
 
 from analysis.collect import collect
 from analysis.figures import render_pngs, save_png
-from analysis.heatmaps import cells, default_layout, draw_all, facet_grid, figure_specs, heatmap
-from records import FAILURES, grid_records, make_record, write_sweep
+from analysis.heatmaps import (
+    cells,
+    default_layout,
+    draw_all,
+    facet_grid,
+    figure_specs,
+    heatmap,
+)
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,13 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-
-from analysis.alpha_beta import PROFILE_FILE, save_profile
-from analysis.report import main, write_report
 from records import grid_records, make_record, write_sweep
-from scaling.record import job_key
-from scaling.wandb_log import read_offline_run
 from synthetic_dp import TRUTHS, profile_of
+
+from analysis.report import main, write_report
+from scaling.core.network import PROFILE_FILE, save_profile
+from scaling.job.wandb_log import read_offline_run
+from scaling.store.record import job_key
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The `scaling` command: exit statuses that agree between `run -m`, `python -m scaling.run` and `sweep`,
+"""The `scaling` command: exit statuses that agree between `run -m`, `python -m scaling.job.run` and `sweep`,
 `scaling sweep --help`, and bash completion through Hydra's `-sc install=bash` script."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from scaling.cli import COMMANDS, completion_target
-from scaling.record import iter_records
-from scaling.sweep import available, describe, find_sweep
+from scaling.cli.main import COMMANDS, completion_target
+from scaling.store.record import iter_records
+from scaling.sweep.named import available, describe, find_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -25,7 +25,7 @@ def command(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
 
 
-@pytest.mark.parametrize("entry", [["scaling", "run"], ["python", "-m", "scaling.run"]], ids=["scaling-run", "module"])
+@pytest.mark.parametrize("entry", [["scaling", "run"], ["python", "-m", "scaling.job.run"]], ids=["scaling-run", "module"])
 def test_a_multirun_with_a_timed_out_point_exits_1_after_every_point(entry, tmp_path):
     exe = [str(BIN / "scaling"), *entry[1:]] if entry[0] == "scaling" else [sys.executable, *entry[1:]]
     out = command([*exe, "-m", *TIMEOUT_AND_INVALID, f"sweep_dir={tmp_path / 'runs'}"], tmp_path)

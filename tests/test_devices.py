@@ -16,15 +16,15 @@ from pathlib import Path
 import psutil
 import pytest
 
-from scaling.devices import LOCK_DIR_ENV, Request, lock_dir, pick, request
-from scaling.record import iter_records
+from scaling.launch.devices import LOCK_DIR_ENV, Request, lock_dir, pick, request
+from scaling.store.record import iter_records
 
 FAST = ["logger=none", "model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
 
 # A process that leases `wanted` of `n` slots, stamps when it got them, holds them, stamps the release.
 HOLDER = textwrap.dedent("""\
     import json, sys, time
-    from scaling.devices import lease
+    from scaling.launch.devices import lease
     out, wanted, n, hold_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
     with lease(wanted, [str(i) for i in range(n)], poll_s=0.05) as got:
         stamp = {"got": got, "acquired": time.time()}
@@ -90,7 +90,7 @@ def test_each_slurm_job_has_locks_of_its_own(tmp_path):
 # Two points of one interactive allocation (salloc), each leasing 2 of the job's 4 GPUs for a moment.
 IN_JOB = textwrap.dedent("""\
     import json, os, sys, time
-    from scaling.devices import hold, lock_dir, request
+    from scaling.launch.devices import hold, lock_dir, request
     cfg = {"hardware": {"device": "cuda", "devices_per_node": 4}, "parallel": {"dp": 2}, "launch": {"devices": None}}
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     with hold(request(cfg, env), None, poll_s=0.05) as held:
@@ -143,7 +143,7 @@ def test_a_killed_holder_releases_its_slots(tmp_path, lock_env):
 
 
 def run_sweep(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scaling.run", "-m", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "scaling.job.run", "-m", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, stdin=subprocess.DEVNULL, timeout=300)
 
 
@@ -172,7 +172,7 @@ def test_parallel_launcher_runs_jobs_at_once_but_cpu_launches_one_at_a_time(tmp_
 
 def test_killing_a_parallel_sweep_leaves_no_point_running(tmp_path, lock_env):
     sweep_dir = tmp_path / "killed"
-    driver = subprocess.Popen([sys.executable, "-m", "scaling.run", "-m", "hydra/launcher=parallel",
+    driver = subprocess.Popen([sys.executable, "-m", "scaling.job.run", "-m", "hydra/launcher=parallel",
                                "hydra.launcher.n_jobs=2", *FAST, "train.fault=hang", "launch.timeout_s=120",
                                "train.seed=1,2", f"sweep_dir={sweep_dir}"], cwd=tmp_path, env=lock_env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)

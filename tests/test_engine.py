@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from scaling.record import RESULT_FILE, job_key
-from scaling.run import run_point
+from scaling.job.run import run_point
+from scaling.store.record import RESULT_FILE, job_key
 from tests.compose import compose_point
 from tests.processes import processes_mentioning
 from tests.test_validate import INVALID

@@ -49,7 +49,7 @@ def test_the_boundary_check_catches_a_driver_import(tmp_path: Path) -> None:
                 if name.split(".")[0] in {DRIVER_ONLY!r}:
                     raise ModuleNotFoundError(name, name=name)
         sys.meta_path.insert(0, Block())
-        import scaling.run
+        import scaling.job.run
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr

@@ -9,14 +9,33 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
 
-from analysis.alpha_beta import INTER, INTRA, AlphaBeta, Network, profile_estimate, published_estimate
 from analysis.dp_scaling import find_knee
 from analysis.extrapolate import (
-    BACKWARD_SHARE, Point, Workload, _design, extrapolate, fit_given, fit_sweep, identifiable, noise_variance,
-    plot, resolved_columns, step_time_s, summary_table, workload_and_points,
+    BACKWARD_SHARE,
+    Point,
+    Workload,
+    _design,
+    extrapolate,
+    fit_given,
+    fit_sweep,
+    identifiable,
+    noise_variance,
+    plot,
+    resolved_columns,
+    step_time_s,
+    summary_table,
+    workload_and_points,
 )
-from synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
+from scaling.core.network import (
+    INTER,
+    INTRA,
+    AlphaBeta,
+    Network,
+    profile_estimate,
+    published_estimate,
+)
 
 NET = Network({INTRA: AlphaBeta(2e-6, 100e9), INTER: AlphaBeta(10e-6, 10e9)}, 4)
 

@@ -12,9 +12,18 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from scaling.config import CONF_DIR, EXPERIMENT_GROUPS, register_configs
-from scaling.grid import LAUNCH, Forecast, GridPoint, format_duration, predict_new, store_answers, survey, sweep_file_grid
-from scaling.record import FAILED, OK, OOM, PREDICTED_OOM, job_key
+from scaling.core.schema import CONF_DIR, EXPERIMENT_GROUPS, register_configs
+from scaling.store.record import FAILED, OK, OOM, PREDICTED_OOM, job_key
+from scaling.sweep.compose import sweep_file_grid
+from scaling.sweep.grid import (
+    LAUNCH,
+    Forecast,
+    GridPoint,
+    format_duration,
+    predict_new,
+    store_answers,
+    survey,
+)
 from tests.compose import REPO, compose_point
 
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))

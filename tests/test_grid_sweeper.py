@@ -16,7 +16,17 @@ from pathlib import Path
 import psutil
 
 from scaling.engine.jobfiles import RESULT_FILE, RUNNING_FILE, write_json_atomic
-from scaling.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, SWEEP_INDEX, TIMEOUT, experiment_config, job_key
+from scaling.store.record import (
+    FAILED,
+    INVALID,
+    OK,
+    OOM,
+    PREDICTED_OOM,
+    SWEEP_INDEX,
+    TIMEOUT,
+    experiment_config,
+    job_key,
+)
 from tests.compose import REPO, compose_point
 
 POINT = ["logger=none", "model=tiny", "train.seq_len=32", "train.warmup_steps=0", "train.steps=1"]

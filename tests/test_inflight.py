@@ -9,8 +9,8 @@ import subprocess
 import psutil
 import pytest
 
-from scaling import inflight
 from scaling.engine.jobfiles import RUNNING_FILE
+from scaling.store import inflight
 
 
 def test_slurm_job_id_names_array_tasks_as_squeue_does():

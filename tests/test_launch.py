@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from scaling.launch import classify, error_messages
+from scaling.launch.torchrun import classify, error_messages
 
 
 def test_a_peers_dropped_connection_is_not_the_root_cause(tmp_path):

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from scaling.predictor import analytic as memory
-from scaling.predictor.analytic import PLAYBOOK_FP32, PLAYBOOK_MIXED, analytic_peak, model_state_bytes, prescreen
+from scaling.core.units import GIB
 from scaling.engine.model import ModelArgs, param_count
+from scaling.predictor import analytic as memory
+from scaling.predictor.analytic import (
+    PLAYBOOK_FP32,
+    PLAYBOOK_MIXED,
+    analytic_peak,
+    model_state_bytes,
+    prescreen,
+)
 from scaling.predictor.trace import trace_peak
-from scaling.units import GIB
 from tests.compose import compose_point
 
 PSI = 8_030_261_248  # llama_8b

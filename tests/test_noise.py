@@ -7,10 +7,15 @@ import statistics
 
 import pytest
 
+from scaling.core.noise import relative_spread, within_noise
 from scaling.engine.flops import PeakFlops
-from scaling.metrics import repeats_metrics, throughput_metrics
-from scaling.noise import relative_spread, within_noise
-from scaling.record import kept_launches, launches_timing, ok_launches, should_skip
+from scaling.job.metrics import repeats_metrics, throughput_metrics
+from scaling.store.record import (
+    kept_launches,
+    launches_timing,
+    ok_launches,
+    should_skip,
+)
 
 DERIVED = {"gbs_tokens": 1000, "world_size": 2, "flops_per_token": 6e6, "hw_flops_per_token": 8e6}
 PEAK_FLOPS_PER_S = 1e12

@@ -10,7 +10,6 @@ import nbformat
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
-
 from records import grid_records, write_sweep
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "analysis" / "notebooks" / "explore.ipynb"

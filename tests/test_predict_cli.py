@@ -13,14 +13,14 @@ import textwrap
 
 import pytest
 
-from scaling.grid import format_duration
-from scaling.predictor.find_mbs import largest_true
-from scaling.predictor.find_mbs import main as find_mbs_main
-from scaling.units import GIB
-from scaling.predictor.cli import main as predict_main
-from scaling.record import PREDICTED_OOM, RESULT_FILE, job_key
-from scaling.run import run_point
+from scaling.cli.find_mbs import largest_true
+from scaling.cli.find_mbs import main as find_mbs_main
+from scaling.cli.predict import main as predict_main
+from scaling.core.units import GIB
+from scaling.job.run import run_point
 from scaling.predictor.trace import trace_peak
+from scaling.store.record import PREDICTED_OOM, RESULT_FILE, job_key
+from scaling.sweep.grid import format_duration
 from tests.compose import REPO, compose_point
 
 POINT = ["model=tiny", "train.seq_len=64", "train.warmup_steps=1", "train.steps=1", "launch.timeout_s=240"]

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from analysis.collect import collect, from_wandb_offline
-from scaling import slurm
-from scaling.launch import torchrun_argv
+from scaling.launch import slurm
+from scaling.launch.torchrun import torchrun_argv
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -117,7 +117,7 @@ def test_launcher_config_asks_for_what_the_point_needs(overrides, nodes, gpus, c
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from scaling.config import register_configs
+    from scaling.core.schema import register_configs
 
     register_configs()
     slurm.register_resolvers()
@@ -192,7 +192,7 @@ def _assert_allreduce_spanned_two_nodes(out: Path, cluster) -> None:
 
 
 _LAUNCH = (
-    "import os, subprocess, sys; from scaling.slurm import torchrun_here; "
+    "import os, subprocess, sys; from scaling.launch.slurm import torchrun_here; "
     "sys.exit(subprocess.run(torchrun_here('tests.slurm_allreduce', sys.argv[1:], 2, 1, os.environ, 'allreduce'))"
     ".returncode)"
 )
@@ -228,11 +228,11 @@ def test_one_process_in_a_two_node_allocation_starts_both_nodes_with_srun(slurm_
 
 @pytest.mark.slurm
 def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp_path):
-    """`python -m scaling.run -m hydra/launcher=slurm ...`: one SLURM job per point, one record and one
+    """`python -m scaling.job.run -m hydra/launcher=slurm ...`: one SLURM job per point, one record and one
     offline W&B run each, the runs read back equal to the records."""
     sweep_dir = tmp_path / "sweep"
     done = subprocess.run(
-        [sys.executable, "-m", "scaling.run", "-m", "hydra/launcher=slurm", "model=tiny", "parallel.dp=1,2",
+        [sys.executable, "-m", "scaling.job.run", "-m", "hydra/launcher=slurm", "model=tiny", "parallel.dp=1,2",
          "parallel.zero_stage=0,3", "train.steps=2", "logger=wandb", "logger.mode=offline", f"sweep_dir={sweep_dir}",
          "hydra.launcher.array_parallelism=2"],  # two points at a time on this machine's cores
         cwd=REPO, capture_output=True, text=True, timeout=400, env={**os.environ, "WANDB_SILENT": "true"},

@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from scaling.status import render, summarize
+from scaling.sweep.status import render, summarize
 from tests.compose import REPO
 from tests.processes import processes_mentioning
 

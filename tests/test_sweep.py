@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scaling.record import FINAL_STATUSES, iter_records
+from scaling.store.record import FINAL_STATUSES, iter_records
 from tests.processes import processes_mentioning
 
 FAST = ["model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]

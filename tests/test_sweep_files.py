@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from scaling.record import iter_records
+from scaling.store.record import iter_records
 from tests.compose import REPO
 
 GRIDS = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml") if "scaling_optuna" not in p.read_text())

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from scaling.batch import BatchError, derive_grad_acc, plan
-from scaling.cli import main as cli_main
-from scaling.validate import InvalidConfig, validate
+from scaling.cli.main import main as cli_main
+from scaling.core.batch import BatchError, derive_grad_acc, plan
+from scaling.core.validate import InvalidConfig, validate
 from tests.compose import compose_point
 
 INVALID = [
@@ -74,7 +74,7 @@ def test_a_cpu_rank_is_a_device_of_its_own_cores():
 
 def test_the_cpu_device_is_part_of_the_job_key():
     """A record measured on 1-thread devices never answers a point asked on 2-thread ones."""
-    from scaling.record import job_key
+    from scaling.store.record import job_key
 
     keys = {job_key(compose_point([f"hardware.threads_per_device={t}"])) for t in (1, 2)}
     keys.add(job_key(compose_point(["hardware.oversubscribe=true"])))

@@ -1,11 +1,11 @@
 """The grid sweep: expand the grid, answer recorded points from the store, launch the rest.
 
-Each point's config and job key come from `scaling.grid` (one Hydra composition per config-group
+Each point's config and job key come from `scaling.sweep.grid` (one Hydra composition per config-group
 choice, not per point), so a fully recorded grid of 10,000 points resumes in seconds instead of
 making 10,000 Hydra jobs that each find their record. A point a live job still holds (its running
-marker names a queued or running SLURM task, or a live process: see `scaling.inflight`) is not
+marker names a queued or running SLURM task, or a live process: see `scaling.store.inflight`) is not
 launched again. The points left go to the Hydra launcher, in one batch or in batches of
-`max_batch_size`; the driver's `scaling.progress.Progress` counts the answered ones and prints
+`max_batch_size`; the driver's `scaling.sweep.progress.Progress` counts the answered ones and prints
 each launched one as it ends. With `dry_run` it prints the forecast and launches nothing.
 """
 
@@ -21,9 +21,17 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.utils import JobReturn
 from omegaconf import OmegaConf
 
-from scaling import inflight, progress
-from scaling.grid import Forecast, PointConfigs, expand, points_at_once, predict_new, survey
-from scaling.record import job_dir
+from scaling.store import inflight
+from scaling.store.record import job_dir
+from scaling.sweep import progress
+from scaling.sweep.grid import (
+    Forecast,
+    PointConfigs,
+    expand,
+    points_at_once,
+    predict_new,
+    survey,
+)
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Structured config of the `scaling_grid` sweeper, registered under `hydra/sweeper`.
 
-conf/config.yaml makes it the default, so every multirun of scaling.run and every grid file in
+conf/config.yaml makes it the default, so every multirun of scaling.job.run and every grid file in
 sweeps/ uses it; its `params` are Hydra's basic sweeper's (comma lists, `range(...)`, `choice(...)`)
 and sweep overrides given on the command line join them, as with the basic sweeper.
 """

@@ -33,16 +33,15 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import Trial, TrialState
 
-from scaling.config import EXPERIMENT_GROUPS
-from scaling.record import job_key, output_dir, read_record, should_skip
+from scaling.core.schema import EXPERIMENT_GROUPS
+from scaling.store.record import job_key, output_dir, read_record, should_skip
 
 from . import _report
-from .config import DEFAULT_OBJECTIVE
 from ._outcome import Outcome, failure, judge, repeat_outcome, tell, worst_values
 from ._space import SearchSpace, leaf_overrides, parse_search_space
 from ._study import (
-    AskTellGridSampler,
     DIRECTIONS,
+    AskTellGridSampler,
     counted_trials,
     failure_rate,
     make_sampler,
@@ -53,6 +52,7 @@ from ._study import (
     resumed_seed,
     trials_since_improvement,
 )
+from .config import DEFAULT_OBJECTIVE
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class ExperimentPoint:
     """A trial's point in the engine's terms."""
 
     run_overrides: list[str]
-    """Every experiment field plus sweep and sweep_dir: `python -m scaling.run <these>` runs the point."""
+    """Every experiment field plus sweep and sweep_dir: `python -m scaling.job.run <these>` runs the point."""
     record: Optional[dict[str, Any]]
     """Its record in the store, when the store answers it without running (see launch.rerun)."""
     repeats: int

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Sequence
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from scaling.record import FAILED, OK, OOM, PREDICTED_OOM
+from scaling.store.record import FAILED, OK, OOM, PREDICTED_OOM
 
 CONSTRAINT = "oom"
 INFEASIBLE_STATUSES = frozenset({OOM, PREDICTED_OOM})

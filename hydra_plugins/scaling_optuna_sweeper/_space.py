@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import IntervalSweep, Override, QuotedString, RangeSweep
+from hydra.core.override_parser.types import (
+    IntervalSweep,
+    Override,
+    QuotedString,
+    RangeSweep,
+)
 from hydra.errors import HydraException
 from optuna.distributions import (
     BaseDistribution,

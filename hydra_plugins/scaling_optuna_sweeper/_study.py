@@ -18,15 +18,21 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import optuna
-from optuna.exceptions import ExperimentalWarning
 from optuna.distributions import BaseDistribution
-from optuna.samplers import BaseSampler, CmaEsSampler, GridSampler, RandomSampler, TPESampler
+from optuna.exceptions import ExperimentalWarning
+from optuna.samplers import (
+    BaseSampler,
+    CmaEsSampler,
+    GridSampler,
+    RandomSampler,
+    TPESampler,
+)
 from optuna.storages import BaseStorage, JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from scaling.noise import NOISE_BAND_KEY, THROUGHPUT_KEYS, within_noise
+from scaling.core.noise import NOISE_BAND_KEY, THROUGHPUT_KEYS, within_noise
 
 from ._outcome import is_feasible
 from ._space import SearchSpace

@@ -9,7 +9,6 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 
-
 class ScalingOptunaSweeper(Sweeper):
     """Optuna search over experiment points, resumable from its storage."""
 

@@ -13,10 +13,11 @@ from typing import Any, Optional, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus
-from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from omegaconf import OmegaConf
 
-from scaling import inflight, progress
+from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+from scaling.store import inflight
+from scaling.sweep import progress
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +101,12 @@ def point_shapes(launcher: Any, job_overrides: Sequence[Sequence[str]]) -> list[
     Hydra resolves `hydra.launcher` once, against the sweep's primary config, so `nodes: ${...parallel.dp...}`
     would give every point of a sweep over dp the resources of the primary config's dp. Each setting of
     SHAPE_KEYS that is an interpolation is resolved here against each point's config instead (composed once
-    per config-group choice, scaling.grid.PointConfigs); a setting given a plain value holds for every point.
+    per config-group choice, scaling.sweep.grid.PointConfigs); a setting given a plain value holds for every point.
     """
     from omegaconf import OmegaConf
 
-    from scaling import slurm
-    from scaling.grid import PointConfigs
+    from scaling.launch import slurm
+    from scaling.sweep.grid import PointConfigs
 
     slurm.register_resolvers()
     node = launcher.config.hydra.launcher

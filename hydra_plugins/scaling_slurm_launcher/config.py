@@ -7,6 +7,7 @@ sweep is cut into job arrays. conf/hydra/launcher/slurm.yaml builds on it.
 from dataclasses import dataclass
 
 from hydra.core.config_store import ConfigStore
+
 from hydra_plugins.hydra_submitit_launcher.config import SlurmQueueConf
 
 

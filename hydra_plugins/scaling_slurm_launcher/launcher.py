@@ -14,12 +14,13 @@ Three changes to how its `launch` submits and waits, none to what a job runs:
 - Each task's end is read from its result file as it appears (and from squeue for a task that
   ended without one), so the driver prints the point's progress line in the terminal that started
   the sweep as it ends, and marks each submitted point as queued under its SLURM job id
-  (`scaling.progress.Progress.submitted`, reached through the Hydra context), so that a re-run leaves it to that job.
+  (`scaling.sweep.progress.Progress.submitted`, reached through the Hydra context), so that a re-run leaves it to that job.
 """
 
 from typing import Any, Sequence
 
 from hydra.core.utils import JobReturn
+
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 
 

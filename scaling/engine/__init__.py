@@ -2,5 +2,5 @@
 
 Everything under `scaling.engine` imports torch and the standard library only, so a rank runs on a
 bare GPU box that has torch and nothing else (tests/test_engine_boundary.py checks it). The sweep
-driver (scaling.run and friends) imports from here; nothing here imports the driver's libraries.
+driver (scaling.job.run and friends) imports from here; nothing here imports the driver's libraries.
 """

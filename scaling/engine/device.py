@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from scaling.units import GIB
+from scaling.core.units import GIB
 
 PROFILE_TOLERANCE = 0.005
 """Relative difference between hardware.memory_gb and the card's total that is worth a note (0.4 GiB on an

@@ -25,8 +25,8 @@ from typing import Iterator, Mapping, Optional
 
 import torch
 
-from scaling.engine.model import ModelArgs, block_matmul_param_count, matmul_param_count
 from scaling.engine.jobfiles import write_json_atomic
+from scaling.engine.model import ModelArgs, block_matmul_param_count, matmul_param_count
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 """`train.precision` -> the dtype the matmuls run in."""

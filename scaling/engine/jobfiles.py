@@ -4,8 +4,8 @@
     <sweep_dir>/<job_key>/worker.json     what rank 0 measured
     <sweep_dir>/<job_key>/torchrun.log    torchrun's and the ranks' output
     <sweep_dir>/<job_key>/elastic/        torch elastic's per-rank error files (@record)
-    <sweep_dir>/<job_key>/result.json     the record (scaling.record)
-    <sweep_dir>/<job_key>/running.json    the point is queued or running, and where (scaling.inflight)
+    <sweep_dir>/<job_key>/result.json     the record (scaling.store.record)
+    <sweep_dir>/<job_key>/running.json    the point is queued or running, and where (scaling.store.inflight)
 
 Standard library only: the worker and the driver both import it.
 """

@@ -5,7 +5,7 @@ with RoPE -> RMSNorm -> SwiGLU MLP, final RMSNorm, output projection), its seede
 initialisation, activation recomputation per block, and the formulas `param_count` and
 `matmul_param_count` that the FLOPs and memory arithmetic build on.
 
-Imports torch and the standard library only (scaling.config is plain dataclasses): it runs inside
+Imports torch and the standard library only (scaling.core.schema is plain dataclasses): it runs inside
 torchrun workers on bare GPU boxes.
 Shapes in comments: B batch, T sequence, C hidden, nh query heads, nkv key/value heads,
 hd head_dim, V vocabulary.
@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from scaling.config import ModelConfig
+from scaling.core.schema import ModelConfig
 
 Device = Optional[Union[torch.device, str]]
 """Where layers are created; "meta" for shapes only."""
@@ -31,7 +31,7 @@ INIT_STD = 0.02
 
 
 class ModelArgs(ModelConfig):
-    """Shapes of the decoder: the `model` config group (checked by scaling.validate) plus derived sizes."""
+    """Shapes of the decoder: the `model` config group (checked by scaling.core.validate) plus derived sizes."""
 
     @property
     def head_dim(self) -> int:
@@ -218,7 +218,9 @@ class Transformer(nn.Module):
                 # Outputs of wo and w2 add into the residual stream L times each: scale them down.
                 target.normal_(0.0, residual_std if owner in ("wo", "w2") else INIT_STD, generator=generator)
             if sharded:
-                from torch.distributed.tensor import distribute_tensor  # only sharded models pay for it
+                from torch.distributed.tensor import (
+                    distribute_tensor,  # only sharded models pay for it
+                )
 
                 shard = distribute_tensor(target, param.device_mesh, param.placements, src_data_rank=None)
                 param.to_local().copy_(shard.to_local())

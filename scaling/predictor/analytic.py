@@ -35,9 +35,9 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Optional
 
+from scaling.core.units import GIB
 from scaling.engine.model import ModelArgs, param_count
-from scaling.record import job_key
-from scaling.units import GIB
+from scaling.store.record import job_key
 
 ANALYTIC = "analytic"
 CALIBRATION_MODELS = ("tiny", "small")
@@ -346,9 +346,9 @@ def analytic_peak(
 
 
 def predict_config(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> MemoryBreakdown:
-    """`analytic_peak` of a resolved config (plain dict); grad_acc from scaling.validate unless given."""
+    """`analytic_peak` of a resolved config (plain dict); grad_acc from scaling.core.validate unless given."""
     if grad_acc is None:
-        from scaling.validate import validate
+        from scaling.core.validate import validate
 
         grad_acc = validate(cfg, host=False).grad_acc
     t, p = cfg["train"], cfg["parallel"]

@@ -175,12 +175,12 @@ def _fake_world(dp: int) -> Iterator[Any]:
 
 def trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
     """Peak live bytes per rank of a resolved point's training step, traced on fake tensors in this process."""
+    from scaling.core.validate import validate
     from scaling.engine.data import GlobalBatch
     from scaling.engine.memtrack import tracked_step
     from scaling.engine.model import ModelArgs
     from scaling.engine.parallel import parallelize
     from scaling.engine.step import train_step
-    from scaling.validate import validate
 
     t0 = time.perf_counter()
     grad_acc = validate(cfg, host=False).grad_acc

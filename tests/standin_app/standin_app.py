@@ -16,10 +16,11 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from scaling import inflight, slurm
-from scaling.config import CONF_DIR, register_configs
+from scaling.core.schema import CONF_DIR, register_configs
 from scaling.engine.jobfiles import RESULT_FILE, write_json_atomic
-from scaling.record import OK, experiment_config, job_dir, job_key
+from scaling.launch import slurm
+from scaling.store import inflight
+from scaling.store.record import OK, experiment_config, job_dir, job_key
 
 STANDIN_SLEEP_S = 0.15
 

@@ -7,7 +7,7 @@
                                                 (fits, oom_within_margin: launched but over capacity,
                                                 predicted_oom: the pre-screen skips it), then the grid's
                                                 size, its new, recorded, predicted_oom and invalid points
-                                                and an estimate of the wall time (scaling.grid.Forecast)
+                                                and an estimate of the wall time (scaling.sweep.grid.Forecast)
     scaling predict --sweep NAME --traced ...   ... deciding near-capacity points by tracing, as the pre-screen does
 
 Overrides are the Hydra overrides of `scaling run`. Also owns composing one config outside a Hydra
@@ -19,39 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
+from scaling.core.units import memory_unit
+from scaling.core.validate import InvalidConfig, validate
 from scaling.predictor.analytic import capacity_bytes, predict_config
-from scaling.units import memory_unit
-from scaling.config import CONF_DIR
-from scaling.validate import InvalidConfig, validate
-
-
-def compose_config(overrides: Sequence[str] = (), sweep_file: Optional[Path] = None) -> dict[str, Any]:
-    """The resolved config of `scaling run <overrides>` (or of the sweep file's base point), as a plain dict."""
-    return _resolve(_compose(overrides, sweep_file))
-
-
-def _compose(overrides: Sequence[str], sweep_file: Optional[Path]) -> Any:
-    from hydra import compose, initialize_config_dir
-
-    from scaling.config import register_configs
-
-    register_configs()
-    config_dir, name, extra = str(CONF_DIR), "config", []
-    if sweep_file is not None:  # the sweep file's `defaults: [config, ...]` finds conf/ on the search path
-        config_dir, name, extra = str(sweep_file.parent), sweep_file.stem, [f"hydra.searchpath=[file://{CONF_DIR}]"]
-    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-        return compose(config_name=name, overrides=[*extra, *overrides])
-
-
-def _resolve(cfg: Any) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    out = OmegaConf.to_container(cfg, resolve=True)
-    out.pop("hydra", None)
-    return out
+from scaling.sweep.compose import compose_config
 
 
 def _fmt(n: Optional[float], divisor: int) -> str:
@@ -102,8 +75,9 @@ def _verdict(peak: int, capacity: Optional[int], margin: float) -> str:
 def _sweep(name: str, overrides: list[str], traced: bool, as_json: bool) -> int:
     from omegaconf import OmegaConf
 
-    from scaling.grid import Forecast, points_at_once, predict_new, survey, sweep_file_grid
-    from scaling.sweep import find_sweep
+    from scaling.sweep.compose import sweep_file_grid
+    from scaling.sweep.grid import Forecast, points_at_once, predict_new, survey
+    from scaling.sweep.named import find_sweep
 
     rows, forecast = [], Forecast()
     with sweep_file_grid(find_sweep(name), overrides) as (points, configs):

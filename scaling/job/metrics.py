@@ -4,7 +4,7 @@ tokens_per_s = gbs_tokens / median step time (timed steps only); tokens_per_s_pe
 tokens_per_s / world_size; mfu and hfu through scaling.engine.flops, against the peak FLOP/s the
 driver resolved (and the record says where that peak came from). Every key carries its unit.
 
-Noise is stated with scaling.noise's one statistic, the relative half-range. A launch states it over its
+Noise is stated with scaling.core.noise's one statistic, the relative half-range. A launch states it over its
 timed steps (`step_time_spread_frac`); a point launched k times (`launch.repeats=k`) states it over
 the repeats' tokens/s (`repeat_spread_frac`), and its headline figures are the median over repeats.
 `noise_band_frac`, the larger of the two, is the band within which two figures are not told apart.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
-from scaling.noise import relative_spread
+from scaling.core.noise import relative_spread
 
 if TYPE_CHECKING:
     from scaling.engine.flops import PeakFlops
@@ -38,7 +38,9 @@ def _max(values: Optional[list[int]]) -> Optional[int]:
 
 def throughput_metrics(worker: Mapping[str, Any], derived: Mapping[str, Any], peak: PeakFlops) -> dict[str, Any]:
     """The `metrics` block of one launch that finished."""
-    from scaling.engine import flops  # torch: the driver has it; readers of tokens_per_s need not
+    from scaling.engine import (
+        flops,  # torch: the driver has it; readers of tokens_per_s need not
+    )
     step_times = list(worker["step_times_s"])
     step_time_s = statistics.median(step_times)
     total, per_gpu = tokens_per_s(derived, step_time_s)

@@ -5,7 +5,7 @@
 The Playbook's recipe "increase mbs until out of memory", without running out of memory a dozen
 times: the analytic predictor brackets the answer, the traced predictor settles it (both for
 model, seq_len, dp, ZeRO stage, precision and recompute as given), and then two real points
-(`scaling.run.run_point`, pre-screen off) confirm it: the predicted mbs must run, mbs + 1 must run
+(`scaling.job.run.run_point`, pre-screen off) confirm it: the predicted mbs must run, mbs + 1 must run
 out of memory. If a run contradicts the prediction, mbs is stepped once in the direction the run
 showed and that is the second run; the report says what was and was not confirmed.
 Needs a capacity: hardware.memory_gb (a real device's, or an emulated one on CPU).
@@ -19,9 +19,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
+from scaling.core.validate import InvalidConfig, validate
 from scaling.predictor.analytic import capacity_bytes, predict_config
-from scaling.record import OK, OOM, PREDICTED_OOM
-from scaling.validate import InvalidConfig, validate
+from scaling.store.record import OK, OOM, PREDICTED_OOM
 
 
 def largest_true(pred: Callable[[int], bool], start: int, limit: int) -> int:
@@ -112,7 +112,7 @@ def _confirm(result: FindMbsResult, cfg: dict[str, Any], max_mbs: int,
              launch_point: Optional[Callable[[dict[str, Any]], dict[str, Any]]]) -> None:
     """At most two real runs around the prediction; updates result.mbs, confirmed and note."""
     if launch_point is None:
-        from scaling.run import run_point as launch_point
+        from scaling.job.run import run_point as launch_point
 
     def status(m: int) -> str:
         rec = launch_point(_with_mbs(cfg, m))
@@ -177,7 +177,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     if a.max_mbs < 1:
         p.error(f"--max-mbs={a.max_mbs} must be >= 1")
-    from scaling.predictor.cli import compose_config
+    from scaling.sweep.compose import compose_config
 
     try:
         result = find_mbs(compose_config(a.overrides), a.max_mbs, traced=not a.analytic, confirm=not a.no_confirm)

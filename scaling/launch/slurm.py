@@ -12,7 +12,7 @@ ways to start them, chosen from the SLURM environment of the calling process:
 
 The deciding functions are pure (they read a Mapping, never os.environ); `point_argv` adds
 the two look-ups that need `scontrol` (expanding a node list, a node's address); its torchrun
-command line comes from scaling.launch. What a point asks of SLURM (nodes, GPUs and CPUs per node)
+command line comes from scaling.launch.torchrun. What a point asks of SLURM (nodes, GPUs and CPUs per node)
 and the OmegaConf resolvers used by `conf/hydra/launcher/slurm.yaml` live here too.
 """
 
@@ -27,8 +27,9 @@ from itertools import product
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from scaling.core.batch import nodes_needed
 from scaling.engine.jobfiles import ELASTIC_LOGS
-from scaling.launch import WORKER, torchrun_argv
+from scaling.launch.torchrun import WORKER, torchrun_argv
 
 RDZV_PORT_BASE, RDZV_PORT_SPAN = 20000, 10000
 TIMEOUT_MARGIN_MIN = 5
@@ -43,23 +44,6 @@ class Placement:
     nproc_per_node: int
     via_srun: bool
     """True: this process starts one torchrun per node with srun. False: it starts its own node's torchrun."""
-
-
-def nodes_needed(dp: int, devices_per_node: Optional[int]) -> int:
-    """Nodes a point with `dp` ranks spans: 1 when it fits on one node, else dp / devices_per_node."""
-    if dp < 1:
-        raise ValueError(f"parallel.dp={dp} must be >= 1")
-    if devices_per_node is None or dp <= devices_per_node:
-        return 1
-    if devices_per_node < 1:
-        raise ValueError(f"hardware.devices_per_node={devices_per_node} must be >= 1 or null")
-    if dp % devices_per_node:
-        lo, hi = dp // devices_per_node * devices_per_node, (dp // devices_per_node + 1) * devices_per_node
-        raise ValueError(
-            f"parallel.dp={dp} spans nodes of hardware.devices_per_node={devices_per_node} but is not a "
-            f"multiple of it: a multi-node point uses whole nodes; try dp in {{{lo}, {hi}}}"
-        )
-    return dp // devices_per_node
 
 
 def placement(dp: int, devices_per_node: Optional[int], env: Mapping[str, str]) -> Placement:
@@ -107,7 +91,7 @@ def srun_argv(p: Placement, hosts: Sequence[str]) -> list[str]:
     return [
         "srun", f"--nodes={p.nodes}", f"--ntasks={p.nodes}", "--ntasks-per-node=1",
         f"--nodelist={','.join(hosts[: p.nodes])}",
-        # The caller may itself run inside a step that holds these CPUs (srun python -m scaling.run).
+        # The caller may itself run inside a step that holds these CPUs (srun python -m scaling.job.run).
         "--overlap",
         # One node's torchrun failing ends the others instead of leaving them in the rendezvous.
         "--kill-on-bad-exit=1",

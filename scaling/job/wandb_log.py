@@ -29,8 +29,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
-from scaling.config import EXPERIMENT_GROUPS
-from scaling.metrics import tokens_per_s
+from scaling.core.schema import EXPERIMENT_GROUPS
+from scaling.job.metrics import tokens_per_s
 
 TOP_LEVEL = ("status", "error", "job_key", "sweep", "schema_version")
 """Record fields kept under their own names in the run summary."""

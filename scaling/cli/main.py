@@ -1,6 +1,6 @@
 """The `scaling` command: run a point, run a named sweep, plan a batch, predict memory, report, measure the network.
 
-    scaling run [overrides]              one point (= python -m scaling.run)
+    scaling run [overrides]              one point (= python -m scaling.job.run)
     scaling sweep NAME [overrides]       a named multirun from sweeps/NAME.yaml
     scaling plan --gbs-tokens 4M --seq-len 4000 --mbs 2 --gpus 128
     scaling predict [overrides]          memory breakdown before launch
@@ -17,25 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
-
-
-def parse_count(text: str) -> int:
-    """'4M' -> 4_000_000, '4Mi' -> 4_194_304, '2048' -> 2048 (decimal and binary suffixes)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG]i?)?\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count: use e.g. 4096, 4M (10^6) or 4Mi (2^20)")
-    value = float(match.group(1)) * _SUFFIXES[(match.group(2) or "").lower()]
-    if value != int(value) or value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole count")
-    return int(value)
-
+from scaling.cli.args import parse_count
 
 PROG = "scaling"
 """The program name Hydra sees: `-sc install=bash` registers completion for it."""
@@ -44,10 +31,13 @@ _NO_RUN_FLAGS = frozenset({"-h", "--help", "-hh", "--hydra-help", "--version", "
 
 
 def run_app(argv: Sequence[str], config: Sequence[str] = ()) -> None:
-    """Run the Hydra app of scaling.run on `argv` (after `config`, e.g. --config-name); raise
+    """Run the Hydra app of scaling.job.run on `argv` (after `config`, e.g. --config-name); raise
     `PointsFailed` when a point failed or timed out."""
-    from scaling import progress, run
+    from scaling.job import run
+    from scaling.launch.resolvers import register
+    from scaling.sweep import progress
 
+    register()
     with tempfile.TemporaryDirectory(prefix="scaling-outcome-") as tmp:
         outcome = Path(tmp) / "outcome.json"
         # Where the progress callback leaves the counts; not added where Hydra only prints or completes.
@@ -63,7 +53,7 @@ def _run(argv: list[str]) -> int:
 
 
 def _plan(argv: list[str]) -> int:
-    from scaling.batch import BatchError, plan
+    from scaling.core.batch import BatchError, plan
 
     p = argparse.ArgumentParser(prog="scaling plan", description="Derive grad_acc from a target global batch (Playbook recipe).")
     p.add_argument("--gbs-tokens", type=parse_count, required=True, help="target global batch in tokens, e.g. 4M")
@@ -89,20 +79,20 @@ def _lazy(module: str) -> Callable[[list[str]], Optional[int]]:
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], Optional[int]], str]] = {
     "run": (_run, "run one experiment point (Hydra overrides)"),
-    "sweep": (_lazy("scaling.sweep"), "run a named sweep from sweeps/ (Hydra multirun)"),
+    "sweep": (_lazy("scaling.cli.sweep"), "run a named sweep from sweeps/ (Hydra multirun)"),
     "plan": (_plan, "grad_acc and effective global batch for a target gbs"),
-    "predict": (_lazy("scaling.predictor.cli"), "peak memory per rank of a point or a sweep grid, before launch"),
-    "find-mbs": (_lazy("scaling.predictor.find_mbs"), "the largest mbs that fits, predicted and confirmed by two runs"),
-    "report": (_lazy("analysis.report"), "Markdown + HTML report of a sweep directory"),
-    "status": (_lazy("scaling.status"), "where a sweep stands: done, running, to run, time left"),
-    "collectives": (_lazy("analysis.alpha_beta"), "measure the network's α-β figures per tier into a sweep directory"),
+    "predict": (_lazy("scaling.cli.predict"), "peak memory per rank of a point or a sweep grid, before launch"),
+    "find-mbs": (_lazy("scaling.cli.find_mbs"), "the largest mbs that fits, predicted and confirmed by two runs"),
+    "report": (_lazy("scaling.cli.report"), "Markdown + HTML report of a sweep directory"),
+    "status": (_lazy("scaling.cli.status"), "where a sweep stands: done, running, to run, time left"),
+    "collectives": (_lazy("scaling.cli.collectives"), "measure the network's α-β figures per tier into a sweep directory"),
 }
 
 
 def completion_target(line: str) -> tuple[Optional[list[str]], list[str], str]:
     """What completes a `scaling ...` command line: (words to offer, or None for Hydra; the config
     arguments of the app to ask; the line as that app sees it, `scaling <overrides>`)."""
-    from scaling.sweep import available, find_sweep
+    from scaling.sweep.named import available, find_sweep
 
     words = line.split()
     ended = line.endswith(" ")  # the cursor is on a new, empty word
@@ -133,8 +123,8 @@ def _complete(line: str) -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Dispatch `scaling <command> ...`; turn the library's exceptions into exit statuses."""
-    from scaling.progress import PointsFailed
-    from scaling.sweep import SweepNotFound
+    from scaling.sweep.named import SweepNotFound
+    from scaling.sweep.progress import PointsFailed
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["-sc"], ["--shell-completion"]) and argv[1:] == ["query=bash"]:

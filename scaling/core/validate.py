@@ -11,9 +11,13 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Optional
 
-from scaling import devices
-from scaling.batch import BatchError, derive_grad_acc, target_gbs_samples
-from scaling.slurm import nodes_needed
+from scaling.core.batch import (
+    BatchError,
+    derive_grad_acc,
+    nodes_needed,
+    target_gbs_samples,
+)
+from scaling.core.host import usable_cores as host_cores
 
 PRECISIONS = ("fp32", "bf16")
 RECOMPUTE = ("none", "full")
@@ -222,7 +226,7 @@ def validate(cfg: Mapping[str, Any], usable_cores: Optional[int] = None, host: b
     derived = _derive(c, cfg)
     _check_kernels(c, cfg)
     if host:
-        _check_cores(c, cfg, usable_cores if usable_cores is not None else devices.usable_cores())
+        _check_cores(c, cfg, usable_cores if usable_cores is not None else host_cores())
     if c.errors or derived is None:
         raise InvalidConfig(c.errors)
     return derived

@@ -12,13 +12,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.alpha_beta import (
-    BENCH_DIR, BENCH_OUTPUT, INTER, INTRA, PROFILE_FILE, AlphaBeta, Network, Profile, fit, fit_tiers,
-    load_profile, main, profile_estimate, published, published_estimate, ring_cost, save_profile, tier_of,
-    with_fallback, world_sizes,
+from scaling.cli.collectives import main
+from scaling.core.network import (
+    INTER,
+    INTRA,
+    PROFILE_FILE,
+    AlphaBeta,
+    Network,
+    Profile,
+    fit,
+    fit_tiers,
+    load_profile,
+    profile_estimate,
+    published,
+    published_estimate,
+    ring_cost,
+    save_profile,
+    tier_of,
+    with_fallback,
 )
 from scaling.engine.collectives import OPS, bus_factor, parse_args
 from scaling.engine.jobfiles import CONFIG_FILE, TORCHRUN_LOG
+from scaling.launch.collectives import BENCH_DIR, BENCH_OUTPUT, world_sizes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,7 +163,7 @@ def test_scaling_collectives_measures_through_torchrun_into_the_sweep_dir(tmp_pa
     job = sweep / BENCH_DIR / "n2"
     assert (job / BENCH_OUTPUT).exists() and (job / TORCHRUN_LOG).exists()
     config = json.loads((job / CONFIG_FILE).read_text())
-    assert config["world_size"] == 2 and "--standalone" in config["argv"]  # scaling.launch's torchrun, as a point's
+    assert config["world_size"] == 2 and "--standalone" in config["argv"]  # scaling.launch.torchrun's torchrun, as a point's
     assert config["argv"][-2:] == ["--out", str(job / BENCH_OUTPUT)] and "scaling.engine.collectives" in config["argv"]
     assert main(args) == 0
     kept = [p for p in sweep.glob("alpha_beta.*.json")]
@@ -192,7 +207,7 @@ def test_scaling_collectives_spans_two_nodes_under_slurm(slurm_cluster, tmp_path
         pytest.skip("the test cluster has one node")
     sweep = tmp_path / "sweep"
     done = subprocess.run(
-        ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", sys.executable, "-m", "scaling.cli", "collectives",
+        ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", sys.executable, "-m", "scaling.cli.main", "collectives",
          "--sweep-dir", str(sweep), "--iters", "3", "--sizes", "4Ki,16Mi", "hardware.devices_per_node=2",
          "parallel.dp=4"],
         cwd=REPO, capture_output=True, text=True, timeout=300,

@@ -1,7 +1,7 @@
 """The Hydra job: one experiment point from config to record.
 
-    python -m scaling.run [overrides]          one point
-    python -m scaling.run -m [sweep overrides] a multirun (see sweeps/)
+    python -m scaling.job.run [overrides]          one point
+    python -m scaling.job.run -m [sweep overrides] a multirun (see sweeps/)
 
 already in the store? -> validate -> predict memory -> launch torchrun (launch.repeats fresh launches)
 -> classify -> write result.json atomically -> log to W&B -> return the record (the sweeper reads its
@@ -25,21 +25,45 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from scaling import devices, inflight, launch, slurm, wandb_log
+from scaling.core.schema import CONF_DIR, ExperimentConfig
+from scaling.core.units import format_bytes
+from scaling.core.validate import Derived, InvalidConfig, validate
 from scaling.engine import flops
-from scaling.grid import store_answers
-from scaling.config import CONF_DIR, ExperimentConfig, register_configs
-from scaling.predictor.analytic import prescreen
-from scaling.metrics import repeats_metrics, throughput_metrics
-from scaling.engine.model import ModelArgs, param_count
-from scaling.record import (
-    FAILED, INVALID, OK, PREDICTED_OOM, RESULT_FILE, SCHEMA_VERSION, experiment_config, job_dir, job_key, kept_launches,
-    launches_timing, next_attempt, output_dir, read_record,
+from scaling.engine.jobfiles import (
+    CONFIG_FILE,
+    ELASTIC_LOGS,
+    TORCHRUN_LOG,
+    WORKER_OUTPUT,
+    read_json,
+    write_json_atomic,
 )
-from scaling.units import format_bytes
-from scaling.validate import Derived, InvalidConfig, validate
-from scaling.engine.jobfiles import CONFIG_FILE, ELASTIC_LOGS, TORCHRUN_LOG, WORKER_OUTPUT, read_json, write_json_atomic
+from scaling.engine.model import ModelArgs, param_count
+from scaling.job import wandb_log
+from scaling.job.metrics import repeats_metrics, throughput_metrics
+from scaling.launch import devices, slurm, torchrun
+from scaling.predictor.analytic import prescreen
+from scaling.store import inflight
+from scaling.store.record import (
+    FAILED,
+    INVALID,
+    OK,
+    PREDICTED_OOM,
+    RESULT_FILE,
+    SCHEMA_VERSION,
+    experiment_config,
+    job_dir,
+    job_key,
+    kept_launches,
+    launches_timing,
+    next_attempt,
+    output_dir,
+    read_record,
+)
+from scaling.sweep.grid import store_answers
 
+OPTUNA_SWEEPER = "hydra_plugins.scaling_optuna_sweeper.sweeper.ScalingOptunaSweeper"
+"""The `_target_` of the Optuna sweeper (hydra_plugins.scaling_optuna_sweeper takes it from here): its jobs are
+numbered by trial."""
 
 
 def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -69,7 +93,7 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
         return _finish(_ended(record, PREDICTED_OOM, prediction["reason"], c), point_dir, t0, cfg)
 
     point_dir.mkdir(parents=True, exist_ok=True)
-    runtime = {"job_key": key, "pg_timeout_s": launch.process_group_timeout_s(c.launch.timeout_s)}
+    runtime = {"job_key": key, "pg_timeout_s": torchrun.process_group_timeout_s(c.launch.timeout_s)}
     write_json_atomic(point_dir / CONFIG_FILE, {**cfg, "derived": record["derived"], "runtime": runtime})
     try:
         # Under SLURM the allocation decides how torchrun starts (one node, or one torchrun per node joined by
@@ -126,9 +150,9 @@ def _launch_repeats(c: ExperimentConfig, cfg: dict[str, Any], record: dict[str, 
             peak = flops.resolve_peak_flops(cfg["hardware"], c.train.precision, c.hardware.threads_per_device,
                                             c.hardware.device)
             launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
-            env = launch.job_env(c.hardware.threads_per_device, held.visible, c.hardware.device == "cuda")
-            outcome = launch.launch_torchrun(argv, point_dir, c.launch.timeout_s, env, log_name)
-            launch.end_point_processes(point_dir / CONFIG_FILE)
+            env = torchrun.job_env(c.hardware.threads_per_device, held.visible, c.hardware.device == "cuda")
+            outcome = torchrun.launch_torchrun(argv, point_dir, c.launch.timeout_s, env, log_name)
+            torchrun.end_point_processes(point_dir / CONFIG_FILE)
         if not lead:  # another node's task of a multi-node point: its lead task writes the record
             if outcome.status != OK:
                 return
@@ -144,7 +168,7 @@ def _launch_repeats(c: ExperimentConfig, cfg: dict[str, Any], record: dict[str, 
         write_json_atomic(point_dir / RESULT_FILE, record)
 
 
-def _launch_entry(c: ExperimentConfig, record: dict[str, Any], outcome: launch.Outcome, point_dir: Path,
+def _launch_entry(c: ExperimentConfig, record: dict[str, Any], outcome: torchrun.Outcome, point_dir: Path,
                   launched_at: str, device_wait_s: float, peak: flops.PeakFlops) -> tuple[dict[str, Any], dict[str, Any]]:
     """One launch as the record's `repeats` keeps it (status, error, metrics, timing), and the `env` it
     ran in (what the ranks reported, or the host's when rank 0 wrote nothing)."""
@@ -217,16 +241,9 @@ def _summary_line(record: dict[str, Any]) -> str:
 def hydra_provenance(hydra: DictConfig) -> dict[str, Any]:
     """What made this job: Hydra's job number (multirun) and task overrides, and the Optuna trial number
     when the scaling_optuna sweeper made it (its jobs are numbered by trial)."""
-    from hydra_plugins.scaling_optuna_sweeper.config import ScalingOptunaSweeperConf
-
     num = OmegaConf.select(hydra, "job.num", default=None, throw_on_missing=False)
-    searched = OmegaConf.select(hydra, "sweeper._target_") == ScalingOptunaSweeperConf._target_
+    searched = OmegaConf.select(hydra, "sweeper._target_") == OPTUNA_SWEEPER
     return {"hydra_job_num": num, "overrides": list(hydra.overrides.task), "optuna_trial": num if searched else None}
-
-
-register_configs()
-slurm.register_resolvers()  # conf/hydra/launcher/slurm.yaml reads them while Hydra composes
-devices.register_resolvers()  # conf/hydra/launcher/parallel.yaml
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -236,10 +253,3 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     cfg.sweep_dir = output_dir(cfg.sweep_dir, hydra_cfg)
     return run_point(OmegaConf.to_container(cfg, resolve=True), hydra_provenance(hydra_cfg))
 
-
-if __name__ == "__main__":  # the `scaling run` command: its exit status says whether a point failed
-    import sys
-
-    from scaling.cli import main as cli_main
-
-    sys.exit(cli_main(["run", *sys.argv[1:]]))

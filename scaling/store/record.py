@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-from scaling.config import EXPERIMENT_GROUPS
+from scaling.core.schema import EXPERIMENT_GROUPS
 from scaling.engine.jobfiles import RESULT_FILE, read_json
 
 SCHEMA_VERSION = 1

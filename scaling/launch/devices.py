@@ -55,14 +55,6 @@ class Held:
     """Seconds spent waiting for the slots."""
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, which containers and SLURM narrow)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
     """The host's lock directory: $SCALING_DEVICE_LOCK_DIR, else /tmp/scaling-devices-<uid>; inside a SLURM
     allocation a folder of its own under it, since the GPU ids SLURM shows a job are that job's alone."""
@@ -161,7 +153,7 @@ def exit_with_sweep(poll_s: float = 1.0) -> None:
     """In a worker process of the sweep, die as soon as the sweep's process does (idempotent).
 
     The parallel launcher's workers outlive a killed sweep and would go on launching points; the
-    point's torchrun and ranks die with the worker (PR_SET_PDEATHSIG, see scaling.launch).
+    point's torchrun and ranks die with the worker (PR_SET_PDEATHSIG, see scaling.launch.torchrun).
     """
     sweep = multiprocessing.parent_process()
     if sweep is None or any(t.name == "exit-with-sweep" for t in threading.enumerate()):

@@ -2,7 +2,7 @@
 
 The schema types every field, so a misspelt key or a wrong type fails when Hydra composes the
 config. Value checks that depend on several fields (does dp divide the batch?) live in
-`scaling.validate`, which turns them into `invalid` records instead of crashing a sweep.
+`scaling.core.validate`, which turns them into `invalid` records instead of crashing a sweep.
 
 Only the groups model, train, parallel and hardware define an experiment (and its `job_key`);
 logger and launch say how it is run and logged.
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 """The primary config (config.yaml) and its groups."""
 
 

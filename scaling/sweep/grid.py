@@ -27,8 +27,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
-from scaling.record import (
-    FAILED, INVALID, OK, OOM, PREDICTED_OOM, STATUSES, TIMEOUT, job_key, output_dir, read_record, should_skip,
+from scaling.store.record import (
+    FAILED,
+    INVALID,
+    OK,
+    OOM,
+    PREDICTED_OOM,
+    STATUSES,
+    TIMEOUT,
+    job_key,
+    output_dir,
+    read_record,
+    should_skip,
 )
 
 if TYPE_CHECKING:  # OmegaConf is imported where it is used: `scaling status` reads records only
@@ -51,8 +61,8 @@ def expand(params: Mapping[str, Any], arguments: Sequence[str]) -> list[list[str
 
 
 def _as_run_main_resolves(cfg: DictConfig) -> dict[str, Any]:
-    """The plain config scaling.run's main hands to run_point: sweep_dir made the records' folder
-    (scaling.record.output_dir), then everything but the hydra node resolved."""
+    """The plain config scaling.job.run's main hands to run_point: sweep_dir made the records' folder
+    (scaling.store.record.output_dir), then everything but the hydra node resolved."""
     from omegaconf import OmegaConf
 
     cfg.sweep_dir = output_dir(cfg.sweep_dir, cfg.hydra)
@@ -120,7 +130,7 @@ class PointConfigs:
         if group_overrides not in self._bases:
             cfg = self._compose(list(group_overrides))
             hydra = cfg.hydra
-            # Of the hydra node, only what says where the records go (scaling.record.output_dir): a copy per
+            # Of the hydra node, only what says where the records go (scaling.store.record.output_dir): a copy per
             # point of the whole node would cost more than the point's own config.
             kept = {"sweep": {"dir": OmegaConf.to_container(hydra.sweep, resolve=False)["dir"]}, "mode": hydra.mode,
                     "runtime": {"cwd": hydra.runtime.cwd}}
@@ -133,29 +143,6 @@ class PointConfigs:
     def _compose(self, overrides: list[str]) -> DictConfig:
         self.compositions += 1
         return self.loader.load_sweep_config(self.master, overrides)
-
-
-@contextlib.contextmanager
-def sweep_file_grid(sweep_file: Path, overrides: Sequence[str] = ()) -> Iterator[tuple[list[list[str]], PointConfigs]]:
-    """The points of a sweep file's grid (`hydra.sweeper.params` and the command line's overrides)
-    and their configs, outside a Hydra run; hydra.* overrides go to the primary config as in a run."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    from scaling import devices, slurm
-    from scaling.config import CONF_DIR, register_configs
-
-    register_configs()
-    slurm.register_resolvers()  # as scaling.run does: the launcher configs read them
-    devices.register_resolvers()
-    hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    task = [o for o in overrides if o not in hydra_overrides]
-    with initialize_config_dir(config_dir=str(sweep_file.resolve().parent), version_base="1.3"):
-        master = compose(sweep_file.stem, overrides=[f"hydra.searchpath=[file://{CONF_DIR}]", *hydra_overrides],
-                         return_hydra_config=True)
-        params = OmegaConf.to_container(master.hydra.sweeper.params) or {}
-        yield expand(params, task), PointConfigs(GlobalHydra.instance().config_loader(), master)
 
 
 @dataclass
@@ -200,8 +187,8 @@ def predict_new(cfg: Mapping[str, Any], traced: bool = False) -> dict[str, Any]:
     """What run_point will do with a point it has to run: `invalid`, `predicted_oom` or `launch`, with
     the prediction (`predicted`) or the error. Analytic unless `traced` (the pre-screen traces
     near-capacity points at launch)."""
+    from scaling.core.validate import InvalidConfig, validate
     from scaling.predictor.analytic import prescreen, sampled
-    from scaling.validate import InvalidConfig, validate
 
     try:
         grad_acc = validate(cfg).grad_acc

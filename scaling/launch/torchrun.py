@@ -25,7 +25,7 @@ import psutil
 
 from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG
 from scaling.engine.lifetime import die_with_parent
-from scaling.record import FAILED, OK, OOM, TIMEOUT
+from scaling.store.record import FAILED, OK, OOM, TIMEOUT
 
 KILL_GRACE_S = 5.0
 _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory")

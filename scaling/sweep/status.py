@@ -10,7 +10,7 @@
       time     median 6.1 s per launched point (38 recorded); about 1.1 min left at 2 at once
 
 It reads the last run's entry of sweep.json (the grid's job keys, launch.rerun, the start), the
-records and the running markers (scaling.inflight), never a Hydra config, so it answers from
+records and the running markers (scaling.store.inflight), never a Hydra config, so it answers from
 another shell while the sweep runs, after a crash, and for a directory that single points or a
 search wrote (without a grid there is nothing "to run"). `--watch` redraws every few seconds
 and re-reads only the records that changed. The counting is pure (`summarize`).
@@ -18,22 +18,18 @@ and re-reads only the records that changed. The counting is pure (`summarize`).
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
-import json
 import math
 import statistics
-import sys
-import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from scaling import inflight
 from scaling.engine.jobfiles import RESULT_FILE, read_json
-from scaling.grid import LAUNCHED_STATUSES, format_duration, status_list
-from scaling.record import SWEEP_INDEX, should_skip
+from scaling.store import inflight
+from scaling.store.record import SWEEP_INDEX, should_skip
+from scaling.sweep.grid import LAUNCHED_STATUSES, format_duration, status_list
 
 SHOWN = 8
 """Running points listed one per line; the rest are counted."""
@@ -208,33 +204,3 @@ class Store:
             return None
         states = inflight.marker_states(markers)
         return summarize(str(self.sweep_dir), index, records, markers, inflight.live_markers(markers, states), states)
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """`scaling status`: print a sweep directory's status (once, or redrawn with --watch)."""
-    p = argparse.ArgumentParser(prog="scaling status", description=__doc__.splitlines()[0].split(": ", 1)[1])
-    p.add_argument("sweep_dir", type=Path, help="the sweep's directory (sweep_dir, runs/<sweep> by default)")
-    p.add_argument("--watch", nargs="?", type=float, const=5.0, metavar="SECONDS", help="redraw every SECONDS (5)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    store = Store(a.sweep_dir)
-    try:
-        while True:
-            status = store.look()
-            now = dt.datetime.now(dt.timezone.utc)
-            if status is None:
-                text = (f"scaling status: {a.sweep_dir} holds no sweep yet (no {SWEEP_INDEX}, no records, nothing "
-                        f"running): start one with `scaling sweep NAME sweep_dir={a.sweep_dir}`")
-            elif a.json:
-                text = json.dumps(asdict(status), indent=2)
-            else:
-                text = "\n".join(render(status, now))
-            if a.watch is None:
-                print(text, file=sys.stderr if status is None else sys.stdout)
-                return 1 if status is None else 0
-            if sys.stdout.isatty():
-                print("\x1b[H\x1b[2J", end="")
-            print(f"{text}\n(every {a.watch:g} s, Ctrl-C to stop; {now.strftime('%H:%M:%S')} UTC)", flush=True)
-            time.sleep(a.watch)
-    except KeyboardInterrupt:
-        return 0

@@ -135,3 +135,20 @@ def plan(gbs_tokens: int, seq_len: int, mbs: int, gpus: int) -> Plan:
         gpus_for_grad_acc_1=gbs_tokens / tokens_per_micro,
         alternatives=tuple(alternatives[:4]),
     )
+
+
+def nodes_needed(dp: int, devices_per_node: Optional[int]) -> int:
+    """Nodes a point with `dp` ranks spans: 1 when it fits on one node, else dp / devices_per_node."""
+    if dp < 1:
+        raise ValueError(f"parallel.dp={dp} must be >= 1")
+    if devices_per_node is None or dp <= devices_per_node:
+        return 1
+    if devices_per_node < 1:
+        raise ValueError(f"hardware.devices_per_node={devices_per_node} must be >= 1 or null")
+    if dp % devices_per_node:
+        lo, hi = dp // devices_per_node * devices_per_node, (dp // devices_per_node + 1) * devices_per_node
+        raise ValueError(
+            f"parallel.dp={dp} spans nodes of hardware.devices_per_node={devices_per_node} but is not a "
+            f"multiple of it: a multi-node point uses whole nodes; try dp in {{{lo}, {hi}}}"
+        )
+    return dp // devices_per_node

@@ -20,11 +20,8 @@ Where the figures come from, each with its spread as draws (`NetworkEstimate`):
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -32,16 +29,12 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import numpy as np
 import yaml
 
-from scaling.config import CONF_DIR
+from scaling.core.schema import CONF_DIR
 from scaling.engine.collectives import OPS
-from scaling.engine.jobfiles import CONFIG_FILE, ELASTIC_LOGS, TORCHRUN_LOG, read_json, write_json_atomic
+from scaling.engine.jobfiles import read_json, write_json_atomic
 
 PROFILE_FILE = "alpha_beta.json"
 """The measured profile inside a sweep directory; the report uses it when it is there."""
-BENCH_DIR = "collectives"
-"""`<sweep_dir>/collectives/n<ranks>/`: one benchmark launch (config.json, torchrun.log, collectives.json)."""
-BENCH_OUTPUT = "collectives.json"
-BENCH_MODULE = "scaling.engine.collectives"
 NETWORK_DIR = CONF_DIR / "network"
 """Published figures per hardware profile: `conf/network/<hardware.name>.yaml`."""
 INTRA, INTER = "intra_node", "inter_node"
@@ -270,140 +263,9 @@ def with_fallback(primary: NetworkEstimate, fallback: NetworkEstimate) -> Networ
                            tuple(merge(a, b) for a, b in zip(primary.draws, fallback.draws)), primary.notes)
 
 
-# --- `scaling collectives`: the benchmark through the point's own launchers -----------------------
-def world_sizes(dp: int, devices_per_node: Optional[int]) -> list[int]:
-    """Ranks of each benchmark launch: powers of two from 2 below dp (whole nodes once past one), then dp itself.
-
-    dp=1 (the config's default) measures 2 ranks: a collective needs two.
-    """
-    top = max(dp, 2)
-    below = [2**k for k in range(1, top.bit_length()) if 2**k < top]
-    return [n for n in below if devices_per_node is None or n <= devices_per_node or n % devices_per_node == 0] + [top]
-
-
-def _launch_one(cfg: Mapping[str, Any], n: int, launch_dir: Path, argv: list[str], env: Mapping[str, str]) -> dict[str, Any]:
-    """One benchmark launch of n ranks in its job directory, holding its devices as a point does; the worker's JSON."""
-    from scaling import devices, launch
-
-    hw, out = cfg["hardware"], launch_dir / BENCH_OUTPUT
-    point = {**cfg, "parallel": {**cfg["parallel"], "dp": n}}
-    with devices.hold(devices.request(point, env), cfg["launch"]["devices"]) as held:
-        outcome = launch.launch_torchrun(argv, launch_dir, cfg["launch"]["timeout_s"],
-                                         launch.job_env(hw["threads_per_device"], held.visible, hw["device"] == "cuda"))
-        launch.end_point_processes(out)  # every rank names its output file on its command line
-    doc = read_json(out)
-    if outcome.status != "ok" or doc is None:
-        raise RuntimeError(f"the benchmark on {n} ranks ended {outcome.status}: {outcome.error or 'no ' + BENCH_OUTPUT}"
-                           f" (log: {launch_dir / TORCHRUN_LOG})")
-    return doc
-
-
-def measure(cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int], iters: int,
-            env: Mapping[str, str]) -> Profile:
-    """Benchmark the collectives at every world size up to parallel.dp and fit each tier.
-
-    Every launch's command line is made first (scaling.slurm's placement: torchrun here, or one per node
-    through srun under SLURM), so a launch that cannot be placed fails before any process starts.
-    """
-    from scaling import slurm
-
-    hw = cfg["hardware"]
-    dpn = hw["devices_per_node"]
-    if int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
-        raise ValueError("scaling collectives runs as one process that starts every launch: run it with salloc or "
-                         "in a batch script, not as one of several srun tasks")
-    plan = world_sizes(int(cfg["parallel"]["dp"]), dpn)
-    if "SLURM_JOB_ID" not in env and plan[-1] > (dpn or plan[-1]):
-        nodes = slurm.nodes_needed(plan[-1], dpn)
-        raise ValueError(f"parallel.dp={plan[-1]} with hardware.devices_per_node={dpn} spans {nodes} nodes: run "
-                         f"scaling collectives inside a SLURM allocation of them (salloc --nodes={nodes} scaling "
-                         f"collectives ...) or lower parallel.dp to {dpn}")
-    args = ["--sizes", ",".join(map(str, sizes_bytes)), "--iters", str(iters), "--backend", hw["backend"]]
-    launches = {}
-    for n in plan:
-        launch_dir = sweep_dir / BENCH_DIR / f"n{n}"
-        module_args = [*args, "--out", str(launch_dir / BENCH_OUTPUT)]
-        launches[n] = (launch_dir, slurm.torchrun_here(BENCH_MODULE, module_args, n, dpn, env, f"collectives-n{n}",
-                                               cfg["launch"]["master_port"], launch_dir / ELASTIC_LOGS))
-    runs = []
-    for n, (launch_dir, argv) in launches.items():
-        for stale in (BENCH_OUTPUT, TORCHRUN_LOG):
-            (launch_dir / stale).unlink(missing_ok=True)
-        write_json_atomic(launch_dir / CONFIG_FILE, {"hardware": dict(hw), "world_size": n, "argv": argv})
-        runs.append(_launch_one(cfg, n, launch_dir, argv, env))
-    samples = tuple(r for run in runs for r in run["results"])
-    name = f"{runs[0]['backend']} on {runs[0]['device']} at {runs[0]['hostname']}, n={','.join(map(str, plan))}"
-    try:
-        tiers = fit_tiers(samples, dpn)
-    except ValueError as e:  # measured, but not fittable: not a bad request
-        raise RuntimeError(f"the timings in {sweep_dir / BENCH_DIR} cannot be fitted: {e}") from e
-    return Profile(name, dpn, tiers, samples, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
-
-
-def keep_earlier(path: Path) -> Optional[Path]:
-    """Move an existing profile aside (`alpha_beta.<measured_at>.json`) so a new one never overwrites it."""
-    if not path.exists():
-        return None
-    stamp = (read_json(path) or {}).get("measured_at") or dt.datetime.fromtimestamp(path.stat().st_mtime).isoformat()
-    kept = path.with_name(f"{path.stem}.{str(stamp).replace(':', '-')}{path.suffix}")
-    os.replace(path, kept)
-    return kept
-
-
 def describe(profile: Profile) -> list[str]:
     """One line per tier: α, β and the ranks it was measured on."""
     ranks = sorted({int(s["world_size"]) for s in profile.samples})
     return [f"{tier}: α = {ab.alpha_s * 1e6:.1f} µs, β = {ab.beta_bytes_per_s / 1e9:.3g} GB/s (n="
             f"{','.join(str(n) for n in ranks if tier_of(n, profile.devices_per_node) == tier)})"
             for tier, ab in profile.tiers.items()]
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """`scaling collectives [--sweep-dir DIR] [overrides]`: measure the network and write the sweep's profile."""
-    from scaling.cli import parse_count
-
-    p = argparse.ArgumentParser(prog="scaling collectives", description=(
-        "Time all-reduce, reduce-scatter and all-gather through the launchers of a point (torchrun here; srun + "
-        "torchrun across nodes under SLURM) at 2, 4, ... up to parallel.dp ranks, fit α and β per network tier "
-        f"and write SWEEP_DIR/{PROFILE_FILE} for `scaling report`."))
-    p.add_argument("--sweep-dir", default=None, help="where the profile goes (default: the config's sweep_dir)")
-    p.add_argument("--sizes", default=None, help="message sizes, comma-separated, e.g. 4Ki,1Mi,16Mi "
-                   "(default: 4 KiB to 16 MiB on CPU, to 256 MiB on CUDA)")
-    p.add_argument("--iters", type=int, default=10, help="timed calls per collective and size (default 10)")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides of `scaling run`, e.g. hardware=h100 parallel.dp=16")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
-    if a.iters < 2:
-        p.error(f"--iters={a.iters}: at least 2 timed calls, so the profile has a spread")
-    try:
-        sizes = [parse_count(s) for s in a.sizes.split(",")] if a.sizes else None
-    except argparse.ArgumentTypeError as e:
-        p.error(f"--sizes={a.sizes!r}: {e}")
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from scaling.predictor.cli import compose_config
-
-    try:
-        cfg = compose_config(a.overrides)
-    except (HydraException, OmegaConfBaseException) as e:
-        p.error(" ".join(str(e).split()))
-    if cfg["parallel"]["dp"] < 1:
-        p.error(f"parallel.dp={cfg['parallel']['dp']} is the largest launch's ranks: give dp >= 1 "
-                "(1 and 2 both measure 2)")
-    sweep_dir = Path(a.sweep_dir or cfg["sweep_dir"]).resolve()
-    sizes = sizes or list(CUDA_SIZES if cfg["hardware"]["device"] == "cuda" else CPU_SIZES)
-    try:
-        profile = measure(cfg, sweep_dir, sizes, a.iters, os.environ)
-    except ValueError as e:
-        print(f"scaling collectives: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        print(f"scaling collectives: {e}", file=sys.stderr)
-        return 1
-    kept = keep_earlier(sweep_dir / PROFILE_FILE)
-    path = save_profile(sweep_dir / PROFILE_FILE, profile)
-    print(f"{profile.name}:")
-    for line in describe(profile):
-        print(f"  {line}")
-    print(f"profile: {path}" + (f" (the earlier one kept as {kept.name})" if kept else ""))
-    return 0

@@ -1,0 +1,1 @@
+"""The `scaling` command and every subcommand's argument parsing."""

@@ -1,0 +1,1 @@
+"""Starting ranks: torchrun, SLURM placement, device leases and the collectives measurement."""

@@ -1,0 +1,102 @@
+"""`scaling collectives`' measurement: the collective benchmark (`scaling.engine.collectives`) launched
+through the same launchers as a point (torchrun here, srun + torchrun across nodes under SLURM) at each world
+size, its timings fitted per tier into a `Profile` (`scaling.core.network`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from scaling.core.network import Profile, fit_tiers
+from scaling.engine.jobfiles import (
+    CONFIG_FILE,
+    ELASTIC_LOGS,
+    TORCHRUN_LOG,
+    read_json,
+    write_json_atomic,
+)
+from scaling.launch import devices, slurm, torchrun
+
+BENCH_DIR = "collectives"
+"""`<sweep_dir>/collectives/n<ranks>/`: one benchmark launch (config.json, torchrun.log, collectives.json)."""
+BENCH_OUTPUT = "collectives.json"
+BENCH_MODULE = "scaling.engine.collectives"
+
+
+def world_sizes(dp: int, devices_per_node: Optional[int]) -> list[int]:
+    """Ranks of each benchmark launch: powers of two from 2 below dp (whole nodes once past one), then dp itself.
+
+    dp=1 (the config's default) measures 2 ranks: a collective needs two.
+    """
+    top = max(dp, 2)
+    below = [2**k for k in range(1, top.bit_length()) if 2**k < top]
+    return [n for n in below if devices_per_node is None or n <= devices_per_node or n % devices_per_node == 0] + [top]
+
+
+def _launch_one(cfg: Mapping[str, Any], n: int, launch_dir: Path, argv: list[str], env: Mapping[str, str]) -> dict[str, Any]:
+    """One benchmark launch of n ranks in its job directory, holding its devices as a point does; the worker's JSON."""
+
+    hw, out = cfg["hardware"], launch_dir / BENCH_OUTPUT
+    point = {**cfg, "parallel": {**cfg["parallel"], "dp": n}}
+    with devices.hold(devices.request(point, env), cfg["launch"]["devices"]) as held:
+        outcome = torchrun.launch_torchrun(argv, launch_dir, cfg["launch"]["timeout_s"],
+                                         torchrun.job_env(hw["threads_per_device"], held.visible, hw["device"] == "cuda"))
+        torchrun.end_point_processes(out)  # every rank names its output file on its command line
+    doc = read_json(out)
+    if outcome.status != "ok" or doc is None:
+        raise RuntimeError(f"the benchmark on {n} ranks ended {outcome.status}: {outcome.error or 'no ' + BENCH_OUTPUT}"
+                           f" (log: {launch_dir / TORCHRUN_LOG})")
+    return doc
+
+
+def measure(cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int], iters: int,
+            env: Mapping[str, str]) -> Profile:
+    """Benchmark the collectives at every world size up to parallel.dp and fit each tier.
+
+    Every launch's command line is made first (scaling.launch.slurm's placement: torchrun here, or one per node
+    through srun under SLURM), so a launch that cannot be placed fails before any process starts.
+    """
+
+    hw = cfg["hardware"]
+    dpn = hw["devices_per_node"]
+    if int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
+        raise ValueError("scaling collectives runs as one process that starts every launch: run it with salloc or "
+                         "in a batch script, not as one of several srun tasks")
+    plan = world_sizes(int(cfg["parallel"]["dp"]), dpn)
+    if "SLURM_JOB_ID" not in env and plan[-1] > (dpn or plan[-1]):
+        nodes = slurm.nodes_needed(plan[-1], dpn)
+        raise ValueError(f"parallel.dp={plan[-1]} with hardware.devices_per_node={dpn} spans {nodes} nodes: run "
+                         f"scaling collectives inside a SLURM allocation of them (salloc --nodes={nodes} scaling "
+                         f"collectives ...) or lower parallel.dp to {dpn}")
+    args = ["--sizes", ",".join(map(str, sizes_bytes)), "--iters", str(iters), "--backend", hw["backend"]]
+    launches = {}
+    for n in plan:
+        launch_dir = sweep_dir / BENCH_DIR / f"n{n}"
+        module_args = [*args, "--out", str(launch_dir / BENCH_OUTPUT)]
+        launches[n] = (launch_dir, slurm.torchrun_here(BENCH_MODULE, module_args, n, dpn, env, f"collectives-n{n}",
+                                               cfg["launch"]["master_port"], launch_dir / ELASTIC_LOGS))
+    runs = []
+    for n, (launch_dir, argv) in launches.items():
+        for stale in (BENCH_OUTPUT, TORCHRUN_LOG):
+            (launch_dir / stale).unlink(missing_ok=True)
+        write_json_atomic(launch_dir / CONFIG_FILE, {"hardware": dict(hw), "world_size": n, "argv": argv})
+        runs.append(_launch_one(cfg, n, launch_dir, argv, env))
+    samples = tuple(r for run in runs for r in run["results"])
+    name = f"{runs[0]['backend']} on {runs[0]['device']} at {runs[0]['hostname']}, n={','.join(map(str, plan))}"
+    try:
+        tiers = fit_tiers(samples, dpn)
+    except ValueError as e:  # measured, but not fittable: not a bad request
+        raise RuntimeError(f"the timings in {sweep_dir / BENCH_DIR} cannot be fitted: {e}") from e
+    return Profile(name, dpn, tiers, samples, dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+
+
+def keep_earlier(path: Path) -> Optional[Path]:
+    """Move an existing profile aside (`alpha_beta.<measured_at>.json`) so a new one never overwrites it."""
+    if not path.exists():
+        return None
+    stamp = (read_json(path) or {}).get("measured_at") or dt.datetime.fromtimestamp(path.stat().st_mtime).isoformat()
+    kept = path.with_name(f"{path.stem}.{str(stamp).replace(':', '-')}{path.suffix}")
+    os.replace(path, kept)
+    return kept

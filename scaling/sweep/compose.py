@@ -1,0 +1,54 @@
+"""Composing configs outside a Hydra run: one point's config (`scaling predict`, `find-mbs`, `collectives`)
+and a sweep file's grid with its points' configs (`scaling predict --sweep`, the dry run's tests)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+from scaling.core.schema import CONF_DIR
+from scaling.launch.resolvers import register
+from scaling.sweep.grid import PointConfigs, expand
+
+
+def compose_config(overrides: Sequence[str] = (), sweep_file: Optional[Path] = None) -> dict[str, Any]:
+    """The resolved config of `scaling run <overrides>` (or of the sweep file's base point), as a plain dict."""
+    return _resolve(_compose(overrides, sweep_file))
+
+
+def _compose(overrides: Sequence[str], sweep_file: Optional[Path]) -> Any:
+    from hydra import compose, initialize_config_dir
+
+    register()
+    config_dir, name, extra = str(CONF_DIR), "config", []
+    if sweep_file is not None:  # the sweep file's `defaults: [config, ...]` finds conf/ on the search path
+        config_dir, name, extra = str(sweep_file.parent), sweep_file.stem, [f"hydra.searchpath=[file://{CONF_DIR}]"]
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        return compose(config_name=name, overrides=[*extra, *overrides])
+
+
+def _resolve(cfg: Any) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    out = OmegaConf.to_container(cfg, resolve=True)
+    out.pop("hydra", None)
+    return out
+
+
+@contextlib.contextmanager
+def sweep_file_grid(sweep_file: Path, overrides: Sequence[str] = ()) -> Iterator[tuple[list[list[str]], PointConfigs]]:
+    """The points of a sweep file's grid (`hydra.sweeper.params` and the command line's overrides)
+    and their configs, outside a Hydra run; hydra.* overrides go to the primary config as in a run."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    register()  # the launcher configs read the resolvers
+    hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
+    task = [o for o in overrides if o not in hydra_overrides]
+    with initialize_config_dir(config_dir=str(sweep_file.resolve().parent), version_base="1.3"):
+        master = compose(sweep_file.stem, overrides=[f"hydra.searchpath=[file://{CONF_DIR}]", *hydra_overrides],
+                         return_hydra_config=True)
+        params = OmegaConf.to_container(master.hydra.sweeper.params) or {}
+        yield expand(params, task), PointConfigs(GlobalHydra.instance().config_loader(), master)
