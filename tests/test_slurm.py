@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from analysis.collect import collect, from_wandb_offline
+from scaling.core.batch import nodes_needed
 from scaling.launch import slurm
 from scaling.launch.torchrun import torchrun_argv
 
@@ -25,14 +26,14 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # --- placement and argv (pure) -----------------------------------------------------------------
 @pytest.mark.parametrize("dp, per_node, nodes", [(1, None, 1), (6, None, 1), (4, 8, 1), (8, 8, 1), (16, 8, 2), (32, 8, 4)])
 def test_nodes_needed(dp, per_node, nodes):
-    assert slurm.nodes_needed(dp, per_node) == nodes
+    assert nodes_needed(dp, per_node) == nodes
 
 
 def test_nodes_needed_rejects_partial_nodes_naming_the_fields():
     with pytest.raises(ValueError, match=r"parallel.dp=12 .*hardware.devices_per_node=8.*\{8, 16\}"):
-        slurm.nodes_needed(12, 8)
+        nodes_needed(12, 8)
     with pytest.raises(ValueError, match="parallel.dp=0"):
-        slurm.nodes_needed(0, None)
+        nodes_needed(0, None)
 
 
 @pytest.mark.parametrize("nodelist, hosts", [

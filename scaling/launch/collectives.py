@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+from scaling.core.batch import nodes_needed
 from scaling.core.network import Profile, fit_tiers
 from scaling.engine.jobfiles import (
     CONFIG_FILE,
@@ -66,7 +67,7 @@ def measure(cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int],
                          "in a batch script, not as one of several srun tasks")
     plan = world_sizes(int(cfg["parallel"]["dp"]), dpn)
     if "SLURM_JOB_ID" not in env and plan[-1] > (dpn or plan[-1]):
-        nodes = slurm.nodes_needed(plan[-1], dpn)
+        nodes = nodes_needed(plan[-1], dpn)
         raise ValueError(f"parallel.dp={plan[-1]} with hardware.devices_per_node={dpn} spans {nodes} nodes: run "
                          f"scaling collectives inside a SLURM allocation of them (salloc --nodes={nodes} scaling "
                          f"collectives ...) or lower parallel.dp to {dpn}")
