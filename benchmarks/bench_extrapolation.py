@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure, profile_of  # noqa: E402
 
+from analysis.bands import Extrapolation, extrapolate  # noqa: E402
 from analysis.dp_scaling import find_knee  # noqa: E402
-from analysis.extrapolate import Extrapolation, extrapolate  # noqa: E402
 from scaling.core.network import NetworkEstimate, profile_estimate, published_estimate  # noqa: E402
 
 EXTRA = (

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from analysis.extrapolate import Point, Workload, step_time_s
+from analysis.step_model import Point, Workload, step_time_s
 from scaling.core.network import INTER, INTRA, AlphaBeta, Network, Profile, fit_tiers
 
 

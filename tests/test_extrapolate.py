@@ -11,23 +11,21 @@ import pandas as pd
 import pytest
 from synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
 
-from analysis.dp_scaling import find_knee
-from analysis.extrapolate import (
-    BACKWARD_SHARE,
-    Point,
-    Workload,
-    _design,
-    extrapolate,
+from analysis.bands import extrapolate
+from analysis.dp_fit import (
+    COLUMNS,
+    Column,
+    Term,
+    design,
     fit_given,
     fit_sweep,
     identifiable,
     noise_variance,
-    plot,
     resolved_columns,
-    step_time_s,
-    summary_table,
-    workload_and_points,
 )
+from analysis.dp_scaling import find_knee
+from analysis.extrapolate import plot, summary_table, workload_and_points
+from analysis.step_model import BACKWARD_SHARE, Point, Workload, step_time_s
 from scaling.core.network import (
     INTER,
     INTRA,
@@ -112,7 +110,7 @@ def test_a_collective_past_one_node_runs_at_the_inter_node_tier():
 def test_noise_free_points_give_back_the_parameters():
     truth = Truth("exact", Workload(1, 10**9, "bf16", 1, 1024, gbs=64), NET, compute_s=0.05, overlap=0.0)
     points = [Point(n, truth.workload.grad_acc_at(n), (truth.step_time_s(n),)) for n in (1, 2, 4, 8, 16, 32)]
-    f = fit_sweep(truth.workload, points, 4, [0, 1, 2, 3, 4])
+    f = fit_sweep(truth.workload, points, 4, COLUMNS)
     assert f.compute_s == pytest.approx(0.05) and f.overlap == 0.0
     for tier in (INTRA, INTER):
         assert f.network.tiers[tier].alpha_s == pytest.approx(NET.tiers[tier].alpha_s, rel=1e-6)
@@ -129,10 +127,12 @@ def test_a_latency_within_the_timing_noise_is_not_extrapolated():
     (which refits it) shows the doubt."""
     truth = TRUTHS[0]
     points = measure(truth, [1, 2, 4, 8, 16, 32], np.random.default_rng(6))
-    design, t = _design(truth.workload, points, 8), np.array([p.step_time_s for p in points])
-    free, dropped = resolved_columns(design, t, identifiable(design), noise_variance(points))
-    assert 3 in free and 4 not in free and dropped[4].startswith("not resolved above the timing noise (t = ")
-    free_alpha = fit_sweep(truth.workload, points, 8, identifiable(design))
+    d, t = design(truth.workload, points, 8), np.array([p.step_time_s for p in points])
+    free, dropped = resolved_columns(d, t, identifiable(d), noise_variance(points))
+    inter_alpha = Column(Term.ALPHA, INTER)
+    assert Column(Term.INV_BETA, INTER) in free and inter_alpha not in free
+    assert dropped[inter_alpha].startswith("not resolved above the timing noise (t = ")
+    free_alpha = fit_sweep(truth.workload, points, 8, identifiable(d))
     assert free_alpha.network.tiers[INTER].alpha_s > 1e-3  # the noise read as latency
     r = extrapolate("t", truth.workload, points, 8)
     i = r.dps.index(128)
@@ -141,7 +141,7 @@ def test_a_latency_within_the_timing_noise_is_not_extrapolated():
     assert "α between nodes (not resolved above the timing noise" in r.notes[0]
     no_overlap = Truth("exact", truth.workload, truth.network, truth.compute_s, 0.0)  # the model (a) fits exactly
     exact_t = np.array([no_overlap.step_time_s(p.dp) for p in points])
-    assert resolved_columns(design, exact_t, identifiable(design), 0.0) == ([0, 1, 2, 3, 4], {})
+    assert resolved_columns(d, exact_t, identifiable(d), 0.0) == (list(COLUMNS), {})
 
 
 def _next(truth: Truth, dps) -> int:
