@@ -22,6 +22,7 @@ from analysis.dp_fit import (
     identifiable,
     noise_variance,
     resolved_columns,
+    solve,
 )
 from analysis.dp_scaling import find_knee
 from analysis.extrapolate import plot, summary_table, workload_and_points
@@ -119,6 +120,30 @@ def test_noise_free_points_give_back_the_parameters():
     points = [Point(n, truth.workload.grad_acc_at(n), (truth.step_time_s(n),)) for n in (1, 2, 4)]
     f = fit_given(truth.workload, points, NET)
     assert f.overlap == pytest.approx(0.3) and f.compute_s == pytest.approx(0.05) and f.overlap_range == (0.3, 0.3)
+
+
+def test_a_figure_the_points_put_below_0_is_held_at_0_and_the_others_refit():
+    """One tier at dp 1-8 whose step times flatten faster than the bandwidth term: unconstrained least squares
+    reads a negative α. The bounded solve holds α at 0 and its compute and 1/β are the least squares of the
+    remaining columns; moving α off 0 only makes the fit worse (the constrained optimum)."""
+    w = Workload(0, 10**6, "fp32", mbs=1, seq_len=64, gbs=None, grad_acc=1)
+    points = [Point(n, 1, (s,)) for n, s in zip((1, 2, 4, 8), (1.0, 1.5, 1.7, 1.75))]
+    d, t = design(w, points, None), np.array([p.step_time_s for p in points])
+    compute, inv_beta, alpha = Column(Term.COMPUTE), Column(Term.INV_BETA, INTRA), Column(Term.ALPHA, INTRA)
+    assert d.of([alpha])[:, 0].tolist() == [0, 2, 6, 14]  # all-reduce ring steps 2(n-1), named, not indexed
+    assert d.of([inv_beta])[:, 0].tolist() == [0, 4e6, 6e6, 7e6]  # 2(n-1)/n of the 4 MB of fp32 gradients
+    assert identifiable(d) == [compute, inv_beta, alpha]
+    x = d.of([compute, inv_beta, alpha]) / t[:, None]
+    assert np.linalg.lstsq(x, np.ones(4), rcond=None)[0][2] < 0  # unconstrained: a negative latency
+    coef, at_zero = solve(d, t, [compute, inv_beta, alpha])
+    assert coef[alpha] == 0.0 and at_zero == [alpha]
+    refit = np.linalg.lstsq(x[:, :2], np.ones(4), rcond=None)[0]
+    assert [coef[compute], coef[inv_beta]] == pytest.approx(refit.tolist(), rel=1e-9)
+    assert coef[inv_beta] > 0 and coef[Column(Term.INV_BETA, INTER)] == 0.0
+    residual = x @ [coef[compute], coef[inv_beta], 0.0] - 1
+    assert x[:, 2] @ residual > 0  # the gradient of the squared error pushes α below 0: the bound is what holds it
+    f = fit_sweep(w, points, None, [compute, inv_beta, alpha])
+    assert f.network.tiers[INTRA] == AlphaBeta(0.0, 1 / coef[inv_beta]) and f.compute_s == coef[compute]
 
 
 def test_a_latency_within_the_timing_noise_is_not_extrapolated():
