@@ -15,7 +15,7 @@ Where the figures come from, each with its spread as draws (`NetworkEstimate`):
   sweep directory as `alpha_beta.json`; its draws bootstrap each sample's timed calls;
 - published figures per hardware profile (`conf/network/<hardware>.yaml`, sources cited there), as
   ranges; draws are log-uniform within them;
-- the sweep's own DP curve (fitted in `analysis.extrapolate`).
+- the sweep's own DP curve (fitted in `analysis.dp_fit`).
 """
 
 from __future__ import annotations
