@@ -58,8 +58,8 @@ from scaling.store.record import (
     next_attempt,
     output_dir,
     read_record,
+    store_answers,
 )
-from scaling.sweep.grid import store_answers
 
 OPTUNA_SWEEPER = "hydra_plugins.scaling_optuna_sweeper.sweeper.ScalingOptunaSweeper"
 """The `_target_` of the Optuna sweeper (hydra_plugins.scaling_optuna_sweeper takes it from here): its jobs are
