@@ -249,6 +249,7 @@ def hydra_provenance(hydra: DictConfig) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
     """Hydra entry point: resolve the config and run the point."""
+    devices.start_sweep_watcher()  # a worker of the parallel launcher dies with a killed sweep
     hydra_cfg = HydraConfig.get()
     cfg.sweep_dir = output_dir(cfg.sweep_dir, hydra_cfg)
     return run_point(OmegaConf.to_container(cfg, resolve=True), hydra_provenance(hydra_cfg))
