@@ -1,7 +1,7 @@
 """The Hydra job: one experiment point from config to record.
 
-    python -m scaling.job.run [overrides]          one point
-    python -m scaling.job.run -m [sweep overrides] a multirun (see sweeps/)
+    scaling run [overrides]          one point (python -m scaling run is the same command)
+    scaling run -m [sweep overrides] a multirun (see sweeps/)
 
 already in the store? -> validate -> predict memory -> launch torchrun (launch.repeats fresh launches)
 -> classify -> write result.json atomically -> log to W&B -> return the record (the sweeper reads its
