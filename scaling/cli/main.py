@@ -25,7 +25,8 @@ from typing import Callable, Optional, Sequence
 from scaling.cli.args import parse_count
 
 PROG = "scaling"
-"""The program name Hydra's argument parser shows in its usage line."""
+"""The command's name: Hydra's parser shows it in its usage line, and the lines handed to Hydra's completion
+start with it."""
 
 
 def run_app(argv: Sequence[str], config: Sequence[str] = ()) -> None:
