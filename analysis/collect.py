@@ -21,7 +21,8 @@ import pandas as pd
 
 from scaling.core.schema import EXPERIMENT_GROUPS
 from scaling.core.units import GIB, MIB
-from scaling.job.wandb_log import (
+from scaling.store.record import STATUSES, iter_records
+from scaling.store.wandb_runs import (
     MEMORY,
     RECORD_BLOCKS,
     SUMMARY_BLOCKS,
@@ -29,7 +30,6 @@ from scaling.job.wandb_log import (
     flat,
     read_offline_run,
 )
-from scaling.store.record import STATUSES, iter_records
 
 # (column, path in the record). A later path wins when both exist: `derived` holds the values the
 # engine resolved (grad_acc: auto -> 4), `config` the values asked for; `target_gbs*` keep the

@@ -283,7 +283,7 @@ def log_to_wandb(df: pd.DataFrame, sections: list[Section], paths: dict[str, Pat
     in the summary, and the Parquet record table and the HTML report as artifacts."""
     import wandb
 
-    from scaling.job.wandb_log import safe_name
+    from scaling.store.wandb_runs import safe_name
 
     run = wandb.init(project=project, entity=entity, group=sweep, job_type="report", name=f"{sweep} report",
                      dir=str(sweep_dir), mode=mode, config={"sweep": sweep, "records": len(df)},

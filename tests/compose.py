@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def compose_point(overrides: Sequence[str] = (), sweep_dir: str | Path | None = None) -> dict[str, Any]:
-    """The resolved experiment config as `python -m scaling.job.run <overrides>` would build it."""
+    """The resolved experiment config as `python -m scaling run <overrides>` would build it."""
     register_configs()
     extra = [f"sweep_dir={sweep_dir}"] if sweep_dir is not None else []
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -16,8 +16,8 @@ from synthetic_dp import TRUTHS, profile_of
 from analysis.report import write_report
 from scaling.cli.report import main
 from scaling.core.network import PROFILE_FILE, save_profile
-from scaling.job.wandb_log import read_offline_run
 from scaling.store.record import job_key
+from scaling.store.wandb_runs import read_offline_run
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
-"""The `scaling` command: exit statuses that agree between `run -m`, `python -m scaling.job.run` and `sweep`,
-`scaling sweep --help`, and bash completion through Hydra's `-sc install=bash` script."""
+"""The `scaling` command: exit statuses that agree between `scaling run -m`, its module form `python -m scaling run`
+and `sweep`, `scaling sweep --help`, and bash completion through Hydra's `-sc install=bash` script."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scaling.cli.main import COMMANDS, completion_target
+from scaling.cli.main import COMMANDS, completion_target, main
 from scaling.store.record import iter_records
 from scaling.sweep.named import available, describe, find_sweep
 
@@ -25,7 +25,7 @@ def command(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
 
 
-@pytest.mark.parametrize("entry", [["scaling", "run"], ["python", "-m", "scaling.job.run"]], ids=["scaling-run", "module"])
+@pytest.mark.parametrize("entry", [["scaling", "run"], ["python", "-m", "scaling", "run"]], ids=["scaling-run", "module"])
 def test_a_multirun_with_a_timed_out_point_exits_1_after_every_point(entry, tmp_path):
     exe = [str(BIN / "scaling"), *entry[1:]] if entry[0] == "scaling" else [sys.executable, *entry[1:]]
     out = command([*exe, "-m", *TIMEOUT_AND_INVALID, f"sweep_dir={tmp_path / 'runs'}"], tmp_path)
@@ -43,6 +43,13 @@ def test_a_single_timed_out_point_exits_1(tmp_path):
     out = command([sys.executable, "-m", "scaling", "run", *TIMEOUT_AND_INVALID[:-1], f"sweep_dir={tmp_path}"],
                   tmp_path)
     assert out.returncode == 1 and "1 timeout of 1 points" in out.stderr, out.stderr[-2000:]
+
+
+def test_scaling_run_hands_hydra_its_arguments_and_leaves_sys_argv_alone(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["the-caller", "--its-own-flag"])
+    assert main(["run", "--cfg", "job", "model=small"]) == 0
+    assert sys.argv == ["the-caller", "--its-own-flag"]
+    assert "name: small" in capsys.readouterr().out
 
 
 def test_sweep_help_says_what_each_sweep_does_and_unknown_sweeps_exit_2(tmp_path):

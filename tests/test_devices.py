@@ -143,7 +143,7 @@ def test_a_killed_holder_releases_its_slots(tmp_path, lock_env):
 
 
 def run_sweep(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scaling.job.run", "-m", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "scaling", "run", "-m", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, stdin=subprocess.DEVNULL, timeout=300)
 
 
@@ -172,7 +172,7 @@ def test_parallel_launcher_runs_jobs_at_once_but_cpu_launches_one_at_a_time(tmp_
 
 def test_killing_a_parallel_sweep_leaves_no_point_running(tmp_path, lock_env):
     sweep_dir = tmp_path / "killed"
-    driver = subprocess.Popen([sys.executable, "-m", "scaling.job.run", "-m", "hydra/launcher=parallel",
+    driver = subprocess.Popen([sys.executable, "-m", "scaling", "run", "-m", "hydra/launcher=parallel",
                                "hydra.launcher.n_jobs=2", *FAST, "train.fault=hang", "launch.timeout_s=120",
                                "train.seed=1,2", f"sweep_dir={sweep_dir}"], cwd=tmp_path, env=lock_env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)

@@ -42,7 +42,7 @@ def _left_after(sweep_dir: Path, settle_s: float = 10.0) -> list[str]:
 def test_killing_the_driver_at_any_moment_of_start_up_leaves_no_process(tmp_path, delay_s):
     sweep_dir = tmp_path / "sweep"
     driver = subprocess.Popen(
-        [sys.executable, "-m", "scaling.job.run", "model=tiny", "train.seq_len=64", "parallel.dp=2", "logger=none",
+        [sys.executable, "-m", "scaling", "run", "model=tiny", "train.seq_len=64", "parallel.dp=2", "logger=none",
          "train.steps=200", f"sweep_dir={sweep_dir}"],
         cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

@@ -382,8 +382,8 @@ ENGINE_POINT = ["train.steps=1", "train.warmup_steps=1", "hardware.memory_gb=0.0
 
 
 def engine_sweep(sweep_dir: Path, *overrides: str) -> str:
-    """`python -m scaling.job.run -m` under the sweeper, grid over mbs (64 does not fit in 0.02 GiB)."""
-    stdout, _ = run_process([sys.executable, "-m", "scaling.job.run", *SWEEPER, "hydra.sweeper.sampler.name=grid",
+    """`python -m scaling run -m` under the sweeper, grid over mbs (64 does not fit in 0.02 GiB)."""
+    stdout, _ = run_process([sys.executable, "-m", "scaling", "run", *SWEEPER, "hydra.sweeper.sampler.name=grid",
                              "train.mbs=2,4,64", "sweep=optuna_cpu", f"sweep_dir={sweep_dir}", *ENGINE_POINT,
                              *overrides])
     return stdout
@@ -414,8 +414,8 @@ def test_engine_best_point_runs_with_scaling_run(engine_search: Path) -> None:
     best = yaml.safe_load((engine_search / "best.yaml").read_text())["best"]
     assert best["status"] == "ok" and best["trial"] in (0, 1, 2)
     assert f"sweep_dir={engine_search}" in best["overrides"] and "train.mbs=64" not in best["overrides"]
-    assert best["command"].startswith("python -m scaling.job.run model.name=tiny ")
-    stdout, _ = run_process([sys.executable, "-m", "scaling.job.run", *best["run_overrides"], "launch.rerun=all",
+    assert best["command"].startswith("python -m scaling run model.name=tiny ")
+    stdout, _ = run_process([sys.executable, "-m", "scaling", "run", *best["run_overrides"], "launch.rerun=all",
                              "logger=none"])
     assert f"[scaling] {best['job_key']} ok tokens/s/GPU=" in stdout
 

@@ -229,11 +229,11 @@ def test_one_process_in_a_two_node_allocation_starts_both_nodes_with_srun(slurm_
 
 @pytest.mark.slurm
 def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp_path):
-    """`python -m scaling.job.run -m hydra/launcher=slurm ...`: one SLURM job per point, one record and one
+    """`python -m scaling run -m hydra/launcher=slurm ...`: one SLURM job per point, one record and one
     offline W&B run each, the runs read back equal to the records."""
     sweep_dir = tmp_path / "sweep"
     done = subprocess.run(
-        [sys.executable, "-m", "scaling.job.run", "-m", "hydra/launcher=slurm", "model=tiny", "parallel.dp=1,2",
+        [sys.executable, "-m", "scaling", "run", "-m", "hydra/launcher=slurm", "model=tiny", "parallel.dp=1,2",
          "parallel.zero_stage=0,3", "train.steps=2", "logger=wandb", "logger.mode=offline", f"sweep_dir={sweep_dir}",
          "hydra.launcher.array_parallelism=2"],  # two points at a time on this machine's cores
         cwd=REPO, capture_output=True, text=True, timeout=400, env={**os.environ, "WANDB_SILENT": "true"},

@@ -13,8 +13,9 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.collect import collect, from_wandb_offline
-from scaling.job.wandb_log import log_point, read_offline_run
+from scaling.job.wandb_log import log_point
 from scaling.store.record import iter_records
+from scaling.store.wandb_runs import read_offline_run
 from tests.compose import compose_point
 
 FAST = ["model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=2"]

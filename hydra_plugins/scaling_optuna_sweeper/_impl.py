@@ -62,7 +62,7 @@ class ExperimentPoint:
     """A trial's point in the engine's terms."""
 
     run_overrides: list[str]
-    """Every experiment field plus sweep and sweep_dir: `python -m scaling.job.run <these>` runs the point."""
+    """Every experiment field plus sweep and sweep_dir: `python -m scaling run <these>` runs the point."""
     record: Optional[dict[str, Any]]
     """Its record in the store, when the store answers it without running (see launch.rerun)."""
     repeats: int

@@ -3,7 +3,7 @@
 `best.yaml` holds the winning point: `overrides`, the trial's task overrides (on top of the
 primary config the search ran with, e.g. a sweep file), its objective values, status, job_key and
 metrics; for the engine also `run_overrides`, every experiment field plus sweep and sweep_dir, so
-`command` (`python -m scaling.job.run <run_overrides>`) runs the same point from the default config.
+`command` (`python -m scaling run <run_overrides>`) runs the same point from the default config.
 A multi-objective study also lists its Pareto front. Infeasible and failed trials never win.
 """
 
@@ -46,7 +46,7 @@ def point(trial: FrozenTrial, objectives: Sequence[str]) -> dict[str, Any]:
     }
     if "run_overrides" in trial.user_attrs:
         entry["run_overrides"] = list(trial.user_attrs["run_overrides"])
-        entry["command"] = shlex.join(["python", "-m", "scaling.job.run", *entry["run_overrides"]])
+        entry["command"] = shlex.join(["python", "-m", "scaling", "run", *entry["run_overrides"]])
     return entry
 
 

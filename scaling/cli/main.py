@@ -1,6 +1,6 @@
 """The `scaling` command: run a point, run a named sweep, plan a batch, predict memory, report, measure the network.
 
-    scaling run [overrides]              one point (= python -m scaling.job.run)
+    scaling run [overrides]              one point
     scaling sweep NAME [overrides]       a named multirun from sweeps/NAME.yaml
     scaling plan --gbs-tokens 4M --seq-len 4000 --mbs 2 --gpus 128
     scaling predict [overrides]          memory breakdown before launch
@@ -9,8 +9,8 @@
     scaling status SWEEP_DIR [--watch]   done, running, queued and still to run; time per point and left
     scaling collectives [--sweep-dir DIR] [overrides]   the network's α-β profile, measured into the sweep
 
-Exit status: 0, or 1 when a point failed or timed out (after every point ran), 2 for a bad command
-line. Shell completion (bash): eval "$(scaling run -sc install=bash)".
+`python -m scaling ...` is the same command. Exit status: 0, or 1 when a point failed or timed out (after
+every point ran), 2 for a bad command line. Shell completion (bash): eval "$(scaling run -sc install=bash)".
 """
 
 from __future__ import annotations
@@ -25,25 +25,35 @@ from typing import Callable, Optional, Sequence
 from scaling.cli.args import parse_count
 
 PROG = "scaling"
-"""The program name Hydra sees: `-sc install=bash` registers completion for it."""
-_NO_RUN_FLAGS = frozenset({"-h", "--help", "-hh", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info",
-                           "-sc", "--shell-completion", "-p", "--package", "--resolve"})
+"""The command's name: Hydra's parser shows it in its usage line, and the lines handed to Hydra's completion
+start with it."""
 
 
 def run_app(argv: Sequence[str], config: Sequence[str] = ()) -> None:
-    """Run the Hydra app of scaling.job.run on `argv` (after `config`, e.g. --config-name); raise
-    `PointsFailed` when a point failed or timed out."""
+    """Run the Hydra app of scaling.job.run on `argv` (after `config`, e.g. --config-name) as its `@hydra.main`
+    would on the command line, without reading or rewriting sys.argv; raise `PointsFailed` when a point failed
+    or timed out."""
+    from hydra._internal.utils import _run_hydra, get_args_parser
+
+    from scaling.core.schema import CONF_DIR
     from scaling.job import run
     from scaling.launch.resolvers import register
     from scaling.sweep import progress
 
     register()
+    parser = get_args_parser()
+    parser.prog = PROG
+    args = parser.parse_args([*config, *argv])
+    if args.experimental_rerun is not None:
+        parser.error("--experimental-rerun is not supported: run the point again with its overrides and launch.rerun=all")
     with tempfile.TemporaryDirectory(prefix="scaling-outcome-") as tmp:
         outcome = Path(tmp) / "outcome.json"
-        # Where the progress callback leaves the counts; not added where Hydra only prints or completes.
-        report = [] if _NO_RUN_FLAGS & set(argv) else [f"hydra.callbacks.progress.outcome_file={outcome}"]
-        sys.argv = [PROG, *config, *argv, *report]
-        run.main()
+        if not (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion):
+            # Where the progress callback leaves the counts; not added where Hydra only prints or completes.
+            args.overrides.append(f"hydra.callbacks.progress.outcome_file={outcome}")
+        # What run.main's @hydra.main does with the parsed command line (its config path and name).
+        _run_hydra(args=args, args_parser=parser, task_function=run.main, config_path=str(CONF_DIR),
+                   config_name="config")
         progress.raise_for_failures(progress.read_outcome(outcome))
 
 

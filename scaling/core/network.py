@@ -30,7 +30,6 @@ import numpy as np
 import yaml
 
 from scaling.core.schema import CONF_DIR
-from scaling.engine.collectives import OPS
 from scaling.engine.jobfiles import read_json, write_json_atomic
 
 PROFILE_FILE = "alpha_beta.json"
@@ -44,15 +43,20 @@ CUDA_SIZES = (*CPU_SIZES, 64 * 2**20, 256 * 2**20)
 """Message sizes the benchmark times by default: far enough apart that α (small) and β (large) both show."""
 
 
+RING_PASSES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
+"""The collectives of the model (those the scaling.engine.collectives worker times) and the passes of each around
+the ring: all-reduce is a reduce-scatter followed by an all-gather."""
+
+
 def ring_cost(op: str, n: int, size_bytes: float) -> tuple[int, float]:
-    """(steps, bytes sent per rank) of a ring collective over n ranks on an S-byte buffer."""
-    if op not in OPS:
-        raise ValueError(f"op={op!r} is not a collective of the model: use one of {', '.join(OPS)}")
+    """(steps, bytes sent per rank) of a ring collective over n ranks on an S-byte buffer: passes·(n−1) steps,
+    passes·(n−1)/n·S bytes."""
+    if op not in RING_PASSES:
+        raise ValueError(f"op={op!r} is not a collective of the model: use one of {', '.join(RING_PASSES)}")
     if n < 1:
         raise ValueError(f"n={n} ranks: a collective needs n >= 1")
-    if op == "all_reduce":
-        return 2 * (n - 1), 2 * (n - 1) / n * size_bytes
-    return n - 1, (n - 1) / n * size_bytes
+    passes = RING_PASSES[op]
+    return passes * (n - 1), passes * (n - 1) / n * size_bytes
 
 
 def tier_of(n: int, devices_per_node: Optional[int]) -> str:

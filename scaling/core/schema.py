@@ -5,7 +5,8 @@ config. Value checks that depend on several fields (does dp divide the batch?) l
 `scaling.core.validate`, which turns them into `invalid` records instead of crashing a sweep.
 
 Only the groups model, train, parallel and hardware define an experiment (and its `job_key`);
-logger and launch say how it is run and logged.
+logger and launch say how it is run and logged. The `model` group's dataclass lives in the engine
+(scaling.engine.model_config), which builds the decoder from it and imports nothing above itself.
 """
 
 from __future__ import annotations
@@ -14,37 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from scaling.engine.model_config import ModelConfig
+
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 """The primary config (config.yaml) and its groups."""
-
-
-@dataclass
-class ModelConfig:
-    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
-
-    name: str = "tiny"
-    """Preset name, carried into records and plots."""
-    n_layers: int = 2
-    """Number of decoder blocks (L)."""
-    hidden: int = 64
-    """Model width (h)."""
-    n_heads: int = 4
-    """Attention query heads; must divide `hidden`."""
-    n_kv_heads: int = 2
-    """Key/value heads (GQA); must divide `n_heads`."""
-    ffn_hidden: int = 192
-    """Inner width of the SwiGLU MLP."""
-    vocab_size: int = 512
-    """Vocabulary size (v)."""
-    max_seq_len: int = 512
-    """Longest sequence the model is configured for; `train.seq_len` may not exceed it."""
-    rope_theta: float = 10000.0
-    """RoPE base frequency."""
-    norm_eps: float = 1e-5
-    """RMSNorm epsilon."""
-    tie_embeddings: bool = False
-    """Share the token embedding with the output projection (Llama 3.2 1B/3B do)."""
 
 
 @dataclass

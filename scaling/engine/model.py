@@ -5,7 +5,7 @@ with RoPE -> RMSNorm -> SwiGLU MLP, final RMSNorm, output projection), its seede
 initialisation, activation recomputation per block, and the formulas `param_count` and
 `matmul_param_count` that the FLOPs and memory arithmetic build on.
 
-Imports torch and the standard library only (scaling.core.schema is plain dataclasses): it runs inside
+Imports torch and the standard library only (scaling.engine.model_config is a plain dataclass): it runs inside
 torchrun workers on bare GPU boxes.
 Shapes in comments: B batch, T sequence, C hidden, nh query heads, nkv key/value heads,
 hd head_dim, V vocabulary.
@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from scaling.core.schema import ModelConfig
+from scaling.engine.model_config import ModelConfig
 
 Device = Optional[Union[torch.device, str]]
 """Where layers are created; "meta" for shapes only."""

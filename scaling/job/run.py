@@ -1,7 +1,7 @@
 """The Hydra job: one experiment point from config to record.
 
-    python -m scaling.job.run [overrides]          one point
-    python -m scaling.job.run -m [sweep overrides] a multirun (see sweeps/)
+    scaling run [overrides]          one point (python -m scaling run is the same command)
+    scaling run -m [sweep overrides] a multirun (see sweeps/)
 
 already in the store? -> validate -> predict memory -> launch torchrun (launch.repeats fresh launches)
 -> classify -> write result.json atomically -> log to W&B -> return the record (the sweeper reads its
@@ -58,8 +58,8 @@ from scaling.store.record import (
     next_attempt,
     output_dir,
     read_record,
+    store_answers,
 )
-from scaling.sweep.grid import store_answers
 
 OPTUNA_SWEEPER = "hydra_plugins.scaling_optuna_sweeper.sweeper.ScalingOptunaSweeper"
 """The `_target_` of the Optuna sweeper (hydra_plugins.scaling_optuna_sweeper takes it from here): its jobs are
@@ -249,6 +249,7 @@ def hydra_provenance(hydra: DictConfig) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
     """Hydra entry point: resolve the config and run the point."""
+    devices.start_sweep_watcher()  # a worker of the parallel launcher dies with a killed sweep
     hydra_cfg = HydraConfig.get()
     cfg.sweep_dir = output_dir(cfg.sweep_dir, hydra_cfg)
     return run_point(OmegaConf.to_container(cfg, resolve=True), hydra_provenance(hydra_cfg))

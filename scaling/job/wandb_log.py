@@ -1,130 +1,28 @@
 """Weights & Biases logging of one point: the dashboard, never the source of truth.
 
 One run per point and attempt, whatever its status (`predicted_oom` and `invalid` too, with config and
-status but no history), so a W&B heatmap has the report's cells:
+status but no history), so a W&B heatmap has the report's cells. Its id, name, tags, config and summary
+are the record's, mapped by scaling.store.wandb_runs (a run is a second copy of the record); this module
+adds the run's group (the sweep), job_type `throughput`, and the history `step/…`, one row per timed
+step (`step/timed_step` is its x-axis), whose summaries are their min, max and mean (`define_metric`),
+never a last step passed off as the headline (`metrics/tokens_per_s_per_gpu` is gbs_tokens / median
+step time, per GPU).
 
-- id `<sweep>-<job_key>-<attempt>`: logging one attempt again (a retried job) resumes its run instead of
-  adding one; `launch.rerun` records a new attempt, so it gets a new run;
-- name `tiny seq64 mbs2 ga1 dp2 zero3` (`#2` from the second attempt), group = sweep, job_type
-  `throughput`, tags: the status and one `axis=value` per axis (`dp=2`, `zero_stage=3`, ...);
-- config: the experiment config, `derived.*`, `env.*` and `provenance.*`, flat (`parallel.dp`);
-- summary, one section per meaning: `metrics/…` the headline figures of the timed steps
-  (`metrics/tokens_per_s_per_gpu` is gbs_tokens / median step time, per GPU), `memory/…` the measured
-  memory (every metric in bytes or named mem), `predicted/…` the memory prediction, `timing/…`, plus
-  `status`, `error`, `job_key`, `sweep`;
-- history `step/…`, one row per timed step (`step/timed_step` is its x-axis), whose summaries are
-  their min, max and mean (`define_metric`), never a last step passed off as the headline.
-
-`analysis.collect` reads runs back into records' rows (`from_wandb`, and `from_wandb_offline` through
-`read_offline_run`, this module's reader of `.wandb` files). Offline by default; any W&B failure is
-reported on stderr and never fails the point: result.json is written before this runs.
+Offline by default; any W&B failure is reported on stderr and never fails the point: result.json is
+written before this runs.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import sys
 import traceback
-from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Mapping, Optional
 
-from scaling.core.schema import EXPERIMENT_GROUPS
 from scaling.job.metrics import tokens_per_s
+from scaling.store.wandb_runs import run_config, run_id, run_name, run_tags, summary_of
 
-TOP_LEVEL = ("status", "error", "job_key", "sweep", "schema_version")
-"""Record fields kept under their own names in the run summary."""
-RECORD_BLOCKS = ("derived", "env", "provenance")
-"""Record blocks besides the experiment config that describe the point: they go to the run config."""
-CONFIG_BLOCKS = (*EXPERIMENT_GROUPS, *RECORD_BLOCKS)
-"""Record blocks that go to the run config, flat (`parallel.dp`, `derived.n_params`, `env.hostname`)."""
-SUMMARY_BLOCKS = ("predicted", "timing")
-"""Record blocks that go to the run summary as `<block>/<key>`; `metrics` splits into metrics/ and memory/."""
-MEMORY = "memory"
-"""The summary section of the record's memory metrics (`memory/peak_mem_bytes`): a reader puts them back
-into `metrics`."""
-AXES: dict[str, tuple[tuple[str, ...], ...]] = {
-    "model": (("config", "model", "name"),),
-    "seq_len": (("config", "train", "seq_len"),),
-    "mbs": (("config", "train", "mbs"),),
-    "grad_acc": (("derived", "grad_acc"), ("config", "train", "grad_acc")),  # derived resolves `auto`
-    "dp": (("config", "parallel", "dp"),),
-    "zero_stage": (("config", "parallel", "zero_stage"),),
-}
-"""The axes every run is named and tagged by: where each is found in a record, first found wins."""
 STEP = "step/timed_step"
 """The x-axis of the per-step history: 0 for the first timed step after warm-up."""
-
-
-def flat(prefix: str, tree: Mapping[str, Any]) -> dict[str, Any]:
-    """{'train': {'mbs': 2}} -> {'train.mbs': 2}: W&B filters and pandas columns like flat keys."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            out.update(flat(name, value))
-        else:
-            out[name] = value
-    return out
-
-
-def axis_value(record: Mapping[str, Any], axis: str) -> Any:
-    """The value of one of `AXES` in a record."""
-    for path in AXES[axis]:
-        node: Any = record
-        for key in path:
-            node = node.get(key) if isinstance(node, Mapping) else None
-        if node is not None:
-            return node
-    return None
-
-
-def safe_name(text: str) -> str:
-    """`text` with what W&B run ids and artifact names refuse replaced by `_` (at most 40 characters)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:40]
-
-
-def run_id(record: Mapping[str, Any]) -> str:
-    """`<sweep>-<job_key>-<attempt>`: one W&B run per point and attempt (the sweep names the group)."""
-    return f"{safe_name(str(record.get('sweep') or 'sweep'))}-{record['job_key']}-{attempt_of(record)}"
-
-
-def attempt_of(record: Mapping[str, Any]) -> int:
-    """The record's attempt number (1 for records written before attempts were counted)."""
-    return int((record.get("provenance") or {}).get("attempt") or 1)
-
-
-def run_name(record: Mapping[str, Any]) -> str:
-    """`tiny seq64 mbs2 ga1 dp2 zero3`, with ` #2` from the second attempt on."""
-    short = {"model": "", "seq_len": "seq", "grad_acc": "ga", "zero_stage": "zero"}
-    parts = [f"{short.get(axis, axis)}{axis_value(record, axis)}" for axis in AXES]
-    attempt = attempt_of(record)
-    return " ".join(parts) + (f" #{attempt}" if attempt > 1 else "")
-
-
-def run_tags(record: Mapping[str, Any]) -> list[str]:
-    """The status and one `axis=value` tag per axis."""
-    return [record["status"]] + [f"{axis}={axis_value(record, axis)}" for axis in AXES]
-
-
-def run_config(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The run config: experiment config, derived sizes, environment and provenance, flat."""
-    config: dict[str, Any] = {}
-    for block in CONFIG_BLOCKS:
-        tree = (record.get("config") or {}).get(block) if block in EXPERIMENT_GROUPS else record.get(block)
-        config.update(flat(block, tree or {}))
-    return config
-
-
-def summary_of(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The run summary: the top-level fields, then metrics/, memory/, predicted/ and timing/ sections."""
-    summary: dict[str, Any] = {key: record.get(key) for key in TOP_LEVEL}
-    for key, value in (record.get("metrics") or {}).items():
-        summary[f"{MEMORY if 'mem' in key or 'bytes' in key else 'metrics'}/{key}"] = value
-    for block in SUMMARY_BLOCKS:
-        for key, value in (record.get(block) or {}).items():
-            summary[f"{block}/{key}"] = value
-    return summary
 
 
 def history_of(record: Mapping[str, Any]) -> list[dict[str, float]]:
@@ -173,56 +71,3 @@ def log_point(record: Mapping[str, Any], logger: Mapping[str, Any], default_dir:
         print(f"[scaling] W&B logging failed for {record['job_key']} (the record is kept):\n"
               f"{traceback.format_exc(limit=2)}", file=sys.stderr)
         return None
-
-
-_WANDB_HEADER = b":W&B"
-_BLOCK = 32 * 1024
-_FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
-
-
-def _log_records(data: bytes) -> Iterator[bytes]:
-    """Payloads of a .wandb file: a 7-byte header, then LevelDB-style log records in 32 KiB blocks."""
-    if data[:4] != _WANDB_HEADER:
-        raise ValueError("not a W&B transaction log (missing ':W&B' header)")
-    pos, pending = 7, b""
-    while pos + 7 <= len(data):
-        if _BLOCK - pos % _BLOCK < 7:  # too little room for a record header: the block is padded
-            pos += _BLOCK - pos % _BLOCK
-            continue
-        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
-        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
-        if kind == _FULL:
-            yield chunk
-        elif kind == _FIRST:
-            pending = chunk
-        elif kind == _MIDDLE:
-            pending += chunk
-        elif kind == _LAST:
-            yield pending + chunk
-
-
-def read_offline_run(path: str | Path) -> dict[str, Any]:
-    """Id, project, group, job type, name, tags, config, summary, history and logged artifacts (name,
-    type, file names) of an offline run, read from its .wandb file."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    run: dict[str, Any] = {"id": None, "project": None, "group": None, "job_type": None, "name": None, "tags": [],
-                           "config": {}, "summary": {}, "history": [], "artifacts": []}
-    for payload in _log_records(Path(path).read_bytes()):
-        rec = pb.Record()
-        rec.ParseFromString(payload)
-        kind = rec.WhichOneof("record_type")
-        if kind == "run":
-            run.update(id=rec.run.run_id, project=rec.run.project, group=rec.run.run_group, job_type=rec.run.job_type,
-                       name=rec.run.display_name, tags=list(rec.run.tags))
-            run["config"].update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
-        elif kind == "config":
-            run["config"].update({i.key: json.loads(i.value_json) for i in rec.config.update})
-        elif kind == "summary":
-            run["summary"].update({i.key or ".".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
-        elif kind == "history":
-            run["history"].append({i.key or ".".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
-        elif kind == "artifact":
-            run["artifacts"].append({"name": rec.artifact.name, "type": rec.artifact.type,
-                                     "files": [c.path for c in rec.artifact.manifest.contents]})
-    return run

@@ -149,8 +149,9 @@ def request(cfg: Mapping[str, Any], environ: Mapping[str, str]) -> Optional[Requ
     return Request("cuda", dp, slots)
 
 
-def exit_with_sweep(poll_s: float = 1.0) -> None:
-    """In a worker process of the sweep, die as soon as the sweep's process does (idempotent).
+def start_sweep_watcher(poll_s: float = 1.0) -> None:
+    """In a worker process of the sweep, start a daemon thread that kills this process as soon as the sweep's
+    process dies (idempotent; nothing in the sweep's own process).
 
     The parallel launcher's workers outlive a killed sweep and would go on launching points; the
     point's torchrun and ranks die with the worker (PR_SET_PDEATHSIG, see scaling.launch.torchrun).
@@ -172,7 +173,6 @@ def exit_with_sweep(poll_s: float = 1.0) -> None:
 @contextmanager
 def hold(req: Optional[Request], visible: Optional[str], poll_s: float = POLL_S) -> Iterator[Held]:
     """Hold the requested slots for the body; `visible` is CUDA_VISIBLE_DEVICES when nothing is leased."""
-    exit_with_sweep()
     t0 = time.perf_counter()
     if req is None:
         yield Held(visible=visible, wait_s=0.0)

@@ -91,7 +91,7 @@ def srun_argv(p: Placement, hosts: Sequence[str]) -> list[str]:
     return [
         "srun", f"--nodes={p.nodes}", f"--ntasks={p.nodes}", "--ntasks-per-node=1",
         f"--nodelist={','.join(hosts[: p.nodes])}",
-        # The caller may itself run inside a step that holds these CPUs (srun python -m scaling.job.run).
+        # The caller may itself run inside a step that holds these CPUs (srun python -m scaling run).
         "--overlap",
         # One node's torchrun failing ends the others instead of leaving them in the rendezvous.
         "--kill-on-bad-exit=1",

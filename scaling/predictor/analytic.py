@@ -33,11 +33,13 @@ import functools
 import heapq
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from scaling.core.units import GIB
-from scaling.engine.model import ModelArgs, param_count
-from scaling.store.record import job_key
+from scaling.store.record import job_key, sampled
+
+if TYPE_CHECKING:  # the model module imports torch: analytic_peak imports it, so reading this module costs none
+    from scaling.engine.model import ModelArgs
 
 ANALYTIC = "analytic"
 CALIBRATION_MODELS = ("tiny", "small")
@@ -290,6 +292,8 @@ def analytic_peak(
     fsdp_grad_reduce: str = "every_micro_step",
 ) -> MemoryBreakdown:
     """Predicted peak bytes per rank of one training step of this project's model, by phase."""
+    from scaling.engine.model import ModelArgs, param_count
+
     a = model if isinstance(model, ModelArgs) else ModelArgs.from_dict(model)
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"train.precision={precision!r} is not valid: choose fp32 or bf16")
@@ -361,12 +365,6 @@ def capacity_bytes(cfg: Mapping[str, Any]) -> Optional[int]:
     buffers, the allocator's slack), or None for no limit."""
     hw = cfg["hardware"]
     return None if hw["memory_gb"] is None else int((hw["memory_gb"] - hw["reserve_gb"]) * GIB)
-
-
-def sampled(key: str, fraction: float) -> bool:
-    """Whether a point the pre-screen would skip runs anyway, as part of a `fraction` sample: decided by its
-    job key, so a re-run samples the same points."""
-    return int(key, 16) % 10_000 < round(fraction * 10_000)
 
 
 TRACE_BAND = (0.8, 1.25)

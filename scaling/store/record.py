@@ -103,6 +103,21 @@ def should_skip(record: Optional[Mapping[str, Any]], rerun: str, repeats: int = 
     return record.get("status") in STATUSES
 
 
+def sampled(key: str, fraction: float) -> bool:
+    """Whether a point the pre-screen would skip runs anyway, as part of a `fraction` sample: decided by its
+    job key, so a re-run samples the same points."""
+    return int(key, 16) % 10_000 < round(fraction * 10_000)
+
+
+def store_answers(record: Optional[Mapping[str, Any]], key: str, launch: Mapping[str, Any]) -> bool:
+    """Whether a stored record answers its point, so that it is not run again: `should_skip` under
+    launch.rerun, except a predicted_oom point that the pre-screen's sample (launch.prescreen_sample)
+    runs anyway. run_point and the grid sweeper both decide by it."""
+    if record is not None and record.get("status") == PREDICTED_OOM and sampled(key, launch["prescreen_sample"]):
+        return False
+    return should_skip(record, launch["rerun"], launch["repeats"])
+
+
 def launches_timing(launches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The record's launch timing over the launches of one run of the driver: the first start, and the
     device wait, torchrun wall and launch overhead summed (each launch keeps its own in `repeats`)."""

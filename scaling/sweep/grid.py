@@ -38,7 +38,8 @@ from scaling.store.record import (
     job_key,
     output_dir,
     read_record,
-    should_skip,
+    sampled,
+    store_answers,
 )
 
 if TYPE_CHECKING:  # OmegaConf is imported where it is used: `scaling status` reads records only
@@ -161,18 +162,6 @@ class GridPoint:
     """The stored record answers it (store_answers under the point's launch settings)."""
 
 
-def store_answers(record: Optional[Mapping[str, Any]], key: str, launch: Mapping[str, Any]) -> bool:
-    """Whether a stored record answers its point, so that it is not run again: `should_skip` under
-    launch.rerun, except a predicted_oom point that the pre-screen's sample (launch.prescreen_sample)
-    runs anyway. run_point and the grid sweeper both decide by it."""
-    if record is not None and record.get("status") == PREDICTED_OOM:
-        from scaling.predictor.analytic import sampled
-
-        if sampled(key, launch["prescreen_sample"]):
-            return False
-    return should_skip(record, launch["rerun"], launch["repeats"])
-
-
 def survey(points: Sequence[Sequence[str]], configs: PointConfigs) -> Iterator[GridPoint]:
     """Each point of the grid with its job key, its record and whether the store answers it."""
     for num, overrides in enumerate(points):
@@ -188,7 +177,7 @@ def predict_new(cfg: Mapping[str, Any], traced: bool = False) -> dict[str, Any]:
     the prediction (`predicted`) or the error. Analytic unless `traced` (the pre-screen traces
     near-capacity points at launch)."""
     from scaling.core.validate import InvalidConfig, validate
-    from scaling.predictor.analytic import prescreen, sampled
+    from scaling.predictor.analytic import prescreen
 
     try:
         grad_acc = validate(cfg).grad_acc

@@ -1,6 +1,6 @@
 """`scaling sweep NAME [--dry-run] [overrides]`: a named Hydra multirun from sweeps/NAME.yaml.
 
-A thin wrapper: it is `python -m scaling.job.run --config-dir sweeps --config-name NAME [overrides]`
+A thin wrapper: it is `python -m scaling run --config-dir sweeps --config-name NAME [overrides]`
 (the sweep file sets hydra.mode=MULTIRUN and lists its grid under hydra.sweeper.params), with the
 exit status of `scaling run -m`: 0 when every point ended ok, oom, predicted_oom or invalid, 1 when
 some point failed or timed out (every point is still run and recorded). `scaling sweep --help`

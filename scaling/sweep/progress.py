@@ -5,7 +5,7 @@ that started the sweep, and the closing line with the count of points in each st
     [61/64] <job_key> <status> <tokens/s/GPU> <peak mem>
     sweep demo: 64 points: 40 ok, 13 oom, 9 predicted_oom, 2 invalid (runs/demo)
 
-Registered in conf/config.yaml under hydra.callbacks, so plain `python -m scaling.job.run -m` and
+Registered in conf/config.yaml under hydra.callbacks, so `python -m scaling run -m` and
 `scaling sweep NAME` behave the same. When a multirun starts, the callback writes sweep.json and opens
 the driver's `Progress`, which numbers the points as they end, each once, whichever part of the driver
 learns of it first: the callback itself when a job runs in the driver's process (Hydra's basic

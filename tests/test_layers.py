@@ -1,0 +1,112 @@
+"""The layers of the package as checks: import-linter's contracts (pyproject.toml) hold on the tree and break when
+a module imports across them, the engine imports with the driver's libraries unimportable, and `scaling status`
+and `scaling report` load no torch."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+PACKAGES = ("scaling", "analysis", "hydra_plugins")
+DRIVER_ONLY = ("hydra", "omegaconf", "pandas", "wandb", "optuna", "matplotlib", "seaborn", "psutil", "submitit",
+               "numpy", "yaml")
+"""Libraries of the sweep driver and the analysis that a bare GPU box with torch need not have."""
+INJECTED = {
+    "scaling/core/units.py": ("import scaling.cli.main", "scaling in layers",
+                              "scaling.core.units -> scaling.cli.main"),
+    "scaling/store/record.py": ("import hydra_plugins.scaling_grid_sweeper", "scaling never imports hydra_plugins",
+                                "scaling.store.record -> hydra_plugins.scaling_grid_sweeper"),
+    "analysis/figures.py": ("import scaling.sweep.grid", "analysis reads records and never launches",
+                            "analysis.figures -> scaling.sweep.grid"),
+    "scaling/engine/jobfiles.py": ("import numpy", "the engine imports torch and the standard library only",
+                                   "scaling.engine.jobfiles -> numpy"),
+}
+"""One import across each contract, the contract it breaks and the import lint-imports names."""
+
+
+def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
+    """lint-imports with the repository's contracts on the packages found from `cwd` (it comes first on the path)."""
+    return subprocess.run([str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml"), "--no-cache"], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_tree_keeps_every_import_contract() -> None:
+    out = lint_imports(REPO)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert " 0 broken" in out.stdout
+
+
+def test_an_import_across_each_contract_breaks_it(tmp_path: Path) -> None:
+    """A copy of the packages with one forbidden import per contract: every contract is reported broken, by name,
+    with the import that breaks it."""
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    for path, (line, _, _) in INJECTED.items():
+        with open(tmp_path / path, "a") as f:
+            f.write(f"\n{line}\n")
+    out = lint_imports(tmp_path)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    text = " ".join(out.stdout.split())  # long contract names wrap
+    for _, contract, named in INJECTED.values():
+        assert f"{contract}" in text and named in text, (contract, out.stdout[-3000:])
+    assert "0 kept" in text and " KEPT" not in text
+
+
+def test_engine_imports_with_the_driver_libraries_unimportable() -> None:
+    """Import every module of scaling.engine in a fresh interpreter where the driver's libraries cannot be found."""
+    script = textwrap.dedent(f"""
+        import importlib, importlib.abc, pkgutil, sys
+        BLOCKED = {DRIVER_ONLY!r}
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in BLOCKED:
+                    raise ModuleNotFoundError(f"{{name}} is blocked: the engine must not need it", name=name)
+
+        sys.meta_path.insert(0, Block())
+        import scaling.engine
+        names = [m.name for m in pkgutil.walk_packages(scaling.engine.__path__, "scaling.engine.")]
+        for name in names:
+            importlib.import_module(name)
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+        assert not leaked, leaked
+        print(" ".join(names))
+    """)
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", script], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = set(proc.stdout.split())
+    assert {"scaling.engine.worker", "scaling.engine.model", "scaling.engine.parallel", "scaling.engine.data"} <= imported
+
+
+def test_the_boundary_check_catches_a_driver_import() -> None:
+    """The same blocker makes an import of a driver library fail, so the check above can fail."""
+    script = textwrap.dedent(f"""
+        import importlib.abc, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in {DRIVER_ONLY!r}:
+                    raise ModuleNotFoundError(name, name=name)
+        sys.meta_path.insert(0, Block())
+        import scaling.job.run
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
+
+
+@pytest.mark.parametrize(("module", "loads_torch"), [("scaling.cli.status", False), ("scaling.cli.report", False),
+                                                     ("scaling.engine.model", True)])
+def test_status_and_report_load_no_torch(module: str, loads_torch: bool) -> None:
+    """`scaling status` and `scaling report` read records: importing their commands in a fresh interpreter loads
+    no torch (the engine's model, which does, shows the probe sees it)."""
+    probe = f"import sys, {module}; print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == str(loads_torch)
