@@ -34,7 +34,7 @@ from scaling.engine.jobfiles import (
     ELASTIC_LOGS,
     TORCHRUN_LOG,
     WORKER_OUTPUT,
-    read_json,
+    WorkerReport,
     write_json_atomic,
 )
 from scaling.engine.model import ModelArgs, param_count
@@ -175,12 +175,11 @@ def _launch_entry(c: ExperimentConfig, record: dict[str, Any], outcome: torchrun
     this = {"status": outcome.status, "error": outcome.error, "metrics": None,
             "timing": {"launched_at": launched_at, "device_wait_s": device_wait_s, "torchrun_wall_s": outcome.wall_s,
                        "launch_overhead_s": None}}
-    worker_out = read_json(point_dir / WORKER_OUTPUT)
-    if outcome.status == OK and worker_out is not None:
-        this["metrics"] = throughput_metrics(worker_out, record["derived"], peak)
-        this["timing"]["launch_overhead_s"] = outcome.wall_s - worker_out["measured_window_s"]
-        return this, {**worker_out["env"], "warmup_steps_run": worker_out["warmup_steps_run"],
-                      "compile": worker_out["compile"]}
+    report = WorkerReport.read(point_dir / WORKER_OUTPUT)
+    if outcome.status == OK and report is not None:
+        this["metrics"] = throughput_metrics(report, record["derived"], peak)
+        this["timing"]["launch_overhead_s"] = outcome.wall_s - report.measured_window_s
+        return this, {**report.env, "warmup_steps_run": report.warmup_steps_run, "compile": report.compile}
     if outcome.status == OK:
         this.update(status=FAILED, error=f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}")
     return this, _host_env(c)
