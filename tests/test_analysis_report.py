@@ -13,7 +13,8 @@ import pytest
 from records import grid_records, make_record, write_sweep
 from synthetic_dp import TRUTHS, profile_of
 
-from analysis.report import main, write_report
+from analysis.report import write_report
+from scaling.cli.report import main
 from scaling.core.network import PROFILE_FILE, save_profile
 from scaling.job.wandb_log import read_offline_run
 from scaling.store.record import job_key
