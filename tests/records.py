@@ -1,4 +1,5 @@
-"""Synthetic records of every status, shaped exactly like the engine's result.json, for analysis tests.
+"""Synthetic records of every status, built through the record's own type (scaling.store.record.Record),
+so they are shaped exactly like the engine's result.json, for analysis tests.
 
 Throughput follows a known model so tests can assert on it: tokens/s per GPU grows with mbs and
 falls with dp by a fixed efficiency table (`DP_EFFICIENCY`), so the DP knee is known in advance.
@@ -19,9 +20,13 @@ from scaling.store.record import (
     OOM,
     PREDICTED_OOM,
     RESULT_FILE,
-    SCHEMA_VERSION,
     SWEEP_INDEX,
     TIMEOUT,
+    Launch,
+    LaunchTiming,
+    Provenance,
+    Record,
+    Timing,
     job_dir,
     job_key,
 )
@@ -65,7 +70,8 @@ def make_record(
     threads_per_device: int = 1,
     oversubscribe: bool = False,
 ) -> dict[str, Any]:
-    """One record as the engine writes it; metrics only for `ok`, a measured peak also for `oom`.
+    """One record as the engine writes it; metrics only for `ok`, a measured peak also for `oom`; one launch in
+    `repeats` for a point that was launched (ok, oom, timeout, failed), none for one that was not.
 
     `noise_band_frac` is the point's measured band (here its timed steps spread by that much).
     """
@@ -112,24 +118,28 @@ def make_record(
               PREDICTED_OOM: f"predicted {predicted / GIB:.1f} GiB > capacity {memory_gb} GiB",
               TIMEOUT: "timed out after 600 s", FAILED: "RuntimeError: rank 1 crashed",
               INVALID: f"parallel.dp={dp} does not divide train.gbs"}
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "job_key": job_key(config),
-        "sweep": sweep,
-        "status": status,
-        "error": errors[status],
-        "config": config,
-        "derived": {"n_params": n_params, "flops_per_token": flops_per_token, "gbs": gbs,
-                    "gbs_tokens": gbs * seq_len, "grad_acc": grad_acc, "world_size": dp},
-        "metrics": metrics,
-        "predicted": None if status == INVALID else
+    repeats = [] if status in (PREDICTED_OOM, INVALID) else [
+        Launch(status=status, error=errors[status], metrics=metrics if status == OK else None,
+               timing=LaunchTiming(launched_at="2025-01-01T00:00:01.000000+00:00", device_wait_s=0.0,
+                                   torchrun_wall_s=12.0, launch_overhead_s=3.0 if status == OK else None))]
+    return Record(
+        job_key=job_key(config),
+        sweep=sweep,
+        status=status,
+        error=errors[status],
+        config=config,
+        derived={"n_params": n_params, "flops_per_token": flops_per_token, "gbs": gbs,
+                 "gbs_tokens": gbs * seq_len, "grad_acc": grad_acc, "world_size": dp},
+        metrics=metrics,
+        repeats=repeats,
+        predicted=None if status == INVALID else
         {"peak_mem_bytes": predicted, "method": "analytic", "fits": predicted <= memory_gb * GIB,
          "analytic": {"method": "analytic", "peak_mem_bytes": predicted}, "traced": None},
-        "env": {"torch": "2.13.0", "python": "3.11.7", "device_name": "NVIDIA H100", "backend": "nccl",
-                "hostname": "node0", "threads_per_device": 8, "memory_capacity": "real",
-                "oversubscribed": oversubscribe},
-        "timing": {"started_at": "2025-01-01T00:00:00+00:00", "wall_s": 12.5, "launch_overhead_s": 3.0},
-    }
+        env={"torch": "2.13.0", "python": "3.11.7", "device_name": "NVIDIA H100", "backend": "nccl",
+             "hostname": "node0", "threads_per_device": 8, "memory_capacity": "real", "oversubscribed": oversubscribe},
+        provenance=Provenance(attempt=1),
+        timing=Timing(started_at="2025-01-01T00:00:00+00:00", wall_s=12.5).with_launches(repeats),
+    ).to_dict()
 
 
 FAILURES = {(0, 2, 1024, 1): TIMEOUT, (0, 2, 1024, 2): FAILED, (1, 2, 1024, 1): INVALID}

@@ -9,10 +9,13 @@ import pytest
 
 from scaling.core.noise import relative_spread, within_noise
 from scaling.engine.flops import PeakFlops
+from scaling.engine.jobfiles import WorkerReport
 from scaling.job.metrics import repeats_metrics, throughput_metrics
 from scaling.store.record import (
+    Launch,
+    LaunchTiming,
+    Timing,
     kept_launches,
-    launches_timing,
     ok_launches,
     should_skip,
 )
@@ -24,21 +27,22 @@ PEAK_FLOPS_PER_S = 1e12
 def launch_metrics(step_times_s: list[float], peak_per_rank: list[int]) -> dict:
     """One launch's metrics block, as the driver makes it from what rank 0 wrote (a CPU run)."""
     ranks = len(peak_per_rank)
-    worker = {"step_times_s": step_times_s, "warmup_step_times_s": [1.0], "compile": False,
-              "recompiles_after_warmup": 0, "measured_window_s": sum(step_times_s), "losses": [6.0, 5.9],
-              "peak_mem_bytes_per_rank": peak_per_rank, "peak_mem_source": "mem_tracker",
-              "peak_mem_reserved_bytes_per_rank": None, "device_used_bytes_per_rank": None,
-              "build_peak_mem_bytes_per_rank": None, "peak_rss_growth_bytes_per_rank": [2 * b for b in peak_per_rank],
-              "optimizer_state_bytes_per_rank": [0] * ranks, "num_ooms": 0, "num_alloc_retries": 0,
-              "peak_mem_breakdown_rank0": None, "final_param_norm": 3.0}
+    worker = WorkerReport(
+        warmup_steps_run=2, warmup_step_times_s=[1.0], compile=False, recompiles_after_warmup=0,
+        phases_s={"build_s": 1.0}, measured_window_s=sum(step_times_s), peak_mem_breakdown_rank0=None,
+        losses=[6.0, 5.9], step_times_s=step_times_s, final_param_norm=3.0, peak_mem_source="mem_tracker",
+        peak_mem_bytes_per_rank=peak_per_rank, peak_mem_reserved_bytes_per_rank=None, device_used_bytes_per_rank=None,
+        build_peak_mem_bytes_per_rank=None, peak_rss_growth_bytes_per_rank=[2 * b for b in peak_per_rank],
+        optimizer_state_bytes_per_rank=[0] * ranks, num_ooms=0, num_alloc_retries=0,
+        env={"backend": "gloo", "world_size": ranks})
     return throughput_metrics(worker, DERIVED, PeakFlops(PEAK_FLOPS_PER_S, "config"))
 
 
-def launch(status: str, metrics: dict | None = None, launched_at: str = "t0", wait_s: float = 0.0) -> dict:
+def launch(status: str, metrics: dict | None = None, launched_at: str = "t0", wait_s: float = 0.0) -> Launch:
     """One entry of a record's `repeats`."""
-    return {"status": status, "error": None if status == "ok" else "boom", "metrics": metrics,
-            "timing": {"launched_at": launched_at, "device_wait_s": wait_s, "torchrun_wall_s": 5.0,
-                       "launch_overhead_s": 4.0 if status == "ok" else None}}
+    return Launch(status=status, error=None if status == "ok" else "boom", metrics=metrics,
+                  timing=LaunchTiming(launched_at=launched_at, device_wait_s=wait_s, torchrun_wall_s=5.0,
+                                      launch_overhead_s=4.0 if status == "ok" else None))
 
 
 def test_relative_spread_is_the_half_range_over_the_median():
@@ -84,14 +88,14 @@ def test_repeats_headline_is_the_median_launch_with_both_spreads():
 
 
 def test_a_point_with_fewer_ok_launches_than_repeats_is_not_done():
-    ok1 = launch("ok", launch_metrics([0.5], [1]))
+    ok1 = launch("ok", launch_metrics([0.5], [1])).to_dict()
     record = {"status": "ok", "metrics": ok1["metrics"], "repeats": [ok1]}
     assert should_skip(record, "none", repeats=1) and should_skip(record, "failed", repeats=1)
     assert not should_skip(record, "none", repeats=3)
     assert kept_launches(record, "none") == [ok1] and kept_launches(record, "all") == []
     assert not should_skip(record, "all", repeats=1)
     # a failed repeat after two ok ones: the point is failed; rerun=failed keeps the ok launches
-    failed = {"status": "failed", "metrics": None, "repeats": [ok1, ok1, launch("failed")]}
+    failed = {"status": "failed", "metrics": None, "repeats": [ok1, ok1, launch("failed").to_dict()]}
     assert should_skip(failed, "none", repeats=3) and not should_skip(failed, "failed", repeats=3)
     assert kept_launches(failed, "failed") == [ok1, ok1]
     for status in ("oom", "predicted_oom", "invalid"):
@@ -108,6 +112,9 @@ def test_a_record_without_repeats_counts_its_one_ok_launch():
 
 
 def test_launch_timing_sums_this_runs_launches():
-    timing = launches_timing([launch("ok", launched_at="first", wait_s=1.0), launch("ok", launched_at="second", wait_s=2.0),
-                              launch("oom", launched_at="third")])
-    assert timing == {"launched_at": "first", "device_wait_s": 3.0, "torchrun_wall_s": 15.0, "launch_overhead_s": 8.0}
+    started = Timing(started_at="s", wall_s=20.0)
+    timing = started.with_launches([launch("ok", launched_at="first", wait_s=1.0),
+                                    launch("ok", launched_at="second", wait_s=2.0), launch("oom", launched_at="third")])
+    assert timing == Timing(started_at="s", wall_s=20.0, launched_at="first", device_wait_s=3.0, torchrun_wall_s=15.0,
+                            launch_overhead_s=8.0)
+    assert started.with_launches([]) == started  # no launch this run: nothing to sum

@@ -1,4 +1,5 @@
-"""The files of one point's job directory, named once, and the atomic JSON write both sides use.
+"""The files of one point's job directory, named once, the atomic JSON write both sides use, and the
+typed content of `worker.json` (`WorkerReport`), the contract between rank 0 and the driver.
 
     <sweep_dir>/<job_key>/config.json     the resolved config the driver hands to the ranks
     <sweep_dir>/<job_key>/worker.json     what rank 0 measured
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -48,3 +50,64 @@ def read_json(path: str | os.PathLike) -> Optional[Any]:
         return json.loads(Path(path).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+@dataclass(kw_only=True)
+class WorkerReport:
+    """What rank 0 measured, as `worker.json` holds it: one key per field, in this order.
+
+    Lists `*_per_rank` are indexed by rank; a memory figure the device kind does not have (CUDA's
+    reserved bytes on CPU, say) is None.
+    """
+
+    warmup_steps_run: int
+    """Untimed steps run before the timed ones (on CPU the last one under the memory tracker)."""
+    warmup_step_times_s: list[float]
+    """Seconds of each warm-up step, on rank 0."""
+    compile: bool
+    """Whether the model ran under torch.compile (train.compile)."""
+    recompiles_after_warmup: int
+    """Graphs compiled during the timed steps (0 when the warm-up compiled them all)."""
+    phases_s: dict[str, float]
+    """Seconds of each start-up phase on rank 0, by name (init_process_group_s, build_s, warmup_s)."""
+    measured_window_s: float
+    """Seconds from the barrier before the timed steps to the end of the last one, on rank 0."""
+    peak_mem_breakdown_rank0: Optional[dict[str, int]]
+    """Rank 0's live tensor bytes by kind at its tracked peak (CPU); None on CUDA."""
+    losses: list[float]
+    """Loss of every optimizer step, warm-up steps included, averaged over ranks."""
+    step_times_s: list[float]
+    """Seconds of each timed step: the slowest rank's."""
+    final_param_norm: float
+    """L2 norm of all parameters after the last step (identical on every rank)."""
+    peak_mem_source: str
+    """How `peak_mem_bytes_per_rank` was measured: `cuda_max_memory_allocated` or `mem_tracker` (CPU)."""
+    peak_mem_bytes_per_rank: list[int]
+    """Peak bytes of the training steps: CUDA's max allocated, or on CPU the tracked live tensor bytes."""
+    peak_mem_reserved_bytes_per_rank: Optional[list[int]]
+    """CUDA's max reserved bytes over the training steps; None on CPU."""
+    device_used_bytes_per_rank: Optional[list[int]]
+    """Bytes in use on the CUDA device after the last step (every process on it); None on CPU."""
+    build_peak_mem_bytes_per_rank: Optional[list[int]]
+    """Peak bytes of building the model: CUDA's max allocated, or on CPU the growth of peak resident memory."""
+    peak_rss_growth_bytes_per_rank: Optional[list[int]]
+    """Growth of peak resident memory over the warm-up and timed steps, bytes (None off Linux)."""
+    optimizer_state_bytes_per_rank: Optional[list[int]]
+    """Bytes of the optimizer states each rank holds."""
+    num_ooms: int
+    """CUDA allocator out-of-memory events, summed over ranks (0 on CPU)."""
+    num_alloc_retries: int
+    """CUDA allocator retries after freeing its cache, summed over ranks (0 on CPU)."""
+    env: dict[str, Any]
+    """Where it ran: torch, python, backend, hostname, memory_capacity, world_size and the device's own facts
+    (device_name, threads_per_device, ...; on CPU also cores_per_rank and oversubscribed)."""
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Write the report atomically as JSON."""
+        write_json_atomic(path, asdict(self))
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> Optional[WorkerReport]:
+        """The report in `path`, or None when it is missing or not whole JSON."""
+        data = read_json(path)
+        return None if data is None else cls(**data)

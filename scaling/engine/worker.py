@@ -4,10 +4,11 @@
 
 Read top-down, `measure_point` is the whole job of a rank: take the device, join the process group,
 build the model for its ZeRO stage (scaling.engine.parallel), note what the build cost, run the
-untimed warm-up steps (on CPU the last one under the memory tracker), run the timed steps, and let
-rank 0 write `worker.json` (step times, losses, memory per rank, the kernels that ran) next to the
-config; the driver turns it into result.json. `main` is wrapped in torch elastic's `@record`, so an
-exception in any rank lands in an error file the driver classifies (out of memory gives `oom`).
+untimed warm-up steps (on CPU the last one under the memory tracker), run the timed steps, gather what
+every rank measured, and let rank 0 write it as `worker.json` (a `WorkerReport`: step times, losses,
+memory per rank, the kernels that ran) next to the config; the driver turns it into result.json.
+`main` is wrapped in torch elastic's `@record`, so an exception in any rank lands in an error file the
+driver classifies (out of memory gives `oom`).
 
 torch and the standard library only: this must run on a bare GPU box.
 """
@@ -36,9 +37,9 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 from scaling.engine import device as devices  # noqa: E402
 from scaling.engine import kernels, memtrack  # noqa: E402
 from scaling.engine.data import GlobalBatch  # noqa: E402
-from scaling.engine.jobfiles import WORKER_OUTPUT, write_json_atomic  # noqa: E402
+from scaling.engine.jobfiles import WORKER_OUTPUT, WorkerReport  # noqa: E402
 from scaling.engine.model import ModelArgs  # noqa: E402
-from scaling.engine.parallel import Parallelized, load_wrappers, parallelize  # noqa: E402
+from scaling.engine.parallel import load_wrappers, parallelize  # noqa: E402
 from scaling.engine.step import train_step  # noqa: E402
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -145,62 +146,79 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
     window_start = time.perf_counter()
     step_times = [one_step() for _ in range(train["steps"])]
     window_s = time.perf_counter() - window_start
+    recompiles = kernels.compiled_graphs() - graphs_after_warmup
 
-    _report(cfg, job_dir, wrapped, dev, losses, step_times, {
+    # Every rank joins the collectives below, in the same order (keyword arguments run left to right).
+    memory = _memory_per_rank(dev, {
         "peak_mem_bytes": tracked_peak, "peak_mem_reserved_bytes": None, "num_ooms": 0, "num_alloc_retries": 0,
         "device_used_bytes": None, "build_peak_mem_bytes": build_peak_bytes,
         "peak_rss_growth_bytes": resident.peak_growth_bytes(),
         "optimizer_state_bytes": memtrack.optimizer_state_bytes(wrapped.optimizer),
-    }, {
-        "warmup_steps_run": n_warmup, "warmup_step_times_s": warmup_times,
-        "compile": bool(train["compile"]), "recompiles_after_warmup": kernels.compiled_graphs() - graphs_after_warmup,
-        "phases_s": phases.seconds, "measured_window_s": window_s, "peak_mem_breakdown_rank0": breakdown or None,
     })
+    report = WorkerReport(
+        warmup_steps_run=n_warmup, warmup_step_times_s=warmup_times, compile=bool(train["compile"]),
+        recompiles_after_warmup=recompiles, phases_s=phases.seconds, measured_window_s=window_s,
+        peak_mem_breakdown_rank0=breakdown or None,
+        losses=_mean_over_ranks(losses), step_times_s=[max(ts) for ts in zip(*_gather_floats(step_times, dev.device))],
+        final_param_norm=wrapped.param_norm(),
+        peak_mem_source="cuda_max_memory_allocated" if cuda else "mem_tracker",
+        peak_mem_bytes_per_rank=memory["peak_mem_bytes"],
+        peak_mem_reserved_bytes_per_rank=memory["peak_mem_reserved_bytes"],
+        device_used_bytes_per_rank=memory["device_used_bytes"],
+        build_peak_mem_bytes_per_rank=memory["build_peak_mem_bytes"],
+        peak_rss_growth_bytes_per_rank=memory["peak_rss_growth_bytes"],
+        optimizer_state_bytes_per_rank=memory["optimizer_state_bytes"],
+        num_ooms=sum(memory["num_ooms"] or [0]), num_alloc_retries=sum(memory["num_alloc_retries"] or [0]),
+        env=_env(cfg, dev),
+    )
+    if rank == 0:
+        report.write(job_dir / WORKER_OUTPUT)
+    _leave(cuda)
 
 
-def _report(cfg: dict[str, Any], job_dir: Path, wrapped: Parallelized, dev: devices.Device, losses: list[torch.Tensor],
-            step_times: list[float], memory: dict[str, Optional[int]], ran: dict[str, Any]) -> None:
-    """Gather every rank's figures; rank 0 writes worker.json."""
-    cuda = dev.device.type == "cuda"
-    if cuda:
+def _memory_per_rank(dev: devices.Device, memory: dict[str, Optional[int]]) -> dict[str, Optional[list[int]]]:
+    """Every rank's memory figures by name, indexed by rank (on CUDA the allocator's own replace this rank's);
+    None for a figure this device kind does not have."""
+    if dev.device.type == "cuda":
         cm = memtrack.cuda_memory(dev.device)
         memory = {**memory, "peak_mem_bytes": cm["peak_allocated"], "peak_mem_reserved_bytes": cm["peak_reserved"],
                   "num_ooms": cm["num_ooms"], "num_alloc_retries": cm["num_alloc_retries"],
                   "device_used_bytes": cm["device_used"]}
     names = list(memory)
     gathered = _gather_floats([float("nan") if memory[k] is None else float(memory[k]) for k in names], dev.device)
-    per_rank = {k: None if any(row[i] != row[i] for row in gathered) else [int(row[i]) for row in gathered]
-                for i, k in enumerate(names)}  # NaN: a figure this device kind does not have
+    return {k: None if any(row[i] != row[i] for row in gathered) else [int(row[i]) for row in gathered]
+            for i, k in enumerate(names)}  # NaN: a figure this device kind does not have
+
+
+def _mean_over_ranks(losses: list[torch.Tensor]) -> list[float]:
+    """Each step's loss averaged over ranks (each rank's is the mean over its own samples)."""
+    summed = torch.stack(losses).double()
+    dist.all_reduce(summed)
+    return (summed / dist.get_world_size()).tolist()
+
+
+def _env(cfg: dict[str, Any], dev: devices.Device) -> dict[str, Any]:
+    """Where the point ran, for the record's `env`; on CPU which cores each rank ran on (shared ones mean the
+    point was oversubscribed)."""
     world = dist.get_world_size()
-    env = {k: v for k, v in dev.env.items() if k != "cores"}
-    if not cuda:  # which cores each rank ran on: shared ones mean the point was oversubscribed
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "backend": cfg["hardware"]["backend"],
+        "hostname": socket.gethostname(),
+        "memory_capacity": dev.memory_capacity,
+        "world_size": world,
+        **{k: v for k, v in dev.env.items() if k != "cores"},
+    }
+    if dev.device.type != "cuda":
         cores: list[Any] = [None] * world
         dist.all_gather_object(cores, dev.env["cores"])
         env.update(cores_per_rank=cores, oversubscribed=len({c for rank in cores for c in rank}) < sum(map(len, cores)))
-    step_losses = torch.stack(losses).double()
-    dist.all_reduce(step_losses)  # sum of per-rank means -> divided by world below
-    times_by_rank = _gather_floats(step_times, dev.device)
-    norm = wrapped.param_norm()
-    if dist.get_rank() == 0:
-        write_json_atomic(job_dir / WORKER_OUTPUT, {
-            **ran,
-            "losses": (step_losses / world).tolist(),
-            "step_times_s": [max(ts) for ts in zip(*times_by_rank)],
-            "final_param_norm": norm,
-            "peak_mem_source": "cuda_max_memory_allocated" if cuda else "mem_tracker",
-            **{f"{k}_per_rank": v for k, v in per_rank.items() if k not in ("num_ooms", "num_alloc_retries")},
-            "num_ooms": sum(per_rank["num_ooms"] or [0]),
-            "num_alloc_retries": sum(per_rank["num_alloc_retries"] or [0]),
-            "env": {
-                "torch": torch.__version__,
-                "python": platform.python_version(),
-                "backend": cfg["hardware"]["backend"],
-                "hostname": socket.gethostname(),
-                "memory_capacity": dev.memory_capacity,
-                "world_size": world,
-                **env,
-            },
-        })
+    return env
+
+
+def _leave(cuda: bool) -> None:
+    """Wait for every rank, then exit this process at once."""
     dist.barrier()
     if cuda:
         dist.destroy_process_group()

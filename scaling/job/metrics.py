@@ -16,6 +16,7 @@ import statistics
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from scaling.core.noise import relative_spread
+from scaling.engine.jobfiles import WorkerReport
 
 if TYPE_CHECKING:
     from scaling.engine.flops import PeakFlops
@@ -36,15 +37,15 @@ def _max(values: Optional[list[int]]) -> Optional[int]:
     return max(values) if values else None
 
 
-def throughput_metrics(worker: Mapping[str, Any], derived: Mapping[str, Any], peak: PeakFlops) -> dict[str, Any]:
-    """The `metrics` block of one launch that finished."""
+def throughput_metrics(worker: WorkerReport, derived: Mapping[str, Any], peak: PeakFlops) -> dict[str, Any]:
+    """The `metrics` block of one launch that finished, from what its rank 0 reported."""
     from scaling.engine import (
         flops,  # torch: the driver has it; readers of tokens_per_s need not
     )
-    step_times = list(worker["step_times_s"])
+    step_times = list(worker.step_times_s)
     step_time_s = statistics.median(step_times)
     total, per_gpu = tokens_per_s(derived, step_time_s)
-    warmup = list(worker["warmup_step_times_s"])
+    warmup = list(worker.warmup_step_times_s)
     spread = relative_spread(step_times)
     return {
         "tokens_per_s": total,
@@ -64,26 +65,26 @@ def throughput_metrics(worker: Mapping[str, Any], derived: Mapping[str, Any], pe
         "tokens_per_s_per_gpu_repeats": [per_gpu],
         "warmup_step_times_s": warmup,
         # With compile the first warm-up step compiles: its excess over a timed step is the compile time.
-        "compile_s": max(0.0, warmup[0] - step_time_s) if worker["compile"] and warmup else None,
-        "recompiles_after_warmup": worker["recompiles_after_warmup"],
-        "measured_window_s": worker["measured_window_s"],
-        "peak_mem_bytes": max(worker["peak_mem_bytes_per_rank"]),
-        "peak_mem_bytes_per_rank": list(worker["peak_mem_bytes_per_rank"]),
-        "peak_mem_source": worker["peak_mem_source"],
-        "peak_mem_reserved_bytes": _max(worker["peak_mem_reserved_bytes_per_rank"]),
-        "peak_mem_reserved_bytes_per_rank": worker["peak_mem_reserved_bytes_per_rank"],
-        "device_used_bytes": _max(worker["device_used_bytes_per_rank"]),
-        "device_used_bytes_per_rank": worker["device_used_bytes_per_rank"],
-        "build_peak_mem_bytes": _max(worker["build_peak_mem_bytes_per_rank"]),
-        "build_peak_mem_bytes_per_rank": worker["build_peak_mem_bytes_per_rank"],
-        "peak_rss_growth_bytes": _max(worker["peak_rss_growth_bytes_per_rank"]),
-        "peak_rss_growth_bytes_per_rank": worker["peak_rss_growth_bytes_per_rank"],
-        "optimizer_state_bytes_per_rank": worker["optimizer_state_bytes_per_rank"],
-        "num_ooms": worker["num_ooms"],
-        "num_alloc_retries": worker["num_alloc_retries"],
-        "peak_mem_breakdown_rank0": worker["peak_mem_breakdown_rank0"],
-        "losses": list(worker["losses"]),
-        "final_param_norm": worker["final_param_norm"],
+        "compile_s": max(0.0, warmup[0] - step_time_s) if worker.compile and warmup else None,
+        "recompiles_after_warmup": worker.recompiles_after_warmup,
+        "measured_window_s": worker.measured_window_s,
+        "peak_mem_bytes": max(worker.peak_mem_bytes_per_rank),
+        "peak_mem_bytes_per_rank": list(worker.peak_mem_bytes_per_rank),
+        "peak_mem_source": worker.peak_mem_source,
+        "peak_mem_reserved_bytes": _max(worker.peak_mem_reserved_bytes_per_rank),
+        "peak_mem_reserved_bytes_per_rank": worker.peak_mem_reserved_bytes_per_rank,
+        "device_used_bytes": _max(worker.device_used_bytes_per_rank),
+        "device_used_bytes_per_rank": worker.device_used_bytes_per_rank,
+        "build_peak_mem_bytes": _max(worker.build_peak_mem_bytes_per_rank),
+        "build_peak_mem_bytes_per_rank": worker.build_peak_mem_bytes_per_rank,
+        "peak_rss_growth_bytes": _max(worker.peak_rss_growth_bytes_per_rank),
+        "peak_rss_growth_bytes_per_rank": worker.peak_rss_growth_bytes_per_rank,
+        "optimizer_state_bytes_per_rank": worker.optimizer_state_bytes_per_rank,
+        "num_ooms": worker.num_ooms,
+        "num_alloc_retries": worker.num_alloc_retries,
+        "peak_mem_breakdown_rank0": worker.peak_mem_breakdown_rank0,
+        "losses": list(worker.losses),
+        "final_param_norm": worker.final_param_norm,
     }
 
 

@@ -34,7 +34,7 @@ from scaling.engine.jobfiles import (
     ELASTIC_LOGS,
     TORCHRUN_LOG,
     WORKER_OUTPUT,
-    read_json,
+    WorkerReport,
     write_json_atomic,
 )
 from scaling.engine.model import ModelArgs, param_count
@@ -49,12 +49,15 @@ from scaling.store.record import (
     OK,
     PREDICTED_OOM,
     RESULT_FILE,
-    SCHEMA_VERSION,
+    Launch,
+    LaunchTiming,
+    Provenance,
+    Record,
+    Timing,
     experiment_config,
     job_dir,
     job_key,
     kept_launches,
-    launches_timing,
     next_attempt,
     output_dir,
     read_record,
@@ -66,12 +69,13 @@ OPTUNA_SWEEPER = "hydra_plugins.scaling_optuna_sweeper.sweeper.ScalingOptunaSwee
 numbered by trial."""
 
 
-def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """Run one resolved experiment config (plain dict) to its record; never raises for a bad point.
+def run_point(cfg: dict[str, Any], provenance: Optional[Provenance] = None) -> dict[str, Any]:
+    """Run one resolved experiment config (plain dict) to its record (`Record.to_dict()`, what the sweepers
+    receive); never raises for a bad point.
 
     `provenance` says what made the point (see `hydra_provenance`); the record adds its attempt number and
-    the SLURM job id. A point the store answers is not run again; a point recorded with fewer ok launches than
-    launch.repeats launches only the missing ones."""
+    the SLURM job id. A point the store answers is not run again (its stored record is returned); a point
+    recorded with fewer ok launches than launch.repeats launches only the missing ones."""
     c = ExperimentConfig.from_dict(cfg)
     sweep_dir = Path(c.sweep_dir).resolve()
     key = job_key(cfg)
@@ -87,14 +91,14 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
         derived = validate(cfg)
     except InvalidConfig as e:
         return _finish(_ended(record, INVALID, str(e), c), point_dir, t0, cfg)
-    record["derived"] = _derived_block(c, derived)
-    record["predicted"] = prediction = prescreen(cfg, derived.grad_acc)
+    record.derived = _derived_block(c, derived)
+    record.predicted = prediction = prescreen(cfg, derived.grad_acc)
     if prediction["skip"] and not prediction["sampled"]:  # predicted > (1 + prescreen_margin) x capacity
         return _finish(_ended(record, PREDICTED_OOM, prediction["reason"], c), point_dir, t0, cfg)
 
     point_dir.mkdir(parents=True, exist_ok=True)
     runtime = {"job_key": key, "pg_timeout_s": torchrun.process_group_timeout_s(c.launch.timeout_s)}
-    write_json_atomic(point_dir / CONFIG_FILE, {**cfg, "derived": record["derived"], "runtime": runtime})
+    write_json_atomic(point_dir / CONFIG_FILE, {**cfg, "derived": record.derived, "runtime": runtime})
     try:
         # Under SLURM the allocation decides how torchrun starts (one node, or one torchrun per node joined by
         # a c10d rendezvous); elsewhere it is `torchrun --standalone`. This node must hold its ranks.
@@ -107,30 +111,29 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
     lead = slurm.is_lead_task(os.environ)  # the task that writes the record (the only one outside multi-node SLURM)
     if lead:  # until _finish writes the record: `scaling status` and a re-run see the point in flight
         inflight.mark_running(point_dir, os.environ)
-    _launch_repeats(c, cfg, record, kept_launches(existing, c.launch.rerun), point_dir, argv, lease, lead)
-    return _finish(record, point_dir, t0, cfg) if lead else record
+    resumed = [Launch.from_dict(launch) for launch in kept_launches(existing, c.launch.rerun)]
+    _launch_repeats(c, cfg, record, resumed, point_dir, argv, lease, lead)
+    return _finish(record, point_dir, t0, cfg) if lead else record.to_dict()
 
 
 def _new_record(cfg: dict[str, Any], key: str, existing: Optional[dict[str, Any]],
-                provenance: Optional[dict[str, Any]]) -> dict[str, Any]:
+                provenance: Optional[Provenance]) -> Record:
     """The record of a point about to be judged: its config and what made it, nothing measured yet."""
-    return {
-        "schema_version": SCHEMA_VERSION, "job_key": key, "sweep": cfg["sweep"], "status": None, "error": None,
-        "config": experiment_config(cfg), "derived": None, "metrics": None, "repeats": [], "predicted": None, "env": None,
-        "provenance": {"hydra_job_num": None, "overrides": [], "optuna_trial": None, **(provenance or {}),
-                       "slurm_job_id": inflight.slurm_job_id(os.environ), "attempt": next_attempt(existing)},
-        "timing": {"started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "wall_s": None,
-                   "device_wait_s": None, "launched_at": None, "torchrun_wall_s": None, "launch_overhead_s": None},
-    }
+    return Record(
+        job_key=key, sweep=cfg["sweep"], config=experiment_config(cfg),
+        provenance=dataclasses.replace(provenance or Provenance(), slurm_job_id=inflight.slurm_job_id(os.environ),
+                                       attempt=next_attempt(existing)),
+        timing=Timing(started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")),
+    )
 
 
-def _ended(record: dict[str, Any], status: str, error: str, c: ExperimentConfig) -> dict[str, Any]:
+def _ended(record: Record, status: str, error: str, c: ExperimentConfig) -> Record:
     """A point that ends before torchrun starts: its status, the reason, and the host it was judged on."""
-    record.update(status=status, error=error, env=_host_env(c))
+    record.status, record.error, record.env = status, error, _host_env(c)
     return record
 
 
-def _launch_repeats(c: ExperimentConfig, cfg: dict[str, Any], record: dict[str, Any], launches: list[dict[str, Any]],
+def _launch_repeats(c: ExperimentConfig, cfg: dict[str, Any], record: Record, launches: list[Launch],
                     point_dir: Path, argv: list[str], lease: Any, lead: bool) -> None:
     """Launch the point until it has launch.repeats ok launches (`launches` holds the ones a resumed point
     kept) or one launch is not ok; the record's metrics are those of all its ok launches.
@@ -157,32 +160,31 @@ def _launch_repeats(c: ExperimentConfig, cfg: dict[str, Any], record: dict[str, 
             if outcome.status != OK:
                 return
             continue
-        this, env_block = _launch_entry(c, record, outcome, point_dir, launched_at, held.wait_s, peak)
+        this, env_block = _launch_entry(c, record.derived, outcome, point_dir, launched_at, held.wait_s, peak)
         launches.append(this)
-        record.update(status=this["status"], error=this["error"], repeats=launches, env={**env_block, "devices": held.visible},
-                      metrics=repeats_metrics([r["metrics"] for r in launches], record["derived"])
-                      if this["status"] == OK else None)
-        record["timing"].update(launches_timing(launches[kept:]))
-        if this["status"] != OK:
+        record.status, record.error, record.repeats = this.status, this.error, launches
+        record.env = {**env_block, "devices": held.visible}
+        record.metrics = repeats_metrics([r.metrics for r in launches], record.derived) if this.status == OK else None
+        record.timing = record.timing.with_launches(launches[kept:])
+        if this.status != OK:
             return
-        write_json_atomic(point_dir / RESULT_FILE, record)
+        record.write(point_dir / RESULT_FILE)
 
 
-def _launch_entry(c: ExperimentConfig, record: dict[str, Any], outcome: torchrun.Outcome, point_dir: Path,
-                  launched_at: str, device_wait_s: float, peak: flops.PeakFlops) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One launch as the record's `repeats` keeps it (status, error, metrics, timing), and the `env` it
-    ran in (what the ranks reported, or the host's when rank 0 wrote nothing)."""
-    this = {"status": outcome.status, "error": outcome.error, "metrics": None,
-            "timing": {"launched_at": launched_at, "device_wait_s": device_wait_s, "torchrun_wall_s": outcome.wall_s,
-                       "launch_overhead_s": None}}
-    worker_out = read_json(point_dir / WORKER_OUTPUT)
-    if outcome.status == OK and worker_out is not None:
-        this["metrics"] = throughput_metrics(worker_out, record["derived"], peak)
-        this["timing"]["launch_overhead_s"] = outcome.wall_s - worker_out["measured_window_s"]
-        return this, {**worker_out["env"], "warmup_steps_run": worker_out["warmup_steps_run"],
-                      "compile": worker_out["compile"]}
+def _launch_entry(c: ExperimentConfig, derived: dict[str, Any], outcome: torchrun.Outcome, point_dir: Path,
+                  launched_at: str, device_wait_s: float, peak: flops.PeakFlops) -> tuple[Launch, dict[str, Any]]:
+    """One launch as the record's `repeats` keeps it, and the `env` it ran in (what the ranks reported, or the
+    host's when rank 0 wrote nothing)."""
+    this = Launch(status=outcome.status, error=outcome.error,
+                  timing=LaunchTiming(launched_at=launched_at, device_wait_s=device_wait_s,
+                                      torchrun_wall_s=outcome.wall_s))
+    report = WorkerReport.read(point_dir / WORKER_OUTPUT)
+    if outcome.status == OK and report is not None:
+        this.metrics = throughput_metrics(report, derived, peak)
+        this.timing.launch_overhead_s = outcome.wall_s - report.measured_window_s
+        return this, {**report.env, "warmup_steps_run": report.warmup_steps_run, "compile": report.compile}
     if outcome.status == OK:
-        this.update(status=FAILED, error=f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}")
+        this.status, this.error = FAILED, f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}"
     return this, _host_env(c)
 
 
@@ -214,36 +216,37 @@ def _derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
     }
 
 
-def _finish(record: dict[str, Any], point_dir: Path, t0: float, cfg: dict[str, Any]) -> dict[str, Any]:
+def _finish(record: Record, point_dir: Path, t0: float, cfg: dict[str, Any]) -> dict[str, Any]:
     """Time, write atomically, announce the record, then log it to W&B (which may fail harmlessly)."""
-    record["timing"]["wall_s"] = time.perf_counter() - t0
-    write_json_atomic(point_dir / RESULT_FILE, record)
+    record.timing.wall_s = time.perf_counter() - t0
+    record.write(point_dir / RESULT_FILE)
     inflight.clear(point_dir)
     print(_summary_line(record), flush=True)
-    wandb_log.log_point(record, cfg["logger"], cfg["sweep_dir"])
-    return record
+    written = record.to_dict()
+    wandb_log.log_point(written, cfg["logger"], cfg["sweep_dir"])
+    return written
 
 
-def _summary_line(record: dict[str, Any]) -> str:
+def _summary_line(record: Record) -> str:
     """`[scaling] key status tokens/s/GPU mfu peak (point) error` for the job's log."""
-    c, m = record["config"], record.get("metrics") or {}
+    c, m = record.config, record.metrics or {}
     point = (f"model={c['model']['name']} seq={c['train']['seq_len']} mbs={c['train']['mbs']} "
-             f"ga={(record.get('derived') or {}).get('grad_acc', c['train']['grad_acc'])} "
+             f"ga={(record.derived or {}).get('grad_acc', c['train']['grad_acc'])} "
              f"dp={c['parallel']['dp']} zero={c['parallel']['zero_stage']}")
     figures = ""
     if m:
         figures = (f" tokens/s/GPU={m['tokens_per_s_per_gpu']:.1f} mfu={100 * m['mfu']:.2f}%"
                    f" peak={format_bytes(m['peak_mem_bytes'])}")
-    error = f" error: {record['error']}" if record.get("error") else ""
-    return f"[scaling] {record['job_key']} {record['status']}{figures} ({point}){error}"
+    error = f" error: {record.error}" if record.error else ""
+    return f"[scaling] {record.job_key} {record.status}{figures} ({point}){error}"
 
 
-def hydra_provenance(hydra: DictConfig) -> dict[str, Any]:
+def hydra_provenance(hydra: DictConfig) -> Provenance:
     """What made this job: Hydra's job number (multirun) and task overrides, and the Optuna trial number
     when the scaling_optuna sweeper made it (its jobs are numbered by trial)."""
     num = OmegaConf.select(hydra, "job.num", default=None, throw_on_missing=False)
     searched = OmegaConf.select(hydra, "sweeper._target_") == OPTUNA_SWEEPER
-    return {"hydra_job_num": num, "overrides": list(hydra.overrides.task), "optuna_trial": num if searched else None}
+    return Provenance(hydra_job_num=num, overrides=list(hydra.overrides.task), optuna_trial=num if searched else None)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

@@ -1,22 +1,27 @@
 """The record store: one `<sweep_dir>/<job_key>/result.json` per experiment point.
 
-Owns the job key (a stable hash of the experiment-defining config), the statuses, the resume rule
-(which stored records answer a point, and which of its launches a new run keeps), and the atomic
-write (temp file + `os.replace`), so a killed driver never leaves half a record behind.
+Owns the record's type (`Record`, its launches `Launch` and its `Provenance` and `Timing`, whose
+`to_dict` is the JSON written), the job key (a stable hash of the experiment-defining config), the
+statuses, the resume rule (which stored records answer a point, and which of its launches a new run
+keeps), and the atomic write (temp file + `os.replace`), so a killed driver never leaves half a
+record behind. Readers that only look (analysis, status, the sweepers) read the JSON as dicts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from scaling.core.schema import EXPERIMENT_GROUPS
-from scaling.engine.jobfiles import RESULT_FILE, read_json
+from scaling.engine.jobfiles import RESULT_FILE, read_json, write_json_atomic
 
 SCHEMA_VERSION = 1
+"""The record's file format; a field added with a default for older records keeps it."""
 SWEEP_INDEX = "sweep.json"
 """The sweep directory's index: name, start, hardware and one entry per run of the sweep."""
 
@@ -24,6 +29,166 @@ OK, OOM, PREDICTED_OOM, TIMEOUT, FAILED, INVALID = "ok", "oom", "predicted_oom",
 STATUSES = (OK, OOM, PREDICTED_OOM, TIMEOUT, FAILED, INVALID)
 FINAL_STATUSES = frozenset({OK, OOM, PREDICTED_OOM, INVALID})
 """A re-run skips these; `failed` and `timeout` are retried only when asked (launch.rerun)."""
+
+
+def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of `data` that are fields of the dataclass `cls` (a newer writer's extra keys are left out)."""
+    return {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+
+
+@dataclass(kw_only=True)
+class LaunchTiming:
+    """Where the time of one launch went."""
+
+    launched_at: Optional[str] = None
+    """When torchrun started: ISO 8601, UTC, microseconds."""
+    device_wait_s: Optional[float] = None
+    """Seconds spent waiting for the device lease before the launch."""
+    torchrun_wall_s: Optional[float] = None
+    """Seconds from starting torchrun to its exit."""
+    launch_overhead_s: Optional[float] = None
+    """torchrun_wall_s minus the timed window, seconds: start-up, build, warm-up, teardown (None unless ok)."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LaunchTiming:
+        """A launch's timing as stored; what it lacks is None."""
+        return cls(**_known(cls, data))
+
+
+@dataclass(kw_only=True)
+class Launch:
+    """One torchrun launch of a point, as the record's `repeats` keeps it."""
+
+    status: Optional[str] = None
+    """The launch's outcome: ok, oom, timeout or failed."""
+    error: Optional[str] = None
+    """The error's last line; None when ok."""
+    metrics: Optional[dict[str, Any]] = None
+    """Its own metrics block (scaling.job.metrics); None unless ok (an oom may carry its measured peak)."""
+    timing: LaunchTiming = field(default_factory=LaunchTiming)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The launch as the record's `repeats` holds it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Launch:
+        """A launch as stored; what it lacks is None."""
+        return cls(status=data.get("status"), error=data.get("error"), metrics=data.get("metrics"),
+                   timing=LaunchTiming.from_dict(data.get("timing") or {}))
+
+
+@dataclass(kw_only=True)
+class Provenance:
+    """What made a record."""
+
+    hydra_job_num: Optional[int] = None
+    """Hydra's job number in its multirun; None for a single run."""
+    overrides: list[str] = field(default_factory=list)
+    """The task overrides of the Hydra job."""
+    optuna_trial: Optional[int] = None
+    """The Optuna trial number when the scaling_optuna sweeper made the point."""
+    slurm_job_id: Optional[str] = None
+    """`<job>` or `<array>_<task>` under SLURM; None outside it."""
+    attempt: Optional[int] = None
+    """1 for the first record of a point, one more each time it is recorded again."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Provenance:
+        """Provenance as stored; what it lacks is None (no overrides)."""
+        return cls(**_known(cls, data))
+
+
+@dataclass(kw_only=True)
+class Timing:
+    """Where the time of one run of the driver on a point went (the launches it made, summed)."""
+
+    started_at: Optional[str] = None
+    """When the job began judging the point: ISO 8601, UTC, seconds."""
+    wall_s: Optional[float] = None
+    """Seconds from the job's start on the point to its record."""
+    device_wait_s: Optional[float] = None
+    """Seconds waiting for the device lease, over this run's launches."""
+    launched_at: Optional[str] = None
+    """When this run's first launch started torchrun (LaunchTiming.launched_at)."""
+    torchrun_wall_s: Optional[float] = None
+    """Seconds in torchrun, over this run's launches."""
+    launch_overhead_s: Optional[float] = None
+    """Seconds of torchrun outside the timed windows, over this run's ok launches."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Timing:
+        """Timing as stored; what it lacks is None."""
+        return cls(**_known(cls, data))
+
+    def with_launches(self, launches: Sequence[Launch]) -> Timing:
+        """This timing with the launches of one run of the driver: the first start, and the device wait,
+        torchrun wall and launch overhead summed (each launch keeps its own in `repeats`)."""
+        def total(values: Iterable[Optional[float]]) -> Optional[float]:
+            present = [v for v in values if v is not None]
+            return sum(present) if present else None
+
+        times = [launch.timing for launch in launches]
+        return dataclasses.replace(self, launched_at=times[0].launched_at if times else None,
+                                   device_wait_s=total(t.device_wait_s for t in times),
+                                   torchrun_wall_s=total(t.torchrun_wall_s for t in times),
+                                   launch_overhead_s=total(t.launch_overhead_s for t in times))
+
+
+@dataclass(kw_only=True)
+class Record:
+    """One experiment point's `result.json`: `to_dict()` is the file, field by field in this order.
+
+    The blocks that are open by design (config, derived, metrics, predicted, env) stay dicts; README's
+    "The record" lists their keys.
+    """
+
+    schema_version: Optional[int] = SCHEMA_VERSION
+    """The file format (`SCHEMA_VERSION`); None in a record written before it was stated."""
+    job_key: str
+    """Stable hash of the experiment-defining config (`job_key`)."""
+    sweep: Optional[str] = None
+    """The sweep's name."""
+    status: Optional[str] = None
+    """One of `STATUSES`; None only while the point is being judged."""
+    error: Optional[str] = None
+    """Why the point is not ok, in one line; None when ok."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """The resolved experiment config: model, train, parallel, hardware (`experiment_config`)."""
+    derived: Optional[dict[str, Any]] = None
+    """Batch arithmetic, parameter count and FLOPs per token; None for an invalid point."""
+    metrics: Optional[dict[str, Any]] = None
+    """Throughput, efficiency and memory over the ok launches (scaling.job.metrics); None unless ok."""
+    repeats: Optional[list[Launch]] = field(default_factory=list)
+    """Every launch, in order; None in a record written before launches were kept (its one launch is itself)."""
+    predicted: Optional[dict[str, Any]] = None
+    """The memory prediction (scaling.predictor.analytic.prescreen); None for an invalid point."""
+    env: Optional[dict[str, Any]] = None
+    """Where the point ran, as the ranks reported it (or the host's, when no rank did)."""
+    provenance: Provenance = field(default_factory=Provenance)
+    timing: Timing = field(default_factory=Timing)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as result.json holds it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Record:
+        """A stored record, of this version or an older one: what it lacks is None or empty."""
+        if "job_key" not in data:
+            raise ValueError(f"a record needs a job_key; this one has only {sorted(data)}")
+        repeats = data.get("repeats")
+        return cls(schema_version=data.get("schema_version"), job_key=data["job_key"], sweep=data.get("sweep"),
+                   status=data.get("status"), error=data.get("error"), config=data.get("config") or {},
+                   derived=data.get("derived"), metrics=data.get("metrics"),
+                   repeats=None if repeats is None else [Launch.from_dict(launch) for launch in repeats],
+                   predicted=data.get("predicted"), env=data.get("env"),
+                   provenance=Provenance.from_dict(data.get("provenance") or {}),
+                   timing=Timing.from_dict(data.get("timing") or {}))
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Write the record atomically as JSON."""
+        write_json_atomic(path, self.to_dict())
 
 
 def experiment_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,13 +282,3 @@ def store_answers(record: Optional[Mapping[str, Any]], key: str, launch: Mapping
         return False
     return should_skip(record, launch["rerun"], launch["repeats"])
 
-
-def launches_timing(launches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The record's launch timing over the launches of one run of the driver: the first start, and the
-    device wait, torchrun wall and launch overhead summed (each launch keeps its own in `repeats`)."""
-    def total(key: str) -> Optional[float]:
-        values = [launch["timing"][key] for launch in launches if launch["timing"].get(key) is not None]
-        return sum(values) if values else None
-
-    return {"launched_at": launches[0]["timing"]["launched_at"] if launches else None,
-            **{key: total(key) for key in ("device_wait_s", "torchrun_wall_s", "launch_overhead_s")}}
