@@ -11,17 +11,12 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from scaling.core.schema import HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
+from scaling.engine.enums import Status
 from scaling.engine.jobfiles import write_json_atomic
 from scaling.store.record import (
-    FAILED,
-    INVALID,
-    OK,
-    OOM,
-    PREDICTED_OOM,
     RESULT_FILE,
     SCHEMA_VERSION,
     SWEEP_INDEX,
-    TIMEOUT,
     job_dir,
     job_key,
 )
@@ -45,7 +40,7 @@ def peak_mem_bytes(seq_len: int, mbs: int, dp: int, zero_stage: int) -> int:
 
 
 def make_record(
-    status: str = OK,
+    status: str = Status.OK,
     *,
     model: str = "tiny",
     seq_len: int = 256,
@@ -86,7 +81,7 @@ def make_record(
     peak = peak_mem_bytes_value or peak_mem_bytes(seq_len, mbs, dp, zero_stage)
     predicted = predicted_bytes if predicted_bytes is not None else int(peak * 1.05)
     metrics = None
-    if status == OK:
+    if status == Status.OK:
         step_time_s = gbs * seq_len / (tps_gpu * dp)
         metrics = {
             "tokens_per_s": tps_gpu * dp,
@@ -106,12 +101,12 @@ def make_record(
             "peak_flops_source": "config",
             "losses": [6.2, 6.1, 6.0],
         }
-    elif status == OOM:
+    elif status == Status.OOM:
         metrics = {"peak_mem_bytes": int(memory_gb * GIB)}
-    errors = {OK: None, OOM: "torch.OutOfMemoryError: emulated capacity exceeded",
-              PREDICTED_OOM: f"predicted {predicted / GIB:.1f} GiB > capacity {memory_gb} GiB",
-              TIMEOUT: "timed out after 600 s", FAILED: "RuntimeError: rank 1 crashed",
-              INVALID: f"parallel.dp={dp} does not divide train.gbs"}
+    errors = {Status.OK: None, Status.OOM: "torch.OutOfMemoryError: emulated capacity exceeded",
+              Status.PREDICTED_OOM: f"predicted {predicted / GIB:.1f} GiB > capacity {memory_gb} GiB",
+              Status.TIMEOUT: "timed out after 600 s", Status.FAILED: "RuntimeError: rank 1 crashed",
+              Status.INVALID: f"parallel.dp={dp} does not divide train.gbs"}
     return {
         "schema_version": SCHEMA_VERSION,
         "job_key": job_key(config),
@@ -122,7 +117,7 @@ def make_record(
         "derived": {"n_params": n_params, "flops_per_token": flops_per_token, "gbs": gbs,
                     "gbs_tokens": gbs * seq_len, "grad_acc": grad_acc, "world_size": dp},
         "metrics": metrics,
-        "predicted": None if status == INVALID else
+        "predicted": None if status == Status.INVALID else
         {"peak_mem_bytes": predicted, "method": "analytic", "fits": predicted <= memory_gb * GIB,
          "analytic": {"method": "analytic", "peak_mem_bytes": predicted}, "traced": None},
         "env": {"torch": "2.13.0", "python": "3.11.7", "device_name": "NVIDIA H100", "backend": "nccl",
@@ -132,7 +127,7 @@ def make_record(
     }
 
 
-FAILURES = {(0, 2, 1024, 1): TIMEOUT, (0, 2, 1024, 2): FAILED, (1, 2, 1024, 1): INVALID}
+FAILURES = {(0, 2, 1024, 1): Status.TIMEOUT, (0, 2, 1024, 2): Status.FAILED, (1, 2, 1024, 1): Status.INVALID}
 """Grid points (zero_stage, dp, seq_len, mbs) that `grid_records` turns into each non-memory failure."""
 
 
@@ -157,9 +152,9 @@ def grid_records(
                 for mbs in mbss:
                     if (seq_len, mbs) == (seq_lens[-1], mbss[-1]):
                         continue
-                    status = FAILURES.get((zero_stage, dp, seq_len, mbs), OK)
+                    status = FAILURES.get((zero_stage, dp, seq_len, mbs), Status.OK)
                     if peak_mem_bytes(seq_len, mbs, dp, zero_stage) > memory_gb * GIB:
-                        status = PREDICTED_OOM if mbs == mbss[-1] else OOM
+                        status = Status.PREDICTED_OOM if mbs == mbss[-1] else Status.OOM
                     records.append(make_record(status, seq_len=seq_len, mbs=mbs, grad_acc=max(8 // dp, 1), dp=dp,
                                                zero_stage=zero_stage, sweep=sweep, memory_gb=memory_gb))
     return records

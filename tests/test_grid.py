@@ -13,7 +13,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from scaling.core.schema import CONF_DIR, EXPERIMENT_GROUPS, register_configs
-from scaling.store.record import FAILED, OK, OOM, PREDICTED_OOM, job_key
+from scaling.engine.enums import Status
+from scaling.store.record import job_key
 from scaling.sweep.compose import sweep_file_grid
 from scaling.sweep.grid import (
     LAUNCH,
@@ -122,12 +123,12 @@ def _point(status, wall_s=10.0, done=True):
 
 def test_forecast_counts_and_estimates_from_recorded_wall_times():
     f = Forecast()
-    for status, wall in [(OK, 10.0), (OK, 30.0), (OOM, 20.0), (PREDICTED_OOM, 0.01)]:
+    for status, wall in [(Status.OK, 10.0), (Status.OK, 30.0), (Status.OOM, 20.0), (Status.PREDICTED_OOM, 0.01)]:
         f.add(_point(status, wall), None)
-    for forecast in [LAUNCH] * 5 + [PREDICTED_OOM, "invalid"]:
+    for forecast in [LAUNCH] * 5 + [Status.PREDICTED_OOM, "invalid"]:
         f.add(_point(None, done=False), forecast)
     f.add(_point(None, done=False), LAUNCH, in_flight=True)
-    assert f.points == 12 and f.recorded == Counter({OK: 2, OOM: 1, PREDICTED_OOM: 1}) and f.in_flight == 1
+    assert f.points == 12 and f.recorded == Counter({Status.OK: 2, Status.OOM: 1, Status.PREDICTED_OOM: 1}) and f.in_flight == 1
     assert f.wall_s(at_once=1) == 5 * 20.0 and f.wall_s(at_once=2) == 3 * 20.0  # waves of the median
     head, wall = f.lines("g", at_once=2)
     assert head == ("sweep g: 12 points: 7 new (5 to launch, 1 predicted_oom, 1 invalid), "
@@ -142,7 +143,7 @@ def test_forecast_counts_and_estimates_from_recorded_wall_times():
 
 def test_predict_new_follows_validation_and_the_prescreen():
     assert predict_new(compose_point(["parallel.zero_stage=5"]))["status"] == "invalid"
-    assert predict_new(compose_point(["hardware.memory_gb=0.0001"]))["status"] == PREDICTED_OOM
+    assert predict_new(compose_point(["hardware.memory_gb=0.0001"]))["status"] == Status.PREDICTED_OOM
     assert predict_new(compose_point(["hardware.memory_gb=0.0001", "launch.prescreen=false"]))["status"] == LAUNCH
     assert predict_new(compose_point(["hardware.memory_gb=0.0001", "launch.prescreen_sample=1"]))["status"] == LAUNCH
     assert predict_new(compose_point([]))["status"] == LAUNCH
@@ -150,11 +151,11 @@ def test_predict_new_follows_validation_and_the_prescreen():
 
 def test_store_answers_as_run_point_decides():
     launch = {"rerun": "none", "prescreen_sample": 0.0, "repeats": 1}
-    assert store_answers({"status": PREDICTED_OOM}, "0" * 12, launch)
-    assert not store_answers({"status": PREDICTED_OOM}, "0" * 12, {**launch, "prescreen_sample": 1.0})  # the sample runs
-    assert store_answers({"status": FAILED}, "0" * 12, launch)
-    assert not store_answers({"status": FAILED}, "0" * 12, {**launch, "rerun": "failed"})
+    assert store_answers({"status": Status.PREDICTED_OOM}, "0" * 12, launch)
+    assert not store_answers({"status": Status.PREDICTED_OOM}, "0" * 12, {**launch, "prescreen_sample": 1.0})  # the sample runs
+    assert store_answers({"status": Status.FAILED}, "0" * 12, launch)
+    assert not store_answers({"status": Status.FAILED}, "0" * 12, {**launch, "rerun": "failed"})
     assert not store_answers(None, "0" * 12, launch)
-    one_launch = {"status": OK, "repeats": [{"status": OK, "metrics": {}}]}
+    one_launch = {"status": Status.OK, "repeats": [{"status": Status.OK, "metrics": {}}]}
     assert store_answers(one_launch, "0" * 12, launch)
     assert not store_answers(one_launch, "0" * 12, {**launch, "repeats": 2})  # the missing repeat is launched

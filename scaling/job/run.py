@@ -29,6 +29,7 @@ from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.units import format_bytes
 from scaling.core.validate import Derived, InvalidConfig, validate
 from scaling.engine import flops
+from scaling.engine.enums import Status
 from scaling.engine.jobfiles import (
     CONFIG_FILE,
     ELASTIC_LOGS,
@@ -44,10 +45,6 @@ from scaling.launch import devices, slurm, torchrun
 from scaling.predictor.analytic import prescreen
 from scaling.store import inflight
 from scaling.store.record import (
-    FAILED,
-    INVALID,
-    OK,
-    PREDICTED_OOM,
     RESULT_FILE,
     SCHEMA_VERSION,
     experiment_config,
@@ -86,11 +83,11 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
     try:
         derived = validate(cfg)
     except InvalidConfig as e:
-        return _finish(_ended(record, INVALID, str(e), c), point_dir, t0, cfg)
+        return _finish(_ended(record, Status.INVALID, str(e), c), point_dir, t0, cfg)
     record["derived"] = _derived_block(c, derived)
     record["predicted"] = prediction = prescreen(cfg, derived.grad_acc)
     if prediction["skip"] and not prediction["sampled"]:  # predicted > (1 + prescreen_margin) x capacity
-        return _finish(_ended(record, PREDICTED_OOM, prediction["reason"], c), point_dir, t0, cfg)
+        return _finish(_ended(record, Status.PREDICTED_OOM, prediction["reason"], c), point_dir, t0, cfg)
 
     point_dir.mkdir(parents=True, exist_ok=True)
     runtime = {"job_key": key, "pg_timeout_s": torchrun.process_group_timeout_s(c.launch.timeout_s)}
@@ -102,7 +99,7 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
                                 os.environ, c.launch.master_port)
         lease = devices.request(cfg, os.environ)
     except ValueError as e:
-        return _finish(_ended(record, FAILED, str(e), c), point_dir, t0, cfg)
+        return _finish(_ended(record, Status.FAILED, str(e), c), point_dir, t0, cfg)
 
     lead = slurm.is_lead_task(os.environ)  # the task that writes the record (the only one outside multi-node SLURM)
     if lead:  # until _finish writes the record: `scaling status` and a re-run see the point in flight
@@ -154,16 +151,16 @@ def _launch_repeats(c: ExperimentConfig, cfg: dict[str, Any], record: dict[str, 
             outcome = torchrun.launch_torchrun(argv, point_dir, c.launch.timeout_s, env, log_name)
             torchrun.end_point_processes(point_dir / CONFIG_FILE)
         if not lead:  # another node's task of a multi-node point: its lead task writes the record
-            if outcome.status != OK:
+            if outcome.status != Status.OK:
                 return
             continue
         this, env_block = _launch_entry(c, record, outcome, point_dir, launched_at, held.wait_s, peak)
         launches.append(this)
         record.update(status=this["status"], error=this["error"], repeats=launches, env={**env_block, "devices": held.visible},
                       metrics=repeats_metrics([r["metrics"] for r in launches], record["derived"])
-                      if this["status"] == OK else None)
+                      if this["status"] == Status.OK else None)
         record["timing"].update(launches_timing(launches[kept:]))
-        if this["status"] != OK:
+        if this["status"] != Status.OK:
             return
         write_json_atomic(point_dir / RESULT_FILE, record)
 
@@ -176,13 +173,13 @@ def _launch_entry(c: ExperimentConfig, record: dict[str, Any], outcome: torchrun
             "timing": {"launched_at": launched_at, "device_wait_s": device_wait_s, "torchrun_wall_s": outcome.wall_s,
                        "launch_overhead_s": None}}
     worker_out = read_json(point_dir / WORKER_OUTPUT)
-    if outcome.status == OK and worker_out is not None:
+    if outcome.status == Status.OK and worker_out is not None:
         this["metrics"] = throughput_metrics(worker_out, record["derived"], peak)
         this["timing"]["launch_overhead_s"] = outcome.wall_s - worker_out["measured_window_s"]
         return this, {**worker_out["env"], "warmup_steps_run": worker_out["warmup_steps_run"],
                       "compile": worker_out["compile"]}
-    if outcome.status == OK:
-        this.update(status=FAILED, error=f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}")
+    if outcome.status == Status.OK:
+        this.update(status=Status.FAILED, error=f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}")
     return this, _host_env(c)
 
 

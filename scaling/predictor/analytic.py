@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Optional
 
 from scaling.core.units import GIB
+from scaling.engine.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.engine.model import ModelArgs, param_count
 from scaling.store.record import job_key
 
@@ -79,8 +80,8 @@ class ModelState:
 def model_state_bytes(n_params: int, zero_stage: int, dp: int, per_param: StateBytes = PLAYBOOK_MIXED) -> ModelState:
     """The Playbook's per-rank model state: ZeRO-1 2Ψ + 2Ψ + kΨ/dp, ZeRO-2 2Ψ + (2Ψ + kΨ)/dp,
     ZeRO-3 (4Ψ + kΨ)/dp (mixed precision; PLAYBOOK_FP32 gives the fp32 version)."""
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"parallel.zero_stage={zero_stage!r} is not valid: choose one of 0, 1, 2, 3")
+    if zero_stage not in tuple(ZeroStage):
+        raise ValueError(f"parallel.zero_stage={zero_stage!r} is not valid: choose one of {', '.join(map(str, ZeroStage))}")
     if dp < 1:
         raise ValueError(f"parallel.dp={dp!r} must be a positive integer")
     psi = float(n_params)
@@ -284,25 +285,25 @@ def analytic_peak(
     mbs: int,
     dp: int = 1,
     zero_stage: int = 0,
-    precision: str = "fp32",
-    recompute: str = "none",
+    precision: str = Precision.FP32,
+    recompute: str = Recompute.NONE,
     grad_acc: int = 1,
-    fsdp_grad_reduce: str = "every_micro_step",
+    fsdp_grad_reduce: str = FsdpGradReduce.EVERY_MICRO_STEP,
 ) -> MemoryBreakdown:
     """Predicted peak bytes per rank of one training step of this project's model, by phase."""
     a = model if isinstance(model, ModelArgs) else ModelArgs.from_dict(model)
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"train.precision={precision!r} is not valid: choose fp32 or bf16")
-    if recompute not in ("none", "full"):
-        raise ValueError(f"train.recompute={recompute!r} is not valid: choose none or full")
+    if precision not in tuple(Precision):
+        raise ValueError(f"train.precision={precision!r} is not valid: choose {' or '.join(Precision)}")
+    if recompute not in tuple(Recompute):
+        raise ValueError(f"train.recompute={recompute!r} is not valid: choose {' or '.join(Recompute)}")
     s = _Shapes(a.n_layers, a.hidden, a.n_kv_heads * a.head_dim, a.ffn_hidden, a.n_heads, a.head_dim,
                 a.vocab_size, a.tie_embeddings, seq_len, mbs)
-    bf16, fsdp, full = precision == "bf16", zero_stage >= 2, recompute == "full"
+    bf16, fsdp, full = precision == Precision.BF16, zero_stage >= 2, recompute == Recompute.FULL
     psi, t, h, V = param_count(a), s.t, s.h, s.V
     cu = BF16 if bf16 else FP32  # bytes of a weight's compute copy
 
     # Model state through forward and backward.
-    accumulate_unsharded = fsdp and grad_acc > 1 and fsdp_grad_reduce == "last_micro_step"
+    accumulate_unsharded = fsdp and grad_acc > 1 and fsdp_grad_reduce == FsdpGradReduce.LAST_MICRO_STEP
     if not fsdp:
         params = FP32 * psi
         grads = FP32 * psi  # DDP's buckets; accumulation adds into them (gradients are views of the buckets)

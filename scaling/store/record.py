@@ -1,8 +1,9 @@
 """The record store: one `<sweep_dir>/<job_key>/result.json` per experiment point.
 
-Owns the job key (a stable hash of the experiment-defining config), the statuses, the resume rule
-(which stored records answer a point, and which of its launches a new run keeps), and the atomic
-write (temp file + `os.replace`), so a killed driver never leaves half a record behind.
+Owns the job key (a stable hash of the experiment-defining config), the resume rule (which stored
+records answer a point, and which of its launches a new run keeps), and the atomic write (temp file +
+`os.replace`), so a killed driver never leaves half a record behind. The statuses are
+scaling.engine.enums.Status.
 """
 
 from __future__ import annotations
@@ -14,16 +15,12 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from scaling.core.schema import EXPERIMENT_GROUPS
+from scaling.engine.enums import FINAL, Status
 from scaling.engine.jobfiles import RESULT_FILE, read_json
 
 SCHEMA_VERSION = 1
 SWEEP_INDEX = "sweep.json"
 """The sweep directory's index: name, start, hardware and one entry per run of the sweep."""
-
-OK, OOM, PREDICTED_OOM, TIMEOUT, FAILED, INVALID = "ok", "oom", "predicted_oom", "timeout", "failed", "invalid"
-STATUSES = (OK, OOM, PREDICTED_OOM, TIMEOUT, FAILED, INVALID)
-FINAL_STATUSES = frozenset({OK, OOM, PREDICTED_OOM, INVALID})
-"""A re-run skips these; `failed` and `timeout` are retried only when asked (launch.rerun)."""
 
 
 def experiment_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -80,9 +77,10 @@ def ok_launches(record: Optional[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if record is None:
         return []
     if isinstance(record.get("repeats"), list):
-        return [dict(launch) for launch in record["repeats"] if launch.get("status") == OK]
-    if record.get("status") == OK and record.get("metrics"):
-        return [{"status": OK, "error": None, "metrics": record["metrics"], "timing": dict(record.get("timing") or {})}]
+        return [dict(launch) for launch in record["repeats"] if launch.get("status") == Status.OK]
+    if record.get("status") == Status.OK and record.get("metrics"):
+        return [{"status": Status.OK, "error": None, "metrics": record["metrics"],
+                 "timing": dict(record.get("timing") or {})}]
     return []
 
 
@@ -96,11 +94,11 @@ def should_skip(record: Optional[Mapping[str, Any]], rerun: str, repeats: int = 
     statuses always, failed/timeout unless rerun. An ok point with fewer launches is not done."""
     if record is None or rerun == "all":
         return False
-    if record.get("status") == OK:
+    if record.get("status") == Status.OK:
         return len(ok_launches(record)) >= repeats
     if rerun == "failed":
-        return record.get("status") in FINAL_STATUSES
-    return record.get("status") in STATUSES
+        return record.get("status") in FINAL
+    return record.get("status") in tuple(Status)
 
 
 def launches_timing(launches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -27,25 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
-from scaling.store.record import (
-    FAILED,
-    INVALID,
-    OK,
-    OOM,
-    PREDICTED_OOM,
-    STATUSES,
-    TIMEOUT,
-    job_key,
-    output_dir,
-    read_record,
-    should_skip,
-)
+from scaling.engine.enums import LAUNCHED, Status
+from scaling.store.record import job_key, output_dir, read_record, should_skip
 
 if TYPE_CHECKING:  # OmegaConf is imported where it is used: `scaling status` reads records only
     from omegaconf import DictConfig
 
-LAUNCHED_STATUSES = (OK, OOM, TIMEOUT, FAILED)
-"""Statuses of points that ran torchrun: their wall time says what a launch costs."""
 LAUNCH = "launch"
 """Forecast of a new point that passes validation and the pre-screen: it runs torchrun."""
 
@@ -165,7 +152,7 @@ def store_answers(record: Optional[Mapping[str, Any]], key: str, launch: Mapping
     """Whether a stored record answers its point, so that it is not run again: `should_skip` under
     launch.rerun, except a predicted_oom point that the pre-screen's sample (launch.prescreen_sample)
     runs anyway. run_point and the grid sweeper both decide by it."""
-    if record is not None and record.get("status") == PREDICTED_OOM:
+    if record is not None and record.get("status") == Status.PREDICTED_OOM:
         from scaling.predictor.analytic import sampled
 
         if sampled(key, launch["prescreen_sample"]):
@@ -193,13 +180,13 @@ def predict_new(cfg: Mapping[str, Any], traced: bool = False) -> dict[str, Any]:
     try:
         grad_acc = validate(cfg).grad_acc
     except InvalidConfig as e:
-        return {"status": INVALID, "error": str(e), "predicted": None}
+        return {"status": Status.INVALID, "error": str(e), "predicted": None}
     launch = cfg["launch"]
     predicted = prescreen({**cfg, "launch": {**launch, "prescreen": launch["prescreen"] and traced}}, grad_acc)
     capacity, margin = predicted["capacity_bytes"], float(launch["prescreen_margin"])
     skip = launch["prescreen"] and capacity is not None and predicted["peak_mem_bytes"] > (1 + margin) * capacity
     skip = skip and not sampled(job_key(cfg), float(launch["prescreen_sample"]))  # the sample runs anyway
-    return {"status": PREDICTED_OOM if skip else LAUNCH, "error": None, "predicted": predicted}
+    return {"status": Status.PREDICTED_OOM if skip else LAUNCH, "error": None, "predicted": predicted}
 
 
 @dataclass
@@ -222,7 +209,7 @@ class Forecast:
         """Count one point: recorded, in flight, or new with its forecast (from predict_new)."""
         self.points += 1
         if point.record is not None and (point.record.get("timing") or {}).get("wall_s") is not None \
-                and point.record.get("status") in LAUNCHED_STATUSES:
+                and point.record.get("status") in LAUNCHED:
             self.launched_wall_s.append(float(point.record["timing"]["wall_s"]))
         if point.done:
             self.recorded[point.record["status"]] += 1
@@ -242,8 +229,8 @@ class Forecast:
     def lines(self, name: str, at_once: int) -> list[str]:
         """The grid's size and counts, then the wall-time estimate, as printed before a run."""
         new = sum(self.new.values())
-        parts = [f"{new} new ({self.new[LAUNCH]} to launch, {self.new[PREDICTED_OOM]} predicted_oom, "
-                 f"{self.new[INVALID]} invalid)", f"{sum(self.recorded.values())} recorded"
+        parts = [f"{new} new ({self.new[LAUNCH]} to launch, {self.new[Status.PREDICTED_OOM]} predicted_oom, "
+                 f"{self.new[Status.INVALID]} invalid)", f"{sum(self.recorded.values())} recorded"
                  + (f" ({status_list(self.recorded)})" if self.recorded else "")]
         if self.in_flight:
             parts.append(f"{self.in_flight} in flight")
@@ -264,8 +251,8 @@ class Forecast:
 
 
 def status_list(counts: Mapping[str, int]) -> str:
-    """'40 ok, 12 oom': the non-zero counts, in the order of STATUSES."""
-    return ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts.get(s))
+    """'40 ok, 12 oom': the non-zero counts, in the order of scaling.engine.enums.Status."""
+    return ", ".join(f"{counts[s]} {s}" for s in Status if counts.get(s))
 
 
 def format_duration(seconds: float) -> str:

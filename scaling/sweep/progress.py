@@ -35,9 +35,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.units import format_bytes
+from scaling.engine.enums import Status
 from scaling.engine.jobfiles import read_json, write_json_atomic
 from scaling.store import inflight
-from scaling.store.record import FAILED, SWEEP_INDEX, TIMEOUT, iter_records
+from scaling.store.record import SWEEP_INDEX, iter_records
 from scaling.sweep.grid import status_list
 
 
@@ -46,7 +47,7 @@ class PointsFailed(Exception):
 
     def __init__(self, counts: Counter) -> None:
         self.counts = counts
-        bad = ", ".join(f"{counts[s]} {s}" for s in (TIMEOUT, FAILED) if counts[s])
+        bad = ", ".join(f"{counts[s]} {s}" for s in (Status.TIMEOUT, Status.FAILED) if counts[s])
         super().__init__(f"{bad} of {sum(counts.values())} points (every point ran; each record has its error)")
 
 
@@ -84,7 +85,7 @@ def closing_line(name: str, sweep_dir: str | Path, counts: Counter, in_flight: i
 
 def has_failures(counts: Counter) -> bool:
     """A sweep with crashed or timed-out points exits non-zero (after finishing every point)."""
-    return counts[FAILED] + counts[TIMEOUT] > 0
+    return counts[Status.FAILED] + counts[Status.TIMEOUT] > 0
 
 
 def raise_for_failures(counts: Optional[Counter]) -> None:

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from scaling.engine.enums import LAUNCHED
 from scaling.engine.jobfiles import RESULT_FILE, read_json
 from scaling.store import inflight
 from scaling.store.record import SWEEP_INDEX, should_skip
-from scaling.sweep.grid import LAUNCHED_STATUSES, format_duration, status_list
+from scaling.sweep.grid import format_duration, status_list
 
 SHOWN = 8
 """Running points listed one per line; the rest are counted."""
@@ -118,7 +119,7 @@ def summarize(sweep_dir: str, index: Optional[Mapping[str, Any]], records: Mappi
     if keys is not None:
         status.to_run = len([k for k in grid if k not in done and k not in held])
     walls = [float(records[k]["timing"]["wall_s"]) for k in grid if k in records
-             and records[k].get("status") in LAUNCHED_STATUSES and (records[k].get("timing") or {}).get("wall_s") is not None]
+             and records[k].get("status") in LAUNCHED and (records[k].get("timing") or {}).get("wall_s") is not None]
     status.launched = len(walls)
     if walls:
         status.median_wall_s = statistics.median(walls)
