@@ -12,9 +12,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from scaling.core.sample import sampled
 from scaling.core.schema import CONF_DIR, EXPERIMENT_GROUPS, register_configs
 from scaling.engine.enums import Status
-from scaling.store.record import job_key
+from scaling.store.record import answers, job_key
 from scaling.sweep.compose import sweep_file_grid
 from scaling.sweep.grid import (
     LAUNCH,
@@ -22,7 +23,6 @@ from scaling.sweep.grid import (
     GridPoint,
     format_duration,
     predict_new,
-    store_answers,
     survey,
 )
 from tests.compose import REPO, compose_point
@@ -149,13 +149,28 @@ def test_predict_new_follows_validation_and_the_prescreen():
     assert predict_new(compose_point([]))["status"] == LAUNCH
 
 
-def test_store_answers_as_run_point_decides():
-    launch = {"rerun": "none", "prescreen_sample": 0.0, "repeats": 1}
-    assert store_answers({"status": Status.PREDICTED_OOM}, "0" * 12, launch)
-    assert not store_answers({"status": Status.PREDICTED_OOM}, "0" * 12, {**launch, "prescreen_sample": 1.0})  # the sample runs
-    assert store_answers({"status": Status.FAILED}, "0" * 12, launch)
-    assert not store_answers({"status": Status.FAILED}, "0" * 12, {**launch, "rerun": "failed"})
-    assert not store_answers(None, "0" * 12, launch)
+@pytest.mark.parametrize("status, rerun, sample, answered", [
+    ("ok", "none", 1.0, True), ("ok", "failed", 0.0, True), ("ok", "all", 0.0, False),
+    ("oom", "failed", 1.0, True), ("invalid", "failed", 1.0, True), ("oom", "all", 0.0, False),
+    ("predicted_oom", "none", 0.0, True), ("predicted_oom", "failed", 0.0, True),
+    ("predicted_oom", "none", 1.0, False),  # in the pre-screen's sample: it runs
+    ("failed", "none", 1.0, True), ("timeout", "none", 0.0, True),
+    ("failed", "failed", 0.0, False), ("timeout", "failed", 0.0, False),
+    ("unknown", "none", 0.0, False), (None, "none", 0.0, False),
+])
+def test_the_store_answers_a_point_by_one_rule(status, rerun, sample, answered):
+    """run_point, the grid and Optuna sweepers and `scaling status` all ask `answers`."""
+    record = {"status": status, "repeats": [{"status": status}]}
+    assert answers(record, "0" * 12, {"rerun": rerun, "repeats": 1, "prescreen_sample": sample}) is answered
+
+
+def test_the_sample_that_runs_predicted_oom_points_is_chosen_by_job_key():
+    launch = {"rerun": "none", "repeats": 1, "prescreen_sample": 0.5}
+    keys = [f"{i * 7919:012x}" for i in range(200)]
+    inside = [k for k in keys if sampled(k, 0.5)]
+    assert 0 < len(inside) < len(keys)
+    assert all(answers({"status": Status.PREDICTED_OOM}, k, launch) == (k not in inside) for k in keys)
+    assert not answers(None, keys[0], launch)
     one_launch = {"status": Status.OK, "repeats": [{"status": Status.OK, "metrics": {}}]}
-    assert store_answers(one_launch, "0" * 12, launch)
-    assert not store_answers(one_launch, "0" * 12, {**launch, "repeats": 2})  # the missing repeat is launched
+    assert answers(one_launch, keys[0], launch)
+    assert not answers(one_launch, keys[0], {**launch, "repeats": 2})  # the missing repeat is launched

@@ -72,7 +72,7 @@ def test_a_sample_of_predicted_oom_points_runs_anyway_to_measure_the_prescreen(s
     rec = run_point(point(store, capacity_gb, 12, "launch.prescreen_sample=0.0", "launch.rerun=all"))
     assert rec["status"] == Status.PREDICTED_OOM and not rec["predicted"]["sampled"]
     # The sample is chosen by job key: about the asked fraction of keys, the same ones every time.
-    from scaling.predictor.analytic import sampled as in_sample
+    from scaling.core.sample import sampled as in_sample
 
     keys = [f"{i * 7919:012x}" for i in range(2000)]
     share = sum(in_sample(k, 0.1) for k in keys) / len(keys)

@@ -47,6 +47,7 @@ from scaling.store import inflight
 from scaling.store.record import (
     RESULT_FILE,
     SCHEMA_VERSION,
+    answers,
     experiment_config,
     job_dir,
     job_key,
@@ -56,7 +57,6 @@ from scaling.store.record import (
     output_dir,
     read_record,
 )
-from scaling.sweep.grid import store_answers
 
 OPTUNA_SWEEPER = "hydra_plugins.scaling_optuna_sweeper.sweeper.ScalingOptunaSweeper"
 """The `_target_` of the Optuna sweeper (hydra_plugins.scaling_optuna_sweeper takes it from here): its jobs are
@@ -73,7 +73,7 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
     sweep_dir = Path(c.sweep_dir).resolve()
     key = job_key(cfg)
     existing = read_record(sweep_dir, key)
-    if store_answers(existing, key, cfg["launch"]):  # a predicted_oom point in the pre-screen's sample runs anyway
+    if answers(existing, key, cfg["launch"]):  # a predicted_oom point in the pre-screen's sample runs anyway
         print(f"[scaling] {key} already recorded as {existing['status']}: skipped", flush=True)
         return existing
 

@@ -35,6 +35,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Optional
 
+from scaling.core.sample import sampled
 from scaling.core.units import GIB
 from scaling.engine.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.engine.model import ModelArgs, param_count
@@ -362,12 +363,6 @@ def capacity_bytes(cfg: Mapping[str, Any]) -> Optional[int]:
     buffers, the allocator's slack), or None for no limit."""
     hw = cfg["hardware"]
     return None if hw["memory_gb"] is None else int((hw["memory_gb"] - hw["reserve_gb"]) * GIB)
-
-
-def sampled(key: str, fraction: float) -> bool:
-    """Whether a point the pre-screen would skip runs anyway, as part of a `fraction` sample: decided by its
-    job key, so a re-run samples the same points."""
-    return int(key, 16) % 10_000 < round(fraction * 10_000)
 
 
 TRACE_BAND = (0.8, 1.25)

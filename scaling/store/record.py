@@ -1,8 +1,8 @@
 """The record store: one `<sweep_dir>/<job_key>/result.json` per experiment point.
 
-Owns the job key (a stable hash of the experiment-defining config), the resume rule (which stored
-records answer a point, and which of its launches a new run keeps), and the atomic write (temp file +
-`os.replace`), so a killed driver never leaves half a record behind. The statuses are
+Owns the job key (a stable hash of the experiment-defining config), the resume rule (`answers`: which
+stored records answer a point, and which of its launches a new run keeps), and the atomic write (temp
+file + `os.replace`), so a killed driver never leaves half a record behind. The statuses are
 scaling.engine.enums.Status.
 """
 
@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
+from scaling.core.sample import sampled
 from scaling.core.schema import EXPERIMENT_GROUPS
 from scaling.engine.enums import FINAL, Status
 from scaling.engine.jobfiles import RESULT_FILE, read_json
@@ -89,16 +90,20 @@ def kept_launches(record: Optional[Mapping[str, Any]], rerun: str) -> list[dict[
     return [] if rerun == "all" else ok_launches(record)
 
 
-def should_skip(record: Optional[Mapping[str, Any]], rerun: str, repeats: int = 1) -> bool:
-    """Whether a stored record answers the point: ok with at least `repeats` ok launches, the other final
-    statuses always, failed/timeout unless rerun. An ok point with fewer launches is not done."""
-    if record is None or rerun == "all":
+def answers(record: Optional[Mapping[str, Any]], key: str, launch: Mapping[str, Any]) -> bool:
+    """Whether a stored record answers its point, so that it is not run again: ok with at least
+    launch.repeats ok launches (an ok point with fewer launches the missing ones), predicted_oom unless the
+    pre-screen's sample (launch.prescreen_sample) runs the point anyway, invalid and oom always, failed and
+    timeout unless launch.rerun=failed; none with launch.rerun=all. run_point, the grid and Optuna sweepers
+    and `scaling status` all decide by it."""
+    if record is None or launch["rerun"] == "all":
         return False
-    if record.get("status") == Status.OK:
-        return len(ok_launches(record)) >= repeats
-    if rerun == "failed":
-        return record.get("status") in FINAL
-    return record.get("status") in tuple(Status)
+    status = record.get("status")
+    if status == Status.OK:
+        return len(ok_launches(record)) >= launch["repeats"]
+    if status == Status.PREDICTED_OOM and sampled(key, float(launch["prescreen_sample"])):
+        return False
+    return status in FINAL or (launch["rerun"] != "failed" and status in (Status.FAILED, Status.TIMEOUT))
 
 
 def launches_timing(launches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -12,9 +12,9 @@ a config group under its own group choices, is composed in full. Either way the 
 of every sweep file).
 
 `survey` walks a grid and says, for each point, its key, its stored record and whether the store
-already answers it (`store_answers`, which run_point asks too); `Forecast` counts what a run of the grid would
-do (new, recorded, predicted out of memory, invalid) and estimates its wall time. The grid
-sweeper, its dry run and `scaling predict --sweep` share them.
+already answers it (scaling.store.record.answers, which run_point asks too); `Forecast` counts what a run
+of the grid would do (new, recorded, predicted out of memory, invalid) and estimates its wall time. The
+grid sweeper, its dry run and `scaling predict --sweep` share them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
 from scaling.engine.enums import LAUNCHED, Status
-from scaling.store.record import job_key, output_dir, read_record, should_skip
+from scaling.store.record import answers, job_key, output_dir, read_record
 
 if TYPE_CHECKING:  # OmegaConf is imported where it is used: `scaling status` reads records only
     from omegaconf import DictConfig
@@ -145,19 +145,7 @@ class GridPoint:
     sweep_dir: Path
     record: Optional[dict[str, Any]]
     done: bool
-    """The stored record answers it (store_answers under the point's launch settings)."""
-
-
-def store_answers(record: Optional[Mapping[str, Any]], key: str, launch: Mapping[str, Any]) -> bool:
-    """Whether a stored record answers its point, so that it is not run again: `should_skip` under
-    launch.rerun, except a predicted_oom point that the pre-screen's sample (launch.prescreen_sample)
-    runs anyway. run_point and the grid sweeper both decide by it."""
-    if record is not None and record.get("status") == Status.PREDICTED_OOM:
-        from scaling.predictor.analytic import sampled
-
-        if sampled(key, launch["prescreen_sample"]):
-            return False
-    return should_skip(record, launch["rerun"], launch["repeats"])
+    """The stored record answers it (scaling.store.record.answers under the point's launch settings)."""
 
 
 def survey(points: Sequence[Sequence[str]], configs: PointConfigs) -> Iterator[GridPoint]:
@@ -167,15 +155,16 @@ def survey(points: Sequence[Sequence[str]], configs: PointConfigs) -> Iterator[G
         key = job_key(cfg)
         sweep_dir = Path(cfg["sweep_dir"])
         record = read_record(sweep_dir, key)
-        yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, store_answers(record, key, cfg["launch"]))
+        yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, answers(record, key, cfg["launch"]))
 
 
 def predict_new(cfg: Mapping[str, Any], traced: bool = False) -> dict[str, Any]:
     """What run_point will do with a point it has to run: `invalid`, `predicted_oom` or `launch`, with
     the prediction (`predicted`) or the error. Analytic unless `traced` (the pre-screen traces
     near-capacity points at launch)."""
+    from scaling.core.sample import sampled
     from scaling.core.validate import InvalidConfig, validate
-    from scaling.predictor.analytic import prescreen, sampled
+    from scaling.predictor.analytic import prescreen
 
     try:
         grad_acc = validate(cfg).grad_acc

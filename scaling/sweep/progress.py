@@ -115,13 +115,15 @@ class Progress:
     def _k(self) -> str:
         return f"[{self.done}/{self.total if self.total is not None else '?'}]"
 
-    def record_grid(self, job_keys: Sequence[str], rerun: str, repeats: int = 1) -> None:
-        """Add the grid's job keys, launch.rerun and launch.repeats to this run's entry of sweep.json (for
-        `scaling status`, which judges a point done by the rule run_point follows)."""
+    def record_grid(self, job_keys: Sequence[str], rerun: str, repeats: int = 1, prescreen_sample: float = 0.0) -> None:
+        """Add the grid's job keys, launch.rerun, launch.repeats and launch.prescreen_sample to this run's entry
+        of sweep.json (for `scaling status`, which judges a point done by the rule run_point follows,
+        scaling.store.record.answers)."""
         if self.index_path is None:
             return
         index = json.loads(self.index_path.read_text())
-        index["runs"][-1].update(points=len(job_keys), rerun=rerun, repeats=repeats, job_keys=list(job_keys))
+        index["runs"][-1].update(points=len(job_keys), rerun=rerun, repeats=repeats, prescreen_sample=prescreen_sample,
+                                 job_keys=list(job_keys))
         write_json_atomic(self.index_path, index)
 
     def answered(self, counts: Counter) -> None:
