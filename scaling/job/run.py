@@ -42,7 +42,7 @@ from scaling.engine.model import ModelArgs, param_count
 from scaling.job import wandb_log
 from scaling.job.metrics import repeats_metrics, throughput_metrics
 from scaling.launch import devices, slurm, torchrun
-from scaling.predictor.analytic import prescreen
+from scaling.predictor.analytic import predicted_oom, prescreen
 from scaling.store import inflight
 from scaling.store.record import (
     RESULT_FILE,
@@ -86,7 +86,7 @@ def run_point(cfg: dict[str, Any], provenance: Optional[dict[str, Any]] = None) 
         return _finish(_ended(record, Status.INVALID, str(e), c), point_dir, t0, cfg)
     record["derived"] = _derived_block(c, derived)
     record["predicted"] = prediction = prescreen(cfg, derived.grad_acc)
-    if prediction["skip"] and not prediction["sampled"]:  # predicted > (1 + prescreen_margin) x capacity
+    if predicted_oom(prediction):  # predicted > (1 + prescreen_margin) x capacity, and not in the sample
         return _finish(_ended(record, Status.PREDICTED_OOM, prediction["reason"], c), point_dir, t0, cfg)
 
     point_dir.mkdir(parents=True, exist_ok=True)

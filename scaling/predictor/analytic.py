@@ -3,7 +3,8 @@
 Owns the model-state formulas of the Ultra-Scale Playbook (`model_state_bytes`), the per-rank
 breakdown of this project's training step (`analytic_peak`: parameters, gradients, optimizer
 states, activations of the Llama block, logits and loss buffers, communication buffers and
-temporaries), and the pre-screen that the Hydra job runs before launching (`prescreen`).
+temporaries), and the pre-screen that the Hydra job runs before launching (`prescreen`, with the one rule
+that records a point as predicted_oom instead of launching it: `predicted_oom`).
 
 What the step holds, per rank, in this code base (see scaling/parallel.py):
 
@@ -369,12 +370,15 @@ TRACE_BAND = (0.8, 1.25)
 """The pre-screen asks the traced predictor when analytic / ((1 + margin) x capacity) falls in here."""
 
 
-def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> dict[str, Any]:
+def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None, trace: bool = True) -> dict[str, Any]:
     """The record's `predicted` block: predicted peak bytes per rank, method, fits, and whether to skip.
 
     `fits` is predicted <= capacity (None without a capacity); `skip` is predicted >
-    (1 + launch.prescreen_margin) x capacity with the pre-screen on, and `reason` then says why.
-    Never raises for a valid point: a failed trace leaves the analytic figure and says so.
+    (1 + launch.prescreen_margin) x capacity with the pre-screen on, and `reason` then says why;
+    `sampled`, that such a point is in the sample that runs anyway (launch.prescreen_sample). With `trace`,
+    an analytic figure near the threshold is replaced by the traced one (the job's pre-screen does; a
+    forecast of a whole grid may not). Never raises for a valid point: a failed trace leaves the analytic
+    figure and says so.
     """
     analytic = predict_config(cfg, grad_acc)
     capacity = capacity_bytes(cfg)
@@ -387,7 +391,7 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> dict[st
     if capacity is None:
         return out
     threshold = (1.0 + margin) * capacity
-    if cfg["launch"]["prescreen"] and TRACE_BAND[0] <= analytic.total_bytes / threshold <= TRACE_BAND[1]:
+    if trace and cfg["launch"]["prescreen"] and TRACE_BAND[0] <= analytic.total_bytes / threshold <= TRACE_BAND[1]:
         import torch.distributed as dist
 
         from scaling.predictor.trace import trace_peak, trace_peak_isolated
@@ -411,3 +415,10 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> dict[st
                          "(hardware.memory_gb - reserve_gb): not launched (launch.prescreen=false runs it anyway)")
         out["sampled"] = sampled(job_key(cfg), float(cfg["launch"]["prescreen_sample"]))
     return out
+
+
+def predicted_oom(predicted: Mapping[str, Any]) -> bool:
+    """Whether a point's pre-screen (`prescreen`'s block) keeps it from launching, so that its status is
+    predicted_oom: predicted over the threshold with the pre-screen on, and not in the sample that runs anyway.
+    run_point and the grid's forecast (scaling.sweep.grid.predict_new) both decide by it."""
+    return bool(predicted["skip"]) and not predicted["sampled"]

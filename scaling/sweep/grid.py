@@ -160,22 +160,18 @@ def survey(points: Sequence[Sequence[str]], configs: PointConfigs) -> Iterator[G
 
 def predict_new(cfg: Mapping[str, Any], traced: bool = False) -> dict[str, Any]:
     """What run_point will do with a point it has to run: `invalid`, `predicted_oom` or `launch`, with
-    the prediction (`predicted`) or the error. Analytic unless `traced` (the pre-screen traces
-    near-capacity points at launch)."""
-    from scaling.core.sample import sampled
+    the prediction (`predicted`) or the error, by run_point's own rules. Analytic unless `traced` (the
+    pre-screen traces near-capacity points at launch)."""
     from scaling.core.validate import InvalidConfig, validate
-    from scaling.predictor.analytic import prescreen
+    from scaling.predictor.analytic import predicted_oom, prescreen
 
     try:
         grad_acc = validate(cfg).grad_acc
     except InvalidConfig as e:
         return {"status": Status.INVALID, "error": str(e), "predicted": None}
-    launch = cfg["launch"]
-    predicted = prescreen({**cfg, "launch": {**launch, "prescreen": launch["prescreen"] and traced}}, grad_acc)
-    capacity, margin = predicted["capacity_bytes"], float(launch["prescreen_margin"])
-    skip = launch["prescreen"] and capacity is not None and predicted["peak_mem_bytes"] > (1 + margin) * capacity
-    skip = skip and not sampled(job_key(cfg), float(launch["prescreen_sample"]))  # the sample runs anyway
-    return {"status": Status.PREDICTED_OOM if skip else LAUNCH, "error": None, "predicted": predicted}
+    predicted = prescreen(cfg, grad_acc, trace=traced)
+    return {"status": Status.PREDICTED_OOM if predicted_oom(predicted) else LAUNCH, "error": None,
+            "predicted": predicted}
 
 
 @dataclass
