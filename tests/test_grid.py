@@ -25,6 +25,7 @@ from scaling.sweep.grid import (
     predict_new,
     survey,
 )
+from scaling.sweep.progress import count_grid
 from tests.compose import REPO, compose_point
 
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -139,6 +140,17 @@ def test_forecast_counts_and_estimates_from_recorded_wall_times():
     fresh.add(_point(None, done=False), LAUNCH)
     assert fresh.wall_s(1) is None and "at most 5.0 min (1 launch, 1 at a time" in fresh.lines("g", 1)[1]
     assert format_duration(7200) == "2.0 h" and format_duration(150) == "2.5 min"
+
+
+def test_progress_counts_the_grid_as_the_grid_expands_it():
+    from omegaconf import OmegaConf
+
+    def config(sweeper: dict, task: list[str]):
+        return OmegaConf.create({"hydra": {"sweeper": sweeper, "overrides": {"task": task}}})
+
+    assert count_grid(config({"params": {"train.mbs": "1,2,4"}}, ["parallel.dp=1,2", "model=tiny"])) == 6
+    assert count_grid(config({"params": None}, ["train.mbs=range(1,5)"])) == 4
+    assert count_grid(config({"n_trials": 9, "params": {"train.mbs": "1,2"}}, [])) == 9  # a search: its budget
 
 
 def test_predict_new_follows_validation_and_the_prescreen():

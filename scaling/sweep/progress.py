@@ -39,7 +39,7 @@ from scaling.engine.enums import Status
 from scaling.engine.jobfiles import read_json, write_json_atomic
 from scaling.store import inflight
 from scaling.store.record import SWEEP_INDEX, iter_records
-from scaling.sweep.grid import status_list
+from scaling.sweep.grid import expand, status_list
 
 
 class PointsFailed(Exception):
@@ -52,16 +52,12 @@ class PointsFailed(Exception):
 
 
 def count_grid(config: DictConfig) -> Optional[int]:
-    """Points in a grid multirun (basic sweeper), or the trial budget of a search; None if unknown."""
+    """Points in a grid multirun (the grid's expansion, scaling.sweep.grid.expand), or the trial budget of a
+    search; None if unknown."""
     sweeper = config.hydra.sweeper
     if "n_trials" in sweeper:
         return int(sweeper.n_trials)
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
-    parsed = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
-    return sum(len(batch) for batch in BasicSweeper.split_arguments(parsed, None))
+    return len(expand(sweeper.get("params") or {}, list(config.hydra.overrides.task)))
 
 
 def progress_line(k: int, total: Optional[int], record: dict[str, Any]) -> str:
