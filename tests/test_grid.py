@@ -22,8 +22,10 @@ from scaling.sweep.grid import (
     Forecast,
     GridPoint,
     format_duration,
+    launch_wall_s,
     predict_new,
     survey,
+    wall_estimate_s,
 )
 from scaling.sweep.progress import count_grid
 from tests.compose import REPO, compose_point
@@ -140,6 +142,15 @@ def test_forecast_counts_and_estimates_from_recorded_wall_times():
     fresh.add(_point(None, done=False), LAUNCH)
     assert fresh.wall_s(1) is None and "at most 5.0 min (1 launch, 1 at a time" in fresh.lines("g", 1)[1]
     assert format_duration(7200) == "2.0 h" and format_duration(150) == "2.5 min"
+
+
+def test_the_wall_time_forecast_is_waves_of_the_median_launched_point():
+    """The one estimate the grid's forecast and `scaling status` share."""
+    assert launch_wall_s({"status": "timeout", "timing": {"wall_s": 7}}) == 7.0
+    assert launch_wall_s({"status": Status.PREDICTED_OOM, "timing": {"wall_s": 0.1}}) is None  # never launched
+    assert launch_wall_s({"status": "ok", "timing": {}}) is None and launch_wall_s(None) is None
+    assert wall_estimate_s(5, 2, [10.0, 30.0, 20.0]) == 3 * 20.0 and wall_estimate_s(0, 2, [10.0]) == 0
+    assert wall_estimate_s(5, 0, [10.0]) == 50.0 and wall_estimate_s(5, 2, []) is None
 
 
 def test_progress_counts_the_grid_as_the_grid_expands_it():

@@ -13,8 +13,9 @@ of every sweep file).
 
 `survey` walks a grid and says, for each point, its key, its stored record and whether the store
 already answers it (scaling.store.record.answers, which run_point asks too); `Forecast` counts what a run
-of the grid would do (new, recorded, predicted out of memory, invalid) and estimates its wall time. The
-grid sweeper, its dry run and `scaling predict --sweep` share them.
+of the grid would do (new, recorded, predicted out of memory, invalid) and estimates its wall time
+(`wall_estimate_s`, which `scaling status` uses for the time left). The grid sweeper, its dry run and
+`scaling predict --sweep` share them.
 """
 
 from __future__ import annotations
@@ -193,9 +194,9 @@ class Forecast:
     def add(self, point: GridPoint, forecast: Optional[str], in_flight: bool = False) -> None:
         """Count one point: recorded, in flight, or new with its forecast (from predict_new)."""
         self.points += 1
-        if point.record is not None and (point.record.get("timing") or {}).get("wall_s") is not None \
-                and point.record.get("status") in LAUNCHED:
-            self.launched_wall_s.append(float(point.record["timing"]["wall_s"]))
+        wall = launch_wall_s(point.record)
+        if wall is not None:
+            self.launched_wall_s.append(wall)
         if point.done:
             self.recorded[point.record["status"]] += 1
         elif in_flight:
@@ -206,10 +207,8 @@ class Forecast:
                 self.timeout_s = max(self.timeout_s, float(point.cfg["launch"]["timeout_s"]))
 
     def wall_s(self, at_once: int) -> Optional[float]:
-        """Estimated wall time of the launches: waves of `at_once` points of the median recorded wall time."""
-        if not self.launched_wall_s:
-            return None
-        return math.ceil(self.new[LAUNCH] / max(1, at_once)) * statistics.median(self.launched_wall_s)
+        """Estimated wall time of the launches (`wall_estimate_s`)."""
+        return wall_estimate_s(self.new[LAUNCH], at_once, self.launched_wall_s)
 
     def lines(self, name: str, at_once: int) -> list[str]:
         """The grid's size and counts, then the wall-time estimate, as printed before a run."""
@@ -233,6 +232,24 @@ class Forecast:
             wall = (f"wall time: unknown, no launched point recorded yet; at most {format_duration(bound)} "
                     f"({how}, launch.timeout_s={self.timeout_s:g})")
         return [head, wall]
+
+
+def launch_wall_s(record: Optional[Mapping[str, Any]]) -> Optional[float]:
+    """What launching a recorded point cost: its wall time when it ran torchrun; None for a point that
+    never launched (predicted_oom, invalid) or a record without one."""
+    if record is None or record.get("status") not in LAUNCHED:
+        return None
+    wall = (record.get("timing") or {}).get("wall_s")
+    return None if wall is None else float(wall)
+
+
+def wall_estimate_s(launches: int, at_once: int, launched_wall_s: Sequence[float]) -> Optional[float]:
+    """Estimated wall time of `launches` points run `at_once` at a time: waves of the median wall time of the
+    launched points recorded so far (`launch_wall_s`); None before any. `scaling status` estimates the time
+    left by it too."""
+    if not launched_wall_s:
+        return None
+    return math.ceil(launches / max(1, at_once)) * statistics.median(launched_wall_s)
 
 
 def status_list(counts: Mapping[str, int]) -> str:

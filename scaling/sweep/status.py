@@ -15,24 +15,23 @@ whether the store answers a point, the start), the records and the running marke
 runs, after a crash, and for a directory that single points or a search wrote (without a grid there
 is nothing "to run"). `--watch` redraws every few seconds and re-reads only the records that
 changed. The counting is pure (`summarize`): a point is done by the rule run_point follows
-(scaling.store.record.answers).
+(scaling.store.record.answers), and the time left is the grid's forecast
+(scaling.sweep.grid.wall_estimate_s).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from scaling.engine.enums import LAUNCHED
 from scaling.engine.jobfiles import RESULT_FILE, read_json
 from scaling.store import inflight
 from scaling.store.record import SWEEP_INDEX, answers
-from scaling.sweep.grid import format_duration, status_list
+from scaling.sweep.grid import format_duration, launch_wall_s, status_list, wall_estimate_s
 
 SHOWN = 8
 """Running points listed one per line; the rest are counted."""
@@ -123,14 +122,13 @@ def summarize(sweep_dir: str, index: Optional[Mapping[str, Any]], records: Mappi
     held = {f.job_key for f in status.in_flight}
     if keys is not None:
         status.to_run = len([k for k in grid if k not in done and k not in held])
-    walls = [float(records[k]["timing"]["wall_s"]) for k in grid if k in records
-             and records[k].get("status") in LAUNCHED and (records[k].get("timing") or {}).get("wall_s") is not None]
+    walls = [wall for wall in (launch_wall_s(records.get(k)) for k in grid) if wall is not None]
     status.launched = len(walls)
     if walls:
         status.median_wall_s = statistics.median(walls)
         status.at_once = max(1, sum(f.state == inflight.RUNNING for f in status.in_flight))
         if status.to_run is not None:
-            status.eta_s = math.ceil((status.to_run + len(status.in_flight)) / status.at_once) * status.median_wall_s
+            status.eta_s = wall_estimate_s(status.to_run + len(status.in_flight), status.at_once, walls)
     return status
 
 
