@@ -6,7 +6,7 @@ so every other part of `analysis` speaks in the same column names: the config ax
 recorded), the metrics (`tokens_per_s_per_gpu`, `mfu`, `peak_mem_bytes`, ...) with their noise
 (`noise_band_frac`, `repeat_spread_frac`, `repeats_ok`, ...) and the predictions
 (`pred_peak_mem_bytes`, `pred_analytic_peak_mem_bytes`, `pred_traced_peak_mem_bytes`).
-Dtypes say what a column is: `status` is an ordered category (the order of `STATUSES`), `model` an
+Dtypes say what a column is: `status` is an ordered category (`STATUS_ORDER`), `model` an
 ordered category by parameter count (llama_8b before llama_70b), timestamps are UTC datetimes and
 counts nullable integers.
 """
@@ -21,7 +21,8 @@ import pandas as pd
 
 from scaling.core.schema import EXPERIMENT_GROUPS
 from scaling.core.units import GIB, MIB
-from scaling.store.record import STATUSES, iter_records
+from scaling.engine.enums import Status
+from scaling.store.record import iter_records
 from scaling.store.wandb_runs import (
     MEMORY,
     RECORD_BLOCKS,
@@ -30,6 +31,8 @@ from scaling.store.wandb_runs import (
     flat,
     read_offline_run,
 )
+STATUS_ORDER = [status.value for status in Status]
+"""The `status` category's order (scaling.engine.enums.Status), as the plain strings records hold."""
 
 # (column, path in the record). A later path wins when both exist: `derived` holds the values the
 # engine resolved (grad_acc: auto -> 4), `config` the values asked for; `target_gbs*` keep the
@@ -135,8 +138,8 @@ def _dig(record: Mapping[str, Any], path: tuple[str, ...]) -> Any:
 def record_to_row(record: Mapping[str, Any]) -> dict[str, Any]:
     """Flatten one record into the row `collect` makes of it."""
     status = record.get("status")
-    if status not in STATUSES:
-        raise ValueError(f"record {record.get('job_key')!r}: status={status!r} is not one of {', '.join(STATUSES)}")
+    if status not in STATUS_ORDER:
+        raise ValueError(f"record {record.get('job_key')!r}: status={status!r} is not one of {', '.join(STATUS_ORDER)}")
     row: dict[str, Any] = {key: record.get(key) for key in HEAD}
     for name, path in FIELDS:
         value = _dig(record, path)
@@ -163,7 +166,7 @@ def to_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
                    "memory_gb", "bucket_mb", "wall_s", "launch_overhead_s", "step_time_spread_frac",
                    "repeat_spread_frac", "noise_band_frac"):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("float64")
-    df["status"] = pd.Categorical(df["status"], categories=list(STATUSES), ordered=True)
+    df["status"] = pd.Categorical(df["status"], categories=STATUS_ORDER, ordered=True)
     df["model"] = pd.Categorical(df["model"], categories=model_order(df), ordered=True)
     for column in TIME_COLUMNS:
         df[column] = pd.to_datetime(df[column], utc=True, format="ISO8601")

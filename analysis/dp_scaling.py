@@ -25,7 +25,7 @@ from matplotlib.ticker import FuncFormatter, NullLocator
 from analysis.figures import new_figure
 from analysis.heatmaps import facet_label
 from scaling.core.noise import NOISE_BAND_KEY
-from scaling.store.record import OK
+from scaling.engine.enums import Status
 
 GROUP_KEYS = ("model", "seq_len", "mbs", "zero_stage", "precision", "recompute", "hardware", "memory_gb",
               "threads_per_device", "oversubscribe", "bucket_mb", "fsdp_grad_reduce", "compile", "target_gbs",
@@ -40,7 +40,7 @@ def scaling_table(df: pd.DataFrame) -> pd.DataFrame:
     """Ok records -> one row per (configuration, dp): best tokens/s per GPU, efficiency vs smallest dp and
     its noise band (`efficiency_noise_frac`)."""
     keys = [k for k in GROUP_KEYS if k in df.columns]
-    ok = df[(df["status"] == OK) & df["tokens_per_s_per_gpu"].notna()]
+    ok = df[(df["status"] == Status.OK) & df["tokens_per_s_per_gpu"].notna()]
     if ok.empty:
         return pd.DataFrame(columns=[*keys, "dp", "tokens_per_s_per_gpu", "efficiency", "efficiency_noise_frac",
                                      "config"])

@@ -30,7 +30,7 @@ from analysis.collect import CONFIG_AXES
 from analysis.figures import FigureSpec, new_figure
 from scaling.core.noise import NOISE_BAND_KEY, THROUGHPUT_KEYS, within_noise
 from scaling.core.units import GIB, memory_unit
-from scaling.store.record import FAILED, INVALID, OK, OOM, PREDICTED_OOM, TIMEOUT
+from scaling.engine.enums import Status
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,11 @@ METRICS = {
 """Metrics a heatmap can show, by the name a caller passes; `peak_mem_bytes` shows in GiB or MiB."""
 
 STATUS_STYLE = {
-    OOM: ("OOM", "#d62728", "white", None),
-    PREDICTED_OOM: ("pred OOM", "#f4a6a6", "black", "//"),
-    TIMEOUT: ("timeout", "#8c564b", "white", None),
-    FAILED: ("failed", "#404040", "white", None),
-    INVALID: ("invalid", "#d9d9d9", "black", "xx"),
+    Status.OOM: ("OOM", "#d62728", "white", None),
+    Status.PREDICTED_OOM: ("pred OOM", "#f4a6a6", "black", "//"),
+    Status.TIMEOUT: ("timeout", "#8c564b", "white", None),
+    Status.FAILED: ("failed", "#404040", "white", None),
+    Status.INVALID: ("invalid", "#d9d9d9", "black", "xx"),
 }
 """Label, face colour, text colour and hatch of a cell whose records have no `ok` among them."""
 
@@ -74,7 +74,7 @@ MFU_MEASURED_PEAK_LABEL = "MFU against a measured matmul peak"
 TIE, OVERSUBSCRIBED = "≈", "†"
 """Marks of a cell within noise of the best one, and of a value measured oversubscribed."""
 
-STATUS_PRIORITY = {OK: 0, OOM: 1, PREDICTED_OOM: 2, TIMEOUT: 3, FAILED: 4, INVALID: 5}
+STATUS_PRIORITY = {Status.OK: 0, Status.OOM: 1, Status.PREDICTED_OOM: 2, Status.TIMEOUT: 3, Status.FAILED: 4, Status.INVALID: 5}
 """Which status a cell shows when its records differ: an ok value first, then the most telling failure."""
 
 LAYOUT_AXES = ("seq_len", "mbs", "zero_stage", "dp", "grad_acc", "model", "recompute", "precision", "hardware",
@@ -104,12 +104,12 @@ def measured_peak(df: pd.DataFrame) -> bool:
     """Whether any ok point's MFU divides by a peak measured on the host (a matmul), not a datasheet's."""
     if "peak_flops_source" not in df.columns:
         return False
-    return bool(df.loc[df["status"] == OK, "peak_flops_source"].isin(["measured", "cache"]).any())
+    return bool(df.loc[df["status"] == Status.OK, "peak_flops_source"].isin(["measured", "cache"]).any())
 
 
 def emulated_oom(df: pd.DataFrame) -> bool:
     """Whether an OOM among these records was measured against an emulated capacity (CPU)."""
-    return bool(((df["status"] == OOM) & (df["memory_capacity"] == "emulated")).any())
+    return bool(((df["status"] == Status.OOM) & (df["memory_capacity"] == "emulated")).any())
 
 
 def _check_columns(df: pd.DataFrame, **axes: Optional[str]) -> None:
@@ -140,7 +140,7 @@ def cells(df: pd.DataFrame, x: str, y: str, metric: str, by: Sequence[str] = ())
     d = d.assign(status=d["status"].astype(str), rank=d["status"].astype(str).map(STATUS_PRIORITY))
     grouped = d.groupby(keys, sort=True, observed=True)
     out = pd.DataFrame({"n": grouped.size(), "rank": grouped["rank"].min()})
-    ok = d[(d["status"] == OK) & d[m.column].notna()]
+    ok = d[(d["status"] == Status.OK) & d[m.column].notna()]
     values = ok.groupby(keys, observed=True)[m.column]
     best = ok.loc[values.idxmax() if m.higher_is_better else values.idxmin()].set_index(keys)  # the cell's record
     out["value"] = best[m.column].reindex(out.index).astype("float64")
@@ -205,7 +205,7 @@ def _draw_cells(ax: Axes, table: pd.DataFrame, xs: list, ys: list, m: Metric, vm
                 color="black" if relative_luminance(colours[i, j]) > 0.408 else "white")
     position = {(yv, xv): (ys.index(yv), xs.index(xv)) for yv, xv in table.index if yv in ys and xv in xs}
     for (yv, xv), status in table["status"].items():
-        if status == OK or (yv, xv) not in position:
+        if status == Status.OK or (yv, xv) not in position:
             continue
         i, j = position[(yv, xv)]
         label, face, text_colour, hatch = STATUS_STYLE[status]
@@ -275,7 +275,7 @@ def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str]
     rows = _values(df, row) if row else [None]
     cols = _values(df, col) if col else [None]
     xs, ys = _values(df, x), _values(df, y)
-    ok = df.loc[df["status"] == OK, m.column].dropna()
+    ok = df.loc[df["status"] == Status.OK, m.column].dropna()
     vmin, vmax = (float(ok.min()), float(ok.max())) if len(ok) else (0.0, 1.0)
     # All facets share one Axes in cell units (a cell is CELL_IN inches), laid out by hand: an Axes
     # per facet costs more to build and to draw than the facet's cells.
@@ -322,7 +322,7 @@ def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str]
     bar = fig.colorbar(ScalarMappable(Normalize(vmin, vmax), _cmap(m)), cax=cax, label=m.label)
     bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: m.fmt.format(v)))
     present = [s for s in STATUS_STYLE if f"status:{s}" in shown]
-    names = {**{s: STATUS_STYLE[s][0] for s in present}, **({OOM: EMULATED_OOM_LABEL} if emulated_oom(df) else {})}
+    names = {**{s: STATUS_STYLE[s][0] for s in present}, **({Status.OOM: EMULATED_OOM_LABEL} if emulated_oom(df) else {})}
     handles = [Patch(facecolor=STATUS_STYLE[s][1], hatch=STATUS_STYLE[s][3], label=names[s]) for s in present]
     handles.append(Patch(facecolor="white", edgecolor="black", linewidth=2, label="★ best"))
     if "tie" in shown:

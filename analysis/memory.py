@@ -20,8 +20,8 @@ from matplotlib.figure import Figure
 from analysis.figures import new_figure
 from analysis.heatmaps import EMULATED_OOM_LABEL
 from scaling.core.units import memory_unit
+from scaling.engine.enums import Status
 from scaling.predictor.analytic import CALIBRATION_MODELS
-from scaling.store.record import OK, OOM, PREDICTED_OOM
 
 MEASUREMENTS = {
     "mem_tracker": "live tensor bytes under torch's memory tracker (MemTracker / FSDPMemTracker) over one "
@@ -81,12 +81,12 @@ def _rss(ok: pd.DataFrame) -> list[str]:
 def _sampled(df: pd.DataFrame) -> list[str]:
     sampled = df[df["pred_sampled"].eq(True)]
     if sampled.empty:
-        if (df["status"] == PREDICTED_OOM).any():
+        if (df["status"] == Status.PREDICTED_OOM).any():
             return ["No point predicted not to fit was run as a sample, so the pre-screen's false positives are "
                     "unknown."]
         return []
     status = sampled["status"].astype(str)
-    n_oom, n_ok = int((status == OOM).sum()), int((status == OK).sum())
+    n_oom, n_ok = int((status == Status.OOM).sum()), int((status == Status.OK).sum())
     other = len(sampled) - n_oom - n_ok
     return [f"{len(sampled)} points predicted not to fit were run anyway as a sample: {n_oom} really ran out of "
             f"memory, {n_ok} ran ok (false positives of the pre-screen)" + (f", {other} ended otherwise" if other else "")
@@ -94,7 +94,7 @@ def _sampled(df: pd.DataFrame) -> list[str]:
 
 
 def _emulated(df: pd.DataFrame) -> list[str]:
-    if not ((df["status"] == OOM) & (df["memory_capacity"] == "emulated")).any():
+    if not ((df["status"] == Status.OOM) & (df["memory_capacity"] == "emulated")).any():
         return []
     return [f"On CPU the capacity is emulated (hardware.memory_gb on the tracked tensor bytes): an OOM there is an "
             f"{EMULATED_OOM_LABEL}, not an out-of-memory the machine measured."]
@@ -102,7 +102,7 @@ def _emulated(df: pd.DataFrame) -> list[str]:
 
 def memory_paragraphs(df: pd.DataFrame) -> list[str]:
     """The memory section in words: what is measured, each prediction against it, RSS, the sample, emulation."""
-    ok = df[(df["status"] == OK) & df["peak_mem_bytes"].notna()]
+    ok = df[(df["status"] == Status.OK) & df["peak_mem_bytes"].notna()]
     words = [_measured(ok)] if len(ok) else []
     analytic = ok[ok["pred_analytic_peak_mem_bytes"].notna()]
     if len(analytic):
@@ -119,7 +119,7 @@ def memory_paragraphs(df: pd.DataFrame) -> list[str]:
 def has_memory_checks(df: pd.DataFrame) -> bool:
     """Whether a sweep has anything for the memory section: an ok point with a prediction or an RSS figure,
     or a sampled predicted-OOM point."""
-    ok = (df["status"] == OK) & df["peak_mem_bytes"].notna()
+    ok = (df["status"] == Status.OK) & df["peak_mem_bytes"].notna()
     measured_next_to = df[["pred_analytic_peak_mem_bytes", "pred_traced_peak_mem_bytes",
                            "peak_rss_growth_bytes"]].notna().any(axis=1)
     return bool((ok & measured_next_to).any() or df["pred_sampled"].eq(True).any())
@@ -127,7 +127,7 @@ def has_memory_checks(df: pd.DataFrame) -> bool:
 
 def memory_figure(df: pd.DataFrame) -> Optional[Figure]:
     """Each prediction vs the measured peak (left) and, where recorded, RSS growth vs the tracked peak (right)."""
-    ok = df[(df["status"] == OK) & df["peak_mem_bytes"].notna()]
+    ok = df[(df["status"] == Status.OK) & df["peak_mem_bytes"].notna()]
     series = [(column, label, marker) for column, label, marker in (
         ("pred_analytic_peak_mem_bytes", "analytic", "o"), ("pred_traced_peak_mem_bytes", "traced", "x"))
         if ok[column].notna().any()]

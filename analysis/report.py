@@ -22,11 +22,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from analysis import dp_scaling, extrapolate, heatmaps, memory
-from analysis.collect import collect, to_parquet
+from analysis.collect import STATUS_ORDER, collect, to_parquet
 from analysis.figures import FigureSpec, render_pngs
 from scaling.core.noise import NOISE_BAND_KEY, within_noise
 from scaling.core.units import format_bytes
-from scaling.store.record import FAILED, OK, STATUSES, SWEEP_INDEX, TIMEOUT
+from scaling.engine.enums import Status
+from scaling.store.record import SWEEP_INDEX
 
 KNEES_IN_WORDS = 8
 """Knees stated in sentences (and drawn): those of the fastest configurations; the table lists all."""
@@ -67,7 +68,7 @@ def _fmt(df: pd.DataFrame) -> pd.DataFrame:
 
 def top_configurations(df: pd.DataFrame, n: int = 10) -> pd.DataFrame:
     """The n ok points with the most tokens/s per GPU; `vs best` marks the best and the ties within its noise."""
-    ok = df[df["status"] == OK].nlargest(n, "tokens_per_s_per_gpu")
+    ok = df[df["status"] == Status.OK].nlargest(n, "tokens_per_s_per_gpu")
     if len(ok):
         band = ok[NOISE_BAND_KEY].fillna(0.0)
         best, best_band = ok["tokens_per_s_per_gpu"].iloc[0], band.iloc[0]
@@ -79,7 +80,7 @@ def top_configurations(df: pd.DataFrame, n: int = 10) -> pd.DataFrame:
 
 def noise_paragraphs(df: pd.DataFrame) -> list[str]:
     """How noisy the sweep's throughput figures are, in the report's one statistic."""
-    ok = df[(df["status"] == OK) & df[NOISE_BAND_KEY].notna()]
+    ok = df[(df["status"] == Status.OK) & df[NOISE_BAND_KEY].notna()]
     if ok.empty:
         return ["No ok point states its noise band (records written before bands were kept)."]
     words = ["Every throughput figure is a median with its noise band: the relative half-range (max − min) / "
@@ -102,7 +103,7 @@ def noise_paragraphs(df: pd.DataFrame) -> list[str]:
 def _mfu_words(df: pd.DataFrame) -> list[str]:
     if not heatmaps.measured_peak(df):
         return []
-    ok = df[(df["status"] == OK) & df["peak_flops_source"].isin(["measured", "cache"])]
+    ok = df[(df["status"] == Status.OK) & df["peak_flops_source"].isin(["measured", "cache"])]
     when = sorted(ok["peak_flops_measured_at"].dropna().unique())
     span = ""
     if when:
@@ -164,7 +165,7 @@ def extrapolation_section(sweep_dir: Path, table: pd.DataFrame, threshold: float
 
 def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
     """Everything the report shows, in order: small figures drawn, the heatmaps still to be drawn."""
-    counts = df["status"].value_counts().reindex(list(STATUSES), fill_value=0)
+    counts = df["status"].value_counts().reindex(STATUS_ORDER, fill_value=0)
     sections = [Section("Status counts", tables=[counts.rename_axis("status").reset_index(name="records")])]
     if df.empty:
         sections[0].paragraphs.append("No records yet.")
@@ -183,13 +184,13 @@ def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[
         f". {oom}, pred OOM = skipped by the memory predictor, blank = never run, ★ = best cell of its facet, "
         f"{heatmaps.TIE} = within noise of it (a tie), {heatmaps.OVERSUBSCRIBED} = oversubscribed."],
         figures=heatmaps.figure_specs(df)))
-    if df.loc[df["status"] == OK, "dp"].nunique() > 1:
+    if df.loc[df["status"] == Status.OK, "dp"].nunique() > 1:
         sections += dp_sections(sweep_dir, df, threshold)
     if memory.has_memory_checks(df):
         fig = memory.memory_figure(df)
         sections.append(Section("Predicted vs measured memory", memory.memory_paragraphs(df),
                                 figures={"memory_prediction": fig} if fig is not None else {}))
-    failures = df[df["status"].isin([FAILED, TIMEOUT])]
+    failures = df[df["status"].isin([Status.FAILED, Status.TIMEOUT])]
     if len(failures):
         cols = ["status", "model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "error"]
         sections.append(Section("Failures", [f"{len(failures)} points failed or timed out (first 20 shown)."],
@@ -291,13 +292,13 @@ def log_to_wandb(df: pd.DataFrame, sections: list[Section], paths: dict[str, Pat
     try:
         images = {f"report/{k.split(':', 1)[1]}": wandb.Image(str(p)) for k, p in paths.items()
                   if k.startswith("figure:")}
-        counts = df["status"].value_counts().reindex(list(STATUSES), fill_value=0)
+        counts = df["status"].value_counts().reindex(STATUS_ORDER, fill_value=0)
         tables = {"status_counts": counts.rename_axis("status").reset_index(name="records"),
                   "top_configurations": top_configurations(df), "records": df}
         run.log({**images, **{f"report/{name}": wandb.Table(dataframe=typed_table(t)) for name, t in tables.items()}})
         for status, count in counts.items():
             run.summary[f"records/{status}"] = int(count)
-        ok = df[df["status"] == OK]
+        ok = df[df["status"] == Status.OK]
         if len(ok):
             run.summary["best_tokens_per_s_per_gpu"] = float(ok["tokens_per_s_per_gpu"].max())
         for section in sections:

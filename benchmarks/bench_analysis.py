@@ -24,15 +24,10 @@ from records import GIB, make_record, peak_mem_bytes  # noqa: E402
 from analysis.collect import collect  # noqa: E402
 from analysis.figures import render_pngs  # noqa: E402
 from analysis.heatmaps import default_layout, figure_specs  # noqa: E402
+from scaling.engine.enums import Status  # noqa: E402
 from scaling.launch.devices import usable_cores  # noqa: E402
 from scaling.store.record import (  # noqa: E402
-    FAILED,
-    INVALID,
-    OK,
-    OOM,
-    PREDICTED_OOM,
     RESULT_FILE,
-    TIMEOUT,
 )
 
 MODELS = ("tiny", "small", "llama_1b", "llama_3b")
@@ -49,11 +44,11 @@ def write_records(sweep_dir: Path) -> int:
     n = 0
     for i, (model, seq, mbs, ga, dp, zero) in enumerate(itertools.product(MODELS, SEQ_LENS, MBSS, GRAD_ACCS, DPS,
                                                                           ZERO_STAGES)):
-        status = OK
+        status = Status.OK
         if peak_mem_bytes(seq, mbs, dp, zero) > MEMORY_GB * GIB:
-            status = PREDICTED_OOM if mbs == MBSS[-1] else OOM
+            status = Status.PREDICTED_OOM if mbs == MBSS[-1] else Status.OOM
         elif i % 97 == 0:
-            status = (TIMEOUT, FAILED, INVALID)[i % 3]
+            status = (Status.TIMEOUT, Status.FAILED, Status.INVALID)[i % 3]
         record = make_record(status, model=model, seq_len=seq, mbs=mbs, grad_acc=ga, dp=dp, zero_stage=zero,
                              memory_gb=MEMORY_GB, sweep="bench")
         path = sweep_dir / record["job_key"] / RESULT_FILE

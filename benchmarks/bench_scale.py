@@ -42,14 +42,9 @@ sys.path.insert(0, str(REPO))
 
 from bench_sweep import run_sweep, startup_s  # noqa: E402
 
+from scaling.engine.enums import Status  # noqa: E402
 from scaling.store.record import (  # noqa: E402
-    FAILED,
-    INVALID,
-    OK,
-    OOM,
-    PREDICTED_OOM,
     RESULT_FILE,
-    TIMEOUT,
     experiment_config,
     iter_records,
 )
@@ -59,7 +54,7 @@ from tests.records import make_record  # noqa: E402
 
 BLOCK = 500
 """Points per value of train.seed: 5 models x 4 ZeRO stages x 5 dp x 5 mbs."""
-SHARES = [(70, OK), (80, OOM), (88, PREDICTED_OOM), (93, TIMEOUT), (97, FAILED), (100, INVALID)]
+SHARES = [(70, Status.OK), (80, Status.OOM), (88, Status.PREDICTED_OOM), (93, Status.TIMEOUT), (97, Status.FAILED), (100, Status.INVALID)]
 """Status of a point by its job key modulo 100."""
 
 

@@ -42,7 +42,8 @@ from hydra_plugins.scaling_optuna_sweeper._outcome import (
 )
 from hydra_plugins.scaling_optuna_sweeper._space import format_value, parse_search_space
 from hydra_plugins.scaling_optuna_sweeper._study import make_sampler
-from scaling.store.record import OK, PREDICTED_OOM, iter_records
+from scaling.engine.enums import Status
+from scaling.store.record import iter_records
 
 DEMO_DIR = Path("runs/demo")
 SAMPLERS = ("tpe", "random", "grid", "tpe (repeats)")
@@ -110,7 +111,7 @@ def first_hit(
 
 def launched(points: dict[tuple, dict[str, Any]], keys: set[tuple]) -> int:
     """How many of these points started a job (all but those the pre-screen answered)."""
-    return sum(1 for k in keys if k in points and points[k].get("status") != PREDICTED_OOM)
+    return sum(1 for k in keys if k in points and points[k].get("status") != Status.PREDICTED_OOM)
 
 
 def sweep_order_hit(
@@ -119,7 +120,7 @@ def sweep_order_hit(
     """Points Hydra's basic sweeper runs (cartesian order) until one reaches the target."""
     for i, key in enumerate(itertools.product(*dims.values()), start=1):
         record = points.get(key)
-        if record and record.get("status") == OK and dotted_get(record, objective) >= target:
+        if record and record.get("status") == Status.OK and dotted_get(record, objective) >= target:
             return i
     return len(points)
 
@@ -145,7 +146,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     dims, points = load_grid(a.sweep_dir or measure_demo_grid())
-    ok = {k: dotted_get(r, a.objective) for k, r in points.items() if r.get("status") == OK}
+    ok = {k: dotted_get(r, a.objective) for k, r in points.items() if r.get("status") == Status.OK}
     if not ok:
         raise SystemExit(f"no record of status ok in {a.sweep_dir}: nothing to find")
     best = max(ok.values())

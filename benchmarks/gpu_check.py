@@ -32,8 +32,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from scaling.core.units import GIB  # noqa: E402
 from scaling.core.validate import validate  # noqa: E402
+from scaling.engine.enums import Status  # noqa: E402
 from scaling.predictor.analytic import predict_config  # noqa: E402
-from scaling.store.record import OK, OOM  # noqa: E402
 from scaling.sweep.compose import compose_config  # noqa: E402
 
 PROFILES = {"H100": "h100", "H200": "h200", "A100": "a100"}
@@ -124,14 +124,14 @@ def part_a(check: Check) -> None:
             record = run_point({**run_cfg, "launch": {**run_cfg["launch"], "rerun": "none"}})  # the stored run
             row = check.add("a", record, run_cfg)
             if run["mbs"] > found.mbs:
-                check.expect(row["status"] == OOM, f"(c) ZeRO-{stage} mbs={run['mbs']} ran out of memory but "
+                check.expect(row["status"] == Status.OOM, f"(c) ZeRO-{stage} mbs={run['mbs']} ran out of memory but "
                                                    f"was recorded {row['status']}")
         check.expect(found.mbs >= 1, f"(a) ZeRO-{stage}: not even mbs=1 fits")
         if found.mbs >= 1 and check.time_left(120, f"(a) ZeRO-{stage} with compile"):
             cfg = check.config(f"parallel.zero_stage={stage}", f"train.mbs={found.mbs}", "train.compile=true",
                                "launch.prescreen=false")
             row = check.add("a", run_point(cfg), cfg)
-            check.expect(row["status"] == OK, f"(a) ZeRO-{stage} mbs={found.mbs} with compile: {row['error']}")
+            check.expect(row["status"] == Status.OK, f"(a) ZeRO-{stage} mbs={found.mbs} with compile: {row['error']}")
 
 
 def part_b(check: Check) -> None:
@@ -144,7 +144,7 @@ def part_b(check: Check) -> None:
         cfg = check.config("train.seq_len=2048", f"train.mbs={mbs}", f"train.recompute={recompute}",
                            f"parallel.zero_stage={stage}")
         row = check.add("b", run_point(cfg), cfg)
-        check.expect(row["status"] == OK, f"(b) seq 2048 mbs={mbs} rc={recompute} ZeRO-{stage}: {row['error']}")
+        check.expect(row["status"] == Status.OK, f"(b) seq 2048 mbs={mbs} rc={recompute} ZeRO-{stage}: {row['error']}")
 
 
 def part_c(check: Check) -> None:
@@ -155,7 +155,7 @@ def part_c(check: Check) -> None:
         return
     cfg = check.config("train.mbs=8", "hardware.memory_gb=8", "hardware.reserve_gb=0.5", "launch.prescreen=false")
     row = check.add("c", run_point(cfg), cfg)
-    check.expect(row["status"] == OOM, f"(c) llama_1b mbs=8 on an 8 GiB cap was recorded {row['status']}: {row['error']}")
+    check.expect(row["status"] == Status.OOM, f"(c) llama_1b mbs=8 on an 8 GiB cap was recorded {row['status']}: {row['error']}")
 
 
 def part_d(check: Check, devices: int) -> None:
@@ -181,9 +181,9 @@ def part_d(check: Check, devices: int) -> None:
 
 def summary(check: Check, device: str) -> list[str]:
     """The Markdown page."""
-    eager_ok = [r for r in check.rows if r["status"] == OK and not r["compile"] and r["peak_alloc"]]
+    eager_ok = [r for r in check.rows if r["status"] == Status.OK and not r["compile"] and r["peak_alloc"]]
     errors = [abs(r["predicted"] - r["peak_alloc"]) / r["peak_alloc"] for r in eager_ok]
-    big = [r for r in check.rows if r["status"] == OK and r["seq"] == 4096 and r["mfu"] is not None]
+    big = [r for r in check.rows if r["status"] == Status.OK and r["seq"] == 4096 and r["mfu"] is not None]
     best = max(big, key=lambda r: r["mfu"], default=None)
     lines = [f"# GPU check: {device}", "", f"`python benchmarks/gpu_check.py` ({time.strftime('%Y-%m-%d')}).", "",
              "| part | seq | mbs | ZeRO | recompute | compile | status | tokens/s/GPU | MFU | step spread | "
@@ -192,7 +192,7 @@ def summary(check: Check, device: str) -> list[str]:
     gib = (lambda b: f"{b / GIB:.2f}" if b else "")
     pct = (lambda v: "" if v is None else f"{v:.1%}")
     for r in check.rows:
-        err = f"{(r['predicted'] - r['peak_alloc']) / r['peak_alloc']:+.1%}" if r["peak_alloc"] and r["status"] == OK else ""
+        err = f"{(r['predicted'] - r['peak_alloc']) / r['peak_alloc']:+.1%}" if r["peak_alloc"] and r["status"] == Status.OK else ""
         compile_s = "" if r["compile_s"] is None else f"{r['compile_s']:.1f}"
         lines.append(
             f"| {r['part']} | {r['seq']} | {r['mbs']} | {r['zero']} | {r['recompute']} | {int(r['compile'])} | "

@@ -12,16 +12,11 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from scaling.core.schema import HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
+from scaling.engine.enums import Status
 from scaling.engine.jobfiles import write_json_atomic
 from scaling.store.record import (
-    FAILED,
-    INVALID,
-    OK,
-    OOM,
-    PREDICTED_OOM,
     RESULT_FILE,
     SWEEP_INDEX,
-    TIMEOUT,
     Launch,
     LaunchTiming,
     Provenance,
@@ -50,7 +45,7 @@ def peak_mem_bytes(seq_len: int, mbs: int, dp: int, zero_stage: int) -> int:
 
 
 def make_record(
-    status: str = OK,
+    status: str = Status.OK,
     *,
     model: str = "tiny",
     seq_len: int = 256,
@@ -92,7 +87,7 @@ def make_record(
     peak = peak_mem_bytes_value or peak_mem_bytes(seq_len, mbs, dp, zero_stage)
     predicted = predicted_bytes if predicted_bytes is not None else int(peak * 1.05)
     metrics = None
-    if status == OK:
+    if status == Status.OK:
         step_time_s = gbs * seq_len / (tps_gpu * dp)
         metrics = {
             "tokens_per_s": tps_gpu * dp,
@@ -112,16 +107,16 @@ def make_record(
             "peak_flops_source": "config",
             "losses": [6.2, 6.1, 6.0],
         }
-    elif status == OOM:
+    elif status == Status.OOM:
         metrics = {"peak_mem_bytes": int(memory_gb * GIB)}
-    errors = {OK: None, OOM: "torch.OutOfMemoryError: emulated capacity exceeded",
-              PREDICTED_OOM: f"predicted {predicted / GIB:.1f} GiB > capacity {memory_gb} GiB",
-              TIMEOUT: "timed out after 600 s", FAILED: "RuntimeError: rank 1 crashed",
-              INVALID: f"parallel.dp={dp} does not divide train.gbs"}
-    repeats = [] if status in (PREDICTED_OOM, INVALID) else [
-        Launch(status=status, error=errors[status], metrics=metrics if status == OK else None,
+    errors = {Status.OK: None, Status.OOM: "torch.OutOfMemoryError: emulated capacity exceeded",
+              Status.PREDICTED_OOM: f"predicted {predicted / GIB:.1f} GiB > capacity {memory_gb} GiB",
+              Status.TIMEOUT: "timed out after 600 s", Status.FAILED: "RuntimeError: rank 1 crashed",
+              Status.INVALID: f"parallel.dp={dp} does not divide train.gbs"}
+    repeats = [] if status in (Status.PREDICTED_OOM, Status.INVALID) else [
+        Launch(status=status, error=errors[status], metrics=metrics if status == Status.OK else None,
                timing=LaunchTiming(launched_at="2025-01-01T00:00:01.000000+00:00", device_wait_s=0.0,
-                                   torchrun_wall_s=12.0, launch_overhead_s=3.0 if status == OK else None))]
+                                   torchrun_wall_s=12.0, launch_overhead_s=3.0 if status == Status.OK else None))]
     return Record(
         job_key=job_key(config),
         sweep=sweep,
@@ -132,7 +127,7 @@ def make_record(
                  "gbs_tokens": gbs * seq_len, "grad_acc": grad_acc, "world_size": dp},
         metrics=metrics,
         repeats=repeats,
-        predicted=None if status == INVALID else
+        predicted=None if status == Status.INVALID else
         {"peak_mem_bytes": predicted, "method": "analytic", "fits": predicted <= memory_gb * GIB,
          "analytic": {"method": "analytic", "peak_mem_bytes": predicted}, "traced": None},
         env={"torch": "2.13.0", "python": "3.11.7", "device_name": "NVIDIA H100", "backend": "nccl",
@@ -142,7 +137,7 @@ def make_record(
     ).to_dict()
 
 
-FAILURES = {(0, 2, 1024, 1): TIMEOUT, (0, 2, 1024, 2): FAILED, (1, 2, 1024, 1): INVALID}
+FAILURES = {(0, 2, 1024, 1): Status.TIMEOUT, (0, 2, 1024, 2): Status.FAILED, (1, 2, 1024, 1): Status.INVALID}
 """Grid points (zero_stage, dp, seq_len, mbs) that `grid_records` turns into each non-memory failure."""
 
 
@@ -167,9 +162,9 @@ def grid_records(
                 for mbs in mbss:
                     if (seq_len, mbs) == (seq_lens[-1], mbss[-1]):
                         continue
-                    status = FAILURES.get((zero_stage, dp, seq_len, mbs), OK)
+                    status = FAILURES.get((zero_stage, dp, seq_len, mbs), Status.OK)
                     if peak_mem_bytes(seq_len, mbs, dp, zero_stage) > memory_gb * GIB:
-                        status = PREDICTED_OOM if mbs == mbss[-1] else OOM
+                        status = Status.PREDICTED_OOM if mbs == mbss[-1] else Status.OOM
                     records.append(make_record(status, seq_len=seq_len, mbs=mbs, grad_acc=max(8 // dp, 1), dp=dp,
                                                zero_stage=zero_stage, sweep=sweep, memory_gb=memory_gb))
     return records

@@ -17,7 +17,7 @@ from analysis.collect import (
     to_frame,
     to_parquet,
 )
-from scaling.store.record import STATUSES
+from scaling.engine.enums import Status
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +39,9 @@ def test_one_row_per_record_with_short_config_columns(sweep):
 
 def test_every_status_kept_distinct_and_metrics_null_when_not_ok(sweep):
     df = collect(sweep)
-    assert list(df["status"].cat.categories) == list(STATUSES)
+    assert list(df["status"].cat.categories) == list(Status)
     counts = df["status"].value_counts()
-    assert all(counts[s] >= 1 for s in STATUSES), counts
+    assert all(counts[s] >= 1 for s in Status), counts
     not_ok = df[df["status"] != "ok"]
     assert not_ok["tokens_per_s_per_gpu"].isna().all()
     assert df.loc[df["status"] == "ok", "tokens_per_s_per_gpu"].notna().all()
@@ -73,7 +73,7 @@ def test_parquet_round_trip(sweep, tmp_path):
     back = pd.read_parquet(to_parquet(df, tmp_path / "out" / "results.parquet"))
     assert len(back) == len(df)
     assert back["tokens_per_s_per_gpu"].sum() == pytest.approx(df["tokens_per_s_per_gpu"].sum())
-    assert sorted(back["status"].astype(str).unique()) == sorted(STATUSES)
+    assert sorted(back["status"].astype(str).unique()) == sorted(Status)
     ok = back[back["status"] == "ok"].iloc[0]
     assert list(ok["losses"]) == [6.2, 6.1, 6.0]
 
@@ -112,7 +112,7 @@ def test_status_and_model_are_ordered_categories_and_timestamps_datetimes(tmp_pa
         record["timing"]["started_at"] = "2025-03-04T05:06:07+00:00"
         records.append(record)
     df = collect(write_sweep(tmp_path / "s", records))
-    assert df["status"].cat.ordered and list(df["status"].cat.categories) == list(STATUSES)
+    assert df["status"].cat.ordered and list(df["status"].cat.categories) == list(Status)
     assert (df["status"] < "failed").sum() == 3  # ok, oom (and predicted_oom, timeout) come before failed
     # by parameter count, not by name: llama_8b before llama_70b
     assert df["model"].cat.ordered

@@ -12,18 +12,22 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from scaling.core.sample import sampled
 from scaling.core.schema import CONF_DIR, EXPERIMENT_GROUPS, register_configs
-from scaling.store.record import FAILED, OK, OOM, PREDICTED_OOM, job_key
+from scaling.engine.enums import Status
+from scaling.store.record import answers, job_key
 from scaling.sweep.compose import sweep_file_grid
 from scaling.sweep.grid import (
     LAUNCH,
     Forecast,
     GridPoint,
     format_duration,
+    launch_wall_s,
     predict_new,
-    store_answers,
     survey,
+    wall_estimate_s,
 )
+from scaling.sweep.progress import count_grid
 from tests.compose import REPO, compose_point
 
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
@@ -122,12 +126,12 @@ def _point(status, wall_s=10.0, done=True):
 
 def test_forecast_counts_and_estimates_from_recorded_wall_times():
     f = Forecast()
-    for status, wall in [(OK, 10.0), (OK, 30.0), (OOM, 20.0), (PREDICTED_OOM, 0.01)]:
+    for status, wall in [(Status.OK, 10.0), (Status.OK, 30.0), (Status.OOM, 20.0), (Status.PREDICTED_OOM, 0.01)]:
         f.add(_point(status, wall), None)
-    for forecast in [LAUNCH] * 5 + [PREDICTED_OOM, "invalid"]:
+    for forecast in [LAUNCH] * 5 + [Status.PREDICTED_OOM, "invalid"]:
         f.add(_point(None, done=False), forecast)
     f.add(_point(None, done=False), LAUNCH, in_flight=True)
-    assert f.points == 12 and f.recorded == Counter({OK: 2, OOM: 1, PREDICTED_OOM: 1}) and f.in_flight == 1
+    assert f.points == 12 and f.recorded == Counter({Status.OK: 2, Status.OOM: 1, Status.PREDICTED_OOM: 1}) and f.in_flight == 1
     assert f.wall_s(at_once=1) == 5 * 20.0 and f.wall_s(at_once=2) == 3 * 20.0  # waves of the median
     head, wall = f.lines("g", at_once=2)
     assert head == ("sweep g: 12 points: 7 new (5 to launch, 1 predicted_oom, 1 invalid), "
@@ -140,21 +144,56 @@ def test_forecast_counts_and_estimates_from_recorded_wall_times():
     assert format_duration(7200) == "2.0 h" and format_duration(150) == "2.5 min"
 
 
+def test_the_wall_time_forecast_is_waves_of_the_median_launched_point():
+    """The one estimate the grid's forecast and `scaling status` share."""
+    assert launch_wall_s({"status": "timeout", "timing": {"wall_s": 7}}) == 7.0
+    assert launch_wall_s({"status": Status.PREDICTED_OOM, "timing": {"wall_s": 0.1}}) is None  # never launched
+    assert launch_wall_s({"status": "ok", "timing": {}}) is None and launch_wall_s(None) is None
+    assert wall_estimate_s(5, 2, [10.0, 30.0, 20.0]) == 3 * 20.0 and wall_estimate_s(0, 2, [10.0]) == 0
+    assert wall_estimate_s(5, 0, [10.0]) == 50.0 and wall_estimate_s(5, 2, []) is None
+
+
+def test_progress_counts_the_grid_as_the_grid_expands_it():
+    from omegaconf import OmegaConf
+
+    def config(sweeper: dict, task: list[str]):
+        return OmegaConf.create({"hydra": {"sweeper": sweeper, "overrides": {"task": task}}})
+
+    assert count_grid(config({"params": {"train.mbs": "1,2,4"}}, ["parallel.dp=1,2", "model=tiny"])) == 6
+    assert count_grid(config({"params": None}, ["train.mbs=range(1,5)"])) == 4
+    assert count_grid(config({"n_trials": 9, "params": {"train.mbs": "1,2"}}, [])) == 9  # a search: its budget
+
+
 def test_predict_new_follows_validation_and_the_prescreen():
     assert predict_new(compose_point(["parallel.zero_stage=5"]))["status"] == "invalid"
-    assert predict_new(compose_point(["hardware.memory_gb=0.0001"]))["status"] == PREDICTED_OOM
+    assert predict_new(compose_point(["hardware.memory_gb=0.0001"]))["status"] == Status.PREDICTED_OOM
     assert predict_new(compose_point(["hardware.memory_gb=0.0001", "launch.prescreen=false"]))["status"] == LAUNCH
     assert predict_new(compose_point(["hardware.memory_gb=0.0001", "launch.prescreen_sample=1"]))["status"] == LAUNCH
     assert predict_new(compose_point([]))["status"] == LAUNCH
 
 
-def test_store_answers_as_run_point_decides():
-    launch = {"rerun": "none", "prescreen_sample": 0.0, "repeats": 1}
-    assert store_answers({"status": PREDICTED_OOM}, "0" * 12, launch)
-    assert not store_answers({"status": PREDICTED_OOM}, "0" * 12, {**launch, "prescreen_sample": 1.0})  # the sample runs
-    assert store_answers({"status": FAILED}, "0" * 12, launch)
-    assert not store_answers({"status": FAILED}, "0" * 12, {**launch, "rerun": "failed"})
-    assert not store_answers(None, "0" * 12, launch)
-    one_launch = {"status": OK, "repeats": [{"status": OK, "metrics": {}}]}
-    assert store_answers(one_launch, "0" * 12, launch)
-    assert not store_answers(one_launch, "0" * 12, {**launch, "repeats": 2})  # the missing repeat is launched
+@pytest.mark.parametrize("status, rerun, sample, answered", [
+    ("ok", "none", 1.0, True), ("ok", "failed", 0.0, True), ("ok", "all", 0.0, False),
+    ("oom", "failed", 1.0, True), ("invalid", "failed", 1.0, True), ("oom", "all", 0.0, False),
+    ("predicted_oom", "none", 0.0, True), ("predicted_oom", "failed", 0.0, True),
+    ("predicted_oom", "none", 1.0, False),  # in the pre-screen's sample: it runs
+    ("failed", "none", 1.0, True), ("timeout", "none", 0.0, True),
+    ("failed", "failed", 0.0, False), ("timeout", "failed", 0.0, False),
+    ("unknown", "none", 0.0, False), (None, "none", 0.0, False),
+])
+def test_the_store_answers_a_point_by_one_rule(status, rerun, sample, answered):
+    """run_point, the grid and Optuna sweepers and `scaling status` all ask `answers`."""
+    record = {"status": status, "repeats": [{"status": status}]}
+    assert answers(record, "0" * 12, {"rerun": rerun, "repeats": 1, "prescreen_sample": sample}) is answered
+
+
+def test_the_sample_that_runs_predicted_oom_points_is_chosen_by_job_key():
+    launch = {"rerun": "none", "repeats": 1, "prescreen_sample": 0.5}
+    keys = [f"{i * 7919:012x}" for i in range(200)]
+    inside = [k for k in keys if sampled(k, 0.5)]
+    assert 0 < len(inside) < len(keys)
+    assert all(answers({"status": Status.PREDICTED_OOM}, k, launch) == (k not in inside) for k in keys)
+    assert not answers(None, keys[0], launch)
+    one_launch = {"status": Status.OK, "repeats": [{"status": Status.OK, "metrics": {}}]}
+    assert answers(one_launch, keys[0], launch)
+    assert not answers(one_launch, keys[0], {**launch, "repeats": 2})  # the missing repeat is launched

@@ -15,15 +15,10 @@ from pathlib import Path
 
 import psutil
 
+from scaling.engine.enums import Status
 from scaling.engine.jobfiles import RESULT_FILE, RUNNING_FILE, write_json_atomic
 from scaling.store.record import (
-    FAILED,
-    INVALID,
-    OK,
-    OOM,
-    PREDICTED_OOM,
     SWEEP_INDEX,
-    TIMEOUT,
     experiment_config,
     job_key,
 )
@@ -33,8 +28,8 @@ POINT = ["logger=none", "model=tiny", "train.seq_len=32", "train.warmup_steps=0"
 ZEROS, MBSS = (0, 1, 5, 6), (1, 2, 3, 4, 5)
 GRID = [f"parallel.zero_stage={','.join(map(str, ZEROS))}", f"train.mbs={','.join(map(str, MBSS))}"]
 SEEDED = {  # (zero_stage, mbs) -> status of a record already in the store; zero 5 and 6 run as `invalid`
-    **{(z, m): OK for z in (0, 1) for m in MBSS}, (1, 4): OOM, (1, 5): OOM, (0, 1): None,
-    (5, 1): FAILED, (5, 2): FAILED, (5, 3): TIMEOUT, (5, 4): INVALID, (6, 1): PREDICTED_OOM,
+    **{(z, m): Status.OK for z in (0, 1) for m in MBSS}, (1, 4): Status.OOM, (1, 5): Status.OOM, (0, 1): None,
+    (5, 1): Status.FAILED, (5, 2): Status.FAILED, (5, 3): Status.TIMEOUT, (5, 4): Status.INVALID, (6, 1): Status.PREDICTED_OOM,
 }
 PROGRESS = re.compile(r"^\[(\d+)/20\] ([0-9a-f]{12}) (\w+) ")
 
@@ -113,7 +108,7 @@ def test_resume_runs_exactly_the_missing_points_and_counts_the_rest(tmp_path):
     assert again.returncode == 0 and launched(again.stdout) == [] and "Launching" not in again.stderr + again.stdout
     assert "[20/20] 20 points already recorded (8 ok, 2 oom, 1 predicted_oom, 9 invalid)" in again.stdout
     assert Counter(json.loads(p.read_text())["status"] for p in sweep_dir.glob(f"*/{RESULT_FILE}")) == \
-        Counter({OK: 8, OOM: 2, PREDICTED_OOM: 1, INVALID: 9})
+        Counter({Status.OK: 8, Status.OOM: 2, Status.PREDICTED_OOM: 1, Status.INVALID: 9})
 
 
 def test_sweep_dry_run_forecasts_as_predict_sweep_does_and_writes_nothing(tmp_path):

@@ -12,6 +12,7 @@ from scaling.predictor.analytic import (
     PLAYBOOK_MIXED,
     analytic_peak,
     model_state_bytes,
+    predicted_oom,
     prescreen,
 )
 from scaling.predictor.trace import trace_peak
@@ -121,6 +122,26 @@ def test_prescreen_decides_by_capacity_and_margin():
     assert not prescreen(_point(0.0001, "launch.prescreen=false"))["skip"]  # switched off: launched anyway
     under = prescreen(_point(1.0))
     assert under["fits"] and not under["skip"] and under["traced"] is None
+
+
+def test_a_point_is_predicted_oom_when_the_prescreen_skips_it_outside_the_sample():
+    """The one rule run_point and the grid's forecast (predict_new) follow."""
+    assert predicted_oom({"skip": True, "sampled": False})
+    assert not predicted_oom({"skip": True, "sampled": True})  # in the sample: launched anyway
+    assert not predicted_oom({"skip": False, "sampled": False})
+    assert predicted_oom(prescreen(_point(0.0001)))
+    assert not predicted_oom(prescreen(_point(0.0001, "launch.prescreen_sample=1")))
+
+
+def test_prescreen_without_trace_decides_on_the_analytic_figure():
+    """A forecast of a whole grid (trace=False) applies the same threshold to the analytic peak."""
+    analytic = memory.predict_config(_point(1.0)).total_bytes
+    near = _point(analytic / GIB / 1.05)  # over the capacity, within the margin: inside the trace band
+    out = prescreen(near, trace=False)
+    assert out["method"] == "analytic" and out["traced"] is None and out["peak_mem_bytes"] == analytic
+    assert not out["fits"] and not out["skip"]
+    over = prescreen(_point(analytic / GIB / 1.2), trace=False)  # past (1 + margin) x capacity
+    assert over["skip"] and over["method"] == "analytic" and "predicted peak" in over["reason"]
 
 
 def test_prescreen_traces_near_the_capacity_in_a_subprocess():

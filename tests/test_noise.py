@@ -15,10 +15,19 @@ from scaling.store.record import (
     Launch,
     LaunchTiming,
     Timing,
+    answers,
     kept_launches,
     ok_launches,
-    should_skip,
 )
+
+KEY = "0" * 12
+"""A job key outside any pre-screen sample but the whole one."""
+
+
+def asked(rerun: str = "none", repeats: int = 1) -> dict:
+    """The launch settings `answers` reads."""
+    return {"rerun": rerun, "repeats": repeats, "prescreen_sample": 0.0}
+
 
 DERIVED = {"gbs_tokens": 1000, "world_size": 2, "flops_per_token": 6e6, "hw_flops_per_token": 8e6}
 PEAK_FLOPS_PER_S = 1e12
@@ -90,24 +99,24 @@ def test_repeats_headline_is_the_median_launch_with_both_spreads():
 def test_a_point_with_fewer_ok_launches_than_repeats_is_not_done():
     ok1 = launch("ok", launch_metrics([0.5], [1])).to_dict()
     record = {"status": "ok", "metrics": ok1["metrics"], "repeats": [ok1]}
-    assert should_skip(record, "none", repeats=1) and should_skip(record, "failed", repeats=1)
-    assert not should_skip(record, "none", repeats=3)
+    assert answers(record, KEY, asked()) and answers(record, KEY, asked("failed"))
+    assert not answers(record, KEY, asked(repeats=3))
     assert kept_launches(record, "none") == [ok1] and kept_launches(record, "all") == []
-    assert not should_skip(record, "all", repeats=1)
+    assert not answers(record, KEY, asked("all"))
     # a failed repeat after two ok ones: the point is failed; rerun=failed keeps the ok launches
     failed = {"status": "failed", "metrics": None, "repeats": [ok1, ok1, launch("failed").to_dict()]}
-    assert should_skip(failed, "none", repeats=3) and not should_skip(failed, "failed", repeats=3)
+    assert answers(failed, KEY, asked(repeats=3)) and not answers(failed, KEY, asked("failed", repeats=3))
     assert kept_launches(failed, "failed") == [ok1, ok1]
     for status in ("oom", "predicted_oom", "invalid"):
-        assert should_skip({"status": status, "repeats": []}, "none", repeats=5)
-    assert not should_skip(None, "none")
+        assert answers({"status": status, "repeats": []}, KEY, asked(repeats=5))
+    assert not answers(None, KEY, asked())
 
 
 def test_a_record_without_repeats_counts_its_one_ok_launch():
     metrics = launch_metrics([0.5, 0.5], [1])
     record = {"status": "ok", "metrics": metrics, "timing": {"launched_at": "t"}}
     assert [l["metrics"] for l in ok_launches(record)] == [metrics]
-    assert should_skip(record, "none", repeats=1) and not should_skip(record, "none", repeats=2)
+    assert answers(record, KEY, asked()) and not answers(record, KEY, asked(repeats=2))
     assert ok_launches({"status": "timeout", "metrics": None}) == []
 
 

@@ -17,9 +17,10 @@ from scaling.cli.find_mbs import largest_true
 from scaling.cli.find_mbs import main as find_mbs_main
 from scaling.cli.predict import main as predict_main
 from scaling.core.units import GIB
+from scaling.engine.enums import Status
 from scaling.job.run import run_point
 from scaling.predictor.trace import trace_peak
-from scaling.store.record import PREDICTED_OOM, RESULT_FILE, job_key
+from scaling.store.record import RESULT_FILE, job_key
 from scaling.sweep.grid import format_duration
 from tests.compose import REPO, compose_point
 
@@ -54,7 +55,7 @@ def test_prescreen_skips_exactly_the_points_predicted_not_to_fit(store, capacity
         pred, job = rec["predicted"], store / rec["job_key"]
         assert pred["capacity_bytes"] == int(capacity_gb * GIB)
         should_skip = pred["peak_mem_bytes"] > 1.1 * pred["capacity_bytes"]
-        assert (rec["status"] == PREDICTED_OOM) == should_skip, (mbs, pred)
+        assert (rec["status"] == Status.PREDICTED_OOM) == should_skip, (mbs, pred)
         launched[mbs] = (job / "torchrun.log").exists()
         assert launched[mbs] == (not should_skip)  # a skipped point starts no process
         if not should_skip:
@@ -69,9 +70,9 @@ def test_a_sample_of_predicted_oom_points_runs_anyway_to_measure_the_prescreen(s
     assert sampled["predicted"]["skip"] and sampled["predicted"]["sampled"]
     assert sampled["status"] == "oom" and (store / sampled["job_key"] / "torchrun.log").exists()  # really launched
     rec = run_point(point(store, capacity_gb, 12, "launch.prescreen_sample=0.0", "launch.rerun=all"))
-    assert rec["status"] == PREDICTED_OOM and not rec["predicted"]["sampled"]
+    assert rec["status"] == Status.PREDICTED_OOM and not rec["predicted"]["sampled"]
     # The sample is chosen by job key: about the asked fraction of keys, the same ones every time.
-    from scaling.predictor.analytic import sampled as in_sample
+    from scaling.core.sample import sampled as in_sample
 
     keys = [f"{i * 7919:012x}" for i in range(2000)]
     share = sum(in_sample(k, 0.1) for k in keys) / len(keys)

@@ -8,15 +8,10 @@ import json
 import pytest
 from records import make_record
 
+from scaling.engine.enums import Status
 from scaling.engine.jobfiles import WorkerReport
 from scaling.store.record import (
-    FAILED,
-    INVALID,
-    OK,
-    OOM,
-    PREDICTED_OOM,
     SCHEMA_VERSION,
-    TIMEOUT,
     Launch,
     LaunchTiming,
     Provenance,
@@ -68,11 +63,11 @@ def test_worker_report_is_none_when_rank_0_wrote_nothing_whole(tmp_path):
 def full_record() -> Record:
     """A point launched twice: one ok launch kept from an earlier run, one made now."""
     metrics = {"tokens_per_s": 2000.0, "tokens_per_s_per_gpu": 1000.0, "step_times_s": [0.5, 0.5]}
-    launches = [Launch(status=OK, metrics=metrics, timing=LaunchTiming(launched_at="t0", device_wait_s=0.5,
+    launches = [Launch(status=Status.OK, metrics=metrics, timing=LaunchTiming(launched_at="t0", device_wait_s=0.5,
                                                                        torchrun_wall_s=8.0, launch_overhead_s=7.0)),
-                Launch(status=OK, metrics=metrics, timing=LaunchTiming(launched_at="t1", device_wait_s=0.0,
+                Launch(status=Status.OK, metrics=metrics, timing=LaunchTiming(launched_at="t1", device_wait_s=0.0,
                                                                        torchrun_wall_s=7.5, launch_overhead_s=6.5))]
-    return Record(job_key="0123456789ab", sweep="demo", status=OK, config={"model": {"name": "tiny"}},
+    return Record(job_key="0123456789ab", sweep="demo", status=Status.OK, config={"model": {"name": "tiny"}},
                   derived={"gbs": 8, "world_size": 2}, metrics=metrics, repeats=launches,
                   predicted={"peak_mem_bytes": 4096, "method": "analytic", "fits": True},
                   env={"backend": "gloo", "devices": None},
@@ -94,7 +89,7 @@ def test_a_record_round_trips_with_todays_keys_in_order():
     assert Record.from_dict(json.loads(json.dumps(data))) == record
 
 
-@pytest.mark.parametrize("status", [OK, OOM, PREDICTED_OOM, TIMEOUT, FAILED, INVALID])
+@pytest.mark.parametrize("status", [Status.OK, Status.OOM, Status.PREDICTED_OOM, Status.TIMEOUT, Status.FAILED, Status.INVALID])
 def test_the_synthetic_records_are_records(status):
     data = make_record(status)
     assert list(data) == RECORD_KEYS
@@ -102,18 +97,18 @@ def test_the_synthetic_records_are_records(status):
 
 
 def test_an_old_record_reads_with_defaults_and_keeps_its_meaning():
-    old = {"job_key": "0123456789ab", "status": OK, "metrics": {"tokens_per_s": 10.0},
+    old = {"job_key": "0123456789ab", "status": Status.OK, "metrics": {"tokens_per_s": 10.0},
            "timing": {"started_at": "t", "wall_s": 3.0, "t0": 1.0}}  # no version, repeats or provenance
     record = Record.from_dict(old)
-    assert record == Record(schema_version=None, job_key="0123456789ab", status=OK,
+    assert record == Record(schema_version=None, job_key="0123456789ab", status=Status.OK,
                             metrics={"tokens_per_s": 10.0}, repeats=None, timing=Timing(started_at="t", wall_s=3.0))
     assert record.sweep is None and record.config == {} and record.provenance == Provenance()
     assert record.provenance.overrides == [] and record.provenance.attempt is None
     # Written back, it is still a record of one ok launch (no `repeats`: the record itself is the launch).
     assert len(ok_launches(record.to_dict())) == len(ok_launches(old)) == 1
-    assert Launch.from_dict({"status": TIMEOUT}) == Launch(status=TIMEOUT)
+    assert Launch.from_dict({"status": Status.TIMEOUT}) == Launch(status=Status.TIMEOUT)
 
 
 def test_a_record_without_a_job_key_is_refused():
     with pytest.raises(ValueError, match="needs a job_key.*'status'"):
-        Record.from_dict({"status": OK})
+        Record.from_dict({"status": Status.OK})

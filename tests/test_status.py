@@ -51,6 +51,22 @@ def test_summarize_counts_done_in_flight_to_run_and_stale():
     assert lines[-1] == "  time     median 10.0 s per launched point (4 recorded); about 30 s left at 2 at once"
 
 
+def test_a_predicted_oom_point_in_the_prescreen_sample_is_to_run_as_run_point_decides():
+    """`scaling status` judges a point done by the store's one rule (scaling.store.record.answers)."""
+    from scaling.core.sample import sampled
+
+    keys = [f"{i * 7919:012x}" for i in range(40)]
+    inside = {k for k in keys if sampled(k, 0.5)}
+    assert 0 < len(inside) < len(keys)
+    earlier = "2025-12-31T00:00:00+00:00"  # recorded by an earlier run
+    records = {k: rec("predicted_oom", earlier) for k in keys}
+    run = {"started_at": T0, "rerun": "none", "repeats": 1, "job_keys": keys}
+    s = summarize("/s", {"name": "g", "runs": [{**run, "prescreen_sample": 0.5}]}, records, {}, {})
+    assert s.done == Counter({"predicted_oom": len(keys) - len(inside)}) and s.to_run == len(inside)
+    old = summarize("/s", {"name": "g", "runs": [run]}, records, {}, {})  # sweep.json from before the sample was kept
+    assert old.done == Counter({"predicted_oom": len(keys)}) and old.to_run == 0
+
+
 def test_summarize_without_a_grid_counts_every_record():
     s = summarize("/s", None, {"a": rec("ok"), "b": rec("invalid", wall_s=0.1)}, {}, {})
     assert s.grid_points is None and s.to_run is None and s.done == Counter({"ok": 1, "invalid": 1})

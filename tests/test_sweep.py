@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from scaling.store.record import FINAL_STATUSES, iter_records
+from scaling.engine.enums import FINAL
+from scaling.store.record import iter_records
 from tests.processes import processes_mentioning
 
 FAST = ["model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
@@ -115,7 +116,7 @@ def test_sigkill_of_driver_then_resume_completes_exactly_the_missing_points(tmp_
     assert out.returncode == 0, out.stderr[-2000:]
     records = list(iter_records(sweep_dir))
     assert len(records) == 6 and len({r["job_key"] for r in records}) == 6
-    assert all(r["status"] in FINAL_STATUSES for r in records)
+    assert all(r["status"] in FINAL for r in records)
     assert f"[{len(before)}/6] {len(before)} points already recorded" in out.stdout
     launched = [ln for ln in out.stdout.splitlines() if ln.startswith("[scaling]")]
     assert len(launched) == 6 - len(before) and not {ln.split()[1] for ln in launched} & before

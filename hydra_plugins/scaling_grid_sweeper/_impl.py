@@ -89,7 +89,8 @@ class GridSweep(BasicSweeper):
             return []
         tracker = progress.driver_progress(self.hydra_context) or progress.Progress(len(points), None)
         tracker.record_grid(plan.keys, str(OmegaConf.select(self.config, "launch.rerun", default="none")),
-                           int(OmegaConf.select(self.config, "launch.repeats", default=1)))
+                           int(OmegaConf.select(self.config, "launch.repeats", default=1)),
+                           float(OmegaConf.select(self.config, "launch.prescreen_sample", default=0.0)))
         tracker.answered(plan.answered)
         tracker.held_elsewhere(plan.held)
         sweep_dir = Path(self.config.hydra.sweep.dir)

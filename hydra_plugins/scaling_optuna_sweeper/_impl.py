@@ -34,7 +34,7 @@ from optuna.study import Study
 from optuna.trial import Trial, TrialState
 
 from scaling.core.schema import EXPERIMENT_GROUPS
-from scaling.store.record import job_key, output_dir, read_record, should_skip
+from scaling.store.record import answers, job_key, output_dir, read_record
 
 from . import _report
 from ._outcome import Outcome, failure, judge, repeat_outcome, tell, worst_values
@@ -247,10 +247,12 @@ class OptunaSearch(Sweeper):
         sweep_dir = output_dir(cfg.sweep_dir, cfg.hydra)
         # The whole experiment, so the point runs the same from the default primary config too.
         run_overrides = leaf_overrides({**experiment, "sweep": cfg.sweep, "sweep_dir": sweep_dir})
-        record = read_record(sweep_dir, job_key(experiment))
-        rerun = OmegaConf.select(cfg, "launch.rerun", default="none")
-        repeats = OmegaConf.select(cfg, "launch.repeats", default=1)
-        return ExperimentPoint(run_overrides, record if should_skip(record, rerun, repeats) else None, repeats)
+        key = job_key(experiment)
+        record = read_record(sweep_dir, key)
+        launch = {"rerun": OmegaConf.select(cfg, "launch.rerun", default="none"),
+                  "repeats": OmegaConf.select(cfg, "launch.repeats", default=1),
+                  "prescreen_sample": OmegaConf.select(cfg, "launch.prescreen_sample", default=0.0)}
+        return ExperimentPoint(run_overrides, record if answers(record, key, launch) else None, launch["repeats"])
 
     def _check_failures(self, study: Study) -> None:
         counted = counted_trials(study)

@@ -22,10 +22,10 @@ from typing import Any, Mapping, Optional, Sequence
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from scaling.store.record import FAILED, OK, OOM, PREDICTED_OOM
+from scaling.engine.enums import Status
 
 CONSTRAINT = "oom"
-INFEASIBLE_STATUSES = frozenset({OOM, PREDICTED_OOM})
+INFEASIBLE_STATUSES = frozenset({Status.OOM, Status.PREDICTED_OOM})
 
 
 @dataclass
@@ -56,7 +56,7 @@ def judge(record: Any, objectives: Sequence[str], worst: Sequence[float]) -> Out
         if len(values) != len(objectives) or not all(_is_number(v) and math.isfinite(v) for v in values):
             return failure(f"task returned {record!r}: expected {len(objectives)} finite number(s), one per "
                            f"objective {list(objectives)}, or a record dict")
-        return Outcome(TrialState.COMPLETE, values=[float(v) for v in values], attrs={"status": OK})
+        return Outcome(TrialState.COMPLETE, values=[float(v) for v in values], attrs={"status": Status.OK})
     if not isinstance(record, Mapping):
         return failure(f"task returned {type(record).__name__}, expected a record dict or the objective value(s)")
     status = record.get("status")
@@ -68,7 +68,7 @@ def judge(record: Any, objectives: Sequence[str], worst: Sequence[float]) -> Out
     }
     if status in INFEASIBLE_STATUSES:
         return Outcome(TrialState.COMPLETE, values=list(worst), violation=1.0, attrs=attrs)
-    if status != OK:
+    if status != Status.OK:
         return Outcome(TrialState.FAIL, attrs=attrs)
     values = [dotted_get(record, name) for name in objectives]
     for name, value in zip(objectives, values):
@@ -80,7 +80,7 @@ def judge(record: Any, objectives: Sequence[str], worst: Sequence[float]) -> Out
 
 def failure(error: str) -> Outcome:
     """The outcome of a job that raised instead of returning a record."""
-    return Outcome(TrialState.FAIL, attrs={"status": FAILED, "error": error})
+    return Outcome(TrialState.FAIL, attrs={"status": Status.FAILED, "error": error})
 
 
 def repeat_outcome(trials: Sequence[FrozenTrial], params: Mapping[str, Any], repeats: int = 1) -> Optional[Outcome]:
@@ -89,7 +89,7 @@ def repeat_outcome(trials: Sequence[FrozenTrial], params: Mapping[str, Any], rep
     for earlier in trials:
         launched = earlier.user_attrs.get("metrics", {}).get("repeats_ok", 1)
         if (earlier.state == TrialState.COMPLETE and earlier.params == params
-                and (earlier.user_attrs.get("status") != OK or launched >= repeats)):
+                and (earlier.user_attrs.get("status") != Status.OK or launched >= repeats)):
             attrs = {k: earlier.user_attrs.get(k) for k in ("status", "job_key", "error", "metrics")}
             attrs["answered_from"] = f"trial {earlier.number}"
             violation = max(earlier.constraints.values(), default=0.0)

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
 from scaling.core.validate import InvalidConfig, validate
+from scaling.engine.enums import Status
 from scaling.predictor.analytic import capacity_bytes, predict_config
-from scaling.store.record import OK, OOM, PREDICTED_OOM
 
 
 def largest_true(pred: Callable[[int], bool], start: int, limit: int) -> int:
@@ -116,14 +116,14 @@ def _confirm(result: FindMbsResult, cfg: dict[str, Any], max_mbs: int,
 
     def status(m: int) -> str:
         rec = launch_point(_with_mbs(cfg, m))
-        if rec["status"] == PREDICTED_OOM:  # a stored pre-screen verdict is no measurement: run it
+        if rec["status"] == Status.PREDICTED_OOM:  # a stored pre-screen verdict is no measurement: run it
             rec = launch_point({**_with_mbs(cfg, m), "launch": {**cfg["launch"], "rerun": "all"}})
         peak = (rec.get("metrics") or {}).get("peak_mem_bytes")
         result.runs.append({"mbs": m, "status": rec["status"], "peak_mem_bytes": peak, "job_key": rec["job_key"]})
         return rec["status"]
 
     def unexpected(m: int, s: str) -> bool:
-        if s in (OK, OOM):
+        if s in (Status.OK, Status.OOM):
             return False
         result.note = f"mbs={m} ended {s} (neither ok nor oom): nothing confirmed"
         return True
@@ -133,7 +133,7 @@ def _confirm(result: FindMbsResult, cfg: dict[str, Any], max_mbs: int,
     s1 = status(first)
     if unexpected(first, s1):
         return
-    if s1 == OK:
+    if s1 == Status.OK:
         above = first + 1
         if above > max_mbs:
             result.mbs, result.note = first, f"mbs={first} ran; --max-mbs={max_mbs} stops the search above it"
@@ -141,7 +141,7 @@ def _confirm(result: FindMbsResult, cfg: dict[str, Any], max_mbs: int,
         s2 = status(above)
         if unexpected(above, s2):
             return
-        if s2 == OOM:
+        if s2 == Status.OOM:
             result.mbs, result.confirmed = first, True
             result.note = (f"confirmed: mbs={first} ok, mbs={above} oom" if m >= 1 else
                            "prediction said even mbs=1 does not fit, but mbs=1 ran and mbs=2 ran out of memory")
@@ -159,10 +159,10 @@ def _confirm(result: FindMbsResult, cfg: dict[str, Any], max_mbs: int,
     s2 = status(below)
     if unexpected(below, s2):
         return
-    result.mbs = below if s2 == OK else 0
-    result.confirmed = s2 == OK
+    result.mbs = below if s2 == Status.OK else 0
+    result.confirmed = s2 == Status.OK
     result.note = (f"contradiction: the prediction said mbs={first} fits but it ran out of memory; "
-                   + (f"mbs={below} ran: confirmed {below}" if s2 == OK else
+                   + (f"mbs={below} ran: confirmed {below}" if s2 == Status.OK else
                       f"mbs={below} ran out of memory too: the answer is below {below}, not found within two runs"))
 
 

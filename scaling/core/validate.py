@@ -18,16 +18,13 @@ from scaling.core.batch import (
     target_gbs_samples,
 )
 from scaling.core.host import usable_cores as host_cores
+from scaling.engine.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 
-PRECISIONS = ("fp32", "bf16")
-RECOMPUTE = ("none", "full")
-ZERO_STAGES = (0, 1, 2, 3)
 DEVICES = ("cpu", "cuda")
 BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo")}
 DATA_SOURCES = ("synthetic", "file")
 TOKEN_DTYPES = ("uint16", "int32")
 FAULTS = ("none", "crash", "hang", "oom")
-FSDP_GRAD_REDUCE = ("every_micro_step", "last_micro_step")
 LOGGERS = ("none", "wandb")
 WANDB_MODES = ("offline", "online", "disabled")
 RERUN = ("none", "failed", "all")
@@ -110,8 +107,8 @@ def _check_train(c: _Checker, t: Mapping[str, Any], max_seq_len: Any) -> None:
     c.require(_is_int(t["warmup_steps"]) and t["warmup_steps"] >= 0,
               f"train.warmup_steps={t['warmup_steps']!r} must be an integer >= 0")
     c.positive("train.steps", t["steps"])
-    c.choice("train.precision", t["precision"], PRECISIONS)
-    c.choice("train.recompute", t["recompute"], RECOMPUTE)
+    c.choice("train.precision", t["precision"], tuple(Precision))
+    c.choice("train.recompute", t["recompute"], tuple(Recompute))
     c.positive("train.lr", t["lr"], integer=False)
     c.require(t["weight_decay"] >= 0, f"train.weight_decay={t['weight_decay']!r} must be >= 0")
     c.choice("train.fault", t["fault"], FAULTS)
@@ -125,9 +122,9 @@ def _check_train(c: _Checker, t: Mapping[str, Any], max_seq_len: Any) -> None:
 
 def _check_parallel(c: _Checker, p: Mapping[str, Any]) -> None:
     c.positive("parallel.dp", p["dp"])
-    c.choice("parallel.zero_stage", p["zero_stage"], ZERO_STAGES)
+    c.choice("parallel.zero_stage", p["zero_stage"], tuple(ZeroStage))
     c.positive("parallel.bucket_mb", p["bucket_mb"], integer=False)
-    c.choice("parallel.fsdp_grad_reduce", p["fsdp_grad_reduce"], FSDP_GRAD_REDUCE)
+    c.choice("parallel.fsdp_grad_reduce", p["fsdp_grad_reduce"], tuple(FsdpGradReduce))
 
 
 def _check_hardware(c: _Checker, hw: Mapping[str, Any], precision: Any) -> None:
@@ -140,7 +137,7 @@ def _check_hardware(c: _Checker, hw: Mapping[str, Any], precision: Any) -> None:
     c.positive("hardware.threads_per_device", hw["threads_per_device"])
     for key in ("peak_tflops_bf16", "peak_tflops_fp32"):
         c.positive(f"hardware.{key}", hw[key], allow_none=True, integer=False)
-    if hw["device"] == "cuda" and precision in PRECISIONS:
+    if hw["device"] == "cuda" and precision in tuple(Precision):
         key = f"peak_tflops_{precision}"
         c.require(hw[key] is not None, f"hardware.{key}=null: a CUDA profile needs its peak TFLOP/s for MFU")
 
@@ -148,7 +145,7 @@ def _check_hardware(c: _Checker, hw: Mapping[str, Any], precision: Any) -> None:
 def _check_kernels(c: _Checker, cfg: Mapping[str, Any]) -> None:
     """CUDA runs attention only on fused kernels (scaling.engine.kernels): refuse what none of them runs."""
     m, precision = cfg["model"], cfg["train"]["precision"]
-    if cfg["hardware"]["device"] == "cuda" and precision == "fp32" and m["n_kv_heads"] != m["n_heads"]:
+    if cfg["hardware"]["device"] == "cuda" and precision == Precision.FP32 and m["n_kv_heads"] != m["n_heads"]:
         c.errors.append(
             f"train.precision=fp32 on hardware.device=cuda with grouped-query attention (model.n_kv_heads="
             f"{m['n_kv_heads']} < model.n_heads={m['n_heads']}): no fused attention kernel runs it in fp32 (flash "

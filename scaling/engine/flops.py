@@ -25,11 +25,12 @@ from typing import Iterator, Mapping, Optional
 
 import torch
 
+from scaling.engine.enums import Precision
 from scaling.engine.jobfiles import write_json_atomic
 from scaling.engine.model import ModelArgs, block_matmul_param_count, matmul_param_count
 
-PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-"""`train.precision` -> the dtype the matmuls run in."""
+PRECISION_DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16}
+"""`train.precision` -> the dtype the matmuls run in (the worker's compute dtype too)."""
 CACHE_FILE = "peak_flops.json"
 MATMUL_SIZE = 1024
 """Side of the square matmul timed on cpu: 2·1024³ ≈ 2.1 GFLOP, milliseconds to a few tenths of a second."""
@@ -99,7 +100,7 @@ def resolve_peak_flops(hardware: Mapping, precision: str, threads: int, device: 
     """Peak FLOP/s of one device at the run's precision: configured, or measured on cpu and cached; with where
     the figure came from and, for a measured one, when it was taken and the spread of its repeats."""
     if precision not in PRECISION_DTYPES:
-        raise ValueError(f"train.precision={precision!r} is invalid: expected one of {sorted(PRECISION_DTYPES)}")
+        raise ValueError(f"train.precision={precision!r} is invalid: expected one of {sorted(map(str, PRECISION_DTYPES))}")
     key = f"peak_tflops_{precision}"
     tflops = hardware.get(key)
     if tflops is not None:

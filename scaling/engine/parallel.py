@@ -44,10 +44,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from scaling.engine.enums import FsdpGradReduce, Precision, Recompute
 from scaling.engine.model import ModelArgs, Transformer
-
-EVERY_MICRO_STEP, LAST_MICRO_STEP = "every_micro_step", "last_micro_step"
-FSDP_GRAD_REDUCE = (EVERY_MICRO_STEP, LAST_MICRO_STEP)
 
 
 @dataclass
@@ -59,14 +57,14 @@ class Parallelized:
     zero_stage: int
     autocast_dtype: torch.dtype | None
     device: torch.device
-    fsdp_grad_reduce: str = EVERY_MICRO_STEP
+    fsdp_grad_reduce: str = FsdpGradReduce.EVERY_MICRO_STEP
 
     def micro_step(self, index: int, count: int) -> ContextManager[None]:
         """Context for micro-step `index` of `count`: how its gradients are reduced across ranks."""
         last = index == count - 1
         if self.zero_stage <= 1:
             return contextlib.nullcontext() if last else self.model.no_sync()
-        if self.fsdp_grad_reduce == LAST_MICRO_STEP:
+        if self.fsdp_grad_reduce == FsdpGradReduce.LAST_MICRO_STEP:
             self.model.set_requires_gradient_sync(last)
         elif self.zero_stage == 2:
             # ZeRO-2 shards gradients, not parameters: keep them gathered until the step's last backward.
@@ -129,9 +127,9 @@ def parallelize(args: ModelArgs, train: Mapping[str, Any], parallel: Mapping[str
     `on_meta=False` builds the shapes on `device` itself: for fake tensors (the traced predictor), which
     hold no memory anyway and cannot be moved off meta.
     """
-    zero_stage, bf16 = parallel["zero_stage"], train["precision"] == "bf16"
+    zero_stage, bf16 = parallel["zero_stage"], train["precision"] == Precision.BF16
     model = Transformer(args, device="meta" if on_meta else device)  # 1. shapes only
-    model.set_recompute(train["recompute"] == "full")             # 2. recompute
+    model.set_recompute(train["recompute"] == Recompute.FULL)     # 2. recompute
     if train["compile"]:                                          # 3. compile
         for block in model.layers:
             block.compile()

@@ -37,12 +37,11 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 from scaling.engine import device as devices  # noqa: E402
 from scaling.engine import kernels, memtrack  # noqa: E402
 from scaling.engine.data import GlobalBatch  # noqa: E402
+from scaling.engine.flops import PRECISION_DTYPES  # noqa: E402
 from scaling.engine.jobfiles import WORKER_OUTPUT, WorkerReport  # noqa: E402
 from scaling.engine.model import ModelArgs  # noqa: E402
 from scaling.engine.parallel import load_wrappers, parallelize  # noqa: E402
 from scaling.engine.step import train_step  # noqa: E402
-
-PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def warmup_steps(cfg: dict[str, Any], device_type: str) -> int:

@@ -29,6 +29,7 @@ from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.units import format_bytes
 from scaling.core.validate import Derived, InvalidConfig, validate
 from scaling.engine import flops
+from scaling.engine.enums import Status
 from scaling.engine.jobfiles import (
     CONFIG_FILE,
     ELASTIC_LOGS,
@@ -41,19 +42,16 @@ from scaling.engine.model import ModelArgs, param_count
 from scaling.job import wandb_log
 from scaling.job.metrics import repeats_metrics, throughput_metrics
 from scaling.launch import devices, slurm, torchrun
-from scaling.predictor.analytic import prescreen
+from scaling.predictor.analytic import predicted_oom, prescreen
 from scaling.store import inflight
 from scaling.store.record import (
-    FAILED,
-    INVALID,
-    OK,
-    PREDICTED_OOM,
     RESULT_FILE,
     Launch,
     LaunchTiming,
     Provenance,
     Record,
     Timing,
+    answers,
     experiment_config,
     job_dir,
     job_key,
@@ -61,7 +59,6 @@ from scaling.store.record import (
     next_attempt,
     output_dir,
     read_record,
-    store_answers,
 )
 
 OPTUNA_SWEEPER = "hydra_plugins.scaling_optuna_sweeper.sweeper.ScalingOptunaSweeper"
@@ -80,7 +77,7 @@ def run_point(cfg: dict[str, Any], provenance: Optional[Provenance] = None) -> d
     sweep_dir = Path(c.sweep_dir).resolve()
     key = job_key(cfg)
     existing = read_record(sweep_dir, key)
-    if store_answers(existing, key, cfg["launch"]):  # a predicted_oom point in the pre-screen's sample runs anyway
+    if answers(existing, key, cfg["launch"]):  # a predicted_oom point in the pre-screen's sample runs anyway
         print(f"[scaling] {key} already recorded as {existing['status']}: skipped", flush=True)
         return existing
 
@@ -90,11 +87,11 @@ def run_point(cfg: dict[str, Any], provenance: Optional[Provenance] = None) -> d
     try:
         derived = validate(cfg)
     except InvalidConfig as e:
-        return _finish(_ended(record, INVALID, str(e), c), point_dir, t0, cfg)
+        return _finish(_ended(record, Status.INVALID, str(e), c), point_dir, t0, cfg)
     record.derived = _derived_block(c, derived)
     record.predicted = prediction = prescreen(cfg, derived.grad_acc)
-    if prediction["skip"] and not prediction["sampled"]:  # predicted > (1 + prescreen_margin) x capacity
-        return _finish(_ended(record, PREDICTED_OOM, prediction["reason"], c), point_dir, t0, cfg)
+    if predicted_oom(prediction):  # predicted > (1 + prescreen_margin) x capacity, and not in the sample
+        return _finish(_ended(record, Status.PREDICTED_OOM, prediction["reason"], c), point_dir, t0, cfg)
 
     point_dir.mkdir(parents=True, exist_ok=True)
     runtime = {"job_key": key, "pg_timeout_s": torchrun.process_group_timeout_s(c.launch.timeout_s)}
@@ -106,7 +103,7 @@ def run_point(cfg: dict[str, Any], provenance: Optional[Provenance] = None) -> d
                                 os.environ, c.launch.master_port)
         lease = devices.request(cfg, os.environ)
     except ValueError as e:
-        return _finish(_ended(record, FAILED, str(e), c), point_dir, t0, cfg)
+        return _finish(_ended(record, Status.FAILED, str(e), c), point_dir, t0, cfg)
 
     lead = slurm.is_lead_task(os.environ)  # the task that writes the record (the only one outside multi-node SLURM)
     if lead:  # until _finish writes the record: `scaling status` and a re-run see the point in flight
@@ -157,16 +154,16 @@ def _launch_repeats(c: ExperimentConfig, cfg: dict[str, Any], record: Record, la
             outcome = torchrun.launch_torchrun(argv, point_dir, c.launch.timeout_s, env, log_name)
             torchrun.end_point_processes(point_dir / CONFIG_FILE)
         if not lead:  # another node's task of a multi-node point: its lead task writes the record
-            if outcome.status != OK:
+            if outcome.status != Status.OK:
                 return
             continue
         this, env_block = _launch_entry(c, record.derived, outcome, point_dir, launched_at, held.wait_s, peak)
         launches.append(this)
         record.status, record.error, record.repeats = this.status, this.error, launches
         record.env = {**env_block, "devices": held.visible}
-        record.metrics = repeats_metrics([r.metrics for r in launches], record.derived) if this.status == OK else None
+        record.metrics = repeats_metrics([r.metrics for r in launches], record.derived) if this.status == Status.OK else None
         record.timing = record.timing.with_launches(launches[kept:])
-        if this.status != OK:
+        if this.status != Status.OK:
             return
         record.write(point_dir / RESULT_FILE)
 
@@ -179,12 +176,12 @@ def _launch_entry(c: ExperimentConfig, derived: dict[str, Any], outcome: torchru
                   timing=LaunchTiming(launched_at=launched_at, device_wait_s=device_wait_s,
                                       torchrun_wall_s=outcome.wall_s))
     report = WorkerReport.read(point_dir / WORKER_OUTPUT)
-    if outcome.status == OK and report is not None:
+    if outcome.status == Status.OK and report is not None:
         this.metrics = throughput_metrics(report, derived, peak)
         this.timing.launch_overhead_s = outcome.wall_s - report.measured_window_s
         return this, {**report.env, "warmup_steps_run": report.warmup_steps_run, "compile": report.compile}
-    if outcome.status == OK:
-        this.status, this.error = FAILED, f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}"
+    if outcome.status == Status.OK:
+        this.status, this.error = Status.FAILED, f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}"
     return this, _host_env(c)
 
 

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from scaling.core.batch import nodes_needed
 from scaling.core.network import Profile, fit_tiers
+from scaling.engine.enums import Status
 from scaling.engine.jobfiles import (
     CONFIG_FILE,
     ELASTIC_LOGS,
@@ -46,7 +47,7 @@ def _launch_one(cfg: Mapping[str, Any], n: int, launch_dir: Path, argv: list[str
                                          torchrun.job_env(hw["threads_per_device"], held.visible, hw["device"] == "cuda"))
         torchrun.end_point_processes(out)  # every rank names its output file on its command line
     doc = read_json(out)
-    if outcome.status != "ok" or doc is None:
+    if outcome.status != Status.OK or doc is None:
         raise RuntimeError(f"the benchmark on {n} ranks ended {outcome.status}: {outcome.error or 'no ' + BENCH_OUTPUT}"
                            f" (log: {launch_dir / TORCHRUN_LOG})")
     return doc

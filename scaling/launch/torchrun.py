@@ -23,9 +23,9 @@ from typing import Mapping, Optional, Sequence
 
 import psutil
 
+from scaling.engine.enums import Status
 from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG
 from scaling.engine.lifetime import die_with_parent
-from scaling.store.record import FAILED, OK, OOM, TIMEOUT
 
 KILL_GRACE_S = 5.0
 _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory")
@@ -136,19 +136,19 @@ def classify(returncode: Optional[int], timed_out: bool, errors: Sequence[str], 
     """
     for message in errors:
         if any(marker in message for marker in _OOM_MARKERS):
-            return OOM, _last_line(message)
+            return Status.OOM, _last_line(message)
     if timed_out:
-        return TIMEOUT, f"no result within launch.timeout_s={timeout_s:g}s: all ranks killed"
+        return Status.TIMEOUT, f"no result within launch.timeout_s={timeout_s:g}s: all ranks killed"
     if returncode == 0:
-        return OK, None
+        return Status.OK, None
     for message in errors:
         if any(marker in message for marker in _COLLECTIVE_TIMEOUT_MARKERS):
-            return TIMEOUT, f"a rank waited past the process-group timeout in a collective: {_last_line(message)}"
+            return Status.TIMEOUT, f"a rank waited past the process-group timeout in a collective: {_last_line(message)}"
     if errors:
-        return FAILED, _last_line(errors[0])
+        return Status.FAILED, _last_line(errors[0])
     if any(marker in log_tail for marker in _OOM_MARKERS):
-        return OOM, next(ln.strip() for ln in log_tail.splitlines() if any(m in ln for m in _OOM_MARKERS))[:500]
-    return FAILED, _last_line(log_tail) or f"torchrun exited with code {returncode}"
+        return Status.OOM, next(ln.strip() for ln in log_tail.splitlines() if any(m in ln for m in _OOM_MARKERS))[:500]
+    return Status.FAILED, _last_line(log_tail) or f"torchrun exited with code {returncode}"
 
 
 def point_processes(config_path: Path) -> list[psutil.Process]:

@@ -3,7 +3,8 @@
 Owns the model-state formulas of the Ultra-Scale Playbook (`model_state_bytes`), the per-rank
 breakdown of this project's training step (`analytic_peak`: parameters, gradients, optimizer
 states, activations of the Llama block, logits and loss buffers, communication buffers and
-temporaries), and the pre-screen that the Hydra job runs before launching (`prescreen`).
+temporaries), and the pre-screen that the Hydra job runs before launching (`prescreen`, with the one rule
+that records a point as predicted_oom instead of launching it: `predicted_oom`).
 
 What the step holds, per rank, in this code base (see scaling/parallel.py):
 
@@ -35,8 +36,10 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
+from scaling.core.sample import sampled
 from scaling.core.units import GIB
-from scaling.store.record import job_key, sampled
+from scaling.engine.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
+from scaling.store.record import job_key
 
 if TYPE_CHECKING:  # the model module imports torch: analytic_peak imports it, so reading this module costs none
     from scaling.engine.model import ModelArgs
@@ -81,8 +84,8 @@ class ModelState:
 def model_state_bytes(n_params: int, zero_stage: int, dp: int, per_param: StateBytes = PLAYBOOK_MIXED) -> ModelState:
     """The Playbook's per-rank model state: ZeRO-1 2Ψ + 2Ψ + kΨ/dp, ZeRO-2 2Ψ + (2Ψ + kΨ)/dp,
     ZeRO-3 (4Ψ + kΨ)/dp (mixed precision; PLAYBOOK_FP32 gives the fp32 version)."""
-    if zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"parallel.zero_stage={zero_stage!r} is not valid: choose one of 0, 1, 2, 3")
+    if zero_stage not in tuple(ZeroStage):
+        raise ValueError(f"parallel.zero_stage={zero_stage!r} is not valid: choose one of {', '.join(map(str, ZeroStage))}")
     if dp < 1:
         raise ValueError(f"parallel.dp={dp!r} must be a positive integer")
     psi = float(n_params)
@@ -286,27 +289,27 @@ def analytic_peak(
     mbs: int,
     dp: int = 1,
     zero_stage: int = 0,
-    precision: str = "fp32",
-    recompute: str = "none",
+    precision: str = Precision.FP32,
+    recompute: str = Recompute.NONE,
     grad_acc: int = 1,
-    fsdp_grad_reduce: str = "every_micro_step",
+    fsdp_grad_reduce: str = FsdpGradReduce.EVERY_MICRO_STEP,
 ) -> MemoryBreakdown:
     """Predicted peak bytes per rank of one training step of this project's model, by phase."""
     from scaling.engine.model import ModelArgs, param_count
 
     a = model if isinstance(model, ModelArgs) else ModelArgs.from_dict(model)
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"train.precision={precision!r} is not valid: choose fp32 or bf16")
-    if recompute not in ("none", "full"):
-        raise ValueError(f"train.recompute={recompute!r} is not valid: choose none or full")
+    if precision not in tuple(Precision):
+        raise ValueError(f"train.precision={precision!r} is not valid: choose {' or '.join(Precision)}")
+    if recompute not in tuple(Recompute):
+        raise ValueError(f"train.recompute={recompute!r} is not valid: choose {' or '.join(Recompute)}")
     s = _Shapes(a.n_layers, a.hidden, a.n_kv_heads * a.head_dim, a.ffn_hidden, a.n_heads, a.head_dim,
                 a.vocab_size, a.tie_embeddings, seq_len, mbs)
-    bf16, fsdp, full = precision == "bf16", zero_stage >= 2, recompute == "full"
+    bf16, fsdp, full = precision == Precision.BF16, zero_stage >= 2, recompute == Recompute.FULL
     psi, t, h, V = param_count(a), s.t, s.h, s.V
     cu = BF16 if bf16 else FP32  # bytes of a weight's compute copy
 
     # Model state through forward and backward.
-    accumulate_unsharded = fsdp and grad_acc > 1 and fsdp_grad_reduce == "last_micro_step"
+    accumulate_unsharded = fsdp and grad_acc > 1 and fsdp_grad_reduce == FsdpGradReduce.LAST_MICRO_STEP
     if not fsdp:
         params = FP32 * psi
         grads = FP32 * psi  # DDP's buckets; accumulation adds into them (gradients are views of the buckets)
@@ -371,12 +374,15 @@ TRACE_BAND = (0.8, 1.25)
 """The pre-screen asks the traced predictor when analytic / ((1 + margin) x capacity) falls in here."""
 
 
-def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> dict[str, Any]:
+def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None, trace: bool = True) -> dict[str, Any]:
     """The record's `predicted` block: predicted peak bytes per rank, method, fits, and whether to skip.
 
     `fits` is predicted <= capacity (None without a capacity); `skip` is predicted >
-    (1 + launch.prescreen_margin) x capacity with the pre-screen on, and `reason` then says why.
-    Never raises for a valid point: a failed trace leaves the analytic figure and says so.
+    (1 + launch.prescreen_margin) x capacity with the pre-screen on, and `reason` then says why;
+    `sampled`, that such a point is in the sample that runs anyway (launch.prescreen_sample). With `trace`,
+    an analytic figure near the threshold is replaced by the traced one (the job's pre-screen does; a
+    forecast of a whole grid may not). Never raises for a valid point: a failed trace leaves the analytic
+    figure and says so.
     """
     analytic = predict_config(cfg, grad_acc)
     capacity = capacity_bytes(cfg)
@@ -389,7 +395,7 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> dict[st
     if capacity is None:
         return out
     threshold = (1.0 + margin) * capacity
-    if cfg["launch"]["prescreen"] and TRACE_BAND[0] <= analytic.total_bytes / threshold <= TRACE_BAND[1]:
+    if trace and cfg["launch"]["prescreen"] and TRACE_BAND[0] <= analytic.total_bytes / threshold <= TRACE_BAND[1]:
         import torch.distributed as dist
 
         from scaling.predictor.trace import trace_peak, trace_peak_isolated
@@ -413,3 +419,10 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> dict[st
                          "(hardware.memory_gb - reserve_gb): not launched (launch.prescreen=false runs it anyway)")
         out["sampled"] = sampled(job_key(cfg), float(cfg["launch"]["prescreen_sample"]))
     return out
+
+
+def predicted_oom(predicted: Mapping[str, Any]) -> bool:
+    """Whether a point's pre-screen (`prescreen`'s block) keeps it from launching, so that its status is
+    predicted_oom: predicted over the threshold with the pre-screen on, and not in the sample that runs anyway.
+    run_point and the grid's forecast (scaling.sweep.grid.predict_new) both decide by it."""
+    return bool(predicted["skip"]) and not predicted["sampled"]

@@ -1,10 +1,10 @@
 """The record store: one `<sweep_dir>/<job_key>/result.json` per experiment point.
 
 Owns the record's type (`Record`, its launches `Launch` and its `Provenance` and `Timing`, whose
-`to_dict` is the JSON written), the job key (a stable hash of the experiment-defining config), the
-statuses, the resume rule (which stored records answer a point, and which of its launches a new run
-keeps), and the atomic write (temp file + `os.replace`), so a killed driver never leaves half a
+`to_dict` is the JSON written), the job key (a stable hash of the experiment-defining config), the resume rule (`answers`: which
+stored records answer a point, and which of its launches a new run keeps), and the atomic write (temp file + `os.replace`), so a killed driver never leaves half a
 record behind. Readers that only look (analysis, status, the sweepers) read the JSON as dicts.
+The statuses are scaling.engine.enums.Status.
 """
 
 from __future__ import annotations
@@ -17,18 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
+from scaling.core.sample import sampled
 from scaling.core.schema import EXPERIMENT_GROUPS
+from scaling.engine.enums import FINAL, Status
 from scaling.engine.jobfiles import RESULT_FILE, read_json, write_json_atomic
 
 SCHEMA_VERSION = 1
 """The record's file format; a field added with a default for older records keeps it."""
 SWEEP_INDEX = "sweep.json"
 """The sweep directory's index: name, start, hardware and one entry per run of the sweep."""
-
-OK, OOM, PREDICTED_OOM, TIMEOUT, FAILED, INVALID = "ok", "oom", "predicted_oom", "timeout", "failed", "invalid"
-STATUSES = (OK, OOM, PREDICTED_OOM, TIMEOUT, FAILED, INVALID)
-FINAL_STATUSES = frozenset({OK, OOM, PREDICTED_OOM, INVALID})
-"""A re-run skips these; `failed` and `timeout` are retried only when asked (launch.rerun)."""
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -150,7 +147,7 @@ class Record:
     sweep: Optional[str] = None
     """The sweep's name."""
     status: Optional[str] = None
-    """One of `STATUSES`; None only while the point is being judged."""
+    """A `Status` (scaling.engine.enums); None only while the point is being judged."""
     error: Optional[str] = None
     """Why the point is not ok, in one line; None when ok."""
     config: dict[str, Any] = field(default_factory=dict)
@@ -245,9 +242,10 @@ def ok_launches(record: Optional[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if record is None:
         return []
     if isinstance(record.get("repeats"), list):
-        return [dict(launch) for launch in record["repeats"] if launch.get("status") == OK]
-    if record.get("status") == OK and record.get("metrics"):
-        return [{"status": OK, "error": None, "metrics": record["metrics"], "timing": dict(record.get("timing") or {})}]
+        return [dict(launch) for launch in record["repeats"] if launch.get("status") == Status.OK]
+    if record.get("status") == Status.OK and record.get("metrics"):
+        return [{"status": Status.OK, "error": None, "metrics": record["metrics"],
+                 "timing": dict(record.get("timing") or {})}]
     return []
 
 
@@ -256,29 +254,17 @@ def kept_launches(record: Optional[Mapping[str, Any]], rerun: str) -> list[dict[
     return [] if rerun == "all" else ok_launches(record)
 
 
-def should_skip(record: Optional[Mapping[str, Any]], rerun: str, repeats: int = 1) -> bool:
-    """Whether a stored record answers the point: ok with at least `repeats` ok launches, the other final
-    statuses always, failed/timeout unless rerun. An ok point with fewer launches is not done."""
-    if record is None or rerun == "all":
+def answers(record: Optional[Mapping[str, Any]], key: str, launch: Mapping[str, Any]) -> bool:
+    """Whether a stored record answers its point, so that it is not run again: ok with at least
+    launch.repeats ok launches (an ok point with fewer launches the missing ones), predicted_oom unless the
+    pre-screen's sample (launch.prescreen_sample) runs the point anyway, invalid and oom always, failed and
+    timeout unless launch.rerun=failed; none with launch.rerun=all. run_point, the grid and Optuna sweepers
+    and `scaling status` all decide by it."""
+    if record is None or launch["rerun"] == "all":
         return False
-    if record.get("status") == OK:
-        return len(ok_launches(record)) >= repeats
-    if rerun == "failed":
-        return record.get("status") in FINAL_STATUSES
-    return record.get("status") in STATUSES
-
-
-def sampled(key: str, fraction: float) -> bool:
-    """Whether a point the pre-screen would skip runs anyway, as part of a `fraction` sample: decided by its
-    job key, so a re-run samples the same points."""
-    return int(key, 16) % 10_000 < round(fraction * 10_000)
-
-
-def store_answers(record: Optional[Mapping[str, Any]], key: str, launch: Mapping[str, Any]) -> bool:
-    """Whether a stored record answers its point, so that it is not run again: `should_skip` under
-    launch.rerun, except a predicted_oom point that the pre-screen's sample (launch.prescreen_sample)
-    runs anyway. run_point and the grid sweeper both decide by it."""
-    if record is not None and record.get("status") == PREDICTED_OOM and sampled(key, launch["prescreen_sample"]):
+    status = record.get("status")
+    if status == Status.OK:
+        return len(ok_launches(record)) >= launch["repeats"]
+    if status == Status.PREDICTED_OOM and sampled(key, float(launch["prescreen_sample"])):
         return False
-    return should_skip(record, launch["rerun"], launch["repeats"])
-
+    return status in FINAL or (launch["rerun"] != "failed" and status in (Status.FAILED, Status.TIMEOUT))

@@ -12,9 +12,10 @@ a config group under its own group choices, is composed in full. Either way the 
 of every sweep file).
 
 `survey` walks a grid and says, for each point, its key, its stored record and whether the store
-already answers it (`store_answers`, which run_point asks too); `Forecast` counts what a run of the grid would
-do (new, recorded, predicted out of memory, invalid) and estimates its wall time. The grid
-sweeper, its dry run and `scaling predict --sweep` share them.
+already answers it (scaling.store.record.answers, which run_point asks too); `Forecast` counts what a run
+of the grid would do (new, recorded, predicted out of memory, invalid) and estimates its wall time
+(`wall_estimate_s`, which `scaling status` uses for the time left). The grid sweeper, its dry run and
+`scaling predict --sweep` share them.
 """
 
 from __future__ import annotations
@@ -27,26 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
-from scaling.store.record import (
-    FAILED,
-    INVALID,
-    OK,
-    OOM,
-    PREDICTED_OOM,
-    STATUSES,
-    TIMEOUT,
-    job_key,
-    output_dir,
-    read_record,
-    sampled,
-    store_answers,
-)
+from scaling.engine.enums import LAUNCHED, Status
+from scaling.store.record import answers, job_key, output_dir, read_record
 
 if TYPE_CHECKING:  # OmegaConf is imported where it is used: `scaling status` reads records only
     from omegaconf import DictConfig
 
-LAUNCHED_STATUSES = (OK, OOM, TIMEOUT, FAILED)
-"""Statuses of points that ran torchrun: their wall time says what a launch costs."""
 LAUNCH = "launch"
 """Forecast of a new point that passes validation and the pre-screen: it runs torchrun."""
 
@@ -159,7 +146,7 @@ class GridPoint:
     sweep_dir: Path
     record: Optional[dict[str, Any]]
     done: bool
-    """The stored record answers it (store_answers under the point's launch settings)."""
+    """The stored record answers it (scaling.store.record.answers under the point's launch settings)."""
 
 
 def survey(points: Sequence[Sequence[str]], configs: PointConfigs) -> Iterator[GridPoint]:
@@ -169,26 +156,23 @@ def survey(points: Sequence[Sequence[str]], configs: PointConfigs) -> Iterator[G
         key = job_key(cfg)
         sweep_dir = Path(cfg["sweep_dir"])
         record = read_record(sweep_dir, key)
-        yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, store_answers(record, key, cfg["launch"]))
+        yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, answers(record, key, cfg["launch"]))
 
 
 def predict_new(cfg: Mapping[str, Any], traced: bool = False) -> dict[str, Any]:
     """What run_point will do with a point it has to run: `invalid`, `predicted_oom` or `launch`, with
-    the prediction (`predicted`) or the error. Analytic unless `traced` (the pre-screen traces
-    near-capacity points at launch)."""
+    the prediction (`predicted`) or the error, by run_point's own rules. Analytic unless `traced` (the
+    pre-screen traces near-capacity points at launch)."""
     from scaling.core.validate import InvalidConfig, validate
-    from scaling.predictor.analytic import prescreen
+    from scaling.predictor.analytic import predicted_oom, prescreen
 
     try:
         grad_acc = validate(cfg).grad_acc
     except InvalidConfig as e:
-        return {"status": INVALID, "error": str(e), "predicted": None}
-    launch = cfg["launch"]
-    predicted = prescreen({**cfg, "launch": {**launch, "prescreen": launch["prescreen"] and traced}}, grad_acc)
-    capacity, margin = predicted["capacity_bytes"], float(launch["prescreen_margin"])
-    skip = launch["prescreen"] and capacity is not None and predicted["peak_mem_bytes"] > (1 + margin) * capacity
-    skip = skip and not sampled(job_key(cfg), float(launch["prescreen_sample"]))  # the sample runs anyway
-    return {"status": PREDICTED_OOM if skip else LAUNCH, "error": None, "predicted": predicted}
+        return {"status": Status.INVALID, "error": str(e), "predicted": None}
+    predicted = prescreen(cfg, grad_acc, trace=traced)
+    return {"status": Status.PREDICTED_OOM if predicted_oom(predicted) else LAUNCH, "error": None,
+            "predicted": predicted}
 
 
 @dataclass
@@ -210,9 +194,9 @@ class Forecast:
     def add(self, point: GridPoint, forecast: Optional[str], in_flight: bool = False) -> None:
         """Count one point: recorded, in flight, or new with its forecast (from predict_new)."""
         self.points += 1
-        if point.record is not None and (point.record.get("timing") or {}).get("wall_s") is not None \
-                and point.record.get("status") in LAUNCHED_STATUSES:
-            self.launched_wall_s.append(float(point.record["timing"]["wall_s"]))
+        wall = launch_wall_s(point.record)
+        if wall is not None:
+            self.launched_wall_s.append(wall)
         if point.done:
             self.recorded[point.record["status"]] += 1
         elif in_flight:
@@ -223,16 +207,14 @@ class Forecast:
                 self.timeout_s = max(self.timeout_s, float(point.cfg["launch"]["timeout_s"]))
 
     def wall_s(self, at_once: int) -> Optional[float]:
-        """Estimated wall time of the launches: waves of `at_once` points of the median recorded wall time."""
-        if not self.launched_wall_s:
-            return None
-        return math.ceil(self.new[LAUNCH] / max(1, at_once)) * statistics.median(self.launched_wall_s)
+        """Estimated wall time of the launches (`wall_estimate_s`)."""
+        return wall_estimate_s(self.new[LAUNCH], at_once, self.launched_wall_s)
 
     def lines(self, name: str, at_once: int) -> list[str]:
         """The grid's size and counts, then the wall-time estimate, as printed before a run."""
         new = sum(self.new.values())
-        parts = [f"{new} new ({self.new[LAUNCH]} to launch, {self.new[PREDICTED_OOM]} predicted_oom, "
-                 f"{self.new[INVALID]} invalid)", f"{sum(self.recorded.values())} recorded"
+        parts = [f"{new} new ({self.new[LAUNCH]} to launch, {self.new[Status.PREDICTED_OOM]} predicted_oom, "
+                 f"{self.new[Status.INVALID]} invalid)", f"{sum(self.recorded.values())} recorded"
                  + (f" ({status_list(self.recorded)})" if self.recorded else "")]
         if self.in_flight:
             parts.append(f"{self.in_flight} in flight")
@@ -252,9 +234,27 @@ class Forecast:
         return [head, wall]
 
 
+def launch_wall_s(record: Optional[Mapping[str, Any]]) -> Optional[float]:
+    """What launching a recorded point cost: its wall time when it ran torchrun; None for a point that
+    never launched (predicted_oom, invalid) or a record without one."""
+    if record is None or record.get("status") not in LAUNCHED:
+        return None
+    wall = (record.get("timing") or {}).get("wall_s")
+    return None if wall is None else float(wall)
+
+
+def wall_estimate_s(launches: int, at_once: int, launched_wall_s: Sequence[float]) -> Optional[float]:
+    """Estimated wall time of `launches` points run `at_once` at a time: waves of the median wall time of the
+    launched points recorded so far (`launch_wall_s`); None before any. `scaling status` estimates the time
+    left by it too."""
+    if not launched_wall_s:
+        return None
+    return math.ceil(launches / max(1, at_once)) * statistics.median(launched_wall_s)
+
+
 def status_list(counts: Mapping[str, int]) -> str:
-    """'40 ok, 12 oom': the non-zero counts, in the order of STATUSES."""
-    return ", ".join(f"{counts[s]} {s}" for s in STATUSES if counts.get(s))
+    """'40 ok, 12 oom': the non-zero counts, in the order of scaling.engine.enums.Status."""
+    return ", ".join(f"{counts[s]} {s}" for s in Status if counts.get(s))
 
 
 def format_duration(seconds: float) -> str:

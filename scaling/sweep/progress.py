@@ -35,10 +35,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.units import format_bytes
+from scaling.engine.enums import Status
 from scaling.engine.jobfiles import read_json, write_json_atomic
 from scaling.store import inflight
-from scaling.store.record import FAILED, SWEEP_INDEX, TIMEOUT, iter_records
-from scaling.sweep.grid import status_list
+from scaling.store.record import SWEEP_INDEX, iter_records
+from scaling.sweep.grid import expand, status_list
 
 
 class PointsFailed(Exception):
@@ -46,21 +47,17 @@ class PointsFailed(Exception):
 
     def __init__(self, counts: Counter) -> None:
         self.counts = counts
-        bad = ", ".join(f"{counts[s]} {s}" for s in (TIMEOUT, FAILED) if counts[s])
+        bad = ", ".join(f"{counts[s]} {s}" for s in (Status.TIMEOUT, Status.FAILED) if counts[s])
         super().__init__(f"{bad} of {sum(counts.values())} points (every point ran; each record has its error)")
 
 
 def count_grid(config: DictConfig) -> Optional[int]:
-    """Points in a grid multirun (basic sweeper), or the trial budget of a search; None if unknown."""
+    """Points in a grid multirun (the grid's expansion, scaling.sweep.grid.expand), or the trial budget of a
+    search; None if unknown."""
     sweeper = config.hydra.sweeper
     if "n_trials" in sweeper:
         return int(sweeper.n_trials)
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
-    parsed = OverridesParser.create().parse_overrides([*params, *config.hydra.overrides.task])
-    return sum(len(batch) for batch in BasicSweeper.split_arguments(parsed, None))
+    return len(expand(sweeper.get("params") or {}, list(config.hydra.overrides.task)))
 
 
 def progress_line(k: int, total: Optional[int], record: dict[str, Any]) -> str:
@@ -84,7 +81,7 @@ def closing_line(name: str, sweep_dir: str | Path, counts: Counter, in_flight: i
 
 def has_failures(counts: Counter) -> bool:
     """A sweep with crashed or timed-out points exits non-zero (after finishing every point)."""
-    return counts[FAILED] + counts[TIMEOUT] > 0
+    return counts[Status.FAILED] + counts[Status.TIMEOUT] > 0
 
 
 def raise_for_failures(counts: Optional[Counter]) -> None:
@@ -114,13 +111,15 @@ class Progress:
     def _k(self) -> str:
         return f"[{self.done}/{self.total if self.total is not None else '?'}]"
 
-    def record_grid(self, job_keys: Sequence[str], rerun: str, repeats: int = 1) -> None:
-        """Add the grid's job keys, launch.rerun and launch.repeats to this run's entry of sweep.json (for
-        `scaling status`, which judges a point done by the rule run_point follows)."""
+    def record_grid(self, job_keys: Sequence[str], rerun: str, repeats: int = 1, prescreen_sample: float = 0.0) -> None:
+        """Add the grid's job keys, launch.rerun, launch.repeats and launch.prescreen_sample to this run's entry
+        of sweep.json (for `scaling status`, which judges a point done by the rule run_point follows,
+        scaling.store.record.answers)."""
         if self.index_path is None:
             return
         index = json.loads(self.index_path.read_text())
-        index["runs"][-1].update(points=len(job_keys), rerun=rerun, repeats=repeats, job_keys=list(job_keys))
+        index["runs"][-1].update(points=len(job_keys), rerun=rerun, repeats=repeats, prescreen_sample=prescreen_sample,
+                                 job_keys=list(job_keys))
         write_json_atomic(self.index_path, index)
 
     def answered(self, counts: Counter) -> None:

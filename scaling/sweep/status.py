@@ -9,17 +9,19 @@
       stale        1  77aa88bb99cc: pid 4310 on node7 is gone without a record (a re-run runs it again)
       time     median 6.1 s per launched point (38 recorded); about 1.1 min left at 2 at once
 
-It reads the last run's entry of sweep.json (the grid's job keys, launch.rerun, the start), the
-records and the running markers (scaling.store.inflight), never a Hydra config, so it answers from
-another shell while the sweep runs, after a crash, and for a directory that single points or a
-search wrote (without a grid there is nothing "to run"). `--watch` redraws every few seconds
-and re-reads only the records that changed. The counting is pure (`summarize`).
+It reads the last run's entry of sweep.json (the grid's job keys, the launch settings that decide
+whether the store answers a point, the start), the records and the running markers
+(scaling.store.inflight), never a Hydra config, so it answers from another shell while the sweep
+runs, after a crash, and for a directory that single points or a search wrote (without a grid there
+is nothing "to run"). `--watch` redraws every few seconds and re-reads only the records that
+changed. The counting is pure (`summarize`): a point is done by the rule run_point follows
+(scaling.store.record.answers), and the time left is the grid's forecast
+(scaling.sweep.grid.wall_estimate_s).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,8 +30,8 @@ from typing import Any, Mapping, Optional
 
 from scaling.engine.jobfiles import RESULT_FILE, read_json
 from scaling.store import inflight
-from scaling.store.record import SWEEP_INDEX, should_skip
-from scaling.sweep.grid import LAUNCHED_STATUSES, format_duration, status_list
+from scaling.store.record import SWEEP_INDEX, answers
+from scaling.sweep.grid import format_duration, launch_wall_s, status_list, wall_estimate_s
 
 SHOWN = 8
 """Running points listed one per line; the rest are counted."""
@@ -81,10 +83,10 @@ def _time(iso: Optional[str]) -> Optional[dt.datetime]:
     return dt.datetime.fromisoformat(iso) if iso else None
 
 
-def _done(record: Mapping[str, Any], rerun: str, repeats: int, run_started: Optional[dt.datetime]) -> bool:
+def _done(record: Mapping[str, Any], key: str, launch: Mapping[str, Any], run_started: Optional[dt.datetime]) -> bool:
     """Whether a record answers its point in this run: the store answered it, or this run wrote it."""
     started = _time((record.get("timing") or {}).get("started_at"))
-    return should_skip(record, rerun, repeats) or (run_started is not None and started is not None and started >= run_started)
+    return answers(record, key, launch) or (run_started is not None and started is not None and started >= run_started)
 
 
 def summarize(sweep_dir: str, index: Optional[Mapping[str, Any]], records: Mapping[str, Mapping[str, Any]],
@@ -98,8 +100,11 @@ def summarize(sweep_dir: str, index: Optional[Mapping[str, Any]], records: Mappi
     status = Status(sweep_dir, (index or {}).get("name"), len(runs), last.get("started_at"),
                     len(keys) if keys is not None else None)
     grid = set(keys) if keys is not None else set(records)
-    rerun, repeats = last.get("rerun", "none"), last.get("repeats", 1)
-    done = {k for k in grid if k in records and _done(records[k], rerun, repeats, run_started)}
+    # The launch settings the run recorded (scaling.sweep.progress.Progress.record_grid); a run recorded before
+    # prescreen_sample was kept ran none of its predicted_oom points as a sample.
+    launch = {"rerun": last.get("rerun", "none"), "repeats": last.get("repeats", 1),
+              "prescreen_sample": last.get("prescreen_sample", 0.0)}
+    done = {k for k in grid if k in records and _done(records[k], k, launch, run_started)}
     status.done = dict(Counter(records[k].get("status") for k in done))
     for key, marker in sorted(markers.items(), key=lambda kv: kv[1].get("started_at") or kv[1].get("submitted_at") or ""):
         if key in done:
@@ -117,14 +122,13 @@ def summarize(sweep_dir: str, index: Optional[Mapping[str, Any]], records: Mappi
     held = {f.job_key for f in status.in_flight}
     if keys is not None:
         status.to_run = len([k for k in grid if k not in done and k not in held])
-    walls = [float(records[k]["timing"]["wall_s"]) for k in grid if k in records
-             and records[k].get("status") in LAUNCHED_STATUSES and (records[k].get("timing") or {}).get("wall_s") is not None]
+    walls = [wall for wall in (launch_wall_s(records.get(k)) for k in grid) if wall is not None]
     status.launched = len(walls)
     if walls:
         status.median_wall_s = statistics.median(walls)
         status.at_once = max(1, sum(f.state == inflight.RUNNING for f in status.in_flight))
         if status.to_run is not None:
-            status.eta_s = math.ceil((status.to_run + len(status.in_flight)) / status.at_once) * status.median_wall_s
+            status.eta_s = wall_estimate_s(status.to_run + len(status.in_flight), status.at_once, walls)
     return status
 
 

@@ -17,10 +17,11 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.schema import CONF_DIR, register_configs
+from scaling.engine.enums import Status
 from scaling.engine.jobfiles import RESULT_FILE, write_json_atomic
 from scaling.launch import slurm
 from scaling.store import inflight
-from scaling.store.record import OK, experiment_config, job_dir, job_key
+from scaling.store.record import experiment_config, job_dir, job_key
 
 STANDIN_SLEEP_S = 0.15
 
@@ -35,11 +36,11 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     inflight.mark_running(jd, os.environ)
     t0 = time.time()
     time.sleep(STANDIN_SLEEP_S)
-    record = {"job_key": key, "status": OK, "error": None, "config": experiment_config(c), "metrics": None,
+    record = {"job_key": key, "status": Status.OK, "error": None, "config": experiment_config(c), "metrics": None,
               "timing": {"started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                          "wall_s": time.time() - t0, "t0": t0, "t1": time.time()},
               "env": {"slurm_job_id": inflight.slurm_job_id(os.environ), "pid": os.getpid()}}
-    record["repeats"] = [{"status": OK, "error": None, "metrics": None, "timing": dict(record["timing"])}]  # one ok launch
+    record["repeats"] = [{"status": Status.OK, "error": None, "metrics": None, "timing": dict(record["timing"])}]  # one ok launch
     write_json_atomic(jd / RESULT_FILE, record)
     inflight.clear(jd)
     return record

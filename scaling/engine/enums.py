@@ -1,0 +1,79 @@
+"""The project's closed vocabularies, one enum each: a point's status, train.precision, train.recompute,
+parallel.fsdp_grad_reduce and parallel.zero_stage.
+
+The standard library only, and nothing of the project: the engine is the bottom layer, so every other layer
+(core, store, predictor, launch, job, sweep, cli, analysis, the plugins) may import this module. The enums
+are str-valued (ZeroStage int-valued): a member equals, hashes and formats as its plain value, so f-strings,
+json.dumps and pandas see `ok`, `bf16`, `2`, and records on disk hold plain strings and integers.
+"""
+
+from __future__ import annotations
+
+from enum import Enum, IntEnum
+
+
+class Status(str, Enum):
+    """What became of an experiment point (DESIGN.md, Statuses); the order is the reports' order."""
+
+    OK = "ok"
+    OOM = "oom"
+    """Measured out of memory."""
+    PREDICTED_OOM = "predicted_oom"
+    """Not launched: the pre-screen predicts it cannot fit."""
+    TIMEOUT = "timeout"
+    FAILED = "failed"
+    """A crash, a hang, anything else: the record keeps the error's last line."""
+    INVALID = "invalid"
+    """An impossible configuration, rejected before any process starts."""
+
+    __str__ = str.__str__
+
+
+FINAL = frozenset({Status.OK, Status.OOM, Status.PREDICTED_OOM, Status.INVALID})
+"""A re-run skips these; `failed` and `timeout` are retried only when asked (launch.rerun)."""
+LAUNCHED = frozenset({Status.OK, Status.OOM, Status.TIMEOUT, Status.FAILED})
+"""Statuses of points that ran torchrun: their wall time says what a launch costs."""
+
+
+class Precision(str, Enum):
+    """train.precision: the dtype of the compute (bf16 keeps fp32 master weights and optimizer states)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+    __str__ = str.__str__
+
+
+class Recompute(str, Enum):
+    """train.recompute: activation recomputation of each decoder block."""
+
+    NONE = "none"
+    FULL = "full"
+
+    __str__ = str.__str__
+
+
+class FsdpGradReduce(str, Enum):
+    """parallel.fsdp_grad_reduce: when ZeRO-2/3 reduce-scatter gradients under gradient accumulation."""
+
+    EVERY_MICRO_STEP = "every_micro_step"
+    """Into fp32 gradient shards on every micro-step (ZeRO's semantics, the default)."""
+    LAST_MICRO_STEP = "last_micro_step"
+    """Once, on the last micro-step, accumulating unsharded gradients (4Ψ more memory per rank)."""
+
+    __str__ = str.__str__
+
+
+class ZeroStage(IntEnum):
+    """parallel.zero_stage: what data parallelism shards (scaling.engine.parallel)."""
+
+    NONE = 0
+    """Nothing: DDP."""
+    OPTIMIZER = 1
+    """Optimizer states: DDP + ZeroRedundancyOptimizer."""
+    GRADIENTS = 2
+    """Optimizer states and gradients: FSDP2, parameters kept gathered after forward."""
+    PARAMETERS = 3
+    """Optimizer states, gradients and parameters: FSDP2, parameters resharded after forward."""
+
+    __str__ = int.__repr__
