@@ -8,17 +8,20 @@ recorded), the metrics (`tokens_per_s_per_gpu`, `mfu`, `peak_mem_bytes`, ...) wi
 (`pred_peak_mem_bytes`, `pred_analytic_peak_mem_bytes`, `pred_traced_peak_mem_bytes`).
 Dtypes say what a column is: `status` is an ordered category (`STATUS_ORDER`), `model` an
 ordered category by parameter count (llama_8b before llama_70b), timestamps are UTC datetimes and
-counts nullable integers.
+counts nullable integers. A record the analysis cannot use (`analysis.usable`: an older schema's, edited by
+hand, derived fields that disagree with its config) is left out and named, never a reason to fail.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
 import pandas as pd
 
+from analysis.usable import LeftOut, record_problem
 from scaling.core.schema import EXPERIMENT_GROUPS
 from scaling.core.units import GIB, MIB
 from scaling.engine.enums import Status
@@ -31,6 +34,7 @@ from scaling.store.wandb_runs import (
     flat,
     read_offline_run,
 )
+
 STATUS_ORDER = [status.value for status in Status]
 """The `status` category's order (scaling.engine.enums.Status), as the plain strings records hold."""
 
@@ -176,16 +180,30 @@ def to_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     return df
 
 
-def collect(*sweep_dirs: str | os.PathLike) -> pd.DataFrame:
-    """Every record under the given sweep directories as one DataFrame, one row per point."""
+def collect(*sweep_dirs: str | os.PathLike, left_out: Optional[list[LeftOut]] = None) -> pd.DataFrame:
+    """Every usable record under the given sweep directories as one DataFrame, one row per point.
+
+    A record the analysis cannot use (`analysis.usable.record_problem`) is left out: appended to `left_out`
+    when given, else named on stderr, one line each."""
     if not sweep_dirs:
         raise ValueError("collect() needs at least one sweep directory")
-    rows = []
+    rows, unusable = [], []
     for sweep_dir in sweep_dirs:
         if not Path(sweep_dir).is_dir():
             raise ValueError(f"sweep_dir={str(sweep_dir)!r} is not a directory: pass a folder holding "
                              "<job_key>/result.json records")
-        rows.extend(record_to_row(record) for record in iter_records(sweep_dir))
+        for record in iter_records(sweep_dir):
+            problem = record_problem(record)
+            if problem is None:
+                rows.append(record_to_row(record))
+            else:
+                key = record.get("job_key") if isinstance(record, dict) else None
+                unusable.append(LeftOut(str(key or "?"), problem))
+    if left_out is not None:
+        left_out.extend(unusable)
+    else:
+        for one in unusable:
+            print(f"[analysis] {one.line()}", file=sys.stderr)
     return to_frame(rows)
 
 

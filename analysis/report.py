@@ -5,7 +5,7 @@
 status counts, the top configurations (ties within noise of the best marked), the noise of the
 measurements, the heatmaps, the DP-scaling curve with its knee and the dps it may lie at within
 noise, and its extrapolation beyond the measured dp (when the sweep has several dp), the memory
-checks (`analysis.memory`) and the failures' last error lines.
+checks (`analysis.memory`) and the failures' last error lines; and the records it could not use, each named.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import base64
 import html
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -24,6 +25,7 @@ from matplotlib.figure import Figure
 from analysis import dp_scaling, extrapolate, heatmaps, memory
 from analysis.collect import STATUS_ORDER, collect, to_parquet
 from analysis.figures import FigureSpec, render_pngs
+from analysis.usable import LeftOut
 from scaling.core.noise import NOISE_BAND_KEY, within_noise
 from scaling.core.units import format_bytes
 from scaling.engine.enums import Status
@@ -198,6 +200,14 @@ def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[
     return sections
 
 
+def left_out_section(left_out: list[LeftOut]) -> Section:
+    """The records the analysis could not use, each with its job key and why."""
+    return Section("Records left out", [
+        f"{len(left_out)} record(s) in the store could not be used and are left out of every table and figure "
+        "(counts included): fix or remove them, or re-run their points."],
+        tables=[pd.DataFrame([{"job_key": one.job_key, "why": one.why} for one in left_out])])
+
+
 def _md_table(df: pd.DataFrame) -> str:
     cells = [[str(c) for c in df.columns]] + [[str(v).replace("|", "\\|") for v in row] for row in df.to_numpy()]
     lines = ["| " + " | ".join(r) + " |" for r in cells]
@@ -222,13 +232,19 @@ def write_report(sweep_dir: str | os.PathLike, out_dir: Optional[str | os.PathLi
                  jobs: Optional[int] = None, wandb_entity: Optional[str] = None) -> dict[str, Path]:
     """Write report.md, report.html (self-contained), results.parquet and figures/*.png; return their paths.
 
-    The heatmaps are drawn by `jobs` processes (default: one per usable core).
+    The heatmaps are drawn by `jobs` processes (default: one per usable core). A record the analysis cannot
+    use is left out, named on stderr and in the report's "Records left out".
     """
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep_dir / "report"
-    df = collect(sweep_dir)
+    left_out: list[LeftOut] = []
+    df = collect(sweep_dir, left_out=left_out)
+    for one in left_out:
+        print(f"[scaling report] {one.line()}", file=sys.stderr)
     meta = _sweep_meta(sweep_dir)
     sections = build_sections(sweep_dir, df, threshold)
+    if left_out:
+        sections.insert(1, left_out_section(left_out))
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for stale in (out / "figures").glob("*.png"):  # figures of an earlier report of another layout
         stale.unlink()
@@ -237,6 +253,8 @@ def write_report(sweep_dir: str | os.PathLike, out_dir: Optional[str | os.PathLi
                        out / "figures", jobs)
     title = f"Sweep report: {meta.get('name', sweep_dir.name)}"
     intro = f"{len(df)} records in <code>{html.escape(str(sweep_dir))}</code>"
+    if left_out:
+        intro += f" ({len(left_out)} more left out: see Records left out)"
     if meta.get("created_at"):  # sweep.json: written when the sweep first started
         intro += f", started {html.escape(str(meta['created_at']))}"
         if meta.get("hardware"):

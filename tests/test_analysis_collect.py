@@ -1,4 +1,4 @@
-"""Records -> DataFrame: columns, statuses, Parquet, and the W&B run mapping."""
+"""Records -> DataFrame: columns, statuses, Parquet, the W&B run mapping, and the records left out."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from analysis.collect import (
     to_frame,
     to_parquet,
 )
+from analysis.usable import LeftOut, record_problem
 from scaling.engine.enums import Status
 
 
@@ -61,6 +62,60 @@ def test_unknown_status_is_a_clear_error():
     record["status"] = "exploded"
     with pytest.raises(ValueError, match=r"status='exploded' is not one of ok, oom"):
         record_to_row(record)
+
+
+@pytest.mark.parametrize("status", list(Status))
+def test_every_record_the_engine_writes_is_usable(status):
+    assert record_problem(make_record(status, dp=4, grad_acc=2)) is None
+
+
+def test_an_invalid_point_is_usable_however_impossible_its_config():
+    record = make_record(Status.INVALID)
+    record["config"]["parallel"]["zero_stage"] = 5
+    assert record_problem(record) is None
+
+
+def edited(path, value, **kw):
+    """A synthetic record with one value set by hand (`path` like derived.world_size)."""
+    record = make_record(**kw)
+    *parents, leaf = path.split(".")
+    node = record
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    return record
+
+
+@pytest.mark.parametrize("record, why", [
+    (edited("derived.world_size", 4, dp=2), "derived.world_size=4 disagrees with config.parallel.dp=2"),
+    (edited("derived.grad_acc", 2, grad_acc=4, dp=2),
+     "derived.grad_acc=2 disagrees with config.train.grad_acc=4; derived.gbs=8 is not mbs × grad_acc × dp = "
+     "1 × 2 × 2 = 4"),
+    (edited("derived.gbs_tokens", 100, dp=2), "derived.gbs_tokens=100 is not gbs × seq_len = 2 × 256 = 512"),
+    (edited("config.train.gbs", 16, dp=2), "config.train.gbs=16 but the record derived 2"),
+    (edited("config.train.mbs", "2", dp=2), "config.train.mbs='2' is not a positive integer"),
+    (edited("config.parallel.zero_stage", 4), "config.parallel.zero_stage=4 is not one of 0, 1, 2, 3"),
+    (edited("derived", None), "derived=null: a point that passed validation records its batch arithmetic"),
+    (edited("derived.n_params", None), "status ok but derived.n_params=None is not a positive integer"),
+    (edited("metrics.step_time_s", 0.0), "status ok but metrics.step_time_s=0.0 is not a positive number"),
+    (edited("config", {"model": {}, "train": {}}), "config lacks parallel, hardware (an experiment config has "
+                                                   "model, train, parallel, hardware)"),
+    (["not", "a", "record"], "not a record: a JSON list, not an object"),
+])
+def test_record_problem_names_the_field_its_value_and_what_would_agree(record, why):
+    assert record_problem(record) == why
+
+
+def test_collect_leaves_out_what_it_cannot_use_and_names_each_once(tmp_path, capsys):
+    good, bad = make_record(dp=1), edited("derived.gbs", 1, dp=8)
+    bad["derived"]["gbs_tokens"] = 256
+    sweep = write_sweep(tmp_path / "s", [good, bad])
+    assert list(collect(sweep)["job_key"]) == [good["job_key"]]
+    assert capsys.readouterr().err == (f"[analysis] left out {bad['job_key']}: derived.gbs=1 is not mbs × grad_acc × "
+                                       "dp = 1 × 1 × 8 = 8\n")
+    left_out: list[LeftOut] = []
+    assert len(collect(sweep, left_out=left_out)) == 1 and capsys.readouterr().err == ""  # the caller names them
+    assert left_out == [LeftOut(bad["job_key"], "derived.gbs=1 is not mbs × grad_acc × dp = 1 × 1 × 8 = 8")]
 
 
 def test_missing_sweep_dir_is_a_clear_error(tmp_path):

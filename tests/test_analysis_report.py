@@ -131,6 +131,41 @@ def test_main_prints_where_the_report_is(tmp_path, capsys):
     assert main([str(sweep), "--out", str(tmp_path / "r"), "--jobs", "1"]) == 0
 
 
+def test_records_the_analysis_cannot_use_are_named_and_left_out_and_the_report_is_written(tmp_path, capsys):
+    """One bad record used to take the report down (a ValueError from the extrapolation); now each is named once,
+    on stderr and in the Markdown, and the report covers the good ones."""
+    good = [make_record(dp=d, grad_acc=8 // d) for d in (1, 2, 4, 8)] + [make_record(dp=1, seq_len=512)]
+    # derived disagrees with its config: dp=8 x grad_acc=1 x mbs=1 is 8 samples, not 1 (the configuration it
+    # belongs to then held a fixed batch of 1 sample, which the extrapolation cannot split over 8 ranks)
+    gbs = make_record(dp=8, seq_len=512)
+    gbs["derived"].update(gbs=1, gbs_tokens=512)
+    # edited by hand: a status no writer gives
+    status = make_record(dp=2, mbs=2)
+    status["status"] = "exploded"
+    # an older schema, whose parallel group named the data-parallel degree otherwise
+    older = make_record(dp=4, mbs=2)
+    older["config"]["parallel"]["data_parallel"] = older["config"]["parallel"].pop("dp")
+    older["job_key"] = job_key(older["config"])
+    # merged from a store whose writer kept no metrics
+    bare = make_record(dp=2, mbs=4)
+    bare["metrics"] = None
+    sweep = write_sweep(tmp_path / "s", [*good, gbs, status, older, bare])
+    assert main([str(sweep), "--jobs", "1"]) == 0
+    err = capsys.readouterr().err
+    md = (sweep / "report" / "report.md").read_text()
+    why = {gbs["job_key"]: "derived.gbs=1 is not mbs × grad_acc × dp = 1 × 1 × 8 = 8",
+           status["job_key"]: "status='exploded' is not one of ok, oom, predicted_oom, timeout, failed, invalid",
+           older["job_key"]: "config.parallel.dp=None is not a positive integer",
+           bare["job_key"]: "status ok but metrics.tokens_per_s_per_gpu=None is not a positive number"}
+    for key, reason in why.items():
+        assert err.count(f"[scaling report] left out {key}: {reason}") == 1, err
+        assert f"| {key} | {reason}" in md
+    assert err.count("left out") == len(why)
+    assert f"5 records in `{sweep}` (4 more left out: see Records left out)" in md
+    assert "## Records left out" in md and "## DP extrapolation beyond the measured dp" in md
+    assert sorted(pd.read_parquet(sweep / "report" / "results.parquet")["job_key"]) == sorted(r["job_key"] for r in good)
+
+
 def test_wandb_report_run_offline_typed_tables_and_artifacts(tmp_path, monkeypatch):
     sweep = write_sweep(tmp_path / "s", grid_records(seq_lens=(256,), mbss=(1, 2), dps=(1, 2, 4)), name="grid")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -41,6 +41,7 @@ def test_summarize_counts_done_in_flight_to_run_and_stale():
     assert s.done == Counter({"ok": 1, "oom": 1, "failed": 1}) and s.grid_points == 8
     assert [(f.job_key, f.state) for f in s.in_flight] == [("e", "queued"), ("f", "running"), ("g", "running")]
     assert s.to_run == 2 and len(s.stale) == 1 and s.stale[0].startswith("h: pid 2 on n1 is gone")
+    assert s.not_in_grid == 1  # z
     assert s.median_wall_s == 10.0 and s.launched == 4 and s.at_once == 2
     assert s.eta_s == 3 * 10.0  # (2 to run + 3 in flight) in waves of 2, of the median
     lines = render(s, dt.datetime.fromisoformat(T0) + dt.timedelta(minutes=10))
@@ -48,6 +49,7 @@ def test_summarize_counts_done_in_flight_to_run_and_stale():
     assert lines[1] == "  done         3  1 ok, 1 oom, 1 failed"
     assert lines[2] == "  running      2  f since ? (SLURM job 7_2)" and lines[3].endswith("g since 10:00:00 (pid 1 on n1)")
     assert "  queued       1  SLURM jobs 7_1" in lines and "  to run       2" in lines
+    assert "  not in the current grid: 1 (records of another grid or key; `scaling report` reads them)" in lines
     assert lines[-1] == "  time     median 10.0 s per launched point (4 recorded); about 30 s left at 2 at once"
 
 
@@ -70,7 +72,9 @@ def test_a_predicted_oom_point_in_the_prescreen_sample_is_to_run_as_run_point_de
 def test_summarize_without_a_grid_counts_every_record():
     s = summarize("/s", None, {"a": rec("ok"), "b": rec("invalid", wall_s=0.1)}, {}, {})
     assert s.grid_points is None and s.to_run is None and s.done == Counter({"ok": 1, "invalid": 1})
-    assert "no grid" in render(s, dt.datetime.now(dt.timezone.utc))[0]
+    assert s.not_in_grid is None
+    lines = render(s, dt.datetime.now(dt.timezone.utc))
+    assert "no grid" in lines[0] and not any("not in the current grid" in line for line in lines)
 
 
 def scaling(*args, **kw):
@@ -93,6 +97,20 @@ def wait_for(ready, timeout_s=240.0):
             return value
         time.sleep(1.0)
     pytest.fail("timed out")
+
+
+def test_status_counts_the_records_it_cannot_place_in_the_current_grid(tmp_path):
+    """Records of an earlier grid (or an older schema's keys) are counted apart, in the text and the JSON alike."""
+    grid, elsewhere = ["aaaaaaaaaaa1", "aaaaaaaaaaa2", "aaaaaaaaaaa3"], ["bbbbbbbbbbb1", "bbbbbbbbbbb2"]
+    index = {"name": "g", "runs": [{"started_at": T0, "rerun": "none", "job_keys": grid}]}
+    (tmp_path / "sweep.json").write_text(json.dumps(index))
+    for key in [grid[0], *elsewhere]:
+        (tmp_path / key).mkdir()
+        (tmp_path / key / "result.json").write_text(json.dumps({"job_key": key, **rec("ok")}))
+    status = status_json(tmp_path)
+    assert status["not_in_grid"] == 2 and status["done"] == {"ok": 1} and status["to_run"] == 2
+    text = scaling("status", str(tmp_path)).stdout.splitlines()
+    assert "  not in the current grid: 2 (records of another grid or key; `scaling report` reads them)" in text
 
 
 def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
@@ -141,6 +159,7 @@ def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
     assert scaling(*args).returncode == 0
     done = status_json(sweep_dir)
     assert done["done"] == {"ok": 4} and done["to_run"] == 0 and done["stale"] == [] and done["run"] == 2
+    assert done["not_in_grid"] == 0
     assert done["launched"] == 4 and done["median_wall_s"] > 0 and done["eta_s"] == 0
     text = scaling("status", str(sweep_dir)).stdout.splitlines()
     assert text[1:] == ["  done         4  4 ok", "  to run       0",

@@ -7,19 +7,32 @@ config. Value checks that depend on several fields (does dp divide the batch?) l
 Only the groups model, train, parallel and hardware define an experiment (and its `job_key`);
 logger and launch say how it is run and logged. The `model` group's dataclass lives in the engine
 (scaling.engine.model_config), which builds the decoder from it and imports nothing above itself.
+
+A store outlives upgrades: `job_key` hashes the experiment groups but leaves out every field at its
+*neutral* value, the value at which it changes nothing that was measured before the field existed. A
+field added to an experiment group declares it with the field itself, e.g. (clipping changes the step,
+so the default 1.0 makes new keys, while grad_clip=0 finds the points recorded before it):
+
+    grad_clip: float = field(default=1.0, metadata={NEUTRAL: 0.0})  # 0: no clipping, as before it existed
+
+A field added with its neutral value as default leaves every existing key unchanged, so a store written
+before it resumes without launching. Fields that were part of the key from the start declare none. The
+`model` group's dataclass, in the engine, spells the key as the literal "neutral".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from scaling.engine.model_config import ModelConfig
 
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 """The primary config (config.yaml) and its groups."""
+NEUTRAL = "neutral"
+"""Field metadata key: the value at which a field changes nothing measured before it existed (job_key omits it)."""
 
 
 @dataclass
@@ -189,3 +202,17 @@ def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="experiment_schema", node=ExperimentConfig)
+
+
+def without_neutral(values: Mapping[str, Any], group: type) -> dict[str, Any]:
+    """A config group's values (plain dict) less the fields of the dataclass `group` that are at their declared
+    NEUTRAL value, nested groups (a dataclass built by default_factory, as train.data) included."""
+    out = dict(values)
+    for f in fields(group):
+        if f.name not in out:
+            continue
+        if NEUTRAL in f.metadata and out[f.name] == f.metadata[NEUTRAL]:
+            del out[f.name]
+        elif is_dataclass(f.default_factory) and isinstance(out[f.name], dict):
+            out[f.name] = without_neutral(out[f.name], f.default_factory)
+    return out

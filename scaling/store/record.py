@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from scaling.core.sample import sampled
-from scaling.core.schema import EXPERIMENT_GROUPS
+from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, without_neutral
 from scaling.engine.enums import FINAL, Status
 from scaling.engine.jobfiles import RESULT_FILE, read_json, write_json_atomic
 
@@ -193,9 +193,14 @@ def experiment_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {group: dict(cfg[group]) for group in EXPERIMENT_GROUPS}
 
 
-def job_key(cfg: Mapping[str, Any]) -> str:
-    """Short stable hash of the experiment-defining config; logging and launch settings do not count."""
-    canonical = json.dumps(experiment_config(cfg), sort_keys=True, separators=(",", ":"), default=str)
+def job_key(cfg: Mapping[str, Any], schema: type = ExperimentConfig) -> str:
+    """Short stable hash of the experiment-defining config; logging and launch settings do not count.
+
+    Nor does a field at the neutral value its `schema` field declares (scaling.core.schema.NEUTRAL): a field
+    added with a neutral default leaves every key of a store written before it as it was."""
+    groups = {f.name: f.default_factory for f in dataclasses.fields(schema)}
+    measured = {group: without_neutral(values, groups[group]) for group, values in experiment_config(cfg).items()}
+    canonical = json.dumps(measured, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 

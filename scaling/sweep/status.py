@@ -7,6 +7,7 @@
       queued       6  SLURM jobs 12_6, 12_7, ...
       to run      15
       stale        1  77aa88bb99cc: pid 4310 on node7 is gone without a record (a re-run runs it again)
+      not in the current grid: 3 (records of another grid or key; `scaling report` reads them)
       time     median 6.1 s per launched point (38 recorded); about 1.1 min left at 2 at once
 
 It reads the last run's entry of sweep.json (the grid's job keys, the launch settings that decide
@@ -69,6 +70,9 @@ class Status:
     to_run: Optional[int] = None
     stale: list[str] = field(default_factory=list)
     """`job_key: why` for markers whose job is gone without a record."""
+    not_in_grid: Optional[int] = None
+    """Records whose key is not among the last run's grid keys (another grid's points, records of an older
+    schema, merged from another store); None without a grid."""
     median_wall_s: Optional[float] = None
     """Median wall time of the recorded points that ran torchrun."""
     launched: int = 0
@@ -100,6 +104,8 @@ def summarize(sweep_dir: str, index: Optional[Mapping[str, Any]], records: Mappi
     status = Status(sweep_dir, (index or {}).get("name"), len(runs), last.get("started_at"),
                     len(keys) if keys is not None else None)
     grid = set(keys) if keys is not None else set(records)
+    if keys is not None:
+        status.not_in_grid = len(set(records) - grid)
     # The launch settings the run recorded (scaling.sweep.progress.Progress.record_grid); a run recorded before
     # prescreen_sample was kept ran none of its predicted_oom points as a sample.
     launch = {"rerun": last.get("rerun", "none"), "repeats": last.get("repeats", 1),
@@ -162,6 +168,9 @@ def render(s: Status, now: dt.datetime) -> list[str]:
         lines.append(f"  to run   {s.to_run:5d}")
     for i, why in enumerate(s.stale[:SHOWN]):
         lines.append((f"  stale    {len(s.stale):5d}  " if i == 0 else " " * 18) + why)
+    if s.not_in_grid:
+        lines.append(f"  not in the current grid: {s.not_in_grid} "
+                     "(records of another grid or key; `scaling report` reads them)")
     if s.median_wall_s is None:
         lines.append("  time     no launched point recorded yet")
     else:
