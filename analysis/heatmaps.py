@@ -13,21 +13,17 @@ Status cells are drawn as patches with their own text on top of the colour mesh.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
-from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import FuncFormatter
+from matplotlib.patches import Rectangle
 from seaborn.utils import relative_luminance
 
 from analysis.collect import CONFIG_AXES
-from analysis.figures import FigureSpec, new_figure
+from analysis.figures import new_figure
 from scaling.core.noise import NOISE_BAND_KEY, THROUGHPUT_KEYS, within_noise
 from scaling.core.units import GIB, memory_unit
 from scaling.engine.enums import Status
@@ -81,15 +77,11 @@ LAYOUT_AXES = ("seq_len", "mbs", "zero_stage", "dp", "grad_acc", "model", "recom
                "memory_gb", "threads_per_device", "oversubscribe")
 """Axes in the order `default_layout` gives them the roles y, x, facet row, facet column."""
 
-CELL_IN = (0.85, 0.4)
-"""Width and height of a heatmap cell in a facet grid, inches."""
-GAP_IN = (0.3, 0.55)
-"""Space between the facets of a grid, inches: across, and down (room for a facet's title)."""
 
 PRETTY = {"zero_stage": "ZeRO-{}", "dp": "dp={}", "seq_len": "seq {}", "mbs": "mbs={}", "grad_acc": "grad_acc={}"}
 
 
-def _metric(name: str, df: Optional[pd.DataFrame] = None) -> Metric:
+def metric_of(name: str, df: Optional[pd.DataFrame] = None) -> Metric:
     if name == "peak_mem_bytes":  # the unit that reads best for the data at hand
         largest = df["peak_mem_bytes"].max() if df is not None and len(df) else None
         return METRICS["peak_mem_" + memory_unit(largest if pd.notna(largest) else GIB)[0].lower()]
@@ -112,7 +104,7 @@ def emulated_oom(df: pd.DataFrame) -> bool:
     return bool(((df["status"] == Status.OOM) & (df["memory_capacity"] == "emulated")).any())
 
 
-def _check_columns(df: pd.DataFrame, **axes: Optional[str]) -> None:
+def check_columns(df: pd.DataFrame, **axes: Optional[str]) -> None:
     for role, column in axes.items():
         if column is not None and column not in df.columns:
             raise ValueError(f"{role}={column!r} is not a column: use one of {', '.join(CONFIG_AXES)}")
@@ -130,9 +122,9 @@ def facet_label(column: str, value: Any) -> str:
 def cells(df: pd.DataFrame, x: str, y: str, metric: str, by: Sequence[str] = ()) -> pd.DataFrame:
     """One row per ([*by,] y, x) cell: the best ok `value`, its `noise` band (0 for memory or when not
     measured) and whether its ranks shared cores (`oversubscribed`), the `status` shown and `n` records in the cell."""
-    m = _metric(metric, df)
+    m = metric_of(metric, df)
     keys = [*by, y, x]
-    _check_columns(df, x=x, y=y, **{f"by[{i}]": k for i, k in enumerate(by)})
+    check_columns(df, x=x, y=y, **{f"by[{i}]": k for i, k in enumerate(by)})
     if len(set(keys)) < len(keys):
         raise ValueError(f"x={x!r}, y={y!r} and facets {list(by)} must be different columns")
     extra = [c for c in (NOISE_BAND_KEY, "oversubscribed") if c in df.columns]
@@ -163,16 +155,16 @@ def ties(values: np.ndarray, noise: np.ndarray, best: tuple[int, ...]) -> np.nda
     return out
 
 
-def _cmap(m: Metric) -> str:
+def cmap_of(m: Metric) -> str:
     # the good end is always yellow, whichever way the metric improves
     return "viridis" if m.higher_is_better else "viridis_r"
 
 
-def _values(df: pd.DataFrame, column: str) -> list[Any]:
+def axis_values(df: pd.DataFrame, column: str) -> list[Any]:
     return sorted(df[column].dropna().unique().tolist())
 
 
-def _draw_cells(ax: Axes, table: pd.DataFrame, xs: list, ys: list, m: Metric, vmin: Optional[float],
+def draw_cells(ax: Axes, table: pd.DataFrame, xs: list, ys: list, m: Metric, vmin: Optional[float],
                 vmax: Optional[float], origin: tuple[float, float] = (0.0, 0.0)) -> Any:
     """One facet's cells on `ax`, cell (i-th y, j-th x) at origin + (j, i) in data units: the ok values
     in colour and print, status cells as labelled patches, the best cell boxed and starred, its ties marked.
@@ -196,7 +188,7 @@ def _draw_cells(ax: Axes, table: pd.DataFrame, xs: list, ys: list, m: Metric, vm
     # One pcolormesh per facet (first y value at the top when the y axis runs downwards): seaborn's
     # heatmap renders the whole figure per call to check tick overlap, several times the cost.
     mesh = ax.pcolormesh(x0 + np.arange(len(xs) + 1), y0 + np.arange(len(ys) + 1), np.ma.masked_invalid(ok_values),
-                         cmap=_cmap(m), vmin=vmin, vmax=vmax, edgecolors="white", linewidth=0.5)
+                         cmap=cmap_of(m), vmin=vmin, vmax=vmax, edgecolors="white", linewidth=0.5)
     colours = mesh.cmap(Normalize(vmin, vmax)(ok_values))  # (len(ys), len(xs), RGBA)
     for i, j in zip(*np.nonzero(finite)):
         mark = "★ " if (i, j) == best else f"{TIE} " if tied[i, j] else ""
@@ -230,13 +222,13 @@ def heatmap(df: pd.DataFrame, x: str, y: str, metric: str, ax: Optional[Axes] = 
 
     `table` is `cells(df, x, y, metric)` when the caller has it already.
     """
-    m = _metric(metric, df)
+    m = metric_of(metric, df)
     table = cells(df, x, y, metric) if table is None else table
-    xs = _values(df, x) if xs is None else xs
-    ys = _values(df, y) if ys is None else ys
+    xs = axis_values(df, x) if xs is None else xs
+    ys = axis_values(df, y) if ys is None else ys
     if ax is None:
         ax = new_figure((0.85 * len(xs) + 2.6, 0.45 * len(ys) + 2.0)).subplots()
-    mesh = _draw_cells(ax, table, xs, ys, m, vmin, vmax)
+    mesh = draw_cells(ax, table, xs, ys, m, vmin, vmax)
     ax.set_xlim(0, len(xs))
     ax.set_ylim(len(ys), 0)
     ax.set_xticks(np.arange(len(xs)) + 0.5, labels=[str(v) for v in xs])
@@ -254,124 +246,3 @@ def heatmap(df: pd.DataFrame, x: str, y: str, metric: str, ax: Optional[Axes] = 
         heading += f"\n(best ok value of up to {n_max} records per cell)"
     ax.set_title(heading, fontsize=10)
     return ax
-
-
-def _filter(df: pd.DataFrame, filters: Optional[Mapping[str, Any]]) -> pd.DataFrame:
-    for column, value in (filters or {}).items():
-        _check_columns(df, filter=column)
-        if not (df[column] == value).any():
-            raise ValueError(f"filter {column}={value!r} matches no record: {column} takes "
-                             f"{', '.join(map(str, _values(df, column)))}")
-        df = df[df[column] == value]
-    return df
-
-
-def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str] = None,
-               col: Optional[str] = None, filters: Optional[Mapping[str, Any]] = None) -> Figure:
-    """A grid of heatmaps of `metric` over y x x, one per (row, col) value, sharing one colour scale."""
-    _check_columns(df, x=x, y=y, row=row, col=col)
-    df = _filter(df, filters)
-    m = _metric(metric, df)
-    rows = _values(df, row) if row else [None]
-    cols = _values(df, col) if col else [None]
-    xs, ys = _values(df, x), _values(df, y)
-    ok = df.loc[df["status"] == Status.OK, m.column].dropna()
-    vmin, vmax = (float(ok.min()), float(ok.max())) if len(ok) else (0.0, 1.0)
-    # All facets share one Axes in cell units (a cell is CELL_IN inches), laid out by hand: an Axes
-    # per facet costs more to build and to draw than the facet's cells.
-    nx, ny = len(xs), len(ys)
-    gap_x, gap_y = GAP_IN[0] / CELL_IN[0], GAP_IN[1] / CELL_IN[1]  # between facets, in cells
-    span_x, span_y = len(cols) * nx + (len(cols) - 1) * gap_x, len(rows) * ny + (len(rows) - 1) * gap_y
-    left, right, top, bottom = 0.9, 1.4, 1.1, 1.0  # inches: y labels, colour bar, titles, x labels + legend
-    grid_w, grid_h = span_x * CELL_IN[0], span_y * CELL_IN[1]
-    width, height = max(grid_w + left + right, 9.0), grid_h + top + bottom
-    left += (width - grid_w - left - right) / 2  # a small grid sits in the middle, its colour bar beside it
-    fig = new_figure((width, height))
-    ax = fig.add_axes((left / width, bottom / height, grid_w / width, grid_h / height))
-    ax.set_xlim(0, span_x)
-    ax.set_ylim(span_y, 0)
-    ax.set_axis_off()
-    facet_keys = [k for k in (row, col) if k]
-    table = cells(df, x, y, metric, by=facet_keys)
-    facets = dict(iter(table.groupby(level=facet_keys, sort=False))) if facet_keys else {(): table}
-    label_x, label_y = 0.12 / CELL_IN[0], 0.08 / CELL_IN[1]  # tick labels' distance from the cells
-    for i, rv in enumerate(rows):
-        y0 = i * (ny + gap_y)
-        for j, cv in enumerate(cols):
-            x0 = j * (nx + gap_x)
-            key = tuple(v for v in (rv, cv) if v is not None)
-            facet = facets.get(key, table.iloc[:0])
-            if facet_keys:
-                facet = facet.droplevel(facet_keys)
-            _draw_cells(ax, facet, xs, ys, m, vmin, vmax, origin=(x0, y0))
-            if facet_keys:
-                ax.text(x0 + nx / 2, y0 - label_y, ", ".join(facet_label(k, v) for k, v in zip(facet_keys, key)),
-                        ha="center", va="bottom", fontsize=10, gid="facet", clip_on=False)
-            if j == 0:  # the outer facets carry the tick labels and the axis names
-                for k, v in enumerate(ys):
-                    ax.text(-label_x, y0 + k + 0.5, str(v), ha="right", va="center", rotation=90, clip_on=False)
-                ax.text(-label_x - 0.3 / CELL_IN[0], y0 + ny / 2, y, ha="right", va="center", rotation=90,
-                        clip_on=False)
-            if i == len(rows) - 1:
-                for k, v in enumerate(xs):
-                    ax.text(x0 + k + 0.5, y0 + ny + label_y, str(v), ha="center", va="top", clip_on=False)
-                ax.text(x0 + nx / 2, y0 + ny + label_y + 0.25 / CELL_IN[1], x, ha="center", va="top", clip_on=False)
-    shown = {p.get_gid() for p in ax.patches}
-    n_max = int(table["n"].max()) if len(table) else 0
-    cax = fig.add_axes(((left + grid_w + 0.35) / width, bottom / height, 0.18 / width, grid_h / height))
-    bar = fig.colorbar(ScalarMappable(Normalize(vmin, vmax), _cmap(m)), cax=cax, label=m.label)
-    bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: m.fmt.format(v)))
-    present = [s for s in STATUS_STYLE if f"status:{s}" in shown]
-    names = {**{s: STATUS_STYLE[s][0] for s in present}, **({Status.OOM: EMULATED_OOM_LABEL} if emulated_oom(df) else {})}
-    handles = [Patch(facecolor=STATUS_STYLE[s][1], hatch=STATUS_STYLE[s][3], label=names[s]) for s in present]
-    handles.append(Patch(facecolor="white", edgecolor="black", linewidth=2, label="★ best"))
-    if "tie" in shown:
-        handles.append(Patch(facecolor="white", edgecolor="black", linestyle="--", label=f"{TIE} within noise of ★"))
-    if any(OVERSUBSCRIBED in t.get_text() for t in ax.texts):
-        handles.append(Patch(facecolor="white", edgecolor="white", label=f"{OVERSUBSCRIBED} oversubscribed"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=9,
-               bbox_to_anchor=(0.5, 0.0))
-    heading = f"{m.label}: {y} × {x}"
-    if facet_keys:
-        heading += " per " + " × ".join(facet_keys)
-    if filters:
-        heading += " (" + ", ".join(facet_label(k, v) for k, v in filters.items()) + ")"
-    if n_max > 1:
-        hidden = [a for a in LAYOUT_AXES if a in df.columns and a not in (x, y, row, col)
-                  and df[a].nunique(dropna=True) > 1]
-        heading += f"\nbest ok value of up to {n_max} records per cell" + (f" (over {', '.join(hidden)})"
-                                                                          if hidden else "")
-    fig.suptitle(heading, fontsize=12, y=1 - 0.1 / height, va="top")
-    return fig
-
-
-def default_layout(df: pd.DataFrame) -> dict[str, Optional[str]]:
-    """Pick y, x, row and col from the axes that vary: seq_len × mbs per zero_stage × dp when all do."""
-    varying = [a for a in LAYOUT_AXES if a in df.columns and df[a].nunique(dropna=True) > 1]
-    fixed = [a for a in LAYOUT_AXES if a in df.columns and a not in varying]
-    roles = (varying + fixed)[:2] + varying[2:4]
-    roles += [None] * (4 - len(roles))
-    return dict(zip(("y", "x", "row", "col"), roles))
-
-
-def figure_specs(df: pd.DataFrame, metrics: tuple[str, ...] = ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes")
-                 ) -> dict[str, FigureSpec]:
-    """The standard heatmaps of a sweep, by name, still to be drawn (see `draw_all`, `render_pngs`)."""
-    layout = default_layout(df)
-    placed = [a for a in layout.values() if a]
-    # An axis that follows from the placed ones (grad_acc from dp at a fixed global batch) adds no
-    # cells; one that takes several values within a cell would be hidden under the best of them.
-    split = next((a for a in LAYOUT_AXES if a in df.columns and a not in placed
-                  and df.groupby(placed, dropna=False)[a].nunique(dropna=True).max() > 1), None)
-    if split is None:
-        return {metric: partial(facet_grid, df, metric=metric, **layout) for metric in metrics}
-    return {f"{metric}__{split}-{value}": partial(facet_grid, df, metric=metric, filters={split: value}, **layout)
-            for metric in metrics for value in _values(df, split)}
-
-
-def draw_all(df: pd.DataFrame, metrics: tuple[str, ...] = ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes")
-             ) -> dict[str, Figure]:
-    """The standard heatmaps of a sweep, laid out by `default_layout`: one faceted figure per metric,
-    or, when one more axis varies (a sweep over models, say), one per metric and value of that axis,
-    so that each model's out-of-memory cells show instead of the best value over models."""
-    return {name: spec() for name, spec in figure_specs(df, metrics).items()}

@@ -23,7 +23,7 @@ from records import GIB, make_record, peak_mem_bytes  # noqa: E402
 
 from analysis.collect import collect  # noqa: E402
 from analysis.figures import render_pngs  # noqa: E402
-from analysis.heatmaps import default_layout, figure_specs  # noqa: E402
+from analysis.facets import default_layout, figure_specs  # noqa: E402
 from scaling.engine.enums import Status  # noqa: E402
 from scaling.launch.devices import usable_cores  # noqa: E402
 from scaling.store.record import (  # noqa: E402

@@ -10,15 +10,9 @@ import pytest
 from records import FAILURES, grid_records, make_record, write_sweep
 
 from analysis.collect import collect
+from analysis.facets import default_layout, draw_all, facet_grid, figure_specs
 from analysis.figures import render_pngs, save_png
-from analysis.heatmaps import (
-    cells,
-    default_layout,
-    draw_all,
-    facet_grid,
-    figure_specs,
-    heatmap,
-)
+from analysis.heatmaps import cells, heatmap
 
 
 @pytest.fixture(scope="module")
