@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from records import GIB, make_record, peak_mem_bytes  # noqa: E402
 
 from analysis.collect import collect  # noqa: E402
-from analysis.figures import render_pngs  # noqa: E402
 from analysis.facets import default_layout, figure_specs  # noqa: E402
+from analysis.figures import render_pngs  # noqa: E402
 from scaling.engine.enums import Status  # noqa: E402
 from scaling.launch.devices import usable_cores  # noqa: E402
 from scaling.store.record import (  # noqa: E402

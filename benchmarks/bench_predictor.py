@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from scaling.job.run import run_point  # noqa: E402
-from scaling.predictor.analytic import TRACE_BAND, analytic_peak, predict_config  # noqa: E402
+from scaling.predictor.analytic import analytic_peak, predict_config  # noqa: E402
+from scaling.predictor.prescreen import TRACE_BAND  # noqa: E402
 from scaling.predictor.trace import trace_peak  # noqa: E402
 from scaling.sweep.compose import compose_config  # noqa: E402
 

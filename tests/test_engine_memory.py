@@ -11,7 +11,8 @@ from scaling.engine.device import PROFILE_TOLERANCE, profile_note, rank_cores
 from scaling.engine.memtrack import ResidentMemory
 from scaling.engine.model import ModelArgs, param_count
 from scaling.job.run import run_point
-from scaling.predictor.analytic import _Shapes, capacity_bytes, zero1_worst_rank
+from scaling.predictor.analytic import _Shapes, zero1_worst_rank
+from scaling.predictor.prescreen import capacity_bytes
 from tests.compose import compose_point
 
 BASE = ["logger=none", "train.warmup_steps=2", "train.steps=1", "launch.timeout_s=300", "launch.prescreen=false"]

@@ -12,9 +12,8 @@ from scaling.predictor.analytic import (
     PLAYBOOK_MIXED,
     analytic_peak,
     model_state_bytes,
-    predicted_oom,
-    prescreen,
 )
+from scaling.predictor.prescreen import predicted_oom, prescreen
 from scaling.predictor.trace import trace_peak
 from tests.compose import compose_point
 

@@ -21,7 +21,8 @@ from typing import Any, Callable, Optional
 
 from scaling.core.validate import InvalidConfig, validate
 from scaling.engine.enums import Status
-from scaling.predictor.analytic import capacity_bytes, predict_config
+from scaling.predictor.analytic import predict_config
+from scaling.predictor.prescreen import capacity_bytes
 
 
 def largest_true(pred: Callable[[int], bool], start: int, limit: int) -> int:

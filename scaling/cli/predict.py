@@ -23,7 +23,8 @@ from typing import Any, Optional
 
 from scaling.core.units import memory_unit
 from scaling.core.validate import InvalidConfig, validate
-from scaling.predictor.analytic import capacity_bytes, predict_config
+from scaling.predictor.analytic import predict_config
+from scaling.predictor.prescreen import capacity_bytes
 from scaling.sweep.compose import compose_config
 
 

@@ -1,6 +1,6 @@
 """The pre-screen's sample: which points predicted not to fit run anyway (launch.prescreen_sample), to measure
 how often the pre-screen is wrong. A pure hash of the job key, so a re-run samples the same points and the
-store (scaling.store.record.answers) and the predictor (scaling.predictor.analytic.prescreen) agree."""
+store (scaling.store.record.answers) and the predictor (scaling.predictor.prescreen.prescreen) agree."""
 
 from __future__ import annotations
 

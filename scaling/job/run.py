@@ -42,7 +42,7 @@ from scaling.engine.model import ModelArgs, param_count
 from scaling.job import wandb_log
 from scaling.job.metrics import repeats_metrics, throughput_metrics
 from scaling.launch import devices, slurm, torchrun
-from scaling.predictor.analytic import predicted_oom, prescreen
+from scaling.predictor.prescreen import predicted_oom, prescreen
 from scaling.store import inflight
 from scaling.store.record import (
     RESULT_FILE,

@@ -159,7 +159,7 @@ class Record:
     repeats: Optional[list[Launch]] = field(default_factory=list)
     """Every launch, in order; None in a record written before launches were kept (its one launch is itself)."""
     predicted: Optional[dict[str, Any]] = None
-    """The memory prediction (scaling.predictor.analytic.prescreen); None for an invalid point."""
+    """The memory prediction (scaling.predictor.prescreen.prescreen); None for an invalid point."""
     env: Optional[dict[str, Any]] = None
     """Where the point ran, as the ranks reported it (or the host's, when no rank did)."""
     provenance: Provenance = field(default_factory=Provenance)

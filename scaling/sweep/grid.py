@@ -164,7 +164,7 @@ def predict_new(cfg: Mapping[str, Any], traced: bool = False) -> dict[str, Any]:
     the prediction (`predicted`) or the error, by run_point's own rules. Analytic unless `traced` (the
     pre-screen traces near-capacity points at launch)."""
     from scaling.core.validate import InvalidConfig, validate
-    from scaling.predictor.analytic import predicted_oom, prescreen
+    from scaling.predictor.prescreen import predicted_oom, prescreen
 
     try:
         grad_acc = validate(cfg).grad_acc

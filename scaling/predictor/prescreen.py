@@ -1,0 +1,77 @@
+"""The pre-screen: whether a point is launched or recorded `predicted_oom` without a process, against the
+device capacity less its reserve, with a margin; near the capacity the trace decides, and a sample of the
+skipped points (`launch.prescreen_sample`, chosen by job key) runs anyway to measure the false positives."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from scaling.core.sample import sampled
+from scaling.core.units import GIB
+from scaling.predictor.analytic import ANALYTIC, predict_config
+from scaling.store.record import job_key
+
+
+def capacity_bytes(cfg: Mapping[str, Any]) -> Optional[int]:
+    """What tensors may use per rank: hardware.memory_gb less hardware.reserve_gb (the CUDA context, NCCL's
+    buffers, the allocator's slack), or None for no limit."""
+    hw = cfg["hardware"]
+    return None if hw["memory_gb"] is None else int((hw["memory_gb"] - hw["reserve_gb"]) * GIB)
+
+
+TRACE_BAND = (0.8, 1.25)
+"""The pre-screen asks the traced predictor when analytic / ((1 + margin) x capacity) falls in here."""
+
+
+def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None, trace: bool = True) -> dict[str, Any]:
+    """The record's `predicted` block: predicted peak bytes per rank, method, fits, and whether to skip.
+
+    `fits` is predicted <= capacity (None without a capacity); `skip` is predicted >
+    (1 + launch.prescreen_margin) x capacity with the pre-screen on, and `reason` then says why;
+    `sampled`, that such a point is in the sample that runs anyway (launch.prescreen_sample). With `trace`,
+    an analytic figure near the threshold is replaced by the traced one (the job's pre-screen does; a
+    forecast of a whole grid may not). Never raises for a valid point: a failed trace leaves the analytic
+    figure and says so.
+    """
+    analytic = predict_config(cfg, grad_acc)
+    capacity = capacity_bytes(cfg)
+    margin = float(cfg["launch"]["prescreen_margin"])
+    out: dict[str, Any] = {
+        "peak_mem_bytes": analytic.total_bytes, "method": ANALYTIC, "fits": None, "skip": False, "sampled": False,
+        "reason": None, "capacity_bytes": capacity, "reserve_bytes": int(cfg["hardware"]["reserve_gb"] * GIB),
+        "margin": margin, "analytic": analytic.as_dict(), "traced": None,
+    }
+    if capacity is None:
+        return out
+    threshold = (1.0 + margin) * capacity
+    if trace and cfg["launch"]["prescreen"] and TRACE_BAND[0] <= analytic.total_bytes / threshold <= TRACE_BAND[1]:
+        import torch.distributed as dist
+
+        from scaling.predictor.trace import trace_peak, trace_peak_isolated
+
+        try:
+            # The sweep driver has no process group of its own, so the trace runs here (under a
+            # second for CPU-sized points); a process that has one traces in a fresh interpreter.
+            if dist.is_initialized():
+                traced = trace_peak_isolated(cfg, timeout_s=min(float(cfg["launch"]["timeout_s"]), 300.0))
+            else:
+                traced = trace_peak(cfg)
+            out.update(peak_mem_bytes=traced.peak_mem_bytes, method=traced.as_dict()["method"], traced=traced.as_dict())
+        except Exception as e:  # noqa: BLE001 - a failed trace leaves the analytic figure, never the point
+            out["trace_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    peak = out["peak_mem_bytes"]
+    out["fits"] = peak <= capacity
+    if cfg["launch"]["prescreen"] and peak > threshold:
+        out["skip"] = True
+        out["reason"] = (f"predicted peak {peak} bytes per rank ({peak / GIB:.3f} GiB, {out['method']}) > "
+                         f"(1 + launch.prescreen_margin={margin:g}) x the capacity of {capacity} bytes "
+                         "(hardware.memory_gb - reserve_gb): not launched (launch.prescreen=false runs it anyway)")
+        out["sampled"] = sampled(job_key(cfg), float(cfg["launch"]["prescreen_sample"]))
+    return out
+
+
+def predicted_oom(predicted: Mapping[str, Any]) -> bool:
+    """Whether a point's pre-screen (`prescreen`'s block) keeps it from launching, so that its status is
+    predicted_oom: predicted over the threshold with the pre-screen on, and not in the sample that runs anyway.
+    run_point and the grid's forecast (scaling.sweep.grid.predict_new) both decide by it."""
+    return bool(predicted["skip"]) and not predicted["sampled"]
