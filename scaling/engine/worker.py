@@ -35,13 +35,11 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 
 from scaling.engine import device as devices  # noqa: E402
 from scaling.engine import kernels, memtrack  # noqa: E402
-from scaling.engine.data import GlobalBatch  # noqa: E402
+from scaling.engine.data import GlobalBatch, step_batches  # noqa: E402
 from scaling.engine.jobfiles import WORKER_OUTPUT, write_json_atomic  # noqa: E402
 from scaling.engine.model import ModelArgs  # noqa: E402
 from scaling.engine.parallel import Parallelized, load_wrappers, parallelize  # noqa: E402
 from scaling.engine.step import train_step  # noqa: E402
-
-PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def warmup_steps(cfg: dict[str, Any], device_type: str) -> int:
@@ -111,9 +109,6 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
     args = ModelArgs.from_dict(cfg["model"])
     wrapped = parallelize(args, train, par, dev.device)
     build_peak_bytes = (torch.cuda.max_memory_allocated(dev.device) if cuda else resident.peak_growth_bytes())
-    dev.env["attention_kernel"] = kernels.attention_kernel(args.n_heads, args.n_kv_heads, args.head_dim,
-                                                           train["seq_len"], PRECISION_DTYPES[train["precision"]],
-                                                           dev.device)
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev.device)  # from here on: the training steps' peak
     resident.reset_peak()
@@ -122,29 +117,44 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
     data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"], **train["data"])
     mbs, grad_acc = train["mbs"], cfg["derived"]["grad_acc"]
     losses: list[torch.Tensor] = []
+    grad_norms: list[torch.Tensor] = []
 
-    def one_step(before_micro: Optional[Callable[[], None]] = None) -> float:
+    def batches(step: int) -> list[torch.Tensor]:
+        return step_batches(data, step, rank, mbs, grad_acc, pin=cuda)
+
+    def one_step(micro_batches: list[torch.Tensor], before_micro: Optional[Callable[[], None]] = None) -> float:
         t0 = time.perf_counter()
-        losses.append(train_step(wrapped, data, len(losses), rank, mbs, grad_acc, before_micro))
+        loss, grad_norm = train_step(wrapped, micro_batches, before_micro)
+        losses.append(loss)
+        if grad_norm is not None:
+            grad_norms.append(grad_norm)
         if cuda:
             torch.cuda.synchronize(dev.device)
         return time.perf_counter() - t0
 
     _inject_fault(train["fault"], rank, world)
     n_warmup = warmup_steps(cfg, dev.device.type)
-    warmup_times = [one_step() for _ in range(n_warmup - (0 if cuda else 1))]
+    with kernels.AttentionWatch() as attention:  # the kernel the training step runs, compiled or not
+        warmup_times = [one_step(batches(0))]
+    dev.env["attention_kernel"] = attention.kernel
+    warmup_times += [one_step(batches(len(losses))) for _ in range(n_warmup - (1 if cuda else 2))]
     tracked_peak, breakdown = None, {}
     if not cuda:  # the last warm-up step: live tensor bytes under torch's tracker, against the capacity
+        micro_batches = batches(len(losses))
         with memtrack.tracked_step(wrapped.model, wrapped.optimizer, par["zero_stage"] >= 2, dev.capacity_bytes) as peak:
-            warmup_times.append(one_step(peak.new_micro_step))
+            warmup_times.append(one_step(micro_batches, peak.new_micro_step))
         tracked_peak, breakdown = peak.peak_bytes, peak.breakdown
     phases.end("warmup_s")
 
+    # Every timed step's micro-batches exist before the window: no data work between two timed steps.
+    timed_batches = [batches(len(losses) + i) for i in range(train["steps"])]
     graphs_after_warmup = kernels.compiled_graphs()
+    rows_before_window = data.rows_built
     dist.barrier()
     window_start = time.perf_counter()
-    step_times = [one_step() for _ in range(train["steps"])]
+    step_times = [one_step(micro_batches) for micro_batches in timed_batches]
     window_s = time.perf_counter() - window_start
+    rows_built_in_window = data.rows_built - rows_before_window
 
     _report(cfg, job_dir, wrapped, dev, losses, step_times, {
         "peak_mem_bytes": tracked_peak, "peak_mem_reserved_bytes": None, "num_ooms": 0, "num_alloc_retries": 0,
@@ -155,6 +165,8 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
         "warmup_steps_run": n_warmup, "warmup_step_times_s": warmup_times,
         "compile": bool(train["compile"]), "recompiles_after_warmup": kernels.compiled_graphs() - graphs_after_warmup,
         "phases_s": phases.seconds, "measured_window_s": window_s, "peak_mem_breakdown_rank0": breakdown or None,
+        "rows_built_in_timed_window": rows_built_in_window,
+        "grad_norms": [float(n) for n in grad_norms] if grad_norms else None,
     })
 
 

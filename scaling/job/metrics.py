@@ -83,6 +83,8 @@ def throughput_metrics(worker: Mapping[str, Any], derived: Mapping[str, Any], pe
         "num_alloc_retries": worker["num_alloc_retries"],
         "peak_mem_breakdown_rank0": worker["peak_mem_breakdown_rank0"],
         "losses": list(worker["losses"]),
+        "grad_norms": worker.get("grad_norms"),  # before clipping, one per optimizer step; None: clipping off
+        "rows_built_in_timed_window": worker.get("rows_built_in_timed_window"),
         "final_param_norm": worker["final_param_norm"],
     }
 
