@@ -69,8 +69,9 @@ class Parallelized:
             return contextlib.nullcontext() if last else self.model.no_sync()
         if self.fsdp_grad_reduce == LAST_MICRO_STEP:
             self.model.set_requires_gradient_sync(last)
-        elif self.zero_stage == 2:
-            # ZeRO-2 shards gradients, not parameters: keep them gathered until the step's last backward.
+        if self.zero_stage == 2:
+            # ZeRO-2 shards gradients, not parameters: keep them gathered until the step's last backward, so a
+            # step gathers once (first forward) whichever way its gradients are reduced.
             self.model.set_reshard_after_backward(last)
         return contextlib.nullcontext()
 
