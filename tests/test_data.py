@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from scaling.engine.data import GlobalBatch, micro_batch
+from scaling.engine.data import GlobalBatch, step_batches, to_device
 
 
 def test_rows_do_not_depend_on_the_split():
     data = GlobalBatch(vocab_size=100, seq_len=8, seed=3)
     whole = data.rows(step=5, first=0, count=8)  # (8, 9)
     # dp=2, grad_acc=2, mbs=2: rank 1's second micro-step holds rows 6-7 of the same global batch
-    inputs, targets = micro_batch(data, 5, dp_rank=1, micro_step=1, mbs=2, grad_acc=2, device=torch.device("cpu"))
+    built = data.rows_built
+    micro_batches = step_batches(data, 5, dp_rank=1, mbs=2, grad_acc=2)
+    assert data.rows_built - built == 4 and len(micro_batches) == 2  # the step's rows, built ahead of it
+    inputs, targets = to_device(micro_batches[1], torch.device("cpu"))
     assert torch.equal(inputs, whole[6:8, :-1]) and torch.equal(targets, whole[6:8, 1:])
     assert not torch.equal(data.rows(6, 0, 8), whole)  # another step, other samples
     assert not torch.equal(GlobalBatch(100, 8, seed=4).rows(5, 0, 8), whole)  # another seed too

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,14 +32,20 @@ def rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b))
 
 
+CLIP = "train.grad_clip=0.05"  # below the tiny model's gradient norms: every step clips
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_dp_split_does_not_change_training(sweep_dir, stage):
-    two = point(sweep_dir, "parallel.dp=2", "train.grad_acc=2", f"parallel.zero_stage={stage}")
-    one = point(sweep_dir, "parallel.dp=1", "train.grad_acc=4", f"parallel.zero_stage={stage}")
+    """Also with clipping: the global gradient norm is the same whether it is whole (stages 0-1) or sharded."""
+    two = point(sweep_dir, "parallel.dp=2", "train.grad_acc=2", f"parallel.zero_stage={stage}", CLIP)
+    one = point(sweep_dir, "parallel.dp=1", "train.grad_acc=4", f"parallel.zero_stage={stage}", CLIP)
     assert two["status"] == one["status"] == "ok", (two["error"], one["error"])
     l2, l1 = two["metrics"]["losses"], one["metrics"]["losses"]
     assert len(l2) == len(l1) == 5  # warm-up, memory-tracked warm-up step, 3 timed steps
     assert max(rel(a, b) for a, b in zip(l2, l1)) <= 1e-5, (l2, l1)
+    n2, n1 = two["metrics"]["grad_norms"], one["metrics"]["grad_norms"]
+    assert len(n2) == 5 and min(n2) > 0.05 and max(rel(a, b) for a, b in zip(n2, n1)) <= 1e-5, (n2, n1)
     assert rel(two["metrics"]["final_param_norm"], one["metrics"]["final_param_norm"]) <= 1e-5
     assert two["derived"]["gbs"] == one["derived"]["gbs"] == 8
     assert two["env"]["threads_per_device"] == 1 and two["env"]["world_size"] == 2
@@ -45,9 +54,23 @@ def test_dp_split_does_not_change_training(sweep_dir, stage):
     assert len(two["metrics"]["peak_mem_bytes_per_rank"]) == 2
 
 
+def test_fsdp_communication_per_step(tmp_path):
+    """Per optimizer step (grad_acc=3, 3 FSDP groups: 2 blocks and the root), ZeRO-2 gathers each group once
+    in both modes and reduce-scatters once per micro-step or once; ZeRO-3 gathers each block before forward
+    and backward of every micro-step, the root once per micro-step."""
+    out = tmp_path / "counts.json"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                    "-m", "tests.fsdp_gathers", str(out)], check=True, timeout=300, cwd=Path(__file__).parent.parent,
+                   capture_output=True)
+    assert json.loads(out.read_text()) == {  # [all-gathers, reduce-scatters]
+        "2/every_micro_step": [3, 9], "2/last_micro_step": [3, 3],
+        "3/every_micro_step": [15, 9], "3/last_micro_step": [15, 3],
+    }
+
+
 def test_recompute_gives_same_losses(sweep_dir):
-    plain = point(sweep_dir, "parallel.dp=1", "train.grad_acc=4")
-    recomputed = point(sweep_dir, "parallel.dp=1", "train.grad_acc=4", "train.recompute=full")
+    plain = point(sweep_dir, "parallel.dp=1", "train.grad_acc=4", CLIP)
+    recomputed = point(sweep_dir, "parallel.dp=1", "train.grad_acc=4", "train.recompute=full", CLIP)
     assert recomputed["status"] == "ok"
     assert max(rel(a, b) for a, b in zip(plain["metrics"]["losses"], recomputed["metrics"]["losses"])) <= 1e-5
     assert recomputed["derived"]["hw_flops_per_token"] > recomputed["derived"]["flops_per_token"]
@@ -69,6 +92,8 @@ def test_record_schema(sweep_dir):
     assert rec["env"]["memory_capacity"] == "unlimited" and rec["env"]["backend"] == "gloo"
     assert rec["timing"]["launch_overhead_s"] > 0
     assert set(rec["config"]) == {"model", "train", "parallel", "hardware"}
+    assert rec["config"]["train"]["grad_clip"] == 1.0 and len(m["grad_norms"]) == 5  # real runs clip
+    assert m["rows_built_in_timed_window"] == 0  # every timed step's batches were built before timing
 
 
 def test_oversubscribed_point_runs_when_asked_and_says_so(sweep_dir):

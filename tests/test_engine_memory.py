@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from scaling.engine import kernels
 from scaling.engine.device import PROFILE_TOLERANCE, profile_note, rank_cores
@@ -92,13 +93,22 @@ def test_record_says_which_attention_kernel_ran(sweep_dir):
     rec = point(sweep_dir, "model=tiny", "train.seq_len=64", "train.mbs=2")
     assert rec["env"]["attention_kernel"] == "flash (cpu)" and rec["env"]["compile"] is False
     assert rec["env"]["warmup_steps_run"] == 2 and rec["metrics"]["compile_s"] is None
-    # The probe tells kernels apart: with the fused kernel ruled out, SDPA falls back to the math one.
+    # The watch on the first training step tells kernels apart: with the fused kernel ruled out, SDPA falls
+    # back to the math one; a step without attention names none.
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    cpu = torch.device("cpu")
-    assert kernels.attention_kernel(4, 2, 16, 32, torch.float32, cpu) == "flash (cpu)"
-    with sdpa_kernel(SDPBackend.MATH):
-        assert kernels.attention_kernel(4, 2, 16, 32, torch.float32, cpu) == kernels.MATH
+    q, kv = torch.randn(1, 4, 32, 16, requires_grad=True), torch.randn(2, 1, 2, 32, 16)  # (B, nh, T, hd)
+
+    def attend():
+        F.scaled_dot_product_attention(q, kv[0], kv[1], is_causal=True, enable_gqa=True).sum().backward()
+
+    with kernels.AttentionWatch() as fused:
+        attend()
+    with sdpa_kernel(SDPBackend.MATH), kernels.AttentionWatch() as math:
+        attend()
+    with kernels.AttentionWatch() as none:
+        q.sum().backward()
+    assert (fused.kernel, math.kernel, none.kernel) == ("flash (cpu)", kernels.MATH, None)
 
 
 def test_capacity_is_what_the_device_states_less_a_reserve():

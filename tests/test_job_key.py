@@ -78,7 +78,7 @@ def with_value(cfg: dict[str, Any], group: str, name: str, value: Any) -> dict[s
 
 @pytest.mark.parametrize("key", GOLDEN)
 def test_a_field_added_at_its_neutral_value_keeps_every_key_and_any_other_value_makes_a_new_one(key):
-    cfg = compose_point(GOLDEN[key])
+    cfg = compose_point([*GOLDEN[key], *neutral_overrides()])
     schema = upgraded("parallel", ParallelConfig, "overlap_optimizer", str, "off", neutral="off")
     assert job_key(with_value(cfg, "parallel", "overlap_optimizer", "off"), schema) == key
     assert job_key(with_value(cfg, "parallel", "overlap_optimizer", "on"), schema) != key

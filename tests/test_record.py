@@ -24,8 +24,10 @@ WORKER_KEYS = ["warmup_steps_run", "warmup_step_times_s", "compile", "recompiles
                "measured_window_s", "peak_mem_breakdown_rank0", "losses", "step_times_s", "final_param_norm",
                "peak_mem_source", "peak_mem_bytes_per_rank", "peak_mem_reserved_bytes_per_rank",
                "device_used_bytes_per_rank", "build_peak_mem_bytes_per_rank", "peak_rss_growth_bytes_per_rank",
-               "optimizer_state_bytes_per_rank", "num_ooms", "num_alloc_retries", "env"]
-"""worker.json's keys, in order, as rank 0 wrote them before the report was typed."""
+               "optimizer_state_bytes_per_rank", "num_ooms", "num_alloc_retries", "env", "rows_built_in_timed_window",
+               "grad_norms"]
+"""worker.json's keys, in order: as rank 0 wrote them before the report was typed, then the clipping's
+gradient norms and the data check of the timed window."""
 
 RECORD_KEYS = ["schema_version", "job_key", "sweep", "status", "error", "config", "derived", "metrics", "repeats",
                "predicted", "env", "provenance", "timing"]

@@ -35,6 +35,7 @@ INVALID = [
     (["hardware.threads_per_device=0"], "hardware.threads_per_device=0 must be a positive integer"),
     (["parallel.fsdp_grad_reduce=never"], "choose one of every_micro_step, last_micro_step"),
     (["launch.prescreen_sample=2"], "launch.prescreen_sample=2.0 must be a fraction in [0, 1]"),
+    (["train.grad_clip=-1"], "train.grad_clip=-1.0 must be >= 0"),
 ]
 
 
@@ -80,6 +81,14 @@ def test_the_cpu_device_is_part_of_the_job_key():
     keys.add(job_key(compose_point(["hardware.oversubscribe=true"])))
     assert len(keys) == 3
     assert job_key(compose_point(["launch.timeout_s=5"])) == job_key(compose_point([]))  # how it runs: not the key
+
+
+def test_grad_clip_is_part_of_the_job_key():
+    """Clipping changes what is trained: a point clipped at another norm, or not at all, is another point."""
+    from scaling.store.record import job_key
+
+    keys = {job_key(compose_point([f"train.grad_clip={v}"])) for v in (0, 0.5, 1.0)}
+    assert len(keys) == 3 and job_key(compose_point(["train.grad_clip=1.0"])) == job_key(compose_point([]))
 
 
 def test_nodes_from_devices_per_node():

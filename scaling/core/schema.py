@@ -76,6 +76,10 @@ class TrainConfig:
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
+    grad_clip: float = field(default=1.0, metadata={NEUTRAL: 0.0})
+    """Clip the global gradient norm to this value before each optimizer step, as real runs do
+    (`torch.nn.utils.clip_grad_norm_`, one all-reduce of the norm at ZeRO-2/3); 0 turns clipping off. Neutral at
+    0 (the job key leaves it out): points recorded before the field existed ran without clipping."""
     seed: int = 0
     """Seeds the initial weights and the data: step t's global batch is a function of (seed, t)."""
     data: DataConfig = field(default_factory=DataConfig)

@@ -111,6 +111,8 @@ def _check_train(c: _Checker, t: Mapping[str, Any], max_seq_len: Any) -> None:
     c.choice("train.recompute", t["recompute"], tuple(Recompute))
     c.positive("train.lr", t["lr"], integer=False)
     c.require(t["weight_decay"] >= 0, f"train.weight_decay={t['weight_decay']!r} must be >= 0")
+    c.require(t["grad_clip"] >= 0, f"train.grad_clip={t['grad_clip']!r} must be >= 0 (the largest gradient norm "
+              "an optimizer step keeps; 0 turns clipping off)")
     c.choice("train.fault", t["fault"], FAULTS)
     data = t["data"]
     if c.choice("train.data.source", data["source"], DATA_SOURCES) and data["source"] == "file":

@@ -38,6 +38,8 @@ class GlobalBatch:
         self.vocab_size = vocab_size
         self.seq_len = seq_len
         self.seed = seed
+        self.rows_built = 0
+        """Rows made so far: the worker checks that none is made inside its timed window."""
         self.tokens: Optional[torch.Tensor] = None
         self._mask: Optional[int] = None
         if source == "file":
@@ -52,6 +54,7 @@ class GlobalBatch:
 
     def row(self, step: int, row: int) -> torch.Tensor:
         """Sample `row` of step `step`: a LongTensor of seq_len + 1 tokens."""
+        self.rows_built += 1
         g = torch.Generator().manual_seed(_row_seed(self.seed, step, row))
         if self.tokens is None:
             return torch.randint(0, self.vocab_size, (self.seq_len + 1,), generator=g)
@@ -71,10 +74,15 @@ def micro_batch_rows(dp_rank: int, micro_step: int, mbs: int, grad_acc: int) -> 
     return (dp_rank * grad_acc + micro_step) * mbs
 
 
-def micro_batch(
-    data: GlobalBatch, step: int, dp_rank: int, micro_step: int, mbs: int, grad_acc: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) of one micro-step, each (mbs, seq_len), on `device`."""
-    rows = data.rows(step, micro_batch_rows(dp_rank, micro_step, mbs, grad_acc), mbs)
+def step_batches(data: GlobalBatch, step: int, dp_rank: int, mbs: int, grad_acc: int,
+                 pin: bool = False) -> list[torch.Tensor]:
+    """This rank's grad_acc micro-batches of step `step`, each (mbs, seq_len + 1) tokens in host memory, built
+    ahead of the step so that no data work is timed; `pin` pages them in for an asynchronous copy to a GPU."""
+    rows = [data.rows(step, micro_batch_rows(dp_rank, micro, mbs, grad_acc), mbs) for micro in range(grad_acc)]
+    return [r.pin_memory() for r in rows] if pin else rows
+
+
+def to_device(rows: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of one micro-batch, each (mbs, seq_len), on `device` (asynchronous from pinned memory)."""
     rows = rows.to(device, non_blocking=True)
     return rows[:, :-1], rows[:, 1:]

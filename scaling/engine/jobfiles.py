@@ -101,6 +101,11 @@ class WorkerReport:
     env: dict[str, Any]
     """Where it ran: torch, python, backend, hostname, memory_capacity, world_size and the device's own facts
     (device_name, threads_per_device, ...; on CPU also cores_per_rank and oversubscribed)."""
+    rows_built_in_timed_window: Optional[int] = None
+    """Data rows built between the first and the last timed step: 0, since every timed step's batches are built
+    before the window."""
+    grad_norms: Optional[list[float]] = None
+    """The global gradient norm of each optimizer step before clipping (train.grad_clip); None with clipping off."""
 
     def write(self, path: str | os.PathLike) -> None:
         """Write the report atomically as JSON."""

@@ -2,19 +2,17 @@
 
 A silent fall-back of `scaled_dot_product_attention` to the math kernel makes a long-sequence
 point slow and memory-hungry (a T×T matrix per head), so the worker forbids it on CUDA (a point
-whose shapes no fused kernel takes then fails loudly) and records the kernel that did run, found by
-watching which aten operator one attention call of the point's shapes dispatches to.
+whose shapes no fused kernel takes then fails loudly) and records the kernel that did run: the aten
+operator the first warm-up training step dispatched its attention to.
 torch and the standard library only.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Optional
 
 import torch
-import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 KERNELS = {
     "_scaled_dot_product_flash_attention_for_cpu": "flash (cpu)",
@@ -22,20 +20,8 @@ KERNELS = {
     "_scaled_dot_product_cudnn_attention": "cudnn",
     "_scaled_dot_product_efficient_attention": "efficient",
 }
-"""aten operator -> kernel name; an attention call that dispatches to none of them ran the math kernel."""
-MATH = "math"
-
-
-class _Dispatched(TorchDispatchMode):
-    """Records the name of every aten operator dispatched inside it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
+"""aten operator -> kernel name."""
+MATH, MATH_OP = "math", "_scaled_dot_product_attention_math"
 
 
 def forbid_math_attention() -> None:
@@ -43,15 +29,25 @@ def forbid_math_attention() -> None:
     torch.backends.cuda.enable_math_sdp(False)
 
 
-def attention_kernel(n_heads: int, n_kv_heads: int, head_dim: int, seq_len: int, dtype: torch.dtype,
-                     device: torch.device) -> str:
-    """The SDPA kernel that causal grouped-query attention of these shapes runs (one sample, forward)."""
-    gen = torch.Generator(device=device).manual_seed(0)
-    q = torch.randn(1, n_heads, seq_len, head_dim, generator=gen, device=device, dtype=dtype)  # (1, nh, T, hd)
-    kv = torch.randn(2, 1, n_kv_heads, seq_len, head_dim, generator=gen, device=device, dtype=dtype)
-    with torch.no_grad(), _Dispatched() as seen:
-        F.scaled_dot_product_attention(q, kv[0], kv[1], is_causal=True, enable_gqa=n_kv_heads != n_heads)
-    return next((KERNELS[op] for op in seen.ops if op in KERNELS), MATH)
+class AttentionWatch:
+    """Names the SDPA kernel that ran inside it, from the operator events of torch's profiler (CPU side only;
+    the legacy RecordFunction profiler, which costs milliseconds to start, not Kineto's seconds). It sees
+    eager and compiled steps alike, since it does not change what dispatches where. `kernel` is None when no
+    attention ran."""
+
+    def __init__(self) -> None:
+        self.kernel: Optional[str] = None
+        self._prof = torch.autograd.profiler.profile(use_kineto=False)
+
+    def __enter__(self) -> "AttentionWatch":
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._prof.__exit__(*exc)
+        ops = [e.name.removeprefix("aten::") for e in self._prof.function_events]
+        fused = next((KERNELS[op] for op in ops if op in KERNELS), None)
+        self.kernel = fused or (MATH if any(op.startswith(MATH_OP) for op in ops) else None)
 
 
 def compiled_graphs() -> int:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, ContextManager, Iterator, Mapping
+from typing import Any, ContextManager, Iterator, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -58,6 +58,7 @@ class Parallelized:
     autocast_dtype: torch.dtype | None
     device: torch.device
     fsdp_grad_reduce: str = FsdpGradReduce.EVERY_MICRO_STEP
+    grad_clip: float = 0.0
 
     def micro_step(self, index: int, count: int) -> ContextManager[None]:
         """Context for micro-step `index` of `count`: how its gradients are reduced across ranks."""
@@ -66,10 +67,20 @@ class Parallelized:
             return contextlib.nullcontext() if last else self.model.no_sync()
         if self.fsdp_grad_reduce == FsdpGradReduce.LAST_MICRO_STEP:
             self.model.set_requires_gradient_sync(last)
-        elif self.zero_stage == 2:
-            # ZeRO-2 shards gradients, not parameters: keep them gathered until the step's last backward.
+        if self.zero_stage == 2:
+            # ZeRO-2 shards gradients, not parameters: keep them gathered until the step's last backward, so a
+            # step gathers once (first forward) whichever way its gradients are reduced.
             self.model.set_reshard_after_backward(last)
         return contextlib.nullcontext()
+
+    def clip_grad_norm(self) -> Optional[torch.Tensor]:
+        """Clip the gradients' global norm to grad_clip (nothing when 0); returns the norm before clipping.
+        At stages 2-3 the gradients are DTensor shards and clip_grad_norm_ all-reduces their norm; at stages 0-1
+        they are whole after DDP's all-reduce, so the local norm is the global one."""
+        if not self.grad_clip:
+            return None
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a replicated DTensor at stages 2-3
 
     def zero_grad(self) -> None:
         """Clear gradients before a step. Under DDP they are views of its buckets: zero them in place,
@@ -141,7 +152,7 @@ def parallelize(args: ModelArgs, train: Mapping[str, Any], parallel: Mapping[str
     lr, weight_decay = train["lr"], train["weight_decay"]
     if zero_stage >= 2:
         return Parallelized(model, _adamw(model.parameters(), lr, weight_decay, device), zero_stage, None, device,
-                            parallel["fsdp_grad_reduce"])
+                            parallel["fsdp_grad_reduce"], train["grad_clip"])
     ddp = DDP(                                                    # 6. wrap
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
@@ -157,4 +168,5 @@ def parallelize(args: ModelArgs, train: Mapping[str, Any], parallel: Mapping[str
             ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=lr, weight_decay=weight_decay,
             fused=device.type == "cuda",
         )
-    return Parallelized(ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device)
+    return Parallelized(ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device,
+                        grad_clip=train["grad_clip"])

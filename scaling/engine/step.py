@@ -6,31 +6,34 @@ function on fake tensors. torch and the standard library only.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from scaling.engine.data import GlobalBatch, micro_batch
+from scaling.engine.data import to_device
 from scaling.engine.parallel import Parallelized
 
 
 def train_step(
-    wrapped: Parallelized, data: GlobalBatch, step: int, dp_rank: int, mbs: int, grad_acc: int,
-    before_micro: Optional[Callable[[], None]] = None,
-) -> torch.Tensor:
-    """One optimizer step over this rank's grad_acc micro-batches; returns the rank's mean loss (a 0-d tensor)."""
+    wrapped: Parallelized, batches: Sequence[torch.Tensor], before_micro: Optional[Callable[[], None]] = None,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """One optimizer step over this rank's micro-batches (`data.step_batches`: one per micro-step), gradients
+    clipped to train.grad_clip; returns the rank's mean loss and the gradient norm before clipping (0-d
+    tensors; the norm is None when clipping is off)."""
     wrapped.zero_grad()
     step_loss = torch.zeros((), device=wrapped.device)
-    for micro in range(grad_acc):
+    grad_acc = len(batches)
+    for micro, rows in enumerate(batches):
         if before_micro is not None:
             before_micro()
-        inputs, targets = micro_batch(data, step, dp_rank, micro, mbs, grad_acc, wrapped.device)  # (mbs, T) each
+        inputs, targets = to_device(rows, wrapped.device)  # (mbs, T) each
         with wrapped.micro_step(micro, grad_acc):
             with wrapped.autocast():
                 logits = wrapped.model(inputs)  # (mbs, T, V)
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) / grad_acc
             loss.backward()
         step_loss += loss.detach()
+    grad_norm = wrapped.clip_grad_norm()
     wrapped.optimizer.step()
-    return step_loss
+    return step_loss, grad_norm

@@ -36,8 +36,7 @@ from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E40
 
 from scaling.engine import device as devices  # noqa: E402
 from scaling.engine import kernels, memtrack  # noqa: E402
-from scaling.engine.data import GlobalBatch  # noqa: E402
-from scaling.engine.flops import PRECISION_DTYPES  # noqa: E402
+from scaling.engine.data import GlobalBatch, step_batches  # noqa: E402
 from scaling.engine.jobfiles import WORKER_OUTPUT, WorkerReport  # noqa: E402
 from scaling.engine.model import ModelArgs  # noqa: E402
 from scaling.engine.parallel import load_wrappers, parallelize  # noqa: E402
@@ -111,9 +110,6 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
     args = ModelArgs.from_dict(cfg["model"])
     wrapped = parallelize(args, train, par, dev.device)
     build_peak_bytes = (torch.cuda.max_memory_allocated(dev.device) if cuda else resident.peak_growth_bytes())
-    dev.env["attention_kernel"] = kernels.attention_kernel(args.n_heads, args.n_kv_heads, args.head_dim,
-                                                           train["seq_len"], PRECISION_DTYPES[train["precision"]],
-                                                           dev.device)
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev.device)  # from here on: the training steps' peak
     resident.reset_peak()
@@ -122,30 +118,45 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
     data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"], **train["data"])
     mbs, grad_acc = train["mbs"], cfg["derived"]["grad_acc"]
     losses: list[torch.Tensor] = []
+    grad_norms: list[torch.Tensor] = []
 
-    def one_step(before_micro: Optional[Callable[[], None]] = None) -> float:
+    def batches(step: int) -> list[torch.Tensor]:
+        return step_batches(data, step, rank, mbs, grad_acc, pin=cuda)
+
+    def one_step(micro_batches: list[torch.Tensor], before_micro: Optional[Callable[[], None]] = None) -> float:
         t0 = time.perf_counter()
-        losses.append(train_step(wrapped, data, len(losses), rank, mbs, grad_acc, before_micro))
+        loss, grad_norm = train_step(wrapped, micro_batches, before_micro)
+        losses.append(loss)
+        if grad_norm is not None:
+            grad_norms.append(grad_norm)
         if cuda:
             torch.cuda.synchronize(dev.device)
         return time.perf_counter() - t0
 
     _inject_fault(train["fault"], rank, world)
     n_warmup = warmup_steps(cfg, dev.device.type)
-    warmup_times = [one_step() for _ in range(n_warmup - (0 if cuda else 1))]
+    with kernels.AttentionWatch() as attention:  # the kernel the training step runs, compiled or not
+        warmup_times = [one_step(batches(0))]
+    dev.env["attention_kernel"] = attention.kernel
+    warmup_times += [one_step(batches(len(losses))) for _ in range(n_warmup - (1 if cuda else 2))]
     tracked_peak, breakdown = None, {}
     if not cuda:  # the last warm-up step: live tensor bytes under torch's tracker, against the capacity
+        micro_batches = batches(len(losses))
         with memtrack.tracked_step(wrapped.model, wrapped.optimizer, par["zero_stage"] >= 2, dev.capacity_bytes) as peak:
-            warmup_times.append(one_step(peak.new_micro_step))
+            warmup_times.append(one_step(micro_batches, peak.new_micro_step))
         tracked_peak, breakdown = peak.peak_bytes, peak.breakdown
     phases.end("warmup_s")
 
+    # Every timed step's micro-batches exist before the window: no data work between two timed steps.
+    timed_batches = [batches(len(losses) + i) for i in range(train["steps"])]
     graphs_after_warmup = kernels.compiled_graphs()
+    rows_before_window = data.rows_built
     dist.barrier()
     window_start = time.perf_counter()
-    step_times = [one_step() for _ in range(train["steps"])]
+    step_times = [one_step(micro_batches) for micro_batches in timed_batches]
     window_s = time.perf_counter() - window_start
     recompiles = kernels.compiled_graphs() - graphs_after_warmup
+    rows_built_in_window = data.rows_built - rows_before_window
 
     # Every rank joins the collectives below, in the same order (keyword arguments run left to right).
     memory = _memory_per_rank(dev, {
@@ -169,6 +180,8 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
         optimizer_state_bytes_per_rank=memory["optimizer_state_bytes"],
         num_ooms=sum(memory["num_ooms"] or [0]), num_alloc_retries=sum(memory["num_alloc_retries"] or [0]),
         env=_env(cfg, dev),
+        rows_built_in_timed_window=rows_built_in_window,
+        grad_norms=[float(n) for n in grad_norms] if grad_norms else None,
     )
     if rank == 0:
         report.write(job_dir / WORKER_OUTPUT)

@@ -84,6 +84,8 @@ def throughput_metrics(worker: WorkerReport, derived: Mapping[str, Any], peak: P
         "num_alloc_retries": worker.num_alloc_retries,
         "peak_mem_breakdown_rank0": worker.peak_mem_breakdown_rank0,
         "losses": list(worker.losses),
+        "grad_norms": worker.grad_norms,  # before clipping, one per optimizer step; None: clipping off
+        "rows_built_in_timed_window": worker.rows_built_in_timed_window,
         "final_param_norm": worker.final_param_norm,
     }
 

@@ -176,7 +176,7 @@ def _fake_world(dp: int) -> Iterator[Any]:
 def trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
     """Peak live bytes per rank of a resolved point's training step, traced on fake tensors in this process."""
     from scaling.core.validate import validate
-    from scaling.engine.data import GlobalBatch
+    from scaling.engine.data import GlobalBatch, step_batches
     from scaling.engine.memtrack import tracked_step
     from scaling.engine.model import ModelArgs
     from scaling.engine.parallel import parallelize
@@ -195,9 +195,10 @@ def trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
             wrapped.model.register_comm_hook(None, _completed_allreduce(dp))
             wrapped.model.reducer = _NoBucketRebuild(wrapped.model.reducer)
         data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"])  # token values do not matter
-        train_step(wrapped, data, 0, 0, mbs, micro_steps)
+        train_step(wrapped, step_batches(data, 0, 0, mbs, micro_steps))
+        micro_batches = step_batches(data, 1, 0, mbs, micro_steps)  # built before the step, as the worker does
         with tracked_step(wrapped.model, wrapped.optimizer, par["zero_stage"] >= 2, None) as peak:
-            train_step(wrapped, data, 1, 0, mbs, micro_steps, peak.new_micro_step)
+            train_step(wrapped, micro_batches, peak.new_micro_step)
     breakdown = {_category(k): v for k, v in peak.breakdown.items() if k != "Total" and v}
     return TracedPrediction(int(peak.peak_bytes), breakdown, time.perf_counter() - t0)
 
