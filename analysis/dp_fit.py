@@ -133,12 +133,11 @@ class Fit:
         return step_time_s(w, self.network, n, self.compute_s, self.overlap, self.optimizer_s_per_param, grad_acc)
 
 
-def t_statistics(x: np.ndarray, coef: np.ndarray, var: float) -> np.ndarray:
-    """t statistic of each coefficient of the relative-error least squares x·coef ≈ 1 (x: the design over the step
-    times) at a residual variance `var`."""
-    norms = np.linalg.norm(x, axis=0)  # the t statistic is the same in unit columns, and better conditioned
-    se = np.sqrt(np.maximum(np.diag(np.linalg.pinv((x / norms).T @ (x / norms))) * var, 0.0)) / norms
-    return np.where(se > 0, coef / np.where(se > 0, se, 1.0), np.inf)
+def standard_errors(x: np.ndarray, var: float) -> np.ndarray:
+    """Standard error of each coefficient of the relative-error least squares x·coef ≈ 1 (x: the design over the
+    step times) at a residual variance `var`."""
+    norms = np.linalg.norm(x, axis=0)  # the same in unit columns, and better conditioned
+    return np.sqrt(np.maximum(np.diag(np.linalg.pinv((x / norms).T @ (x / norms))) * var, 0.0)) / norms
 
 
 def resolved_columns(d: Design, t: np.ndarray, full: Sequence[Column], noise_var: float
@@ -157,7 +156,8 @@ def resolved_columns(d: Design, t: np.ndarray, full: Sequence[Column], noise_var
         x, values = d.of(cols) / t[:, None], np.array([coef[c] for c in cols])
         resid = x @ values - 1
         var = max(noise_var, float(resid @ resid) / (len(t) - len(cols)) if len(t) > len(cols) else 0.0)
-        return at_zero, dict(zip(cols, t_statistics(x, values, var)))
+        se = standard_errors(x, var)
+        return at_zero, dict(zip(cols, np.where(se > 0, values / np.where(se > 0, se, 1.0), np.inf)))
 
     cols, notes = list(full), {}
     at_zero, stat = fitted(cols)
@@ -217,16 +217,18 @@ def _compute_and_optimizer(a: np.ndarray, u: Optional[np.ndarray], r: np.ndarray
 
 def given_columns(w: Workload, points: Sequence[Point], net: Network) -> list[Column]:
     """The columns sources (b) and (c) fit beside the overlap: the compute, and the optimizer where the points the
-    network reaches tell it from the compute and its fitted value stands out of the timing noise (|t| ≥ 2)."""
+    network reaches tell it from the compute by more than twice their timing noise (the part of its column, in
+    relative error and unit norm, that the compute's cannot reproduce). Short of that, its fitted value would be
+    the noise divided by that part, and extrapolated wherever the parameters a rank updates stop shrinking."""
     usable = [p for p in points if net.reaches(p.dp)]
     d = design(w, usable, net.devices_per_node)
     cols = identifiable(d, (COMPUTE, OPTIMIZER))
     if OPTIMIZER not in cols:
         return cols
-    f = fit_given(w, usable, net, cols)
     x = d.of(cols) / np.array([p.step_time_s for p in usable])[:, None]
-    stat = t_statistics(x, np.array([f.compute_s, f.optimizer_s_per_param]), noise_variance(usable))
-    return cols if stat[1] >= 2 else [COMPUTE]
+    x /= np.linalg.norm(x, axis=0)
+    apart = np.linalg.norm(x[:, 1] - (x[:, 1] @ x[:, 0]) * x[:, 0])
+    return cols if apart > 2 * np.sqrt(noise_variance(usable)) else [COMPUTE]
 
 
 def fit_given(w: Workload, points: Sequence[Point], net: Network, free: Sequence[Column],
@@ -238,7 +240,6 @@ def fit_given(w: Workload, points: Sequence[Point], net: Network, free: Sequence
     t = np.array([p.step_time_s for p in usable])
     ga = np.array([float(p.grad_acc) for p in usable])
     updated = np.array([float(w.params_updated(p.dp)) for p in usable])
-    u = updated if OPTIMIZER in free else None
     # per point and window: how many the step has, seconds of communication in each, compute share it hides in
     windows = [comm_windows(w, net, p.dp, p.grad_acc) for p in usable]
     width = max((len(g) for g in windows), default=0)
@@ -251,7 +252,7 @@ def fit_given(w: Workload, points: Sequence[Point], net: Network, free: Sequence
         sat = o * x > share * c[:, None, None]  # an exposed window (share 0) hides nothing whatever o is
         a = ga - np.sum(np.where(sat, times * share, 0.0), axis=2)
         b = np.sum(times * np.where(sat, x, (1 - o) * x), axis=2)
-        c, k = _compute_and_optimizer(a, u, t - b, t, c)
+        c, k = _compute_and_optimizer(a, updated if OPTIMIZER in free else None, t - b, t, c)
     hidden = np.minimum(o * x, share * c[:, None, None])
     model = ga * c[:, None] + updated * k[:, None] + np.sum(times * (x - hidden), axis=2)
     sse = np.sum(((model - t) / t) ** 2, axis=1)

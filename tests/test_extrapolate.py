@@ -16,6 +16,7 @@ from synthetic_dp import LLAMA_1B, TRUTHS, Truth, h100_network, llama_1b, measur
 from analysis.bands import extrapolate
 from analysis.dp_fit import (
     COLUMNS,
+    COMPUTE,
     OPTIMIZER,
     Column,
     Term,
@@ -308,6 +309,17 @@ def test_an_optimizer_the_points_cannot_tell_from_the_compute_is_counted_in_it()
                                "the bandwidth terms: they carry it)")
     assert r.fit.optimizer_s_per_param == 0.0
     assert r.tokens_per_s_per_gpu == pytest.approx([truth.tokens_per_s_per_gpu(n) for n in r.dps], rel=1e-6)
+
+
+def test_a_given_network_fits_the_optimizer_only_where_the_points_tell_it_from_the_compute():
+    """dp 1-8 on one node: ZeRO-0 updates Ψ at every dp (a constant beside a compute ∝ 1/dp); 8B ZeRO-1's busiest
+    rank updates Ψ/dp within 0.1%, so its optimizer would be the noise over 0.1%, and is left to the compute."""
+    net = TRUTHS[0].network
+    for truth, fitted in ((TRUTHS[0], True), (TRUTHS[5], False)):
+        points = measure(truth, [1, 2, 4, 8], np.random.default_rng(7))
+        assert (OPTIMIZER in given_columns(truth.workload, points, net)) is fitted
+        one_step = [Point(p.dp, p.grad_acc, (p.step_time_s,)) for p in points]  # no spread: no noise to be lost in
+        assert given_columns(truth.workload, one_step, net) == [COMPUTE, OPTIMIZER]
 
 
 def test_a_figure_the_points_put_below_0_is_held_at_0_and_the_others_refit():
