@@ -4,7 +4,7 @@ The parameters come from one of three sources:
 (a) "sweep": the compute time, the optimizer's time per parameter updated (where it stands out of the timing
     noise) and whatever α-β figures the measured dp identify (o is then 0: the figures are those of exposed
     communication); (b) "profile" and (c) "published": the network is given (with its spread), the compute time,
-    the optimizer's (where it stands out of the noise) and o are fitted.
+    the optimizer's (where the points tell it from the compute) and o are fitted.
 
 With no overlap the step time is linear in (a)'s parameters,
 
