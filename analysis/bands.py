@@ -1,10 +1,10 @@
 """One configuration's DP curve extrapolated past its measured dp under one source, with its band and knee range.
 
 The uncertainty comes from bootstrap draws: each point's timed steps resampled (and the points themselves,
-where more were measured than parameters fitted), refitted (analysis.dp_fit), with the source's network
-draws; (a)'s draws refit every identified α, (b)'s and (c)'s draw the overlap among the values that fit
-within the noise. The band is the 2.5th-97.5th percentile of the draws, the knee's range the same
-percentiles of their knees.
+where more were measured than parameters fitted), refitted (analysis.dp_fit) with the model of the nominal
+curve, with the source's network draws: (a)'s draws refit the nominal fit's columns (an α the noise leaves
+unresolved among them), (b)'s and (c)'s draw the overlap among the values that fit within the noise. The band is the
+2.5th-97.5th percentile of the draws, the knee's range the same percentiles of their knees.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from analysis.dp_fit import (
     design,
     fit_given,
     fit_sweep,
+    given_columns,
     identifiable,
     identification,
     noise_variance,
@@ -26,7 +27,7 @@ from analysis.dp_fit import (
     resolved_columns,
 )
 from analysis.dp_scaling import DEFAULT_THRESHOLD, find_knee
-from analysis.step_model import Point, Workload, step_time_s
+from analysis.step_model import Point, Workload
 from scaling.core.network import NetworkEstimate
 
 MAX_DP = 1024
@@ -122,11 +123,11 @@ def _resample(points: Sequence[Point], rng: np.random.Generator, by_point: bool)
 
 
 def _curve(w: Workload, f: Fit, dps: Sequence[int]) -> np.ndarray:
-    return np.array([w.tokens_per_rank(n) / step_time_s(w, f.network, n, f.compute_s, f.overlap) for n in dps])
+    return np.array([w.tokens_per_rank(n) / f.step_time_s(w, n) for n in dps])
 
 
 def _params(f: Fit) -> dict[str, float]:
-    out = {"compute_s": f.compute_s, "overlap": f.overlap}
+    out = {"compute_s": f.compute_s, "optimizer_s_per_param": f.optimizer_s_per_param, "overlap": f.overlap}
     for tier, ab in f.network.tiers.items():
         out[f"alpha_s {tier}"] = ab.alpha_s
         out[f"beta_bytes_per_s {tier}"] = ab.beta_bytes_per_s
@@ -140,19 +141,22 @@ def extrapolate(config: str, w: Workload, points: Sequence[Point], dpn: Optional
     points = sorted(points, key=lambda p: p.dp)
     rng = np.random.default_rng(seed)
     notes: list[str] = []
-    d = design(w, points, dpn)
-    full = identifiable(d)
     if source is None:
-        free, dropped = resolved_columns(d, np.array([p.step_time_s for p in points]), full, noise_variance(points))
+        d = design(w, points, dpn)
+        full = identifiable(d)
+        free, open_ = resolved_columns(d, np.array([p.step_time_s for p in points]), full, noise_variance(points))
         nominal = fit_sweep(w, points, dpn, free)
-        notes.append(identification(points, dpn, full, dropped))
+        notes.append(identification(points, dpn, full, open_))
         reaches = nominal.network.reaches
-        by_point = len(points) > len(full) + 1
+        by_point = len(points) > len(free) + 1
+        needed = full  # a draw that loses a measured tier or a parameter cannot be fitted with the nominal's columns
         label, kind = "fitted to this sweep's DP curve", "sweep"
     else:
-        nominal = fit_given(w, points, source.nominal)
+        free = given_columns(w, points, source.nominal)
+        nominal = fit_given(w, points, source.nominal, free)
         reaches = source.nominal.reaches
-        by_point = len(points) > 3
+        by_point = len(points) > len(free) + 2  # the overlap too
+        needed = free
         label, kind = source.label, source.kind
         notes += list(source.notes)
         if any(p.dp >= 2 and reaches(p.dp) for p in points):
@@ -161,10 +165,9 @@ def extrapolate(config: str, w: Workload, points: Sequence[Point], dpn: Optional
     curves, firsts, params = [], [], []
     for i in range(n_draws):
         data = _resample(points, rng, by_point)
-        if source is None and by_point and identifiable(design(w, data, dpn)) != full:
+        if by_point and not set(needed) <= set(identifiable(design(w, data, dpn))):
             data = _resample(points, rng, False)  # these points lose a tier or a parameter: keep every point
-        # (a)'s draws refit every column the points identify, an unresolved α too: the band shows what it leaves out
-        f = fit_sweep(w, data, dpn, full) if source is None else fit_given(w, data, source.draws[i], rng)
+        f = fit_sweep(w, data, dpn, free) if source is None else fit_given(w, data, source.draws[i], free, rng)
         tps = _curve(w, f, dps)
         curves.append(tps)
         firsts.append(_first_below(dps, tps / tps[0], threshold))
@@ -178,8 +181,7 @@ def extrapolate(config: str, w: Workload, points: Sequence[Point], dpn: Optional
     measured = {p.dp: w.mbs * w.seq_len * p.grad_acc / p.step_time_s for p in points}
     if dps[-1] < max_dp:
         notes.append(_why_it_stops(w, dps[-1], reaches, max_dp))
-    misfit = max(abs(step_time_s(w, nominal.network, p.dp, nominal.compute_s, nominal.overlap, p.grad_acc)
-                     / p.step_time_s - 1) for p in points if reaches(p.dp))
+    misfit = max(abs(nominal.step_time_s(w, p.dp, p.grad_acc) / p.step_time_s - 1) for p in points if reaches(p.dp))
     if misfit > MISFIT_WARNING:
         notes.insert(0, f"the model misses the measured step times by up to {misfit:.0%}: these points are not "
                         "a curve it can produce (more ranks faster per rank, or noise beyond the timed steps' "

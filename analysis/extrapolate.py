@@ -8,6 +8,7 @@ points under each source), analysis.bands (the extrapolation with its bootstrap 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -18,7 +19,7 @@ from matplotlib.figure import Figure
 from analysis.bands import BAND, MAX_DP, N_DRAWS, Extrapolation, extrapolate
 from analysis.dp_scaling import DEFAULT_THRESHOLD, dp_axis
 from analysis.figures import new_figure
-from analysis.step_model import LAST, Point, Workload
+from analysis.step_model import LAST, Point, Workload, param_tensors
 from scaling.core.network import (
     PROFILE_FILE,
     TIERS,
@@ -28,9 +29,29 @@ from scaling.core.network import (
     published_estimate,
     with_fallback,
 )
+from scaling.core.schema import ModelConfig
 
 EXTRAPOLATED_CONFIGS = 3
 """Configurations the report extrapolates: the fastest measured at two or more dp."""
+
+
+SHAPE = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size")
+"""The record's `config.model` columns that decide the decoder's parameter tensors."""
+
+
+def model_of(row: pd.Series) -> ModelConfig:
+    """The decoder a record trained, from its config.model columns; tied embeddings read from derived.n_params,
+    which counts a tied output projection once."""
+    shape = {k: int(row[k]) for k in SHAPE}
+    tied = ModelConfig(name=str(row["model"]), tie_embeddings=True, **shape)
+    return tied if sum(t.numel for t in param_tensors(tied)) == int(row["n_params"]) else replace(tied,
+                                                                                                tie_embeddings=False)
+
+
+def _setting(row: pd.Series, key: str, default: object) -> object:
+    """A config column of the record, or `default` where the record predates the setting."""
+    value = row.get(key)
+    return default if value is None or (isinstance(value, float) and np.isnan(value)) else value
 
 
 def workload_and_points(group: pd.DataFrame) -> tuple[Workload, list[Point]]:
@@ -38,12 +59,15 @@ def workload_and_points(group: pd.DataFrame) -> tuple[Workload, list[Point]]:
     group = group.sort_values("dp")
     last = group.iloc[-1]
     fixed_batch = group["gbs"].nunique(dropna=False) == 1
-    reduce = last.get("fsdp_grad_reduce")
-    w = Workload(int(last["zero_stage"]), int(last["n_params"]), str(last["precision"]), int(last["mbs"]),
+    w = Workload(int(last["zero_stage"]), model_of(last), str(last["precision"]), int(last["mbs"]),
                  int(last["seq_len"]), int(last["gbs"]) if fixed_batch else None,
                  1 if fixed_batch else int(last["grad_acc"]),
                  # records from before the setting existed reduce-scattered on the last micro-step only
-                 str(reduce) if isinstance(reduce, str) else LAST)
+                 str(_setting(last, "fsdp_grad_reduce", LAST)),
+                 str(_setting(last, "recompute", "none")),
+                 # records from before train.grad_clip existed were measured without clipping
+                 float(_setting(last, "grad_clip", 0.0)),  # type: ignore[arg-type]
+                 float(_setting(last, "bucket_mb", 25.0)))  # type: ignore[arg-type]
     points = []
     for _, row in group.iterrows():
         times = row.get("step_times_s")
@@ -81,7 +105,7 @@ def sweep_extrapolations(sweep_dir: Path, table: pd.DataFrame, threshold: float 
                          n_configs: int = EXTRAPOLATED_CONFIGS, max_dp: int = MAX_DP, n_draws: int = N_DRAWS
                          ) -> tuple[dict[str, list[Extrapolation]], list[str]]:
     """Every source's extrapolation of the fastest configurations of a `dp_scaling.scaling_table` measured at two
-    or more dp; and the notes of `sources`."""
+    or more dp; and the notes of `sources`, and of records whose model disagrees with their parameter count."""
     measured = table.groupby("config")["dp"].nunique()
     fastest = (table[table["config"].isin(measured[measured > 1].index)].groupby("config")["tokens_per_s_per_gpu"]
                .max().nlargest(n_configs).index)
@@ -97,6 +121,10 @@ def sweep_extrapolations(sweep_dir: Path, table: pd.DataFrame, threshold: float 
             cache[hardware, dpn] = sources(sweep_dir, hardware, dpn, n_draws)
             notes += [n for n in cache[hardware, dpn][1] if n not in notes]
         w, points = workload_and_points(group)
+        recorded = int(group["n_params"].iloc[-1])
+        if w.n_params != recorded:  # not a record the engine wrote: it derives n_params from config.model
+            notes.append(f"{config}: its records' derived.n_params={recorded:,} is not the parameter count of their "
+                         f"config.model ({w.n_params:,}); the step model counts the tensors of config.model")
         found[config] = [extrapolate(config, w, points, dpn, src, threshold, max_dp, n_draws)
                          for src in cache[hardware, dpn][0]]
     return found, notes
@@ -123,6 +151,7 @@ def summary_table(found: dict[str, list[Extrapolation]]) -> pd.DataFrame:
                    "measured dp": ", ".join(map(str, r.measured)), "extrapolated to": r.dps[-1],
                    f"first dp < {r.threshold:.0%}": r.next_dp if r.next_dp is not None else f">{r.dps[-1]}",
                    "its band": band, "compute per micro-step": _interval(r.params["compute_s"], 1e-3, "ms"),
+                   "optimizer per 10⁹ parameters updated": _interval(r.params["optimizer_s_per_param"], 1e-12, "ms"),
                    "overlap": _interval(r.params["overlap"], 1, "")}
             for tier in TIERS:
                 if f"alpha_s {tier}" in r.params:

@@ -1,86 +1,195 @@
-"""A training step at dp=n with a fixed global batch: what each ZeRO stage communicates, and how long the step takes.
+"""A training step at dp=n with a fixed global batch: the collectives each ZeRO stage issues, and the step time.
 
-One configuration (model, seq_len, mbs, ZeRO stage, precision; dp varies) takes per optimizer step
+One configuration (model, seq_len, mbs, ZeRO stage, precision, recompute, clipping; dp varies) takes per step
 
     grad_acc(n) = gbs / (mbs·n)        (a fixed global batch; a sweep that fixed grad_acc instead keeps it)
-    step_s(n)   = grad_acc(n)·compute_s + exposed communication(n)
+    step_s(n)   = grad_acc(n)·compute_s + params_updated(n)·optimizer_s_per_param + exposed communication(n)
 
-so as dp grows, grad_acc falls and communication is amortised over fewer micro-steps. Communication per
-stage, as the engine issues it (bytes from the parameter count; gradients are reduced in fp32, parameters
-travel in bf16 only under FSDP2's mixed precision, DDP's parameters are fp32):
+so as dp grows, grad_acc falls, and what is paid once per step (communication, the optimizer) is amortised over
+fewer micro-steps. `step_collectives` lists the collectives of one step as the engine issues them (the model's
+single source: the fit, the curve and the comparison with a real step all read it); gradients are reduced in
+fp32 at every stage, parameters travel in bf16 only under FSDP2's mixed precision (DDP's are fp32):
 
-  ZeRO-0  one all-reduce of the gradients per step, bucketed and overlapped with the last backward
-  ZeRO-1  the same, plus an all-gather of the updated parameter shards after the optimizer (exposed)
-  ZeRO-2  a reduce-scatter of the gradients every micro-step, overlapped with its backward, and the
-          parameters all-gathered once per step, prefetched beside the forward
-  ZeRO-3  a reduce-scatter every micro-step and parameter all-gathers in its forward and again in its
-          backward, overlapped with that micro-step's compute
-  (with parallel.fsdp_grad_reduce=last_micro_step, ZeRO-2/3 reduce-scatter once, in the last backward, and
-  gather the parameters on every micro-step; records without the setting did that)
+  ZeRO-0  DDP: one all-reduce per gradient bucket (`parallel.bucket_mb`), in the last micro-step's backward
+  ZeRO-1  the same, then ZeroRedundancyOptimizer's parameter sync: one broadcast per parameter tensor from the
+          rank that updated it (fp32, 4Ψ in all), after the optimizer step: exposed
+  ZeRO-2  FSDP2, one all-gather and one reduce-scatter per sharded module (every block, and the root: embedding,
+          final norm, output). The parameters stay gathered until the step's last backward, so they are gathered
+          once per step, in the first micro-step's forward; the gradients are reduce-scattered in every
+          micro-step's backward (`fsdp_grad_reduce=last_micro_step`: in the last backward only)
+  ZeRO-3  the modules gathered in every micro-step's forward, the blocks again in its backward (the root is not
+          resharded after forward), reduce-scattered in every backward (last_micro_step: the last only)
+  clipping (`train.grad_clip` > 0) at ZeRO-2/3: one all-reduce of the fp32 gradient norm over the shards, exposed;
+          at ZeRO-0/1 the gradients are whole on every rank and the norm is local
 
-An overlap fraction o hides o of the overlappable communication, at most the compute it runs beside:
-hidden = min(o·comm, window), the window being the backward (BACKWARD_SHARE of a micro-step's compute) or,
-for ZeRO-3, the whole micro-step. Each collective costs what `scaling.core.network` says at its tier.
-Pure arithmetic: numpy and the standard library only.
+A collective hides behind the compute of the phase it runs in: the forward (1/3 of a micro-step's compute; 1/4
+with `train.recompute=full`, whose backward runs the forward again) or the backward (2/3; 3/4). Each window is a
+budget the collectives running in it draw down together: an overlap fraction o hides min(o·Σ their seconds,
+window). Each collective costs what `scaling.core.network` says at its tier. The optimizer step (AdamW over the
+parameters a rank owns, and clipping's pass over its gradients) does not shrink with grad_acc: seconds per
+parameter updated by the busiest rank. Pure arithmetic: numpy and the standard library only.
 """
 
 from __future__ import annotations
 
+import functools
+import heapq
+from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
 from scaling.core.network import Network, tier_of
+from scaling.core.schema import ModelConfig
 
-BACKWARD_SHARE = 2 / 3
-"""Share of a micro-step's compute in backward: twice the forward's FLOPs (no recomputation)."""
+BACKWARD_SHARE = {"none": 2 / 3, "full": 3 / 4}
+"""Share of a micro-step's compute in backward, by `train.recompute`: twice the forward's FLOPs, and with full
+recomputation the forward once more."""
 GRAD_BYTES = 4
 """Gradients are reduced in fp32 at every stage: DDP's parameters (and so gradients) stay fp32 under autocast,
 and FSDP2's MixedPrecisionPolicy reduces in fp32."""
-MICRO, STEP = "micro-step", "step"
 EVERY, LAST = "every_micro_step", "last_micro_step"
 """`parallel.fsdp_grad_reduce` (scaling.core.validate.FSDP_GRAD_REDUCE)."""
-BACKWARD, WHOLE = "backward", "micro-step"
+FORWARD, BACKWARD = "forward", "backward"
+FIRST_MICRO, EACH_MICRO, LAST_MICRO = "the first micro-step", "every micro-step", "the last micro-step"
+ROOT, BLOCK = "root", "block"
+"""The FSDP2 module a parameter tensor belongs to: the root (embedding, final norm, output) or a decoder block."""
+# what one call of a collective moves
+GRAD_BUCKETS = "gradient buckets"
+PARAM_TENSORS = "parameter tensors"
+MODULE_PARAMS = "module parameters"
+BLOCK_PARAMS = "block parameters"
+MODULE_GRADS = "module gradients"
+GRAD_NORM = "gradient norm"
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    """One parameter tensor of the decoder: the FSDP2 module it belongs to and its shape (rows: dim 0)."""
+
+    name: str
+    module: str
+    rows: int
+    cols: int = 1
+
+    @property
+    def numel(self) -> int:
+        """Elements of the whole tensor."""
+        return self.rows * self.cols
+
+    def shard_numel(self, n: int) -> int:
+        """Elements of the largest of n FSDP2 shards: dim 0 cut in chunks of ceil(rows/n)."""
+        return -(-self.rows // n) * self.cols
+
+
+def _shape_key(model: ModelConfig) -> tuple[int, int, int, int, int, bool]:
+    return (model.n_layers, model.hidden, model.n_kv_heads * (model.hidden // model.n_heads), model.ffn_hidden,
+            model.vocab_size, bool(model.tie_embeddings))
+
+
+@functools.lru_cache(maxsize=64)
+def _tensors(key: tuple[int, int, int, int, int, bool]) -> tuple[ParamTensor, ...]:
+    n_layers, h, kv, f, v, tied = key
+    block = (ParamTensor("attention_norm", BLOCK, h), ParamTensor("wq", BLOCK, h, h), ParamTensor("wk", BLOCK, kv, h),
+             ParamTensor("wv", BLOCK, kv, h), ParamTensor("wo", BLOCK, h, h), ParamTensor("ffn_norm", BLOCK, h),
+             ParamTensor("w1", BLOCK, f, h), ParamTensor("w3", BLOCK, f, h), ParamTensor("w2", BLOCK, h, f))
+    output = () if tied else (ParamTensor("output", ROOT, v, h),)
+    return (ParamTensor("tok_embeddings", ROOT, v, h), *block * n_layers, ParamTensor("norm", ROOT, h), *output)
+
+
+def param_tensors(model: ModelConfig) -> tuple[ParamTensor, ...]:
+    """The decoder's parameter tensors in `Transformer.parameters()` order (scaling.engine.model): the embedding;
+    per block attention_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2; the final norm; the output unless tied."""
+    return _tensors(_shape_key(model))
+
+
+def param_tensor_count(model: ModelConfig) -> int:
+    """Parameter tensors of the decoder: 9 per block, embedding and final norm, output projection unless tied."""
+    return len(param_tensors(model))
+
+
+@functools.lru_cache(maxsize=256)
+def _ddp_buckets(key: tuple[int, int, int, int, int, bool], bucket_bytes: int) -> tuple[int, ...]:
+    # DDP's Reducer, once it has rebuilt its buckets after the first step: gradients in the order backward makes
+    # them (the reverse of the parameters'), each bucket closed once it holds bucket_bytes or more
+    buckets, size = [], 0
+    for t in reversed(_tensors(key)):
+        size += GRAD_BYTES * t.numel
+        if size >= bucket_bytes:
+            buckets.append(size)
+            size = 0
+    return tuple(buckets + ([size] if size else []))
+
+
+@functools.lru_cache(maxsize=4096)
+def _zero1_busiest(key: tuple[int, int, int, int, int, bool], n: int) -> int:
+    # ZeroRedundancyOptimizer's partition: largest tensor first, each to the rank with the fewest elements so far
+    ranks = [(0, r) for r in range(n)]
+    for numel in sorted((t.numel for t in _tensors(key)), reverse=True):
+        size, r = heapq.heappop(ranks)
+        heapq.heappush(ranks, (size + numel, r))
+    return max(size for size, _ in ranks)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Compute a collective can hide behind: the forward or the backward of the first, every or the last micro-step."""
+
+    phase: str
+    """FORWARD or BACKWARD."""
+    micro_steps: str
+    """FIRST_MICRO, EACH_MICRO or LAST_MICRO."""
 
 
 @dataclass(frozen=True)
 class Collective:
-    """One collective of a stage: what it moves, how often, and what compute it can hide behind (None: none)."""
+    """One collective a stage issues: what each call moves and the compute it runs beside (None: exposed, once per
+    step outside the micro-steps)."""
 
     op: str
     moves: str
-    """`grad` or `param`."""
-    per: str
-    """MICRO (every micro-step) or STEP (once per optimizer step)."""
-    window: Optional[str]
-    """BACKWARD, WHOLE (the micro-step's forward and backward) or None (exposed)."""
+    window: Optional[Window]
 
 
+_DDP_REDUCE = Collective("all_reduce", GRAD_BUCKETS, Window(BACKWARD, LAST_MICRO))
+_GATHER_ONCE = Collective("all_gather", MODULE_PARAMS, Window(FORWARD, FIRST_MICRO))
+_GATHER_FORWARD = Collective("all_gather", MODULE_PARAMS, Window(FORWARD, EACH_MICRO))
+_GATHER_BACKWARD = Collective("all_gather", BLOCK_PARAMS, Window(BACKWARD, EACH_MICRO))
+_SCATTER_EACH = Collective("reduce_scatter", MODULE_GRADS, Window(BACKWARD, EACH_MICRO))
+_SCATTER_LAST = Collective("reduce_scatter", MODULE_GRADS, Window(BACKWARD, LAST_MICRO))
 STAGE_COLLECTIVES: dict[tuple[int, str], tuple[Collective, ...]] = {
-    # DDP: one bucketed all-reduce in the last backward; ZeroRedundancyOptimizer gathers the updated shards in step()
-    (0, EVERY): (Collective("all_reduce", "grad", STEP, BACKWARD),),
-    (1, EVERY): (Collective("all_reduce", "grad", STEP, BACKWARD), Collective("all_gather", "param", STEP, None)),
-    # FSDP2: gathers prefetched beside the forward; ZeRO-2 keeps its parameters gathered between micro-steps
-    (2, EVERY): (Collective("reduce_scatter", "grad", MICRO, BACKWARD), Collective("all_gather", "param", STEP, WHOLE)),
-    (3, EVERY): (Collective("reduce_scatter", "grad", MICRO, WHOLE), Collective("all_gather", "param", MICRO, WHOLE),
-                 Collective("all_gather", "param", MICRO, WHOLE)),
-    # parallel.fsdp_grad_reduce=last_micro_step: one reduce-scatter in the last backward; parameters resharded
-    # after every backward, so gathered again on every micro-step
-    (2, LAST): (Collective("reduce_scatter", "grad", STEP, BACKWARD), Collective("all_gather", "param", MICRO, WHOLE)),
-    (3, LAST): (Collective("reduce_scatter", "grad", STEP, BACKWARD), Collective("all_gather", "param", MICRO, WHOLE),
-                Collective("all_gather", "param", MICRO, WHOLE)),
+    (0, EVERY): (_DDP_REDUCE,),
+    (1, EVERY): (_DDP_REDUCE, Collective("broadcast", PARAM_TENSORS, None)),
+    (2, EVERY): (_GATHER_ONCE, _SCATTER_EACH),
+    (2, LAST): (_GATHER_ONCE, _SCATTER_LAST),
+    (3, EVERY): (_GATHER_FORWARD, _GATHER_BACKWARD, _SCATTER_EACH),
+    (3, LAST): (_GATHER_FORWARD, _GATHER_BACKWARD, _SCATTER_LAST),
 }
-"""What each (ZeRO stage, parallel.fsdp_grad_reduce) communicates; stages 0-1 do not read the latter."""
-WINDOW_SHARE = {BACKWARD: BACKWARD_SHARE, WHOLE: 1.0}
+"""What each (ZeRO stage, parallel.fsdp_grad_reduce) issues; stages 0-1 do not read the latter."""
+CLIP_REDUCE = Collective("all_reduce", GRAD_NORM, None)
+"""clip_grad_norm_ over DTensor gradient shards (ZeRO-2/3): the partial norms summed across ranks."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """Collectives of one optimizer step that are alike: the op, how many calls, the bytes of each (the whole
+    buffer: the all-reduced tensor, the gathered output, the reduce-scatter's input, the broadcast tensor) and the
+    compute they run beside (None: exposed)."""
+
+    op: str
+    count: int
+    bytes_per_call: float
+    window: Optional[Window]
 
 
 @dataclass(frozen=True)
 class Workload:
-    """The fixed part of one configuration: what it communicates and how its global batch splits over dp."""
+    """The fixed part of one configuration: what it communicates and updates, how its global batch splits over dp."""
 
     zero_stage: int
-    n_params: int
+    model: ModelConfig
+    """The decoder's shape (`config.model`): decides the parameter tensors, buckets and FSDP2 modules."""
     precision: str
     mbs: int
     seq_len: int
@@ -90,16 +199,61 @@ class Workload:
     """grad_acc at every dp when gbs is None."""
     fsdp_grad_reduce: str = EVERY
     """Stages 2-3: reduce-scatter on every micro-step or only the last (`parallel.fsdp_grad_reduce`)."""
+    recompute: str = "none"
+    """`train.recompute`: none or full (the forward runs again in backward)."""
+    grad_clip: float = 0.0
+    """`train.grad_clip`: the gradient norm clipped to it, 0 for no clipping."""
+    bucket_mb: float = 25.0
+    """`parallel.bucket_mb`: DDP's gradient bucket (stages 0-1), in MiB."""
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_stage={self.zero_stage}: valid stages are 0, 1, 2, 3")
         if self.fsdp_grad_reduce not in (EVERY, LAST):
             raise ValueError(f"fsdp_grad_reduce={self.fsdp_grad_reduce!r}: valid are {EVERY}, {LAST}")
+        if self.recompute not in BACKWARD_SHARE:
+            raise ValueError(f"recompute={self.recompute!r}: valid are {', '.join(BACKWARD_SHARE)}")
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the model (Ψ)."""
+        return sum(t.numel for t in param_tensors(self.model))
 
     def collectives(self) -> tuple[Collective, ...]:
-        """The collectives this configuration issues (STAGE_COLLECTIVES)."""
-        return STAGE_COLLECTIVES[self.zero_stage, EVERY if self.zero_stage <= 1 else self.fsdp_grad_reduce]
+        """The collectives this configuration issues (STAGE_COLLECTIVES, and clipping's norm at ZeRO-2/3)."""
+        stage = STAGE_COLLECTIVES[self.zero_stage, EVERY if self.zero_stage <= 1 else self.fsdp_grad_reduce]
+        return stage + ((CLIP_REDUCE,) if self.zero_stage >= 2 and self.grad_clip > 0 else ())
+
+    def window_share(self, phase: str) -> float:
+        """Share of a micro-step's compute in the forward or the backward."""
+        backward = BACKWARD_SHARE[self.recompute]
+        return backward if phase == BACKWARD else 1 - backward
+
+    def calls_of(self, moves: str, n: int) -> list[tuple[float, int]]:
+        """(bytes per call, calls) of one round of a collective at dp=n: one call per bucket, tensor or module."""
+        key = _shape_key(self.model)
+        if moves == GRAD_BUCKETS:
+            sizes = _ddp_buckets(key, int(self.bucket_mb * 2**20))
+        elif moves == PARAM_TENSORS:
+            sizes = tuple(4 * t.numel for t in _tensors(key))  # DDP keeps fp32 parameters
+        elif moves == GRAD_NORM:
+            sizes = (4,)
+        else:  # FSDP2 gathers and scatters whole modules, each parameter's dim 0 padded to a multiple of n
+            width = GRAD_BYTES if moves == MODULE_GRADS else (2 if self.precision == "bf16" else 4)
+            block = n * width * sum(t.shard_numel(n) for t in _tensors(key) if t.module == BLOCK) // self.model.n_layers
+            root = n * width * sum(t.shard_numel(n) for t in _tensors(key) if t.module == ROOT)
+            return [(block, self.model.n_layers)] + ([] if moves == BLOCK_PARAMS else [(root, 1)])
+        return sorted(Counter(sizes).items())
+
+    def params_updated(self, n: int) -> int:
+        """Parameters the busiest rank updates at dp=n: all at ZeRO-0, ZeroRedundancyOptimizer's largest share at
+        ZeRO-1 (whole tensors), the largest FSDP2 shards at ZeRO-2/3."""
+        key = _shape_key(self.model)
+        if self.zero_stage == 0:
+            return self.n_params
+        if self.zero_stage == 1:
+            return _zero1_busiest(key, n)
+        return sum(t.shard_numel(n) for t in _tensors(key))
 
     def grad_acc_at(self, n: int) -> Optional[int]:
         """grad_acc at dp=n, or None when the fixed global batch does not split into whole micro-steps."""
@@ -107,12 +261,6 @@ class Workload:
             return self.grad_acc
         ga, rest = divmod(self.gbs, self.mbs * n)
         return ga if ga >= 1 and rest == 0 else None
-
-    def bytes_of(self, moves: str) -> float:
-        """Bytes one collective of this kind moves (the whole buffer)."""
-        if moves == "grad":
-            return self.n_params * GRAD_BYTES
-        return self.n_params * (2 if self.zero_stage >= 2 and self.precision == "bf16" else 4)
 
     def batch(self) -> str:
         """How the global batch splits over dp, in words."""
@@ -126,30 +274,55 @@ class Workload:
         return float(self.mbs * self.seq_len * (self.grad_acc_at(n) or np.nan))
 
 
-def comm_groups(w: Workload, net: Network, n: int) -> dict[tuple[str, Optional[str]], float]:
-    """Seconds of communication per (how often, window), summed over the stage's collectives at dp=n."""
-    groups: dict[tuple[str, Optional[str]], float] = {}
+def step_collectives(w: Workload, n: int, grad_acc: int) -> tuple[Call, ...]:
+    """The collectives of one optimizer step at dp=n and grad_acc micro-steps, as the engine issues them."""
+    calls = []
+    for c in w.collectives():
+        rounds = grad_acc if c.window is not None and c.window.micro_steps == EACH_MICRO else 1
+        calls += [Call(c.op, count * rounds, size, c.window) for size, count in w.calls_of(c.moves, n)]
+    return tuple(calls)
+
+
+def _micro_step_kinds(grad_acc: int) -> list[tuple[int, set[str]]]:
+    """(how many, which selectors apply) for the micro-steps of a step: the first, the middle ones, the last."""
+    if grad_acc == 1:
+        return [(1, {FIRST_MICRO, EACH_MICRO, LAST_MICRO})]
+    kinds = [(1, {FIRST_MICRO, EACH_MICRO}), (grad_acc - 2, {EACH_MICRO}), (1, {EACH_MICRO, LAST_MICRO})]
+    return [k for k in kinds if k[0] > 0]
+
+
+def comm_windows(w: Workload, net: Network, n: int, grad_acc: int) -> list[tuple[int, float, float]]:
+    """The communication of one step at dp=n by window: (how many such windows the step has, seconds of
+    communication in each, the share of a micro-step's compute it can hide behind; 0 for exposed)."""
     if n < 2:
-        return groups
+        return []
     tier = net.tier(n)
     if tier is None:
         raise ValueError(f"dp={n}: the network has no figures for its tier ({tier_of(n, net.devices_per_node)})")
-    for c in w.collectives():
-        key = (c.per, c.window)
-        groups[key] = groups.get(key, 0.0) + tier.time_s(c.op, n, w.bytes_of(c.moves))
-    return groups
+    per_window: dict[Optional[Window], float] = {}
+    for call in step_collectives(w, n, grad_acc):
+        rounds = grad_acc if call.window is not None and call.window.micro_steps == EACH_MICRO else 1
+        per_window[call.window] = (per_window.get(call.window, 0.0)
+                                   + call.count / rounds * tier.time_s(call.op, n, call.bytes_per_call))
+    out = [(1, per_window[None], 0.0)] if None in per_window else []
+    for times, selectors in _micro_step_kinds(grad_acc):
+        for phase in (FORWARD, BACKWARD):
+            seconds = sum(s for win, s in per_window.items() if win is not None and win.phase == phase
+                          and win.micro_steps in selectors)
+            if seconds > 0:
+                out.append((times, seconds, w.window_share(phase)))
+    return out
 
 
 def step_time_s(w: Workload, net: Network, n: int, compute_s: float, overlap: float,
-                grad_acc: Optional[int] = None) -> float:
-    """Seconds of one optimizer step at dp=n: grad_acc micro-steps of compute plus exposed communication."""
+                optimizer_s_per_param: float = 0.0, grad_acc: Optional[int] = None) -> float:
+    """Seconds of one optimizer step at dp=n: grad_acc micro-steps of compute, the optimizer, exposed communication."""
     ga = grad_acc if grad_acc is not None else w.grad_acc_at(n)
     if ga is None:
         raise ValueError(f"dp={n}: gbs={w.gbs} does not split into whole micro-steps of mbs={w.mbs}")
-    total = ga * compute_s
-    for (per, window), comm_s in comm_groups(w, net, n).items():
-        hidden = 0.0 if window is None else min(overlap * comm_s, WINDOW_SHARE[window] * compute_s)
-        total += (comm_s - hidden) * (ga if per == MICRO else 1)
+    total = ga * compute_s + w.params_updated(n) * optimizer_s_per_param
+    for times, seconds, share in comm_windows(w, net, n, ga):
+        total += times * (seconds - min(overlap * seconds, share * compute_s))
     return total
 
 

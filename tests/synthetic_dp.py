@@ -1,6 +1,7 @@
 """Synthetic DP curves from known step-model parameters, for the extrapolation tests and benchmark.
 
-A `Truth` is a workload, a two-tier network, a compute time per micro-step and an overlap; `measure`
+A `Truth` is a workload, a two-tier network, a compute time per micro-step, an optimizer time per parameter
+updated and an overlap; `measure`
 draws the timed steps of a point at dp=n with multiplicative Gaussian noise, as a sweep would record them,
 and `profile_of` the collective timings `scaling collectives` would record of its network.
 """
@@ -8,12 +9,14 @@ and `profile_of` the collective timings `scaling collectives` would record of it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
+import yaml
 
 from analysis.step_model import Point, Workload, step_time_s
 from scaling.core.network import INTER, INTRA, AlphaBeta, Network, Profile, fit_tiers
+from scaling.core.schema import CONF_DIR, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -25,10 +28,11 @@ class Truth:
     network: Network
     compute_s: float
     overlap: float
+    optimizer_s_per_param: float = 0.0
 
     def step_time_s(self, n: int) -> float:
         """The true (noise-free) step time at dp=n."""
-        return step_time_s(self.workload, self.network, n, self.compute_s, self.overlap)
+        return step_time_s(self.workload, self.network, n, self.compute_s, self.overlap, self.optimizer_s_per_param)
 
     def tokens_per_s_per_gpu(self, n: int) -> float:
         """The true tokens/s per GPU at dp=n."""
@@ -66,17 +70,35 @@ def h100_network(inter_alpha_s: float = 12e-6, inter_beta: float = 40e9,
     return Network({INTRA: AlphaBeta(3e-6, 360e9), INTER: AlphaBeta(inter_alpha_s, inter_beta)}, devices_per_node)
 
 
-def llama_1b(zero_stage: int, gbs: int = 512, mbs: int = 1) -> Workload:
-    """Llama 3.2 1B at seq 4096, bf16, a fixed global batch."""
-    return Workload(zero_stage, 1_235_814_400, "bf16", mbs, 4096, gbs)
+def preset(name: str) -> ModelConfig:
+    """A model preset of the `model` config group (conf/model/<name>.yaml)."""
+    return ModelConfig(**yaml.safe_load((CONF_DIR / "model" / f"{name}.yaml").read_text()))
 
 
+LLAMA_1B, LLAMA_8B = preset("llama_1b"), preset("llama_8b")
+
+
+def llama_1b(zero_stage: int, gbs: int = 512, mbs: int = 1, **settings: Any) -> Workload:
+    """Llama 3.2 1B at seq 4096, bf16, a fixed global batch; `settings` the Workload's other fields."""
+    return Workload(zero_stage, LLAMA_1B, "bf16", mbs, 4096, gbs, **settings)
+
+
+ADAMW_S_PER_PARAM = 12e-12
+"""A fused AdamW step on an H100: about 28 bytes of HBM traffic per fp32 parameter (read p, g, m, v; write p, m, v)
+at some 2.4 TB/s."""
 TRUTHS = (
-    Truth("1B ZeRO-0, overlap 0.5", llama_1b(0), h100_network(), compute_s=0.075, overlap=0.5),
-    Truth("1B ZeRO-1, no overlap", llama_1b(1), h100_network(), compute_s=0.075, overlap=0.0),
-    Truth("1B ZeRO-2, overlap 0.5", llama_1b(2, gbs=1024, mbs=2), h100_network(), compute_s=0.15, overlap=0.5),
-    Truth("1B ZeRO-3, overlap 0.6", llama_1b(3, gbs=2048, mbs=2), h100_network(), compute_s=0.15, overlap=0.6),
-    Truth("8B ZeRO-1, overlap 0.3", Workload(1, 8_030_261_248, "bf16", 1, 8192, 1024), h100_network(),
-          compute_s=0.95, overlap=0.3),
+    Truth("1B ZeRO-0, overlap 0.5, AdamW", llama_1b(0), h100_network(), compute_s=0.075, overlap=0.5,
+          optimizer_s_per_param=ADAMW_S_PER_PARAM),
+    Truth("1B ZeRO-1, no overlap, a broadcast per tensor, AdamW", llama_1b(1), h100_network(), compute_s=0.075,
+          overlap=0.0, optimizer_s_per_param=ADAMW_S_PER_PARAM),
+    Truth("1B ZeRO-2, overlap 0.5, gathered behind the first forward", llama_1b(2, gbs=1024, mbs=2), h100_network(),
+          compute_s=0.15, overlap=0.5, optimizer_s_per_param=ADAMW_S_PER_PARAM),
+    Truth("1B ZeRO-3, overlap 0.6, clipped", llama_1b(3, gbs=2048, mbs=2, grad_clip=1.0), h100_network(),
+          compute_s=0.15, overlap=0.6, optimizer_s_per_param=ADAMW_S_PER_PARAM),
+    Truth("1B ZeRO-3, recompute, overlap 0.6", llama_1b(3, gbs=2048, mbs=2, recompute="full"), h100_network(),
+          compute_s=0.2, overlap=0.6, optimizer_s_per_param=ADAMW_S_PER_PARAM),
+    Truth("8B ZeRO-1, overlap 0.3", Workload(1, LLAMA_8B, "bf16", 1, 8192, 1024), h100_network(),
+          compute_s=0.95, overlap=0.3, optimizer_s_per_param=ADAMW_S_PER_PARAM),
 )
-"""Truths with a knee between dp=16 and dp=512 on 8-GPU nodes: each stage, overlap from none to most."""
+"""Truths with a knee between dp=16 and dp=512 on 8-GPU nodes: each stage, overlap from none to most, the
+optimizer step of a fused AdamW, clipping, recomputation."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 import time
@@ -54,6 +55,7 @@ def _truth_sweep(path, truth, dps, rng):
         r = make_record(model="llama_1b", seq_len=w.seq_len, mbs=w.mbs, grad_acc=w.grad_acc_at(n), dp=n,
                         zero_stage=w.zero_stage, precision=w.precision, memory_gb=80.0)
         r["config"]["hardware"]["devices_per_node"] = 8
+        r["config"]["model"].update(dataclasses.asdict(w.model))
         r["job_key"] = job_key(r["config"])
         r["derived"]["n_params"] = w.n_params
         step = float(np.median(times))

@@ -43,8 +43,9 @@ def test_ring_costs():
     assert ring_cost("reduce_scatter", 4, 1000) == (3, 750.0)
     assert ring_cost("all_gather", 8, 800) == (7, 700.0)
     assert ring_cost("all_reduce", 1, 1000) == (0, 0.0)
-    with pytest.raises(ValueError, match="op='broadcast' is not a collective of the model"):
-        ring_cost("broadcast", 2, 1)
+    assert ring_cost("broadcast", 4, 1000) == (3, 1000.0)  # a pipelined ring: S over every link, n-1 hops
+    with pytest.raises(ValueError, match="op='all_to_all' is not a collective of the model"):
+        ring_cost("all_to_all", 2, 1)
     assert bus_factor("all_reduce", 4) == 1.5 and bus_factor("all_gather", 4) == 0.75
 
 

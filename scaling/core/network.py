@@ -2,7 +2,8 @@
 
 A ring collective over n ranks on an S-byte buffer costs `t = steps·α + bytes/β`: all-reduce takes
 2(n−1) steps moving 2(n−1)/n·S bytes per rank; reduce-scatter and all-gather take (n−1) steps moving
-(n−1)/n·S. α is the per-step latency (s), β the bandwidth per rank (bytes/s: nccl-tests' bus bandwidth).
+(n−1)/n·S; a broadcast, pipelined along the ring, n−1 steps moving S. α is the per-step latency (s), β the
+bandwidth per rank (bytes/s: nccl-tests' bus bandwidth).
 
 Two tiers: within a node (`hardware.devices_per_node` ranks) and between nodes. A collective over more
 ranks than a node holds is taken as a flat ring over all n ranks at the inter-node α and β (every ring
@@ -44,17 +45,27 @@ CUDA_SIZES = (*CPU_SIZES, 64 * 2**20, 256 * 2**20)
 
 
 RING_PASSES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
-"""The collectives of the model (those the scaling.engine.collectives worker times) and the passes of each around
-the ring: all-reduce is a reduce-scatter followed by an all-gather."""
+"""The collectives the scaling.engine.collectives worker times, and the passes of each around the ring: all-reduce
+is a reduce-scatter followed by an all-gather."""
+MODEL_OPS = (*RING_PASSES, "broadcast")
+"""Collectives the step model costs: those the benchmark measures, and the broadcast (costed from their α and β)."""
 
 
 def ring_cost(op: str, n: int, size_bytes: float) -> tuple[int, float]:
-    """(steps, bytes sent per rank) of a ring collective over n ranks on an S-byte buffer: passes·(n−1) steps,
-    passes·(n−1)/n·S bytes."""
-    if op not in RING_PASSES:
-        raise ValueError(f"op={op!r} is not a collective of the model: use one of {', '.join(RING_PASSES)}")
+    """(steps, bytes sent per rank) of a ring collective over n ranks on an S-byte buffer: passes·(n−1) steps and
+    passes·(n−1)/n·S bytes.
+
+    A broadcast is taken as NCCL runs it, a pipelined ring: the root cuts its S bytes into chunks that each rank
+    receives and passes on to the next, so every link carries S bytes once, and the last rank is n−1 hops from
+    the root. With chunks much smaller than S that takes `(n−1)·α + S/β`, the same β as the other collectives:
+    nccl-tests' bus bandwidth of a broadcast is its algorithm bandwidth S/t (PERFORMANCE.md, factor 1).
+    """
+    if op not in MODEL_OPS:
+        raise ValueError(f"op={op!r} is not a collective of the model: use one of {', '.join(MODEL_OPS)}")
     if n < 1:
         raise ValueError(f"n={n} ranks: a collective needs n >= 1")
+    if op == "broadcast":
+        return n - 1, size_bytes if n > 1 else 0.0
     passes = RING_PASSES[op]
     return passes * (n - 1), passes * (n - 1) / n * size_bytes
 
