@@ -253,3 +253,11 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     cfg.sweep_dir = output_dir(cfg.sweep_dir, hydra_cfg)
     return run_point(OmegaConf.to_container(cfg, resolve=True), hydra_provenance(hydra_cfg))
 
+
+
+if __name__ == "__main__":  # `python -m scaling.job.run` is the `scaling run` command, exit status included
+    import sys
+
+    from scaling.cli.main import main as cli_main
+
+    sys.exit(cli_main(["run", *sys.argv[1:]]))
