@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from hydra_plugins.scaling_optuna_sweeper._study import (
     noise_band,
     trials_since_improvement,
 )
+from scaling.engine.lifetime import GATE_ENV
 from scaling.store.record import job_key, read_record
 from tests.compose import compose_point
 
@@ -334,26 +333,25 @@ def test_cmaes_sampler_runs(tmp_path: Path) -> None:
 
 
 def test_sigkilled_search_resumes_without_repeating_finished_trials(tmp_path: Path) -> None:
-    cmd = [sys.executable, *toy_command(tmp_path, *TOY_SPACE, "sleep_s=0.8", "hydra.sweeper.n_trials=5",
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    for n in (0, 1):  # two trials run through; the third stops in flight at the test gate
+        (gates / f"call{n}.go").touch()
+    cmd = [sys.executable, *toy_command(tmp_path, *TOY_SPACE, "hydra.sweeper.n_trials=5",
                                         f"calls_log={tmp_path / 'calls.jsonl'}")]
-    driver = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env={**os.environ, GATE_ENV: str(gates)})
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            time.sleep(0.15)
-            if not (tmp_path / "optuna.journal").exists():
-                continue
-            trials = load_study(tmp_path).trials
-            running = [t for t in trials if t.state == TrialState.RUNNING]
-            done = [t for t in trials if t.state == TrialState.COMPLETE]
-            # Kill while a trial with all its parameters has just started: mid-flight for certain.
-            if len(done) >= 2 and running and len(running[0].params) == 3 and (
-                    datetime.now() - running[0].datetime_start).total_seconds() < 0.4:
-                break
-        else:
-            pytest.fail("the driver never reached two finished trials")
-        os.kill(driver.pid, signal.SIGKILL)
+        while not (gates / "call2.reached").exists():
+            assert time.monotonic() < deadline and driver.poll() is None, "the driver never reached its third trial"
+            time.sleep(0.05)
+        trials = load_study(tmp_path).trials
+        running = [t for t in trials if t.state == TrialState.RUNNING]
+        assert sum(t.state == TrialState.COMPLETE for t in trials) == 2 and len(running) == 1
+        assert len(running[0].params) == 3  # mid-flight: the trial has all its parameters and its job runs
     finally:
+        driver.kill()  # SIGKILL
         driver.wait()
     before = {t.number: t for t in load_study(tmp_path).trials}
     finished = {n: t for n, t in before.items() if t.state == TrialState.COMPLETE}
