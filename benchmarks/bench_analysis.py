@@ -25,7 +25,7 @@ from analysis.collect import collect  # noqa: E402
 from analysis.facets import default_layout, figure_specs  # noqa: E402
 from analysis.figures import render_pngs  # noqa: E402
 from scaling.engine.enums import Status  # noqa: E402
-from scaling.launch.devices import usable_cores  # noqa: E402
+from scaling.core.host import usable_cores  # noqa: E402
 from scaling.store.record import (  # noqa: E402
     RESULT_FILE,
 )

@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from scaling.job.run import run_point  # noqa: E402
-from scaling.launch.devices import usable_cores  # noqa: E402
+from scaling.core.host import usable_cores  # noqa: E402
 from tests.compose import compose_point  # noqa: E402
 
 

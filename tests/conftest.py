@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 import pytest
 
 if TYPE_CHECKING:
     from slurm_cluster import SlurmCluster
+
+
+@pytest.fixture(scope="session")
+def point_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One record store for the session's real points (tests/points.py): a point several tests look at runs once."""
+    return tmp_path_factory.mktemp("points")
 
 
 # --- SLURM: a real cluster on loopback (see tests/slurm_cluster.py) ---------------------------

@@ -21,15 +21,17 @@ from scaling.store.record import iter_records
 
 FAST = ["logger=none", "model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
 
-# A process that leases `wanted` of `n` slots, stamps when it got them, holds them, stamps the release.
+# A process that leases `wanted` of `n` slots, stamps when it got them, holds them until the test creates
+# <out>.release, stamps the release.
 HOLDER = textwrap.dedent("""\
-    import json, sys, time
+    import json, os, sys, time
     from scaling.launch.devices import lease
-    out, wanted, n, hold_s = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    out, wanted, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     with lease(wanted, [str(i) for i in range(n)], poll_s=0.05) as got:
         stamp = {"got": got, "acquired": time.time()}
         open(out + ".acquired", "w").write(json.dumps(stamp))
-        time.sleep(hold_s)
+        while not os.path.exists(out + ".release"):
+            time.sleep(0.01)
         stamp["released"] = time.time()
     open(out, "w").write(json.dumps(stamp))
     """)
@@ -42,8 +44,16 @@ def lock_env(tmp_path, monkeypatch) -> dict[str, str]:
     return {**os.environ, LOCK_DIR_ENV: str(tmp_path / "locks")}
 
 
-def start_holder(path: Path, wanted: int, n: int, hold_s: float, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", HOLDER, str(path), str(wanted), str(n), str(hold_s)], env=env)
+def release(path: Path) -> None:
+    """Let the HOLDER writing `path` give its slots back."""
+    path.with_name(path.name + ".release").touch()
+
+
+def start_holder(path: Path, wanted: int, n: int, env: dict[str, str], hold: bool = True) -> subprocess.Popen:
+    """A HOLDER process; with hold=False it gives its slots back as soon as it has them."""
+    if not hold:
+        release(path)
+    return subprocess.Popen([sys.executable, "-c", HOLDER, str(path), str(wanted), str(n)], env=env)
 
 
 def wait_for(path: Path, timeout_s: float = 30.0) -> dict:
@@ -115,10 +125,14 @@ def test_points_inside_one_slurm_allocation_lease_disjoint_gpus(slurm_cluster, t
 
 
 def test_concurrent_leases_get_disjoint_slots_and_a_third_waits(tmp_path, lock_env):
-    a = start_holder(tmp_path / "a", 2, 4, 3.0, lock_env)
-    b = start_holder(tmp_path / "b", 2, 4, 3.0, lock_env)
-    got_a, got_b = wait_for(tmp_path / "a.acquired"), wait_for(tmp_path / "b.acquired")
-    c = start_holder(tmp_path / "c", 2, 4, 0.0, lock_env)
+    a = start_holder(tmp_path / "a", 2, 4, lock_env)
+    b = start_holder(tmp_path / "b", 2, 4, lock_env)
+    got_a, got_b = wait_for(tmp_path / "a.acquired"), wait_for(tmp_path / "b.acquired")  # both hold theirs now
+    c = start_holder(tmp_path / "c", 2, 4, lock_env, hold=False)
+    time.sleep(1.0)
+    assert not (tmp_path / "c.acquired").exists() and c.poll() is None  # all four slots are held: it waits
+    release(tmp_path / "a")
+    release(tmp_path / "b")
     for p in (a, b, c):
         assert p.wait(timeout=30) == 0
     done = {k: json.loads((tmp_path / k).read_text()) for k in "abc"}
@@ -129,10 +143,10 @@ def test_concurrent_leases_get_disjoint_slots_and_a_third_waits(tmp_path, lock_e
 
 
 def test_a_killed_holder_releases_its_slots(tmp_path, lock_env):
-    holder = start_holder(tmp_path / "h", 4, 4, 600.0, lock_env)
+    holder = start_holder(tmp_path / "h", 4, 4, lock_env)
     wait_for(tmp_path / "h.acquired")
     assert (tmp_path / "locks" / "cuda-0.lock").read_text().strip() == str(holder.pid)  # who holds it
-    waiter = start_holder(tmp_path / "w", 1, 4, 0.0, lock_env)
+    waiter = start_holder(tmp_path / "w", 1, 4, lock_env, hold=False)
     time.sleep(1.0)
     assert not (tmp_path / "w.acquired").exists() and waiter.poll() is None
     holder.send_signal(signal.SIGKILL)

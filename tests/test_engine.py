@@ -12,20 +12,15 @@ import pytest
 from scaling.job.run import run_point
 from scaling.store.record import RESULT_FILE, job_key
 from tests.compose import compose_point
+from tests.points import point
 from tests.processes import processes_mentioning
 from tests.test_validate import INVALID
 
-BASE = ["logger=none", "model=tiny", "train.mbs=2", "train.warmup_steps=2", "train.steps=3", "train.precision=fp32", "launch.timeout_s=180"]
 
-
-@pytest.fixture(scope="module")
-def sweep_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("engine")
-
-
-def point(sweep_dir, *overrides):
-    """Run (or fetch from the store, when an earlier test ran it) one point."""
-    return run_point(compose_point([*BASE, *overrides], sweep_dir))
+@pytest.fixture
+def sweep_dir(point_store):
+    """The session's store of real points (tests/points.py): the DP-split points serve several tests."""
+    return point_store
 
 
 def rel(a: float, b: float) -> float:
@@ -104,13 +99,6 @@ def test_oversubscribed_point_runs_when_asked_and_says_so(sweep_dir):
     assert rec["env"]["oversubscribed"] is True and len(cores) == 3 and cores[2] == cores[0] != cores[1]
 
 
-def test_emulated_capacity_below_need_is_oom(sweep_dir):
-    rec = point(sweep_dir, "parallel.dp=2", "train.grad_acc=1", "hardware.memory_gb=0.002", "launch.prescreen=false")
-    assert rec["status"] == "oom"
-    assert "emulated capacity exceeded" in rec["error"]
-    assert rec["env"]["memory_capacity"] == "emulated"
-
-
 def test_hanging_rank_times_out_and_leaves_nothing(sweep_dir):
     """A lone rank that hangs is killed at launch.timeout_s; with a peer, the peer gives up first, at the
     process-group timeout (half the point's), and says so."""
@@ -149,14 +137,15 @@ def test_invalid_point_is_recorded_without_starting_anything(sweep_dir, override
 
 
 def test_a_launch_is_judged_by_its_own_error_files_not_an_earlier_ones(sweep_dir):
-    """An out-of-memory error file left by an earlier launch of the point does not make a rerun `oom`."""
-    first = point(sweep_dir, "parallel.dp=1", "train.steps=1")
+    """An out-of-memory error file left by an earlier launch of the point does not make a rerun `oom` (an
+    out-of-memory error wins over any other): the crashed point, launched again, fails with its own error."""
+    first = point(sweep_dir, "parallel.dp=2", "train.fault=crash")
     stale = sweep_dir / first["job_key"] / "elastic" / "old-run" / "attempt_0" / "0" / "error.json"
     stale.parent.mkdir(parents=True)
     stale.write_text(json.dumps({"message": {"message": "torch.OutOfMemoryError: from a launch long ago"}}))
-    again = point(sweep_dir, "parallel.dp=1", "train.steps=1", "launch.rerun=all")
-    assert again["status"] == "ok", again["error"]
-    assert not stale.exists()
+    again = point(sweep_dir, "parallel.dp=2", "train.fault=crash", "launch.rerun=failed")
+    assert (again["status"], again["error"]) == ("failed", first["error"]), again["error"]
+    assert again["provenance"]["attempt"] == 2 and not stale.exists()
 
 
 def test_rerun_skips_recorded_point(sweep_dir, capsys):

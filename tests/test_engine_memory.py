@@ -11,26 +11,23 @@ from scaling.engine import kernels
 from scaling.engine.device import PROFILE_TOLERANCE, profile_note, rank_cores
 from scaling.engine.memtrack import ResidentMemory
 from scaling.engine.model import ModelArgs, param_count
-from scaling.job.run import run_point
 from scaling.predictor.analytic import _Shapes, zero1_worst_rank
 from scaling.predictor.prescreen import capacity_bytes
 from tests.compose import compose_point
+from tests.points import point
 
-BASE = ["logger=none", "train.warmup_steps=2", "train.steps=1", "launch.timeout_s=300", "launch.prescreen=false"]
 MIB = 2**20
 # 142M parameters (570 MB in fp32) in many tensors of at most 16 MB: ZeRO-3 over 2 ranks must never
-# hold the whole model on one rank while building it.
+# hold the whole model on one rank while building it. One timed step: the build is what is measured.
 FAT = ["model=small", "model.hidden=1024", "model.n_layers=8", "model.n_heads=8", "model.n_kv_heads=8",
-       "model.ffn_hidden=4096", "model.vocab_size=4096", "train.seq_len=32", "train.mbs=1"]
+       "model.ffn_hidden=4096", "model.vocab_size=4096", "train.seq_len=32", "train.mbs=1", "train.steps=1",
+       "launch.timeout_s=300"]
 
 
-@pytest.fixture(scope="module")
-def sweep_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("engine_memory")
-
-
-def point(sweep_dir, *overrides):
-    return run_point(compose_point([*BASE, *overrides], sweep_dir))
+@pytest.fixture
+def sweep_dir(point_store):
+    """The session's store of real points (tests/points.py): test_engine.py's DP-split points serve here too."""
+    return point_store
 
 
 def test_zero3_builds_only_each_ranks_shard_plus_one_parameter(sweep_dir):
@@ -65,7 +62,7 @@ def test_resident_peak_is_reset_between_phases():
 @pytest.mark.parametrize("stage", [2, 3])
 def test_zero23_accumulate_gradients_in_shards(sweep_dir, stage):
     """grad_acc=2 adds the fp32 gradient shards (4Ψ/dp), not unsharded gradients (4Ψ), unless asked."""
-    common = ["model=tiny", "train.seq_len=64", "train.mbs=2", "parallel.dp=2", f"parallel.zero_stage={stage}"]
+    common = ["parallel.dp=2", f"parallel.zero_stage={stage}"]  # seq_len 64, mbs 2
     psi = param_count(ModelArgs.from_dict(compose_point(["model=tiny"])["model"]))
     peaks = {}
     for label, extra in {"ga1": ["train.grad_acc=1"], "sharded": ["train.grad_acc=2"],
@@ -78,7 +75,7 @@ def test_zero23_accumulate_gradients_in_shards(sweep_dir, stage):
 
 
 def test_zero1_worst_rank_is_predicted_from_torchs_partition(sweep_dir):
-    rec = point(sweep_dir, "model=tiny", "train.seq_len=64", "train.mbs=2", "parallel.dp=2", "parallel.zero_stage=1")
+    rec = point(sweep_dir, "parallel.dp=2", "train.grad_acc=2", "parallel.zero_stage=1")  # seq_len 64, mbs 2
     assert rec["status"] == "ok", rec["error"]
     measured = rec["metrics"]["optimizer_state_bytes_per_rank"]
     args = ModelArgs.from_dict(rec["config"]["model"])
@@ -90,7 +87,7 @@ def test_zero1_worst_rank_is_predicted_from_torchs_partition(sweep_dir):
 
 
 def test_record_says_which_attention_kernel_ran(sweep_dir):
-    rec = point(sweep_dir, "model=tiny", "train.seq_len=64", "train.mbs=2")
+    rec = point(sweep_dir, "parallel.dp=1", "train.grad_acc=4")
     assert rec["env"]["attention_kernel"] == "flash (cpu)" and rec["env"]["compile"] is False
     assert rec["env"]["warmup_steps_run"] == 2 and rec["metrics"]["compile_s"] is None
     # The watch on the first training step tells kernels apart: with the fused kernel ruled out, SDPA falls

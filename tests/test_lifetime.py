@@ -1,4 +1,7 @@
-"""No rank outlives its sweep: the driver SIGKILLed at many moments of a point's start-up leaves nothing behind."""
+"""No rank outlives its sweep: the driver SIGKILLed at each phase of a point's start-up leaves nothing behind.
+
+The ranks stop at each phase (scaling.engine.lifetime's test gate, SCALING_TEST_GATE), so every moment is a
+state the test reaches before it kills, not a delay it hopes lands there."""
 
 from __future__ import annotations
 
@@ -8,49 +11,64 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
+from scaling.engine.lifetime import GATE_ENV, GATE_PHASES
 from tests.processes import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
-MOMENTS_S = (0.0, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5, 1.7, 2.0)
-"""Delays after the first rank process appears: before, during and after the ranks' `import torch`."""
+DP = 2
+IMPORTING_TORCH = "importing_torch"
+"""Not a gate: both ranks let through `before_torch` and neither at `torch_imported` yet."""
+MOMENTS = [*GATE_PHASES[:2], IMPORTING_TORCH, *GATE_PHASES[2:]]
 
 
-def _is_rank(cmdline: str) -> bool:
-    """A rank's command line names the worker; torchrun's names it too, after torch.distributed.run."""
-    return "scaling.engine.worker" in cmdline and "torch.distributed.run" not in cmdline
+def _reached(gates: Path, phase: str) -> int:
+    """How many ranks have arrived at `phase`."""
+    path = gates / f"{phase}.reached"
+    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def _wait_for_rank(sweep_dir: Path, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not any(_is_rank(" ".join(p.info["cmdline"] or [])) for p in processes_mentioning(str(sweep_dir))):
-        assert time.monotonic() < deadline, "no rank started"
-        time.sleep(0.02)
+def _release(gates: Path, phases: Sequence[str]) -> None:
+    for phase in phases:
+        (gates / f"{phase}.go").touch()
 
 
 def _left_after(sweep_dir: Path, settle_s: float = 10.0) -> list[str]:
     """Processes of the point still alive once the kernel has had `settle_s` to deliver the death signals."""
     deadline = time.monotonic() + settle_s
     while (left := processes_mentioning(str(sweep_dir))) and time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(0.05)
     return [" ".join(p.info["cmdline"] or [])[:120] for p in left]
 
 
-@pytest.mark.parametrize("delay_s", MOMENTS_S)
-def test_killing_the_driver_at_any_moment_of_start_up_leaves_no_process(tmp_path, delay_s):
-    sweep_dir = tmp_path / "sweep"
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "scaling", "run", "model=tiny", "train.seq_len=64", "parallel.dp=2", "logger=none",
-         "train.steps=200", f"sweep_dir={sweep_dir}"],
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_killing_the_driver_at_any_phase_of_start_up_leaves_no_process(tmp_path, moment):
+    sweep_dir, gates = tmp_path / "sweep", tmp_path / "gates"
+    gates.mkdir()
+    if moment == IMPORTING_TORCH:  # through `before_torch` without stopping, then into `import torch` (seconds)
+        arrive, passed = "before_torch", GATE_PHASES[:2]
+    else:
+        arrive, passed = moment, GATE_PHASES[:GATE_PHASES.index(moment)]
+    _release(gates, passed)
+    driver = subprocess.Popen(  # many steps: a rank that survived would still be running when the test looks
+        [sys.executable, "-m", "scaling", "run", "model=tiny", "train.seq_len=64", f"parallel.dp={DP}",
+         "logger=none", "train.steps=200", f"sweep_dir={sweep_dir}"],
         cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, GATE_ENV: str(gates)},
     )
     try:
-        _wait_for_rank(sweep_dir)
-        time.sleep(delay_s)
+        deadline = time.monotonic() + 120
+        while _reached(gates, arrive) < DP:
+            assert time.monotonic() < deadline and driver.poll() is None, f"the ranks never reached {arrive}"
+            time.sleep(0.01)
+        if moment == IMPORTING_TORCH:
+            assert _reached(gates, "torch_imported") == 0  # both past the gate before the import, neither after it
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver's whole group, as a killed sweep or terminal would
         driver.wait()
+        _release(gates, GATE_PHASES)  # a rank still held at a gate goes on, and must notice it is alone
     assert _left_after(sweep_dir) == []
     assert not list(sweep_dir.glob("*/result.json"))  # no record: the point was cut short, not finished

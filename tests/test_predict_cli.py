@@ -60,6 +60,9 @@ def test_prescreen_skips_exactly_the_points_predicted_not_to_fit(store, capacity
         assert launched[mbs] == (not should_skip)  # a skipped point starts no process
         if not should_skip:
             assert rec["status"] in ("ok", "oom") and rec["predicted"]["fits"] == (rec["status"] == "ok")
+            assert rec["env"]["memory_capacity"] == "emulated"
+        if rec["status"] == "oom":  # measured: the tracked step's live tensors passed the emulated capacity
+            assert "emulated capacity exceeded" in rec["error"]
     assert launched == {1: True, 3: True, 5: False, 12: False}
     assert "predicted peak" in json.loads((store / job_key(point(store, capacity_gb, 12)) / RESULT_FILE).read_text())["error"]
 

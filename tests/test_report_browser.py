@@ -74,21 +74,22 @@ def test_console_check_catches_a_script_error(tmp_path):
 
 
 def test_demo_sweep_report_opens_in_chromium(tmp_path):
-    """The README's path, shrunk: `scaling sweep demo` (4 points, some out of memory, one launch each), then
-    `scaling report`."""
+    """The README's path, shrunk: `scaling sweep demo` (2 points, one out of memory, one launch each of one
+    timed step), then `scaling report`. A report with every section renders above, from synthetic records."""
     if CHROMIUM is None:
         pytest.skip("chromium is not installed: apt-get install -y chromium (scripts/install-system-deps.sh)")
     import sys
 
     repo = Path(__file__).resolve().parents[1]
     sweep_dir = tmp_path / "demo"
-    shrink = ["model=tiny", "train.seq_len=128", "train.mbs=2,8", "parallel.zero_stage=0", "parallel.dp=1,2",
+    shrink = ["model=tiny", "train.seq_len=128", "train.mbs=2,8", "parallel.zero_stage=0", "parallel.dp=1",
               "hardware.memory_gb=0.02", "logger=none", "launch.repeats=1", "launch.prescreen_sample=0",
+              "train.warmup_steps=0", "train.steps=1",
               f"sweep_dir={sweep_dir}"]
     sweep = subprocess.run([sys.executable, "-m", "scaling", "sweep", "demo", *shrink], cwd=repo, capture_output=True,
                            text=True, timeout=400, stdin=subprocess.DEVNULL)
     assert sweep.returncode == 0, sweep.stderr[-2000:]
-    assert "sweep demo: 4 points:" in sweep.stdout and " ok" in sweep.stdout and "oom" in sweep.stdout
+    assert "sweep demo: 2 points: 1 ok, 1 oom" in sweep.stdout, sweep.stdout[-2000:]
     report = subprocess.run([sys.executable, "-m", "scaling", "report", str(sweep_dir)], cwd=repo,
                             capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]

@@ -234,8 +234,8 @@ def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp
     sweep_dir = tmp_path / "sweep"
     done = subprocess.run(
         [sys.executable, "-m", "scaling", "run", "-m", "hydra/launcher=slurm", "model=tiny", "parallel.dp=1,2",
-         "parallel.zero_stage=0,3", "train.steps=2", "logger=wandb", "logger.mode=offline", f"sweep_dir={sweep_dir}",
-         "hydra.launcher.array_parallelism=2"],  # two points at a time on this machine's cores
+         "parallel.zero_stage=0,3", "train.warmup_steps=0", "train.steps=1", "logger=wandb", "logger.mode=offline",
+         f"sweep_dir={sweep_dir}", "hydra.launcher.array_parallelism=2"],  # two points at a time on this machine's cores
         cwd=REPO, capture_output=True, text=True, timeout=400, env={**os.environ, "WANDB_SILENT": "true"},
     )
     assert done.returncode == 0, done.stderr[-4000:]

@@ -1,10 +1,13 @@
-"""Sweeps on the test SLURM cluster through `hydra/launcher=slurm` (hydra_plugins/scaling_slurm_launcher): a few
-hundred points in throttled job arrays with their progress printed by the driver, and a re-run while the array
-is still queued or running, which leaves the in-flight points to their SLURM jobs."""
+"""Sweeps on the test SLURM cluster through `hydra/launcher=slurm` (hydra_plugins/scaling_slurm_launcher), with
+stand-in points (tests/standin_app: the project's config, sweeper, launcher and callback; a job that only writes
+its record): points in throttled job arrays with their progress printed by the driver, and a re-run while the
+array is still queued or running (its first task held at the test gate), which leaves the in-flight points to
+their SLURM jobs. A real point under SLURM is tested in test_slurm.py."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from scaling.engine.jobfiles import RESULT_FILE
+from scaling.engine.lifetime import GATE_ENV
 from tests.compose import REPO
 
 STANDIN = REPO / "tests" / "standin_app" / "standin_app.py"
@@ -38,11 +42,10 @@ def most_at_once(intervals: list[tuple[float, float]]) -> int:
 
 
 @pytest.mark.slurm
-def test_a_few_hundred_points_go_out_in_throttled_arrays_and_report_in_the_driver(slurm_cluster, tmp_path):
-    """Stand-in points (tests/standin_app: the project's config, sweeper, launcher and callback; a job that only
-    writes its record): what is tested is the submission, the throttle and the progress, not the point."""
+def test_points_go_out_in_throttled_arrays_and_report_in_the_driver(slurm_cluster, tmp_path):
+    """What is tested is the submission in arrays, the throttle and the progress, not the number of points."""
     sweep_dir = tmp_path / "runs"
-    n, chunk, at_once = 120, 48, 3  # 500 points ran through both launchers in benchmarks/bench_scale.py --slurm 500
+    n, chunk, at_once = 12, 5, 3  # 500 points ran through both launchers in benchmarks/bench_scale.py --slurm 500
     args = [sys.executable, str(STANDIN), "-m", "hydra/launcher=slurm", f"train.seed=range(0,{n})", "logger=none",
             f"sweep_dir={sweep_dir}", f"hydra.launcher.array_chunk={chunk}", f"hydra.launcher.array_parallelism={at_once}"]
     out = run(args)
@@ -58,7 +61,7 @@ def test_a_few_hundred_points_go_out_in_throttled_arrays_and_report_in_the_drive
     # Arrays of at most `chunk` points; never more than `at_once` points running, from at most two arrays.
     tasks = [(r["timing"]["t0"], r["timing"]["t1"], r["env"]["slurm_job_id"].split("_")[0]) for r in records]
     arrays = sorted({a for _, _, a in tasks}, key=int)
-    assert [sum(a == b for *_, b in tasks) for a in arrays] == [48, 48, 24]
+    assert [sum(a == b for *_, b in tasks) for a in arrays] == [5, 5, 2]
     assert 2 <= most_at_once([(t0, t1) for t0, t1, _ in tasks]) <= at_once
     for t0, _, _ in tasks:
         assert len({a for s, e, a in tasks if s <= t0 <= e}) <= 2
@@ -75,20 +78,22 @@ def test_a_few_hundred_points_go_out_in_throttled_arrays_and_report_in_the_drive
 
 @pytest.mark.slurm
 def test_a_rerun_while_the_array_is_in_flight_leaves_its_points_to_their_slurm_jobs(slurm_cluster, tmp_path):
-    sweep_dir = tmp_path / "runs"
-    args = [sys.executable, "-m", "scaling", "run", "-m", "hydra/launcher=slurm", "hydra.launcher.array_parallelism=1",
-            "model=tiny", "train.seq_len=32", "train.warmup_steps=0", "train.steps=1", "logger=none",
-            "parallel.zero_stage=0,1,2", f"sweep_dir={sweep_dir}"]
+    sweep_dir, gates = tmp_path / "runs", tmp_path / "gates"
+    gates.mkdir()
+    args = [sys.executable, str(STANDIN), "-m", "hydra/launcher=slurm", "hydra.launcher.array_parallelism=1",
+            "logger=none", "parallel.zero_stage=0,1,2", f"sweep_dir={sweep_dir}"]
     first_out = tmp_path / "first.out"
-    with first_out.open("w") as f:
-        first = subprocess.Popen(args, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    with first_out.open("w") as f:  # its tasks stop at the gate: the array stays in flight until released
+        first = subprocess.Popen(args, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env={**os.environ, GATE_ENV: str(gates)})
     try:
         deadline = time.monotonic() + 120
-        while not (seen := status(sweep_dir)) or len(seen["in_flight"]) < 3:
+        while not list(gates.glob("*.reached")) or not (seen := status(sweep_dir)) or len(seen["in_flight"]) < 3:
             assert time.monotonic() < deadline and first.poll() is None, first_out.read_text()[-3000:]
-            time.sleep(1)
+            time.sleep(0.2)
         held = sorted(f["slurm_job_id"] for f in seen["in_flight"])
-        assert {f["state"] for f in seen["in_flight"]} <= {"queued", "running"} and all("_" in j for j in held)
+        assert sorted(f["state"] for f in seen["in_flight"]) == ["queued", "queued", "running"]
+        assert all("_" in j for j in held)
 
         second = run(args)
         assert second.returncode == 0, second.stderr[-3000:]
@@ -96,6 +101,10 @@ def test_a_rerun_while_the_array_is_in_flight_leaves_its_points_to_their_slurm_j
         assert in_flight, second.stdout
         assert set(re.findall(r"SLURM job (\d+_\d+)", in_flight.group(2))) <= set(held)
         assert "still in flight (scaling status" in second.stdout.splitlines()[-1]
+    finally:
+        for num in range(3):  # the held tasks go on, whatever happened above
+            (gates / f"job{num}.go").touch()
+    try:
         assert first.wait(timeout=600) == 0, first_out.read_text()[-3000:]
     finally:
         first.kill()

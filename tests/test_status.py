@@ -1,10 +1,11 @@
-"""`scaling status`: the counting (pure), and the command on a real sweep from another process while it
-runs, after the driver is killed, once it is finished, and on a directory that holds no sweep."""
+"""`scaling status`: the counting (pure), and the command on a sweep from another process while it runs, after
+the driver is killed, once it is finished, and on a directory that holds no sweep."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import signal
 import socket
@@ -16,9 +17,11 @@ from collections import Counter
 
 import pytest
 
+from scaling.engine.lifetime import GATE_ENV
 from scaling.sweep.status import render, summarize
 from tests.compose import REPO
-from tests.processes import processes_mentioning
+
+STANDIN = REPO / "tests" / "standin_app" / "standin_app.py"
 
 T0 = "2026-01-01T10:00:00+00:00"
 
@@ -89,13 +92,13 @@ def status_json(sweep_dir) -> dict:
     return json.loads(out.stdout) if out.returncode == 0 else {}
 
 
-def wait_for(ready, timeout_s=240.0):
+def wait_for(ready, timeout_s=120.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = ready()
         if value:
             return value
-        time.sleep(1.0)
+        time.sleep(0.1)
     pytest.fail("timed out")
 
 
@@ -114,32 +117,40 @@ def test_status_counts_the_records_it_cannot_place_in_the_current_grid(tmp_path)
 
 
 def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
+    """Stand-in points (tests/standin_app: the project's sweeper, callback and records, no torch); the second
+    is held in flight at the test gate while `scaling status` looks from other processes, then the driver is
+    SIGKILLed there, and a re-run launches exactly the points the store does not answer."""
     empty = tmp_path / "empty"
     empty.mkdir()
     out = scaling("status", str(empty))
     assert out.returncode == 1 and f"{empty} holds no sweep yet" in out.stderr and out.stdout == ""
 
-    sweep_dir = tmp_path / "runs"
-    args = ["run", "-m", "logger=none", "model=tiny", "train.seq_len=32", "train.warmup_steps=0", "train.steps=1",
-            "parallel.dp=1,2", "parallel.zero_stage=0,1", f"sweep_dir={sweep_dir}"]
-    driver = subprocess.Popen([sys.executable, "-m", "scaling", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    sweep_dir, gates = tmp_path / "runs", tmp_path / "gates"
+    gates.mkdir()
+    (gates / "job0.go").touch()  # the first point runs through; the second stops in flight
+    args = [sys.executable, str(STANDIN), "-m", "logger=none", "parallel.dp=1,2", "parallel.zero_stage=0,1",
+            f"sweep_dir={sweep_dir}"]
+    driver = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              stdin=subprocess.DEVNULL, env={**os.environ, GATE_ENV: str(gates)})
     watch = subprocess.Popen([sys.executable, "-m", "scaling", "status", str(sweep_dir), "--watch", "0.5"], cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     lines: list[str] = []  # the watch's output so far, read as it comes
     reader = threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")), daemon=True)
     reader.start()
     try:
-        # The watch, refreshing in another process, shows a point running.
-        shown = wait_for(lambda: re.search(r"running      1  ([0-9a-f]{12}) since \d\d:\d\d:\d\d \(pid ", "".join(lines)))
-        # Once a point has a record and the next one runs, status sees both, from this other process.
-        seen = wait_for(lambda: (s := status_json(sweep_dir)) and s["in_flight"] and sum(s["done"].values()) >= 1 and s)
+        wait_for(lambda: (gates / "job1.reached").exists() or driver.poll() is not None)
+        assert driver.poll() is None, "the driver ended before its second point"
+        # The watch, refreshing in another process, shows the held point running, twice at least.
+        running_line = r"running      1  ([0-9a-f]{12}) since \d\d:\d\d:\d\d \(pid "
+        shown = wait_for(lambda: len(re.findall(running_line, "".join(lines))) >= 2 and re.search(running_line, "".join(lines)))
+        # From another process: one point recorded, one running, two to run.
+        seen = status_json(sweep_dir)
         (running,) = seen["in_flight"]
+        assert seen["done"] == {"ok": 1} and seen["grid_points"] == 4 and seen["to_run"] == 2
         assert running["state"] == "running" and running["where"] == f"pid {driver.pid} on {socket.gethostname()}"
-        assert seen["grid_points"] == 4 and seen["to_run"] == 4 - sum(seen["done"].values()) - 1
+        assert shown.group(1) == running["job_key"]
         driver.send_signal(signal.SIGKILL)
         driver.wait()
-        wait_for(lambda: not processes_mentioning(str(sweep_dir / running["job_key"])))
         watch.send_signal(signal.SIGINT)
         watch.wait(timeout=60)
         reader.join(timeout=60)
@@ -149,14 +160,19 @@ def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
     watched = "".join(lines)
     assert watch.returncode == 0 and watched.count("(every 0.5 s, Ctrl-C to stop;") >= 2
     keys = json.loads((sweep_dir / "sweep.json").read_text())["runs"][0]["job_keys"]
-    assert shown.group(1) in keys  # the running point the watch showed is one of the sweep's
+    assert running["job_key"] in keys  # the running point the watch showed is one of the sweep's
 
     crashed = status_json(sweep_dir)
-    assert crashed["in_flight"] == [] and crashed["to_run"] == seen["to_run"] + 1
+    assert crashed["in_flight"] == [] and crashed["to_run"] == 3 and list(sweep_dir.rglob("*.tmp")) == []
     assert crashed["stale"] == [f"{running['job_key']}: pid {driver.pid} on {socket.gethostname()} is gone without "
                                 "a record (a re-run runs it again)"]
 
-    assert scaling(*args).returncode == 0
+    recorded = {path.parent.name for path in sweep_dir.glob("*/result.json")}
+    again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[1/4] 1 points already recorded (1 ok): not launched again" in again.stdout
+    ran = re.findall(r"^\[(\d)/4\] ([0-9a-f]{12}) ok ", again.stdout, re.M)
+    assert [n for n, _ in ran] == ["2", "3", "4"] and {k for _, k in ran} == set(keys) - recorded  # the killed one too
     done = status_json(sweep_dir)
     assert done["done"] == {"ok": 4} and done["to_run"] == 0 and done["stale"] == [] and done["run"] == 2
     assert done["not_in_grid"] == 0

@@ -1,5 +1,5 @@
 """No sweep file in sweeps/ can rot: each grid's every point composes and validates (through
-`scaling predict --sweep`, which launches nothing), and each runs end to end for one CPU point.
+`scaling predict --sweep`, in this process: it launches nothing), and each runs end to end for one CPU point.
 The Optuna searches (best_throughput*) run for one trial in test_optuna_sweeper.py."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from scaling.cli.predict import main as predict_main
 from scaling.store.record import iter_records
 from tests.compose import REPO
 
@@ -23,11 +24,10 @@ def test_grid_sweeps_are_found():
 
 
 @pytest.mark.parametrize("name", GRIDS)
-def test_every_point_of_the_grid_composes_and_validates(name):
-    out = subprocess.run([sys.executable, "-m", "scaling", "predict", "--sweep", name], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert " 0 invalid), " in out.stdout.splitlines()[-2], out.stdout[-2000:]  # the grid's summary line
+def test_every_point_of_the_grid_composes_and_validates(name, capsys):
+    assert predict_main(["--sweep", name]) == 0
+    out = capsys.readouterr().out
+    assert " 0 invalid), " in out.splitlines()[-2], out[-2000:]  # the grid's summary line
 
 
 @pytest.mark.parametrize("name", GRIDS)

@@ -12,14 +12,13 @@ from scaling.engine.model import ModelArgs, param_count
 from scaling.job.run import run_point
 from scaling.predictor.trace import TraceError, trace_peak
 from tests.compose import compose_point
-
-POINT = ["model=tiny", "train.seq_len=64", "train.mbs=2", "parallel.dp=2", "train.warmup_steps=1", "train.steps=1",
-         "launch.prescreen=false", "launch.timeout_s=240"]
+from tests.points import BASE
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_traced_matches_measured_run(tmp_path_factory, stage):
-    cfg = compose_point([*POINT, f"parallel.zero_stage={stage}"], tmp_path_factory.mktemp("trace"))
+def test_traced_matches_measured_run(point_store, stage):
+    """Against test_engine.py's DP-split points (2 ranks, 2 micro-steps), from the session's store."""
+    cfg = compose_point([*BASE, "parallel.dp=2", "train.grad_acc=2", f"parallel.zero_stage={stage}"], point_store)
     measured = run_point(cfg)
     assert measured["status"] == "ok", measured["error"]
     traced = trace_peak(cfg)

@@ -7,6 +7,9 @@ already handed the child to init (or a subreaper), and the request then never fi
 comes right after the request, so there is no window between them in which the parent can die
 unnoticed. Ranks make the request before `import torch`, which takes seconds.
 
+Also the tests' gate at each named start-up phase of a rank (`gate`, `SCALING_TEST_GATE`): a test that
+kills a point "during the torch import" reaches that state instead of sleeping until it probably holds.
+
 Standard library only: the worker calls it before it imports anything else.
 """
 
@@ -16,11 +19,17 @@ import ctypes
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 TORCHRUN_MARKERS = ("torch.distributed.run", "torchrun")
 """How a rank recognises its torchrun agent in the parent's command line."""
+GATE_ENV = "SCALING_TEST_GATE"
+"""Tests only: a directory; with it set, every rank stops at each phase of `GATE_PHASES` (see `gate`)."""
+GATE_PHASES = ("rank_started", "before_torch", "torch_imported", "process_group", "model_built", "first_step")
+"""A rank's start-up in order: started (before its death signal is requested), death signal requested
+(before `import torch`), torch imported, process group up, model built, about to run its first step."""
 
 
 def _request_death_signal() -> bool:
@@ -56,3 +65,15 @@ def die_with_torchrun() -> None:
     """
     if _request_death_signal() and not any(m in parent_command(os.getppid()) for m in TORCHRUN_MARKERS):
         os._exit(1)
+
+
+def gate(phase: str) -> None:
+    """Tests only: with SCALING_TEST_GATE=<dir>, append this rank and pid to <dir>/<phase>.reached and wait
+    until <dir>/<phase>.go exists; without it (every real run) return at once."""
+    root = os.environ.get(GATE_ENV)
+    if not root:
+        return
+    with open(Path(root, f"{phase}.reached"), "a") as f:  # one short line per rank: appends do not interleave
+        f.write(f"{os.environ.get('RANK', '?')} {os.getpid()}\n")
+    while not Path(root, f"{phase}.go").exists():
+        time.sleep(0.01)

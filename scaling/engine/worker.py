@@ -16,9 +16,11 @@ torch and the standard library only: this must run on a bare GPU box.
 from __future__ import annotations
 
 if __name__ == "__main__":  # a rank: first of all, before `import torch` (seconds), tie its life to torchrun's
-    from scaling.engine.lifetime import die_with_torchrun
+    from scaling.engine.lifetime import die_with_torchrun, gate
 
+    gate("rank_started")
     die_with_torchrun()
+    gate("before_torch")
 
 import datetime as dt  # noqa: E402
 import json  # noqa: E402
@@ -38,6 +40,7 @@ from scaling.engine import device as devices  # noqa: E402
 from scaling.engine import kernels, memtrack  # noqa: E402
 from scaling.engine.data import GlobalBatch, step_batches  # noqa: E402
 from scaling.engine.jobfiles import WORKER_OUTPUT, WorkerReport  # noqa: E402
+from scaling.engine.lifetime import gate  # noqa: E402
 from scaling.engine.model import ModelArgs  # noqa: E402
 from scaling.engine.parallel import load_wrappers, parallelize  # noqa: E402
 from scaling.engine.step import train_step  # noqa: E402
@@ -105,6 +108,7 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
         memtrack.load_trackers()
     resident = memtrack.ResidentMemory()  # baseline: this rank after its imports
     phases.end("init_process_group_s")
+    gate("process_group")
 
     # Build: only what this rank owns is ever allocated (see scaling.engine.parallel).
     args = ModelArgs.from_dict(cfg["model"])
@@ -114,6 +118,7 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
         torch.cuda.reset_peak_memory_stats(dev.device)  # from here on: the training steps' peak
     resident.reset_peak()
     phases.end("build_s")
+    gate("model_built")
 
     data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"], **train["data"])
     mbs, grad_acc = train["mbs"], cfg["derived"]["grad_acc"]
@@ -133,6 +138,7 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
             torch.cuda.synchronize(dev.device)
         return time.perf_counter() - t0
 
+    gate("first_step")
     _inject_fault(train["fault"], rank, world)
     n_warmup = warmup_steps(cfg, dev.device.type)
     with kernels.AttentionWatch() as attention:  # the kernel the training step runs, compiled or not
@@ -250,4 +256,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    gate("torch_imported")
     main()

@@ -254,3 +254,4 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     cfg.sweep_dir = output_dir(cfg.sweep_dir, hydra_cfg)
     return run_point(OmegaConf.to_container(cfg, resolve=True), hydra_provenance(hydra_cfg))
 
+

@@ -2,19 +2,23 @@
 
 score = 1 - (x - 0.3)^2 + 0.1 * mbs + (0.5 if kind == "b" else 0); mem = 10 * mbs.
 mbs above `oom_above_mbs` is an `oom`, `kind == fail_kind` is `failed`. Each call appends one
-JSON line (its parameters and hydra.job.num) to `calls_log`, so tests can see what ran.
+JSON line (its parameters and hydra.job.num) to `calls_log`, so tests can see what ran; with
+SCALING_TEST_GATE set, the call that finds n lines there first stops at the test gate `call<n>`
+(scaling.engine.lifetime.gate), so a test holds a trial in flight for as long as it needs.
 `mbs_for_kind` is a hydra-optuna-sweeper `custom_search_space` function for it.
 """
 
 from __future__ import annotations
 
 import json
-import time
+from pathlib import Path
 from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
+
+from scaling.engine.lifetime import gate
 
 
 def score(x: float, mbs: int, kind: str) -> float:
@@ -31,7 +35,9 @@ def mbs_for_kind(cfg: DictConfig, trial: Any) -> None:
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
     """Return a record-shaped result for (x, mbs, kind)."""
-    time.sleep(cfg.sleep_s)
+    if cfg.calls_log:
+        logged = Path(cfg.calls_log)
+        gate(f"call{len(logged.read_text().splitlines()) if logged.exists() else 0}")
     key = f"x={cfg.x}|mbs={cfg.mbs}|kind={cfg.kind}"
     if cfg.mbs > cfg.oom_above_mbs:
         record: dict[str, Any] = {"status": "oom", "job_key": key, "error": "OutOfMemoryError", "metrics": None}

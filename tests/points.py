@@ -1,0 +1,19 @@
+"""Real points shared by the test modules that look at them: one record store for the session (the `point_store`
+fixture), so a config that several tests measure (the DP-split points above all) runs once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from scaling.job.run import run_point
+from tests.compose import compose_point
+
+BASE = ["logger=none", "model=tiny", "train.mbs=2", "train.warmup_steps=2", "train.steps=3", "train.precision=fp32",
+        "launch.timeout_s=180"]
+"""A tiny point on CPU: two warm-up steps (the CPU floor: the second is memory-tracked) and three timed ones."""
+
+
+def point(store: Path, *overrides: str) -> dict[str, Any]:
+    """The record of BASE plus `overrides`: run now, or fetched from the store when an earlier test ran it."""
+    return run_point(compose_point([*BASE, *overrides], store))
