@@ -1,5 +1,6 @@
 # One entry for set-up: `make demo` runs the demo sweep, measures this host's collectives and writes the report;
-# `make test` checks the import layers (lint-imports, contracts in pyproject.toml), then runs the tests.
+# `make test` lints (ruff check and ruff format --check), checks the import layers (lint-imports, contracts in
+# pyproject.toml), then runs the tests.
 # Both create .venv and install what they need (torch==2.13.0, the CPU build, on this path).
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -26,6 +27,8 @@ demo: setup
 	$(VENV)/bin/scaling report runs/demo
 
 test: setup sysdeps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 

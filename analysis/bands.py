@@ -81,11 +81,18 @@ class Extrapolation:
         else:
             head = f"efficiency falls below {thr} between dp={self.knee_dp} and dp={self.next_dp}"
         lo, hi = (f"dp={d}" if d is not None else f"beyond dp={self.dps[-1]}" for d in self.next_dp_band)
-        band = (f"in {BAND[1] - BAND[0]:.0f}% of the draws the first dp below {thr} is {lo}" if lo == hi else
-                f"in {BAND[1] - BAND[0]:.0f}% of the draws the first dp below {thr} lies between {lo} and {hi}")
+        band = (
+            f"in {BAND[1] - BAND[0]:.0f}% of the draws the first dp below {thr} is {lo}"
+            if lo == hi
+            else f"in {BAND[1] - BAND[0]:.0f}% of the draws the first dp below {thr} lies between {lo} and {hi}"
+        )
         past = self.dps[-1] / self.max_measured_dp
-        reach = (f"extrapolated from dp ≤ {self.max_measured_dp} to dp={self.dps[-1]}, {past:g}× past the largest "
-                 f"measured dp" if past > 1 else f"no dp beyond the measured {self.max_measured_dp} can be predicted")
+        reach = (
+            f"extrapolated from dp ≤ {self.max_measured_dp} to dp={self.dps[-1]}, {past:g}× past the largest "
+            f"measured dp"
+            if past > 1
+            else f"no dp beyond the measured {self.max_measured_dp} can be predicted"
+        )
         return f"{head} ({band}; {reach})"
 
 
@@ -109,8 +116,7 @@ def grid(w: Workload, measured: Sequence[int], reaches: Callable[[int], bool], m
     """Measured dps and the powers of two from the smallest to max_dp that split the batch and the network reaches."""
     dp0 = min(measured)
     powers = [2**k for k in range(max_dp.bit_length()) if dp0 <= 2**k <= max_dp]
-    return [n for n in sorted({*measured, *powers})
-            if n in measured or (w.grad_acc_at(n) is not None and reaches(n))]
+    return [n for n in sorted({*measured, *powers}) if n in measured or (w.grad_acc_at(n) is not None and reaches(n))]
 
 
 def _resample(points: Sequence[Point], rng: np.random.Generator, by_point: bool) -> list[Point]:
@@ -134,9 +140,17 @@ def _params(f: Fit) -> dict[str, float]:
     return out
 
 
-def extrapolate(config: str, w: Workload, points: Sequence[Point], dpn: Optional[int],
-                source: Optional[NetworkEstimate] = None, threshold: float = DEFAULT_THRESHOLD,
-                max_dp: int = MAX_DP, n_draws: int = N_DRAWS, seed: int = 0) -> Extrapolation:
+def extrapolate(
+    config: str,
+    w: Workload,
+    points: Sequence[Point],
+    dpn: Optional[int],
+    source: Optional[NetworkEstimate] = None,
+    threshold: float = DEFAULT_THRESHOLD,
+    max_dp: int = MAX_DP,
+    n_draws: int = N_DRAWS,
+    seed: int = 0,
+) -> Extrapolation:
     """Fit one configuration's points under a source ((a) when `source` is None) and extrapolate to max_dp."""
     points = sorted(points, key=lambda p: p.dp)
     rng = np.random.default_rng(seed)
@@ -183,19 +197,41 @@ def extrapolate(config: str, w: Workload, points: Sequence[Point], dpn: Optional
         notes.append(_why_it_stops(w, dps[-1], reaches, max_dp))
     misfit = max(abs(nominal.step_time_s(w, p.dp, p.grad_acc) / p.step_time_s - 1) for p in points if reaches(p.dp))
     if misfit > MISFIT_WARNING:
-        notes.insert(0, f"the model misses the measured step times by up to {misfit:.0%}: these points are not "
-                        "a curve it can produce (more ranks faster per rank, or noise beyond the timed steps' "
-                        "spread), so its extrapolation does not describe this configuration")
-    return Extrapolation(config, label, kind, tuple(dps), tuple(tps), tuple(low), tuple(high), tuple(eff), measured,
-                         threshold, knee_dp, next_dp, _band_of_first_below(firsts), nominal, spread, misfit,
-                         w.batch(), tuple(notes))
+        notes.insert(
+            0,
+            f"the model misses the measured step times by up to {misfit:.0%}: these points are not "
+            "a curve it can produce (more ranks faster per rank, or noise beyond the timed steps' "
+            "spread), so its extrapolation does not describe this configuration",
+        )
+    return Extrapolation(
+        config,
+        label,
+        kind,
+        tuple(dps),
+        tuple(tps),
+        tuple(low),
+        tuple(high),
+        tuple(eff),
+        measured,
+        threshold,
+        knee_dp,
+        next_dp,
+        _band_of_first_below(firsts),
+        nominal,
+        spread,
+        misfit,
+        w.batch(),
+        tuple(notes),
+    )
 
 
 def _why_it_stops(w: Workload, last: int, reaches: Callable[[int], bool], max_dp: int) -> str:
     nxt = 2 ** last.bit_length()
     if w.gbs is not None and w.grad_acc_at(nxt) is None and nxt <= max_dp:
-        return (f"stops at dp={last}: beyond it the fixed global batch of {w.gbs} samples no longer splits into "
-                f"micro-batches of mbs={w.mbs}")
+        return (
+            f"stops at dp={last}: beyond it the fixed global batch of {w.gbs} samples no longer splits into "
+            f"micro-batches of mbs={w.mbs}"
+        )
     if not reaches(nxt):
         return f"stops at dp={last}: this source has no figures for the tier between nodes"
     return f"stops at dp={last}"

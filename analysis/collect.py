@@ -118,18 +118,63 @@ HEAD = ("sweep", "job_key", "status", "error", "schema_version")
 COLUMNS: tuple[str, ...] = HEAD + tuple(dict.fromkeys(name for name, _ in FIELDS))
 """Every column of `collect`'s DataFrame, in order."""
 
-CONFIG_AXES = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "precision", "recompute", "hardware",
-               "memory_gb", "threads_per_device", "oversubscribe", "bucket_mb", "compile", "gbs", "gbs_tokens",
-               "target_gbs", "target_gbs_tokens")
+CONFIG_AXES = (
+    "model",
+    "seq_len",
+    "mbs",
+    "grad_acc",
+    "dp",
+    "zero_stage",
+    "precision",
+    "recompute",
+    "hardware",
+    "memory_gb",
+    "threads_per_device",
+    "oversubscribe",
+    "bucket_mb",
+    "compile",
+    "gbs",
+    "gbs_tokens",
+    "target_gbs",
+    "target_gbs_tokens",
+)
 """Columns that say which point was measured (heatmap axes, DP-scaling groups)."""
 
-INT_COLUMNS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "seq_len", "mbs",
-               "grad_acc", "gbs", "gbs_tokens", "target_gbs", "target_gbs_tokens", "steps", "dp", "zero_stage",
-               "devices_per_node", "n_params", "flops_per_token", "hw_flops_per_token", "world_size", "peak_mem_bytes",
-               "peak_mem_reserved_bytes", "pred_peak_mem_bytes", "threads_per_device",
-               "repeats_ok", "peak_rss_growth_bytes", "pred_analytic_peak_mem_bytes", "pred_traced_peak_mem_bytes")
+INT_COLUMNS = (
+    "n_layers",
+    "hidden",
+    "n_heads",
+    "n_kv_heads",
+    "ffn_hidden",
+    "vocab_size",
+    "seq_len",
+    "mbs",
+    "grad_acc",
+    "gbs",
+    "gbs_tokens",
+    "target_gbs",
+    "target_gbs_tokens",
+    "steps",
+    "dp",
+    "zero_stage",
+    "devices_per_node",
+    "n_params",
+    "flops_per_token",
+    "hw_flops_per_token",
+    "world_size",
+    "peak_mem_bytes",
+    "peak_mem_reserved_bytes",
+    "pred_peak_mem_bytes",
+    "threads_per_device",
+    "repeats_ok",
+    "peak_rss_growth_bytes",
+    "pred_analytic_peak_mem_bytes",
+    "pred_traced_peak_mem_bytes",
+)
 TIME_COLUMNS = ("started_at",)
 """ISO-8601 strings in the record, UTC datetimes in the DataFrame."""
+
+
 def _dig(record: Mapping[str, Any], path: tuple[str, ...]) -> Any:
     node: Any = record
     for key in path:
@@ -157,7 +202,9 @@ def record_to_row(record: Mapping[str, Any]) -> dict[str, Any]:
 def model_order(df: pd.DataFrame) -> list[str]:
     """Model names by parameter count (smallest first), ties and models never sized by name."""
     sizes = df.groupby("model", dropna=True)["n_params"].min()
-    return sorted(sizes.index, key=lambda name: (pd.isna(sizes[name]), 0 if pd.isna(sizes[name]) else sizes[name], name))
+    return sorted(
+        sizes.index, key=lambda name: (pd.isna(sizes[name]), 0 if pd.isna(sizes[name]) else sizes[name], name)
+    )
 
 
 def to_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
@@ -166,9 +213,21 @@ def to_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     df = pd.DataFrame.from_records(list(rows), columns=list(COLUMNS))
     for column in INT_COLUMNS:
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("Int64")
-    for column in ("tokens_per_s", "tokens_per_s_per_gpu", "mfu", "hfu", "step_time_s", "peak_flops_per_s",
-                   "memory_gb", "bucket_mb", "wall_s", "launch_overhead_s", "step_time_spread_frac",
-                   "repeat_spread_frac", "noise_band_frac"):
+    for column in (
+        "tokens_per_s",
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "hfu",
+        "step_time_s",
+        "peak_flops_per_s",
+        "memory_gb",
+        "bucket_mb",
+        "wall_s",
+        "launch_overhead_s",
+        "step_time_spread_frac",
+        "repeat_spread_frac",
+        "noise_band_frac",
+    ):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("float64")
     df["status"] = pd.Categorical(df["status"], categories=STATUS_ORDER, ordered=True)
     df["model"] = pd.Categorical(df["model"], categories=model_order(df), ordered=True)
@@ -190,8 +249,9 @@ def collect(*sweep_dirs: str | os.PathLike, left_out: Optional[list[LeftOut]] = 
     rows, unusable = [], []
     for sweep_dir in sweep_dirs:
         if not Path(sweep_dir).is_dir():
-            raise ValueError(f"sweep_dir={str(sweep_dir)!r} is not a directory: pass a folder holding "
-                             "<job_key>/result.json records")
+            raise ValueError(
+                f"sweep_dir={str(sweep_dir)!r} is not a directory: pass a folder holding <job_key>/result.json records"
+            )
         for record in iter_records(sweep_dir):
             problem = record_problem(record)
             if problem is None:
@@ -284,8 +344,16 @@ def from_wandb(project: str, group: str, entity: Optional[str] = None) -> pd.Dat
 
     path = f"{entity}/{project}" if entity else project
     runs = wandb.Api().runs(path, filters={"group": group}, order="+created_at", lazy=False)
-    return latest_attempts({"id": run.id, "config": dict(run.config), "summary": dict(run.summary_metrics),
-                            "group": group, "job_type": getattr(run, "job_type", None)} for run in runs)
+    return latest_attempts(
+        {
+            "id": run.id,
+            "config": dict(run.config),
+            "summary": dict(run.summary_metrics),
+            "group": group,
+            "job_type": getattr(run, "job_type", None),
+        }
+        for run in runs
+    )
 
 
 def from_wandb_offline(sweep_dir: str | os.PathLike, wandb_dir: Optional[str | os.PathLike] = None) -> pd.DataFrame:
@@ -294,7 +362,9 @@ def from_wandb_offline(sweep_dir: str | os.PathLike, wandb_dir: Optional[str | o
     `wandb_run_id` once every point was logged."""
     folder = Path(wandb_dir if wandb_dir is not None else sweep_dir) / "wandb"
     if not folder.is_dir():
-        raise ValueError(f"no W&B folder at {str(folder)!r}: log the sweep with logger=wandb (offline by default), "
-                         "or pass wandb_dir= the logger.dir it used")
+        raise ValueError(
+            f"no W&B folder at {str(folder)!r}: log the sweep with logger=wandb (offline by default), "
+            "or pass wandb_dir= the logger.dir it used"
+        )
     files = sorted(folder.glob("offline-run-*/run-*.wandb"))  # offline-run-<start time>-<id>: oldest first
     return latest_attempts(read_offline_run(path) for path in files)

@@ -140,8 +140,9 @@ def standard_errors(x: np.ndarray, var: float) -> np.ndarray:
     return np.sqrt(np.maximum(np.diag(np.linalg.pinv((x / norms).T @ (x / norms))) * var, 0.0)) / norms
 
 
-def resolved_columns(d: Design, t: np.ndarray, full: Sequence[Column], noise_var: float
-                     ) -> tuple[list[Column], dict[Column, str]]:
+def resolved_columns(
+    d: Design, t: np.ndarray, full: Sequence[Column], noise_var: float
+) -> tuple[list[Column], dict[Column, str]]:
     """The columns source (a) fits, nominal curve and bootstrap draws alike, and what the points leave open.
 
     Every column the points identify is fitted, bounded to [0, inf), but the optimizer's when it does not stand out
@@ -150,6 +151,7 @@ def resolved_columns(d: Design, t: np.ndarray, full: Sequence[Column], noise_var
     unresolved (it and its tier's β not both at |t| ≥ 2): such an α is kept, since setting it to 0 would drop the
     latency that each bucket's and each tensor's call pays again at every larger ring, and the band shows how far
     it may move the curve."""
+
     def fitted(cols: list[Column]) -> tuple[list[Column], dict[Column, float]]:
         """The columns the bound holds at 0, and the t statistic of each."""
         coef, at_zero = solve(d, t, cols)
@@ -163,16 +165,20 @@ def resolved_columns(d: Design, t: np.ndarray, full: Sequence[Column], noise_var
     at_zero, stat = fitted(cols)
     if OPTIMIZER in cols and (OPTIMIZER in at_zero or stat[OPTIMIZER] < 2):
         cols.remove(OPTIMIZER)
-        notes[OPTIMIZER] = ("fitted below 0" if OPTIMIZER in at_zero else
-                            f"not resolved above the timing noise (t = {stat[OPTIMIZER]:.1f})")
+        notes[OPTIMIZER] = (
+            "fitted below 0"
+            if OPTIMIZER in at_zero
+            else f"not resolved above the timing noise (t = {stat[OPTIMIZER]:.1f})"
+        )
         at_zero, stat = fitted(cols)
     for c in cols:
         t_alpha = min(stat[c], stat.get(c.beside(Term.INV_BETA), 0.0))
         if c in at_zero and c != COMPUTE:
             notes[c] = "held at 0 by the bound"
         elif c.term is Term.ALPHA and t_alpha < 2:
-            notes[c] = (f"not resolved above the timing noise (t = {t_alpha:.1f}): "
-                        "fitted all the same, the band draws it")
+            notes[c] = (
+                f"not resolved above the timing noise (t = {t_alpha:.1f}): fitted all the same, the band draws it"
+            )
     return cols, notes
 
 
@@ -191,13 +197,17 @@ def fit_sweep(w: Workload, points: Sequence[Point], dpn: Optional[int], free: Se
 
 def noise_variance(points: Sequence[Point]) -> float:
     """Pooled variance of the relative error of a point's median step time, from the spread of its timed steps."""
-    variances = [np.var(p.step_times_s, ddof=1) / p.step_time_s**2 * np.pi / (2 * len(p.step_times_s))
-                 for p in points if len(p.step_times_s) > 1]
+    variances = [
+        np.var(p.step_times_s, ddof=1) / p.step_time_s**2 * np.pi / (2 * len(p.step_times_s))
+        for p in points
+        if len(p.step_times_s) > 1
+    ]
     return float(np.mean(variances)) if variances else 0.0
 
 
-def _compute_and_optimizer(a: np.ndarray, u: Optional[np.ndarray], r: np.ndarray, t: np.ndarray,
-                           c0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _compute_and_optimizer(
+    a: np.ndarray, u: Optional[np.ndarray], r: np.ndarray, t: np.ndarray, c0: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Per row of a (overlap, point): compute_s and optimizer_s_per_param ≥ 0 minimising Σ((a·c + u·k − r)/t)²;
     k = 0 when `u` is None, c kept at c0 where the compute has no weight left (all of it saturated)."""
     wt = 1 / t**2
@@ -211,7 +221,7 @@ def _compute_and_optimizer(a: np.ndarray, u: Optional[np.ndarray], r: np.ndarray
     c = np.where(ok, (sar * suu - sur * sau) / np.where(ok, det, 1.0), c_only)
     k = np.where(ok, (saa * sur - sau * sar) / np.where(ok, det, 1.0), 0.0)
     c, k = np.where(k < 0, c_only, c), np.maximum(k, 0.0)  # the optimizer held at 0: the compute alone
-    k = np.where(c <= 0, np.maximum(sur / suu, 0.0), k)     # the compute held at 0: the optimizer alone
+    k = np.where(c <= 0, np.maximum(sur / suu, 0.0), k)  # the compute held at 0: the optimizer alone
     return np.maximum(c, 1e-12), k
 
 
@@ -231,8 +241,13 @@ def given_columns(w: Workload, points: Sequence[Point], net: Network) -> list[Co
     return cols if apart > 2 * np.sqrt(noise_variance(usable)) else [COMPUTE]
 
 
-def fit_given(w: Workload, points: Sequence[Point], net: Network, free: Sequence[Column],
-              rng: Optional[np.random.Generator] = None) -> Fit:
+def fit_given(
+    w: Workload,
+    points: Sequence[Point],
+    net: Network,
+    free: Sequence[Column],
+    rng: Optional[np.random.Generator] = None,
+) -> Fit:
     """Sources (b) and (c): the network is given; compute_s, the optimizer's time per parameter (when OPTIMIZER is
     among the `free` columns, else 0) and the overlap fitted (overlap on a grid of 0.01: the middle of the values
     that fit within the noise, or one of them drawn at random when `rng` is given)."""
@@ -243,9 +258,11 @@ def fit_given(w: Workload, points: Sequence[Point], net: Network, free: Sequence
     # per point and window: how many the step has, seconds of communication in each, compute share it hides in
     windows = [comm_windows(w, net, p.dp, p.grad_acc) for p in usable]
     width = max((len(g) for g in windows), default=0)
-    times, x, share = (np.array([[g[j][i] if j < len(g) else 0.0 for j in range(width)] for g in windows])
-                       .reshape(len(usable), width) for i in range(3))
-    o = OVERLAP_GRID[:, None, None]                                   # (overlap, point, window)
+    times, x, share = (
+        np.array([[g[j][i] if j < len(g) else 0.0 for j in range(width)] for g in windows]).reshape(len(usable), width)
+        for i in range(3)
+    )
+    o = OVERLAP_GRID[:, None, None]  # (overlap, point, window)
     c = np.full(len(OVERLAP_GRID), np.sum(ga * t) / np.sum(ga * ga))  # start from no communication at all
     k = np.zeros(len(OVERLAP_GRID))
     for _ in range(12):  # the saturation pattern (o·comm above its window) settles in a few rounds
@@ -258,21 +275,29 @@ def fit_given(w: Workload, points: Sequence[Point], net: Network, free: Sequence
     sse = np.sum(((model - t) / t) ** 2, axis=1)
     good = np.flatnonzero(sse <= sse.min() + CHI2_95 * noise_variance(usable) + 1e-12)
     best = good[len(good) // 2] if rng is None else rng.choice(good)  # among the overlaps the points cannot tell apart
-    return Fit(float(c[best]), float(k[best]), float(OVERLAP_GRID[best]), net,
-               (float(OVERLAP_GRID[good[0]]), float(OVERLAP_GRID[good[-1]])))
+    return Fit(
+        float(c[best]),
+        float(k[best]),
+        float(OVERLAP_GRID[best]),
+        net,
+        (float(OVERLAP_GRID[good[0]]), float(OVERLAP_GRID[good[-1]])),
+    )
 
 
 def overlap_words(f: Fit) -> str:
     """The fitted overlap and how well the measured points pin it, in words."""
     lo, hi = f.overlap_range
     if hi - lo >= 0.9:
-        return (f"the measured points do not resolve the overlap ({lo:.2f} to {hi:.2f} fit alike): the curve takes "
-                f"{f.overlap:.2f}, the band draws across the range")
+        return (
+            f"the measured points do not resolve the overlap ({lo:.2f} to {hi:.2f} fit alike): the curve takes "
+            f"{f.overlap:.2f}, the band draws across the range"
+        )
     return f"overlap {f.overlap:.2f} fitted" + (f" ({lo:.2f} to {hi:.2f} fit within the noise)" if hi > lo else "")
 
 
-def identification(points: Sequence[Point], dpn: Optional[int], full: Sequence[Column],
-                   notes: dict[Column, str]) -> str:
+def identification(
+    points: Sequence[Point], dpn: Optional[int], full: Sequence[Column], notes: dict[Column, str]
+) -> str:
     """What the measured points identify of the step model, in words (source (a)): `full` the columns they can
     tell apart, `notes` what `resolved_columns` says of them."""
     comm = [p.dp for p in points if p.dp >= 2]
@@ -282,8 +307,10 @@ def identification(points: Sequence[Point], dpn: Optional[int], full: Sequence[C
     elif OPTIMIZER in full:
         found.append("the optimizer step per parameter updated")
     else:
-        open_.append("the optimizer step (the measured dp cannot tell it from the compute and the bandwidth terms: "
-                     "they carry it)")
+        open_.append(
+            "the optimizer step (the measured dp cannot tell it from the compute and the bandwidth terms: "
+            "they carry it)"
+        )
     measured = {tier_of(n, dpn) for n in comm}
     for tier in TIERS:
         name = "within a node" if tier == INTRA else "between nodes"
@@ -297,9 +324,10 @@ def identification(points: Sequence[Point], dpn: Optional[int], full: Sequence[C
             elif col in full:
                 found.append(f"{symbol} {name}")
             else:
-                open_.append(f"{symbol} {name} (one ring length measured: latency and bandwidth inseparable; "
-                             "set to 0)")
-    text = (f"measured dp {', '.join(str(p.dp) for p in points)}: {len(comm)} point(s) with communication identify "
-            f"{', '.join(found)}; the overlap cannot be told from the bandwidth, so it is 0 and the figures are those "
-            "of exposed communication")
+                open_.append(f"{symbol} {name} (one ring length measured: latency and bandwidth inseparable; set to 0)")
+    text = (
+        f"measured dp {', '.join(str(p.dp) for p in points)}: {len(comm)} point(s) with communication identify "
+        f"{', '.join(found)}; the overlap cannot be told from the bandwidth, so it is 0 and the figures are those "
+        "of exposed communication"
+    )
     return text + (f"; left open: {'; '.join(open_)}" if open_ else "")

@@ -27,9 +27,23 @@ from analysis.heatmaps import facet_label
 from scaling.core.noise import NOISE_BAND_KEY
 from scaling.engine.enums import Status
 
-GROUP_KEYS = ("model", "seq_len", "mbs", "zero_stage", "precision", "recompute", "hardware", "memory_gb",
-              "threads_per_device", "oversubscribe", "bucket_mb", "fsdp_grad_reduce", "compile", "target_gbs",
-              "target_gbs_tokens")
+GROUP_KEYS = (
+    "model",
+    "seq_len",
+    "mbs",
+    "zero_stage",
+    "precision",
+    "recompute",
+    "hardware",
+    "memory_gb",
+    "threads_per_device",
+    "oversubscribe",
+    "bucket_mb",
+    "fsdp_grad_reduce",
+    "compile",
+    "target_gbs",
+    "target_gbs_tokens",
+)
 """What makes a configuration for DP scaling: the config axes except dp and grad_acc (and the global batch
 they give, unless the sweep fixed it: then each fixed batch is its own configuration)."""
 ALWAYS_NAMED = ("model", "seq_len", "zero_stage")
@@ -42,8 +56,9 @@ def scaling_table(df: pd.DataFrame) -> pd.DataFrame:
     keys = [k for k in GROUP_KEYS if k in df.columns]
     ok = df[(df["status"] == Status.OK) & df["tokens_per_s_per_gpu"].notna()]
     if ok.empty:
-        return pd.DataFrame(columns=[*keys, "dp", "tokens_per_s_per_gpu", "efficiency", "efficiency_noise_frac",
-                                     "config"])
+        return pd.DataFrame(
+            columns=[*keys, "dp", "tokens_per_s_per_gpu", "efficiency", "efficiency_noise_frac", "config"]
+        )
     best = ok.loc[ok.groupby([*keys, "dp"], dropna=False, observed=True)["tokens_per_s_per_gpu"].idxmax()]
     best = best.sort_values([*keys, "dp"]).reset_index(drop=True)
     groups = best.groupby(keys, dropna=False, observed=True)
@@ -53,8 +68,10 @@ def scaling_table(df: pd.DataFrame) -> pd.DataFrame:
     first = groups.cumcount() == 0  # the smallest dp is its own reference: efficiency 1, exactly
     best["efficiency_noise_frac"] = (band + base_band).where(~first, 0.0)
     named = [k for k in keys if k in ALWAYS_NAMED or best[k].nunique(dropna=True) > 1]
-    best["config"] = [", ".join(d for k in named if pd.notna(row[k]) and (d := _describe(k, row[k])))
-                      for _, row in best[named].iterrows()]
+    best["config"] = [
+        ", ".join(d for k in named if pd.notna(row[k]) and (d := _describe(k, row[k])))
+        for _, row in best[named].iterrows()
+    ]
     return best
 
 
@@ -67,8 +84,9 @@ def _describe(key: str, value: Any) -> str:
     return facet_label(key, value)
 
 
-def find_knee(dps: Sequence[int], efficiency: Sequence[float], threshold: float = DEFAULT_THRESHOLD
-              ) -> tuple[int, Optional[int]]:
+def find_knee(
+    dps: Sequence[int], efficiency: Sequence[float], threshold: float = DEFAULT_THRESHOLD
+) -> tuple[int, Optional[int]]:
     """(knee dp, first dp below threshold or None): the knee is the largest dp before efficiency first drops."""
     if not 0 < threshold <= 1:
         raise ValueError(f"threshold={threshold}: an efficiency threshold lies in (0, 1]")
@@ -84,8 +102,9 @@ def find_knee(dps: Sequence[int], efficiency: Sequence[float], threshold: float 
     return knee, None
 
 
-def knee_range(dps: Sequence[int], efficiency: Sequence[float], noise_frac: Sequence[float],
-               threshold: float = DEFAULT_THRESHOLD) -> tuple[int, int]:
+def knee_range(
+    dps: Sequence[int], efficiency: Sequence[float], noise_frac: Sequence[float], threshold: float = DEFAULT_THRESHOLD
+) -> tuple[int, int]:
     """(earliest, latest) knee within noise: the knee of each efficiency pushed down, and up, by its band."""
     low = [e * (1.0 - n) for e, n in zip(efficiency, noise_frac)]
     high = [e * (1.0 + n) for e, n in zip(efficiency, noise_frac)]
@@ -109,9 +128,16 @@ class Knee:
     """Other measured dps the knee may lie at within noise (empty when the noise decides nothing)."""
 
 
-def knee_sentence(config: str, dps: Sequence[int], efficiency: Sequence[float], knee_dp: int,
-                  next_dp: Optional[int], threshold: float, within_noise: Sequence[int] = (),
-                  noise_frac: Sequence[float] = ()) -> str:
+def knee_sentence(
+    config: str,
+    dps: Sequence[int],
+    efficiency: Sequence[float],
+    knee_dp: int,
+    next_dp: Optional[int],
+    threshold: float,
+    within_noise: Sequence[int] = (),
+    noise_frac: Sequence[float] = (),
+) -> str:
     """The knee in words, e.g. 'for llama_1b, seq 4096, ZeRO-1: DP stops paying off after dp=8 (dp=16
     within noise); ...'."""
     eff = dict(zip(dps, efficiency))
@@ -123,10 +149,14 @@ def knee_sentence(config: str, dps: Sequence[int], efficiency: Sequence[float], 
 
     noise = f" ({', '.join(f'dp={d}' for d in within_noise)} within noise)" if within_noise else ""
     if next_dp is None:
-        return (f"for {config}: DP keeps paying off up to dp={dps[-1]}, the largest measured{noise}; efficiency "
-                f"stays ≥ {threshold:.0%} ({pct(dps[-1])} at dp={dps[-1]}, {ref})")
-    return (f"for {config}: DP stops paying off after dp={knee_dp}{noise}; efficiency falls from {pct(knee_dp)} "
-            f"(dp={knee_dp}) to {pct(next_dp)} (dp={next_dp}), {ref}, below the {threshold:.0%} threshold")
+        return (
+            f"for {config}: DP keeps paying off up to dp={dps[-1]}, the largest measured{noise}; efficiency "
+            f"stays ≥ {threshold:.0%} ({pct(dps[-1])} at dp={dps[-1]}, {ref})"
+        )
+    return (
+        f"for {config}: DP stops paying off after dp={knee_dp}{noise}; efficiency falls from {pct(knee_dp)} "
+        f"(dp={knee_dp}) to {pct(next_dp)} (dp={next_dp}), {ref}, below the {threshold:.0%} threshold"
+    )
 
 
 def knees(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> list[Knee]:
@@ -142,8 +172,19 @@ def knees(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD) -> list[Knee]:
         knee_dp, next_dp = find_knee(dps, eff, threshold)
         low, high = knee_range(dps, eff, noise, threshold)
         within = tuple(d for d in dps if low <= d <= high and d != knee_dp)
-        out.append(Knee(config, dps, eff, threshold, knee_dp, next_dp,
-                        knee_sentence(config, dps, eff, knee_dp, next_dp, threshold, within, noise), noise, within))
+        out.append(
+            Knee(
+                config,
+                dps,
+                eff,
+                threshold,
+                knee_dp,
+                next_dp,
+                knee_sentence(config, dps, eff, knee_dp, next_dp, threshold, within, noise),
+                noise,
+                within,
+            )
+        )
     return out
 
 
@@ -161,8 +202,9 @@ def plot_dp_scaling(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD, max_
     """Tokens/s per GPU and efficiency vs dp, one line per configuration, knees starred."""
     table = scaling_table(df)
     found = {k.config: k for k in knees(df, threshold)}
-    ranked = (table[table["config"].isin(found)].groupby("config")["tokens_per_s_per_gpu"].max()
-              .sort_values(ascending=False))
+    ranked = (
+        table[table["config"].isin(found)].groupby("config")["tokens_per_s_per_gpu"].max().sort_values(ascending=False)
+    )
     shown = list(ranked.index[:max_configs])
     fig = new_figure((13, 5.2))
     ax_tps, ax_eff = fig.subplots(1, 2)
@@ -170,16 +212,43 @@ def plot_dp_scaling(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD, max_
         group = table[table["config"] == config]
         knee = found[config]
         band = group[NOISE_BAND_KEY].fillna(0.0) if NOISE_BAND_KEY in group else 0.0
-        bars = ax_tps.errorbar(group["dp"], group["tokens_per_s_per_gpu"], yerr=group["tokens_per_s_per_gpu"] * band,
-                               marker="o", capsize=3, label=config)
+        bars = ax_tps.errorbar(
+            group["dp"],
+            group["tokens_per_s_per_gpu"],
+            yerr=group["tokens_per_s_per_gpu"] * band,
+            marker="o",
+            capsize=3,
+            label=config,
+        )
         line = bars.lines[0]
-        ax_eff.errorbar(group["dp"], group["efficiency"], yerr=group["efficiency"] * group["efficiency_noise_frac"],
-                        marker="o", capsize=3, color=line.get_color())
+        ax_eff.errorbar(
+            group["dp"],
+            group["efficiency"],
+            yerr=group["efficiency"] * group["efficiency_noise_frac"],
+            marker="o",
+            capsize=3,
+            color=line.get_color(),
+        )
         at = group[group["dp"] == knee.knee_dp]
-        ax_eff.plot(at["dp"], at["efficiency"], marker="*", markersize=18, color=line.get_color(),
-                    markeredgecolor="black", linestyle="none", gid=f"knee:{config}")
-        ax_tps.plot(at["dp"], at["tokens_per_s_per_gpu"], marker="*", markersize=18, color=line.get_color(),
-                    markeredgecolor="black", linestyle="none")
+        ax_eff.plot(
+            at["dp"],
+            at["efficiency"],
+            marker="*",
+            markersize=18,
+            color=line.get_color(),
+            markeredgecolor="black",
+            linestyle="none",
+            gid=f"knee:{config}",
+        )
+        ax_tps.plot(
+            at["dp"],
+            at["tokens_per_s_per_gpu"],
+            marker="*",
+            markersize=18,
+            color=line.get_color(),
+            markeredgecolor="black",
+            linestyle="none",
+        )
     ax_eff.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:.0%}")
     for ax, label in ((ax_tps, "tokens/s per GPU"), (ax_eff, "efficiency vs smallest dp")):
         dp_axis(ax, table.loc[table["config"].isin(shown), "dp"])

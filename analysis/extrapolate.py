@@ -44,8 +44,11 @@ def model_of(row: pd.Series) -> ModelConfig:
     which counts a tied output projection once."""
     shape = {k: int(row[k]) for k in SHAPE}
     tied = ModelConfig(name=str(row["model"]), tie_embeddings=True, **shape)
-    return tied if sum(t.numel for t in param_tensors(tied)) == int(row["n_params"]) else replace(tied,
-                                                                                                tie_embeddings=False)
+    return (
+        tied
+        if sum(t.numel for t in param_tensors(tied)) == int(row["n_params"])
+        else replace(tied, tie_embeddings=False)
+    )
 
 
 def _setting(row: pd.Series, key: str, default: object) -> object:
@@ -59,26 +62,36 @@ def workload_and_points(group: pd.DataFrame) -> tuple[Workload, list[Point]]:
     group = group.sort_values("dp")
     last = group.iloc[-1]
     fixed_batch = group["gbs"].nunique(dropna=False) == 1
-    w = Workload(int(last["zero_stage"]), model_of(last), str(last["precision"]), int(last["mbs"]),
-                 int(last["seq_len"]), int(last["gbs"]) if fixed_batch else None,
-                 1 if fixed_batch else int(last["grad_acc"]),
-                 # records from before the setting existed reduce-scattered on the last micro-step only
-                 str(_setting(last, "fsdp_grad_reduce", LAST)),
-                 str(_setting(last, "recompute", "none")),
-                 # records from before train.grad_clip existed were measured without clipping
-                 float(_setting(last, "grad_clip", 0.0)),  # type: ignore[arg-type]
-                 float(_setting(last, "bucket_mb", 25.0)))  # type: ignore[arg-type]
+    w = Workload(
+        int(last["zero_stage"]),
+        model_of(last),
+        str(last["precision"]),
+        int(last["mbs"]),
+        int(last["seq_len"]),
+        int(last["gbs"]) if fixed_batch else None,
+        1 if fixed_batch else int(last["grad_acc"]),
+        # records from before the setting existed reduce-scattered on the last micro-step only
+        str(_setting(last, "fsdp_grad_reduce", LAST)),
+        str(_setting(last, "recompute", "none")),
+        # records from before train.grad_clip existed were measured without clipping
+        float(_setting(last, "grad_clip", 0.0)),  # type: ignore[arg-type]
+        float(_setting(last, "bucket_mb", 25.0)),
+    )  # type: ignore[arg-type]
     points = []
     for _, row in group.iterrows():
         times = row.get("step_times_s")
-        times = tuple(float(x) for x in times) if isinstance(times, (list, tuple, np.ndarray)) and len(times) else (
-            float(row["step_time_s"]),)
+        times = (
+            tuple(float(x) for x in times)
+            if isinstance(times, (list, tuple, np.ndarray)) and len(times)
+            else (float(row["step_time_s"]),)
+        )
         points.append(Point(int(row["dp"]), int(row["grad_acc"]), times))
     return w, points
 
 
-def sources(sweep_dir: Path, hardware: str, dpn: Optional[int], n_draws: int = N_DRAWS,
-            seed: int = 0) -> tuple[list[Optional[NetworkEstimate]], list[str]]:
+def sources(
+    sweep_dir: Path, hardware: str, dpn: Optional[int], n_draws: int = N_DRAWS, seed: int = 0
+) -> tuple[list[Optional[NetworkEstimate]], list[str]]:
     """The sources for a sweep's hardware: (a) always (None), (b) when the sweep has a profile (the tiers it lacks
     from (c)), (c) when the hardware profile has published figures; and notes on what could not be used."""
     rng = np.random.default_rng(seed)
@@ -101,14 +114,24 @@ def sources(sweep_dir: Path, hardware: str, dpn: Optional[int], n_draws: int = N
     return found, notes
 
 
-def sweep_extrapolations(sweep_dir: Path, table: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD,
-                         n_configs: int = EXTRAPOLATED_CONFIGS, max_dp: int = MAX_DP, n_draws: int = N_DRAWS
-                         ) -> tuple[dict[str, list[Extrapolation]], list[str]]:
+def sweep_extrapolations(
+    sweep_dir: Path,
+    table: pd.DataFrame,
+    threshold: float = DEFAULT_THRESHOLD,
+    n_configs: int = EXTRAPOLATED_CONFIGS,
+    max_dp: int = MAX_DP,
+    n_draws: int = N_DRAWS,
+) -> tuple[dict[str, list[Extrapolation]], list[str]]:
     """Every source's extrapolation of the fastest configurations of a `dp_scaling.scaling_table` measured at two
     or more dp; and the notes of `sources`, and of records whose model disagrees with their parameter count."""
     measured = table.groupby("config")["dp"].nunique()
-    fastest = (table[table["config"].isin(measured[measured > 1].index)].groupby("config")["tokens_per_s_per_gpu"]
-               .max().nlargest(n_configs).index)
+    fastest = (
+        table[table["config"].isin(measured[measured > 1].index)]
+        .groupby("config")["tokens_per_s_per_gpu"]
+        .max()
+        .nlargest(n_configs)
+        .index
+    )
     found: dict[str, list[Extrapolation]] = {}
     notes: list[str] = []
     cache: dict[tuple[str, Optional[int]], tuple[list[Optional[NetworkEstimate]], list[str]]] = {}
@@ -123,10 +146,13 @@ def sweep_extrapolations(sweep_dir: Path, table: pd.DataFrame, threshold: float 
         w, points = workload_and_points(group)
         recorded = int(group["n_params"].iloc[-1])
         if w.n_params != recorded:  # not a record the engine wrote: it derives n_params from config.model
-            notes.append(f"{config}: its records' derived.n_params={recorded:,} is not the parameter count of their "
-                         f"config.model ({w.n_params:,}); the step model counts the tensors of config.model")
-        found[config] = [extrapolate(config, w, points, dpn, src, threshold, max_dp, n_draws)
-                         for src in cache[hardware, dpn][0]]
+            notes.append(
+                f"{config}: its records' derived.n_params={recorded:,} is not the parameter count of their "
+                f"config.model ({w.n_params:,}); the step model counts the tensors of config.model"
+            )
+        found[config] = [
+            extrapolate(config, w, points, dpn, src, threshold, max_dp, n_draws) for src in cache[hardware, dpn][0]
+        ]
     return found, notes
 
 
@@ -147,12 +173,17 @@ def summary_table(found: dict[str, list[Extrapolation]]) -> pd.DataFrame:
     for results in found.values():
         for r in results:
             band = "–".join(f"{d}" if d is not None else f">{r.dps[-1]}" for d in r.next_dp_band)
-            row = {"configuration": r.config, "source": f"{LETTERS[r.kind]} {r.kind}",
-                   "measured dp": ", ".join(map(str, r.measured)), "extrapolated to": r.dps[-1],
-                   f"first dp < {r.threshold:.0%}": r.next_dp if r.next_dp is not None else f">{r.dps[-1]}",
-                   "its band": band, "compute per micro-step": _interval(r.params["compute_s"], 1e-3, "ms"),
-                   "optimizer per 10⁹ parameters updated": _interval(r.params["optimizer_s_per_param"], 1e-12, "ms"),
-                   "overlap": _interval(r.params["overlap"], 1, "")}
+            row = {
+                "configuration": r.config,
+                "source": f"{LETTERS[r.kind]} {r.kind}",
+                "measured dp": ", ".join(map(str, r.measured)),
+                "extrapolated to": r.dps[-1],
+                f"first dp < {r.threshold:.0%}": r.next_dp if r.next_dp is not None else f">{r.dps[-1]}",
+                "its band": band,
+                "compute per micro-step": _interval(r.params["compute_s"], 1e-3, "ms"),
+                "optimizer per 10⁹ parameters updated": _interval(r.params["optimizer_s_per_param"], 1e-12, "ms"),
+                "overlap": _interval(r.params["overlap"], 1, ""),
+            }
             for tier in TIERS:
                 if f"alpha_s {tier}" in r.params:
                     row[f"α {tier}"] = _interval(r.params[f"alpha_s {tier}"], 1e-6, "µs")
@@ -187,17 +218,35 @@ def plot(results: Sequence[Extrapolation]) -> Figure:
         ax.fill_between(r.dps, r.low, r.high, color=color, alpha=0.18, linewidth=0, gid=f"band:{r.kind}")
         ax.plot(r.dps, r.tokens_per_s_per_gpu, color=color, linestyle="--", label=f"{LETTERS[r.kind]} {r.source}")
         at = r.dps.index(r.knee_dp)
-        ax.plot([r.knee_dp], [r.tokens_per_s_per_gpu[at]], marker="*", markersize=15, color=color,
-                markeredgecolor="black", linestyle="none", gid=f"knee:{r.kind}")
+        ax.plot(
+            [r.knee_dp],
+            [r.tokens_per_s_per_gpu[at]],
+            marker="*",
+            markersize=15,
+            color=color,
+            markeredgecolor="black",
+            linestyle="none",
+            gid=f"knee:{r.kind}",
+        )
     measured = results[0].measured
-    ax.plot(list(measured), list(measured.values()), marker="o", color="black", linestyle="none", label="measured",
-            gid="measured")
+    ax.plot(
+        list(measured),
+        list(measured.values()),
+        marker="o",
+        color="black",
+        linestyle="none",
+        label="measured",
+        gid="measured",
+    )
     ax.axvspan(min(measured), max(measured), color="grey", alpha=0.08, linewidth=0)
     dp_axis(ax, pd.Series(sorted({d for r in results for d in r.dps})))
     ax.set_ylabel("tokens/s per GPU")
     ax.legend(fontsize=7, loc="best")
     thr = f"{results[0].threshold:.0%}"
-    ax.set_title(f"{results[0].config}: measured (grey span) and extrapolated; bands = {BAND[0]:g}-{BAND[1]:g}% of "
-                 f"the draws,\n★ = last dp with efficiency ≥ {thr}", fontsize=9)
+    ax.set_title(
+        f"{results[0].config}: measured (grey span) and extrapolated; bands = {BAND[0]:g}-{BAND[1]:g}% of "
+        f"the draws,\n★ = last dp with efficiency ≥ {thr}",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig

@@ -44,14 +44,23 @@ def filtered(df: pd.DataFrame, filters: Optional[Mapping[str, Any]]) -> pd.DataF
     for column, value in (filters or {}).items():
         check_columns(df, filter=column)
         if not (df[column] == value).any():
-            raise ValueError(f"filter {column}={value!r} matches no record: {column} takes "
-                             f"{', '.join(map(str, axis_values(df, column)))}")
+            raise ValueError(
+                f"filter {column}={value!r} matches no record: {column} takes "
+                f"{', '.join(map(str, axis_values(df, column)))}"
+            )
         df = df[df[column] == value]
     return df
 
 
-def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str] = None,
-               col: Optional[str] = None, filters: Optional[Mapping[str, Any]] = None) -> Figure:
+def facet_grid(
+    df: pd.DataFrame,
+    x: str,
+    y: str,
+    metric: str,
+    row: Optional[str] = None,
+    col: Optional[str] = None,
+    filters: Optional[Mapping[str, Any]] = None,
+) -> Figure:
     """A grid of heatmaps of `metric` over y x x, one per (row, col) value, sharing one colour scale."""
     check_columns(df, x=x, y=y, row=row, col=col)
     df = filtered(df, filters)
@@ -89,13 +98,22 @@ def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str]
                 facet = facet.droplevel(facet_keys)
             draw_cells(ax, facet, xs, ys, m, vmin, vmax, origin=(x0, y0))
             if facet_keys:
-                ax.text(x0 + nx / 2, y0 - label_y, ", ".join(facet_label(k, v) for k, v in zip(facet_keys, key)),
-                        ha="center", va="bottom", fontsize=10, gid="facet", clip_on=False)
+                ax.text(
+                    x0 + nx / 2,
+                    y0 - label_y,
+                    ", ".join(facet_label(k, v) for k, v in zip(facet_keys, key)),
+                    ha="center",
+                    va="bottom",
+                    fontsize=10,
+                    gid="facet",
+                    clip_on=False,
+                )
             if j == 0:  # the outer facets carry the tick labels and the axis names
                 for k, v in enumerate(ys):
                     ax.text(-label_x, y0 + k + 0.5, str(v), ha="right", va="center", rotation=90, clip_on=False)
-                ax.text(-label_x - 0.3 / CELL_IN[0], y0 + ny / 2, y, ha="right", va="center", rotation=90,
-                        clip_on=False)
+                ax.text(
+                    -label_x - 0.3 / CELL_IN[0], y0 + ny / 2, y, ha="right", va="center", rotation=90, clip_on=False
+                )
             if i == len(rows) - 1:
                 for k, v in enumerate(xs):
                     ax.text(x0 + k + 0.5, y0 + ny + label_y, str(v), ha="center", va="top", clip_on=False)
@@ -106,25 +124,31 @@ def facet_grid(df: pd.DataFrame, x: str, y: str, metric: str, row: Optional[str]
     bar = fig.colorbar(ScalarMappable(Normalize(vmin, vmax), cmap_of(m)), cax=cax, label=m.label)
     bar.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: m.fmt.format(v)))
     present = [s for s in STATUS_STYLE if f"status:{s}" in shown]
-    names = {**{s: STATUS_STYLE[s][0] for s in present}, **({Status.OOM: EMULATED_OOM_LABEL} if emulated_oom(df) else {})}
+    names = {
+        **{s: STATUS_STYLE[s][0] for s in present},
+        **({Status.OOM: EMULATED_OOM_LABEL} if emulated_oom(df) else {}),
+    }
     handles = [Patch(facecolor=STATUS_STYLE[s][1], hatch=STATUS_STYLE[s][3], label=names[s]) for s in present]
     handles.append(Patch(facecolor="white", edgecolor="black", linewidth=2, label="★ best"))
     if "tie" in shown:
         handles.append(Patch(facecolor="white", edgecolor="black", linestyle="--", label=f"{TIE} within noise of ★"))
     if any(OVERSUBSCRIBED in t.get_text() for t in ax.texts):
         handles.append(Patch(facecolor="white", edgecolor="white", label=f"{OVERSUBSCRIBED} oversubscribed"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=9,
-               bbox_to_anchor=(0.5, 0.0))
+    fig.legend(
+        handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=9, bbox_to_anchor=(0.5, 0.0)
+    )
     heading = f"{m.label}: {y} × {x}"
     if facet_keys:
         heading += " per " + " × ".join(facet_keys)
     if filters:
         heading += " (" + ", ".join(facet_label(k, v) for k, v in filters.items()) + ")"
     if n_max > 1:
-        hidden = [a for a in LAYOUT_AXES if a in df.columns and a not in (x, y, row, col)
-                  and df[a].nunique(dropna=True) > 1]
-        heading += f"\nbest ok value of up to {n_max} records per cell" + (f" (over {', '.join(hidden)})"
-                                                                          if hidden else "")
+        hidden = [
+            a for a in LAYOUT_AXES if a in df.columns and a not in (x, y, row, col) and df[a].nunique(dropna=True) > 1
+        ]
+        heading += f"\nbest ok value of up to {n_max} records per cell" + (
+            f" (over {', '.join(hidden)})" if hidden else ""
+        )
     fig.suptitle(heading, fontsize=12, y=1 - 0.1 / height, va="top")
     return fig
 
@@ -138,23 +162,36 @@ def default_layout(df: pd.DataFrame) -> dict[str, Optional[str]]:
     return dict(zip(("y", "x", "row", "col"), roles))
 
 
-def figure_specs(df: pd.DataFrame, metrics: tuple[str, ...] = ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes")
-                 ) -> dict[str, FigureSpec]:
+def figure_specs(
+    df: pd.DataFrame, metrics: tuple[str, ...] = ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes")
+) -> dict[str, FigureSpec]:
     """The standard heatmaps of a sweep, by name, still to be drawn (see `draw_all`, `render_pngs`)."""
     layout = default_layout(df)
     placed = [a for a in layout.values() if a]
     # An axis that follows from the placed ones (grad_acc from dp at a fixed global batch) adds no
     # cells; one that takes several values within a cell would be hidden under the best of them.
-    split = next((a for a in LAYOUT_AXES if a in df.columns and a not in placed
-                  and df.groupby(placed, dropna=False)[a].nunique(dropna=True).max() > 1), None)
+    split = next(
+        (
+            a
+            for a in LAYOUT_AXES
+            if a in df.columns
+            and a not in placed
+            and df.groupby(placed, dropna=False)[a].nunique(dropna=True).max() > 1
+        ),
+        None,
+    )
     if split is None:
         return {metric: partial(facet_grid, df, metric=metric, **layout) for metric in metrics}
-    return {f"{metric}__{split}-{value}": partial(facet_grid, df, metric=metric, filters={split: value}, **layout)
-            for metric in metrics for value in axis_values(df, split)}
+    return {
+        f"{metric}__{split}-{value}": partial(facet_grid, df, metric=metric, filters={split: value}, **layout)
+        for metric in metrics
+        for value in axis_values(df, split)
+    }
 
 
-def draw_all(df: pd.DataFrame, metrics: tuple[str, ...] = ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes")
-             ) -> dict[str, Figure]:
+def draw_all(
+    df: pd.DataFrame, metrics: tuple[str, ...] = ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes")
+) -> dict[str, Figure]:
     """The standard heatmaps of a sweep, laid out by `default_layout`: one faceted figure per metric,
     or, when one more axis varies (a sweep over models, say), one per metric and value of that axis,
     so that each model's out-of-memory cells show instead of the best value over models."""

@@ -69,8 +69,9 @@ def _render(name: str) -> tuple[str, Path]:
     return name, path
 
 
-def render_pngs(specs: Mapping[str, Figure | FigureSpec], directory: str | os.PathLike,
-                jobs: Optional[int] = None) -> dict[str, Path]:
+def render_pngs(
+    specs: Mapping[str, Figure | FigureSpec], directory: str | os.PathLike, jobs: Optional[int] = None
+) -> dict[str, Path]:
     """Build each figure (or take it, when drawn already) and write it to `directory/<name>.png` (made
     if missing); return the paths in order.
 

@@ -70,11 +70,30 @@ MFU_MEASURED_PEAK_LABEL = "MFU against a measured matmul peak"
 TIE, OVERSUBSCRIBED = "≈", "†"
 """Marks of a cell within noise of the best one, and of a value measured oversubscribed."""
 
-STATUS_PRIORITY = {Status.OK: 0, Status.OOM: 1, Status.PREDICTED_OOM: 2, Status.TIMEOUT: 3, Status.FAILED: 4, Status.INVALID: 5}
+STATUS_PRIORITY = {
+    Status.OK: 0,
+    Status.OOM: 1,
+    Status.PREDICTED_OOM: 2,
+    Status.TIMEOUT: 3,
+    Status.FAILED: 4,
+    Status.INVALID: 5,
+}
 """Which status a cell shows when its records differ: an ok value first, then the most telling failure."""
 
-LAYOUT_AXES = ("seq_len", "mbs", "zero_stage", "dp", "grad_acc", "model", "recompute", "precision", "hardware",
-               "memory_gb", "threads_per_device", "oversubscribe")
+LAYOUT_AXES = (
+    "seq_len",
+    "mbs",
+    "zero_stage",
+    "dp",
+    "grad_acc",
+    "model",
+    "recompute",
+    "precision",
+    "hardware",
+    "memory_gb",
+    "threads_per_device",
+    "oversubscribe",
+)
 """Axes in the order `default_layout` gives them the roles y, x, facet row, facet column."""
 
 
@@ -164,14 +183,23 @@ def axis_values(df: pd.DataFrame, column: str) -> list[Any]:
     return sorted(df[column].dropna().unique().tolist())
 
 
-def draw_cells(ax: Axes, table: pd.DataFrame, xs: list, ys: list, m: Metric, vmin: Optional[float],
-                vmax: Optional[float], origin: tuple[float, float] = (0.0, 0.0)) -> Any:
+def draw_cells(
+    ax: Axes,
+    table: pd.DataFrame,
+    xs: list,
+    ys: list,
+    m: Metric,
+    vmin: Optional[float],
+    vmax: Optional[float],
+    origin: tuple[float, float] = (0.0, 0.0),
+) -> Any:
     """One facet's cells on `ax`, cell (i-th y, j-th x) at origin + (j, i) in data units: the ok values
     in colour and print, status cells as labelled patches, the best cell boxed and starred, its ties marked.
     Returns the QuadMesh (for a colour bar)."""
     x0, y0 = origin
-    ok_values, noise, over = (table[c].unstack(-1).reindex(index=ys, columns=xs).to_numpy()
-                              for c in ("value", "noise", "oversubscribed"))
+    ok_values, noise, over = (
+        table[c].unstack(-1).reindex(index=ys, columns=xs).to_numpy() for c in ("value", "noise", "oversubscribed")
+    )
     ok_values, noise = ok_values.astype("float64"), noise.astype("float64")
     over = over == True  # noqa: E712 - NaN (no ok record) is not oversubscribed
     finite = np.isfinite(ok_values)
@@ -187,37 +215,95 @@ def draw_cells(ax: Axes, table: pd.DataFrame, xs: list, ys: list, m: Metric, vmi
     fontsize = max(5.0, min(10.0, 48.0 / max(len(xs), len(ys), 1)))
     # One pcolormesh per facet (first y value at the top when the y axis runs downwards): seaborn's
     # heatmap renders the whole figure per call to check tick overlap, several times the cost.
-    mesh = ax.pcolormesh(x0 + np.arange(len(xs) + 1), y0 + np.arange(len(ys) + 1), np.ma.masked_invalid(ok_values),
-                         cmap=cmap_of(m), vmin=vmin, vmax=vmax, edgecolors="white", linewidth=0.5)
+    mesh = ax.pcolormesh(
+        x0 + np.arange(len(xs) + 1),
+        y0 + np.arange(len(ys) + 1),
+        np.ma.masked_invalid(ok_values),
+        cmap=cmap_of(m),
+        vmin=vmin,
+        vmax=vmax,
+        edgecolors="white",
+        linewidth=0.5,
+    )
     colours = mesh.cmap(Normalize(vmin, vmax)(ok_values))  # (len(ys), len(xs), RGBA)
     for i, j in zip(*np.nonzero(finite)):
         mark = "★ " if (i, j) == best else f"{TIE} " if tied[i, j] else ""
         text = mark + m.fmt.format(ok_values[i, j]) + (OVERSUBSCRIBED if over[i, j] else "")
-        ax.text(x0 + j + 0.5, y0 + i + 0.5, text, ha="center", va="center", fontsize=fontsize,
-                color="black" if relative_luminance(colours[i, j]) > 0.408 else "white")
+        ax.text(
+            x0 + j + 0.5,
+            y0 + i + 0.5,
+            text,
+            ha="center",
+            va="center",
+            fontsize=fontsize,
+            color="black" if relative_luminance(colours[i, j]) > 0.408 else "white",
+        )
     position = {(yv, xv): (ys.index(yv), xs.index(xv)) for yv, xv in table.index if yv in ys and xv in xs}
     for (yv, xv), status in table["status"].items():
         if status == Status.OK or (yv, xv) not in position:
             continue
         i, j = position[(yv, xv)]
         label, face, text_colour, hatch = STATUS_STYLE[status]
-        ax.add_patch(Rectangle((x0 + j, y0 + i), 1, 1, facecolor=face, edgecolor="white", hatch=hatch,
-                               linewidth=0.5, gid=f"status:{status}"))
-        ax.text(x0 + j + 0.5, y0 + i + 0.5, label, ha="center", va="center", color=text_colour,
-                fontsize=0.9 * fontsize, fontweight="bold")
+        ax.add_patch(
+            Rectangle(
+                (x0 + j, y0 + i),
+                1,
+                1,
+                facecolor=face,
+                edgecolor="white",
+                hatch=hatch,
+                linewidth=0.5,
+                gid=f"status:{status}",
+            )
+        )
+        ax.text(
+            x0 + j + 0.5,
+            y0 + i + 0.5,
+            label,
+            ha="center",
+            va="center",
+            color=text_colour,
+            fontsize=0.9 * fontsize,
+            fontweight="bold",
+        )
     if best is not None:
-        ax.add_patch(Rectangle((x0 + best[1], y0 + best[0]), 1, 1, fill=False, edgecolor="black", linewidth=2.5,
-                               gid="best", zorder=5))
+        ax.add_patch(
+            Rectangle(
+                (x0 + best[1], y0 + best[0]), 1, 1, fill=False, edgecolor="black", linewidth=2.5, gid="best", zorder=5
+            )
+        )
     for i, j in zip(*np.nonzero(tied)):
-        ax.add_patch(Rectangle((x0 + j, y0 + i), 1, 1, fill=False, edgecolor="black", linewidth=1.5,
-                               linestyle="--", gid="tie", zorder=5))
+        ax.add_patch(
+            Rectangle(
+                (x0 + j, y0 + i),
+                1,
+                1,
+                fill=False,
+                edgecolor="black",
+                linewidth=1.5,
+                linestyle="--",
+                gid="tie",
+                zorder=5,
+            )
+        )
     return mesh
 
 
-def heatmap(df: pd.DataFrame, x: str, y: str, metric: str, ax: Optional[Axes] = None,
-            title: Optional[str] = None, xs: Optional[list] = None, ys: Optional[list] = None,
-            vmin: Optional[float] = None, vmax: Optional[float] = None, cbar: bool = True,
-            note_aggregation: bool = True, table: Optional[pd.DataFrame] = None) -> Axes:
+def heatmap(
+    df: pd.DataFrame,
+    x: str,
+    y: str,
+    metric: str,
+    ax: Optional[Axes] = None,
+    title: Optional[str] = None,
+    xs: Optional[list] = None,
+    ys: Optional[list] = None,
+    vmin: Optional[float] = None,
+    vmax: Optional[float] = None,
+    cbar: bool = True,
+    note_aggregation: bool = True,
+    table: Optional[pd.DataFrame] = None,
+) -> Axes:
     """Draw one heatmap of `metric` over y x x on `ax`; status cells labelled, the best cell starred.
 
     `table` is `cells(df, x, y, metric)` when the caller has it already.

@@ -25,9 +25,9 @@ from scaling.predictor.analytic import CALIBRATION_MODELS
 
 MEASUREMENTS = {
     "mem_tracker": "live tensor bytes under torch's memory tracker (MemTracker / FSDPMemTracker) over one "
-                   "untimed step: torch's own count of its tensors' sizes",
+    "untimed step: torch's own count of its tensors' sizes",
     "cuda_max_memory_allocated": "torch.cuda.max_memory_allocated over the training steps: the CUDA caching "
-                                 "allocator's bytes handed to tensors",
+    "allocator's bytes handed to tensors",
 }
 """What the measured peak is, by `metrics.peak_mem_source`."""
 SAME_INSTRUMENT = "mem_tracker"
@@ -53,16 +53,23 @@ def _traced(ok: pd.DataFrame) -> list[str]:
     same = traced["peak_mem_source"] == SAME_INSTRUMENT
     out = []
     if same.any():
-        median, largest = relative_error(traced.loc[same, "pred_traced_peak_mem_bytes"], traced.loc[same, "peak_mem_bytes"])
-        out.append(f"Traced prediction vs the tracker on the {int(same.sum())} points the pre-screen traced: the trace "
-                   "runs the same model under the same tracker on fake tensors, so this compares the tracker with "
-                   f"itself and is not an accuracy figure: the trace reproduces the tracker to within {median:.1%} "
-                   f"(largest {largest:.1%}).")
+        median, largest = relative_error(
+            traced.loc[same, "pred_traced_peak_mem_bytes"], traced.loc[same, "peak_mem_bytes"]
+        )
+        out.append(
+            f"Traced prediction vs the tracker on the {int(same.sum())} points the pre-screen traced: the trace "
+            "runs the same model under the same tracker on fake tensors, so this compares the tracker with "
+            f"itself and is not an accuracy figure: the trace reproduces the tracker to within {median:.1%} "
+            f"(largest {largest:.1%})."
+        )
     if (~same).any():
-        median, largest = relative_error(traced.loc[~same, "pred_traced_peak_mem_bytes"],
-                                         traced.loc[~same, "peak_mem_bytes"])
-        out.append(f"Traced prediction vs measured on {int((~same).sum())} traced points: median relative error "
-                   f"{median:.1%} (largest {largest:.1%}).")
+        median, largest = relative_error(
+            traced.loc[~same, "pred_traced_peak_mem_bytes"], traced.loc[~same, "peak_mem_bytes"]
+        )
+        out.append(
+            f"Traced prediction vs measured on {int((~same).sum())} traced points: median relative error "
+            f"{median:.1%} (largest {largest:.1%})."
+        )
     return out
 
 
@@ -71,33 +78,41 @@ def _rss(ok: pd.DataFrame) -> list[str]:
     if both.empty:
         return []
     ratio = both["peak_rss_growth_bytes"].astype(float) / both["peak_mem_bytes"].astype(float)
-    return [f"Independent measure, from the OS: each rank's peak resident memory growth over its baseline after "
-            f"imports (the largest rank's) is {ratio.median():.2f}× the tracked peak (median over {len(both)} points; "
-            f"{ratio.min():.2f}× to {ratio.max():.2f}×). Resident memory holds more than live tensors (the "
-            "allocator's free blocks, communication buffers, the interpreter), so the two are two instruments "
-            "side by side, not a prediction and its check."]
+    return [
+        f"Independent measure, from the OS: each rank's peak resident memory growth over its baseline after "
+        f"imports (the largest rank's) is {ratio.median():.2f}× the tracked peak (median over {len(both)} points; "
+        f"{ratio.min():.2f}× to {ratio.max():.2f}×). Resident memory holds more than live tensors (the "
+        "allocator's free blocks, communication buffers, the interpreter), so the two are two instruments "
+        "side by side, not a prediction and its check."
+    ]
 
 
 def _sampled(df: pd.DataFrame) -> list[str]:
     sampled = df[df["pred_sampled"].eq(True)]
     if sampled.empty:
         if (df["status"] == Status.PREDICTED_OOM).any():
-            return ["No point predicted not to fit was run as a sample, so the pre-screen's false positives are "
-                    "unknown."]
+            return [
+                "No point predicted not to fit was run as a sample, so the pre-screen's false positives are unknown."
+            ]
         return []
     status = sampled["status"].astype(str)
     n_oom, n_ok = int((status == Status.OOM).sum()), int((status == Status.OK).sum())
     other = len(sampled) - n_oom - n_ok
-    return [f"{len(sampled)} points predicted not to fit were run anyway as a sample: {n_oom} really ran out of "
-            f"memory, {n_ok} ran ok (false positives of the pre-screen)" + (f", {other} ended otherwise" if other else "")
-            + "."]
+    return [
+        f"{len(sampled)} points predicted not to fit were run anyway as a sample: {n_oom} really ran out of "
+        f"memory, {n_ok} ran ok (false positives of the pre-screen)"
+        + (f", {other} ended otherwise" if other else "")
+        + "."
+    ]
 
 
 def _emulated(df: pd.DataFrame) -> list[str]:
     if not ((df["status"] == Status.OOM) & (df["memory_capacity"] == "emulated")).any():
         return []
-    return [f"On CPU the capacity is emulated (hardware.memory_gb on the tracked tensor bytes): an OOM there is an "
-            f"{EMULATED_OOM_LABEL}, not an out-of-memory the machine measured."]
+    return [
+        f"On CPU the capacity is emulated (hardware.memory_gb on the tracked tensor bytes): an OOM there is an "
+        f"{EMULATED_OOM_LABEL}, not an out-of-memory the machine measured."
+    ]
 
 
 def memory_paragraphs(df: pd.DataFrame) -> list[str]:
@@ -108,11 +123,18 @@ def memory_paragraphs(df: pd.DataFrame) -> list[str]:
     if len(analytic):
         median, largest = relative_error(analytic["pred_analytic_peak_mem_bytes"], analytic["peak_mem_bytes"])
         in_sample = int(analytic["model"].astype(str).isin(CALIBRATION_MODELS).sum())
-        words.append(f"Analytic prediction vs measured: median relative error {median:.1%} (largest {largest:.1%}) "
-                     f"over {len(analytic)} ok points" + (
-                         f"; {in_sample} of them are of {' and '.join(CALIBRATION_MODELS)}, whose traced steps its "
-                         "activation coefficients were read off, so there the agreement is in-sample "
-                         "(benchmarks/bench_predictor.py reports held-out shapes apart)" if in_sample else "") + ".")
+        words.append(
+            f"Analytic prediction vs measured: median relative error {median:.1%} (largest {largest:.1%}) "
+            f"over {len(analytic)} ok points"
+            + (
+                f"; {in_sample} of them are of {' and '.join(CALIBRATION_MODELS)}, whose traced steps its "
+                "activation coefficients were read off, so there the agreement is in-sample "
+                "(benchmarks/bench_predictor.py reports held-out shapes apart)"
+                if in_sample
+                else ""
+            )
+            + "."
+        )
     return words + _traced(ok) + _rss(ok) + _sampled(df) + _emulated(df)
 
 
@@ -120,35 +142,45 @@ def has_memory_checks(df: pd.DataFrame) -> bool:
     """Whether a sweep has anything for the memory section: an ok point with a prediction or an RSS figure,
     or a sampled predicted-OOM point."""
     ok = (df["status"] == Status.OK) & df["peak_mem_bytes"].notna()
-    measured_next_to = df[["pred_analytic_peak_mem_bytes", "pred_traced_peak_mem_bytes",
-                           "peak_rss_growth_bytes"]].notna().any(axis=1)
+    measured_next_to = (
+        df[["pred_analytic_peak_mem_bytes", "pred_traced_peak_mem_bytes", "peak_rss_growth_bytes"]].notna().any(axis=1)
+    )
     return bool((ok & measured_next_to).any() or df["pred_sampled"].eq(True).any())
 
 
 def memory_figure(df: pd.DataFrame) -> Optional[Figure]:
     """Each prediction vs the measured peak (left) and, where recorded, RSS growth vs the tracked peak (right)."""
     ok = df[(df["status"] == Status.OK) & df["peak_mem_bytes"].notna()]
-    series = [(column, label, marker) for column, label, marker in (
-        ("pred_analytic_peak_mem_bytes", "analytic", "o"), ("pred_traced_peak_mem_bytes", "traced", "x"))
-        if ok[column].notna().any()]
+    series = [
+        (column, label, marker)
+        for column, label, marker in (
+            ("pred_analytic_peak_mem_bytes", "analytic", "o"),
+            ("pred_traced_peak_mem_bytes", "traced", "x"),
+        )
+        if ok[column].notna().any()
+    ]
     rss = ok[ok["peak_rss_growth_bytes"].notna()]
     if not series and rss.empty:
         return None
     panels = int(bool(series)) + int(not rss.empty)
     fig = new_figure((6.5 * panels, 5.5))
     axes = list(fig.subplots(1, panels, squeeze=False)[0])
-    measured_name = ("tracked peak (tensor bytes)" if set(ok["peak_mem_source"].dropna()) == {SAME_INSTRUMENT}
-                     else "measured peak")
+    measured_name = (
+        "tracked peak (tensor bytes)" if set(ok["peak_mem_source"].dropna()) == {SAME_INSTRUMENT} else "measured peak"
+    )
     if series:
         ax = axes.pop(0)
-        pairs = [(ok.loc[ok[c].notna(), c], ok.loc[ok[c].notna(), "peak_mem_bytes"], label, marker)
-                 for c, label, marker in series]
+        pairs = [
+            (ok.loc[ok[c].notna(), c], ok.loc[ok[c].notna(), "peak_mem_bytes"], label, marker)
+            for c, label, marker in series
+        ]
         _diagonal_scatter(ax, pairs, "predicted peak", measured_name)
         ax.set_title(f"predictions vs {measured_name}, {len(ok)} ok points", fontsize=10)
     if not rss.empty:
         ax = axes.pop(0)
-        _diagonal_scatter(ax, [(rss["peak_mem_bytes"], rss["peak_rss_growth_bytes"], "rss", "o")],
-                          measured_name, "peak RSS growth")
+        _diagonal_scatter(
+            ax, [(rss["peak_mem_bytes"], rss["peak_rss_growth_bytes"], "rss", "o")], measured_name, "peak RSS growth"
+        )
         ax.set_title("two instruments: OS resident memory vs the tracker", fontsize=10)
     fig.tight_layout()
     return fig

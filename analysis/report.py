@@ -49,15 +49,23 @@ def _html_table(df: pd.DataFrame) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-CSS = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;color:#222}"
-       "table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}"
-       "th{background:#f0f0f0}img{max-width:100%;display:block;margin:1em 0}code{background:#f4f4f4}")
+CSS = (
+    "body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;color:#222}"
+    "table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+    "th{background:#f0f0f0}img{max-width:100%;display:block;margin:1em 0}code{background:#f4f4f4}"
+)
 
 
-def write_report(sweep_dir: str | os.PathLike, out_dir: Optional[str | os.PathLike] = None,
-                 threshold: float = dp_scaling.DEFAULT_THRESHOLD, wandb: bool = False,
-                 wandb_project: str = "scaling", wandb_mode: str = "offline",
-                 jobs: Optional[int] = None, wandb_entity: Optional[str] = None) -> dict[str, Path]:
+def write_report(
+    sweep_dir: str | os.PathLike,
+    out_dir: Optional[str | os.PathLike] = None,
+    threshold: float = dp_scaling.DEFAULT_THRESHOLD,
+    wandb: bool = False,
+    wandb_project: str = "scaling",
+    wandb_mode: str = "offline",
+    jobs: Optional[int] = None,
+    wandb_entity: Optional[str] = None,
+) -> dict[str, Path]:
     """Write report.md, report.html (self-contained), results.parquet and figures/*.png; return their paths.
 
     The heatmaps are drawn by `jobs` processes (default: one per usable core). A record the analysis cannot
@@ -77,8 +85,9 @@ def write_report(sweep_dir: str | os.PathLike, out_dir: Optional[str | os.PathLi
     for stale in (out / "figures").glob("*.png"):  # figures of an earlier report of another layout
         stale.unlink()
     paths: dict[str, Path] = {"parquet": to_parquet(df, out / "results.parquet")}
-    pngs = render_pngs({name: fig for section in sections for name, fig in section.figures.items()},
-                       out / "figures", jobs)
+    pngs = render_pngs(
+        {name: fig for section in sections for name, fig in section.figures.items()}, out / "figures", jobs
+    )
     title = f"Sweep report: {meta.get('name', sweep_dir.name)}"
     intro = f"{len(df)} records in <code>{html.escape(str(sweep_dir))}</code>"
     if left_out:
@@ -106,11 +115,14 @@ def write_report(sweep_dir: str | os.PathLike, out_dir: Optional[str | os.PathLi
     paths["markdown"] = out / "report.md"
     paths["markdown"].write_text("\n".join(md))
     paths["html"] = out / "report.html"
-    paths["html"].write_text(f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}'
-                             f"</title><style>{CSS}</style></head><body>{''.join(page)}</body></html>")
+    paths["html"].write_text(
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}'
+        f"</title><style>{CSS}</style></head><body>{''.join(page)}</body></html>"
+    )
     if wandb:
-        paths["wandb_run_dir"] = log_to_wandb(df, sections, paths, meta.get("name", sweep_dir.name), sweep_dir,
-                                              wandb_project, wandb_entity, wandb_mode)
+        paths["wandb_run_dir"] = log_to_wandb(
+            df, sections, paths, meta.get("name", sweep_dir.name), sweep_dir, wandb_project, wandb_entity, wandb_mode
+        )
     return paths
 
 
@@ -118,13 +130,26 @@ def typed_table(df: pd.DataFrame) -> pd.DataFrame:
     """`df` ready for a typed wandb.Table: numbers stay numbers, categories and times become text, list
     columns (losses, step times) are left to the Parquet artifact, missing values become None."""
     scalar = df[[c for c in df.columns if not any(isinstance(v, (list, tuple)) for v in df[c])]]
-    out = scalar.astype({c: str for c in scalar.columns if isinstance(scalar[c].dtype, pd.CategoricalDtype)
-                         or pd.api.types.is_datetime64_any_dtype(scalar[c])})
+    out = scalar.astype(
+        {
+            c: str
+            for c in scalar.columns
+            if isinstance(scalar[c].dtype, pd.CategoricalDtype) or pd.api.types.is_datetime64_any_dtype(scalar[c])
+        }
+    )
     return out.astype(object).where(scalar.notna(), None)
 
 
-def log_to_wandb(df: pd.DataFrame, sections: list[Section], paths: dict[str, Path], sweep: str, sweep_dir: Path,
-                 project: str, entity: Optional[str], mode: str) -> Path:
+def log_to_wandb(
+    df: pd.DataFrame,
+    sections: list[Section],
+    paths: dict[str, Path],
+    sweep: str,
+    sweep_dir: Path,
+    project: str,
+    entity: Optional[str],
+    mode: str,
+) -> Path:
     """One report run in the sweep's group (job_type report), beside the points' runs in the sweep's
     wandb folder: the figures, typed tables (status counts, top configurations, every record), the knees
     in the summary, and the Parquet record table and the HTML report as artifacts."""
@@ -132,15 +157,27 @@ def log_to_wandb(df: pd.DataFrame, sections: list[Section], paths: dict[str, Pat
 
     from scaling.store.wandb_runs import safe_name
 
-    run = wandb.init(project=project, entity=entity, group=sweep, job_type="report", name=f"{sweep} report",
-                     dir=str(sweep_dir), mode=mode, config={"sweep": sweep, "records": len(df)},
-                     settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, x_disable_meta=True))
+    run = wandb.init(
+        project=project,
+        entity=entity,
+        group=sweep,
+        job_type="report",
+        name=f"{sweep} report",
+        dir=str(sweep_dir),
+        mode=mode,
+        config={"sweep": sweep, "records": len(df)},
+        settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, x_disable_meta=True),
+    )
     try:
-        images = {f"report/{k.split(':', 1)[1]}": wandb.Image(str(p)) for k, p in paths.items()
-                  if k.startswith("figure:")}
+        images = {
+            f"report/{k.split(':', 1)[1]}": wandb.Image(str(p)) for k, p in paths.items() if k.startswith("figure:")
+        }
         counts = df["status"].value_counts().reindex(STATUS_ORDER, fill_value=0)
-        tables = {"status_counts": counts.rename_axis("status").reset_index(name="records"),
-                  "top_configurations": top_configurations(df), "records": df}
+        tables = {
+            "status_counts": counts.rename_axis("status").reset_index(name="records"),
+            "top_configurations": top_configurations(df),
+            "records": df,
+        }
         run.log({**images, **{f"report/{name}": wandb.Table(dataframe=typed_table(t)) for name, t in tables.items()}})
         for status, count in counts.items():
             run.summary[f"records/{status}"] = int(count)
@@ -150,8 +187,10 @@ def log_to_wandb(df: pd.DataFrame, sections: list[Section], paths: dict[str, Pat
         for section in sections:
             if section.title == "Data-parallel scaling":
                 run.summary["dp_knees"] = " ".join(section.paragraphs)
-        for name, kind, files in ((f"{sweep}-records", "dataset", ("parquet",)),
-                                  (f"{sweep}-report", "report", ("html", "markdown"))):
+        for name, kind, files in (
+            (f"{sweep}-records", "dataset", ("parquet",)),
+            (f"{sweep}-report", "report", ("html", "markdown")),
+        ):
             artifact = wandb.Artifact(safe_name(name), type=kind)
             for key in files:
                 artifact.add_file(str(paths[key]))

@@ -20,7 +20,9 @@ from scaling.core.units import format_bytes
 from scaling.engine.enums import Status
 
 FORMATS: dict[str, Callable[[Any], str]] = {
-    "tokens_per_s_per_gpu": "{:,.0f}".format, "mfu": "{:.1%}".format, "peak_mem_bytes": format_bytes,
+    "tokens_per_s_per_gpu": "{:,.0f}".format,
+    "mfu": "{:.1%}".format,
+    "peak_mem_bytes": format_bytes,
     NOISE_BAND_KEY: "±{:.1%}".format,
 }
 
@@ -28,8 +30,22 @@ KNEES_IN_WORDS = 8
 """Knees stated in sentences (and drawn): those of the fastest configurations; the table lists all."""
 
 
-TOP_COLUMNS = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "precision", "recompute",
-               "tokens_per_s_per_gpu", NOISE_BAND_KEY, "repeats_ok", "vs best", "mfu", "peak_mem_bytes")
+TOP_COLUMNS = (
+    "model",
+    "seq_len",
+    "mbs",
+    "grad_acc",
+    "dp",
+    "zero_stage",
+    "precision",
+    "recompute",
+    "tokens_per_s_per_gpu",
+    NOISE_BAND_KEY,
+    "repeats_ok",
+    "vs best",
+    "mfu",
+    "peak_mem_bytes",
+)
 
 
 @dataclass
@@ -57,8 +73,13 @@ def top_configurations(df: pd.DataFrame, n: int = 10) -> pd.DataFrame:
         band = ok[NOISE_BAND_KEY].fillna(0.0)
         best, best_band = ok["tokens_per_s_per_gpu"].iloc[0], band.iloc[0]
         tied = [within_noise(v, b, best, best_band) for v, b in zip(ok["tokens_per_s_per_gpu"], band)]
-        ok = ok.assign(**{"vs best": ["★ best" if i == 0 else f"{heatmaps.TIE} within noise" if t else ""
-                                      for i, t in enumerate(tied)]})
+        ok = ok.assign(
+            **{
+                "vs best": [
+                    "★ best" if i == 0 else f"{heatmaps.TIE} within noise" if t else "" for i, t in enumerate(tied)
+                ]
+            }
+        )
     return ok.reindex(columns=list(TOP_COLUMNS)).reset_index(drop=True)
 
 
@@ -67,20 +88,26 @@ def noise_paragraphs(df: pd.DataFrame) -> list[str]:
     ok = df[(df["status"] == Status.OK) & df[NOISE_BAND_KEY].notna()]
     if ok.empty:
         return ["No ok point states its noise band (records written before bands were kept)."]
-    words = ["Every throughput figure is a median with its noise band: the relative half-range (max − min) / "
-             "(2 · median) of a launch's timed steps (within a run) and of a point's launches' tokens/s (across "
-             "repeats, launch.repeats), the larger of the two. Two figures whose bands overlap are ties: the report "
-             f"does not rank them. Over {len(ok)} ok points the band is ±{ok[NOISE_BAND_KEY].median():.1%} at the "
-             f"median (largest ±{ok[NOISE_BAND_KEY].max():.1%}); within a run ±{ok['step_time_spread_frac'].median():.1%}."]
+    words = [
+        "Every throughput figure is a median with its noise band: the relative half-range (max − min) / "
+        "(2 · median) of a launch's timed steps (within a run) and of a point's launches' tokens/s (across "
+        "repeats, launch.repeats), the larger of the two. Two figures whose bands overlap are ties: the report "
+        f"does not rank them. Over {len(ok)} ok points the band is ±{ok[NOISE_BAND_KEY].median():.1%} at the "
+        f"median (largest ±{ok[NOISE_BAND_KEY].max():.1%}); within a run ±{ok['step_time_spread_frac'].median():.1%}."
+    ]
     repeated = ok[ok["repeats_ok"].fillna(1) > 1]
     if len(repeated):
-        words.append(f"{len(repeated)} points were launched {int(repeated['repeats_ok'].min())} to "
-                     f"{int(repeated['repeats_ok'].max())} times: their repeat-to-repeat spread is "
-                     f"±{repeated['repeat_spread_frac'].median():.1%} at the median (largest "
-                     f"±{repeated['repeat_spread_frac'].max():.1%}).")
+        words.append(
+            f"{len(repeated)} points were launched {int(repeated['repeats_ok'].min())} to "
+            f"{int(repeated['repeats_ok'].max())} times: their repeat-to-repeat spread is "
+            f"±{repeated['repeat_spread_frac'].median():.1%} at the median (largest "
+            f"±{repeated['repeat_spread_frac'].max():.1%})."
+        )
     else:
-        words.append("No point was launched more than once: the bands are within-run spreads, which leave out the "
-                     "launch-to-launch noise (often larger); launch.repeats=k measures it.")
+        words.append(
+            "No point was launched more than once: the bands are within-run spreads, which leave out the "
+            "launch-to-launch noise (often larger); launch.repeats=k measures it."
+        )
     return words
 
 
@@ -92,8 +119,10 @@ def _mfu_words(df: pd.DataFrame) -> list[str]:
     span = ""
     if when:
         span = f" (measured {when[0]})" if len(when) == 1 else f" (measured {when[0]} to {when[-1]})"
-    return [f"MFU of {len(ok)} points is against a measured matmul peak{span}: a square matmul timed on this host at "
-            "the run's dtype and threads per device, not a datasheet peak, so it is not comparable with a GPU's MFU."]
+    return [
+        f"MFU of {len(ok)} points is against a measured matmul peak{span}: a square matmul timed on this host at "
+        "the run's dtype and threads per device, not a datasheet peak, so it is not comparable with a GPU's MFU."
+    ]
 
 
 def knee_table(found: list[dp_scaling.Knee]) -> pd.DataFrame:
@@ -101,11 +130,17 @@ def knee_table(found: list[dp_scaling.Knee]) -> pd.DataFrame:
     rows = []
     for k in found:
         eff = dict(zip(k.dps, k.efficiency))
-        rows.append({"configuration": k.config, "dp measured": ", ".join(map(str, k.dps)), "knee dp": k.knee_dp,
-                     "within noise": ", ".join(map(str, k.within_noise)),
-                     "efficiency at knee": f"{eff[k.knee_dp]:.0%}",
-                     "next dp": k.next_dp if k.next_dp is not None else "none below threshold",
-                     "efficiency there": f"{eff[k.next_dp]:.0%}" if k.next_dp is not None else ""})
+        rows.append(
+            {
+                "configuration": k.config,
+                "dp measured": ", ".join(map(str, k.dps)),
+                "knee dp": k.knee_dp,
+                "within noise": ", ".join(map(str, k.within_noise)),
+                "efficiency at knee": f"{eff[k.knee_dp]:.0%}",
+                "next dp": k.next_dp if k.next_dp is not None else "none below threshold",
+                "efficiency there": f"{eff[k.next_dp]:.0%}" if k.next_dp is not None else "",
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -121,12 +156,22 @@ def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Sec
         words.append(f"Those are the {len(words)} fastest configurations; the table has the knees of all {len(found)}.")
     shared = table[table["oversubscribed"].eq(True) & table["config"].isin({k.config for k in found})]
     if len(shared):
-        where = "; ".join(f"{config} at dp={', '.join(str(int(d)) for d in group['dp'])}"
-                          for config, group in shared.groupby("config", sort=False))
-        words.append(f"Oversubscribed (hardware.oversubscribe=true, ranks sharing cores): {where}. There the curve "
-                     "measures the sharing of cores as well as communication.")
-    sections = [Section("Data-parallel scaling", words, [knee_table(found)],
-                        {"dp_scaling": dp_scaling.plot_dp_scaling(df, threshold, max_configs=KNEES_IN_WORDS)})]
+        where = "; ".join(
+            f"{config} at dp={', '.join(str(int(d)) for d in group['dp'])}"
+            for config, group in shared.groupby("config", sort=False)
+        )
+        words.append(
+            f"Oversubscribed (hardware.oversubscribe=true, ranks sharing cores): {where}. There the curve "
+            "measures the sharing of cores as well as communication."
+        )
+    sections = [
+        Section(
+            "Data-parallel scaling",
+            words,
+            [knee_table(found)],
+            {"dp_scaling": dp_scaling.plot_dp_scaling(df, threshold, max_configs=KNEES_IN_WORDS)},
+        )
+    ]
     sections.append(extrapolation_section(sweep_dir, table, threshold))
     return sections
 
@@ -134,17 +179,22 @@ def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Sec
 def extrapolation_section(sweep_dir: Path, table: pd.DataFrame, threshold: float) -> Section:
     """Beyond the measured dp: the step model fitted under each parameter source, for the fastest configurations."""
     found, notes = extrapolate.sweep_extrapolations(sweep_dir, table, threshold)
-    intro = (f"The fastest configurations measured at two or more dp (at most {extrapolate.EXTRAPOLATED_CONFIGS}), "
-             "extrapolated at their global batch "
-             "with the step model of the README (grad_acc × compute per micro-step + the exposed communication of "
-             "their ZeRO stage, α-β per network tier, an overlap fraction), under each source of parameters: "
-             "(a) fitted to this sweep's DP curve alone, (b) the network profile measured by `scaling collectives`, "
-             "(c) the hardware's published network figures. Compute per micro-step (and the overlap, for b and c) "
-             "is always fitted to the measured points. Bands span the 2.5th-97.5th percentile of bootstrap draws "
-             "(95%).")
-    return Section("DP extrapolation beyond the measured dp", [intro, *notes, *extrapolate.report_text(found)],
-                   [extrapolate.summary_table(found)],
-                   {f"dp_extrapolation_{i}": extrapolate.plot(results) for i, results in enumerate(found.values())})
+    intro = (
+        f"The fastest configurations measured at two or more dp (at most {extrapolate.EXTRAPOLATED_CONFIGS}), "
+        "extrapolated at their global batch "
+        "with the step model of the README (grad_acc × compute per micro-step + the exposed communication of "
+        "their ZeRO stage, α-β per network tier, an overlap fraction), under each source of parameters: "
+        "(a) fitted to this sweep's DP curve alone, (b) the network profile measured by `scaling collectives`, "
+        "(c) the hardware's published network figures. Compute per micro-step (and the overlap, for b and c) "
+        "is always fitted to the measured points. Bands span the 2.5th-97.5th percentile of bootstrap draws "
+        "(95%)."
+    )
+    return Section(
+        "DP extrapolation beyond the measured dp",
+        [intro, *notes, *extrapolate.report_text(found)],
+        [extrapolate.summary_table(found)],
+        {f"dp_extrapolation_{i}": extrapolate.plot(results) for i, results in enumerate(found.values())},
+    )
 
 
 def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
@@ -155,39 +205,71 @@ def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[
         sections[0].paragraphs.append("No records yet.")
         return sections
     top = top_configurations(df)
-    sections.append(Section("Top configurations", ["By tokens/s per GPU, ok points only; ★ best and "
-                                                   f"{heatmaps.TIE} within its noise band (a tie)."] + _mfu_words(df)
-                            if len(top) else ["No point finished ok."], tables=[_fmt(top)] if len(top) else []))
+    sections.append(
+        Section(
+            "Top configurations",
+            [f"By tokens/s per GPU, ok points only; ★ best and {heatmaps.TIE} within its noise band (a tie)."]
+            + _mfu_words(df)
+            if len(top)
+            else ["No point finished ok."],
+            tables=[_fmt(top)] if len(top) else [],
+        )
+    )
     if len(top):
         sections.append(Section("Noise", noise_paragraphs(df)))
     layout = facets.default_layout(df)
-    oom = (f"OOM = {heatmaps.EMULATED_OOM_LABEL}: the tracked tensor bytes passed hardware.memory_gb"
-           if heatmaps.emulated_oom(df) else "OOM = measured out of memory")
-    sections.append(Section("Heatmaps", [f"Axes: {layout['y']} × {layout['x']}" + (
-        f", faceted by {' × '.join(k for k in (layout['row'], layout['col']) if k)}" if layout["row"] else "") +
-        f". {oom}, pred OOM = skipped by the memory predictor, blank = never run, ★ = best cell of its facet, "
-        f"{heatmaps.TIE} = within noise of it (a tie), {heatmaps.OVERSUBSCRIBED} = oversubscribed."],
-        figures=facets.figure_specs(df)))
+    oom = (
+        f"OOM = {heatmaps.EMULATED_OOM_LABEL}: the tracked tensor bytes passed hardware.memory_gb"
+        if heatmaps.emulated_oom(df)
+        else "OOM = measured out of memory"
+    )
+    sections.append(
+        Section(
+            "Heatmaps",
+            [
+                f"Axes: {layout['y']} × {layout['x']}"
+                + (
+                    f", faceted by {' × '.join(k for k in (layout['row'], layout['col']) if k)}"
+                    if layout["row"]
+                    else ""
+                )
+                + f". {oom}, pred OOM = skipped by the memory predictor, blank = never run, ★ = best cell of its facet, "
+                f"{heatmaps.TIE} = within noise of it (a tie), {heatmaps.OVERSUBSCRIBED} = oversubscribed."
+            ],
+            figures=facets.figure_specs(df),
+        )
+    )
     if df.loc[df["status"] == Status.OK, "dp"].nunique() > 1:
         sections += dp_sections(sweep_dir, df, threshold)
     if memory.has_memory_checks(df):
         fig = memory.memory_figure(df)
-        sections.append(Section("Predicted vs measured memory", memory.memory_paragraphs(df),
-                                figures={"memory_prediction": fig} if fig is not None else {}))
+        sections.append(
+            Section(
+                "Predicted vs measured memory",
+                memory.memory_paragraphs(df),
+                figures={"memory_prediction": fig} if fig is not None else {},
+            )
+        )
     failures = df[df["status"].isin([Status.FAILED, Status.TIMEOUT])]
     if len(failures):
         cols = ["status", "model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "error"]
-        sections.append(Section("Failures", [f"{len(failures)} points failed or timed out (first 20 shown)."],
-                                tables=[_fmt(failures[cols].head(20).reset_index(drop=True))]))
+        sections.append(
+            Section(
+                "Failures",
+                [f"{len(failures)} points failed or timed out (first 20 shown)."],
+                tables=[_fmt(failures[cols].head(20).reset_index(drop=True))],
+            )
+        )
     return sections
 
 
 def left_out_section(left_out: list[LeftOut]) -> Section:
     """The records the analysis could not use, each with its job key and why."""
-    return Section("Records left out", [
-        f"{len(left_out)} record(s) in the store could not be used and are left out of every table and figure "
-        "(counts included): fix or remove them, or re-run their points."],
-        tables=[pd.DataFrame([{"job_key": one.job_key, "why": one.why} for one in left_out])])
-
-
-
+    return Section(
+        "Records left out",
+        [
+            f"{len(left_out)} record(s) in the store could not be used and are left out of every table and figure "
+            "(counts included): fix or remove them, or re-run their points."
+        ],
+        tables=[pd.DataFrame([{"job_key": one.job_key, "why": one.why} for one in left_out])],
+    )

@@ -84,16 +84,30 @@ class ParamTensor:
 
 
 def _shape_key(model: ModelConfig) -> tuple[int, int, int, int, int, bool]:
-    return (model.n_layers, model.hidden, model.n_kv_heads * (model.hidden // model.n_heads), model.ffn_hidden,
-            model.vocab_size, bool(model.tie_embeddings))
+    return (
+        model.n_layers,
+        model.hidden,
+        model.n_kv_heads * (model.hidden // model.n_heads),
+        model.ffn_hidden,
+        model.vocab_size,
+        bool(model.tie_embeddings),
+    )
 
 
 @functools.lru_cache(maxsize=64)
 def _tensors(key: tuple[int, int, int, int, int, bool]) -> tuple[ParamTensor, ...]:
     n_layers, h, kv, f, v, tied = key
-    block = (ParamTensor("attention_norm", BLOCK, h), ParamTensor("wq", BLOCK, h, h), ParamTensor("wk", BLOCK, kv, h),
-             ParamTensor("wv", BLOCK, kv, h), ParamTensor("wo", BLOCK, h, h), ParamTensor("ffn_norm", BLOCK, h),
-             ParamTensor("w1", BLOCK, f, h), ParamTensor("w3", BLOCK, f, h), ParamTensor("w2", BLOCK, h, f))
+    block = (
+        ParamTensor("attention_norm", BLOCK, h),
+        ParamTensor("wq", BLOCK, h, h),
+        ParamTensor("wk", BLOCK, kv, h),
+        ParamTensor("wv", BLOCK, kv, h),
+        ParamTensor("wo", BLOCK, h, h),
+        ParamTensor("ffn_norm", BLOCK, h),
+        ParamTensor("w1", BLOCK, f, h),
+        ParamTensor("w3", BLOCK, f, h),
+        ParamTensor("w2", BLOCK, h, f),
+    )
     output = () if tied else (ParamTensor("output", ROOT, v, h),)
     return (ParamTensor("tok_embeddings", ROOT, v, h), *block * n_layers, ParamTensor("norm", ROOT, h), *output)
 
@@ -265,8 +279,10 @@ class Workload:
     def batch(self) -> str:
         """How the global batch splits over dp, in words."""
         if self.gbs is None:
-            return (f"the sweep does not fix the global batch across dp: extrapolated at grad_acc={self.grad_acc} "
-                    "(that of the largest measured dp), the global batch growing with dp")
+            return (
+                f"the sweep does not fix the global batch across dp: extrapolated at grad_acc={self.grad_acc} "
+                "(that of the largest measured dp), the global batch growing with dp"
+            )
         return f"global batch fixed at {self.gbs} samples: grad_acc = {self.gbs} / ({self.mbs} × dp)"
 
     def tokens_per_rank(self, n: int) -> float:
@@ -302,20 +318,31 @@ def comm_windows(w: Workload, net: Network, n: int, grad_acc: int) -> list[tuple
     per_window: dict[Optional[Window], float] = {}
     for call in step_collectives(w, n, grad_acc):
         rounds = grad_acc if call.window is not None and call.window.micro_steps == EACH_MICRO else 1
-        per_window[call.window] = (per_window.get(call.window, 0.0)
-                                   + call.count / rounds * tier.time_s(call.op, n, call.bytes_per_call))
+        per_window[call.window] = per_window.get(call.window, 0.0) + call.count / rounds * tier.time_s(
+            call.op, n, call.bytes_per_call
+        )
     out = [(1, per_window[None], 0.0)] if None in per_window else []
     for times, selectors in _micro_step_kinds(grad_acc):
         for phase in (FORWARD, BACKWARD):
-            seconds = sum(s for win, s in per_window.items() if win is not None and win.phase == phase
-                          and win.micro_steps in selectors)
+            seconds = sum(
+                s
+                for win, s in per_window.items()
+                if win is not None and win.phase == phase and win.micro_steps in selectors
+            )
             if seconds > 0:
                 out.append((times, seconds, w.window_share(phase)))
     return out
 
 
-def step_time_s(w: Workload, net: Network, n: int, compute_s: float, overlap: float,
-                optimizer_s_per_param: float = 0.0, grad_acc: Optional[int] = None) -> float:
+def step_time_s(
+    w: Workload,
+    net: Network,
+    n: int,
+    compute_s: float,
+    overlap: float,
+    optimizer_s_per_param: float = 0.0,
+    grad_acc: Optional[int] = None,
+) -> float:
     """Seconds of one optimizer step at dp=n: grad_acc micro-steps of compute, the optimizer, exposed communication."""
     ga = grad_acc if grad_acc is not None else w.grad_acc_at(n)
     if ga is None:

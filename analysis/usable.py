@@ -39,12 +39,20 @@ def _positive_number(value: Any) -> bool:
 
 def _config_problems(train: dict[str, Any], parallel: dict[str, Any]) -> list[str]:
     """The config axes the analysis reads: whole, positive, a known ZeRO stage."""
-    problems = [f"config.{name}={value!r} is not a positive integer" for name, value in (
-        ("train.seq_len", train.get("seq_len")), ("train.mbs", train.get("mbs")), ("parallel.dp", parallel.get("dp")))
-        if not _positive_int(value)]
+    problems = [
+        f"config.{name}={value!r} is not a positive integer"
+        for name, value in (
+            ("train.seq_len", train.get("seq_len")),
+            ("train.mbs", train.get("mbs")),
+            ("parallel.dp", parallel.get("dp")),
+        )
+        if not _positive_int(value)
+    ]
     if parallel.get("zero_stage") not in set(ZeroStage):
-        problems.append(f"config.parallel.zero_stage={parallel.get('zero_stage')!r} is not one of "
-                        f"{', '.join(str(int(s)) for s in ZeroStage)}")
+        problems.append(
+            f"config.parallel.zero_stage={parallel.get('zero_stage')!r} is not one of "
+            f"{', '.join(str(int(s)) for s in ZeroStage)}"
+        )
     grad_acc = train.get("grad_acc")
     if grad_acc != "auto" and not _positive_int(grad_acc):
         problems.append(f"config.train.grad_acc={grad_acc!r} is not a positive integer or 'auto'")
@@ -55,8 +63,11 @@ def _derived_problems(derived: dict[str, Any], train: dict[str, Any], parallel: 
     """The batch arithmetic of `derived` against the config it was derived from."""
     seq_len, mbs, dp = train["seq_len"], train["mbs"], parallel["dp"]
     grad_acc, gbs, world = derived.get("grad_acc"), derived.get("gbs"), derived.get("world_size")
-    bad = [f"derived.{name}={value!r} is not a positive integer" for name, value in
-           (("grad_acc", grad_acc), ("gbs", gbs), ("world_size", world)) if not _positive_int(value)]
+    bad = [
+        f"derived.{name}={value!r} is not a positive integer"
+        for name, value in (("grad_acc", grad_acc), ("gbs", gbs), ("world_size", world))
+        if not _positive_int(value)
+    ]
     if bad:
         return bad
     problems = []
@@ -65,11 +76,13 @@ def _derived_problems(derived: dict[str, Any], train: dict[str, Any], parallel: 
     if train["grad_acc"] != "auto" and grad_acc != train["grad_acc"]:
         problems.append(f"derived.grad_acc={grad_acc} disagrees with config.train.grad_acc={train['grad_acc']}")
     if gbs != mbs * grad_acc * dp:
-        problems.append(f"derived.gbs={gbs} is not mbs × grad_acc × dp = {mbs} × {grad_acc} × {dp} = "
-                        f"{mbs * grad_acc * dp}")
+        problems.append(
+            f"derived.gbs={gbs} is not mbs × grad_acc × dp = {mbs} × {grad_acc} × {dp} = {mbs * grad_acc * dp}"
+        )
     if derived.get("gbs_tokens") is not None and derived["gbs_tokens"] != gbs * seq_len:
-        problems.append(f"derived.gbs_tokens={derived['gbs_tokens']!r} is not gbs × seq_len = {gbs} × {seq_len} = "
-                        f"{gbs * seq_len}")
+        problems.append(
+            f"derived.gbs_tokens={derived['gbs_tokens']!r} is not gbs × seq_len = {gbs} × {seq_len} = {gbs * seq_len}"
+        )
     for name, asked, got in (("gbs", train.get("gbs"), gbs), ("gbs_tokens", train.get("gbs_tokens"), gbs * seq_len)):
         if asked is not None and asked != got:
             problems.append(f"config.train.{name}={asked!r} but the record derived {got}")
@@ -95,14 +108,19 @@ def record_problem(record: Any) -> Optional[str]:
         return "; ".join(problems)
     derived = record.get("derived")
     if derived is None:
-        return "derived=null: a point that passed validation records its batch arithmetic" if status == Status.OK else None
+        return (
+            "derived=null: a point that passed validation records its batch arithmetic" if status == Status.OK else None
+        )
     if not isinstance(derived, dict):
         return f"derived={derived!r} is not an object"
     problems = _derived_problems(derived, train, parallel)
     if status == Status.OK:
         metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
-        problems += [f"status ok but metrics.{name}={metrics.get(name)!r} is not a positive number"
-                     for name in ("tokens_per_s_per_gpu", "step_time_s") if not _positive_number(metrics.get(name))]
+        problems += [
+            f"status ok but metrics.{name}={metrics.get(name)!r} is not a positive number"
+            for name in ("tokens_per_s_per_gpu", "step_time_s")
+            if not _positive_number(metrics.get(name))
+        ]
         if not _positive_int(derived.get("n_params")):
             problems.append(f"status ok but derived.n_params={derived.get('n_params')!r} is not a positive integer")
     return "; ".join(problems) or None

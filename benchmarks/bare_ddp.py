@@ -1,6 +1,6 @@
 """Reference for bench_engine: the plainest DDP training loop on the same model and batch shape.
 
-    torchrun --standalone --nproc-per-node=N benchmarks/bare_ddp.py OUT.json MODEL_JSON SEQ MBS STEPS WARMUP THREADS
+torchrun --standalone --nproc-per-node=N benchmarks/bare_ddp.py OUT.json MODEL_JSON SEQ MBS STEPS WARMUP THREADS
 """
 
 import json
@@ -45,7 +45,8 @@ def main() -> None:
     dist.all_gather_object(all_times, times)
     if dist.get_rank() == 0:
         step_times = [max(ts) for ts in zip(*all_times)]
-        json.dump({"step_time_s": statistics.median(step_times)}, open(out, "w"))
+        with open(out, "w") as f:
+            json.dump({"step_time_s": statistics.median(step_times)}, f)
     dist.barrier()
     os._exit(0)  # same exit as scaling.engine.worker: no teardown of the DDP reducer's gloo group
 

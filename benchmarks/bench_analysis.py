@@ -19,14 +19,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from records import GIB, make_record, peak_mem_bytes  # noqa: E402
+from records import GIB, make_record, peak_mem_bytes
 
-from analysis.collect import collect  # noqa: E402
-from analysis.facets import default_layout, figure_specs  # noqa: E402
-from analysis.figures import render_pngs  # noqa: E402
-from scaling.engine.enums import Status  # noqa: E402
-from scaling.core.host import usable_cores  # noqa: E402
-from scaling.store.record import (  # noqa: E402
+from analysis.collect import collect
+from analysis.facets import default_layout, figure_specs
+from analysis.figures import render_pngs
+from scaling.core.host import usable_cores
+from scaling.engine.enums import Status
+from scaling.store.record import (
     RESULT_FILE,
 )
 
@@ -42,15 +42,25 @@ MEMORY_GB = 24.0
 def write_records(sweep_dir: Path) -> int:
     """Write the grid's records (plain writes: the store's fsync per file is not what is measured)."""
     n = 0
-    for i, (model, seq, mbs, ga, dp, zero) in enumerate(itertools.product(MODELS, SEQ_LENS, MBSS, GRAD_ACCS, DPS,
-                                                                          ZERO_STAGES)):
+    for i, (model, seq, mbs, ga, dp, zero) in enumerate(
+        itertools.product(MODELS, SEQ_LENS, MBSS, GRAD_ACCS, DPS, ZERO_STAGES)
+    ):
         status = Status.OK
         if peak_mem_bytes(seq, mbs, dp, zero) > MEMORY_GB * GIB:
             status = Status.PREDICTED_OOM if mbs == MBSS[-1] else Status.OOM
         elif i % 97 == 0:
             status = (Status.TIMEOUT, Status.FAILED, Status.INVALID)[i % 3]
-        record = make_record(status, model=model, seq_len=seq, mbs=mbs, grad_acc=ga, dp=dp, zero_stage=zero,
-                             memory_gb=MEMORY_GB, sweep="bench")
+        record = make_record(
+            status,
+            model=model,
+            seq_len=seq,
+            mbs=mbs,
+            grad_acc=ga,
+            dp=dp,
+            zero_stage=zero,
+            memory_gb=MEMORY_GB,
+            sweep="bench",
+        )
         path = sweep_dir / record["job_key"] / RESULT_FILE
         path.parent.mkdir()
         path.write_text(json.dumps(record))
@@ -67,7 +77,7 @@ def cpu_seconds() -> float:
 class Timer:
     """Wall-clock and CPU seconds of a block (CPU time is what a shared, busy machine does not inflate)."""
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         self.wall, self.cpu = time.perf_counter(), cpu_seconds()
         return self
 
@@ -98,10 +108,13 @@ def main() -> None:
     print(f"layout: {default_layout(df)}")
     print(f"collect ({len(df)} rows x {df.shape[1]} columns): {t_collect}")
     facets = len(ZERO_STAGES) * len(DPS) * len(pngs)
-    print(f"heatmaps ({len(pngs)} figures, {facets} facets, {png_mb:.1f} MB of PNG) in 1 process: {t_serial} "
-          "(reference)")
-    print(f"heatmaps in {jobs} processes, as the report draws them: {t_heatmaps}; "
-          f"{t_serial.wall / t_heatmaps.wall:.2f}x faster than 1 process")
+    print(
+        f"heatmaps ({len(pngs)} figures, {facets} facets, {png_mb:.1f} MB of PNG) in 1 process: {t_serial} (reference)"
+    )
+    print(
+        f"heatmaps in {jobs} processes, as the report draws them: {t_heatmaps}; "
+        f"{t_serial.wall / t_heatmaps.wall:.2f}x faster than 1 process"
+    )
     wall = t_collect.wall + t_heatmaps.wall
     print(f"total collect + heatmaps: {wall:.2f} s wall (target < 10 s)")
     print(f"load average while running: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")

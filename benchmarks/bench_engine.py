@@ -24,8 +24,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from scaling.job.run import run_point  # noqa: E402
 from scaling.core.host import usable_cores  # noqa: E402
+from scaling.job.run import run_point  # noqa: E402
 from tests.compose import compose_point  # noqa: E402
 
 
@@ -33,8 +33,13 @@ def torchrun(script: str, nproc: int, *args: str, threads: int) -> float:
     """Wall seconds of `torchrun --standalone --nproc-per-node=nproc script args`."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                    script, *args], check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", script, *args],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t0
 
 
@@ -50,9 +55,19 @@ def main() -> None:
     a = p.parse_args()
     threads = a.threads
     work = Path(tempfile.mkdtemp(prefix="bench_engine_"))
-    overrides = [f"model={a.model}", f"train.seq_len={a.seq}", f"train.mbs={a.mbs}", "train.grad_acc=1",
-                 f"parallel.dp={a.dp}", "parallel.zero_stage=0", f"train.steps={a.steps}", "train.warmup_steps=2",
-                 "logger=none", "launch.rerun=all", f"hardware.threads_per_device={threads}"]
+    overrides = [
+        f"model={a.model}",
+        f"train.seq_len={a.seq}",
+        f"train.mbs={a.mbs}",
+        "train.grad_acc=1",
+        f"parallel.dp={a.dp}",
+        "parallel.zero_stage=0",
+        f"train.steps={a.steps}",
+        "train.warmup_steps=2",
+        "logger=none",
+        "launch.rerun=all",
+        f"hardware.threads_per_device={threads}",
+    ]
     cfg = compose_point(overrides, work / "runs")
     model_json = json.dumps(cfg["model"])
     tokens_per_step = a.mbs * a.seq
@@ -64,20 +79,36 @@ def main() -> None:
         ours.append(rec["metrics"]["tokens_per_s_per_gpu"])
         overhead.append(rec["timing"]["launch_overhead_s"])
         out = work / f"bare{rep}.json"
-        torchrun(str(HERE / "bare_ddp.py"), a.dp, str(out), model_json, str(a.seq), str(a.mbs), str(a.steps), "2",
-                 str(threads), threads=threads)
+        torchrun(
+            str(HERE / "bare_ddp.py"),
+            a.dp,
+            str(out),
+            model_json,
+            str(a.seq),
+            str(a.mbs),
+            str(a.steps),
+            "2",
+            str(threads),
+            threads=threads,
+        )
         bare.append(tokens_per_step / json.loads(out.read_text())["step_time_s"])
         bare_wall.append(torchrun(str(HERE / "bare_join.py"), a.dp, threads=threads))
 
     def med(xs: list[float]) -> float:
         return statistics.median(xs)
 
-    print(f"bench_engine: model={a.model} seq={a.seq} mbs={a.mbs} dp={a.dp} ZeRO-0 fp32, {a.steps} timed steps, "
-          f"{threads} pinned threads/rank, {a.reps} reps, host {os.uname().nodename} ({usable_cores()} cores)")
-    print(f"  tokens/s per rank   scaling.engine.worker {med(ours):10.1f}   bare DDP loop {med(bare):10.1f}   "
-          f"ratio {med(ours) / med(bare):.3f}  (target >= 0.97)  runs: {[round(x) for x in ours]} vs {[round(x) for x in bare]}")
-    print(f"  launch overhead s   scaling job    {med(overhead):10.2f}   bare torchrun {med(bare_wall):10.2f}   "
-          f"ratio {med(overhead) / med(bare_wall):.2f}   (target <= 1.5)")
+    print(
+        f"bench_engine: model={a.model} seq={a.seq} mbs={a.mbs} dp={a.dp} ZeRO-0 fp32, {a.steps} timed steps, "
+        f"{threads} pinned threads/rank, {a.reps} reps, host {os.uname().nodename} ({usable_cores()} cores)"
+    )
+    print(
+        f"  tokens/s per rank   scaling.engine.worker {med(ours):10.1f}   bare DDP loop {med(bare):10.1f}   "
+        f"ratio {med(ours) / med(bare):.3f}  (target >= 0.97)  runs: {[round(x) for x in ours]} vs {[round(x) for x in bare]}"
+    )
+    print(
+        f"  launch overhead s   scaling job    {med(overhead):10.2f}   bare torchrun {med(bare_wall):10.2f}   "
+        f"ratio {med(overhead) / med(bare_wall):.2f}   (target <= 1.5)"
+    )
 
 
 if __name__ == "__main__":

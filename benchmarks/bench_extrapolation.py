@@ -30,23 +30,31 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure, profile_of  # noqa: E402
+from synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
 
-from analysis.bands import Extrapolation, extrapolate  # noqa: E402
-from analysis.dp_scaling import find_knee  # noqa: E402
-from scaling.core.network import NetworkEstimate, profile_estimate, published_estimate  # noqa: E402
+from analysis.bands import Extrapolation, extrapolate
+from analysis.dp_scaling import find_knee
+from scaling.core.network import NetworkEstimate, profile_estimate, published_estimate
 
 EXTRA = (
     Truth("1B ZeRO-2, overlap 0.8 (plateau near 80%)", llama_1b(2, gbs=1024, mbs=2), h100_network(), 0.15, 0.8),
-    Truth("1B ZeRO-0, inter-node 37 GB/s, 15 µs (bends past the node)", llama_1b(0),
-          h100_network(inter_alpha_s=15e-6, inter_beta=37e9), 0.075, 0.5),
+    Truth(
+        "1B ZeRO-0, inter-node 37 GB/s, 15 µs (bends past the node)",
+        llama_1b(0),
+        h100_network(inter_alpha_s=15e-6, inter_beta=37e9),
+        0.075,
+        0.5,
+    ),
     Truth("1B ZeRO-0, foreach AdamW 50 ps/param, overlap 0.5", llama_1b(0), h100_network(), 0.075, 0.5, 50e-12),
 )
 """Beyond the tests' truths: one whose efficiency stays near the threshold over several doublings (the knee
 is ill-defined), one whose slower inter-node tier bends the curve right past the measured node, one whose
 optimizer step (an unfused AdamW, 62 ms a step for every rank) is most of the step at dp=512."""
-SOURCES = (("(a) sweep, dp 1-32", (1, 2, 4, 8, 16, 32)), ("(b) profile, dp 1-8", (1, 2, 4, 8)),
-           ("(c) published h100, dp 1-8", (1, 2, 4, 8)))
+SOURCES = (
+    ("(a) sweep, dp 1-32", (1, 2, 4, 8, 16, 32)),
+    ("(b) profile, dp 1-8", (1, 2, 4, 8)),
+    ("(c) published h100, dp 1-8", (1, 2, 4, 8)),
+)
 
 
 def run(truth: Truth, source: str, dps: tuple[int, ...], seed: int, draws: int, noise: float) -> Extrapolation:
@@ -65,21 +73,33 @@ def summarise(truth: Truth, source: str, results: list[Extrapolation]) -> list[s
     """Markdown rows: the errors per held-out dp, then the knee and band line."""
     measured = max(results[0].measured)
     held_out = [n for n in results[0].dps if n > measured]
-    errors = {n: [abs(r.tokens_per_s_per_gpu[r.dps.index(n)] / truth.tokens_per_s_per_gpu(n) - 1)
-                  for r in results if n in r.dps] for n in held_out}
+    errors = {
+        n: [
+            abs(r.tokens_per_s_per_gpu[r.dps.index(n)] / truth.tokens_per_s_per_gpu(n) - 1)
+            for r in results
+            if n in r.dps
+        ]
+        for n in held_out
+    }
     true_next = find_knee(list(results[0].dps), truth.efficiency(list(results[0].dps)), 0.8)[1]
-    knee_ok = sum(r.next_dp is not None and true_next is not None and abs(math.log2(r.next_dp / true_next)) <= 1
-                  for r in results)
-    in_range = sum(true_next is not None and r.next_dp_band[0] <= true_next <= (r.next_dp_band[1] or math.inf)
-                   for r in results)
-    covered = sum(all(r.low[i] <= truth.tokens_per_s_per_gpu(n) <= r.high[i] for i, n in enumerate(r.dps)
-                      if n > measured) for r in results)
+    knee_ok = sum(
+        r.next_dp is not None and true_next is not None and abs(math.log2(r.next_dp / true_next)) <= 1 for r in results
+    )
+    in_range = sum(
+        true_next is not None and r.next_dp_band[0] <= true_next <= (r.next_dp_band[1] or math.inf) for r in results
+    )
+    covered = sum(
+        all(r.low[i] <= truth.tokens_per_s_per_gpu(n) <= r.high[i] for i, n in enumerate(r.dps) if n > measured)
+        for r in results
+    )
     errs = " ".join(f"{n}: {100 * statistics.median(e):.1f}/{100 * max(e):.1f}" for n, e in errors.items())
     knees = sorted({r.next_dp for r in results}, key=lambda d: d or math.inf)
     optimizer = statistics.median(r.params["optimizer_s_per_param"][0] for r in results)
-    return [f"| {truth.name} | {source} | {errs or 'none: stops at the node'} | {true_next} | "
-            f"{', '.join(str(k) for k in knees)} | {knee_ok}/{len(results)} | {in_range}/{len(results)} | "
-            f"{covered}/{len(results)} | {1e12 * truth.optimizer_s_per_param:.0f} / {1e12 * optimizer:.0f} |"]
+    return [
+        f"| {truth.name} | {source} | {errs or 'none: stops at the node'} | {true_next} | "
+        f"{', '.join(str(k) for k in knees)} | {knee_ok}/{len(results)} | {in_range}/{len(results)} | "
+        f"{covered}/{len(results)} | {1e12 * truth.optimizer_s_per_param:.0f} / {1e12 * optimizer:.0f} |"
+    ]
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -90,9 +110,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--noise", type=float, default=0.02, help="relative noise of each timed step")
     a = p.parse_args(argv)
     print(f"{a.seeds} seeds, {a.draws} draws, {a.noise:.0%} noise per timed step, 5 timed steps per point\n")
-    print("| truth | source (measured dp) | held-out dp: median/largest error, % | true first dp < 80% | "
-          "predicted | knee ±1 power of 2 | truth in knee range | band covers every held-out dp | "
-          "optimizer ps/param: true / fitted |")
+    print(
+        "| truth | source (measured dp) | held-out dp: median/largest error, % | true first dp < 80% | "
+        "predicted | knee ±1 power of 2 | truth in knee range | band covers every held-out dp | "
+        "optimizer ps/param: true / fitted |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for truth in (*TRUTHS, *EXTRA):
         for source, dps in SOURCES:

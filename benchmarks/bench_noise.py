@@ -33,9 +33,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from scaling.core.host import usable_cores  # noqa: E402
 from scaling.core.noise import relative_spread  # noqa: E402
 from scaling.job.run import run_point  # noqa: E402
-from scaling.core.host import usable_cores  # noqa: E402
 from tests.compose import compose_point  # noqa: E402
 
 DEFAULT_POINTS = ",".join(f"{m}:{dp}:{z}" for m, dp, z in itertools.product(("tiny", "small"), (1, 2), (0, 2)))
@@ -56,7 +56,7 @@ class PointNoise:
         """Step i / median of the second half, the largest over launches, for the first FIRST_STEPS steps."""
         out = []
         for i in range(min(FIRST_STEPS, min(len(t) for t in self.launches))):
-            out.append(max(t[i] / statistics.median(t[len(t) // 2:]) for t in self.launches))
+            out.append(max(t[i] / statistics.median(t[len(t) // 2 :]) for t in self.launches))
         return out
 
     def within_run_spread(self, skip: int) -> float:
@@ -66,8 +66,10 @@ class PointNoise:
     def estimate_errors(self, skip: int) -> dict[int, float]:
         """n -> largest |median(first n after skip) / median(all after skip) - 1| over launches."""
         steady = [t[skip:] for t in self.launches]
-        return {n: max(abs(statistics.median(t[:n]) / statistics.median(t) - 1.0) for t in steady)
-                for n in range(1, min(len(t) for t in steady) + 1)}
+        return {
+            n: max(abs(statistics.median(t[:n]) / statistics.median(t) - 1.0) for t in steady)
+            for n in range(1, min(len(t) for t in steady) + 1)
+        }
 
     def repeat_spread(self) -> float:
         """Spread of the launches' tokens/s per GPU."""
@@ -77,16 +79,29 @@ class PointNoise:
 def measure(point: str, a: argparse.Namespace, work: Path) -> PointNoise:
     """Launch one `model:dp:zero` point `--repeats` times and read its record."""
     model, dp, zero = point.split(":")
-    overrides = [f"model={model}", f"train.seq_len={a.seq}", f"train.mbs={a.mbs}", "train.grad_acc=1",
-                 f"parallel.dp={dp}", f"parallel.zero_stage={zero}", f"train.warmup_steps={a.warmup}",
-                 f"train.steps={a.steps}", f"launch.repeats={a.repeats}", "launch.rerun=all", "logger=none",
-                 *a.overrides]
+    overrides = [
+        f"model={model}",
+        f"train.seq_len={a.seq}",
+        f"train.mbs={a.mbs}",
+        "train.grad_acc=1",
+        f"parallel.dp={dp}",
+        f"parallel.zero_stage={zero}",
+        f"train.warmup_steps={a.warmup}",
+        f"train.steps={a.steps}",
+        f"launch.repeats={a.repeats}",
+        "launch.rerun=all",
+        "logger=none",
+        *a.overrides,
+    ]
     record = run_point(compose_point(overrides, work / "runs"))
     if record["status"] != "ok":
         raise SystemExit(f"bench_noise: {point} ended {record['status']}: {record['error']}")
     launches = [r["metrics"] for r in record["repeats"]]
-    return PointNoise(f"{model} dp={dp} ZeRO-{zero}", [m["step_times_s"] for m in launches],
-                      [m["tokens_per_s_per_gpu"] for m in launches])
+    return PointNoise(
+        f"{model} dp={dp} ZeRO-{zero}",
+        [m["step_times_s"] for m in launches],
+        [m["tokens_per_s_per_gpu"] for m in launches],
+    )
 
 
 def suggest_skip(points: list[PointNoise]) -> int:
@@ -110,17 +125,25 @@ def main() -> None:
     p.add_argument("overrides", nargs="*", help="further Hydra overrides of every point")
     a = p.parse_args()
     if a.repeats < 2 or a.steps < 2 * FIRST_STEPS:
-        p.error(f"--repeats={a.repeats} must be >= 2 and --steps={a.steps} >= {2 * FIRST_STEPS}: a spread needs "
-                "several launches, and the first timed steps a steady second half to compare with")
+        p.error(
+            f"--repeats={a.repeats} must be >= 2 and --steps={a.steps} >= {2 * FIRST_STEPS}: a spread needs "
+            "several launches, and the first timed steps a steady second half to compare with"
+        )
     work = Path(tempfile.mkdtemp(prefix="bench_noise_"))
-    print(f"bench_noise: seq {a.seq}, mbs {a.mbs}, fp32, {a.warmup} warm-up + {a.steps} timed steps, {a.repeats} "
-          f"launches per point, host {os.uname().nodename} ({usable_cores()} cores) {' '.join(a.overrides)}; "
-          "spread = (max - min) / (2 · median)", flush=True)
+    print(
+        f"bench_noise: seq {a.seq}, mbs {a.mbs}, fp32, {a.warmup} warm-up + {a.steps} timed steps, {a.repeats} "
+        f"launches per point, host {os.uname().nodename} ({usable_cores()} cores) {' '.join(a.overrides)}; "
+        "spread = (max - min) / (2 · median)",
+        flush=True,
+    )
     points = []
     for point in a.points.split(","):
         points.append(measure(point, a, work))
-        print(f"  measured {points[-1].name}: step times per launch "
-              f"{[[round(t, 4) for t in launch] for launch in points[-1].launches]}", flush=True)
+        print(
+            f"  measured {points[-1].name}: step times per launch "
+            f"{[[round(t, 4) for t in launch] for launch in points[-1].launches]}",
+            flush=True,
+        )
     skip = suggest_skip(points)
 
     head = " ".join(f"step{i + 1}/med" for i in range(FIRST_STEPS))
@@ -138,11 +161,19 @@ def main() -> None:
     across = statistics.median(pt.repeat_spread() for pt in points)
     target = min(0.01, within / 4)
     steps = next((n for n in ns if all(worst[m] <= target for m in ns if m >= n)), ns[-1])
-    print(f"  median within-run spread ±{within:.1%}, repeat-to-repeat ±{across:.1%} "
-          f"({across / within if within else float('inf'):.1f}x)")
-    print(f"  suggests: train.warmup_steps={a.warmup + skip}, train.steps={steps} (median within {target:.1%} of "
-          f"all {ns[-1]}), " + ("launch.repeats>=3 (launches differ more than steps within one)" if across > within
-                                else "launch.repeats=1 (launches agree within a run's spread)"))
+    print(
+        f"  median within-run spread ±{within:.1%}, repeat-to-repeat ±{across:.1%} "
+        f"({across / within if within else float('inf'):.1f}x)"
+    )
+    print(
+        f"  suggests: train.warmup_steps={a.warmup + skip}, train.steps={steps} (median within {target:.1%} of "
+        f"all {ns[-1]}), "
+        + (
+            "launch.repeats>=3 (launches differ more than steps within one)"
+            if across > within
+            else "launch.repeats=1 (launches agree within a run's spread)"
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -54,7 +54,14 @@ from tests.records import make_record  # noqa: E402
 
 BLOCK = 500
 """Points per value of train.seed: 5 models x 4 ZeRO stages x 5 dp x 5 mbs."""
-SHARES = [(70, Status.OK), (80, Status.OOM), (88, Status.PREDICTED_OOM), (93, Status.TIMEOUT), (97, Status.FAILED), (100, Status.INVALID)]
+SHARES = [
+    (70, Status.OK),
+    (80, Status.OOM),
+    (88, Status.PREDICTED_OOM),
+    (93, Status.TIMEOUT),
+    (97, Status.FAILED),
+    (100, Status.INVALID),
+]
 """Status of a point by its job key modulo 100."""
 
 
@@ -62,7 +69,8 @@ def write_grid(root: Path, points: int) -> Path:
     """sweeps/scale.yaml under `root`: the grid of `points` points (a multiple of BLOCK)."""
     (root / "sweeps").mkdir(parents=True, exist_ok=True)
     path = root / "sweeps" / "scale.yaml"
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         # {points} points for benchmarks/bench_scale.py: every one is in the synthetic record store.
         defaults:
           - config
@@ -83,7 +91,8 @@ def write_grid(root: Path, points: int) -> Path:
               parallel.dp: 1,2,4,8,16
               train.mbs: 1,2,4,8,16
               train.seed: range(0,{points // BLOCK})
-        """))
+        """)
+    )
     return path
 
 
@@ -94,8 +103,15 @@ def write_store(sweep_file: Path, sweep_dir: Path) -> int:
         for point in survey(points, configs):
             status = next(s for bound, s in SHARES if int(point.key, 16) % 100 < bound)
             c = point.cfg
-            record = make_record(status, model=c["model"]["name"], seq_len=c["train"]["seq_len"], mbs=c["train"]["mbs"],
-                                 dp=c["parallel"]["dp"], zero_stage=c["parallel"]["zero_stage"], sweep="scale")
+            record = make_record(
+                status,
+                model=c["model"]["name"],
+                seq_len=c["train"]["seq_len"],
+                mbs=c["train"]["mbs"],
+                dp=c["parallel"]["dp"],
+                zero_stage=c["parallel"]["zero_stage"],
+                sweep="scale",
+            )
             record.update(job_key=point.key, config=experiment_config(c))
             (sweep_dir / point.key).mkdir(parents=True, exist_ok=True)
             (sweep_dir / point.key / RESULT_FILE).write_text(json.dumps(record))  # no fsync: 10,000 files
@@ -106,8 +122,9 @@ def write_store(sweep_file: Path, sweep_dir: Path) -> int:
 def timed(argv: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
     """Wall seconds and outcome of a `scaling` command."""
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "scaling", *argv], cwd=cwd, capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        [sys.executable, "-m", "scaling", *argv], cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
     return time.perf_counter() - t0, out
 
 
@@ -121,11 +138,20 @@ def slurm_footprint(root: Path, points: int) -> None:
     try:
         for launcher in ("submitit_slurm", "slurm"):
             sweep_dir = root / "runs" / f"slurm-{launcher}"
-            argv = [sys.executable, str(REPO / "tests" / "standin_app" / "standin_app.py"), "-m",
-                    f"hydra/launcher={launcher}", f"train.seed=range(0,{points})", "logger=none", f"sweep_dir={sweep_dir}",
-                    "hydra.launcher.array_parallelism=4"]
+            argv = [
+                sys.executable,
+                str(REPO / "tests" / "standin_app" / "standin_app.py"),
+                "-m",
+                f"hydra/launcher={launcher}",
+                f"train.seed=range(0,{points})",
+                "logger=none",
+                f"sweep_dir={sweep_dir}",
+                "hydra.launcher.array_parallelism=4",
+            ]
             t0 = time.perf_counter()
-            driver = subprocess.Popen(argv, cwd=REPO, env=cluster.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            driver = subprocess.Popen(
+                argv, cwd=REPO, env=cluster.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             peak = 0
             while driver.poll() is None:
                 try:
@@ -136,10 +162,14 @@ def slurm_footprint(root: Path, points: int) -> None:
             wall = time.perf_counter() - t0
             submitit = sweep_dir / ".submitit"
             files = [p for p in submitit.rglob("*") if p.is_file()]
-            per_point = sum(p.stat().st_size for p in files if p.name.endswith(("_submitted.pkl", "_result.pkl"))) / points
-            print(f"  SLURM, {points} stand-in points, hydra/launcher={launcher:<14} exit {driver.returncode}: "
-                  f"driver peak RSS {peak / 2**20:6.1f} MiB, {per_point / 1024:6.1f} KiB of pickles per point, "
-                  f"wall {wall:6.1f} s")
+            per_point = (
+                sum(p.stat().st_size for p in files if p.name.endswith(("_submitted.pkl", "_result.pkl"))) / points
+            )
+            print(
+                f"  SLURM, {points} stand-in points, hydra/launcher={launcher:<14} exit {driver.returncode}: "
+                f"driver peak RSS {peak / 2**20:6.1f} MiB, {per_point / 1024:6.1f} KiB of pickles per point, "
+                f"wall {wall:6.1f} s"
+            )
     finally:
         cluster.stop()
 
@@ -149,10 +179,19 @@ def main() -> None:
     p.add_argument("--points", type=int, default=10_000, help=f"grid size, a multiple of {BLOCK}")
     p.add_argument("--dir", type=Path, default=None, help="work folder (default: a new temporary one)")
     p.add_argument("--real-sweep", default="demo", help="the small real grid's sweep file")
-    p.add_argument("--real-overrides", nargs="*", default=["model=tiny", "train.seq_len=128"],
-                   help="overrides that make it small (default: the demo's 16 tiny points)")
-    p.add_argument("--slurm", type=int, default=0, metavar="N",
-                   help="also send N stand-in points through both SLURM launchers on the test cluster (root)")
+    p.add_argument(
+        "--real-overrides",
+        nargs="*",
+        default=["model=tiny", "train.seq_len=128"],
+        help="overrides that make it small (default: the demo's 16 tiny points)",
+    )
+    p.add_argument(
+        "--slurm",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also send N stand-in points through both SLURM launchers on the test cluster (root)",
+    )
     a = p.parse_args()
     if a.points < BLOCK or a.points % BLOCK:
         p.error(f"--points={a.points}: use a multiple of {BLOCK}")
@@ -176,7 +215,9 @@ def main() -> None:
     if out.returncode != 0:
         sys.exit(f"scaling report failed:\n{out.stderr[-2000:]}")
     start = startup_s()
-    print(f"  resume of {n} recorded points {resume_s:8.1f} s   ({resume_s / n * 1000:.2f} ms per point; target < 60 s)")
+    print(
+        f"  resume of {n} recorded points {resume_s:8.1f} s   ({resume_s / n * 1000:.2f} ms per point; target < 60 s)"
+    )
     print(f"  scaling status           {status_s:8.1f} s")
     print(f"  scaling report           {report_s:8.1f} s")
 
@@ -185,8 +226,10 @@ def main() -> None:
     records = list(iter_records(real_dir))
     torchrun = sum(r["timing"].get("torchrun_wall_s") or 0.0 for r in records)
     per_point = (wall - torchrun - start) / max(1, len(records))
-    print(f"  real grid {a.real_sweep} {' '.join(a.real_overrides)}: {len(records)} points, wall {wall:.1f} s, "
-          f"in torchrun {torchrun:.1f} s, driver start-up {start:.2f} s")
+    print(
+        f"  real grid {a.real_sweep} {' '.join(a.real_overrides)}: {len(records)} points, wall {wall:.1f} s, "
+        f"in torchrun {torchrun:.1f} s, driver start-up {start:.2f} s"
+    )
     print(f"  driver time per launched point {per_point:6.3f} s   (target <= 0.398)")
     if a.slurm:
         slurm_footprint(root, a.slurm)

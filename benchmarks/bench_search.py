@@ -81,16 +81,25 @@ def load_grid(sweep_dir: Path) -> tuple[dict[str, list[Any]], dict[tuple, dict[s
 
 
 def first_hit(
-    sampler: str, seed: int, dims: dict[str, list[Any]], points: dict[tuple, dict[str, Any]],
-    objective: str, target: float, n_startup_trials: int,
+    sampler: str,
+    seed: int,
+    dims: dict[str, list[Any]],
+    points: dict[tuple, dict[str, Any]],
+    objective: str,
+    target: float,
+    n_startup_trials: int,
 ) -> tuple[int, int]:
     """(points measured, jobs launched) until one is feasible with objective >= target (the grid's
     sizes if never). A predicted_oom point is measured but costs no job: the pre-screen answers it."""
-    space = parse_search_space([f"{k}=choice({','.join(format_value(v) for v in vs)})" for k, vs in dims.items()],
-                               OverridesParser.create())
+    space = parse_search_space(
+        [f"{k}=choice({','.join(format_value(v) for v in vs)})" for k, vs in dims.items()], OverridesParser.create()
+    )
     study = optuna.create_study(direction="maximize")
-    study.sampler = (TPESampler(seed=seed, n_startup_trials=n_startup_trials) if sampler == "tpe (repeats)"
-                     else make_sampler(sampler, seed, n_startup_trials, space, 1))
+    study.sampler = (
+        TPESampler(seed=seed, n_startup_trials=n_startup_trials)
+        if sampler == "tpe (repeats)"
+        else make_sampler(sampler, seed, n_startup_trials, space, 1)
+    )
     measured: set[tuple] = set()
     while len(measured) < math.prod(len(v) for v in dims.values()):
         trial = study.ask(space.distributions)
@@ -157,19 +166,26 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(f"grid: {n} points over {', '.join(f'{k} ({len(v)})' for k, v in dims.items())}; statuses {statuses}")
     print(f"best {a.objective} = {best:.6g}; {n_hits} point(s) within {a.tolerance:.0%} of it\n")
     jobs = launched(points, set(points))
-    print(f"{'sampler':<22} {'median':>8} {'min':>6} {'max':>6}   points measured   jobs launched (of {jobs}), "
-          f"median of {a.seeds} seeds")
+    print(
+        f"{'sampler':<22} {'median':>8} {'min':>6} {'max':>6}   points measured   jobs launched (of {jobs}), "
+        f"median of {a.seeds} seeds"
+    )
     for sampler in SAMPLERS:
-        runs = [first_hit(sampler, seed, dims, points, a.objective, target, a.n_startup_trials)
-                for seed in range(a.seeds)]
+        runs = [
+            first_hit(sampler, seed, dims, points, a.objective, target, a.n_startup_trials) for seed in range(a.seeds)
+        ]
         fractions = [h / n for h, _ in runs]
         started = statistics.median(j for _, j in runs)
-        print(f"{sampler:<22} {statistics.median(fractions):>8.1%} {min(fractions):>6.1%} {max(fractions):>6.1%}   "
-              f"{statistics.median(h for h, _ in runs):>15g}   {started:g} ({started / jobs:.1%})")
+        print(
+            f"{sampler:<22} {statistics.median(fractions):>8.1%} {min(fractions):>6.1%} {max(fractions):>6.1%}   "
+            f"{statistics.median(h for h, _ in runs):>15g}   {started:g} ({started / jobs:.1%})"
+        )
     order = sweep_order_hit(dims, points, a.objective, target)
     print(f"{'grid (cartesian order)':<22} {order / n:>8.1%} {'':>6} {'':>6}   {order}")
-    print(f"{'random (expected)':<22} {(n + 1) / (n_hits + 1) / n:>8.1%} {'':>6} {'':>6}   "
-          f"{(n + 1) / (n_hits + 1):.1f}  (uniform without replacement)")
+    print(
+        f"{'random (expected)':<22} {(n + 1) / (n_hits + 1) / n:>8.1%} {'':>6} {'':>6}   "
+        f"{(n + 1) / (n_hits + 1):.1f}  (uniform without replacement)"
+    )
 
 
 if __name__ == "__main__":

@@ -30,16 +30,26 @@ from scaling.store.record import iter_records  # noqa: E402
 def run_sweep(name: str, sweep_dir: Path, overrides: list[str]) -> float:
     """Wall seconds of `scaling sweep NAME sweep_dir=... overrides`."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "scaling", "sweep", name, f"sweep_dir={sweep_dir}", *overrides],
-                   cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "scaling", "sweep", name, f"sweep_dir={sweep_dir}", *overrides],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
     return time.perf_counter() - t0
 
 
 def startup_s() -> float:
     """Wall seconds of the driver doing nothing: `scaling run --help` (interpreter, Hydra, torch imports)."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "scaling", "run", "--help"], cwd=REPO, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "scaling", "run", "--help"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        check=True,
+    )
     return time.perf_counter() - t0
 
 
@@ -60,11 +70,15 @@ def main() -> None:
     n = len(records)
     per_point = (wall - torchrun - start) / n
     statuses = {s: sum(r["status"] == s for r in records) for s in sorted({r["status"] for r in records})}
-    print(f"bench_sweep: sweep {a.sweep} {' '.join(a.overrides)} -> {n} points {statuses}, {launched} launched; {sweep_dir}")
+    print(
+        f"bench_sweep: sweep {a.sweep} {' '.join(a.overrides)} -> {n} points {statuses}, {launched} launched; {sweep_dir}"
+    )
     print(f"  sweep wall {wall:8.1f} s   in torchrun {torchrun:8.1f} s   driver start-up {start:5.2f} s")
     print(f"  driver time per point {per_point:6.3f} s   (target <= 0.5)")
-    print(f"  resume (all {n} points answered from the store): {resume_wall:6.1f} s, "
-          f"{(resume_wall - start) / n:6.3f} s per point after start-up")
+    print(
+        f"  resume (all {n} points answered from the store): {resume_wall:6.1f} s, "
+        f"{(resume_wall - start) / n:6.3f} s per point after start-up"
+    )
 
 
 if __name__ == "__main__":

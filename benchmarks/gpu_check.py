@@ -39,8 +39,17 @@ from scaling.sweep.compose import compose_config  # noqa: E402
 PROFILES = {"H100": "h100", "H200": "h200", "A100": "a100"}
 MFU_TARGET, PREDICTOR_TARGET = 0.40, 0.05
 STAGES = (0, 1, 2, 3)
-BASE = ["model=llama_1b", "train.seq_len=4096", "train.precision=bf16", "parallel.dp=1", "train.warmup_steps=2",
-        "train.steps=5", "logger=none", "launch.rerun=all", "launch.timeout_s=300"]
+BASE = [
+    "model=llama_1b",
+    "train.seq_len=4096",
+    "train.precision=bf16",
+    "parallel.dp=1",
+    "train.warmup_steps=2",
+    "train.steps=5",
+    "logger=none",
+    "launch.rerun=all",
+    "launch.timeout_s=300",
+]
 EXTRA = [(mbs, rc, z) for mbs in (1, 4) for rc in ("none", "full") for z in (0, 3)]
 """(b)'s further eager points: llama_1b at seq 2048."""
 
@@ -50,8 +59,10 @@ def profile_for(name: str) -> str:
     for marker, profile in PROFILES.items():
         if marker in name:
             return profile
-    raise SystemExit(f"gpu-check: no hardware profile for {name!r}: add one to conf/hardware/ (one of "
-                     f"{', '.join(PROFILES.values())} exists)")
+    raise SystemExit(
+        f"gpu-check: no hardware profile for {name!r}: add one to conf/hardware/ (one of "
+        f"{', '.join(PROFILES.values())} exists)"
+    )
 
 
 class Check:
@@ -85,27 +96,51 @@ class Check:
         t, p = cfg["train"], cfg["parallel"]
         times = m.get("step_times_s") or []
         row = {
-            "part": part, "seq": t["seq_len"], "mbs": t["mbs"], "zero": p["zero_stage"], "recompute": t["recompute"],
-            "compile": t["compile"], "status": record["status"], "error": record.get("error"),
-            "tokens_per_s_per_gpu": m.get("tokens_per_s_per_gpu"), "mfu": m.get("mfu"),
+            "part": part,
+            "seq": t["seq_len"],
+            "mbs": t["mbs"],
+            "zero": p["zero_stage"],
+            "recompute": t["recompute"],
+            "compile": t["compile"],
+            "status": record["status"],
+            "error": record.get("error"),
+            "tokens_per_s_per_gpu": m.get("tokens_per_s_per_gpu"),
+            "mfu": m.get("mfu"),
             "step_spread": (max(times) - min(times)) / statistics.median(times) if times else None,
-            "peak_alloc": m.get("peak_mem_bytes"), "peak_reserved": m.get("peak_mem_reserved_bytes"),
-            "device_used": m.get("device_used_bytes"), "build_peak": m.get("build_peak_mem_bytes"),
-            "predicted": predict_config(cfg).total_bytes, "kernel": env.get("attention_kernel"),
-            "compile_s": m.get("compile_s"), "recompiles": m.get("recompiles_after_warmup"),
+            "peak_alloc": m.get("peak_mem_bytes"),
+            "peak_reserved": m.get("peak_mem_reserved_bytes"),
+            "device_used": m.get("device_used_bytes"),
+            "build_peak": m.get("build_peak_mem_bytes"),
+            "predicted": predict_config(cfg).total_bytes,
+            "kernel": env.get("attention_kernel"),
+            "compile_s": m.get("compile_s"),
+            "recompiles": m.get("recompiles_after_warmup"),
         }
         self.rows.append(row)
         print(_row_line(row), flush=True)
         return row
 
 
+def _gib(b: Any, width: int = 0) -> str:
+    """Bytes in GiB with two decimals, or a dash padded to `width` (blank with no width) when there are none."""
+    return f"{b / GIB:{width}.2f}" if b else ("-".rjust(width) if width else "")
+
+
+def _pct(v: Any) -> str:
+    return "" if v is None else f"{v:.1%}"
+
+
 def _row_line(r: dict[str, Any]) -> str:
-    gib = (lambda b: f"{b / GIB:6.2f}" if b else "     -")
+    def gib(b: Any) -> str:
+        return _gib(b, 6)
+
     mfu = f"{100 * r['mfu']:5.1f}%" if r["mfu"] is not None else "     -"
     tps = f"{r['tokens_per_s_per_gpu']:9.0f}" if r["tokens_per_s_per_gpu"] else "        -"
-    return (f"  [{r['part']}] seq {r['seq']} mbs {r['mbs']:>2} zero {r['zero']} rc {r['recompute']:<4} "
-            f"compile {int(r['compile'])}: {r['status']:<7} tok/s/GPU {tps} MFU {mfu} peak {gib(r['peak_alloc'])} GiB "
-            f"predicted {gib(r['predicted'])} GiB kernel {r['kernel'] or '-'}")
+    return (
+        f"  [{r['part']}] seq {r['seq']} mbs {r['mbs']:>2} zero {r['zero']} rc {r['recompute']:<4} "
+        f"compile {int(r['compile'])}: {r['status']:<7} tok/s/GPU {tps} MFU {mfu} peak {gib(r['peak_alloc'])} GiB "
+        f"predicted {gib(r['predicted'])} GiB kernel {r['kernel'] or '-'}"
+    )
 
 
 def part_a(check: Check) -> None:
@@ -124,12 +159,15 @@ def part_a(check: Check) -> None:
             record = run_point({**run_cfg, "launch": {**run_cfg["launch"], "rerun": "none"}})  # the stored run
             row = check.add("a", record, run_cfg)
             if run["mbs"] > found.mbs:
-                check.expect(row["status"] == Status.OOM, f"(c) ZeRO-{stage} mbs={run['mbs']} ran out of memory but "
-                                                   f"was recorded {row['status']}")
+                check.expect(
+                    row["status"] == Status.OOM,
+                    f"(c) ZeRO-{stage} mbs={run['mbs']} ran out of memory but was recorded {row['status']}",
+                )
         check.expect(found.mbs >= 1, f"(a) ZeRO-{stage}: not even mbs=1 fits")
         if found.mbs >= 1 and check.time_left(120, f"(a) ZeRO-{stage} with compile"):
-            cfg = check.config(f"parallel.zero_stage={stage}", f"train.mbs={found.mbs}", "train.compile=true",
-                               "launch.prescreen=false")
+            cfg = check.config(
+                f"parallel.zero_stage={stage}", f"train.mbs={found.mbs}", "train.compile=true", "launch.prescreen=false"
+            )
             row = check.add("a", run_point(cfg), cfg)
             check.expect(row["status"] == Status.OK, f"(a) ZeRO-{stage} mbs={found.mbs} with compile: {row['error']}")
 
@@ -141,8 +179,9 @@ def part_b(check: Check) -> None:
     for mbs, recompute, stage in EXTRA:
         if not check.time_left(25, f"(b) seq 2048 mbs={mbs} recompute={recompute} ZeRO-{stage}"):
             return
-        cfg = check.config("train.seq_len=2048", f"train.mbs={mbs}", f"train.recompute={recompute}",
-                           f"parallel.zero_stage={stage}")
+        cfg = check.config(
+            "train.seq_len=2048", f"train.mbs={mbs}", f"train.recompute={recompute}", f"parallel.zero_stage={stage}"
+        )
         row = check.add("b", run_point(cfg), cfg)
         check.expect(row["status"] == Status.OK, f"(b) seq 2048 mbs={mbs} rc={recompute} ZeRO-{stage}: {row['error']}")
 
@@ -155,7 +194,9 @@ def part_c(check: Check) -> None:
         return
     cfg = check.config("train.mbs=8", "hardware.memory_gb=8", "hardware.reserve_gb=0.5", "launch.prescreen=false")
     row = check.add("c", run_point(cfg), cfg)
-    check.expect(row["status"] == Status.OOM, f"(c) llama_1b mbs=8 on an 8 GiB cap was recorded {row['status']}: {row['error']}")
+    check.expect(
+        row["status"] == Status.OOM, f"(c) llama_1b mbs=8 on an 8 GiB cap was recorded {row['status']}: {row['error']}"
+    )
 
 
 def part_d(check: Check, devices: int) -> None:
@@ -170,8 +211,14 @@ def part_d(check: Check, devices: int) -> None:
             return
         losses = []
         for dp, ga in ((2, 2), (1, 4)):
-            cfg = check.config("model=small", "train.seq_len=256", "train.mbs=2", f"parallel.dp={dp}",
-                               f"train.grad_acc={ga}", f"parallel.zero_stage={stage}")
+            cfg = check.config(
+                "model=small",
+                "train.seq_len=256",
+                "train.mbs=2",
+                f"parallel.dp={dp}",
+                f"train.grad_acc={ga}",
+                f"parallel.zero_stage={stage}",
+            )
             record = run_point(cfg)
             losses.append((record.get("metrics") or {}).get("losses"))
         same = all(losses) and max(abs(a - b) / abs(b) for a, b in zip(*losses)) <= 1e-2
@@ -185,30 +232,44 @@ def summary(check: Check, device: str) -> list[str]:
     errors = [abs(r["predicted"] - r["peak_alloc"]) / r["peak_alloc"] for r in eager_ok]
     big = [r for r in check.rows if r["status"] == Status.OK and r["seq"] == 4096 and r["mfu"] is not None]
     best = max(big, key=lambda r: r["mfu"], default=None)
-    lines = [f"# GPU check: {device}", "", f"`python benchmarks/gpu_check.py` ({time.strftime('%Y-%m-%d')}).", "",
-             "| part | seq | mbs | ZeRO | recompute | compile | status | tokens/s/GPU | MFU | step spread | "
-             "peak alloc GiB | reserved GiB | device used GiB | build peak GiB | predicted GiB | error | attention | "
-             "compile s |", "|" + "---|" * 18]
-    gib = (lambda b: f"{b / GIB:.2f}" if b else "")
-    pct = (lambda v: "" if v is None else f"{v:.1%}")
+    lines = [
+        f"# GPU check: {device}",
+        "",
+        f"`python benchmarks/gpu_check.py` ({time.strftime('%Y-%m-%d')}).",
+        "",
+        "| part | seq | mbs | ZeRO | recompute | compile | status | tokens/s/GPU | MFU | step spread | "
+        "peak alloc GiB | reserved GiB | device used GiB | build peak GiB | predicted GiB | error | attention | "
+        "compile s |",
+        "|" + "---|" * 18,
+    ]
+    gib, pct = _gib, _pct
     for r in check.rows:
-        err = f"{(r['predicted'] - r['peak_alloc']) / r['peak_alloc']:+.1%}" if r["peak_alloc"] and r["status"] == Status.OK else ""
+        err = (
+            f"{(r['predicted'] - r['peak_alloc']) / r['peak_alloc']:+.1%}"
+            if r["peak_alloc"] and r["status"] == Status.OK
+            else ""
+        )
         compile_s = "" if r["compile_s"] is None else f"{r['compile_s']:.1f}"
         lines.append(
             f"| {r['part']} | {r['seq']} | {r['mbs']} | {r['zero']} | {r['recompute']} | {int(r['compile'])} | "
             f"{r['status']} | {r['tokens_per_s_per_gpu'] or 0:,.0f} | {pct(r['mfu'])} | {pct(r['step_spread'])} | "
             f"{gib(r['peak_alloc'])} | {gib(r['peak_reserved'])} | {gib(r['device_used'])} | {gib(r['build_peak'])} | "
-            f"{gib(r['predicted'])} | {err} | {r['kernel'] or ''} | {compile_s} |")
+            f"{gib(r['predicted'])} | {err} | {r['kernel'] or ''} | {compile_s} |"
+        )
     lines += ["", "## Targets", ""]
     if best is not None:
-        lines.append(f"- MFU of llama_1b bf16 seq 4096: best {best['mfu']:.1%} (ZeRO-{best['zero']}, mbs {best['mbs']}, "
-                     f"compile {int(best['compile'])}); target >= {MFU_TARGET:.0%}: "
-                     f"{'met' if best['mfu'] >= MFU_TARGET else 'NOT met'}.")
+        lines.append(
+            f"- MFU of llama_1b bf16 seq 4096: best {best['mfu']:.1%} (ZeRO-{best['zero']}, mbs {best['mbs']}, "
+            f"compile {int(best['compile'])}); target >= {MFU_TARGET:.0%}: "
+            f"{'met' if best['mfu'] >= MFU_TARGET else 'NOT met'}."
+        )
     if errors:
         med = statistics.median(errors)
-        lines.append(f"- Memory predictor (analytic) against max_memory_allocated on {len(errors)} eager points: median "
-                     f"|error| {med:.1%}, largest {max(errors):.1%}; target <= {PREDICTOR_TARGET:.0%}: "
-                     f"{'met' if med <= PREDICTOR_TARGET else 'NOT met'}.")
+        lines.append(
+            f"- Memory predictor (analytic) against max_memory_allocated on {len(errors)} eager points: median "
+            f"|error| {med:.1%}, largest {max(errors):.1%}; target <= {PREDICTOR_TARGET:.0%}: "
+            f"{'met' if med <= PREDICTOR_TARGET else 'NOT met'}."
+        )
     lines += ["", "## Checks", ""] + [f"- FAILED: {f}" for f in check.failures] + [f"- {n}" for n in check.notes]
     if not check.failures:
         lines.append("- every correctness check passed (OOM points classified oom, every ok point ran).")
@@ -229,17 +290,25 @@ def main(argv: list[str] | None = None) -> int:
         planned = _planned_configs()
         for cfg in planned:
             validate(cfg)
-        print(f"gpu-check: composed and validated {len(planned)} planned points (analytic peaks "
-              f"{min(predict_config(c).total_bytes for c in planned) / GIB:.1f}-"
-              f"{max(predict_config(c).total_bytes for c in planned) / GIB:.1f} GiB per rank)")
-        print("gpu-check: no CUDA device found (torch.cuda.is_available() is False): nothing was measured; "
-              "run this on a machine with an NVIDIA GPU", file=sys.stderr)
+        print(
+            f"gpu-check: composed and validated {len(planned)} planned points (analytic peaks "
+            f"{min(predict_config(c).total_bytes for c in planned) / GIB:.1f}-"
+            f"{max(predict_config(c).total_bytes for c in planned) / GIB:.1f} GiB per rank)"
+        )
+        print(
+            "gpu-check: no CUDA device found (torch.cuda.is_available() is False): nothing was measured; "
+            "run this on a machine with an NVIDIA GPU",
+            file=sys.stderr,
+        )
         return 1
     device = torch.cuda.get_device_name(0)
     check = Check(profile_for(device), a.sweep_dir.resolve(), a.budget_s)
-    parts: dict[str, Callable[[], None]] = {"a": lambda: part_a(check), "b": lambda: part_b(check),
-                                             "c": lambda: part_c(check),
-                                             "d": lambda: part_d(check, torch.cuda.device_count())}
+    parts: dict[str, Callable[[], None]] = {
+        "a": lambda: part_a(check),
+        "b": lambda: part_b(check),
+        "c": lambda: part_c(check),
+        "d": lambda: part_d(check, torch.cuda.device_count()),
+    }
     for name in a.parts.split(","):
         parts[name]()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -253,9 +322,10 @@ def main(argv: list[str] | None = None) -> int:
 def _planned_configs() -> list[dict[str, Any]]:
     """The points parts (a) and (b) start from, on the H100 profile (for the CPU dry run)."""
     check = Check("h100", Path("runs/gpu-check"), 0)
-    return ([check.config(f"parallel.zero_stage={z}", "train.mbs=1") for z in STAGES]
-            + [check.config("train.seq_len=2048", f"train.mbs={m}", f"train.recompute={rc}", f"parallel.zero_stage={z}")
-               for m, rc, z in EXTRA])
+    return [check.config(f"parallel.zero_stage={z}", "train.mbs=1") for z in STAGES] + [
+        check.config("train.seq_len=2048", f"train.mbs={m}", f"train.recompute={rc}", f"parallel.zero_stage={z}")
+        for m, rc, z in EXTRA
+    ]
 
 
 if __name__ == "__main__":

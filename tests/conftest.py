@@ -20,7 +20,7 @@ def point_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # --- SLURM: a real cluster on loopback (see tests/slurm_cluster.py) ---------------------------
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator["SlurmCluster"]:
+def slurm_cluster() -> Iterator[SlurmCluster]:
     """A SLURM cluster on loopback for the session (two slurmd, so multi-node jobs run); SLURM_CONF points at it."""
     from slurm_cluster import APT_HINT, SlurmCluster, missing_binaries
 

@@ -9,8 +9,15 @@ from typing import Any
 from scaling.job.run import run_point
 from tests.compose import compose_point
 
-BASE = ["logger=none", "model=tiny", "train.mbs=2", "train.warmup_steps=2", "train.steps=3", "train.precision=fp32",
-        "launch.timeout_s=180"]
+BASE = [
+    "logger=none",
+    "model=tiny",
+    "train.mbs=2",
+    "train.warmup_steps=2",
+    "train.steps=3",
+    "train.precision=fp32",
+    "launch.timeout_s=180",
+]
 """A tiny point on CPU: two warm-up steps (the CPU floor: the second is memory-tracked) and three timed ones."""
 
 

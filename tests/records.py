@@ -72,13 +72,21 @@ def make_record(
     """
     config = {
         "model": dataclasses.asdict(ModelConfig(name=model, max_seq_len=max(seq_len, 256))),
-        "train": dataclasses.asdict(TrainConfig(seq_len=seq_len, mbs=mbs, grad_acc=grad_acc, precision=precision,
-                                                recompute=recompute)),
+        "train": dataclasses.asdict(
+            TrainConfig(seq_len=seq_len, mbs=mbs, grad_acc=grad_acc, precision=precision, recompute=recompute)
+        ),
         "parallel": dataclasses.asdict(ParallelConfig(dp=dp, zero_stage=zero_stage)),
-        "hardware": dataclasses.asdict(HardwareConfig(name=hardware, device="cuda", backend="nccl",
-                                                      peak_tflops_bf16=989.0, memory_gb=memory_gb,
-                                                      threads_per_device=threads_per_device,
-                                                      oversubscribe=oversubscribe)),
+        "hardware": dataclasses.asdict(
+            HardwareConfig(
+                name=hardware,
+                device="cuda",
+                backend="nccl",
+                peak_tflops_bf16=989.0,
+                memory_gb=memory_gb,
+                threads_per_device=threads_per_device,
+                oversubscribe=oversubscribe,
+            )
+        ),
     }
     gbs = mbs * grad_acc * dp
     n_params = 1_240_000_000
@@ -109,29 +117,66 @@ def make_record(
         }
     elif status == Status.OOM:
         metrics = {"peak_mem_bytes": int(memory_gb * GIB)}
-    errors = {Status.OK: None, Status.OOM: "torch.OutOfMemoryError: emulated capacity exceeded",
-              Status.PREDICTED_OOM: f"predicted {predicted / GIB:.1f} GiB > capacity {memory_gb} GiB",
-              Status.TIMEOUT: "timed out after 600 s", Status.FAILED: "RuntimeError: rank 1 crashed",
-              Status.INVALID: f"parallel.dp={dp} does not divide train.gbs"}
-    repeats = [] if status in (Status.PREDICTED_OOM, Status.INVALID) else [
-        Launch(status=status, error=errors[status], metrics=metrics if status == Status.OK else None,
-               timing=LaunchTiming(launched_at="2025-01-01T00:00:01.000000+00:00", device_wait_s=0.0,
-                                   torchrun_wall_s=12.0, launch_overhead_s=3.0 if status == Status.OK else None))]
+    errors = {
+        Status.OK: None,
+        Status.OOM: "torch.OutOfMemoryError: emulated capacity exceeded",
+        Status.PREDICTED_OOM: f"predicted {predicted / GIB:.1f} GiB > capacity {memory_gb} GiB",
+        Status.TIMEOUT: "timed out after 600 s",
+        Status.FAILED: "RuntimeError: rank 1 crashed",
+        Status.INVALID: f"parallel.dp={dp} does not divide train.gbs",
+    }
+    repeats = (
+        []
+        if status in (Status.PREDICTED_OOM, Status.INVALID)
+        else [
+            Launch(
+                status=status,
+                error=errors[status],
+                metrics=metrics if status == Status.OK else None,
+                timing=LaunchTiming(
+                    launched_at="2025-01-01T00:00:01.000000+00:00",
+                    device_wait_s=0.0,
+                    torchrun_wall_s=12.0,
+                    launch_overhead_s=3.0 if status == Status.OK else None,
+                ),
+            )
+        ]
+    )
     return Record(
         job_key=job_key(config),
         sweep=sweep,
         status=status,
         error=errors[status],
         config=config,
-        derived={"n_params": n_params, "flops_per_token": flops_per_token, "gbs": gbs,
-                 "gbs_tokens": gbs * seq_len, "grad_acc": grad_acc, "world_size": dp},
+        derived={
+            "n_params": n_params,
+            "flops_per_token": flops_per_token,
+            "gbs": gbs,
+            "gbs_tokens": gbs * seq_len,
+            "grad_acc": grad_acc,
+            "world_size": dp,
+        },
         metrics=metrics,
         repeats=repeats,
-        predicted=None if status == Status.INVALID else
-        {"peak_mem_bytes": predicted, "method": "analytic", "fits": predicted <= memory_gb * GIB,
-         "analytic": {"method": "analytic", "peak_mem_bytes": predicted}, "traced": None},
-        env={"torch": "2.13.0", "python": "3.11.7", "device_name": "NVIDIA H100", "backend": "nccl",
-             "hostname": "node0", "threads_per_device": 8, "memory_capacity": "real", "oversubscribed": oversubscribe},
+        predicted=None
+        if status == Status.INVALID
+        else {
+            "peak_mem_bytes": predicted,
+            "method": "analytic",
+            "fits": predicted <= memory_gb * GIB,
+            "analytic": {"method": "analytic", "peak_mem_bytes": predicted},
+            "traced": None,
+        },
+        env={
+            "torch": "2.13.0",
+            "python": "3.11.7",
+            "device_name": "NVIDIA H100",
+            "backend": "nccl",
+            "hostname": "node0",
+            "threads_per_device": 8,
+            "memory_capacity": "real",
+            "oversubscribed": oversubscribe,
+        },
         provenance=Provenance(attempt=1),
         timing=Timing(started_at="2025-01-01T00:00:00+00:00", wall_s=12.5).with_launches(repeats),
     ).to_dict()
@@ -165,8 +210,18 @@ def grid_records(
                     status = FAILURES.get((zero_stage, dp, seq_len, mbs), Status.OK)
                     if peak_mem_bytes(seq_len, mbs, dp, zero_stage) > memory_gb * GIB:
                         status = Status.PREDICTED_OOM if mbs == mbss[-1] else Status.OOM
-                    records.append(make_record(status, seq_len=seq_len, mbs=mbs, grad_acc=max(8 // dp, 1), dp=dp,
-                                               zero_stage=zero_stage, sweep=sweep, memory_gb=memory_gb))
+                    records.append(
+                        make_record(
+                            status,
+                            seq_len=seq_len,
+                            mbs=mbs,
+                            grad_acc=max(8 // dp, 1),
+                            dp=dp,
+                            zero_stage=zero_stage,
+                            sweep=sweep,
+                            memory_gb=memory_gb,
+                        )
+                    )
     return records
 
 
@@ -174,8 +229,10 @@ def write_sweep(sweep_dir: Path, records: Iterable[dict[str, Any]], name: str = 
     """Lay records out as a sweep directory: sweep.json plus <job_key>/result.json each."""
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(sweep_dir / SWEEP_INDEX, {"name": name, "created_at": "2025-01-01T00:00:00+00:00",
-                                                 "hardware": {"name": "h100"}, "runs": []})
+    write_json_atomic(
+        sweep_dir / SWEEP_INDEX,
+        {"name": name, "created_at": "2025-01-01T00:00:00+00:00", "hardware": {"name": "h100"}, "runs": []},
+    )
     for record in records:
         write_json_atomic(job_dir(sweep_dir, record["job_key"]) / RESULT_FILE, record)
     return sweep_dir

@@ -23,7 +23,19 @@ import time
 from pathlib import Path
 from typing import Optional
 
-BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sinfo", "sbatch", "salloc", "srun", "scancel", "squeue", "scontrol")
+BINARIES = (
+    "munged",
+    "mungekey",
+    "slurmctld",
+    "slurmd",
+    "sinfo",
+    "sbatch",
+    "salloc",
+    "srun",
+    "scancel",
+    "squeue",
+    "scontrol",
+)
 APT_HINT = "sudo apt-get install -y slurmctld slurmd slurm-client munge (or: bash scripts/install-system-deps.sh)"
 BASE_DIR = Path(tempfile.gettempdir()) / f"scaling-slurm-{os.getuid()}"
 OWNER_FILE = "owner.pid"
@@ -244,60 +256,77 @@ class SlurmCluster:
         subprocess.run([_bin("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True)
         os.chmod(key, 0o600)
         self.munge_socket = munge / "munge.socket"
-        self._spawn("munged", [
-            _bin("munged"), "--foreground", "--force",
-            f"--socket={self.munge_socket}", f"--key-file={key}", f"--pid-file={munge / 'munged.pid'}",
-            f"--log-file={self.state_dir / 'log' / 'munged.log'}", f"--seed-file={munge / 'munged.seed'}",
-        ])
+        self._spawn(
+            "munged",
+            [
+                _bin("munged"),
+                "--foreground",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={munge / 'munged.pid'}",
+                f"--log-file={self.state_dir / 'log' / 'munged.log'}",
+                f"--seed-file={munge / 'munged.seed'}",
+            ],
+        )
         self._wait(self.munge_socket.exists, 20, "munged's socket")
 
     def _slurm_conf(self) -> str:
         d = self.state_dir
         hw = " ".join(f"{k}={v}" for k, v in node_hardware().items())
         host = socket.gethostname().split(".")[0]
-        node_lines = [f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} {hw} State=UNKNOWN"
-                      for n in self.nodes]
-        return "\n".join([
-            "ClusterName=scaling-test",
-            f"SlurmctldHost={host}(127.0.0.1)",
-            f"SlurmctldPort={free_port()}",
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
-            f"StateSaveLocation={d / 'ctld'}",
-            f"SlurmdSpoolDir={d / 'spool' / '%n'}",
-            f"SlurmctldPidFile={d / 'slurmctld.pid'}",
-            f"SlurmdPidFile={d / 'slurmd-%n.pid'}",
-            f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
-            f"SlurmdLogFile={d / 'log' / 'slurmd-%n.log'}",
-            f"PlugStackConfig={d / 'plugstack.conf'}",
-            "MpiDefault=none",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
-            "SchedulerType=sched/backfill",
-            "SlurmdParameters=config_overrides",
-            "ReturnToService=2",
-            "AccountingStorageType=accounting_storage/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "JobCompType=jobcomp/none",
-            "MailProg=/bin/true",
-            "KillWait=5",
-            *node_lines,
-            f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
-            "",
-        ])
+        node_lines = [
+            f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} {hw} State=UNKNOWN"
+            for n in self.nodes
+        ]
+        return "\n".join(
+            [
+                "ClusterName=scaling-test",
+                f"SlurmctldHost={host}(127.0.0.1)",
+                f"SlurmctldPort={free_port()}",
+                "SlurmUser=root",
+                "SlurmdUser=root",
+                "AuthType=auth/munge",
+                "CredType=cred/munge",
+                f"AuthInfo=socket={self.munge_socket}",
+                f"StateSaveLocation={d / 'ctld'}",
+                f"SlurmdSpoolDir={d / 'spool' / '%n'}",
+                f"SlurmctldPidFile={d / 'slurmctld.pid'}",
+                f"SlurmdPidFile={d / 'slurmd-%n.pid'}",
+                f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
+                f"SlurmdLogFile={d / 'log' / 'slurmd-%n.log'}",
+                f"PlugStackConfig={d / 'plugstack.conf'}",
+                "MpiDefault=none",
+                "ProctrackType=proctrack/linuxproc",
+                "TaskPlugin=task/none",
+                "SelectType=select/cons_tres",
+                "SelectTypeParameters=CR_Core",
+                "SchedulerType=sched/backfill",
+                "SlurmdParameters=config_overrides",
+                "ReturnToService=2",
+                "AccountingStorageType=accounting_storage/none",
+                "JobAcctGatherType=jobacct_gather/none",
+                "JobCompType=jobcomp/none",
+                "MailProg=/bin/true",
+                "KillWait=5",
+                *node_lines,
+                f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
+                "",
+            ]
+        )
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        out = open(self.state_dir / "log" / f"{name}.out", "wb")
-        with out:
+        with open(self.state_dir / "log" / f"{name}.out", "wb") as out:
             # Own session: a Ctrl-C in the terminal reaches pytest, which then tears the cluster down;
             # if pytest is killed outright, the daemons get SIGTERM (PR_SET_PDEATHSIG) instead.
-            self.procs[name] = subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                                start_new_session=True, preexec_fn=_term_with_parent)
+            self.procs[name] = subprocess.Popen(
+                argv,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_term_with_parent,
+            )
 
     def _run(self, argv: list[str]) -> subprocess.CompletedProcess:
         return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30)

@@ -43,29 +43,35 @@ class Truth:
         return [self.tokens_per_s_per_gpu(n) / self.tokens_per_s_per_gpu(dps[0]) for n in dps]
 
 
-def measure(truth: Truth, dps: Sequence[int], rng: np.random.Generator, steps: int = 5,
-            noise: float = 0.02) -> list[Point]:
+def measure(
+    truth: Truth, dps: Sequence[int], rng: np.random.Generator, steps: int = 5, noise: float = 0.02
+) -> list[Point]:
     """The points a sweep would record at each dp: `steps` timed steps, each off by N(0, noise) relative."""
-    return [Point(n, truth.workload.grad_acc_at(n),
-                  tuple(truth.step_time_s(n) * (1 + rng.normal(0, noise, steps)))) for n in dps]
+    return [
+        Point(n, truth.workload.grad_acc_at(n), tuple(truth.step_time_s(n) * (1 + rng.normal(0, noise, steps))))
+        for n in dps
+    ]
 
 
-def profile_of(truth: Truth, rng: np.random.Generator, world_sizes: Sequence[int] = (2, 4, 8, 16),
-               noise: float = 0.05) -> Profile:
+def profile_of(
+    truth: Truth, rng: np.random.Generator, world_sizes: Sequence[int] = (2, 4, 8, 16), noise: float = 0.05
+) -> Profile:
     """What `scaling collectives` would measure of the truth's network: 5 timed calls per collective and size."""
     samples = []
     for n in world_sizes:
         for op in ("all_reduce", "reduce_scatter", "all_gather"):
             for size in (4096, 2**20, 2**24, 2**28):
                 times = [truth.network.tier(n).time_s(op, n, size) * (1 + e) for e in rng.normal(0, noise, 5)]
-                samples.append({"op": op, "world_size": n, "size_bytes": size, "time_s": float(np.median(times)),
-                                "times_s": times})
+                samples.append(
+                    {"op": op, "world_size": n, "size_bytes": size, "time_s": float(np.median(times)), "times_s": times}
+                )
     dpn = truth.network.devices_per_node
     return Profile(f"synthetic, n={','.join(map(str, world_sizes))}", dpn, fit_tiers(samples, dpn), tuple(samples))
 
 
-def h100_network(inter_alpha_s: float = 12e-6, inter_beta: float = 40e9,
-                 devices_per_node: Optional[int] = 8) -> Network:
+def h100_network(
+    inter_alpha_s: float = 12e-6, inter_beta: float = 40e9, devices_per_node: Optional[int] = 8
+) -> Network:
     """NVLink-like tier within a node, InfiniBand-like between nodes."""
     return Network({INTRA: AlphaBeta(3e-6, 360e9), INTER: AlphaBeta(inter_alpha_s, inter_beta)}, devices_per_node)
 
@@ -87,18 +93,54 @@ ADAMW_S_PER_PARAM = 12e-12
 """A fused AdamW step on an H100: about 28 bytes of HBM traffic per fp32 parameter (read p, g, m, v; write p, m, v)
 at some 2.4 TB/s."""
 TRUTHS = (
-    Truth("1B ZeRO-0, overlap 0.5, AdamW", llama_1b(0), h100_network(), compute_s=0.075, overlap=0.5,
-          optimizer_s_per_param=ADAMW_S_PER_PARAM),
-    Truth("1B ZeRO-1, no overlap, a broadcast per tensor, AdamW", llama_1b(1), h100_network(), compute_s=0.075,
-          overlap=0.0, optimizer_s_per_param=ADAMW_S_PER_PARAM),
-    Truth("1B ZeRO-2, overlap 0.5, gathered behind the first forward", llama_1b(2, gbs=1024, mbs=2), h100_network(),
-          compute_s=0.15, overlap=0.5, optimizer_s_per_param=ADAMW_S_PER_PARAM),
-    Truth("1B ZeRO-3, overlap 0.6, clipped", llama_1b(3, gbs=2048, mbs=2, grad_clip=1.0), h100_network(),
-          compute_s=0.15, overlap=0.6, optimizer_s_per_param=ADAMW_S_PER_PARAM),
-    Truth("1B ZeRO-3, recompute, overlap 0.6", llama_1b(3, gbs=2048, mbs=2, recompute="full"), h100_network(),
-          compute_s=0.2, overlap=0.6, optimizer_s_per_param=ADAMW_S_PER_PARAM),
-    Truth("8B ZeRO-1, overlap 0.3", Workload(1, LLAMA_8B, "bf16", 1, 8192, 1024), h100_network(),
-          compute_s=0.95, overlap=0.3, optimizer_s_per_param=ADAMW_S_PER_PARAM),
+    Truth(
+        "1B ZeRO-0, overlap 0.5, AdamW",
+        llama_1b(0),
+        h100_network(),
+        compute_s=0.075,
+        overlap=0.5,
+        optimizer_s_per_param=ADAMW_S_PER_PARAM,
+    ),
+    Truth(
+        "1B ZeRO-1, no overlap, a broadcast per tensor, AdamW",
+        llama_1b(1),
+        h100_network(),
+        compute_s=0.075,
+        overlap=0.0,
+        optimizer_s_per_param=ADAMW_S_PER_PARAM,
+    ),
+    Truth(
+        "1B ZeRO-2, overlap 0.5, gathered behind the first forward",
+        llama_1b(2, gbs=1024, mbs=2),
+        h100_network(),
+        compute_s=0.15,
+        overlap=0.5,
+        optimizer_s_per_param=ADAMW_S_PER_PARAM,
+    ),
+    Truth(
+        "1B ZeRO-3, overlap 0.6, clipped",
+        llama_1b(3, gbs=2048, mbs=2, grad_clip=1.0),
+        h100_network(),
+        compute_s=0.15,
+        overlap=0.6,
+        optimizer_s_per_param=ADAMW_S_PER_PARAM,
+    ),
+    Truth(
+        "1B ZeRO-3, recompute, overlap 0.6",
+        llama_1b(3, gbs=2048, mbs=2, recompute="full"),
+        h100_network(),
+        compute_s=0.2,
+        overlap=0.6,
+        optimizer_s_per_param=ADAMW_S_PER_PARAM,
+    ),
+    Truth(
+        "8B ZeRO-1, overlap 0.3",
+        Workload(1, LLAMA_8B, "bf16", 1, 8192, 1024),
+        h100_network(),
+        compute_s=0.95,
+        overlap=0.3,
+        optimizer_s_per_param=ADAMW_S_PER_PARAM,
+    ),
 )
 """Truths with a knee between dp=16 and dp=512 on 8-GPU nodes: each stage, overlap from none to most, the
 optimizer step of a fused AdamW, clipping, recomputation."""

@@ -29,9 +29,26 @@ def sweep(tmp_path_factory):
 def test_one_row_per_record_with_short_config_columns(sweep):
     df = collect(sweep)
     assert len(df) == len(list(sweep.glob("*/result.json")))
-    for column in ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "precision", "recompute", "hardware",
-                   "memory_gb", "tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "pred_peak_mem_bytes",
-                   "pred_fits", "step_time_s", "n_params", "wall_s"):
+    for column in (
+        "model",
+        "seq_len",
+        "mbs",
+        "grad_acc",
+        "dp",
+        "zero_stage",
+        "precision",
+        "recompute",
+        "hardware",
+        "memory_gb",
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "peak_mem_bytes",
+        "pred_peak_mem_bytes",
+        "pred_fits",
+        "step_time_s",
+        "n_params",
+        "wall_s",
+    ):
         assert column in df.columns, column
     assert list(df.columns[: len(COLUMNS)]) == list(COLUMNS)
     assert set(df["dp"].dropna()) == {1, 2, 4, 8, 16}
@@ -86,22 +103,29 @@ def edited(path, value, **kw):
     return record
 
 
-@pytest.mark.parametrize("record, why", [
-    (edited("derived.world_size", 4, dp=2), "derived.world_size=4 disagrees with config.parallel.dp=2"),
-    (edited("derived.grad_acc", 2, grad_acc=4, dp=2),
-     "derived.grad_acc=2 disagrees with config.train.grad_acc=4; derived.gbs=8 is not mbs × grad_acc × dp = "
-     "1 × 2 × 2 = 4"),
-    (edited("derived.gbs_tokens", 100, dp=2), "derived.gbs_tokens=100 is not gbs × seq_len = 2 × 256 = 512"),
-    (edited("config.train.gbs", 16, dp=2), "config.train.gbs=16 but the record derived 2"),
-    (edited("config.train.mbs", "2", dp=2), "config.train.mbs='2' is not a positive integer"),
-    (edited("config.parallel.zero_stage", 4), "config.parallel.zero_stage=4 is not one of 0, 1, 2, 3"),
-    (edited("derived", None), "derived=null: a point that passed validation records its batch arithmetic"),
-    (edited("derived.n_params", None), "status ok but derived.n_params=None is not a positive integer"),
-    (edited("metrics.step_time_s", 0.0), "status ok but metrics.step_time_s=0.0 is not a positive number"),
-    (edited("config", {"model": {}, "train": {}}), "config lacks parallel, hardware (an experiment config has "
-                                                   "model, train, parallel, hardware)"),
-    (["not", "a", "record"], "not a record: a JSON list, not an object"),
-])
+@pytest.mark.parametrize(
+    "record, why",
+    [
+        (edited("derived.world_size", 4, dp=2), "derived.world_size=4 disagrees with config.parallel.dp=2"),
+        (
+            edited("derived.grad_acc", 2, grad_acc=4, dp=2),
+            "derived.grad_acc=2 disagrees with config.train.grad_acc=4; derived.gbs=8 is not mbs × grad_acc × dp = "
+            "1 × 2 × 2 = 4",
+        ),
+        (edited("derived.gbs_tokens", 100, dp=2), "derived.gbs_tokens=100 is not gbs × seq_len = 2 × 256 = 512"),
+        (edited("config.train.gbs", 16, dp=2), "config.train.gbs=16 but the record derived 2"),
+        (edited("config.train.mbs", "2", dp=2), "config.train.mbs='2' is not a positive integer"),
+        (edited("config.parallel.zero_stage", 4), "config.parallel.zero_stage=4 is not one of 0, 1, 2, 3"),
+        (edited("derived", None), "derived=null: a point that passed validation records its batch arithmetic"),
+        (edited("derived.n_params", None), "status ok but derived.n_params=None is not a positive integer"),
+        (edited("metrics.step_time_s", 0.0), "status ok but metrics.step_time_s=0.0 is not a positive number"),
+        (
+            edited("config", {"model": {}, "train": {}}),
+            "config lacks parallel, hardware (an experiment config has model, train, parallel, hardware)",
+        ),
+        (["not", "a", "record"], "not a record: a JSON list, not an object"),
+    ],
+)
 def test_record_problem_names_the_field_its_value_and_what_would_agree(record, why):
     assert record_problem(record) == why
 
@@ -111,8 +135,9 @@ def test_collect_leaves_out_what_it_cannot_use_and_names_each_once(tmp_path, cap
     bad["derived"]["gbs_tokens"] = 256
     sweep = write_sweep(tmp_path / "s", [good, bad])
     assert list(collect(sweep)["job_key"]) == [good["job_key"]]
-    assert capsys.readouterr().err == (f"[analysis] left out {bad['job_key']}: derived.gbs=1 is not mbs × grad_acc × "
-                                       "dp = 1 × 1 × 8 = 8\n")
+    assert capsys.readouterr().err == (
+        f"[analysis] left out {bad['job_key']}: derived.gbs=1 is not mbs × grad_acc × dp = 1 × 1 × 8 = 8\n"
+    )
     left_out: list[LeftOut] = []
     assert len(collect(sweep, left_out=left_out)) == 1 and capsys.readouterr().err == ""  # the caller names them
     assert left_out == [LeftOut(bad["job_key"], "derived.gbs=1 is not mbs × grad_acc × dp = 1 × 1 × 8 = 8")]
@@ -137,14 +162,36 @@ def test_wandb_run_maps_to_the_same_row_as_the_record():
     record = make_record("ok", seq_len=512, mbs=4, grad_acc=2, dp=4, zero_stage=2)
     # run.config is the resolved config (nested), run.summary flat keys with slashes, as W&B stores them
     config = {**json.loads(json.dumps(record["config"])), "_wandb": {"cli_version": "0.31.0"}}
-    summary = {"status": "ok", "error": None, "job_key": record["job_key"], "_step": 0, "_runtime": 3.2,
-               **{f"metrics/{k}": v for k, v in record["metrics"].items()},
-               **{f"derived/{k}": v for k, v in record["derived"].items()},
-               **{f"predicted/{k}": v for k, v in record["predicted"].items()}}
-    (row,) = latest_attempts([{"id": "abc123", "config": config, "summary": summary, "group": "synthetic"}]).to_dict("records")
+    summary = {
+        "status": "ok",
+        "error": None,
+        "job_key": record["job_key"],
+        "_step": 0,
+        "_runtime": 3.2,
+        **{f"metrics/{k}": v for k, v in record["metrics"].items()},
+        **{f"derived/{k}": v for k, v in record["derived"].items()},
+        **{f"predicted/{k}": v for k, v in record["predicted"].items()},
+    }
+    (row,) = latest_attempts([{"id": "abc123", "config": config, "summary": summary, "group": "synthetic"}]).to_dict(
+        "records"
+    )
     expected = record_to_row(record)
-    for column in ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "status", "job_key",
-                   "tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "pred_peak_mem_bytes", "n_params", "sweep"):
+    for column in (
+        "model",
+        "seq_len",
+        "mbs",
+        "grad_acc",
+        "dp",
+        "zero_stage",
+        "status",
+        "job_key",
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "peak_mem_bytes",
+        "pred_peak_mem_bytes",
+        "n_params",
+        "sweep",
+    ):
         assert row[column] == expected[column], column
     assert row["wandb_run_id"] == "abc123"
 
@@ -154,7 +201,13 @@ def test_wandb_summary_with_top_level_metrics_and_dotted_config():
     config = {f"{group}.{k}": v for group, section in record["config"].items() for k, v in section.items()}
     summary = {"status": "oom", "error": "torch.OutOfMemoryError: x", "peak_mem_bytes": 123}
     (row,) = latest_attempts([{"id": "r1", "config": config, "summary": summary, "group": "g"}]).to_dict("records")
-    assert (row["status"], row["dp"], row["peak_mem_bytes"], row["sweep"], row["wandb_run_id"]) == ("oom", 2, 123, "g", "r1")
+    assert (row["status"], row["dp"], row["peak_mem_bytes"], row["sweep"], row["wandb_run_id"]) == (
+        "oom",
+        2,
+        123,
+        "g",
+        "r1",
+    )
     assert pd.isna(row["tokens_per_s_per_gpu"])
 
 
@@ -185,16 +238,26 @@ def test_models_without_a_parameter_count_sort_after_by_name():
 
 def test_noise_device_and_memory_check_columns():
     record = make_record("ok", dp=2, noise_band_frac=0.04, threads_per_device=2, oversubscribe=True)
-    record["metrics"].update(repeats_ok=3, repeat_spread_frac=0.04, tokens_per_s_per_gpu_repeats=[1.0, 2.0, 3.0],
-                             peak_mem_source="mem_tracker", peak_rss_growth_bytes=7, peak_flops_source="cache",
-                             peak_flops_measured_at="2026-11-22T10:00:00Z")
+    record["metrics"].update(
+        repeats_ok=3,
+        repeat_spread_frac=0.04,
+        tokens_per_s_per_gpu_repeats=[1.0, 2.0, 3.0],
+        peak_mem_source="mem_tracker",
+        peak_rss_growth_bytes=7,
+        peak_flops_source="cache",
+        peak_flops_measured_at="2026-11-22T10:00:00Z",
+    )
     record["predicted"].update(traced={"method": "traced", "peak_mem_bytes": 5}, sampled=True)
     df = to_frame([record_to_row(record)])
     row = df.iloc[0]
     assert (row["threads_per_device"], row["oversubscribe"], row["oversubscribed"]) == (2, True, True)
     assert (row["noise_band_frac"], row["step_time_spread_frac"], row["repeat_spread_frac"]) == (0.04, 0.04, 0.04)
     assert row["repeats_ok"] == 3 and list(row["tokens_per_s_per_gpu_repeats"]) == [1.0, 2.0, 3.0]
-    assert (row["peak_mem_source"], row["peak_rss_growth_bytes"], row["peak_flops_source"]) == ("mem_tracker", 7, "cache")
+    assert (row["peak_mem_source"], row["peak_rss_growth_bytes"], row["peak_flops_source"]) == (
+        "mem_tracker",
+        7,
+        "cache",
+    )
     assert row["pred_analytic_peak_mem_bytes"] == record["predicted"]["peak_mem_bytes"]
     assert (row["pred_traced_peak_mem_bytes"], row["pred_sampled"]) == (5, True)
     assert {"threads_per_device", "oversubscribe"} <= set(CONFIG_AXES)

@@ -37,8 +37,10 @@ def test_find_knee_rejects_bad_input():
 
 def test_sentences_state_where_dp_stops_paying_off():
     s = knee_sentence("llama_1b, seq 4096, ZeRO-1", [1, 2, 4, 8, 16], [1.0, 0.97, 0.92, 0.85, 0.62], 8, 16, 0.8)
-    assert s.startswith("for llama_1b, seq 4096, ZeRO-1: DP stops paying off after dp=8; "
-                        "efficiency falls from 85% (dp=8) to 62% (dp=16)")
+    assert s.startswith(
+        "for llama_1b, seq 4096, ZeRO-1: DP stops paying off after dp=8; "
+        "efficiency falls from 85% (dp=8) to 62% (dp=16)"
+    )
     s = knee_sentence("tiny, seq 256, ZeRO-0", [1, 2, 4], [1.0, 0.95, 0.9], 4, None, 0.8)
     assert "DP keeps paying off up to dp=4, the largest measured; efficiency stays ≥ 80% (90% at dp=4" in s
 
@@ -63,9 +65,11 @@ def test_knees_of_the_sweep(df):
 
 
 def test_best_grad_acc_stands_for_a_dp():
-    rows = [make_record(dp=1, grad_acc=4, tokens_per_s_per_gpu_value=100.0),
-            make_record(dp=2, grad_acc=2, tokens_per_s_per_gpu_value=70.0),
-            make_record(dp=2, grad_acc=4, tokens_per_s_per_gpu_value=90.0)]
+    rows = [
+        make_record(dp=1, grad_acc=4, tokens_per_s_per_gpu_value=100.0),
+        make_record(dp=2, grad_acc=2, tokens_per_s_per_gpu_value=70.0),
+        make_record(dp=2, grad_acc=4, tokens_per_s_per_gpu_value=90.0),
+    ]
     table = scaling_table(to_frame(record_to_row(r) for r in rows))
     assert list(table["efficiency"]) == [1.0, 0.9] and list(table["grad_acc"]) == [4, 4]
 
@@ -99,8 +103,10 @@ def test_the_knee_is_stated_with_the_dps_it_may_lie_at_within_noise():
     (k,) = knees(to_frame(record_to_row(r) for r in _curve(0.05)))
     assert (k.knee_dp, k.next_dp, k.within_noise) == (8, 16, (4,))
     assert k.noise_frac == pytest.approx((0.0, 0.1, 0.1, 0.1, 0.1))
-    assert ("DP stops paying off after dp=8 (dp=4 within noise); efficiency falls from 85% ± 8 pts (dp=8) to "
-            "62% ± 6 pts (dp=16)") in k.sentence
+    assert (
+        "DP stops paying off after dp=8 (dp=4 within noise); efficiency falls from 85% ± 8 pts (dp=8) to "
+        "62% ± 6 pts (dp=16)"
+    ) in k.sentence
     (k,) = knees(to_frame(record_to_row(r) for r in _curve(0.15)))  # ±30%: 62% may be 81%, 97% may be 68%
     assert k.within_noise == (1, 2, 4, 16)
     (k,) = knees(to_frame(record_to_row(r) for r in _curve(0.0)))
@@ -109,8 +115,10 @@ def test_the_knee_is_stated_with_the_dps_it_may_lie_at_within_noise():
 
 
 def test_points_of_different_thread_counts_never_share_a_curve():
-    rows = [record_to_row(r) for r in _curve(0.0) + _curve(0.0, threads_per_device=2)
-            + _curve(0.0, oversubscribe=True)]
+    rows = [record_to_row(r) for r in _curve(0.0) + _curve(0.0, threads_per_device=2) + _curve(0.0, oversubscribe=True)]
     found = {k.config for k in knees(to_frame(rows))}
-    assert found == {"tiny, seq 256, ZeRO-0, 1 thread/device", "tiny, seq 256, ZeRO-0, 2 threads/device",
-                     "tiny, seq 256, ZeRO-0, 1 thread/device, oversubscription allowed"}
+    assert found == {
+        "tiny, seq 256, ZeRO-0, 1 thread/device",
+        "tiny, seq 256, ZeRO-0, 2 threads/device",
+        "tiny, seq 256, ZeRO-0, 1 thread/device, oversubscription allowed",
+    }

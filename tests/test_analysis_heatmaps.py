@@ -72,8 +72,9 @@ def test_memory_best_is_the_smallest(df):
 def test_cells_take_the_best_ok_value_and_count_records(df):
     table = cells(df, "mbs", "seq_len", "tokens_per_s_per_gpu")
     assert table.loc[(256, 1), "n"] == 10  # 5 dp x 2 ZeRO stages fall into one cell
-    assert table.loc[(256, 1), "value"] == pytest.approx(df.loc[(df["seq_len"] == 256) & (df["mbs"] == 1),
-                                                                "tokens_per_s_per_gpu"].max())
+    assert table.loc[(256, 1), "value"] == pytest.approx(
+        df.loc[(df["seq_len"] == 256) & (df["mbs"] == 1), "tokens_per_s_per_gpu"].max()
+    )
     assert table.loc[(1024, 4), "status"] == "ok"  # OOM under ZeRO-0 but ok when sharded: ok wins
 
 
@@ -145,8 +146,11 @@ def test_render_pngs_draws_each_figure_in_a_forked_worker_as_drawn_here(df, tmp_
 
 def _noisy_facet(tmp_path, bands: dict, **extra):
     """One facet (ZeRO-0, dp=1) over seq_len x mbs whose ok points carry the given noise bands."""
-    records = [make_record(seq_len=seq, mbs=mbs, noise_band_frac=bands.get((seq, mbs), 0.0), **extra)
-               for seq in (256, 512) for mbs in (1, 2, 4, 8)]
+    records = [
+        make_record(seq_len=seq, mbs=mbs, noise_band_frac=bands.get((seq, mbs), 0.0), **extra)
+        for seq in (256, 512)
+        for mbs in (1, 2, 4, 8)
+    ]
     return collect(write_sweep(tmp_path, records))
 
 

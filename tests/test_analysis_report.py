@@ -31,17 +31,30 @@ def test_report_files_and_sections(report):
     sweep, paths = report
     assert paths["html"] == sweep / "report" / "report.html"
     md = paths["markdown"].read_text()
-    for heading in ("# Sweep report: grid", "## Status counts", "## Top configurations", "## Heatmaps",
-                    "## Data-parallel scaling", "## DP extrapolation beyond the measured dp", "## Predicted vs measured memory",
-                    "## Failures"):
+    for heading in (
+        "# Sweep report: grid",
+        "## Status counts",
+        "## Top configurations",
+        "## Heatmaps",
+        "## Data-parallel scaling",
+        "## DP extrapolation beyond the measured dp",
+        "## Predicted vs measured memory",
+        "## Failures",
+    ):
         assert heading in md, heading
     assert "| oom | 6 |" in md and "| predicted_oom | 6 |" in md and "| invalid | 1 |" in md
     assert "DP stops paying off after dp=8; efficiency falls from 85% (dp=8) to 62% (dp=16)" in md
     assert "Those are the 8 fastest configurations; the table has the knees of all 20." in md
     # the fastest point heads the table, its memory in the unit that reads best
     assert "| tiny | 256 | 8 | 8 | 1 | 0 | bf16 | none | 28,284 | ±0.0% | 1 | ★ best | 21.3% | 10.0 GiB |" in md
-    for name in ("tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "dp_scaling", "dp_extrapolation_0",
-                 "memory_prediction"):
+    for name in (
+        "tokens_per_s_per_gpu",
+        "mfu",
+        "peak_mem_bytes",
+        "dp_scaling",
+        "dp_extrapolation_0",
+        "memory_prediction",
+    ):
         assert paths[f"figure:{name}"].exists()
         assert f"(figures/{name}.png)" in md
     assert len(pd.read_parquet(paths["parquet"])) == len(list(sweep.glob("*/result.json")))
@@ -52,15 +65,24 @@ def _truth_sweep(path, truth, dps, rng):
     w, records = truth.workload, []
     for n in dps:
         times = [truth.step_time_s(n) * (1 + e) for e in rng.normal(0, 0.02, 5)]
-        r = make_record(model="llama_1b", seq_len=w.seq_len, mbs=w.mbs, grad_acc=w.grad_acc_at(n), dp=n,
-                        zero_stage=w.zero_stage, precision=w.precision, memory_gb=80.0)
+        r = make_record(
+            model="llama_1b",
+            seq_len=w.seq_len,
+            mbs=w.mbs,
+            grad_acc=w.grad_acc_at(n),
+            dp=n,
+            zero_stage=w.zero_stage,
+            precision=w.precision,
+            memory_gb=80.0,
+        )
         r["config"]["hardware"]["devices_per_node"] = 8
         r["config"]["model"].update(dataclasses.asdict(w.model))
         r["job_key"] = job_key(r["config"])
         r["derived"]["n_params"] = w.n_params
         step = float(np.median(times))
-        r["metrics"].update(step_time_s=step, step_times_s=times,
-                            tokens_per_s_per_gpu=w.mbs * w.seq_len * w.grad_acc_at(n) / step)
+        r["metrics"].update(
+            step_time_s=step, step_times_s=times, tokens_per_s_per_gpu=w.mbs * w.seq_len * w.grad_acc_at(n) / step
+        )
         records.append(r)
     return write_sweep(path, records, name="truth")
 
@@ -72,15 +94,19 @@ def test_extrapolation_names_each_source_its_knee_range_and_reach(tmp_path):
     sweep = _truth_sweep(tmp_path / "s", truth, (1, 2, 4, 8), rng)
     save_profile(sweep / PROFILE_FILE, profile_of(truth, rng, world_sizes=(2, 8, 16)))
     md = write_report(sweep, jobs=1)["markdown"].read_text()
-    section = md[md.index("## DP extrapolation beyond the measured dp"):md.index("## Predicted vs measured")]
+    section = md[md.index("## DP extrapolation beyond the measured dp") : md.index("## Predicted vs measured")]
     assert "llama_1b, seq 4096, ZeRO-0: global batch fixed at 512 samples: grad_acc = 512 / (1 × dp)." in section
-    assert ("(a) fitted to this sweep's DP curve: efficiency stays ≥ 80% up to dp=8, the last dp it predicts "
-            "(in 95% of the draws the first dp below 80% is beyond dp=8; no dp beyond the measured 8 can be "
-            "predicted). Measured dp 1, 2, 4, 8: 3 point(s) with communication identify") in section
+    assert (
+        "(a) fitted to this sweep's DP curve: efficiency stays ≥ 80% up to dp=8, the last dp it predicts "
+        "(in 95% of the draws the first dp below 80% is beyond dp=8; no dp beyond the measured 8 can be "
+        "predicted). Measured dp 1, 2, 4, 8: 3 point(s) with communication identify"
+    ) in section
     assert "; the tier between nodes (no measured dp spans more than 8 ranks). Stops at dp=8: " in section
     assert "Stops at dp=8: this source has no figures for the tier between nodes." in section
-    for source in ("(b) scaling collectives profile (synthetic, n=2,8,16)", "(c) published h100 figures "
-                   "(conf/network/h100.yaml)"):
+    for source in (
+        "(b) scaling collectives profile (synthetic, n=2,8,16)",
+        "(c) published h100 figures (conf/network/h100.yaml)",
+    ):
         line = next(p for p in section.split("\n\n") if p.startswith(source))
         assert ": efficiency falls below 80% between dp=32 and dp=64 (in 95% of the draws the first dp below " in line
         assert "extrapolated from dp ≤ 8 to dp=512, 64× past the largest measured dp" in line
@@ -93,8 +119,12 @@ def test_html_is_self_contained_with_embedded_pngs(report):
     _, paths = report
     page = paths["html"].read_text()
     images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)"', page)
-    assert {name for name, _ in images} >= {"tokens_per_s_per_gpu", "dp_scaling", "dp_extrapolation_0",
-                 "memory_prediction"}
+    assert {name for name, _ in images} >= {
+        "tokens_per_s_per_gpu",
+        "dp_scaling",
+        "dp_extrapolation_0",
+        "memory_prediction",
+    }
     for _, data in images:
         assert base64.b64decode(data).startswith(b"\x89PNG")
     assert not re.search(r'(src|href)="(?!data:)', page)  # nothing loaded from elsewhere
@@ -155,17 +185,21 @@ def test_records_the_analysis_cannot_use_are_named_and_left_out_and_the_report_i
     assert main([str(sweep), "--jobs", "1"]) == 0
     err = capsys.readouterr().err
     md = (sweep / "report" / "report.md").read_text()
-    why = {gbs["job_key"]: "derived.gbs=1 is not mbs × grad_acc × dp = 1 × 1 × 8 = 8",
-           status["job_key"]: "status='exploded' is not one of ok, oom, predicted_oom, timeout, failed, invalid",
-           older["job_key"]: "config.parallel.dp=None is not a positive integer",
-           bare["job_key"]: "status ok but metrics.tokens_per_s_per_gpu=None is not a positive number"}
+    why = {
+        gbs["job_key"]: "derived.gbs=1 is not mbs × grad_acc × dp = 1 × 1 × 8 = 8",
+        status["job_key"]: "status='exploded' is not one of ok, oom, predicted_oom, timeout, failed, invalid",
+        older["job_key"]: "config.parallel.dp=None is not a positive integer",
+        bare["job_key"]: "status ok but metrics.tokens_per_s_per_gpu=None is not a positive number",
+    }
     for key, reason in why.items():
         assert err.count(f"[scaling report] left out {key}: {reason}") == 1, err
         assert f"| {key} | {reason}" in md
     assert err.count("left out") == len(why)
     assert f"5 records in `{sweep}` (4 more left out: see Records left out)" in md
     assert "## Records left out" in md and "## DP extrapolation beyond the measured dp" in md
-    assert sorted(pd.read_parquet(sweep / "report" / "results.parquet")["job_key"]) == sorted(r["job_key"] for r in good)
+    assert sorted(pd.read_parquet(sweep / "report" / "results.parquet")["job_key"]) == sorted(
+        r["job_key"] for r in good
+    )
 
 
 def test_wandb_report_run_offline_typed_tables_and_artifacts(tmp_path, monkeypatch):
@@ -181,15 +215,21 @@ def test_wandb_report_run_offline_typed_tables_and_artifacts(tmp_path, monkeypat
         time.sleep(0.2)
         runs = [read_offline_run(p) for p in sorted((sweep / "wandb").glob("offline-run-*/run-*.wandb"))]
     # beside the points' runs, in the sweep's own wandb folder: one `wandb sync` of it takes everything
-    assert [(r["project"], r["group"], r["job_type"]) for r in runs] == [("from-env", "grid", "report"),
-                                                                         ("cli", "grid", "report")]
+    assert [(r["project"], r["group"], r["job_type"]) for r in runs] == [
+        ("from-env", "grid", "report"),
+        ("cli", "grid", "report"),
+    ]
     run_dir = next((sweep / "wandb").glob("offline-run-*"))
     assert {(a["type"], tuple(a["files"])) for a in runs[0]["artifacts"] if a["type"] != "run_table"} == {
-        ("dataset", ("results.parquet",)), ("report", ("report.html", "report.md"))}
+        ("dataset", ("results.parquet",)),
+        ("report", ("report.html", "report.md")),
+    }
     media = {p.name.split("_0_")[0] for p in (run_dir / "files" / "media" / "images" / "report").glob("*.png")}
     assert {"tokens_per_s_per_gpu", "mfu", "peak_mem_bytes", "dp_scaling"} <= media
-    tables = {p.name.split("_0_")[0]: json.loads(p.read_text())
-              for p in (run_dir / "files" / "media" / "table" / "report").glob("*.json")}
+    tables = {
+        p.name.split("_0_")[0]: json.loads(p.read_text())
+        for p in (run_dir / "files" / "media" / "table" / "report").glob("*.json")
+    }
     assert {"status_counts", "top_configurations", "records"} <= set(tables)
     top = tables["top_configurations"]
     row = dict(zip(top["columns"], top["data"][0]))  # typed cells: numbers stay numbers
@@ -205,8 +245,12 @@ def _cpu_record(seq_len: int, mbs: int, status: str = "ok", **extra) -> dict:
     record["env"]["memory_capacity"] = "emulated"
     if record["metrics"] is not None and status == "ok":
         peak = record["metrics"]["peak_mem_bytes"]
-        record["metrics"].update(peak_mem_source="mem_tracker", peak_rss_growth_bytes=int(1.5 * peak),
-                                 peak_flops_source="measured", peak_flops_measured_at="2026-11-22T10:00:00Z")
+        record["metrics"].update(
+            peak_mem_source="mem_tracker",
+            peak_rss_growth_bytes=int(1.5 * peak),
+            peak_flops_source="measured",
+            peak_flops_measured_at="2026-11-22T10:00:00Z",
+        )
     return record
 
 
@@ -222,16 +266,24 @@ def test_memory_section_compares_independent_measures_and_never_the_tracker_with
         r["predicted"]["sampled"] = True
     md = write_report(write_sweep(tmp_path / "s", records + sampled), out_dir=tmp_path / "r")["markdown"].read_text()
     section = md.split("## Predicted vs measured memory")[1].split("\n## ")[0]
-    assert "Measured peak memory per rank (the largest rank's): live tensor bytes under torch's memory tracker" in section
-    assert ("Analytic prediction vs measured: median relative error 7.5% (largest 20.0%) over 4 ok points; 4 of them "
-            "are of tiny and small, whose traced steps its activation coefficients were read off, so there the "
-            "agreement is in-sample") in section
-    assert ("Traced prediction vs the tracker on the 2 points the pre-screen traced: the trace runs the same model "
-            "under the same tracker on fake tensors, so this compares the tracker with itself and is not an accuracy "
-            "figure: the trace reproduces the tracker to within 0.0% (largest 0.0%).") in section
+    assert (
+        "Measured peak memory per rank (the largest rank's): live tensor bytes under torch's memory tracker" in section
+    )
+    assert (
+        "Analytic prediction vs measured: median relative error 7.5% (largest 20.0%) over 4 ok points; 4 of them "
+        "are of tiny and small, whose traced steps its activation coefficients were read off, so there the "
+        "agreement is in-sample"
+    ) in section
+    assert (
+        "Traced prediction vs the tracker on the 2 points the pre-screen traced: the trace runs the same model "
+        "under the same tracker on fake tensors, so this compares the tracker with itself and is not an accuracy "
+        "figure: the trace reproduces the tracker to within 0.0% (largest 0.0%)."
+    ) in section
     assert "is 1.50× the tracked peak (median over 4 points; 1.50× to 1.50×)" in section
-    assert ("3 points predicted not to fit were run anyway as a sample: 2 really ran out of memory, 1 ran ok (false "
-            "positives of the pre-screen).") in section
+    assert (
+        "3 points predicted not to fit were run anyway as a sample: 2 really ran out of memory, 1 ran ok (false "
+        "positives of the pre-screen)."
+    ) in section
     assert "an OOM there is an OOM (emulated capacity), not an out-of-memory the machine measured" in section
     assert "Median relative error of the memory prediction" not in md
     assert "OOM = OOM (emulated capacity): the tracked tensor bytes passed hardware.memory_gb" in md
@@ -254,8 +306,10 @@ def test_memory_figure_draws_each_prediction_and_the_rss_beside_the_tracker(tmp_
 
 def test_ties_noise_knee_uncertainty_and_oversubscription_in_words(tmp_path):
     fast = [make_record(dp=dp, grad_acc=max(8 // dp, 1), noise_band_frac=0.05) for dp in (1, 2, 4, 8, 16)]
-    over = [make_record(dp=dp, mbs=2, grad_acc=max(8 // dp, 1), oversubscribe=True, tokens_per_s_per_gpu_value=v)
-            for dp, v in ((1, 5000.0), (2, 3000.0))]
+    over = [
+        make_record(dp=dp, mbs=2, grad_acc=max(8 // dp, 1), oversubscribe=True, tokens_per_s_per_gpu_value=v)
+        for dp, v in ((1, 5000.0), (2, 3000.0))
+    ]
     for r in fast[:2]:  # dp 1 and 2 launched three times
         r["metrics"].update(repeats_ok=3, repeat_spread_frac=0.05)
     md = write_report(write_sweep(tmp_path / "s", fast + over), out_dir=tmp_path / "r")["markdown"].read_text()
@@ -264,8 +318,12 @@ def test_ties_noise_knee_uncertainty_and_oversubscription_in_words(tmp_path):
     assert "★ best" in rows[0] and "| ±5.0% | 3 |" in rows[0]
     assert "≈ within noise" in rows[1]  # dp=2: 3% below, the bands ±5% overlap
     assert not any("within noise" in row for row in rows if "| 16 |" in row)
-    assert ("Over 7 ok points the band is ±5.0% at the median (largest ±5.0%)" in md
-            and "2 points were launched 3 to 3 times: their repeat-to-repeat spread is ±5.0%" in md)
+    assert (
+        "Over 7 ok points the band is ±5.0% at the median (largest ±5.0%)" in md
+        and "2 points were launched 3 to 3 times: their repeat-to-repeat spread is ±5.0%" in md
+    )
     assert "DP stops paying off after dp=8 (dp=4 within noise); efficiency falls from 85% ± 8 pts (dp=8)" in md
-    assert ("Oversubscribed (hardware.oversubscribe=true, ranks sharing cores): tiny, seq 256, mbs=2, ZeRO-0, "
-            "oversubscription allowed at dp=1, 2.") in md
+    assert (
+        "Oversubscribed (hardware.oversubscribe=true, ranks sharing cores): tiny, seq 256, mbs=2, ZeRO-0, "
+        "oversubscription allowed at dp=1, 2."
+    ) in md

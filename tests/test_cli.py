@@ -17,15 +17,22 @@ from scaling.sweep.named import available, describe, find_sweep
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 # A point that times out at once (torchrun is killed before any rank starts) and one rejected before launch.
-TIMEOUT_AND_INVALID = ["logger=none", "train.steps=1", "train.warmup_steps=0", "launch.timeout_s=0.01",
-                       "parallel.zero_stage=0,5"]
+TIMEOUT_AND_INVALID = [
+    "logger=none",
+    "train.steps=1",
+    "train.warmup_steps=0",
+    "launch.timeout_s=0.01",
+    "parallel.zero_stage=0,5",
+]
 
 
 def command(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
 
 
-@pytest.mark.parametrize("entry", [["scaling", "run"], ["python", "-m", "scaling", "run"]], ids=["scaling-run", "module"])
+@pytest.mark.parametrize(
+    "entry", [["scaling", "run"], ["python", "-m", "scaling", "run"]], ids=["scaling-run", "module"]
+)
 def test_a_multirun_with_a_timed_out_point_exits_1_after_every_point(entry, tmp_path):
     exe = [str(BIN / "scaling"), *entry[1:]] if entry[0] == "scaling" else [sys.executable, *entry[1:]]
     out = command([*exe, "-m", *TIMEOUT_AND_INVALID, f"sweep_dir={tmp_path / 'runs'}"], tmp_path)
@@ -34,14 +41,16 @@ def test_a_multirun_with_a_timed_out_point_exits_1_after_every_point(entry, tmp_
     assert out.stdout.strip().splitlines()[-1].startswith("sweep adhoc: 2 points: 1 timeout, 1 invalid")
     assert "scaling run: 1 timeout of 2 points" in out.stderr
     # Without a failed or timed-out point the same command exits 0.
-    invalid_only = command([*exe, "-m", "logger=none", "parallel.zero_stage=5,6", f"sweep_dir={tmp_path / 'ok'}"],
-                           tmp_path)
+    invalid_only = command(
+        [*exe, "-m", "logger=none", "parallel.zero_stage=5,6", f"sweep_dir={tmp_path / 'ok'}"], tmp_path
+    )
     assert invalid_only.returncode == 0, invalid_only.stderr[-2000:]
 
 
 def test_a_single_timed_out_point_exits_1(tmp_path):
-    out = command([sys.executable, "-m", "scaling", "run", *TIMEOUT_AND_INVALID[:-1], f"sweep_dir={tmp_path}"],
-                  tmp_path)
+    out = command(
+        [sys.executable, "-m", "scaling", "run", *TIMEOUT_AND_INVALID[:-1], f"sweep_dir={tmp_path}"], tmp_path
+    )
     assert out.returncode == 1 and "1 timeout of 1 points" in out.stderr, out.stderr[-2000:]
 
 
@@ -69,7 +78,10 @@ def test_completion_targets():
     assert completion_target("scaling sweep d")[0] == available()
     path = find_sweep("demo")
     assert completion_target("scaling sweep demo hardware=") == (
-        None, ["--config-dir", str(path.parent), "--config-name", "demo"], "scaling hardware=")
+        None,
+        ["--config-dir", str(path.parent), "--config-name", "demo"],
+        "scaling hardware=",
+    )
     assert completion_target("scaling run model=tiny train.") == (None, [], "scaling model=tiny train.")
     assert completion_target("scaling report ru")[0] == []
 
@@ -94,5 +106,8 @@ def test_bash_completion_of_scaling_run_and_scaling_sweep(tmp_path):
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     out = subprocess.run(["bash", "-c", COMPLETE], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.stdout.splitlines() == [
-        "run", "demo dp_scaling", "model=llama_1b model=llama_3b model=llama_70b model=llama_8b",
-        "parallel.zero_stage="], out.stderr[-2000:]
+        "run",
+        "demo dp_scaling",
+        "model=llama_1b model=llama_3b model=llama_70b model=llama_8b",
+        "parallel.zero_stage=",
+    ], out.stderr[-2000:]

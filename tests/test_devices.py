@@ -115,8 +115,14 @@ def test_points_inside_one_slurm_allocation_lease_disjoint_gpus(slurm_cluster, t
     script = tmp_path / "in_job.py"
     script.write_text(IN_JOB)
     both = f"{sys.executable} {script} & {sys.executable} {script} & wait"
-    done = subprocess.run(["salloc", "--nodes=1", "--time=5", "bash", "-c", both], cwd=Path(__file__).parents[1],
-                          env=lock_env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["salloc", "--nodes=1", "--time=5", "bash", "-c", both],
+        cwd=Path(__file__).parents[1],
+        env=lock_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     a, b = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     overlap = a["start"] < b["end"] and b["start"] < a["end"]
@@ -157,14 +163,24 @@ def test_a_killed_holder_releases_its_slots(tmp_path, lock_env):
 
 
 def run_sweep(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scaling", "run", "-m", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "scaling", "run", "-m", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
 
 
 def test_parallel_launcher_runs_jobs_at_once_but_cpu_launches_one_at_a_time(tmp_path, lock_env):
     sweep_dir = tmp_path / "runs"
-    out = run_sweep(["hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *FAST, "train.seed=1,2",
-                     f"sweep_dir={sweep_dir}"], tmp_path, lock_env)
+    out = run_sweep(
+        ["hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *FAST, "train.seed=1,2", f"sweep_dir={sweep_dir}"],
+        tmp_path,
+        lock_env,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     records = list(iter_records(sweep_dir))
     assert sorted(r["status"] for r in records) == ["ok", "ok"]
@@ -186,10 +202,27 @@ def test_parallel_launcher_runs_jobs_at_once_but_cpu_launches_one_at_a_time(tmp_
 
 def test_killing_a_parallel_sweep_leaves_no_point_running(tmp_path, lock_env):
     sweep_dir = tmp_path / "killed"
-    driver = subprocess.Popen([sys.executable, "-m", "scaling", "run", "-m", "hydra/launcher=parallel",
-                               "hydra.launcher.n_jobs=2", *FAST, "train.fault=hang", "launch.timeout_s=120",
-                               "train.seed=1,2", f"sweep_dir={sweep_dir}"], cwd=tmp_path, env=lock_env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "scaling",
+            "run",
+            "-m",
+            "hydra/launcher=parallel",
+            "hydra.launcher.n_jobs=2",
+            *FAST,
+            "train.fault=hang",
+            "launch.timeout_s=120",
+            "train.seed=1,2",
+            f"sweep_dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        env=lock_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while time.time() < deadline:
         family = psutil.Process(driver.pid).children(recursive=True)

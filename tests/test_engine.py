@@ -54,12 +54,27 @@ def test_fsdp_communication_per_step(tmp_path):
     in both modes and reduce-scatters once per micro-step or once; ZeRO-3 gathers each block before forward
     and backward of every micro-step, the root once per micro-step."""
     out = tmp_path / "counts.json"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                    "-m", "tests.fsdp_gathers", str(out)], check=True, timeout=300, cwd=Path(__file__).parent.parent,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "tests.fsdp_gathers",
+            str(out),
+        ],
+        check=True,
+        timeout=300,
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+    )
     assert json.loads(out.read_text()) == {  # [all-gathers, reduce-scatters]
-        "2/every_micro_step": [3, 9], "2/last_micro_step": [3, 3],
-        "3/every_micro_step": [15, 9], "3/last_micro_step": [15, 3],
+        "2/every_micro_step": [3, 9],
+        "2/last_micro_step": [3, 3],
+        "3/every_micro_step": [15, 9],
+        "3/last_micro_step": [15, 3],
     }
 
 
@@ -77,8 +92,19 @@ def test_record_schema(sweep_dir):
     rec = point(sweep_dir, "parallel.dp=2", "train.grad_acc=2", "parallel.zero_stage=0")
     on_disk = json.loads((sweep_dir / rec["job_key"] / RESULT_FILE).read_text())
     assert on_disk == rec
-    for block in ("schema_version", "job_key", "sweep", "status", "error", "config", "derived", "metrics",
-                  "predicted", "env", "timing"):
+    for block in (
+        "schema_version",
+        "job_key",
+        "sweep",
+        "status",
+        "error",
+        "config",
+        "derived",
+        "metrics",
+        "predicted",
+        "env",
+        "timing",
+    ):
         assert block in rec
     m = rec["metrics"]
     assert m["tokens_per_s"] == pytest.approx(rec["derived"]["gbs_tokens"] / m["step_time_s"])

@@ -19,9 +19,19 @@ from tests.points import point
 MIB = 2**20
 # 142M parameters (570 MB in fp32) in many tensors of at most 16 MB: ZeRO-3 over 2 ranks must never
 # hold the whole model on one rank while building it. One timed step: the build is what is measured.
-FAT = ["model=small", "model.hidden=1024", "model.n_layers=8", "model.n_heads=8", "model.n_kv_heads=8",
-       "model.ffn_hidden=4096", "model.vocab_size=4096", "train.seq_len=32", "train.mbs=1", "train.steps=1",
-       "launch.timeout_s=300"]
+FAT = [
+    "model=small",
+    "model.hidden=1024",
+    "model.n_layers=8",
+    "model.n_heads=8",
+    "model.n_kv_heads=8",
+    "model.ffn_hidden=4096",
+    "model.vocab_size=4096",
+    "train.seq_len=32",
+    "train.mbs=1",
+    "train.steps=1",
+    "launch.timeout_s=300",
+]
 
 
 @pytest.fixture
@@ -65,8 +75,11 @@ def test_zero23_accumulate_gradients_in_shards(sweep_dir, stage):
     common = ["parallel.dp=2", f"parallel.zero_stage={stage}"]  # seq_len 64, mbs 2
     psi = param_count(ModelArgs.from_dict(compose_point(["model=tiny"])["model"]))
     peaks = {}
-    for label, extra in {"ga1": ["train.grad_acc=1"], "sharded": ["train.grad_acc=2"],
-                         "unsharded": ["train.grad_acc=2", "parallel.fsdp_grad_reduce=last_micro_step"]}.items():
+    for label, extra in {
+        "ga1": ["train.grad_acc=1"],
+        "sharded": ["train.grad_acc=2"],
+        "unsharded": ["train.grad_acc=2", "parallel.fsdp_grad_reduce=last_micro_step"],
+    }.items():
         rec = point(sweep_dir, *common, *extra)
         assert rec["status"] == "ok", rec["error"]
         peaks[label] = rec["metrics"]["peak_mem_bytes"]
@@ -79,8 +92,18 @@ def test_zero1_worst_rank_is_predicted_from_torchs_partition(sweep_dir):
     assert rec["status"] == "ok", rec["error"]
     measured = rec["metrics"]["optimizer_state_bytes_per_rank"]
     args = ModelArgs.from_dict(rec["config"]["model"])
-    shapes = _Shapes(args.n_layers, args.hidden, args.n_kv_heads * args.head_dim, args.ffn_hidden, args.n_heads,
-                     args.head_dim, args.vocab_size, args.tie_embeddings, 64, 2)
+    shapes = _Shapes(
+        args.n_layers,
+        args.hidden,
+        args.n_kv_heads * args.head_dim,
+        args.ffn_hidden,
+        args.n_heads,
+        args.head_dim,
+        args.vocab_size,
+        args.tie_embeddings,
+        64,
+        2,
+    )
     numel, tensors = zero1_worst_rank(shapes, 2)
     assert max(measured) == 8 * numel + 4 * tensors  # AdamW m and v, and a 4-byte step per tensor
     assert max(measured) > 8 * param_count(args) / 2  # whole tensors: the worst rank holds more than Ψ/dp
@@ -112,7 +135,9 @@ def test_capacity_is_what_the_device_states_less_a_reserve():
     h100 = compose_point(["hardware=h100", "train.precision=bf16"])
     assert capacity_bytes(h100) == int((h100["hardware"]["memory_gb"] - h100["hardware"]["reserve_gb"]) * 2**30)
     total = 85_017_493_504  # what torch reports for an "80 GB" H100 (79.18 GiB)
-    assert profile_note(h100["hardware"]["memory_gb"], "NVIDIA H100 80GB HBM3", total) is None  # the profile is the card
+    assert (
+        profile_note(h100["hardware"]["memory_gb"], "NVIDIA H100 80GB HBM3", total) is None
+    )  # the profile is the card
     datasheet = profile_note(80.0, "NVIDIA H100 80GB HBM3", total)  # 1% over what the card has
     assert datasheet and "hardware.memory_gb=80 GiB" in datasheet and "79.18 GiB" in datasheet
     note = profile_note(141.0, "NVIDIA H100 80GB HBM3", total)

@@ -22,14 +22,14 @@ def test_members_format_and_serialise_as_their_plain_values():
 
 
 def test_a_plain_value_from_disk_equals_and_finds_its_member():
-    assert "ok" == Status.OK and "ok" in FINAL and {"ok": 1}[Status.OK] == 1
-    assert Status("timeout") is Status.TIMEOUT and 2 == ZeroStage.GRADIENTS and "bf16" in tuple(Precision)
+    assert Status.OK == "ok" and "ok" in FINAL and {"ok": 1}[Status.OK] == 1
+    assert Status("timeout") is Status.TIMEOUT and ZeroStage.GRADIENTS == 2 and "bf16" in tuple(Precision)
     assert "fp16" not in tuple(Precision) and 5 not in tuple(ZeroStage)
 
 
 def test_final_and_launched_split_the_statuses():
-    assert FINAL | LAUNCHED == set(Status)
-    assert FINAL & LAUNCHED == {Status.OK, Status.OOM}  # measured: final, and they ran torchrun
+    assert set(Status) == FINAL | LAUNCHED
+    assert {Status.OK, Status.OOM} == FINAL & LAUNCHED  # measured: final, and they ran torchrun
     assert Status.PREDICTED_OOM not in LAUNCHED and Status.INVALID not in LAUNCHED  # never started a process
     assert Status.FAILED not in FINAL and Status.TIMEOUT not in FINAL  # retried with launch.rerun=failed
 

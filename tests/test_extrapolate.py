@@ -95,14 +95,16 @@ def _issued(calls) -> dict:
 
 
 # --- what the engine issues -----------------------------------------------------------------------------
-@pytest.mark.parametrize("model", [SMALL, LLAMA_1B, dataclasses.replace(LLAMA_1B, tie_embeddings=False)],
-                         ids=["small", "llama_1b", "untied"])
+@pytest.mark.parametrize(
+    "model", [SMALL, LLAMA_1B, dataclasses.replace(LLAMA_1B, tie_embeddings=False)], ids=["small", "llama_1b", "untied"]
+)
 def test_the_parameter_tensors_are_the_decoders(model):
     """param_tensors lists `Transformer.parameters()` shape by shape (two blocks stand for all: they repeat)."""
     two_blocks = dataclasses.replace(model, n_layers=2)
     engine = Transformer(ModelArgs(**dataclasses.asdict(two_blocks)), device="meta")
     assert [(t.rows, t.cols) for t in param_tensors(two_blocks)] == [
-        (p.shape[0], p.shape[1] if p.dim() == 2 else 1) for p in engine.parameters()]
+        (p.shape[0], p.shape[1] if p.dim() == 2 else 1) for p in engine.parameters()
+    ]
     assert sum(t.numel for t in param_tensors(model)) == param_count(ModelArgs(**dataclasses.asdict(model)))
     assert param_tensor_count(model) == 9 * model.n_layers + (2 if model.tie_embeddings else 3)
     assert param_tensor_count(SMALL) == 21 and sum(t.numel for t in param_tensors(SMALL)) == PSI
@@ -126,28 +128,60 @@ G, L = 3, SMALL.n_layers
 BLOCKS_PSI = PSI - ROOT_PSI
 
 
-@pytest.mark.parametrize("stage, reduce, clip, expected", [
-    (0, "every_micro_step", 1.0, {("all_reduce", BWD_LAST): (6, 4 * PSI)}),
-    # ZeroRedundancyOptimizer: one fp32 broadcast per parameter tensor from the rank that updated it
-    (1, "every_micro_step", 1.0, {("all_reduce", BWD_LAST): (6, 4 * PSI), ("broadcast", None): (21, 4 * PSI)}),
-    # gathered once, in the first forward, kept until the last backward; reduce-scattered every backward
-    (2, "every_micro_step", 0.0, {("all_gather", FWD_FIRST): (L + 1, 2 * PSI),
-                                  ("reduce_scatter", BWD_EACH): (G * (L + 1), G * 4 * PSI)}),
-    (2, "last_micro_step", 0.0, {("all_gather", FWD_FIRST): (L + 1, 2 * PSI),
-                                 ("reduce_scatter", BWD_LAST): (L + 1, 4 * PSI)}),
-    # clipping the shards: one all-reduce of the fp32 norm, exposed
-    (2, "every_micro_step", 1.0, {("all_gather", FWD_FIRST): (L + 1, 2 * PSI),
-                                  ("reduce_scatter", BWD_EACH): (G * (L + 1), G * 4 * PSI),
-                                  ("all_reduce", None): (1, 4)}),
-    # every forward gathers all modules, every backward the blocks again (the root stays gathered)
-    (3, "every_micro_step", 1.0, {("all_gather", FWD_EACH): (G * (L + 1), G * 2 * PSI),
-                                  ("all_gather", BWD_EACH): (G * L, G * 2 * BLOCKS_PSI),
-                                  ("reduce_scatter", BWD_EACH): (G * (L + 1), G * 4 * PSI),
-                                  ("all_reduce", None): (1, 4)}),
-    (3, "last_micro_step", 0.0, {("all_gather", FWD_EACH): (G * (L + 1), G * 2 * PSI),
-                                 ("all_gather", BWD_EACH): (G * L, G * 2 * BLOCKS_PSI),
-                                 ("reduce_scatter", BWD_LAST): (L + 1, 4 * PSI)}),
-])
+@pytest.mark.parametrize(
+    "stage, reduce, clip, expected",
+    [
+        (0, "every_micro_step", 1.0, {("all_reduce", BWD_LAST): (6, 4 * PSI)}),
+        # ZeroRedundancyOptimizer: one fp32 broadcast per parameter tensor from the rank that updated it
+        (1, "every_micro_step", 1.0, {("all_reduce", BWD_LAST): (6, 4 * PSI), ("broadcast", None): (21, 4 * PSI)}),
+        # gathered once, in the first forward, kept until the last backward; reduce-scattered every backward
+        (
+            2,
+            "every_micro_step",
+            0.0,
+            {("all_gather", FWD_FIRST): (L + 1, 2 * PSI), ("reduce_scatter", BWD_EACH): (G * (L + 1), G * 4 * PSI)},
+        ),
+        (
+            2,
+            "last_micro_step",
+            0.0,
+            {("all_gather", FWD_FIRST): (L + 1, 2 * PSI), ("reduce_scatter", BWD_LAST): (L + 1, 4 * PSI)},
+        ),
+        # clipping the shards: one all-reduce of the fp32 norm, exposed
+        (
+            2,
+            "every_micro_step",
+            1.0,
+            {
+                ("all_gather", FWD_FIRST): (L + 1, 2 * PSI),
+                ("reduce_scatter", BWD_EACH): (G * (L + 1), G * 4 * PSI),
+                ("all_reduce", None): (1, 4),
+            },
+        ),
+        # every forward gathers all modules, every backward the blocks again (the root stays gathered)
+        (
+            3,
+            "every_micro_step",
+            1.0,
+            {
+                ("all_gather", FWD_EACH): (G * (L + 1), G * 2 * PSI),
+                ("all_gather", BWD_EACH): (G * L, G * 2 * BLOCKS_PSI),
+                ("reduce_scatter", BWD_EACH): (G * (L + 1), G * 4 * PSI),
+                ("all_reduce", None): (1, 4),
+            },
+        ),
+        (
+            3,
+            "last_micro_step",
+            0.0,
+            {
+                ("all_gather", FWD_EACH): (G * (L + 1), G * 2 * PSI),
+                ("all_gather", BWD_EACH): (G * L, G * 2 * BLOCKS_PSI),
+                ("reduce_scatter", BWD_LAST): (L + 1, 4 * PSI),
+            },
+        ),
+    ],
+)
 def test_each_stage_issues_what_the_engine_does(stage, reduce, clip, expected):
     """(op, window) -> (calls, bytes) of one step at dp=4 and grad_acc=3, bf16 (FSDP2 gathers bf16, reduces fp32)."""
     w = _w(stage, fsdp_grad_reduce=reduce, grad_clip=clip)
@@ -177,8 +211,9 @@ def test_grad_acc_at_a_fixed_global_batch_amortises_what_is_paid_once_per_step()
     assert _w(0, gbs=None, grad_acc=3).grad_acc_at(1024) == 3 and _w(0, gbs=64).grad_acc_at(128) is None
     for n in (2, 4, 16, 32):
         calls = step_collectives(w, n, w.grad_acc_at(n))
-        assert step_time_s(w, NET, n, compute_s=0.1, overlap=0.0) == pytest.approx(w.grad_acc_at(n) * 0.1
-                                                                                    + _cost(calls, n))
+        assert step_time_s(w, NET, n, compute_s=0.1, overlap=0.0) == pytest.approx(
+            w.grad_acc_at(n) * 0.1 + _cost(calls, n)
+        )
     # the all-reduce is paid once per step however many micro-steps share it: its share grows as dp does
     shares = [1 - w.grad_acc_at(n) * 1e-3 / step_time_s(w, NET, n, 1e-3, 0.0) for n in (2, 4)]
     assert shares[1] > 2 * shares[0]
@@ -278,8 +313,14 @@ def test_a_collective_past_one_node_runs_at_the_inter_node_tier():
 def test_noise_free_points_give_back_the_parameters():
     """(a) every column, the optimizer's among them, from ZeRO-1 at dp 1-32 (its busiest rank's share stops
     shrinking once it holds the embedding alone); (b)/(c) compute, optimizer and overlap from ZeRO-0 at dp 1-4."""
-    truth = Truth("exact", Workload(1, LLAMA_1B, "bf16", 1, 1024, gbs=64), NET, compute_s=0.05, overlap=0.0,
-                  optimizer_s_per_param=2e-11)
+    truth = Truth(
+        "exact",
+        Workload(1, LLAMA_1B, "bf16", 1, 1024, gbs=64),
+        NET,
+        compute_s=0.05,
+        overlap=0.0,
+        optimizer_s_per_param=2e-11,
+    )
     points = [Point(n, truth.workload.grad_acc_at(n), (truth.step_time_s(n),)) for n in (1, 2, 4, 8, 16, 32)]
     assert identifiable(design(truth.workload, points, 4)) == list(COLUMNS)
     f = fit_sweep(truth.workload, points, 4, COLUMNS)
@@ -288,8 +329,14 @@ def test_noise_free_points_give_back_the_parameters():
     for tier in (INTRA, INTER):
         assert f.network.tiers[tier].alpha_s == pytest.approx(NET.tiers[tier].alpha_s, rel=1e-6)
         assert f.network.tiers[tier].beta_bytes_per_s == pytest.approx(NET.tiers[tier].beta_bytes_per_s, rel=1e-6)
-    truth = Truth("overlap", Workload(0, LLAMA_1B, "bf16", 1, 1024, gbs=8), NET, compute_s=0.05, overlap=0.3,
-                  optimizer_s_per_param=2e-11)
+    truth = Truth(
+        "overlap",
+        Workload(0, LLAMA_1B, "bf16", 1, 1024, gbs=8),
+        NET,
+        compute_s=0.05,
+        overlap=0.3,
+        optimizer_s_per_param=2e-11,
+    )
     points = [Point(n, truth.workload.grad_acc_at(n), (truth.step_time_s(n),)) for n in (1, 2, 4)]
     free = given_columns(truth.workload, points, NET)
     assert OPTIMIZER in free
@@ -305,8 +352,10 @@ def test_an_optimizer_the_points_cannot_tell_from_the_compute_is_counted_in_it()
     points = [Point(n, truth.workload.grad_acc_at(n), (truth.step_time_s(n),)) for n in (1, 2, 4, 8, 16, 32)]
     assert OPTIMIZER not in identifiable(design(truth.workload, points, 4))
     r = extrapolate("zero2", truth.workload, points, 4, n_draws=10)
-    assert r.notes[0].endswith("left open: the optimizer step (the measured dp cannot tell it from the compute and "
-                               "the bandwidth terms: they carry it)")
+    assert r.notes[0].endswith(
+        "left open: the optimizer step (the measured dp cannot tell it from the compute and "
+        "the bandwidth terms: they carry it)"
+    )
     assert r.fit.optimizer_s_per_param == 0.0
     assert r.tokens_per_s_per_gpu == pytest.approx([truth.tokens_per_s_per_gpu(n) for n in r.dps], rel=1e-6)
 
@@ -441,20 +490,30 @@ def test_the_band_covers_a_truth_that_bends_past_the_measured_node():
 def test_dp_1_and_2_identify_compute_and_one_communication_figure():
     """The CPU demo's case: one node, dp 1-2. The sweep identifies the compute and one β; it still
     extrapolates to 1024 and says how far that is from what was measured."""
-    truth = Truth("cpu", _w(0, "fp32", gbs=None, grad_acc=1, bucket_mb=25.0),
-                  Network({INTRA: AlphaBeta(200e-6, 1.5e9)}, None), compute_s=0.02, overlap=0.0)
+    truth = Truth(
+        "cpu",
+        _w(0, "fp32", gbs=None, grad_acc=1, bucket_mb=25.0),
+        Network({INTRA: AlphaBeta(200e-6, 1.5e9)}, None),
+        compute_s=0.02,
+        overlap=0.0,
+    )
     r = extrapolate("tiny", truth.workload, measure(truth, [1, 2], np.random.default_rng(0)), None)
     (ident,) = [n for n in r.notes if n.startswith("measured dp")]
-    assert ident.startswith("measured dp 1, 2: 1 point(s) with communication identify the compute time per "
-                            "micro-step, β within a node;")
-    assert ident.endswith("left open: the optimizer step (the measured dp cannot tell it from the compute and the "
-                          "bandwidth terms: they carry it); α within a node (one ring length measured: latency and "
-                          "bandwidth inseparable; set to 0)")
+    assert ident.startswith(
+        "measured dp 1, 2: 1 point(s) with communication identify the compute time per micro-step, β within a node;"
+    )
+    assert ident.endswith(
+        "left open: the optimizer step (the measured dp cannot tell it from the compute and the "
+        "bandwidth terms: they carry it); α within a node (one ring length measured: latency and "
+        "bandwidth inseparable; set to 0)"
+    )
     assert set(r.fit.network.tiers) == {INTRA} and r.fit.network.tiers[INTRA].alpha_s == 0
     assert r.dps[-1] == 1024 and "512× past the largest measured dp" in r.knee_sentence()
     assert "the global batch growing with dp" in r.batch
-    assert r.knee_sentence().startswith(f"efficiency falls below 80% between dp={r.knee_dp} and dp={r.next_dp} (in 95% "
-                                        "of the draws the first dp below 80% ")
+    assert r.knee_sentence().startswith(
+        f"efficiency falls below 80% between dp={r.knee_dp} and dp={r.next_dp} (in 95% "
+        "of the draws the first dp below 80% "
+    )
 
 
 def test_points_the_model_cannot_produce_are_flagged():
@@ -468,8 +527,9 @@ def test_noise_in_the_timed_steps_widens_the_band():
     truth = TRUTHS[0]
     widths = []
     for noise in (0.0, 0.05):
-        r = extrapolate("t", truth.workload, measure(truth, [1, 2, 4, 8, 16, 32], np.random.default_rng(1),
-                                                     noise=noise), 8)
+        r = extrapolate(
+            "t", truth.workload, measure(truth, [1, 2, 4, 8, 16, 32], np.random.default_rng(1), noise=noise), 8
+        )
         widths.append(max((h - lo) / m for lo, h, m in zip(r.low, r.high, r.tokens_per_s_per_gpu)))
     assert widths[0] < 1e-9 and widths[1] > 0.02
 
@@ -478,13 +538,35 @@ def _table(truth: Truth, dps, noise_steps=(1.0, 1.02, 0.98)) -> pd.DataFrame:
     """`dp_scaling.scaling_table` rows of the truth's configuration: config.model.* as collect reads them (no
     tie_embeddings), the settings, derived.n_params."""
     w, m = truth.workload, truth.workload.model
-    return pd.DataFrame([{"config": "c", "dp": n, "model": m.name, "n_layers": m.n_layers, "hidden": m.hidden,
-                          "n_heads": m.n_heads, "n_kv_heads": m.n_kv_heads, "ffn_hidden": m.ffn_hidden,
-                          "vocab_size": m.vocab_size, "zero_stage": w.zero_stage, "n_params": w.n_params,
-                          "fsdp_grad_reduce": w.fsdp_grad_reduce, "recompute": w.recompute, "grad_clip": w.grad_clip,
-                          "bucket_mb": w.bucket_mb, "precision": w.precision, "mbs": w.mbs, "seq_len": w.seq_len,
-                          "gbs": w.gbs, "grad_acc": w.grad_acc_at(n), "step_time_s": truth.step_time_s(n),
-                          "step_times_s": [truth.step_time_s(n) * f for f in noise_steps]} for n in dps])
+    return pd.DataFrame(
+        [
+            {
+                "config": "c",
+                "dp": n,
+                "model": m.name,
+                "n_layers": m.n_layers,
+                "hidden": m.hidden,
+                "n_heads": m.n_heads,
+                "n_kv_heads": m.n_kv_heads,
+                "ffn_hidden": m.ffn_hidden,
+                "vocab_size": m.vocab_size,
+                "zero_stage": w.zero_stage,
+                "n_params": w.n_params,
+                "fsdp_grad_reduce": w.fsdp_grad_reduce,
+                "recompute": w.recompute,
+                "grad_clip": w.grad_clip,
+                "bucket_mb": w.bucket_mb,
+                "precision": w.precision,
+                "mbs": w.mbs,
+                "seq_len": w.seq_len,
+                "gbs": w.gbs,
+                "grad_acc": w.grad_acc_at(n),
+                "step_time_s": truth.step_time_s(n),
+                "step_times_s": [truth.step_time_s(n) * f for f in noise_steps],
+            }
+            for n in dps
+        ]
+    )
 
 
 @pytest.mark.parametrize("truth", [TRUTHS[0], TRUTHS[3], TRUTHS[4], TRUTHS[5]], ids=lambda t: t.name)
@@ -513,10 +595,11 @@ def test_figure_and_table_carry_every_source():
     truth = TRUTHS[0]
     rng = np.random.default_rng(0)
     points = measure(truth, [1, 2, 4, 8], rng)
-    results = [extrapolate("c", truth.workload, points, 8, n_draws=20),
-               extrapolate("c", truth.workload, points, 8, profile_estimate(profile_of(truth, rng), 8, 20, rng),
-                           n_draws=20),
-               extrapolate("c", truth.workload, points, 8, published_estimate("h100", 8, 20, rng), n_draws=20)]
+    results = [
+        extrapolate("c", truth.workload, points, 8, n_draws=20),
+        extrapolate("c", truth.workload, points, 8, profile_estimate(profile_of(truth, rng), 8, 20, rng), n_draws=20),
+        extrapolate("c", truth.workload, points, 8, published_estimate("h100", 8, 20, rng), n_draws=20),
+    ]
     ax = plot(results).axes[0]
     bands = {c.get_gid() for c in ax.collections}
     assert {"band:sweep", "band:profile", "band:published"} <= bands

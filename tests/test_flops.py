@@ -76,7 +76,9 @@ def test_mfu_and_hfu_arithmetic():
         flops.mfu(6e9, 25_000.0, 0.0)
 
 
-@pytest.mark.parametrize("hardware, precision, expected", [("h100", "bf16", 989e12), ("h100", "fp32", 67e12), ("a100", "bf16", 312e12)])
+@pytest.mark.parametrize(
+    "hardware, precision, expected", [("h100", "bf16", 989e12), ("h100", "fp32", 67e12), ("a100", "bf16", 312e12)]
+)
 def test_peak_flops_come_from_the_hardware_config(hardware, precision, expected):
     peak = flops.resolve_peak_flops(load("hardware", hardware), precision, threads=1, device="cuda")
     assert peak == flops.PeakFlops(expected, "config")

@@ -15,8 +15,14 @@ def test_gpu_check_without_cuda_says_so_and_fails(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present: make gpu-check measures it instead")
-    out = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--budget-s", "10", "--sweep-dir", str(tmp_path / "gc")],
-                         cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--budget-s", "10", "--sweep-dir", str(tmp_path / "gc")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
     assert out.returncode == 1
     text = out.stdout + out.stderr
     assert "composed and validated 12 planned points" in text

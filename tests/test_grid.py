@@ -39,9 +39,14 @@ def full_keys(sweep_file: Path, points: list[list[str]]) -> list[str]:
     keys = []
     with initialize_config_dir(config_dir=str(sweep_file.parent), version_base="1.3"):
         for overrides in points:
-            cfg = compose(sweep_file.stem, overrides=[f"hydra.searchpath=[file://{CONF_DIR}]", *overrides],
-                          return_hydra_config=True)
-            keys.append(job_key({group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS}))
+            cfg = compose(
+                sweep_file.stem,
+                overrides=[f"hydra.searchpath=[file://{CONF_DIR}]", *overrides],
+                return_hydra_config=True,
+            )
+            keys.append(
+                job_key({group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS})
+            )
     return keys
 
 
@@ -78,7 +83,8 @@ def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
     (tmp_path / "case").mkdir()
     (tmp_path / "case" / "wide.yaml").write_text("# @package _global_\nparallel:\n  dp: 2\n")
     (tmp_path / "case" / "narrow.yaml").write_text("# @package _global_\nparallel:\n  dp: 1\n")
-    (tmp_path / "grid.yaml").write_text(textwrap.dedent("""\
+    (tmp_path / "grid.yaml").write_text(
+        textwrap.dedent("""\
         defaults:
           - config
           - _self_
@@ -94,7 +100,8 @@ def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
               model: tiny,small
               case: wide,narrow
               train.mbs: 1,2
-        """))
+        """)
+    )
     with sweep_file_grid(tmp_path / "grid.yaml", ["++train.steps=2", "parallel.zero_stage=1,3"]) as (points, configs):
         surveyed = list(survey(points, configs))
         assert configs.compositions == 4  # model x case; ++ is part of every composition
@@ -114,9 +121,11 @@ def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
 def test_a_misspelt_key_fails_like_hydra_before_anything_runs(tmp_path):
     from hydra.errors import ConfigCompositionException
 
-    with sweep_file_grid(REPO / "sweeps" / "dp_scaling.yaml", ["train.mbz=2"]) as (points, configs):
-        with pytest.raises(ConfigCompositionException, match="train.mbz"):
-            list(survey(points, configs))
+    with (
+        sweep_file_grid(REPO / "sweeps" / "dp_scaling.yaml", ["train.mbz=2"]) as (points, configs),
+        pytest.raises(ConfigCompositionException, match="train.mbz"),
+    ):
+        list(survey(points, configs))
 
 
 def _point(status, wall_s=10.0, done=True):
@@ -131,11 +140,17 @@ def test_forecast_counts_and_estimates_from_recorded_wall_times():
     for forecast in [LAUNCH] * 5 + [Status.PREDICTED_OOM, "invalid"]:
         f.add(_point(None, done=False), forecast)
     f.add(_point(None, done=False), LAUNCH, in_flight=True)
-    assert f.points == 12 and f.recorded == Counter({Status.OK: 2, Status.OOM: 1, Status.PREDICTED_OOM: 1}) and f.in_flight == 1
+    assert (
+        f.points == 12
+        and f.recorded == Counter({Status.OK: 2, Status.OOM: 1, Status.PREDICTED_OOM: 1})
+        and f.in_flight == 1
+    )
     assert f.wall_s(at_once=1) == 5 * 20.0 and f.wall_s(at_once=2) == 3 * 20.0  # waves of the median
     head, wall = f.lines("g", at_once=2)
-    assert head == ("sweep g: 12 points: 7 new (5 to launch, 1 predicted_oom, 1 invalid), "
-                    "4 recorded (2 ok, 1 oom, 1 predicted_oom), 1 in flight")
+    assert head == (
+        "sweep g: 12 points: 7 new (5 to launch, 1 predicted_oom, 1 invalid), "
+        "4 recorded (2 ok, 1 oom, 1 predicted_oom), 1 in flight"
+    )
     assert wall.startswith("wall time: about 60 s (5 launches, 2 at a time; median 20.0 s per launched point over 3")
 
     fresh = Forecast()
@@ -172,15 +187,26 @@ def test_predict_new_follows_validation_and_the_prescreen():
     assert predict_new(compose_point([]))["status"] == LAUNCH
 
 
-@pytest.mark.parametrize("status, rerun, sample, answered", [
-    ("ok", "none", 1.0, True), ("ok", "failed", 0.0, True), ("ok", "all", 0.0, False),
-    ("oom", "failed", 1.0, True), ("invalid", "failed", 1.0, True), ("oom", "all", 0.0, False),
-    ("predicted_oom", "none", 0.0, True), ("predicted_oom", "failed", 0.0, True),
-    ("predicted_oom", "none", 1.0, False),  # in the pre-screen's sample: it runs
-    ("failed", "none", 1.0, True), ("timeout", "none", 0.0, True),
-    ("failed", "failed", 0.0, False), ("timeout", "failed", 0.0, False),
-    ("unknown", "none", 0.0, False), (None, "none", 0.0, False),
-])
+@pytest.mark.parametrize(
+    "status, rerun, sample, answered",
+    [
+        ("ok", "none", 1.0, True),
+        ("ok", "failed", 0.0, True),
+        ("ok", "all", 0.0, False),
+        ("oom", "failed", 1.0, True),
+        ("invalid", "failed", 1.0, True),
+        ("oom", "all", 0.0, False),
+        ("predicted_oom", "none", 0.0, True),
+        ("predicted_oom", "failed", 0.0, True),
+        ("predicted_oom", "none", 1.0, False),  # in the pre-screen's sample: it runs
+        ("failed", "none", 1.0, True),
+        ("timeout", "none", 0.0, True),
+        ("failed", "failed", 0.0, False),
+        ("timeout", "failed", 0.0, False),
+        ("unknown", "none", 0.0, False),
+        (None, "none", 0.0, False),
+    ],
+)
 def test_the_store_answers_a_point_by_one_rule(status, rerun, sample, answered):
     """run_point, the grid and Optuna sweepers and `scaling status` all ask `answers`."""
     record = {"status": status, "repeats": [{"status": status}]}

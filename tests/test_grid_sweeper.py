@@ -29,15 +29,28 @@ POINT = ["logger=none", "model=tiny", "train.seq_len=32", "train.warmup_steps=0"
 ZEROS, MBSS = (0, 1, 5, 6), (1, 2, 3, 4, 5)
 GRID = [f"parallel.zero_stage={','.join(map(str, ZEROS))}", f"train.mbs={','.join(map(str, MBSS))}"]
 SEEDED = {  # (zero_stage, mbs) -> status of a record already in the store; zero 5 and 6 run as `invalid`
-    **{(z, m): Status.OK for z in (0, 1) for m in MBSS}, (1, 4): Status.OOM, (1, 5): Status.OOM, (0, 1): None,
-    (5, 1): Status.FAILED, (5, 2): Status.FAILED, (5, 3): Status.TIMEOUT, (5, 4): Status.INVALID, (6, 1): Status.PREDICTED_OOM,
+    **{(z, m): Status.OK for z in (0, 1) for m in MBSS},
+    (1, 4): Status.OOM,
+    (1, 5): Status.OOM,
+    (0, 1): None,
+    (5, 1): Status.FAILED,
+    (5, 2): Status.FAILED,
+    (5, 3): Status.TIMEOUT,
+    (5, 4): Status.INVALID,
+    (6, 1): Status.PREDICTED_OOM,
 }
 PROGRESS = re.compile(r"^\[(\d+)/20\] ([0-9a-f]{12}) (\w+) ")
 
 
 def scaling(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scaling", *args], cwd=REPO, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=400)
+    return subprocess.run(
+        [sys.executable, "-m", "scaling", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=400,
+    )
 
 
 def seed(sweep_dir: Path) -> dict[tuple[int, int], str]:
@@ -48,10 +61,19 @@ def seed(sweep_dir: Path) -> dict[tuple[int, int], str]:
             cfg = compose_point([*POINT, f"parallel.zero_stage={z}", f"train.mbs={m}"], sweep_dir)
             keys[z, m] = job_key(cfg)
             if SEEDED.get((z, m)):
-                write_json_atomic(sweep_dir / keys[z, m] / RESULT_FILE, {
-                    "job_key": keys[z, m], "status": SEEDED[z, m], "error": None, "config": experiment_config(cfg),
-                    "metrics": None, "predicted": None, "timing": {"wall_s": 8.0},
-                    "repeats": [{"status": SEEDED[z, m], "error": None, "metrics": None, "timing": {}}]})
+                write_json_atomic(
+                    sweep_dir / keys[z, m] / RESULT_FILE,
+                    {
+                        "job_key": keys[z, m],
+                        "status": SEEDED[z, m],
+                        "error": None,
+                        "config": experiment_config(cfg),
+                        "metrics": None,
+                        "predicted": None,
+                        "timing": {"wall_s": 8.0},
+                        "repeats": [{"status": SEEDED[z, m], "error": None, "metrics": None, "timing": {}}],
+                    },
+                )
     return keys
 
 
@@ -66,12 +88,16 @@ def test_resume_runs_exactly_the_missing_points_and_counts_the_rest(tmp_path):
     point_of = {k: p for p, k in keys.items()}
     # A point a live process holds (this test's own) is left to it; a dead process's marker is stale.
     me = psutil.Process()
-    write_json_atomic(sweep_dir / keys[6, 5] / RUNNING_FILE, {"state": "running", "host": os.uname().nodename,
-                                                              "pid": me.pid, "pid_started_at": me.create_time()})
+    write_json_atomic(
+        sweep_dir / keys[6, 5] / RUNNING_FILE,
+        {"state": "running", "host": os.uname().nodename, "pid": me.pid, "pid_started_at": me.create_time()},
+    )
     gone = subprocess.Popen(["true"])
     gone.wait()
-    write_json_atomic(sweep_dir / keys[6, 4] / RUNNING_FILE, {"state": "running", "host": os.uname().nodename,
-                                                              "pid": gone.pid, "pid_started_at": 0.0})
+    write_json_atomic(
+        sweep_dir / keys[6, 4] / RUNNING_FILE,
+        {"state": "running", "host": os.uname().nodename, "pid": gone.pid, "pid_started_at": 0.0},
+    )
     args = ["run", "-m", *POINT, *GRID, f"sweep_dir={sweep_dir}"]
 
     dry = scaling(*args, "hydra.sweeper.dry_run=true")
@@ -79,7 +105,8 @@ def test_resume_runs_exactly_the_missing_points_and_counts_the_rest(tmp_path):
     assert dry.stdout.splitlines()[-2:] == [
         "sweep adhoc: 20 points: 5 new (1 to launch, 0 predicted_oom, 4 invalid), 14 recorded (7 ok, 2 oom, "
         "1 predicted_oom, 1 timeout, 2 failed, 1 invalid), 1 in flight",
-        "wall time: about 8 s (1 launch, 1 at a time; median 8.0 s per launched point over 12 recorded)"]
+        "wall time: about 8 s (1 launch, 1 at a time; median 8.0 s per launched point over 12 recorded)",
+    ]
     assert not (sweep_dir / SWEEP_INDEX).exists() and not (sweep_dir / "multirun.yaml").exists()
 
     first = scaling(*args)
@@ -87,13 +114,17 @@ def test_resume_runs_exactly_the_missing_points_and_counts_the_rest(tmp_path):
     ran = [point_of[k] for k in launched(first.stdout)]
     assert sorted(ran) == [(0, 1), (5, 5), (6, 2), (6, 3), (6, 4)], first.stdout
     lines = first.stdout.splitlines()
-    assert "[14/20] 14 points already recorded (7 ok, 2 oom, 1 predicted_oom, 1 timeout, 2 failed, 1 invalid): " \
-           "not launched again" in lines
+    assert (
+        "[14/20] 14 points already recorded (7 ok, 2 oom, 1 predicted_oom, 1 timeout, 2 failed, 1 invalid): "
+        "not launched again" in lines
+    )
     assert any(line.startswith("[14/20] 1 points in flight in other jobs (pid ") for line in lines)
     numbers = [int(m.group(1)) for m in map(PROGRESS.match, lines) if m]
     assert numbers == [15, 16, 17, 18, 19]  # the launched points continue the count, one line each
-    assert lines[-1] == (f"sweep adhoc: 19 points: 8 ok, 2 oom, 1 predicted_oom, 1 timeout, 2 failed, 5 invalid "
-                         f"({sweep_dir}); 1 still in flight (scaling status {sweep_dir})")
+    assert lines[-1] == (
+        f"sweep adhoc: 19 points: 8 ok, 2 oom, 1 predicted_oom, 1 timeout, 2 failed, 5 invalid "
+        f"({sweep_dir}); 1 still in flight (scaling status {sweep_dir})"
+    )
     assert not (sweep_dir / keys[6, 5] / RESULT_FILE).exists() and not (sweep_dir / keys[6, 4] / RUNNING_FILE).exists()
     index = json.loads((sweep_dir / SWEEP_INDEX).read_text())
     assert index["runs"][-1]["job_keys"] == [keys[z, m] for z in ZEROS for m in MBSS]
@@ -108,8 +139,9 @@ def test_resume_runs_exactly_the_missing_points_and_counts_the_rest(tmp_path):
     again = scaling(*args)
     assert again.returncode == 0 and launched(again.stdout) == [] and "Launching" not in again.stderr + again.stdout
     assert "[20/20] 20 points already recorded (8 ok, 2 oom, 1 predicted_oom, 9 invalid)" in again.stdout
-    assert Counter(json.loads(p.read_text())["status"] for p in sweep_dir.glob(f"*/{RESULT_FILE}")) == \
-        Counter({Status.OK: 8, Status.OOM: 2, Status.PREDICTED_OOM: 1, Status.INVALID: 9})
+    assert Counter(json.loads(p.read_text())["status"] for p in sweep_dir.glob(f"*/{RESULT_FILE}")) == Counter(
+        {Status.OK: 8, Status.OOM: 2, Status.PREDICTED_OOM: 1, Status.INVALID: 9}
+    )
 
 
 def test_sweep_dry_run_forecasts_as_predict_sweep_does_and_writes_nothing(tmp_path, capsys):
@@ -122,9 +154,11 @@ def test_sweep_dry_run_forecasts_as_predict_sweep_does_and_writes_nothing(tmp_pa
 
 
 def test_bad_sweeper_and_launcher_settings_fail_before_any_point(tmp_path):
-    for setting, message in [("hydra.sweeper.max_batch_size=0", "hydra.sweeper.max_batch_size=0 must be >= 1"),
-                             ("hydra.launcher.array_chunk=0", "hydra.launcher.array_chunk=0 must be >= 1"),
-                             ("hydra.launcher.array_parallelism=0", "hydra.launcher.array_parallelism=0 must be >= 1")]:
+    for setting, message in [
+        ("hydra.sweeper.max_batch_size=0", "hydra.sweeper.max_batch_size=0 must be >= 1"),
+        ("hydra.launcher.array_chunk=0", "hydra.launcher.array_chunk=0 must be >= 1"),
+        ("hydra.launcher.array_parallelism=0", "hydra.launcher.array_parallelism=0 must be >= 1"),
+    ]:
         out = scaling("run", "-m", "hydra/launcher=slurm", setting, "parallel.zero_stage=5,6", f"sweep_dir={tmp_path}")
         assert out.returncode != 0 and message in out.stderr, out.stderr[-2000:]
         assert list(tmp_path.glob("*/result.json")) == [] and not (tmp_path / ".submitit").exists()

@@ -14,7 +14,9 @@ from scaling.store import inflight
 
 
 def test_slurm_job_id_names_array_tasks_as_squeue_does():
-    assert inflight.slurm_job_id({"SLURM_JOB_ID": "17", "SLURM_ARRAY_JOB_ID": "12", "SLURM_ARRAY_TASK_ID": "4"}) == "12_4"
+    assert (
+        inflight.slurm_job_id({"SLURM_JOB_ID": "17", "SLURM_ARRAY_JOB_ID": "12", "SLURM_ARRAY_TASK_ID": "4"}) == "12_4"
+    )
     assert inflight.slurm_job_id({"SLURM_JOB_ID": "17"}) == "17"
     assert inflight.slurm_job_id({}) is None
 
@@ -30,13 +32,16 @@ def test_marker_of_this_process_is_live_until_cleared(tmp_path):
     assert not (jd / RUNNING_FILE).exists() and inflight.read_markers(tmp_path) == {}
 
 
-@pytest.mark.parametrize("marker, states, live", [
-    ({"slurm_job_id": "12_4"}, {"12_4": "PENDING"}, True),
-    ({"slurm_job_id": "12_4"}, {"12_4": "RUNNING", "12_5": "PENDING"}, True),
-    ({"slurm_job_id": "12_4"}, {"12_5": "RUNNING"}, False),  # squeue no longer lists it: ended
-    ({"slurm_job_id": "12_4"}, None, None),  # no squeue to ask
-    ({"host": "elsewhere", "pid": 1}, {}, None),  # another host's process cannot be checked from here
-])
+@pytest.mark.parametrize(
+    "marker, states, live",
+    [
+        ({"slurm_job_id": "12_4"}, {"12_4": "PENDING"}, True),
+        ({"slurm_job_id": "12_4"}, {"12_4": "RUNNING", "12_5": "PENDING"}, True),
+        ({"slurm_job_id": "12_4"}, {"12_5": "RUNNING"}, False),  # squeue no longer lists it: ended
+        ({"slurm_job_id": "12_4"}, None, None),  # no squeue to ask
+        ({"host": "elsewhere", "pid": 1}, {}, None),  # another host's process cannot be checked from here
+    ],
+)
 def test_is_live_asks_slurm_for_slurm_jobs_and_this_host_for_its_processes(marker, states, live):
     assert inflight.is_live(marker, states, socket.gethostname()) is live
 

@@ -35,8 +35,16 @@ GOLDEN = {
     "054b0b1e21f8": (),
     "fae2dc172e68": ("model=small", "parallel.zero_stage=3", "parallel.dp=2"),
     "ce4209a3ec12": ("train.precision=bf16", "train.recompute=full"),
-    "13342ab463d9": ("hardware=h100", "model=llama_1b", "train.seq_len=2048", "train.mbs=2", "train.grad_acc=auto",
-                     "train.gbs_tokens=1048576", "parallel.dp=8", "parallel.zero_stage=1"),
+    "13342ab463d9": (
+        "hardware=h100",
+        "model=llama_1b",
+        "train.seq_len=2048",
+        "train.mbs=2",
+        "train.grad_acc=auto",
+        "train.gbs_tokens=1048576",
+        "parallel.dp=8",
+        "parallel.zero_stage=1",
+    ),
 }
 """Keys of stores written before fields could declare a neutral value (computed then), by the overrides of
 their point. They never change: a key that does strands every record of every store that holds it."""
@@ -54,8 +62,11 @@ def neutral_overrides() -> list[str]:
     """Every field of today's schema that declares a neutral value, set to it: the point as it was measured
     before those fields existed."""
     groups = {f.name: f.default_factory for f in dataclasses.fields(ExperimentConfig)}
-    return [f"{path}={'null' if value is None else str(value).lower() if isinstance(value, bool) else value}"
-            for group in EXPERIMENT_GROUPS for path, value in _neutral_fields(groups[group], f"{group}.")]
+    return [
+        f"{path}={'null' if value is None else str(value).lower() if isinstance(value, bool) else value}"
+        for group in EXPERIMENT_GROUPS
+        for path, value in _neutral_fields(groups[group], f"{group}.")
+    ]
 
 
 @pytest.mark.parametrize("key", GOLDEN)
@@ -66,10 +77,12 @@ def test_the_keys_of_stores_written_before_are_pinned(key):
 def upgraded(group: str, base: type, name: str, kind: type, default: Any, neutral: Any) -> type:
     """The primary config's schema with one field added to `group` (whose dataclass is `base`), as an upgrade
     adds it: a default, and the value at which it changes nothing that was measured before."""
-    added = dataclasses.make_dataclass(base.__name__, [(name, kind, dataclasses.field(
-        default=default, metadata={NEUTRAL: neutral}))], bases=(base,))
-    return dataclasses.make_dataclass("ExperimentConfig", [(group, added, dataclasses.field(default_factory=added))],
-                                      bases=(ExperimentConfig,))
+    added = dataclasses.make_dataclass(
+        base.__name__, [(name, kind, dataclasses.field(default=default, metadata={NEUTRAL: neutral}))], bases=(base,)
+    )
+    return dataclasses.make_dataclass(
+        "ExperimentConfig", [(group, added, dataclasses.field(default_factory=added))], bases=(ExperimentConfig,)
+    )
 
 
 def with_value(cfg: dict[str, Any], group: str, name: str, value: Any) -> dict[str, Any]:
@@ -92,12 +105,17 @@ def test_a_field_added_at_its_neutral_value_keeps_every_key_and_any_other_value_
 
 def test_a_field_added_to_a_nested_group_at_its_neutral_value_keeps_the_key():
     cfg = compose_point()
-    data = dataclasses.make_dataclass("DataConfig", [("shuffle", bool, dataclasses.field(
-        default=False, metadata={NEUTRAL: False}))], bases=(DataConfig,))
-    train = dataclasses.make_dataclass("TrainConfig", [("data", data, dataclasses.field(default_factory=data))],
-                                       bases=(TrainConfig,))
-    schema = dataclasses.make_dataclass("ExperimentConfig", [("train", train, dataclasses.field(
-        default_factory=train))], bases=(ExperimentConfig,))
+    data = dataclasses.make_dataclass(
+        "DataConfig",
+        [("shuffle", bool, dataclasses.field(default=False, metadata={NEUTRAL: False}))],
+        bases=(DataConfig,),
+    )
+    train = dataclasses.make_dataclass(
+        "TrainConfig", [("data", data, dataclasses.field(default_factory=data))], bases=(TrainConfig,)
+    )
+    schema = dataclasses.make_dataclass(
+        "ExperimentConfig", [("train", train, dataclasses.field(default_factory=train))], bases=(ExperimentConfig,)
+    )
     for shuffle, same in ((False, True), (True, False)):
         upgraded_cfg = with_value(cfg, "train", "data", {**cfg["train"]["data"], "shuffle": shuffle})
         assert (job_key(upgraded_cfg, schema) == job_key(cfg)) is same
@@ -106,8 +124,14 @@ def test_a_field_added_to_a_nested_group_at_its_neutral_value_keeps_the_key():
 def ok_record(cfg: dict[str, Any], key: str) -> Record:
     """An ok record of one launch, as run_point writes it."""
     metrics = {"tokens_per_s": 1000.0, "tokens_per_s_per_gpu": 1000.0, "step_time_s": 0.128}
-    return Record(job_key=key, sweep=cfg["sweep"], status=Status.OK, config=experiment_config(cfg), metrics=metrics,
-                  repeats=[Launch(status=Status.OK, metrics=metrics)])
+    return Record(
+        job_key=key,
+        sweep=cfg["sweep"],
+        status=Status.OK,
+        config=experiment_config(cfg),
+        metrics=metrics,
+        repeats=[Launch(status=Status.OK, metrics=metrics)],
+    )
 
 
 def test_a_store_written_before_a_field_was_added_answers_the_point_after_it(tmp_path):

@@ -15,26 +15,50 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 PACKAGES = ("scaling", "analysis", "hydra_plugins")
-DRIVER_ONLY = ("hydra", "omegaconf", "pandas", "wandb", "optuna", "matplotlib", "seaborn", "psutil", "submitit",
-               "numpy", "yaml")
+DRIVER_ONLY = (
+    "hydra",
+    "omegaconf",
+    "pandas",
+    "wandb",
+    "optuna",
+    "matplotlib",
+    "seaborn",
+    "psutil",
+    "submitit",
+    "numpy",
+    "yaml",
+)
 """Libraries of the sweep driver and the analysis that a bare GPU box with torch need not have."""
 INJECTED = {
-    "scaling/core/units.py": ("import scaling.cli.main", "scaling in layers",
-                              "scaling.core.units -> scaling.cli.main"),
-    "scaling/store/record.py": ("import hydra_plugins.scaling_grid_sweeper", "scaling never imports hydra_plugins",
-                                "scaling.store.record -> hydra_plugins.scaling_grid_sweeper"),
-    "analysis/figures.py": ("import scaling.sweep.grid", "analysis reads records and never launches",
-                            "analysis.figures -> scaling.sweep.grid"),
-    "scaling/engine/jobfiles.py": ("import numpy", "the engine imports torch and the standard library only",
-                                   "scaling.engine.jobfiles -> numpy"),
+    "scaling/core/units.py": ("import scaling.cli.main", "scaling in layers", "scaling.core.units -> scaling.cli.main"),
+    "scaling/store/record.py": (
+        "import hydra_plugins.scaling_grid_sweeper",
+        "scaling never imports hydra_plugins",
+        "scaling.store.record -> hydra_plugins.scaling_grid_sweeper",
+    ),
+    "analysis/figures.py": (
+        "import scaling.sweep.grid",
+        "analysis reads records and never launches",
+        "analysis.figures -> scaling.sweep.grid",
+    ),
+    "scaling/engine/jobfiles.py": (
+        "import numpy",
+        "the engine imports torch and the standard library only",
+        "scaling.engine.jobfiles -> numpy",
+    ),
 }
 """One import across each contract, the contract it breaks and the import lint-imports names."""
 
 
 def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
     """lint-imports with the repository's contracts on the packages found from `cwd` (it comes first on the path)."""
-    return subprocess.run([str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml"), "--no-cache"], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml"), "--no-cache"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_tree_keeps_every_import_contract() -> None:
@@ -79,11 +103,17 @@ def test_engine_imports_with_the_driver_libraries_unimportable() -> None:
         assert not leaked, leaked
         print(" ".join(names))
     """)
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", script], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     imported = set(proc.stdout.split())
-    assert {"scaling.engine.worker", "scaling.engine.model", "scaling.engine.parallel", "scaling.engine.data"} <= imported
+    assert {
+        "scaling.engine.worker",
+        "scaling.engine.model",
+        "scaling.engine.parallel",
+        "scaling.engine.data",
+    } <= imported
 
 
 def test_the_boundary_check_catches_a_driver_import() -> None:
@@ -101,8 +131,10 @@ def test_the_boundary_check_catches_a_driver_import() -> None:
     assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
 
 
-@pytest.mark.parametrize(("module", "loads_torch"), [("scaling.cli.status", False), ("scaling.cli.report", False),
-                                                     ("scaling.engine.model", True)])
+@pytest.mark.parametrize(
+    ("module", "loads_torch"),
+    [("scaling.cli.status", False), ("scaling.cli.report", False), ("scaling.engine.model", True)],
+)
 def test_status_and_report_load_no_torch(module: str, loads_torch: bool) -> None:
     """`scaling status` and `scaling report` read records: importing their commands in a fresh interpreter loads
     no torch (the engine's model, which does, shows the probe sees it)."""

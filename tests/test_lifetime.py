@@ -51,12 +51,25 @@ def test_killing_the_driver_at_any_phase_of_start_up_leaves_no_process(tmp_path,
     if moment == IMPORTING_TORCH:  # through `before_torch` without stopping, then into `import torch` (seconds)
         arrive, passed = "before_torch", GATE_PHASES[:2]
     else:
-        arrive, passed = moment, GATE_PHASES[:GATE_PHASES.index(moment)]
+        arrive, passed = moment, GATE_PHASES[: GATE_PHASES.index(moment)]
     _release(gates, passed)
     driver = subprocess.Popen(  # many steps: a rank that survived would still be running when the test looks
-        [sys.executable, "-m", "scaling", "run", "model=tiny", "train.seq_len=64", f"parallel.dp={DP}",
-         "logger=none", "train.steps=200", f"sweep_dir={sweep_dir}"],
-        cwd=REPO, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "scaling",
+            "run",
+            "model=tiny",
+            "train.seq_len=64",
+            f"parallel.dp={DP}",
+            "logger=none",
+            "train.steps=200",
+            f"sweep_dir={sweep_dir}",
+        ],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         env={**os.environ, GATE_ENV: str(gates)},
     )
     try:

@@ -64,8 +64,18 @@ def test_analytic_state_is_this_code_bases_accounting(precision):
 
 
 def _shapes(args: ModelArgs, seq_len: int = 64, mbs: int = 1) -> memory._Shapes:
-    return memory._Shapes(args.n_layers, args.hidden, args.n_kv_heads * args.head_dim, args.ffn_hidden, args.n_heads,
-                          args.head_dim, args.vocab_size, args.tie_embeddings, seq_len, mbs)
+    return memory._Shapes(
+        args.n_layers,
+        args.hidden,
+        args.n_kv_heads * args.head_dim,
+        args.ffn_hidden,
+        args.n_heads,
+        args.head_dim,
+        args.vocab_size,
+        args.tie_embeddings,
+        seq_len,
+        mbs,
+    )
 
 
 def test_zero1_partition_is_torchs_greedy_whole_tensor_partition():
@@ -79,13 +89,17 @@ def test_zero1_partition_is_torchs_greedy_whole_tensor_partition():
 
 def test_analytic_is_close_to_traced_on_small_points():
     """The traced step is exact for the tracker; the analytic model is its arithmetic summary."""
-    cases = [["parallel.zero_stage=0"], ["parallel.zero_stage=2", "parallel.dp=2"],
-             ["parallel.zero_stage=3", "parallel.dp=2", "train.recompute=full"],
-             ["parallel.zero_stage=0", "train.precision=bf16", "train.seq_len=128"],
-             ["parallel.zero_stage=0", "train.grad_acc=2"], ["parallel.zero_stage=1", "parallel.dp=2", "train.grad_acc=2"],
-             ["parallel.zero_stage=2", "parallel.dp=2", "train.grad_acc=2"],
-             ["parallel.zero_stage=3", "parallel.dp=2", "train.grad_acc=2"],
-             ["parallel.zero_stage=3", "parallel.dp=2", "train.grad_acc=2", "parallel.fsdp_grad_reduce=last_micro_step"]]
+    cases = [
+        ["parallel.zero_stage=0"],
+        ["parallel.zero_stage=2", "parallel.dp=2"],
+        ["parallel.zero_stage=3", "parallel.dp=2", "train.recompute=full"],
+        ["parallel.zero_stage=0", "train.precision=bf16", "train.seq_len=128"],
+        ["parallel.zero_stage=0", "train.grad_acc=2"],
+        ["parallel.zero_stage=1", "parallel.dp=2", "train.grad_acc=2"],
+        ["parallel.zero_stage=2", "parallel.dp=2", "train.grad_acc=2"],
+        ["parallel.zero_stage=3", "parallel.dp=2", "train.grad_acc=2"],
+        ["parallel.zero_stage=3", "parallel.dp=2", "train.grad_acc=2", "parallel.fsdp_grad_reduce=last_micro_step"],
+    ]
     for overrides in cases:
         cfg = compose_point(["model=tiny", "train.mbs=2", *overrides])
         analytic, traced = memory.predict_config(cfg).total_bytes, trace_peak(cfg).peak_mem_bytes

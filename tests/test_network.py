@@ -56,8 +56,9 @@ def _samples(truth: dict[str, AlphaBeta], dpn, world_sizes_, rng, noise=0.03):
         for op in OPS:
             for s in (1024, 64 * 1024, 2**20, 16 * 2**20, 256 * 2**20):
                 times = [ab.time_s(op, n, s) * (1 + rng.gauss(0, noise)) for _ in range(5)]
-                out.append({"op": op, "world_size": n, "size_bytes": s, "time_s": float(np.median(times)),
-                            "times_s": times})
+                out.append(
+                    {"op": op, "world_size": n, "size_bytes": s, "time_s": float(np.median(times)), "times_s": times}
+                )
     return out
 
 
@@ -134,14 +135,25 @@ def test_a_profile_measured_on_one_node_borrows_the_inter_node_tier():
     samples = _samples({INTRA: AlphaBeta(5e-6, 100e9)}, 8, (2, 4, 8), random.Random(3))
     prof = profile_estimate(Profile("one node", 8, fit_tiers(samples, 8), tuple(samples)), 8, 20, rng)
     both = with_fallback(prof, published_estimate("h100", 8, 20, rng))
-    assert both.kind == "profile" and both.label.endswith("inter_node from published h100 figures "
-                                                          "(conf/network/h100.yaml)")
+    assert both.kind == "profile" and both.label.endswith(
+        "inter_node from published h100 figures (conf/network/h100.yaml)"
+    )
     assert both.nominal.tier(8) == prof.nominal.tier(8) and both.nominal.tier(16).beta_bytes_per_s < 5e10
     assert all(d.reaches(1024) for d in both.draws)
 
 
-@pytest.mark.parametrize("dp, dpn, sizes", [(1, None, [2]), (2, None, [2]), (6, 8, [2, 4, 6]), (8, 8, [2, 4, 8]),
-                                            (32, 8, [2, 4, 8, 16, 32]), (4, 1, [2, 4]), (24, 8, [2, 4, 8, 16, 24])])
+@pytest.mark.parametrize(
+    "dp, dpn, sizes",
+    [
+        (1, None, [2]),
+        (2, None, [2]),
+        (6, 8, [2, 4, 6]),
+        (8, 8, [2, 4, 8]),
+        (32, 8, [2, 4, 8, 16, 32]),
+        (4, 1, [2, 4]),
+        (24, 8, [2, 4, 8, 16, 24]),
+    ],
+)
 def test_world_sizes_of_the_benchmark(dp, dpn, sizes):
     assert world_sizes(dp, dpn) == sizes
 
@@ -164,7 +176,9 @@ def test_scaling_collectives_measures_through_torchrun_into_the_sweep_dir(tmp_pa
     job = sweep / BENCH_DIR / "n2"
     assert (job / BENCH_OUTPUT).exists() and (job / TORCHRUN_LOG).exists()
     config = json.loads((job / CONFIG_FILE).read_text())
-    assert config["world_size"] == 2 and "--standalone" in config["argv"]  # scaling.launch.torchrun's torchrun, as a point's
+    assert (
+        config["world_size"] == 2 and "--standalone" in config["argv"]
+    )  # scaling.launch.torchrun's torchrun, as a point's
     assert config["argv"][-2:] == ["--out", str(job / BENCH_OUTPUT)] and "scaling.engine.collectives" in config["argv"]
     assert main(args) == 0
     kept = [p for p in sweep.glob("alpha_beta.*.json")]
@@ -172,11 +186,14 @@ def test_scaling_collectives_measures_through_torchrun_into_the_sweep_dir(tmp_pa
     assert f"the earlier one kept as {kept[0].name}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--iters", "1"], "--iters=1: at least 2 timed calls"),
-    (["--sizes", "4Ki,abc"], "--sizes='4Ki,abc': 'abc' is not a count"),
-    (["parallel.dpp=3"], "Could not override 'parallel.dpp'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--iters", "1"], "--iters=1: at least 2 timed calls"),
+        (["--sizes", "4Ki,abc"], "--sizes='4Ki,abc': 'abc' is not a count"),
+        (["parallel.dpp=3"], "Could not override 'parallel.dpp'"),
+    ],
+)
 def test_scaling_collectives_rejects_bad_arguments_before_any_launch(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exc:
         main(["--sweep-dir", str(tmp_path), *args])
@@ -187,8 +204,10 @@ def test_scaling_collectives_rejects_bad_arguments_before_any_launch(tmp_path, c
 def test_scaling_collectives_beyond_one_node_needs_slurm(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert main(["--sweep-dir", str(tmp_path), "hardware=h100", "parallel.dp=16"]) == 2
-    assert ("parallel.dp=16 with hardware.devices_per_node=8 spans 2 nodes: run scaling collectives inside a SLURM "
-            "allocation of them (salloc --nodes=2") in capsys.readouterr().err
+    assert (
+        "parallel.dp=16 with hardware.devices_per_node=8 spans 2 nodes: run scaling collectives inside a SLURM "
+        "allocation of them (salloc --nodes=2"
+    ) in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 
 
@@ -208,10 +227,28 @@ def test_scaling_collectives_spans_two_nodes_under_slurm(slurm_cluster, tmp_path
         pytest.skip("the test cluster has one node")
     sweep = tmp_path / "sweep"
     done = subprocess.run(
-        ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", sys.executable, "-m", "scaling.cli.main", "collectives",
-         "--sweep-dir", str(sweep), "--iters", "3", "--sizes", "4Ki,16Mi", "hardware.devices_per_node=2",
-         "parallel.dp=4"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            "salloc",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            "--time=5",
+            sys.executable,
+            "-m",
+            "scaling.cli.main",
+            "collectives",
+            "--sweep-dir",
+            str(sweep),
+            "--iters",
+            "3",
+            "--sizes",
+            "4Ki,16Mi",
+            "hardware.devices_per_node=2",
+            "parallel.dp=4",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     profile = load_profile(sweep / PROFILE_FILE)

@@ -37,21 +37,43 @@ def launch_metrics(step_times_s: list[float], peak_per_rank: list[int]) -> dict:
     """One launch's metrics block, as the driver makes it from what rank 0 wrote (a CPU run)."""
     ranks = len(peak_per_rank)
     worker = WorkerReport(
-        warmup_steps_run=2, warmup_step_times_s=[1.0], compile=False, recompiles_after_warmup=0,
-        phases_s={"build_s": 1.0}, measured_window_s=sum(step_times_s), peak_mem_breakdown_rank0=None,
-        losses=[6.0, 5.9], step_times_s=step_times_s, final_param_norm=3.0, peak_mem_source="mem_tracker",
-        peak_mem_bytes_per_rank=peak_per_rank, peak_mem_reserved_bytes_per_rank=None, device_used_bytes_per_rank=None,
-        build_peak_mem_bytes_per_rank=None, peak_rss_growth_bytes_per_rank=[2 * b for b in peak_per_rank],
-        optimizer_state_bytes_per_rank=[0] * ranks, num_ooms=0, num_alloc_retries=0,
-        env={"backend": "gloo", "world_size": ranks})
+        warmup_steps_run=2,
+        warmup_step_times_s=[1.0],
+        compile=False,
+        recompiles_after_warmup=0,
+        phases_s={"build_s": 1.0},
+        measured_window_s=sum(step_times_s),
+        peak_mem_breakdown_rank0=None,
+        losses=[6.0, 5.9],
+        step_times_s=step_times_s,
+        final_param_norm=3.0,
+        peak_mem_source="mem_tracker",
+        peak_mem_bytes_per_rank=peak_per_rank,
+        peak_mem_reserved_bytes_per_rank=None,
+        device_used_bytes_per_rank=None,
+        build_peak_mem_bytes_per_rank=None,
+        peak_rss_growth_bytes_per_rank=[2 * b for b in peak_per_rank],
+        optimizer_state_bytes_per_rank=[0] * ranks,
+        num_ooms=0,
+        num_alloc_retries=0,
+        env={"backend": "gloo", "world_size": ranks},
+    )
     return throughput_metrics(worker, DERIVED, PeakFlops(PEAK_FLOPS_PER_S, "config"))
 
 
 def launch(status: str, metrics: dict | None = None, launched_at: str = "t0", wait_s: float = 0.0) -> Launch:
     """One entry of a record's `repeats`."""
-    return Launch(status=status, error=None if status == "ok" else "boom", metrics=metrics,
-                  timing=LaunchTiming(launched_at=launched_at, device_wait_s=wait_s, torchrun_wall_s=5.0,
-                                      launch_overhead_s=4.0 if status == "ok" else None))
+    return Launch(
+        status=status,
+        error=None if status == "ok" else "boom",
+        metrics=metrics,
+        timing=LaunchTiming(
+            launched_at=launched_at,
+            device_wait_s=wait_s,
+            torchrun_wall_s=5.0,
+            launch_overhead_s=4.0 if status == "ok" else None,
+        ),
+    )
 
 
 def test_relative_spread_is_the_half_range_over_the_median():
@@ -78,19 +100,25 @@ def test_one_launch_states_its_within_run_spread():
 
 
 def test_repeats_headline_is_the_median_launch_with_both_spreads():
-    launches = [launch_metrics([0.50, 0.51, 0.49], [10, 12]), launch_metrics([0.40, 0.41, 0.40], [11, 9]),
-                launch_metrics([0.62, 0.60, 0.61], [10, 10])]
+    launches = [
+        launch_metrics([0.50, 0.51, 0.49], [10, 12]),
+        launch_metrics([0.40, 0.41, 0.40], [11, 9]),
+        launch_metrics([0.62, 0.60, 0.61], [10, 10]),
+    ]
     m = repeats_metrics(launches, DERIVED)
     assert m["step_time_s"] == 0.5  # the median of the launches' medians 0.5, 0.4, 0.61
     assert m["tokens_per_s"] == pytest.approx(2000.0) and m["tokens_per_s_per_gpu"] == pytest.approx(1000.0)
     assert m["mfu"] == pytest.approx(6e6 * 1000.0 / 1e12) and m["hfu"] == pytest.approx(8e6 * 1000.0 / 1e12)
-    by_launch = [l["tokens_per_s_per_gpu"] for l in launches]
+    by_launch = [one["tokens_per_s_per_gpu"] for one in launches]
     assert m["tokens_per_s_per_gpu_repeats"] == by_launch and m["repeats_ok"] == 3
-    assert m["repeat_spread_frac"] == pytest.approx((max(by_launch) - min(by_launch)) / 2 / statistics.median(by_launch))
-    assert m["step_time_spread_frac"] == pytest.approx(statistics.median(relative_spread(l["step_times_s"])
-                                                                         for l in launches))
+    assert m["repeat_spread_frac"] == pytest.approx(
+        (max(by_launch) - min(by_launch)) / 2 / statistics.median(by_launch)
+    )
+    assert m["step_time_spread_frac"] == pytest.approx(
+        statistics.median(relative_spread(one["step_times_s"]) for one in launches)
+    )
     assert m["noise_band_frac"] == m["repeat_spread_frac"]  # launches differ more than steps within one
-    assert m["step_times_s"] == [t for l in launches for t in l["step_times_s"]]  # every timed step kept
+    assert m["step_times_s"] == [t for one in launches for t in one["step_times_s"]]  # every timed step kept
     assert m["peak_mem_bytes_per_rank"] == [11, 12] and m["peak_mem_bytes"] == 12
     assert m["peak_rss_growth_bytes_per_rank"] == [22, 24] and m["peak_rss_growth_bytes"] == 24
     assert m["losses"] == [6.0, 5.9]
@@ -115,15 +143,21 @@ def test_a_point_with_fewer_ok_launches_than_repeats_is_not_done():
 def test_a_record_without_repeats_counts_its_one_ok_launch():
     metrics = launch_metrics([0.5, 0.5], [1])
     record = {"status": "ok", "metrics": metrics, "timing": {"launched_at": "t"}}
-    assert [l["metrics"] for l in ok_launches(record)] == [metrics]
+    assert [one["metrics"] for one in ok_launches(record)] == [metrics]
     assert answers(record, KEY, asked()) and not answers(record, KEY, asked(repeats=2))
     assert ok_launches({"status": "timeout", "metrics": None}) == []
 
 
 def test_launch_timing_sums_this_runs_launches():
     started = Timing(started_at="s", wall_s=20.0)
-    timing = started.with_launches([launch("ok", launched_at="first", wait_s=1.0),
-                                    launch("ok", launched_at="second", wait_s=2.0), launch("oom", launched_at="third")])
-    assert timing == Timing(started_at="s", wall_s=20.0, launched_at="first", device_wait_s=3.0, torchrun_wall_s=15.0,
-                            launch_overhead_s=8.0)
+    timing = started.with_launches(
+        [
+            launch("ok", launched_at="first", wait_s=1.0),
+            launch("ok", launched_at="second", wait_s=2.0),
+            launch("oom", launched_at="third"),
+        ]
+    )
+    assert timing == Timing(
+        started_at="s", wall_s=20.0, launched_at="first", device_wait_s=3.0, torchrun_wall_s=15.0, launch_overhead_s=8.0
+    )
     assert started.with_launches([]) == started  # no launch this run: nothing to sum

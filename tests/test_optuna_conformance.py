@@ -34,10 +34,19 @@ def study_in(sweep_dir: Path) -> optuna.Study:
 def test_launch_jobs(hydra_sweep_runner: TSweepRunner, tmp_path: Path) -> None:
     """hydra-optuna-sweeper's own launch test: Hydra's test app, whose task returns 100."""
     sweep = hydra_sweep_runner(
-        calling_file=None, calling_module="hydra.test_utils.a_module", task_function=None, config_path="configs",
-        config_name="compose.yaml", temp_dir=tmp_path / "sweep",
-        overrides=["hydra/sweeper=scaling_optuna", "hydra/launcher=basic", "hydra.sweeper.n_trials=8",
-                   "hydra.sweeper.n_jobs=3", "group1=file1,file2"],
+        calling_file=None,
+        calling_module="hydra.test_utils.a_module",
+        task_function=None,
+        config_path="configs",
+        config_name="compose.yaml",
+        temp_dir=tmp_path / "sweep",
+        overrides=[
+            "hydra/sweeper=scaling_optuna",
+            "hydra/launcher=basic",
+            "hydra.sweeper.n_trials=8",
+            "hydra.sweeper.n_jobs=3",
+            "group1=file1,file2",
+        ],
     )
     with sweep:
         assert sweep.returns["values"] == {"metrics.tokens_per_s_per_gpu": 100.0}
@@ -47,16 +56,29 @@ def test_launch_jobs(hydra_sweep_runner: TSweepRunner, tmp_path: Path) -> None:
 
 
 def test_hydra_optuna_sweeper_keys_on_a_task_outside_the_project(
-        hydra_sweep_runner: TSweepRunner, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    hydra_sweep_runner: TSweepRunner, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO)
     calls = tmp_path / "calls.jsonl"
     sweep = hydra_sweep_runner(
-        calling_file=str(TOY_APP), calling_module=None, task_function=toy_main, config_path="conf",
-        config_name="config", temp_dir=tmp_path / "toy",
-        overrides=["hydra/sweeper=scaling_optuna", "hydra/sweeper/sampler=random", "hydra.sweeper.sampler.seed=3",
-                   "hydra.sweeper.direction=maximize", "hydra.sweeper.objectives=[metrics.score]",
-                   "hydra.sweeper.custom_search_space=tests.toy_app.toy_app.mbs_for_kind",
-                   "hydra.sweeper.n_trials=6", "x=interval(0,1)", "kind=a,b", f"calls_log={calls}"],
+        calling_file=str(TOY_APP),
+        calling_module=None,
+        task_function=toy_main,
+        config_path="conf",
+        config_name="config",
+        temp_dir=tmp_path / "toy",
+        overrides=[
+            "hydra/sweeper=scaling_optuna",
+            "hydra/sweeper/sampler=random",
+            "hydra.sweeper.sampler.seed=3",
+            "hydra.sweeper.direction=maximize",
+            "hydra.sweeper.objectives=[metrics.score]",
+            "hydra.sweeper.custom_search_space=tests.toy_app.toy_app.mbs_for_kind",
+            "hydra.sweeper.n_trials=6",
+            "x=interval(0,1)",
+            "kind=a,b",
+            f"calls_log={calls}",
+        ],
     )
     with sweep:  # the sweep's folder is gone once the block ends
         study = study_in(tmp_path / "toy")
@@ -72,16 +94,27 @@ def test_hydra_optuna_sweeper_keys_on_a_task_outside_the_project(
 
 
 def test_a_task_returning_a_list_of_values_with_a_list_of_directions(
-        hydra_sweep_runner: TSweepRunner, tmp_path: Path) -> None:
+    hydra_sweep_runner: TSweepRunner, tmp_path: Path
+) -> None:
     def two_values(cfg):  # hydra-optuna-sweeper's multi-objective contract: one float per direction
         return [(cfg.x - 0.3) ** 2, float(cfg.mbs)]
 
     sweep = hydra_sweep_runner(
-        calling_file=str(TOY_APP), calling_module=None, task_function=two_values, config_path="conf",
-        config_name="config", temp_dir=tmp_path / "mo",
-        overrides=["hydra/sweeper=scaling_optuna", "hydra.sweeper.direction=[minimize,minimize]",
-                   "hydra.sweeper.n_trials=6", "hydra/sweeper/sampler=tpe", "hydra.sweeper.sampler.seed=0",
-                   "x=interval(0,1)", "mbs=1,2,4"],
+        calling_file=str(TOY_APP),
+        calling_module=None,
+        task_function=two_values,
+        config_path="conf",
+        config_name="config",
+        temp_dir=tmp_path / "mo",
+        overrides=[
+            "hydra/sweeper=scaling_optuna",
+            "hydra.sweeper.direction=[minimize,minimize]",
+            "hydra.sweeper.n_trials=6",
+            "hydra/sweeper/sampler=tpe",
+            "hydra.sweeper.sampler.seed=0",
+            "x=interval(0,1)",
+            "mbs=1,2,4",
+        ],
     )
     with sweep:
         study = study_in(tmp_path / "mo")
@@ -94,10 +127,14 @@ def test_a_task_returning_a_list_of_values_with_a_list_of_directions(
 
 def test_direction_and_interval_casts_as_hydra_optuna_sweeper_reads_them() -> None:
     assert resolve_objectives(["metrics.tokens_per_s_per_gpu"], None, "minimize") == (
-        ["metrics.tokens_per_s_per_gpu"], ["minimize"])
+        ["metrics.tokens_per_s_per_gpu"],
+        ["minimize"],
+    )
     assert resolve_objectives(["metrics.tokens_per_s_per_gpu"], None, None)[1] == ["maximize"]
     assert resolve_objectives(["a", "b"], ["maximize", "minimize"], ["maximize", "minimize"]) == (
-        ["a", "b"], ["maximize", "minimize"])
+        ["a", "b"],
+        ["maximize", "minimize"],
+    )
     with pytest.raises(ValueError, match=r"direction=\['minimize'\] and hydra.sweeper.directions=\['maximize'\]"):
         resolve_objectives(["m"], ["maximize"], "minimize")
     space = parse_search_space(["a=int(interval(1,5))", "b=range(1,3)"], OverridesParser.create())

@@ -46,8 +46,13 @@ SWEEPER = ["-m", "hydra/sweeper=scaling_optuna", "hydra.sweeper.sampler.seed=0"]
 
 def toy_command(sweep_dir: Path, *overrides: str) -> list[str]:
     """The toy app as a multirun under the sweeper, scored on metrics.score."""
-    return [str(TOY_APP), *SWEEPER, f"hydra.sweep.dir={sweep_dir}", "hydra.sweeper.objectives=[metrics.score]",
-            *overrides]
+    return [
+        str(TOY_APP),
+        *SWEEPER,
+        f"hydra.sweep.dir={sweep_dir}",
+        "hydra.sweeper.objectives=[metrics.score]",
+        *overrides,
+    ]
 
 
 def toy_sweep(sweep_dir: Path, *overrides: str) -> str:
@@ -89,9 +94,16 @@ def test_hydra_discovers_the_plugin_and_its_config() -> None:
 
 def test_search_space_maps_hydra_sweeps_to_distributions() -> None:
     space = parse_search_space(
-        ["model=tiny,small", "train.mbs=choice(1,2,4)", "parallel.dp=range(1,9,2)",
-         "train.lr=tag(log,interval(1e-4,1e-2))", "x=tag(int,interval(1,64))", "y=range(0,1,0.25)", "train.steps=2",
-         "train.mbs=choice(2,8)"],
+        [
+            "model=tiny,small",
+            "train.mbs=choice(1,2,4)",
+            "parallel.dp=range(1,9,2)",
+            "train.lr=tag(log,interval(1e-4,1e-2))",
+            "x=tag(int,interval(1,64))",
+            "y=range(0,1,0.25)",
+            "train.steps=2",
+            "train.mbs=choice(2,8)",
+        ],
         OverridesParser.create(),
     )
     d = space.distributions
@@ -103,7 +115,14 @@ def test_search_space_maps_hydra_sweeps_to_distributions() -> None:
     assert space.fixed == ["train.steps=2"]
     params = {"model": "small", "train.mbs": 8, "parallel.dp": 3, "train.lr": 0.001, "x": 5, "y": 0.5}
     assert space.overrides(params) == [
-        "train.steps=2", "model=small", "parallel.dp=3", "train.lr=0.001", "x=5", "y=0.5", "train.mbs=8"]
+        "train.steps=2",
+        "model=small",
+        "parallel.dp=3",
+        "train.lr=0.001",
+        "x=5",
+        "y=0.5",
+        "train.mbs=8",
+    ]
     grid_space = parse_search_space(["a=1,2", "b=range(0,1,0.25)"], OverridesParser.create())
     assert grid_space.grid() == {"a": [1, 2], "b": [0.0, 0.25, 0.5, 0.75]}
     with pytest.raises(ValueError, match=r"sampler.name=grid needs discrete parameters, but train.lr is continuous"):
@@ -111,8 +130,11 @@ def test_search_space_maps_hydra_sweeps_to_distributions() -> None:
 
 
 def test_records_become_trial_outcomes() -> None:
-    ok = judge({"status": "ok", "job_key": "k", "metrics": {"tokens_per_s_per_gpu": 5.0, "losses": [1.0]}},
-               ["metrics.tokens_per_s_per_gpu"], [1.0])
+    ok = judge(
+        {"status": "ok", "job_key": "k", "metrics": {"tokens_per_s_per_gpu": 5.0, "losses": [1.0]}},
+        ["metrics.tokens_per_s_per_gpu"],
+        [1.0],
+    )
     assert (ok.state, ok.values, ok.violation) == (TrialState.COMPLETE, [5.0], 0.0)
     assert ok.attrs["metrics"] == {"tokens_per_s_per_gpu": 5.0}  # lists stay in the record
     for status in ("oom", "predicted_oom"):
@@ -129,8 +151,15 @@ def test_patience_counts_only_moves_of_the_best_beyond_the_noise_band() -> None:
     # (tokens/s per GPU, the record's noise band): 104 and 106 lie within the first point's ±5%, 120 does not
     for value, band in ((100.0, 0.05), (104.0, 0.01), (120.0, 0.02), (121.0, 0.01), (106.0, 0.0)):
         trial = study.ask()
-        tell(study, trial, judge({"status": "ok", "metrics": {"tokens_per_s_per_gpu": value, "noise_band_frac": band}},
-                                 ["metrics.tokens_per_s_per_gpu"], [0.0]))
+        tell(
+            study,
+            trial,
+            judge(
+                {"status": "ok", "metrics": {"tokens_per_s_per_gpu": value, "noise_band_frac": band}},
+                ["metrics.tokens_per_s_per_gpu"],
+                [0.0],
+            ),
+        )
     trials = study.trials
     measured = partial(noise_band, objective="metrics.tokens_per_s_per_gpu", fixed=None)
     assert [measured(t) for t in trials] == [0.05, 0.01, 0.02, 0.01, 0.0]
@@ -146,8 +175,15 @@ def test_patience_counts_only_moves_of_the_best_beyond_the_noise_band() -> None:
 def test_an_earlier_trial_with_fewer_launches_than_repeats_answers_nothing() -> None:
     study = optuna.create_study(direction="maximize")
     trial = study.ask({"mbs": CategoricalDistribution([1, 2])})
-    tell(study, trial, judge({"status": "ok", "metrics": {"tokens_per_s_per_gpu": 9.0, "repeats_ok": 2}},
-                             ["metrics.tokens_per_s_per_gpu"], [0.0]))
+    tell(
+        study,
+        trial,
+        judge(
+            {"status": "ok", "metrics": {"tokens_per_s_per_gpu": 9.0, "repeats_ok": 2}},
+            ["metrics.tokens_per_s_per_gpu"],
+            [0.0],
+        ),
+    )
     assert repeat_outcome(study.trials, trial.params, repeats=2).values == [9.0]
     assert repeat_outcome(study.trials, trial.params, repeats=3) is None
 
@@ -156,8 +192,9 @@ def test_an_earlier_trial_with_fewer_launches_than_repeats_answers_nothing() -> 
 @pytest.fixture(scope="module")
 def tpe_search(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     sweep_dir = tmp_path_factory.mktemp("tpe")
-    stdout = toy_sweep(sweep_dir, *TOY_SPACE, "oom_above_mbs=4", "hydra.sweeper.n_trials=12",
-                       f"calls_log={sweep_dir / 'calls.jsonl'}")
+    stdout = toy_sweep(
+        sweep_dir, *TOY_SPACE, "oom_above_mbs=4", "hydra.sweeper.n_trials=12", f"calls_log={sweep_dir / 'calls.jsonl'}"
+    )
     return sweep_dir, stdout
 
 
@@ -175,13 +212,15 @@ def test_toy_search_writes_best_yaml_that_reproduces(tpe_search: tuple[Path, str
     rows = (sweep_dir / "trials.csv").read_text().splitlines()
     assert len(rows) == 13 and rows[0].startswith("trial,state,status,metrics.score,feasible")
     # The overrides are accepted by the app itself and run the same point.
-    run_python_script([str(TOY_APP), *point["overrides"], f"calls_log={tmp_path / 'calls.jsonl'}",
-                       f"hydra.run.dir={tmp_path}"])
+    run_python_script(
+        [str(TOY_APP), *point["overrides"], f"calls_log={tmp_path / 'calls.jsonl'}", f"hydra.run.dir={tmp_path}"]
+    )
     kv = dict(o.split("=", 1) for o in point["overrides"])
     assert calls(tmp_path) == [{"x": float(kv["x"]), "mbs": int(kv["mbs"]), "kind": kv["kind"], "num": None}]
     # hydra.job.num of every launched job is its trial number.
     assert sorted(c["num"] for c in calls(sweep_dir)) == sorted(
-        t.number for t in study.trials if "answered_from" not in t.user_attrs)
+        t.number for t in study.trials if "answered_from" not in t.user_attrs
+    )
 
 
 def test_oom_trials_are_stored_infeasible(tpe_search: tuple[Path, str]) -> None:
@@ -227,7 +266,9 @@ def test_readme_opens_the_study_in_pandas(tpe_search: tuple[Path, str]) -> None:
     scope: dict[str, Any] = {}
     exec(code, scope)
     trials = scope["trials"]
-    assert len(trials) == 12 and {"number", "value_metrics.score", "params_mbs", "user_attrs_status"} <= set(trials.columns)
+    assert len(trials) == 12 and {"number", "value_metrics.score", "params_mbs", "user_attrs_status"} <= set(
+        trials.columns
+    )
     assert set(trials["user_attrs_status"]) == {"ok", "oom"}
 
 
@@ -236,14 +277,29 @@ def test_failures_are_tolerated_up_to_max_failure_rate(tmp_path: Path) -> None:
     study = load_study(tmp_path / "tolerant")
     assert {t.state for t in study.trials if t.params["kind"] == "b"} == {TrialState.FAIL}
     assert len(study.trials) == 6
-    err = run_with_error(toy_command(tmp_path / "strict", "x=0.3", "kind=choice(b)", "fail_kind=b",
-                                     "hydra.sweeper.n_trials=6", "hydra.sweeper.max_failure_rate=0.5"))
+    err = run_with_error(
+        toy_command(
+            tmp_path / "strict",
+            "x=0.3",
+            "kind=choice(b)",
+            "fail_kind=b",
+            "hydra.sweeper.n_trials=6",
+            "hydra.sweeper.max_failure_rate=0.5",
+        )
+    )
     assert "1 of 1 trials failed (100%), above hydra.sweeper.max_failure_rate=0.5" in err
 
 
 def test_patience_stops_and_repeated_points_are_not_run_again(tmp_path: Path) -> None:
-    stdout = toy_sweep(tmp_path, "x=0.3", "mbs=2", "kind=choice(a)", "hydra.sweeper.n_trials=50",
-                       "hydra.sweeper.patience=3", f"calls_log={tmp_path / 'calls.jsonl'}")
+    stdout = toy_sweep(
+        tmp_path,
+        "x=0.3",
+        "mbs=2",
+        "kind=choice(a)",
+        "hydra.sweeper.n_trials=50",
+        "hydra.sweeper.patience=3",
+        f"calls_log={tmp_path / 'calls.jsonl'}",
+    )
     study = load_study(tmp_path)
     assert len(study.trials) == 4 and "3 trials without a better feasible value (patience=3)" in stdout
     assert len(calls(tmp_path)) == 1
@@ -252,18 +308,35 @@ def test_patience_stops_and_repeated_points_are_not_run_again(tmp_path: Path) ->
 
 def test_patience_with_a_noise_band_stops_when_nothing_beats_the_first_point_beyond_it(tmp_path: Path) -> None:
     # scores 1.1 ... 1.6 (mbs 1 ... 6): within a ±20% band of one another, so no trial moves the best
-    stdout = toy_sweep(tmp_path, "x=0.3", "mbs=1,2,3,4,5,6", "kind=choice(a)", "hydra.sweeper.n_trials=50",
-                       "hydra.sweeper.patience=3", "hydra.sweeper.noise_band=0.2", f"calls_log={tmp_path / 'calls.jsonl'}")
+    stdout = toy_sweep(
+        tmp_path,
+        "x=0.3",
+        "mbs=1,2,3,4,5,6",
+        "kind=choice(a)",
+        "hydra.sweeper.n_trials=50",
+        "hydra.sweeper.patience=3",
+        "hydra.sweeper.noise_band=0.2",
+        f"calls_log={tmp_path / 'calls.jsonl'}",
+    )
     assert len(load_study(tmp_path).trials) == 4 and len(calls(tmp_path)) == 4
-    assert ("3 trials without a better feasible value (patience=3); one within the noise band of the best does "
-            "not count (hydra.sweeper.noise_band=0.2)") in stdout
+    assert (
+        "3 trials without a better feasible value (patience=3); one within the noise band of the best does "
+        "not count (hydra.sweeper.noise_band=0.2)"
+    ) in stdout
     err = run_with_error(toy_command(tmp_path / "bad", "x=0.3", "hydra.sweeper.noise_band=1.5"))
     assert "hydra.sweeper.noise_band=1.5 must be a fraction in [0, 1)" in err
 
 
 def test_grid_sampler_visits_each_point_once(tmp_path: Path) -> None:
-    stdout = toy_sweep(tmp_path, "x=range(0,1,0.5)", "mbs=1,2", "kind=a,b", "hydra.sweeper.sampler.name=grid",
-                       "hydra.sweeper.n_trials=50", "hydra.sweeper.n_jobs=3")
+    stdout = toy_sweep(
+        tmp_path,
+        "x=range(0,1,0.5)",
+        "mbs=1,2",
+        "kind=a,b",
+        "hydra.sweeper.sampler.name=grid",
+        "hydra.sweeper.n_trials=50",
+        "hydra.sweeper.n_jobs=3",
+    )
     study = load_study(tmp_path)
     points = {(t.params["x"], t.params["mbs"], t.params["kind"]) for t in study.trials}
     assert len(study.trials) == 8 and len(points) == 8
@@ -272,9 +345,17 @@ def test_grid_sampler_visits_each_point_once(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sampler", ["tpe", "random"])
 def test_tpe_and_random_propose_untried_points_until_the_space_is_used_up(tmp_path: Path, sampler: str) -> None:
-    toy_sweep(tmp_path, "x=range(0,1,0.5)", "mbs=1,2", "kind=a,b", f"hydra.sweeper.sampler.name={sampler}",
-              "hydra.sweeper.sampler.n_startup_trials=2", "hydra.sweeper.sampler.seed=0", "hydra.sweeper.n_trials=10",
-              "hydra.sweeper.n_jobs=2")
+    toy_sweep(
+        tmp_path,
+        "x=range(0,1,0.5)",
+        "mbs=1,2",
+        "kind=a,b",
+        f"hydra.sweeper.sampler.name={sampler}",
+        "hydra.sweeper.sampler.n_startup_trials=2",
+        "hydra.sweeper.sampler.seed=0",
+        "hydra.sweeper.n_trials=10",
+        "hydra.sweeper.n_jobs=2",
+    )
     trials = load_study(tmp_path).trials
     points = [(t.params["x"], t.params["mbs"], t.params["kind"]) for t in trials]
     assert len(points) == 10 and len(set(points[:8])) == 8  # each of the 8 points once, then repeats
@@ -285,12 +366,21 @@ def test_untried_first_counts_failed_points_as_tried_and_stale_ones_as_untried()
     space = parse_search_space(["a=1,2", "b=x,y"], OverridesParser.create())
     study = optuna.create_study(direction="maximize")
     study.sampler = make_sampler("tpe", 0, 1, space, 1)
-    tried = [({"a": 1, "b": "x"}, TrialState.FAIL, {}), ({"a": 2, "b": "x"}, TrialState.COMPLETE, {}),
-             ({"a": 1, "b": "y"}, TrialState.FAIL, {"stale": True})]  # left running by a dead driver
+    tried = [
+        ({"a": 1, "b": "x"}, TrialState.FAIL, {}),
+        ({"a": 2, "b": "x"}, TrialState.COMPLETE, {}),
+        ({"a": 1, "b": "y"}, TrialState.FAIL, {"stale": True}),
+    ]  # left running by a dead driver
     for params, state, attrs in tried:
-        study.add_trial(optuna.trial.create_trial(params=params, distributions=space.distributions, state=state,
-                                                  value=1.0 if state == TrialState.COMPLETE else None,
-                                                  user_attrs=attrs))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions=space.distributions,
+                state=state,
+                value=1.0 if state == TrialState.COMPLETE else None,
+                user_attrs=attrs,
+            )
+        )
     proposed = []
     for _ in range(2):
         trial = study.ask(space.distributions)
@@ -311,9 +401,17 @@ def test_untried_first_knows_a_float_step_point_however_optuna_rounds_it() -> No
 
 def test_two_objectives_give_a_feasible_pareto_front_in_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    toy_sweep(tmp_path, *TOY_SPACE, "oom_above_mbs=8", "hydra.sweeper.n_trials=8", "hydra.sweeper.sampler.name=random",
-              "hydra.sweeper.objectives=[metrics.score,metrics.mem]", "hydra.sweeper.directions=[maximize,minimize]",
-              f"hydra.sweeper.storage={url}", "hydra.sweeper.study_name=pareto")
+    toy_sweep(
+        tmp_path,
+        *TOY_SPACE,
+        "oom_above_mbs=8",
+        "hydra.sweeper.n_trials=8",
+        "hydra.sweeper.sampler.name=random",
+        "hydra.sweeper.objectives=[metrics.score,metrics.mem]",
+        "hydra.sweeper.directions=[maximize,minimize]",
+        f"hydra.sweeper.storage={url}",
+        "hydra.sweeper.study_name=pareto",
+    )
     best = yaml.safe_load((tmp_path / "best.yaml").read_text())
     study = optuna.load_study(study_name="pareto", storage=url)
     ok = [t for t in study.trials if t.user_attrs["status"] == "ok"]
@@ -327,8 +425,15 @@ def test_two_objectives_give_a_feasible_pareto_front_in_sqlite(tmp_path: Path) -
 
 def test_cmaes_sampler_runs(tmp_path: Path) -> None:
     pytest.importorskip("cmaes")
-    toy_sweep(tmp_path, "x=interval(0,1)", "mbs=tag(int,interval(1,8))", "kind=b", "hydra.sweeper.sampler.name=cmaes",
-              "hydra.sweeper.n_trials=6", "hydra.sweeper.sampler.n_startup_trials=2")
+    toy_sweep(
+        tmp_path,
+        "x=interval(0,1)",
+        "mbs=tag(int,interval(1,8))",
+        "kind=b",
+        "hydra.sweeper.sampler.name=cmaes",
+        "hydra.sweeper.n_trials=6",
+        "hydra.sweeper.sampler.n_startup_trials=2",
+    )
     assert yaml.safe_load((tmp_path / "best.yaml").read_text())["best"]["status"] == "ok"
 
 
@@ -337,10 +442,13 @@ def test_sigkilled_search_resumes_without_repeating_finished_trials(tmp_path: Pa
     gates.mkdir()
     for n in (0, 1):  # two trials run through; the third stops in flight at the test gate
         (gates / f"call{n}.go").touch()
-    cmd = [sys.executable, *toy_command(tmp_path, *TOY_SPACE, "hydra.sweeper.n_trials=5",
-                                        f"calls_log={tmp_path / 'calls.jsonl'}")]
-    driver = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env={**os.environ, GATE_ENV: str(gates)})
+    cmd = [
+        sys.executable,
+        *toy_command(tmp_path, *TOY_SPACE, "hydra.sweeper.n_trials=5", f"calls_log={tmp_path / 'calls.jsonl'}"),
+    ]
+    driver = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, GATE_ENV: str(gates)}
+    )
     try:
         deadline = time.monotonic() + 120
         while not (gates / "call2.reached").exists():
@@ -375,15 +483,32 @@ def test_sigkilled_search_resumes_without_repeating_finished_trials(tmp_path: Pa
 
 
 # --- the real engine: torchrun over gloo, tiny model, one timed step ---------------------------
-ENGINE_POINT = ["train.steps=1", "train.warmup_steps=1", "hardware.memory_gb=0.02", "launch.prescreen=false",
-                "logger=none"]
+ENGINE_POINT = [
+    "train.steps=1",
+    "train.warmup_steps=1",
+    "hardware.memory_gb=0.02",
+    "launch.prescreen=false",
+    "logger=none",
+]
 
 
 def engine_sweep(sweep_dir: Path, *overrides: str) -> str:
     """`python -m scaling run -m` under the sweeper, grid over mbs: 2 fits, 64 does not fit in 0.02 GiB."""
-    stdout, _ = run_process([sys.executable, "-m", "scaling", "run", *SWEEPER, "hydra.sweeper.sampler.name=grid",
-                             "train.mbs=2,64", "sweep=optuna_cpu", f"sweep_dir={sweep_dir}", *ENGINE_POINT,
-                             *overrides])
+    stdout, _ = run_process(
+        [
+            sys.executable,
+            "-m",
+            "scaling",
+            "run",
+            *SWEEPER,
+            "hydra.sweeper.sampler.name=grid",
+            "train.mbs=2,64",
+            "sweep=optuna_cpu",
+            f"sweep_dir={sweep_dir}",
+            *ENGINE_POINT,
+            *overrides,
+        ]
+    )
     return stdout
 
 
@@ -412,8 +537,9 @@ def test_engine_best_point_runs_with_scaling_run(engine_search: Path) -> None:
     assert best["status"] == "ok" and best["trial"] in (0, 1)
     assert f"sweep_dir={engine_search}" in best["overrides"] and "train.mbs=64" not in best["overrides"]
     assert best["command"].startswith("python -m scaling run model.name=tiny ")
-    stdout, _ = run_process([sys.executable, "-m", "scaling", "run", *best["run_overrides"], "launch.rerun=all",
-                             "logger=none"])
+    stdout, _ = run_process(
+        [sys.executable, "-m", "scaling", "run", *best["run_overrides"], "launch.rerun=all", "logger=none"]
+    )
     assert f"[scaling] {best['job_key']} ok tokens/s/GPU=" in stdout
 
 
@@ -430,11 +556,27 @@ def test_sweep_file_search_names_a_point_the_default_config_reproduces(tmp_path:
     """sweeps/best_throughput.yaml for one (shrunk) trial; its winner, run from conf/config.yaml (no
     fixed batch, no memory cap), composes to the same job_key."""
     sweep_dir = tmp_path / "best_throughput"
-    run_process([sys.executable, "-m", "scaling", "sweep", "best_throughput", "hydra.sweeper.n_trials=1",
-                 "model=tiny", "train.gbs=4", "train.mbs=2", "parallel.dp=1", "train.steps=1",
-                 "train.warmup_steps=0", "logger=none", f"sweep_dir={sweep_dir}"])
+    run_process(
+        [
+            sys.executable,
+            "-m",
+            "scaling",
+            "sweep",
+            "best_throughput",
+            "hydra.sweeper.n_trials=1",
+            "model=tiny",
+            "train.gbs=4",
+            "train.mbs=2",
+            "parallel.dp=1",
+            "train.steps=1",
+            "train.warmup_steps=0",
+            "logger=none",
+            f"sweep_dir={sweep_dir}",
+        ]
+    )
     best = yaml.safe_load((sweep_dir / "best.yaml").read_text())["best"]
     assert best["status"] == "ok"
     assert {"train.grad_acc=auto", "train.gbs=4", "train.seq_len=128", "hardware.memory_gb=0.047"} <= set(
-        best["run_overrides"])
+        best["run_overrides"]
+    )
     assert job_key(compose_point(best["run_overrides"])) == best["job_key"]

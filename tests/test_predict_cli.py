@@ -29,8 +29,14 @@ POINT = ["model=tiny", "train.seq_len=64", "train.warmup_steps=1", "train.steps=
 
 def scaling(*args) -> subprocess.CompletedProcess:
     """The `scaling` command as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "scaling", *args], cwd=REPO, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "scaling", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +70,10 @@ def test_prescreen_skips_exactly_the_points_predicted_not_to_fit(store, capacity
         if rec["status"] == "oom":  # measured: the tracked step's live tensors passed the emulated capacity
             assert "emulated capacity exceeded" in rec["error"]
     assert launched == {1: True, 3: True, 5: False, 12: False}
-    assert "predicted peak" in json.loads((store / job_key(point(store, capacity_gb, 12)) / RESULT_FILE).read_text())["error"]
+    assert (
+        "predicted peak"
+        in json.loads((store / job_key(point(store, capacity_gb, 12)) / RESULT_FILE).read_text())["error"]
+    )
 
 
 def test_a_sample_of_predicted_oom_points_runs_anyway_to_measure_the_prescreen(store, capacity_gb):
@@ -90,27 +99,34 @@ def test_find_mbs_returns_what_a_direct_search_finds(store, capacity_gb):
             assert status == "oom"
             break
         direct = mbs
-    out = scaling("find-mbs", "--json", "--max-mbs=16", *POINT, f"hardware.memory_gb={capacity_gb}", f"sweep_dir={store}")
+    out = scaling(
+        "find-mbs", "--json", "--max-mbs=16", *POINT, f"hardware.memory_gb={capacity_gb}", f"sweep_dir={store}"
+    )
     assert out.returncode == 0, out.stderr
-    found = json.loads(out.stdout[out.stdout.index("{"):])
+    found = json.loads(out.stdout[out.stdout.index("{") :])
     assert found["mbs"] == found["predicted_mbs"] == direct == 2
     assert found["confirmed"] and [r["status"] for r in found["runs"]] == ["ok", "oom"]
     assert "confirmed: mbs=2 ok, mbs=3 oom" in found["note"]
 
 
 def test_predict_point_json_has_both_methods(capsys):
-    assert predict_main(["--json", "model=tiny", "parallel.dp=2", "parallel.zero_stage=3", "hardware.memory_gb=0.1"]) == 0
+    assert (
+        predict_main(["--json", "model=tiny", "parallel.dp=2", "parallel.zero_stage=3", "hardware.memory_gb=0.1"]) == 0
+    )
     res = json.loads(capsys.readouterr().out)
     analytic, traced = res["analytic"], res["traced"]
     assert analytic["method"] == "analytic" and traced["method"] == "traced"
     assert abs(analytic["peak_mem_bytes"] - traced["peak_mem_bytes"]) / traced["peak_mem_bytes"] < 0.1
-    assert analytic["peak_mem_bytes"] == sum(v for k, v in analytic.items() if k.endswith("_bytes") and k != "peak_mem_bytes")
+    assert analytic["peak_mem_bytes"] == sum(
+        v for k, v in analytic.items() if k.endswith("_bytes") and k != "peak_mem_bytes"
+    )
     assert res["capacity_bytes"] == int(0.1 * GIB)
 
 
 def test_predict_sweep_prints_the_grid_without_launching(tmp_path, monkeypatch, capsys):
     (tmp_path / "sweeps").mkdir()
-    (tmp_path / "sweeps" / "fitgrid.yaml").write_text(textwrap.dedent("""\
+    (tmp_path / "sweeps" / "fitgrid.yaml").write_text(
+        textwrap.dedent("""\
         defaults:
           - config
           - _self_
@@ -124,7 +140,8 @@ def test_predict_sweep_prints_the_grid_without_launching(tmp_path, monkeypatch, 
               model: tiny,small
               train.mbs: 1,64
               parallel.zero_stage: 0,3
-        """))
+        """)
+    )
     monkeypatch.chdir(tmp_path)  # ./sweeps is searched first, as for `scaling sweep`
     assert predict_main(["--sweep", "fitgrid", "parallel.dp=2", f"sweep_dir={tmp_path / 'runs'}"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -133,10 +150,13 @@ def test_predict_sweep_prints_the_grid_without_launching(tmp_path, monkeypatch, 
     assert len(verdicts) == 8
     assert verdicts[("tiny", "1", "3")] == "fits" and verdicts[("small", "64", "0")] == "predicted_oom"
     skipped = sum(v == "predicted_oom" for v in verdicts.values())
-    assert lines[-2] == (f"sweep fitgrid: 8 points: 8 new ({8 - skipped} to launch, {skipped} predicted_oom, 0 invalid), "
-                         "0 recorded")
-    assert lines[-1] == (f"wall time: unknown, no launched point recorded yet; at most {format_duration((8 - skipped) * 600)} "
-                         f"({8 - skipped} launches, 1 at a time, launch.timeout_s=600)")
+    assert lines[-2] == (
+        f"sweep fitgrid: 8 points: 8 new ({8 - skipped} to launch, {skipped} predicted_oom, 0 invalid), 0 recorded"
+    )
+    assert lines[-1] == (
+        f"wall time: unknown, no launched point recorded yet; at most {format_duration((8 - skipped) * 600)} "
+        f"({8 - skipped} launches, 1 at a time, launch.timeout_s=600)"
+    )
     assert not (tmp_path / "runs").exists()  # nothing launched, nothing recorded
 
 

@@ -28,14 +28,16 @@ def layout(readme: str) -> dict[str, set[str]]:
 
 def contents(folder: Path) -> set[str]:
     """A package folder's public modules and, with a trailing slash, its subfolders (no `_private`, no caches)."""
-    return ({p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")}
-            | {f"{p.name}/" for p in folder.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))})
+    return {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")} | {
+        f"{p.name}/" for p in folder.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))
+    }
 
 
 def tree() -> dict[str, set[str]]:
     """What the module list must say: every subpackage of scaling/, analysis/ and hydra_plugins/ (its plugins)."""
-    want = {f"scaling/{p.name}/": contents(p) for p in sorted((REPO / "scaling").iterdir())
-            if (p / "__init__.py").exists()}
+    want = {
+        f"scaling/{p.name}/": contents(p) for p in sorted((REPO / "scaling").iterdir()) if (p / "__init__.py").exists()
+    }
     return {**want, "analysis/": contents(REPO / "analysis"), "hydra_plugins/": contents(REPO / "hydra_plugins")}
 
 
@@ -59,7 +61,9 @@ def test_the_check_fails_for_a_missing_and_for_an_extra_module():
     assert "inflight (running.json markers)," in readme and "trace (under FakeTensorMode)," in readme
     without = readme.replace("inflight (running.json markers),", "")
     assert mismatches(layout(without), tree()) == [
-        "scaling/store/: missing from the README ['inflight'], named but not in the tree []"]
+        "scaling/store/: missing from the README ['inflight'], named but not in the tree []"
+    ]
     extra = readme.replace("trace (under FakeTensorMode),", "trace (under FakeTensorMode), cli,")
     assert mismatches(layout(extra), tree()) == [
-        "scaling/predictor/: missing from the README [], named but not in the tree ['cli']"]
+        "scaling/predictor/: missing from the README [], named but not in the tree ['cli']"
+    ]

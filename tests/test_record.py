@@ -20,32 +20,81 @@ from scaling.store.record import (
     ok_launches,
 )
 
-WORKER_KEYS = ["warmup_steps_run", "warmup_step_times_s", "compile", "recompiles_after_warmup", "phases_s",
-               "measured_window_s", "peak_mem_breakdown_rank0", "losses", "step_times_s", "final_param_norm",
-               "peak_mem_source", "peak_mem_bytes_per_rank", "peak_mem_reserved_bytes_per_rank",
-               "device_used_bytes_per_rank", "build_peak_mem_bytes_per_rank", "peak_rss_growth_bytes_per_rank",
-               "optimizer_state_bytes_per_rank", "num_ooms", "num_alloc_retries", "env", "rows_built_in_timed_window",
-               "grad_norms"]
+WORKER_KEYS = [
+    "warmup_steps_run",
+    "warmup_step_times_s",
+    "compile",
+    "recompiles_after_warmup",
+    "phases_s",
+    "measured_window_s",
+    "peak_mem_breakdown_rank0",
+    "losses",
+    "step_times_s",
+    "final_param_norm",
+    "peak_mem_source",
+    "peak_mem_bytes_per_rank",
+    "peak_mem_reserved_bytes_per_rank",
+    "device_used_bytes_per_rank",
+    "build_peak_mem_bytes_per_rank",
+    "peak_rss_growth_bytes_per_rank",
+    "optimizer_state_bytes_per_rank",
+    "num_ooms",
+    "num_alloc_retries",
+    "env",
+    "rows_built_in_timed_window",
+    "grad_norms",
+]
 """worker.json's keys, in order: as rank 0 wrote them before the report was typed, then the clipping's
 gradient norms and the data check of the timed window."""
 
-RECORD_KEYS = ["schema_version", "job_key", "sweep", "status", "error", "config", "derived", "metrics", "repeats",
-               "predicted", "env", "provenance", "timing"]
+RECORD_KEYS = [
+    "schema_version",
+    "job_key",
+    "sweep",
+    "status",
+    "error",
+    "config",
+    "derived",
+    "metrics",
+    "repeats",
+    "predicted",
+    "env",
+    "provenance",
+    "timing",
+]
 """result.json's keys, in order, as run_point wrote them before the record was typed."""
 
 
 def worker_report() -> WorkerReport:
     """What rank 0 of a two-rank CPU point reports."""
     return WorkerReport(
-        warmup_steps_run=2, warmup_step_times_s=[1.5, 0.4], compile=False, recompiles_after_warmup=0,
-        phases_s={"init_process_group_s": 0.2, "build_s": 1.7, "warmup_s": 0.4}, measured_window_s=1.2,
-        peak_mem_breakdown_rank0={"parameters": 1024, "gradients": 1024}, losses=[6.3, 6.2, 6.1, 6.0, 5.9],
-        step_times_s=[0.41, 0.39, 0.40], final_param_norm=12.5, peak_mem_source="mem_tracker",
-        peak_mem_bytes_per_rank=[4096, 4100], peak_mem_reserved_bytes_per_rank=None, device_used_bytes_per_rank=None,
-        build_peak_mem_bytes_per_rank=[8192, 8000], peak_rss_growth_bytes_per_rank=[16384, 16000],
-        optimizer_state_bytes_per_rank=[2048, 2048], num_ooms=0, num_alloc_retries=0,
-        env={"torch": "2.13.0", "backend": "gloo", "world_size": 2, "cores_per_rank": [[0], [1]],
-             "oversubscribed": False})
+        warmup_steps_run=2,
+        warmup_step_times_s=[1.5, 0.4],
+        compile=False,
+        recompiles_after_warmup=0,
+        phases_s={"init_process_group_s": 0.2, "build_s": 1.7, "warmup_s": 0.4},
+        measured_window_s=1.2,
+        peak_mem_breakdown_rank0={"parameters": 1024, "gradients": 1024},
+        losses=[6.3, 6.2, 6.1, 6.0, 5.9],
+        step_times_s=[0.41, 0.39, 0.40],
+        final_param_norm=12.5,
+        peak_mem_source="mem_tracker",
+        peak_mem_bytes_per_rank=[4096, 4100],
+        peak_mem_reserved_bytes_per_rank=None,
+        device_used_bytes_per_rank=None,
+        build_peak_mem_bytes_per_rank=[8192, 8000],
+        peak_rss_growth_bytes_per_rank=[16384, 16000],
+        optimizer_state_bytes_per_rank=[2048, 2048],
+        num_ooms=0,
+        num_alloc_retries=0,
+        env={
+            "torch": "2.13.0",
+            "backend": "gloo",
+            "world_size": 2,
+            "cores_per_rank": [[0], [1]],
+            "oversubscribed": False,
+        },
+    )
 
 
 def test_worker_report_round_trips_through_worker_json(tmp_path):
@@ -65,16 +114,31 @@ def test_worker_report_is_none_when_rank_0_wrote_nothing_whole(tmp_path):
 def full_record() -> Record:
     """A point launched twice: one ok launch kept from an earlier run, one made now."""
     metrics = {"tokens_per_s": 2000.0, "tokens_per_s_per_gpu": 1000.0, "step_times_s": [0.5, 0.5]}
-    launches = [Launch(status=Status.OK, metrics=metrics, timing=LaunchTiming(launched_at="t0", device_wait_s=0.5,
-                                                                       torchrun_wall_s=8.0, launch_overhead_s=7.0)),
-                Launch(status=Status.OK, metrics=metrics, timing=LaunchTiming(launched_at="t1", device_wait_s=0.0,
-                                                                       torchrun_wall_s=7.5, launch_overhead_s=6.5))]
-    return Record(job_key="0123456789ab", sweep="demo", status=Status.OK, config={"model": {"name": "tiny"}},
-                  derived={"gbs": 8, "world_size": 2}, metrics=metrics, repeats=launches,
-                  predicted={"peak_mem_bytes": 4096, "method": "analytic", "fits": True},
-                  env={"backend": "gloo", "devices": None},
-                  provenance=Provenance(hydra_job_num=3, overrides=["parallel.dp=2"], attempt=2),
-                  timing=Timing(started_at="t", wall_s=9.0).with_launches(launches[1:]))
+    launches = [
+        Launch(
+            status=Status.OK,
+            metrics=metrics,
+            timing=LaunchTiming(launched_at="t0", device_wait_s=0.5, torchrun_wall_s=8.0, launch_overhead_s=7.0),
+        ),
+        Launch(
+            status=Status.OK,
+            metrics=metrics,
+            timing=LaunchTiming(launched_at="t1", device_wait_s=0.0, torchrun_wall_s=7.5, launch_overhead_s=6.5),
+        ),
+    ]
+    return Record(
+        job_key="0123456789ab",
+        sweep="demo",
+        status=Status.OK,
+        config={"model": {"name": "tiny"}},
+        derived={"gbs": 8, "world_size": 2},
+        metrics=metrics,
+        repeats=launches,
+        predicted={"peak_mem_bytes": 4096, "method": "analytic", "fits": True},
+        env={"backend": "gloo", "devices": None},
+        provenance=Provenance(hydra_job_num=3, overrides=["parallel.dp=2"], attempt=2),
+        timing=Timing(started_at="t", wall_s=9.0).with_launches(launches[1:]),
+    )
 
 
 def test_a_record_round_trips_with_todays_keys_in_order():
@@ -82,16 +146,28 @@ def test_a_record_round_trips_with_todays_keys_in_order():
     data = record.to_dict()
     assert list(data) == RECORD_KEYS and data["schema_version"] == SCHEMA_VERSION == 1
     assert list(data["repeats"][0]) == ["status", "error", "metrics", "timing"]
-    assert list(data["repeats"][0]["timing"]) == ["launched_at", "device_wait_s", "torchrun_wall_s",
-                                                  "launch_overhead_s"]
-    assert list(data["timing"]) == ["started_at", "wall_s", "device_wait_s", "launched_at", "torchrun_wall_s",
-                                    "launch_overhead_s"]
+    assert list(data["repeats"][0]["timing"]) == [
+        "launched_at",
+        "device_wait_s",
+        "torchrun_wall_s",
+        "launch_overhead_s",
+    ]
+    assert list(data["timing"]) == [
+        "started_at",
+        "wall_s",
+        "device_wait_s",
+        "launched_at",
+        "torchrun_wall_s",
+        "launch_overhead_s",
+    ]
     assert list(data["provenance"]) == ["hydra_job_num", "overrides", "optuna_trial", "slurm_job_id", "attempt"]
     assert data["timing"]["launched_at"] == "t1" and data["timing"]["torchrun_wall_s"] == 7.5  # this run's launch only
     assert Record.from_dict(json.loads(json.dumps(data))) == record
 
 
-@pytest.mark.parametrize("status", [Status.OK, Status.OOM, Status.PREDICTED_OOM, Status.TIMEOUT, Status.FAILED, Status.INVALID])
+@pytest.mark.parametrize(
+    "status", [Status.OK, Status.OOM, Status.PREDICTED_OOM, Status.TIMEOUT, Status.FAILED, Status.INVALID]
+)
 def test_the_synthetic_records_are_records(status):
     data = make_record(status)
     assert list(data) == RECORD_KEYS
@@ -99,11 +175,21 @@ def test_the_synthetic_records_are_records(status):
 
 
 def test_an_old_record_reads_with_defaults_and_keeps_its_meaning():
-    old = {"job_key": "0123456789ab", "status": Status.OK, "metrics": {"tokens_per_s": 10.0},
-           "timing": {"started_at": "t", "wall_s": 3.0, "t0": 1.0}}  # no version, repeats or provenance
+    old = {
+        "job_key": "0123456789ab",
+        "status": Status.OK,
+        "metrics": {"tokens_per_s": 10.0},
+        "timing": {"started_at": "t", "wall_s": 3.0, "t0": 1.0},
+    }  # no version, repeats or provenance
     record = Record.from_dict(old)
-    assert record == Record(schema_version=None, job_key="0123456789ab", status=Status.OK,
-                            metrics={"tokens_per_s": 10.0}, repeats=None, timing=Timing(started_at="t", wall_s=3.0))
+    assert record == Record(
+        schema_version=None,
+        job_key="0123456789ab",
+        status=Status.OK,
+        metrics={"tokens_per_s": 10.0},
+        repeats=None,
+        timing=Timing(started_at="t", wall_s=3.0),
+    )
     assert record.sweep is None and record.config == {} and record.provenance == Provenance()
     assert record.provenance.overrides == [] and record.provenance.attempt is None
     # Written back, it is still a record of one ok launch (no `repeats`: the record itself is the launch).

@@ -22,16 +22,35 @@ from analysis.report import write_report
 pytestmark = pytest.mark.browser
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--enable-logging=stderr", "--v=0")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-logging=stderr",
+    "--v=0",
+)
 
 
 def screenshot(page: Path, out: Path, profile: Path, size: str = "1280,2000") -> list[str]:
     """Render `page` to `out` (PNG) in a fresh profile; return the page's console lines."""
-    proc = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", f"--screenshot={out}",
-                           f"--window-size={size}", page.resolve().as_uri()],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            CHROMIUM,
+            *FLAGS,
+            f"--user-data-dir={profile}",
+            f"--screenshot={out}",
+            f"--window-size={size}",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     # every console message (log, warning, error, uncaught exception) comes out as INFO:CONSOLE
     return [line for line in proc.stderr.splitlines() if re.search(r":CONSOLE[:(]", line)]
@@ -82,16 +101,37 @@ def test_demo_sweep_report_opens_in_chromium(tmp_path):
 
     repo = Path(__file__).resolve().parents[1]
     sweep_dir = tmp_path / "demo"
-    shrink = ["model=tiny", "train.seq_len=128", "train.mbs=2,8", "parallel.zero_stage=0", "parallel.dp=1",
-              "hardware.memory_gb=0.02", "logger=none", "launch.repeats=1", "launch.prescreen_sample=0",
-              "train.warmup_steps=0", "train.steps=1",
-              f"sweep_dir={sweep_dir}"]
-    sweep = subprocess.run([sys.executable, "-m", "scaling", "sweep", "demo", *shrink], cwd=repo, capture_output=True,
-                           text=True, timeout=400, stdin=subprocess.DEVNULL)
+    shrink = [
+        "model=tiny",
+        "train.seq_len=128",
+        "train.mbs=2,8",
+        "parallel.zero_stage=0",
+        "parallel.dp=1",
+        "hardware.memory_gb=0.02",
+        "logger=none",
+        "launch.repeats=1",
+        "launch.prescreen_sample=0",
+        "train.warmup_steps=0",
+        "train.steps=1",
+        f"sweep_dir={sweep_dir}",
+    ]
+    sweep = subprocess.run(
+        [sys.executable, "-m", "scaling", "sweep", "demo", *shrink],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        stdin=subprocess.DEVNULL,
+    )
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     assert "sweep demo: 2 points: 1 ok, 1 oom" in sweep.stdout, sweep.stdout[-2000:]
-    report = subprocess.run([sys.executable, "-m", "scaling", "report", str(sweep_dir)], cwd=repo,
-                            capture_output=True, text=True, timeout=300)
+    report = subprocess.run(
+        [sys.executable, "-m", "scaling", "report", str(sweep_dir)],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert report.returncode == 0, report.stderr[-2000:]
     page = sweep_dir / "report" / "report.html"
     assert str(page) in report.stdout

@@ -24,7 +24,9 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 # --- placement and argv (pure) -----------------------------------------------------------------
-@pytest.mark.parametrize("dp, per_node, nodes", [(1, None, 1), (6, None, 1), (4, 8, 1), (8, 8, 1), (16, 8, 2), (32, 8, 4)])
+@pytest.mark.parametrize(
+    "dp, per_node, nodes", [(1, None, 1), (6, None, 1), (4, 8, 1), (8, 8, 1), (16, 8, 2), (32, 8, 4)]
+)
 def test_nodes_needed(dp, per_node, nodes):
     assert nodes_needed(dp, per_node) == nodes
 
@@ -36,13 +38,16 @@ def test_nodes_needed_rejects_partial_nodes_naming_the_fields():
         nodes_needed(0, None)
 
 
-@pytest.mark.parametrize("nodelist, hosts", [
-    ("vm", ["vm"]),
-    ("node[1-3,5]", ["node1", "node2", "node3", "node5"]),
-    ("gpu[08-10],cpu1", ["gpu08", "gpu09", "gpu10", "cpu1"]),
-    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
-    ("a-[1-2]-x,b", ["a-1-x", "a-2-x", "b"]),
-])
+@pytest.mark.parametrize(
+    "nodelist, hosts",
+    [
+        ("vm", ["vm"]),
+        ("node[1-3,5]", ["node1", "node2", "node3", "node5"]),
+        ("gpu[08-10],cpu1", ["gpu08", "gpu09", "gpu10", "cpu1"]),
+        ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+        ("a-[1-2]-x,b", ["a-1-x", "a-2-x", "b"]),
+    ],
+)
 def test_expand_hostlist(nodelist, hosts):
     assert slurm.expand_hostlist(nodelist) == hosts
 
@@ -54,8 +59,17 @@ def test_expand_hostlist_rejects_what_it_cannot_read():
 
 def test_single_node_is_standalone_inside_or_outside_slurm():
     config = Path("/runs/demo/abc/config.json")
-    expected = [*TORCHRUN, "--standalone", "--nnodes=1", "--nproc-per-node=4", "--log-dir", "/runs/demo/abc/elastic",
-                "-m", "scaling.engine.worker", str(config)]
+    expected = [
+        *TORCHRUN,
+        "--standalone",
+        "--nnodes=1",
+        "--nproc-per-node=4",
+        "--log-dir",
+        "/runs/demo/abc/elastic",
+        "-m",
+        "scaling.engine.worker",
+        str(config),
+    ]
     assert slurm.point_argv(config, "abc", 4, None, {}) == expected
     in_job = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "vm", "SLURM_PROCID": "0"}
     assert slurm.point_argv(config, "abc", 4, 8, in_job) == expected
@@ -66,30 +80,66 @@ def test_one_process_in_a_multi_node_job_wraps_torchrun_in_srun():
     p = slurm.placement(16, 8, env)
     assert p == slurm.Placement(nodes=2, nproc_per_node=8, via_srun=True)
     assert slurm.srun_argv(p, ["gpu01", "gpu02", "gpu03"]) == [
-        "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=gpu01,gpu02",
-        "--overlap", "--kill-on-bad-exit=1",
+        "srun",
+        "--nodes=2",
+        "--ntasks=2",
+        "--ntasks-per-node=1",
+        "--nodelist=gpu01,gpu02",
+        "--overlap",
+        "--kill-on-bad-exit=1",
     ]
-    assert torchrun_argv("scaling.engine.worker", ["c.json"], 8, nnodes=2,
-                         rendezvous=("10.0.0.1:29400", "scaling-1234-abc")) == [
-        *TORCHRUN, "--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d",
-        "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=scaling-1234-abc", "-m", "scaling.engine.worker", "c.json",
+    assert torchrun_argv(
+        "scaling.engine.worker", ["c.json"], 8, nnodes=2, rendezvous=("10.0.0.1:29400", "scaling-1234-abc")
+    ) == [
+        *TORCHRUN,
+        "--nnodes=2",
+        "--nproc-per-node=8",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.0.0.1:29400",
+        "--rdzv-id=scaling-1234-abc",
+        "-m",
+        "scaling.engine.worker",
+        "c.json",
     ]
 
 
 def test_one_task_per_node_starts_its_own_torchrun():
-    env = {"SLURM_JOB_ID": "99", "SLURM_JOB_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2",
-           "SLURM_STEP_NUM_NODES": "2", "SLURM_PROCID": "1"}
+    env = {
+        "SLURM_JOB_ID": "99",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_STEP_NUM_NODES": "2",
+        "SLURM_PROCID": "1",
+    }
     assert slurm.placement(4, 2, env) == slurm.Placement(nodes=2, nproc_per_node=2, via_srun=False)
     assert not slurm.is_lead_task(env)
     assert slurm.is_lead_task({**env, "SLURM_PROCID": "0"}) and slurm.is_lead_task({})
 
 
-@pytest.mark.parametrize("dp, per_node, env, match", [
-    (16, 8, {}, r"spans 2 nodes: run it under SLURM"),
-    (16, 8, {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "1"}, r"needs 2 nodes but SLURM job 5 has 1: set hydra.launcher.nodes=2"),
-    (8, 8, {"SLURM_JOB_ID": "5", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2"}, r"one of 2 SLURM tasks.*hydra.launcher.nodes=1"),
-    (32, 8, {"SLURM_JOB_ID": "5", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2"}, r"needs 4 node\(s\).*hydra.launcher.nodes=4"),
-])
+@pytest.mark.parametrize(
+    "dp, per_node, env, match",
+    [
+        (16, 8, {}, r"spans 2 nodes: run it under SLURM"),
+        (
+            16,
+            8,
+            {"SLURM_JOB_ID": "5", "SLURM_JOB_NUM_NODES": "1"},
+            r"needs 2 nodes but SLURM job 5 has 1: set hydra.launcher.nodes=2",
+        ),
+        (
+            8,
+            8,
+            {"SLURM_JOB_ID": "5", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2"},
+            r"one of 2 SLURM tasks.*hydra.launcher.nodes=1",
+        ),
+        (
+            32,
+            8,
+            {"SLURM_JOB_ID": "5", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2"},
+            r"needs 4 node\(s\).*hydra.launcher.nodes=4",
+        ),
+    ],
+)
 def test_placement_errors_say_what_to_set(dp, per_node, env, match):
     with pytest.raises(ValueError, match=match):
         slurm.placement(dp, per_node, env)
@@ -105,13 +155,16 @@ def test_rendezvous_port_is_shared_by_the_nodes_of_a_point_and_differs_between_p
 
 
 # --- conf/hydra/launcher/slurm.yaml -------------------------------------------------------------
-@pytest.mark.parametrize("overrides, nodes, gpus, cpus, timeout_min", [
-    ([], 1, None, 1, 15),
-    (["parallel.dp=2", "hardware.threads_per_device=2"], 1, None, 4, 15),
-    (["hardware=h100", "parallel.dp=16", "launch.timeout_s=300"], 2, 8, 8 * 8, 10),
-    (["hardware=h100", "parallel.dp=4"], 1, 4, 4 * 8, 15),
-    (["hardware=h100", "parallel.dp=1"], 1, 1, 8, 15),
-])
+@pytest.mark.parametrize(
+    "overrides, nodes, gpus, cpus, timeout_min",
+    [
+        ([], 1, None, 1, 15),
+        (["parallel.dp=2", "hardware.threads_per_device=2"], 1, None, 4, 15),
+        (["hardware=h100", "parallel.dp=16", "launch.timeout_s=300"], 2, 8, 8 * 8, 10),
+        (["hardware=h100", "parallel.dp=4"], 1, 4, 4 * 8, 15),
+        (["hardware=h100", "parallel.dp=1"], 1, 1, 8, 15),
+    ],
+)
 def test_launcher_config_asks_for_what_the_point_needs(overrides, nodes, gpus, cpus, timeout_min):
     """GPUs: one per rank on the node (not the node's 8); CPUs: threads_per_device for every rank there."""
     from hydra import compose, initialize_config_dir
@@ -123,12 +176,18 @@ def test_launcher_config_asks_for_what_the_point_needs(overrides, nodes, gpus, c
     register_configs()
     slurm.register_resolvers()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["hydra/launcher=slurm", "sweep_dir=/s", *overrides], return_hydra_config=True)
+        cfg = compose(
+            "config", overrides=["hydra/launcher=slurm", "sweep_dir=/s", *overrides], return_hydra_config=True
+        )
     HydraConfig.instance().set_config(cfg)
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     assert launcher["_target_"].endswith("SlurmLauncher")
     assert (launcher["nodes"], launcher["gpus_per_node"], launcher["cpus_per_task"], launcher["timeout_min"]) == (
-        nodes, gpus, cpus, timeout_min)
+        nodes,
+        gpus,
+        cpus,
+        timeout_min,
+    )
     assert launcher["tasks_per_node"] == 1 and launcher["submitit_folder"] == "/s/.submitit/%j"
 
 
@@ -142,11 +201,25 @@ def test_one_node_cluster_runs_a_job_and_stops_without_leftovers(slurm_cluster):
     cluster.start()
     state = cluster.state_dir
     try:
-        ran = subprocess.run(["srun", "--nodes=1", "hostname"], env=cluster.env, capture_output=True, text=True, timeout=60)
+        ran = subprocess.run(
+            ["srun", "--nodes=1", "hostname"], env=cluster.env, capture_output=True, text=True, timeout=60
+        )
         assert ran.returncode == 0 and ran.stdout.strip() == socket.gethostname(), ran.stderr
-        subprocess.run(["sbatch", "--output=/dev/null", "--wrap=sleep 300"], env=cluster.env, check=True, capture_output=True, timeout=60)
-        assert _wait_for(lambda: "R" in subprocess.run(["squeue", "-h", "-o", "%t"], env=cluster.env,
-                                                       capture_output=True, text=True).stdout.split())
+        subprocess.run(
+            ["sbatch", "--output=/dev/null", "--wrap=sleep 300"],
+            env=cluster.env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        assert _wait_for(
+            lambda: (
+                "R"
+                in subprocess.run(
+                    ["squeue", "-h", "-o", "%t"], env=cluster.env, capture_output=True, text=True
+                ).stdout.split()
+            )
+        )
         assert _pids_of(state)
     finally:
         cluster.stop()
@@ -221,7 +294,10 @@ def test_one_process_in_a_two_node_allocation_starts_both_nodes_with_srun(slurm_
     out = tmp_path / "allreduce.json"
     done = subprocess.run(
         ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", sys.executable, "-c", _LAUNCH, str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=240,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert done.returncode == 0, done.stderr
     _assert_allreduce_spanned_two_nodes(out, slurm_cluster)
@@ -233,10 +309,28 @@ def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp
     offline W&B run each, the runs read back equal to the records."""
     sweep_dir = tmp_path / "sweep"
     done = subprocess.run(
-        [sys.executable, "-m", "scaling", "run", "-m", "hydra/launcher=slurm", "model=tiny", "parallel.dp=1,2",
-         "parallel.zero_stage=0,3", "train.warmup_steps=0", "train.steps=1", "logger=wandb", "logger.mode=offline",
-         f"sweep_dir={sweep_dir}", "hydra.launcher.array_parallelism=2"],  # two points at a time on this machine's cores
-        cwd=REPO, capture_output=True, text=True, timeout=400, env={**os.environ, "WANDB_SILENT": "true"},
+        [
+            sys.executable,
+            "-m",
+            "scaling",
+            "run",
+            "-m",
+            "hydra/launcher=slurm",
+            "model=tiny",
+            "parallel.dp=1,2",
+            "parallel.zero_stage=0,3",
+            "train.warmup_steps=0",
+            "train.steps=1",
+            "logger=wandb",
+            "logger.mode=offline",
+            f"sweep_dir={sweep_dir}",
+            "hydra.launcher.array_parallelism=2",
+        ],  # two points at a time on this machine's cores
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "WANDB_SILENT": "true"},
     )
     assert done.returncode == 0, done.stderr[-4000:]
     records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]

@@ -46,8 +46,17 @@ def test_points_go_out_in_throttled_arrays_and_report_in_the_driver(slurm_cluste
     """What is tested is the submission in arrays, the throttle and the progress, not the number of points."""
     sweep_dir = tmp_path / "runs"
     n, chunk, at_once = 12, 5, 3  # 500 points ran through both launchers in benchmarks/bench_scale.py --slurm 500
-    args = [sys.executable, str(STANDIN), "-m", "hydra/launcher=slurm", f"train.seed=range(0,{n})", "logger=none",
-            f"sweep_dir={sweep_dir}", f"hydra.launcher.array_chunk={chunk}", f"hydra.launcher.array_parallelism={at_once}"]
+    args = [
+        sys.executable,
+        str(STANDIN),
+        "-m",
+        "hydra/launcher=slurm",
+        f"train.seed=range(0,{n})",
+        "logger=none",
+        f"sweep_dir={sweep_dir}",
+        f"hydra.launcher.array_chunk={chunk}",
+        f"hydra.launcher.array_parallelism={at_once}",
+    ]
     out = run(args)
     assert out.returncode == 0, out.stderr[-3000:]
 
@@ -71,7 +80,9 @@ def test_points_go_out_in_throttled_arrays_and_report_in_the_driver(slurm_cluste
     assert list((sweep_dir / ".submitit").glob("launcher-*.pkl")) == []  # removed once every point has ended
 
     again = run(args)
-    assert again.returncode == 0 and f"[{n}/{n}] {n} points already recorded ({n} ok): not launched again" in again.stdout
+    assert (
+        again.returncode == 0 and f"[{n}/{n}] {n} points already recorded ({n} ok): not launched again" in again.stdout
+    )
     assert len(list((sweep_dir / ".submitit").glob("*/*_submitted.pkl"))) == n  # nothing submitted
     assert status(sweep_dir)["done"] == {"ok": n}
 
@@ -80,12 +91,26 @@ def test_points_go_out_in_throttled_arrays_and_report_in_the_driver(slurm_cluste
 def test_a_rerun_while_the_array_is_in_flight_leaves_its_points_to_their_slurm_jobs(slurm_cluster, tmp_path):
     sweep_dir, gates = tmp_path / "runs", tmp_path / "gates"
     gates.mkdir()
-    args = [sys.executable, str(STANDIN), "-m", "hydra/launcher=slurm", "hydra.launcher.array_parallelism=1",
-            "logger=none", "parallel.zero_stage=0,1,2", f"sweep_dir={sweep_dir}"]
+    args = [
+        sys.executable,
+        str(STANDIN),
+        "-m",
+        "hydra/launcher=slurm",
+        "hydra.launcher.array_parallelism=1",
+        "logger=none",
+        "parallel.zero_stage=0,1,2",
+        f"sweep_dir={sweep_dir}",
+    ]
     first_out = tmp_path / "first.out"
     with first_out.open("w") as f:  # its tasks stop at the gate: the array stays in flight until released
-        first = subprocess.Popen(args, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env={**os.environ, GATE_ENV: str(gates)})
+        first = subprocess.Popen(
+            args,
+            cwd=REPO,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, GATE_ENV: str(gates)},
+        )
     try:
         deadline = time.monotonic() + 120
         while not list(gates.glob("*.reached")) or not (seen := status(sweep_dir)) or len(seen["in_flight"]) < 3:

@@ -27,17 +27,28 @@ T0 = "2026-01-01T10:00:00+00:00"
 
 
 def rec(status, started=T0, wall_s=10.0):
-    return {"status": status, "timing": {"started_at": started, "wall_s": wall_s},
-            "repeats": [{"status": status, "metrics": None, "timing": {}}]}
+    return {
+        "status": status,
+        "timing": {"started_at": started, "wall_s": wall_s},
+        "repeats": [{"status": status, "metrics": None, "timing": {}}],
+    }
 
 
 def test_summarize_counts_done_in_flight_to_run_and_stale():
     index = {"name": "g", "runs": [{"started_at": T0, "rerun": "failed", "job_keys": list("abcdefgh")}]}
-    records = {"a": rec("ok", wall_s=10.0), "b": rec("oom", wall_s=30.0), "c": rec("failed", "2025-12-31T00:00:00+00:00"),
-               "d": rec("failed", "2026-01-01T10:05:00+00:00"), "z": rec("ok")}  # z: not in this run's grid
-    markers = {"e": {"state": "queued", "slurm_job_id": "7_1"}, "f": {"state": "queued", "slurm_job_id": "7_2"},
-               "g": {"state": "running", "pid": 1, "host": "n1", "started_at": T0}, "h": {"state": "running", "pid": 2,
-                                                                                           "host": "n1"}}
+    records = {
+        "a": rec("ok", wall_s=10.0),
+        "b": rec("oom", wall_s=30.0),
+        "c": rec("failed", "2025-12-31T00:00:00+00:00"),
+        "d": rec("failed", "2026-01-01T10:05:00+00:00"),
+        "z": rec("ok"),
+    }  # z: not in this run's grid
+    markers = {
+        "e": {"state": "queued", "slurm_job_id": "7_1"},
+        "f": {"state": "queued", "slurm_job_id": "7_2"},
+        "g": {"state": "running", "pid": 1, "host": "n1", "started_at": T0},
+        "h": {"state": "running", "pid": 2, "host": "n1"},
+    }
     live = {"e": True, "f": True, "g": True, "h": False}
     s = summarize("/s", index, records, markers, live, states={"7_1": "PENDING", "7_2": "RUNNING"})
     # c failed before this run started and rerun=failed runs it again; d failed in this run: done.
@@ -50,7 +61,9 @@ def test_summarize_counts_done_in_flight_to_run_and_stale():
     lines = render(s, dt.datetime.fromisoformat(T0) + dt.timedelta(minutes=10))
     assert lines[0] == "sweep g (/s): run 1, started 2026-01-01 10:00:00 UTC (10.0 min ago), 8 points in its grid"
     assert lines[1] == "  done         3  1 ok, 1 oom, 1 failed"
-    assert lines[2] == "  running      2  f since ? (SLURM job 7_2)" and lines[3].endswith("g since 10:00:00 (pid 1 on n1)")
+    assert lines[2] == "  running      2  f since ? (SLURM job 7_2)" and lines[3].endswith(
+        "g since 10:00:00 (pid 1 on n1)"
+    )
     assert "  queued       1  SLURM jobs 7_1" in lines and "  to run       2" in lines
     assert "  not in the current grid: 1 (records of another grid or key; `scaling report` reads them)" in lines
     assert lines[-1] == "  time     median 10.0 s per launched point (4 recorded); about 30 s left at 2 at once"
@@ -81,8 +94,15 @@ def test_summarize_without_a_grid_counts_every_record():
 
 
 def scaling(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "scaling", *args], cwd=REPO, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=400, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "scaling", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=400,
+        **kw,
+    )
 
 
 def status_json(sweep_dir) -> dict:
@@ -128,12 +148,31 @@ def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
     sweep_dir, gates = tmp_path / "runs", tmp_path / "gates"
     gates.mkdir()
     (gates / "job0.go").touch()  # the first point runs through; the second stops in flight
-    args = [sys.executable, str(STANDIN), "-m", "logger=none", "parallel.dp=1,2", "parallel.zero_stage=0,1",
-            f"sweep_dir={sweep_dir}"]
-    driver = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              stdin=subprocess.DEVNULL, env={**os.environ, GATE_ENV: str(gates)})
-    watch = subprocess.Popen([sys.executable, "-m", "scaling", "status", str(sweep_dir), "--watch", "0.5"], cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    args = [
+        sys.executable,
+        str(STANDIN),
+        "-m",
+        "logger=none",
+        "parallel.dp=1,2",
+        "parallel.zero_stage=0,1",
+        f"sweep_dir={sweep_dir}",
+    ]
+    driver = subprocess.Popen(
+        args,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, GATE_ENV: str(gates)},
+    )
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "scaling", "status", str(sweep_dir), "--watch", "0.5"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     lines: list[str] = []  # the watch's output so far, read as it comes
     reader = threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")), daemon=True)
     reader.start()
@@ -142,7 +181,9 @@ def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
         assert driver.poll() is None, "the driver ended before its second point"
         # The watch, refreshing in another process, shows the held point running, twice at least.
         running_line = r"running      1  ([0-9a-f]{12}) since \d\d:\d\d:\d\d \(pid "
-        shown = wait_for(lambda: len(re.findall(running_line, "".join(lines))) >= 2 and re.search(running_line, "".join(lines)))
+        shown = wait_for(
+            lambda: len(re.findall(running_line, "".join(lines))) >= 2 and re.search(running_line, "".join(lines))
+        )
         # From another process: one point recorded, one running, two to run.
         seen = status_json(sweep_dir)
         (running,) = seen["in_flight"]
@@ -164,8 +205,10 @@ def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
 
     crashed = status_json(sweep_dir)
     assert crashed["in_flight"] == [] and crashed["to_run"] == 3 and list(sweep_dir.rglob("*.tmp")) == []
-    assert crashed["stale"] == [f"{running['job_key']}: pid {driver.pid} on {socket.gethostname()} is gone without "
-                                "a record (a re-run runs it again)"]
+    assert crashed["stale"] == [
+        f"{running['job_key']}: pid {driver.pid} on {socket.gethostname()} is gone without "
+        "a record (a re-run runs it again)"
+    ]
 
     recorded = {path.parent.name for path in sweep_dir.glob("*/result.json")}
     again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
@@ -178,5 +221,8 @@ def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
     assert done["not_in_grid"] == 0
     assert done["launched"] == 4 and done["median_wall_s"] > 0 and done["eta_s"] == 0
     text = scaling("status", str(sweep_dir)).stdout.splitlines()
-    assert text[1:] == ["  done         4  4 ok", "  to run       0",
-                        f"  time     median {done['median_wall_s']:.1f} s per launched point (4 recorded); nothing left to run"]
+    assert text[1:] == [
+        "  done         4  4 ok",
+        "  to run       0",
+        f"  time     median {done['median_wall_s']:.1f} s per launched point (4 recorded); nothing left to run",
+    ]

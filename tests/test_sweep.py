@@ -33,8 +33,14 @@ FAULT_CASES = {
 
 def scaling(args, cwd, **kw) -> subprocess.CompletedProcess:
     """Run the `scaling` command as a user would."""
-    return subprocess.run([sys.executable, "-m", "scaling", *args], cwd=cwd, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "scaling", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        **kw,
+    )
 
 
 def write_fault_sweep(root: Path) -> Path:
@@ -43,7 +49,8 @@ def write_fault_sweep(root: Path) -> Path:
     for name, body in FAULT_CASES.items():
         text = "# @package _global_\n" + json.dumps(body)  # JSON is YAML
         (root / "sweeps" / "case" / f"{name}.yaml").write_text(text)
-    (root / "sweeps" / "faults.yaml").write_text(textwrap.dedent("""\
+    (root / "sweeps" / "faults.yaml").write_text(
+        textwrap.dedent("""\
         defaults:
           - config
           - _self_
@@ -56,7 +63,8 @@ def write_fault_sweep(root: Path) -> Path:
           sweeper:
             params:
               case: ok,oom,predicted,crash,hang,invalid
-        """))
+        """)
+    )
     return root / "sweeps"
 
 
@@ -66,18 +74,35 @@ def test_sweep_with_faults_records_every_point_and_counts(tmp_path):
     a line per point and the counts, and a re-run answers from the store or, with launch.rerun=failed, runs the
     failed points again."""
     sweeps = write_fault_sweep(tmp_path)
-    faults = [sys.executable, str(STANDIN), "--config-dir", str(sweeps), "--config-name", "faults",
-              f"sweep_dir={tmp_path / 'runs'}"]
+    faults = [
+        sys.executable,
+        str(STANDIN),
+        "--config-dir",
+        str(sweeps),
+        "--config-name",
+        "faults",
+        f"sweep_dir={tmp_path / 'runs'}",
+    ]
     out = subprocess.run(faults, cwd=tmp_path, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     records = list(iter_records(tmp_path / "runs"))
     by_case = {}
     for rec in records:
-        fault, mem, zero = rec["config"]["train"]["fault"], rec["config"]["hardware"]["memory_gb"], rec["config"]["parallel"]["zero_stage"]
+        fault, mem, zero = (
+            rec["config"]["train"]["fault"],
+            rec["config"]["hardware"]["memory_gb"],
+            rec["config"]["parallel"]["zero_stage"],
+        )
         case = "predicted" if mem else "invalid" if zero == 5 else {"none": "ok"}.get(fault, fault)
         by_case.setdefault(case, []).append(rec["status"])
-    assert by_case == {"ok": ["ok"], "oom": ["oom"], "predicted": ["predicted_oom"], "crash": ["failed"],
-                       "hang": ["timeout"], "invalid": ["invalid"]}, out.stdout
+    assert by_case == {
+        "ok": ["ok"],
+        "oom": ["oom"],
+        "predicted": ["predicted_oom"],
+        "crash": ["failed"],
+        "hang": ["timeout"],
+        "invalid": ["invalid"],
+    }, out.stdout
     last = out.stdout.strip().splitlines()[-1]
     assert last.startswith("sweep faults: 6 points: 1 ok, 1 oom, 1 predicted_oom, 1 timeout, 1 failed, 1 invalid")
     assert sum(line.startswith("[") and "/6] " in line for line in out.stdout.splitlines()) == 6
@@ -86,11 +111,19 @@ def test_sweep_with_faults_records_every_point_and_counts(tmp_path):
 
     # Re-running answers every point from the store; rerun=failed runs the failed and timed-out ones again.
     again = subprocess.run(faults, cwd=tmp_path, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
-    assert "[6/6] 6 points already recorded (1 ok, 1 oom, 1 predicted_oom, 1 timeout, 1 failed, 1 invalid): not " \
-           "launched again" in again.stdout, again.stdout[-2000:]
+    assert (
+        "[6/6] 6 points already recorded (1 ok, 1 oom, 1 predicted_oom, 1 timeout, 1 failed, 1 invalid): not "
+        "launched again" in again.stdout
+    ), again.stdout[-2000:]
     crash_key = next(r["job_key"] for r in records if r["status"] == "failed")
-    retry = subprocess.run([*faults, "launch.rerun=failed", "case=crash,invalid"], cwd=tmp_path, capture_output=True,
-                           text=True, stdin=subprocess.DEVNULL, timeout=300)
+    retry = subprocess.run(
+        [*faults, "launch.rerun=failed", "case=crash,invalid"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
     assert "[1/2] 1 points already recorded (1 invalid): not launched again" in retry.stdout, retry.stdout[-2000:]
     assert f"[2/2] {crash_key} failed " in retry.stdout
     assert len(list(iter_records(tmp_path / "runs"))) == 6
@@ -100,8 +133,12 @@ def test_wandb_failure_never_fails_the_point(tmp_path):
     # Online mode with no API key and no network: wandb.init raises; the point must not care.
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["HOME"] = str(tmp_path)  # no ~/.netrc credentials either
-    out = scaling(["run", "logger=wandb", "logger.mode=online", *FAST, f"sweep_dir={tmp_path / 'x'}"],
-                  cwd=tmp_path, timeout=300, env=env)
+    out = scaling(
+        ["run", "logger=wandb", "logger.mode=online", *FAST, f"sweep_dir={tmp_path / 'x'}"],
+        cwd=tmp_path,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "W&B logging failed" in out.stderr
     assert [r["status"] for r in iter_records(tmp_path / "x")] == ["ok"]
@@ -132,13 +169,20 @@ def test_records_keep_the_hydra_job_and_overrides_that_made_them_and_count_attem
     grid = ["run", "-m", "logger=none", "parallel.zero_stage=5,6", "train.mbs=3", f"sweep_dir={tmp_path}"]
     assert scaling(grid, cwd=tmp_path, timeout=300).returncode == 0
     by_stage = {r["config"]["parallel"]["zero_stage"]: r["provenance"] for r in iter_records(tmp_path)}
-    assert by_stage[5] == {"hydra_job_num": 0, "overrides": ["logger=none", "parallel.zero_stage=5", "train.mbs=3",
-                                                              f"sweep_dir={tmp_path}"], "optuna_trial": None,
-                           "slurm_job_id": None, "attempt": 1}
+    assert by_stage[5] == {
+        "hydra_job_num": 0,
+        "overrides": ["logger=none", "parallel.zero_stage=5", "train.mbs=3", f"sweep_dir={tmp_path}"],
+        "optuna_trial": None,
+        "slurm_job_id": None,
+        "attempt": 1,
+    }
     assert by_stage[6]["hydra_job_num"] == 1 and "parallel.zero_stage=6" in by_stage[6]["overrides"]
     # launch.rerun=all records a second attempt of each point; a single run has no job number
-    scaling(["run", "logger=none", "parallel.zero_stage=6", "train.mbs=3", "launch.rerun=all", f"sweep_dir={tmp_path}"],
-            cwd=tmp_path, timeout=300)
+    scaling(
+        ["run", "logger=none", "parallel.zero_stage=6", "train.mbs=3", "launch.rerun=all", f"sweep_dir={tmp_path}"],
+        cwd=tmp_path,
+        timeout=300,
+    )
     by_stage = {r["config"]["parallel"]["zero_stage"]: r["provenance"] for r in iter_records(tmp_path)}
     assert (by_stage[6]["attempt"], by_stage[6]["hydra_job_num"], by_stage[5]["attempt"]) == (2, None, 1)
 
@@ -169,7 +213,8 @@ def test_repeats_are_fresh_launches_kept_in_one_record_and_resume_launches_only_
     assert record["repeats"][:2] == first_two and len(record["repeats"]) == 3
     assert record["metrics"]["repeats_ok"] == 3
     assert record["metrics"]["tokens_per_s_per_gpu"] == pytest.approx(
-        sorted(r["metrics"]["tokens_per_s_per_gpu"] for r in record["repeats"])[1])  # the median launch
+        sorted(r["metrics"]["tokens_per_s_per_gpu"] for r in record["repeats"])[1]
+    )  # the median launch
     assert record["timing"]["launched_at"] == record["repeats"][2]["timing"]["launched_at"]
     for repeats in (3, 1):  # done: answered from the store
         assert point(repeats) == record

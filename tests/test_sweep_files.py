@@ -14,9 +14,21 @@ from scaling.store.record import iter_records
 from tests.compose import REPO
 
 GRIDS = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml") if "scaling_optuna" not in p.read_text())
-ONE_CPU_POINT = ["hardware=cpu", "model=tiny", "train.seq_len=32", "train.mbs=2", "train.grad_acc=1", "train.gbs_tokens=null",
-                 "train.precision=fp32", "parallel.dp=1", "parallel.zero_stage=0", "train.warmup_steps=0",
-                 "train.steps=1", "launch.repeats=1", "logger=none"]
+ONE_CPU_POINT = [
+    "hardware=cpu",
+    "model=tiny",
+    "train.seq_len=32",
+    "train.mbs=2",
+    "train.grad_acc=1",
+    "train.gbs_tokens=null",
+    "train.precision=fp32",
+    "parallel.dp=1",
+    "parallel.zero_stage=0",
+    "train.warmup_steps=0",
+    "train.steps=1",
+    "launch.repeats=1",
+    "logger=none",
+]
 
 
 def test_grid_sweeps_are_found():
@@ -32,8 +44,14 @@ def test_every_point_of_the_grid_composes_and_validates(name, capsys):
 
 @pytest.mark.parametrize("name", GRIDS)
 def test_the_sweep_runs_one_cpu_point(name, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "scaling", "sweep", name, *ONE_CPU_POINT, f"sweep_dir={tmp_path}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        [sys.executable, "-m", "scaling", "sweep", name, *ONE_CPU_POINT, f"sweep_dir={tmp_path}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert [r["status"] for r in iter_records(tmp_path)] == ["ok"]
     assert out.stdout.strip().splitlines()[-1].startswith(f"sweep {name}: 1 points: 1 ok")

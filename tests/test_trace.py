@@ -46,8 +46,17 @@ def test_trace_refuses_a_process_that_has_a_process_group(tmp_path):
 
 def test_large_model_is_traced_without_allocating_it():
     """llama_1b, 8 ranks, ZeRO-3: ~40 GiB of fp32 state across ranks, predicted on fake tensors."""
-    cfg = compose_point(["model=llama_1b", "train.seq_len=512", "train.mbs=1", "parallel.dp=8", "parallel.zero_stage=3",
-                         "train.precision=bf16", "hardware=h100"])
+    cfg = compose_point(
+        [
+            "model=llama_1b",
+            "train.seq_len=512",
+            "train.mbs=1",
+            "parallel.dp=8",
+            "parallel.zero_stage=3",
+            "train.precision=bf16",
+            "hardware=h100",
+        ]
+    )
     traced = trace_peak(cfg)
     psi = param_count(ModelArgs.from_dict(cfg["model"]))
     assert traced.breakdown["opt"] >= 8 * psi // 8  # AdamW m and v of this rank's shard

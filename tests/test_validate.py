@@ -27,10 +27,15 @@ INVALID = [
     (["hardware.backend=nccl"], "hardware.backend='nccl' is not valid: choose one of gloo"),
     (["hardware.memory_gb=-1"], "hardware.memory_gb=-1.0 must be a positive number or null"),
     (["launch.repeats=0"], "launch.repeats=0 must be a positive integer"),
-    (["train.data.source=file", "train.data.path=/nonexistent.bin"], "train.data.path='/nonexistent.bin' is not a readable file"),
+    (
+        ["train.data.source=file", "train.data.path=/nonexistent.bin"],
+        "train.data.path='/nonexistent.bin' is not a readable file",
+    ),
     (["train.grad_acc=2", "train.gbs=8", "train.mbs=2"], "set train.grad_acc=auto"),
-    (["hardware=h100", "hardware.devices_per_node=8", "parallel.dp=12", "train.mbs=1", "train.grad_acc=1"],
-     "is not a multiple of it"),
+    (
+        ["hardware=h100", "hardware.devices_per_node=8", "parallel.dp=12", "train.mbs=1", "train.grad_acc=1"],
+        "is not a multiple of it",
+    ),
     (["hardware=h100", "train.precision=fp32"], "use train.precision=bf16"),
     (["hardware.threads_per_device=0"], "hardware.threads_per_device=0 must be a positive integer"),
     (["parallel.fsdp_grad_reduce=never"], "choose one of every_micro_step, last_micro_step"),
@@ -54,7 +59,11 @@ def test_several_problems_are_all_reported():
 
 
 def test_auto_grad_acc_from_gbs_tokens():
-    d = validate(compose_point(["train.grad_acc=auto", "train.gbs_tokens=1024", "train.seq_len=64", "train.mbs=2", "parallel.dp=2"]))
+    d = validate(
+        compose_point(
+            ["train.grad_acc=auto", "train.gbs_tokens=1024", "train.seq_len=64", "train.mbs=2", "parallel.dp=2"]
+        )
+    )
     assert (d.gbs, d.gbs_tokens, d.grad_acc, d.world_size, d.nnodes) == (16, 1024, 4, 2, 1)
 
 
@@ -66,10 +75,16 @@ def test_a_cpu_rank_is_a_device_of_its_own_cores():
     assert str(err.value) == (
         "parallel.dp=4 x hardware.threads_per_device=2 = 8 threads on one host but this host has 6 usable cores: "
         "the largest dp that fits is 3 (or set hardware.oversubscribe=true to let ranks share cores; the record "
-        "and the report then say so)")
+        "and the report then say so)"
+    )
     assert validate(too_many, usable_cores=8).world_size == 4
-    assert validate(compose_point(["parallel.dp=4", "hardware.threads_per_device=2", "hardware.oversubscribe=true"]),
-                    usable_cores=6).world_size == 4
+    assert (
+        validate(
+            compose_point(["parallel.dp=4", "hardware.threads_per_device=2", "hardware.oversubscribe=true"]),
+            usable_cores=6,
+        ).world_size
+        == 4
+    )
     assert validate(too_many, usable_cores=6, host=False).world_size == 4  # the predictors' view: any host
 
 
@@ -120,4 +135,3 @@ def test_plan_playbook_example(capsys):
     assert cli_main(["plan", "--gbs-tokens", "4M", "--seq-len", "4000", "--mbs", "2", "--gpus", "128"]) == 0
     out = capsys.readouterr().out
     assert "grad_acc 1 would need 500.0 GPUs" in out and "grad_acc = 3.91" in out and "125 GPUs x grad_acc 4" in out
-

@@ -22,8 +22,15 @@ FAST = ["model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0",
 
 
 def scaling(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scaling", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=400)
+    return subprocess.run(
+        [sys.executable, "-m", "scaling", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=400,
+    )
 
 
 def offline_runs(sweep_dir: Path) -> list[dict]:
@@ -49,13 +56,31 @@ def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_col
     env = {**os.environ, "WANDB_SILENT": "true", "WANDB_PROJECT": "from-env"}
     env.pop("WANDB_MODE", None)
     # ok, predicted_oom (not launched) and two invalid points, two Hydra jobs at a time
-    grid = ["logger=wandb", *FAST, "parallel.zero_stage=0,5", "hardware.memory_gb=null,0.0005", "sweep=wbtest",
-            f"sweep_dir={sweep_dir}"]
+    grid = [
+        "logger=wandb",
+        *FAST,
+        "parallel.zero_stage=0,5",
+        "hardware.memory_gb=null,0.0005",
+        "sweep=wbtest",
+        f"sweep_dir={sweep_dir}",
+    ]
     out = scaling(["run", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *grid], tmp_path, env)
     assert out.returncode == 0, out.stderr[-3000:]
     # a second attempt of one point (launch.rerun=all) is a second run; the first stays
-    again = scaling(["run", "logger=wandb", *FAST, "parallel.zero_stage=5", "hardware.memory_gb=null",
-                     "launch.rerun=all", "sweep=wbtest", f"sweep_dir={sweep_dir}"], tmp_path, env)
+    again = scaling(
+        [
+            "run",
+            "logger=wandb",
+            *FAST,
+            "parallel.zero_stage=5",
+            "hardware.memory_gb=null",
+            "launch.rerun=all",
+            "sweep=wbtest",
+            f"sweep_dir={sweep_dir}",
+        ],
+        tmp_path,
+        env,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
 
     records = {r["job_key"]: r for r in iter_records(sweep_dir)}
@@ -63,7 +88,8 @@ def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_col
     runs = offline_runs(sweep_dir)
     assert len(runs) == 5 and {r["project"] for r in runs} == {"from-env"}
     assert {r["id"] for r in runs} == {f"wbtest-{key}-1" for key in records} | {
-        f"wbtest-{key}-2" for key, r in records.items() if r["provenance"]["attempt"] == 2}
+        f"wbtest-{key}-2" for key, r in records.items() if r["provenance"]["attempt"] == 2
+    }
     by_status = {r["summary"]["status"]: r for r in runs}
     ok, ok_record = by_status["ok"], next(r for r in records.values() if r["status"] == "ok")
     assert ok["name"] == "tiny seq32 mbs2 ga1 dp1 zero0" and ok["group"] == "wbtest"
@@ -95,7 +121,13 @@ def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_col
     report = scaling(["report", str(sweep_dir), "--wandb", "--jobs", "1"], tmp_path, env)
     assert report.returncode == 0, report.stderr[-2000:]
     folders = sorted(str(p) for p in (sweep_dir / "wandb").glob("offline-run-*"))
-    dry = subprocess.run([str(Path(sys.executable).parent / "wandb"), "sync", "--dry-run", *folders], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=120)
+    dry = subprocess.run(
+        [str(Path(sys.executable).parent / "wandb"), "sync", "--dry-run", *folders],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert f"Would sync {len(folders)} run(s)" in dry.stdout + dry.stderr and len(folders) == 7
     pd.testing.assert_frame_equal(from_wandb_offline(sweep_dir).drop(columns="wandb_run_id"), collect(sweep_dir))

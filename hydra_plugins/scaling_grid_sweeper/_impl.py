@@ -81,16 +81,25 @@ class GridSweep(BasicSweeper):
         points = expand(self.params, arguments)
         configs = PointConfigs(self.hydra_context.config_loader, self.config)
         plan = self._plan(points, configs)
-        log.info("Grid of %d points: %d Hydra compositions, %d answered by the store, %d held by live jobs, %d to run",
-                 len(points), configs.compositions, sum(plan.answered.values()), len(plan.held), len(plan.to_run))
+        log.info(
+            "Grid of %d points: %d Hydra compositions, %d answered by the store, %d held by live jobs, %d to run",
+            len(points),
+            configs.compositions,
+            sum(plan.answered.values()),
+            len(plan.held),
+            len(plan.to_run),
+        )
         if self.dry_run:
             lines = plan.forecast.lines(str(self.config.get("sweep", "grid")), points_at_once(self.config))
             print("\n".join(lines), flush=True)
             return []
         tracker = progress.driver_progress(self.hydra_context) or progress.Progress(len(points), None)
-        tracker.record_grid(plan.keys, str(OmegaConf.select(self.config, "launch.rerun", default="none")),
-                           int(OmegaConf.select(self.config, "launch.repeats", default=1)),
-                           float(OmegaConf.select(self.config, "launch.prescreen_sample", default=0.0)))
+        tracker.record_grid(
+            plan.keys,
+            str(OmegaConf.select(self.config, "launch.rerun", default="none")),
+            int(OmegaConf.select(self.config, "launch.repeats", default=1)),
+            float(OmegaConf.select(self.config, "launch.prescreen_sample", default=0.0)),
+        )
         tracker.answered(plan.answered)
         tracker.held_elsewhere(plan.held)
         sweep_dir = Path(self.config.hydra.sweep.dir)
@@ -131,7 +140,7 @@ class GridSweep(BasicSweeper):
         returns = []
         size = self.max_batch_size or max(1, len(to_run))
         for start in range(0, len(to_run), size):
-            batch = to_run[start:start + size]
+            batch = to_run[start : start + size]
             for i, point in enumerate(batch):
                 tracker.expect(start + i, point.jd)
             results = self.launcher.launch([p.overrides for p in batch], initial_job_idx=start)

@@ -25,4 +25,6 @@ class ScalingGridSweeperConf:
     """The grid: override key -> comma list (or range/choice); plain values are fixed overrides."""
 
 
-ConfigStore.instance().store(group="hydra/sweeper", name="scaling_grid", node=ScalingGridSweeperConf, provider="scaling")
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="scaling_grid", node=ScalingGridSweeperConf, provider="scaling"
+)

@@ -95,7 +95,8 @@ class OptunaSearch(Sweeper):
         self.sampler_conf = sampler
         """Our SamplerConf (name, seed, n_startup_trials), or the sampler Hydra built from a `_target_`."""
         self.extend_space: Optional[Callable[[DictConfig, Trial], None]] = (
-            get_method(custom_search_space) if custom_search_space else None)
+            get_method(custom_search_space) if custom_search_space else None
+        )
         self.n_trials = n_trials
         self.n_jobs = n_jobs
         self.patience = patience
@@ -140,7 +141,11 @@ class OptunaSearch(Sweeper):
             )
         log.info(
             "Study %r in %s: %d trial(s) held, searching %s with %s",
-            study.study_name, storage_name, len(study.trials), list(space.distributions), type(study.sampler).__name__,
+            study.study_name,
+            storage_name,
+            len(study.trials),
+            list(space.distributions),
+            type(study.sampler).__name__,
         )
 
         while (reason := self._stop_reason(study)) is None:
@@ -172,11 +177,14 @@ class OptunaSearch(Sweeper):
             return f"{len(counted)} trials reached n_trials={self.n_trials}"
         if self.patience is not None:
             since = trials_since_improvement(
-                counted, study.direction, partial(noise_band, objective=self.objectives[0], fixed=self.noise_band))
+                counted, study.direction, partial(noise_band, objective=self.objectives[0], fixed=self.noise_band)
+            )
             if since >= self.patience:
                 band = "measured" if self.noise_band is None else f"{self.noise_band:g}"
-                return (f"{since} trials without a better feasible value (patience={self.patience}); "
-                        f"one within the noise band of the best does not count (hydra.sweeper.noise_band={band})")
+                return (
+                    f"{since} trials without a better feasible value (patience={self.patience}); "
+                    f"one within the noise band of the best does not count (hydra.sweeper.noise_band={band})"
+                )
         if isinstance(study.sampler, AskTellGridSampler) and self._batch_size(study) == 0:
             return "the grid sampler visited every point"
         return None
@@ -226,8 +234,11 @@ class OptunaSearch(Sweeper):
         self, study: Study, trial: Trial, point: Optional[ExperimentPoint], worst: list[float]
     ) -> Optional[Outcome]:
         """The outcome of a point measured before: an equal COMPLETE trial, or a stored record."""
-        repeat = repeat_outcome(study.get_trials(deepcopy=False, states=[TrialState.COMPLETE]), trial.params,
-                                point.repeats if point is not None else 1)
+        repeat = repeat_outcome(
+            study.get_trials(deepcopy=False, states=[TrialState.COMPLETE]),
+            trial.params,
+            point.repeats if point is not None else 1,
+        )
         if repeat is not None:
             return repeat
         if point is None or point.record is None:
@@ -249,9 +260,11 @@ class OptunaSearch(Sweeper):
         run_overrides = leaf_overrides({**experiment, "sweep": cfg.sweep, "sweep_dir": sweep_dir})
         key = job_key(experiment)
         record = read_record(sweep_dir, key)
-        launch = {"rerun": OmegaConf.select(cfg, "launch.rerun", default="none"),
-                  "repeats": OmegaConf.select(cfg, "launch.repeats", default=1),
-                  "prescreen_sample": OmegaConf.select(cfg, "launch.prescreen_sample", default=0.0)}
+        launch = {
+            "rerun": OmegaConf.select(cfg, "launch.rerun", default="none"),
+            "repeats": OmegaConf.select(cfg, "launch.repeats", default=1),
+            "prescreen_sample": OmegaConf.select(cfg, "launch.prescreen_sample", default=0.0),
+        }
         return ExperimentPoint(run_overrides, record if answers(record, key, launch) else None, launch["repeats"])
 
     def _check_failures(self, study: Study) -> None:
@@ -285,8 +298,10 @@ def resolve_objectives(
     if direction is not None:
         given = [str(d) for d in direction] if isinstance(direction, (list, tuple, ListConfig)) else [str(direction)]
         if directions is not None and list(directions) != given:
-            raise ValueError(f"hydra.sweeper.direction={given} and hydra.sweeper.directions={list(directions)} "
-                             "disagree: set one of them")
+            raise ValueError(
+                f"hydra.sweeper.direction={given} and hydra.sweeper.directions={list(directions)} "
+                "disagree: set one of them"
+            )
         directions = given
     directions = list(directions) if directions is not None else ["maximize"]
     objectives = list(objectives)
@@ -296,8 +311,13 @@ def resolve_objectives(
 
 
 def _check_settings(
-    objectives: Sequence[str], directions: Sequence[str], n_trials: int, n_jobs: int,
-    patience: Optional[int], noise_band: Optional[float], max_failure_rate: float,
+    objectives: Sequence[str],
+    directions: Sequence[str],
+    n_trials: int,
+    n_jobs: int,
+    patience: Optional[int],
+    noise_band: Optional[float],
+    max_failure_rate: float,
 ) -> None:
     if not objectives:
         raise ValueError(
@@ -317,7 +337,9 @@ def _check_settings(
     if patience is not None and (patience < 1 or len(objectives) > 1):
         raise ValueError(f"hydra.sweeper.patience={patience} needs a single objective and a value >= 1")
     if noise_band is not None and not 0.0 <= noise_band < 1.0:
-        raise ValueError(f"hydra.sweeper.noise_band={noise_band} must be a fraction in [0, 1), or null for the "
-                         "measured band of each trial")
+        raise ValueError(
+            f"hydra.sweeper.noise_band={noise_band} must be a fraction in [0, 1), or null for the "
+            "measured band of each trial"
+        )
     if not 0.0 <= max_failure_rate <= 1.0:
         raise ValueError(f"hydra.sweeper.max_failure_rate={max_failure_rate} must be in [0, 1]")

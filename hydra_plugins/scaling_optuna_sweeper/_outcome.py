@@ -54,8 +54,10 @@ def judge(record: Any, objectives: Sequence[str], worst: Sequence[float]) -> Out
     values = [record] if _is_number(record) else record if isinstance(record, (list, tuple)) else None
     if values is not None:
         if len(values) != len(objectives) or not all(_is_number(v) and math.isfinite(v) for v in values):
-            return failure(f"task returned {record!r}: expected {len(objectives)} finite number(s), one per "
-                           f"objective {list(objectives)}, or a record dict")
+            return failure(
+                f"task returned {record!r}: expected {len(objectives)} finite number(s), one per "
+                f"objective {list(objectives)}, or a record dict"
+            )
         return Outcome(TrialState.COMPLETE, values=[float(v) for v in values], attrs={"status": Status.OK})
     if not isinstance(record, Mapping):
         return failure(f"task returned {type(record).__name__}, expected a record dict or the objective value(s)")
@@ -88,8 +90,11 @@ def repeat_outcome(trials: Sequence[FrozenTrial], params: Mapping[str, Any], rep
     answers only if it was measured with at least `repeats` ok launches (launch.repeats)."""
     for earlier in trials:
         launched = earlier.user_attrs.get("metrics", {}).get("repeats_ok", 1)
-        if (earlier.state == TrialState.COMPLETE and earlier.params == params
-                and (earlier.user_attrs.get("status") != Status.OK or launched >= repeats)):
+        if (
+            earlier.state == TrialState.COMPLETE
+            and earlier.params == params
+            and (earlier.user_attrs.get("status") != Status.OK or launched >= repeats)
+        ):
             attrs = {k: earlier.user_attrs.get(k) for k in ("status", "job_key", "error", "metrics")}
             attrs["answered_from"] = f"trial {earlier.number}"
             violation = max(earlier.constraints.values(), default=0.0)

@@ -91,8 +91,9 @@ class UntriedFirst(BaseSampler):
     search, the point is drawn uniformly from the untried ones (random search without replacement).
     """
 
-    def __init__(self, inner: BaseSampler, space: SearchSpace, grid: dict[str, list[Any]], seed: Optional[int],
-                 tries: int = 16) -> None:
+    def __init__(
+        self, inner: BaseSampler, space: SearchSpace, grid: dict[str, list[Any]], seed: Optional[int], tries: int = 16
+    ) -> None:
         self.inner, self.tries = inner, tries
         self.distributions = dict(space.distributions)
         self.names = list(grid)
@@ -255,8 +256,11 @@ def noise_band(trial: FrozenTrial, objective: str, fixed: Optional[float]) -> fl
     return float(trial.user_attrs.get("metrics", {}).get(NOISE_BAND_KEY) or 0.0)
 
 
-def trials_since_improvement(trials: Sequence[FrozenTrial], direction: StudyDirection,
-                             band_of: Callable[[FrozenTrial], float] = lambda trial: 0.0) -> int:
+def trials_since_improvement(
+    trials: Sequence[FrozenTrial],
+    direction: StudyDirection,
+    band_of: Callable[[FrozenTrial], float] = lambda trial: 0.0,
+) -> int:
     """Counted trials after the last one that moved the best feasible value: better than the best and
     not within noise of it (`band_of` gives each trial's band; all of them if none did)."""
     best: Optional[FrozenTrial] = None
@@ -268,7 +272,9 @@ def trials_since_improvement(trials: Sequence[FrozenTrial], direction: StudyDire
             continue
         value = trial.value
         assert value is not None
-        if best is None or ((value > best.value if maximize else value < best.value)
-                            and not within_noise(value, band_of(trial), best.value, band_of(best))):
+        if best is None or (
+            (value > best.value if maximize else value < best.value)
+            and not within_noise(value, band_of(trial), best.value, band_of(best))
+        ):
             best, since = trial, 0
     return since

@@ -11,7 +11,6 @@ any constructor argument can be set, `_target_` can name another) and `custom_se
 may return its objective value(s) as numbers, as with that plugin, or a record (this project's way).
 """
 
-
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -135,6 +134,12 @@ ConfigStore.instance().store(
     node=ScalingOptunaSweeperConf,
     provider="scaling",
 )
-for _name, _node in (("scaling", SamplerConf), ("tpe", TPESamplerConf), ("random", RandomSamplerConf),
-                     ("cmaes", CmaEsSamplerConf), ("nsgaii", NSGAIISamplerConf), ("qmc", QMCSamplerConf)):
+for _name, _node in (
+    ("scaling", SamplerConf),
+    ("tpe", TPESamplerConf),
+    ("random", RandomSamplerConf),
+    ("cmaes", CmaEsSamplerConf),
+    ("nsgaii", NSGAIISamplerConf),
+    ("qmc", QMCSamplerConf),
+):
     ConfigStore.instance().store(group="hydra/sweeper/sampler", name=_name, node=_node, provider="scaling")

@@ -81,10 +81,13 @@ def executor(launcher: Any) -> Any:
 
     params = launcher.params
     init_keys = {"submitit_folder", "max_num_timeout"}
-    ex = submitit.AutoExecutor(folder=params["submitit_folder"], cluster=launcher._EXECUTOR,
-                               slurm_max_num_timeout=params["max_num_timeout"])
+    ex = submitit.AutoExecutor(
+        folder=params["submitit_folder"], cluster=launcher._EXECUTOR, slurm_max_num_timeout=params["max_num_timeout"]
+    )
     base = set(OmegaConf.structured(BaseQueueConf).keys())
-    ex.update_parameters(**{k if k in base else f"{launcher._EXECUTOR}_{k}": v for k, v in params.items() if k not in init_keys})
+    ex.update_parameters(
+        **{k if k in base else f"{launcher._EXECUTOR}_{k}": v for k, v in params.items() if k not in init_keys}
+    )
     return ex
 
 
@@ -122,8 +125,9 @@ def point_shapes(launcher: Any, job_overrides: Sequence[Sequence[str]]) -> list[
     return shapes
 
 
-def launch_in_arrays(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
-                     array_chunk: int) -> list[JobReturn]:
+def launch_in_arrays(
+    launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, array_chunk: int
+) -> list[JobReturn]:
     """Submit the points in throttled arrays, one resource shape per array; return their JobReturns once
     every one has ended."""
     from submitit.core.utils import JobPaths, cloudpickle_dump
@@ -170,16 +174,29 @@ def _next_chunk(todo: deque, array_chunk: int) -> tuple[Shape, list[tuple[int, l
     return shape, chunk
 
 
-def _submit(ex: Any, task: _Shared, chunk: list[tuple[int, list[str]]], shape: Shape, throttle: int,
-            tracker: Optional[progress.Progress]) -> _Array:
+def _submit(
+    ex: Any,
+    task: _Shared,
+    chunk: list[tuple[int, list[str]]],
+    shape: Shape,
+    throttle: int,
+    tracker: Optional[progress.Progress],
+) -> _Array:
     ex.update_parameters(slurm_array_parallelism=throttle, **dict(shape))
     jobs = ex.map_array(task, [o for _, o in chunk], [num for num, _ in chunk])
     for (num, _), job in zip(chunk, jobs):
         if tracker is not None:
             tracker.submitted(num, job.job_id)
     array_id = jobs[0].job_id.split("_")[0]
-    log.info("SLURM job array %s: %d points (first %d, last %d), %s, at most %d at once", array_id, len(chunk),
-             chunk[0][0], chunk[-1][0], ", ".join(f"{k}={v}" for k, v in shape) or "the launcher's resources", throttle)
+    log.info(
+        "SLURM job array %s: %d points (first %d, last %d), %s, at most %d at once",
+        array_id,
+        len(chunk),
+        chunk[0][0],
+        chunk[-1][0],
+        ", ".join(f"{k}={v}" for k, v in shape) or "the launcher's resources",
+        throttle,
+    )
     return _Array(array_id, throttle, {num: job for (num, _), job in zip(chunk, jobs)})
 
 
@@ -194,9 +211,13 @@ def _collect(arrays: list[_Array], returns: dict[int, JobReturn], tracker: Optio
                 lost = array.lost_since.setdefault(num, time.monotonic())
                 if time.monotonic() - lost < GONE_GRACE_S:
                     continue
-                ret = JobReturn(status=JobStatus.FAILED, _return_value=RuntimeError(
-                    f"SLURM job {job.job_id} ended without a result (cancelled, past its time limit or its node "
-                    f"failed): see {job.paths.stdout}"))
+                ret = JobReturn(
+                    status=JobStatus.FAILED,
+                    _return_value=RuntimeError(
+                        f"SLURM job {job.job_id} ended without a result (cancelled, past its time limit or its node "
+                        f"failed): see {job.paths.stdout}"
+                    ),
+                )
             else:
                 continue
             del array.jobs[num]
@@ -212,10 +233,18 @@ def _rethrottle(arrays: list[_Array], at_once: int) -> None:
     newest, older = arrays[-1], sum(len(a.jobs) for a in arrays[:-1])
     throttle = at_once - older
     if throttle != newest.throttle:
-        done = subprocess.run(["scontrol", "update", f"JobId={newest.array_id}", f"ArrayTaskThrottle={throttle}"],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            ["scontrol", "update", f"JobId={newest.array_id}", f"ArrayTaskThrottle={throttle}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if done.returncode == 0:
             newest.throttle = throttle
         else:
-            log.warning("could not raise the throttle of SLURM array %s to %d: %s", newest.array_id, throttle,
-                        done.stderr.strip())
+            log.warning(
+                "could not raise the throttle of SLURM array %s to %d: %s",
+                newest.array_id,
+                throttle,
+                done.stderr.strip(),
+            )

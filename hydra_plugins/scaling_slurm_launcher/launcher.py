@@ -29,7 +29,9 @@ class ScalingSlurmLauncher(SlurmLauncher):
 
     def __init__(self, array_chunk: int, **params: Any) -> None:
         if array_chunk < 1:
-            raise ValueError(f"hydra.launcher.array_chunk={array_chunk} must be >= 1 (and at most SLURM's MaxArraySize)")
+            raise ValueError(
+                f"hydra.launcher.array_chunk={array_chunk} must be >= 1 (and at most SLURM's MaxArraySize)"
+            )
         super().__init__(**params)
         if int(self.params["array_parallelism"]) < 1:
             raise ValueError(f"hydra.launcher.array_parallelism={self.params['array_parallelism']} must be >= 1")

@@ -22,13 +22,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     """`scaling collectives [--sweep-dir DIR] [overrides]`: measure the network and write the sweep's profile."""
     from scaling.cli.args import parse_count
 
-    p = argparse.ArgumentParser(prog="scaling collectives", description=(
-        "Time all-reduce, reduce-scatter and all-gather through the launchers of a point (torchrun here; srun + "
-        "torchrun across nodes under SLURM) at 2, 4, ... up to parallel.dp ranks, fit α and β per network tier "
-        f"and write SWEEP_DIR/{PROFILE_FILE} for `scaling report`."))
+    p = argparse.ArgumentParser(
+        prog="scaling collectives",
+        description=(
+            "Time all-reduce, reduce-scatter and all-gather through the launchers of a point (torchrun here; srun + "
+            "torchrun across nodes under SLURM) at 2, 4, ... up to parallel.dp ranks, fit α and β per network tier "
+            f"and write SWEEP_DIR/{PROFILE_FILE} for `scaling report`."
+        ),
+    )
     p.add_argument("--sweep-dir", default=None, help="where the profile goes (default: the config's sweep_dir)")
-    p.add_argument("--sizes", default=None, help="message sizes, comma-separated, e.g. 4Ki,1Mi,16Mi "
-                   "(default: 4 KiB to 16 MiB on CPU, to 256 MiB on CUDA)")
+    p.add_argument(
+        "--sizes",
+        default=None,
+        help="message sizes, comma-separated, e.g. 4Ki,1Mi,16Mi (default: 4 KiB to 16 MiB on CPU, to 256 MiB on CUDA)",
+    )
     p.add_argument("--iters", type=int, default=10, help="timed calls per collective and size (default 10)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides of `scaling run`, e.g. hardware=h100 parallel.dp=16")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
@@ -48,8 +55,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (HydraException, OmegaConfBaseException) as e:
         p.error(" ".join(str(e).split()))
     if cfg["parallel"]["dp"] < 1:
-        p.error(f"parallel.dp={cfg['parallel']['dp']} is the largest launch's ranks: give dp >= 1 "
-                "(1 and 2 both measure 2)")
+        p.error(
+            f"parallel.dp={cfg['parallel']['dp']} is the largest launch's ranks: give dp >= 1 (1 and 2 both measure 2)"
+        )
     sweep_dir = Path(a.sweep_dir or cfg["sweep_dir"]).resolve()
     sizes = sizes or list(CUDA_SIZES if cfg["hardware"]["device"] == "cuda" else CPU_SIZES)
     try:

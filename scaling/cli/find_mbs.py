@@ -76,8 +76,13 @@ def _search_point(cfg: dict[str, Any]) -> dict[str, Any]:
     return {**cfg, "train": train, "launch": {**cfg["launch"], "prescreen": False}}
 
 
-def find_mbs(cfg: dict[str, Any], max_mbs: int = 1024, traced: bool = True, confirm: bool = True,
-             launch_point: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None) -> FindMbsResult:
+def find_mbs(
+    cfg: dict[str, Any],
+    max_mbs: int = 1024,
+    traced: bool = True,
+    confirm: bool = True,
+    launch_point: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None,
+) -> FindMbsResult:
     """Largest mbs that fits `cfg`'s capacity: predicted (analytic, then traced), confirmed with <= 2 runs."""
     cfg = _search_point(cfg)
     capacity = capacity_bytes(cfg)
@@ -101,16 +106,29 @@ def find_mbs(cfg: dict[str, Any], max_mbs: int = 1024, traced: bool = True, conf
         predicted, method = largest_true(traced_fits, guess, max_mbs), "traced"
     else:
         predicted = guess
-        predictions = {m: predict_config(_with_mbs(cfg, m)).total_bytes for m in (guess, guess + 1) if 1 <= m <= max_mbs}
-    result = FindMbsResult(predicted, predicted, method, capacity, False, "not confirmed (--no-confirm)",
-                           predictions=dict(sorted(predictions.items())))
+        predictions = {
+            m: predict_config(_with_mbs(cfg, m)).total_bytes for m in (guess, guess + 1) if 1 <= m <= max_mbs
+        }
+    result = FindMbsResult(
+        predicted,
+        predicted,
+        method,
+        capacity,
+        False,
+        "not confirmed (--no-confirm)",
+        predictions=dict(sorted(predictions.items())),
+    )
     if confirm:
         _confirm(result, cfg, max_mbs, launch_point)
     return result
 
 
-def _confirm(result: FindMbsResult, cfg: dict[str, Any], max_mbs: int,
-             launch_point: Optional[Callable[[dict[str, Any]], dict[str, Any]]]) -> None:
+def _confirm(
+    result: FindMbsResult,
+    cfg: dict[str, Any],
+    max_mbs: int,
+    launch_point: Optional[Callable[[dict[str, Any]], dict[str, Any]]],
+) -> None:
     """At most two real runs around the prediction; updates result.mbs, confirmed and note."""
     if launch_point is None:
         from scaling.job.run import run_point as launch_point
@@ -144,12 +162,17 @@ def _confirm(result: FindMbsResult, cfg: dict[str, Any], max_mbs: int,
             return
         if s2 == Status.OOM:
             result.mbs, result.confirmed = first, True
-            result.note = (f"confirmed: mbs={first} ok, mbs={above} oom" if m >= 1 else
-                           "prediction said even mbs=1 does not fit, but mbs=1 ran and mbs=2 ran out of memory")
+            result.note = (
+                f"confirmed: mbs={first} ok, mbs={above} oom"
+                if m >= 1
+                else "prediction said even mbs=1 does not fit, but mbs=1 ran and mbs=2 ran out of memory"
+            )
         else:
             result.mbs = above
-            result.note = (f"contradiction: the prediction said mbs={above} does not fit but it ran; "
-                           f"answer raised to {above}, the mbs above it is not confirmed (two-run budget spent)")
+            result.note = (
+                f"contradiction: the prediction said mbs={above} does not fit but it ran; "
+                f"answer raised to {above}, the mbs above it is not confirmed (two-run budget spent)"
+            )
         return
     # The predicted mbs ran out of memory: step down once.
     below = first - 1
@@ -162,9 +185,11 @@ def _confirm(result: FindMbsResult, cfg: dict[str, Any], max_mbs: int,
         return
     result.mbs = below if s2 == Status.OK else 0
     result.confirmed = s2 == Status.OK
-    result.note = (f"contradiction: the prediction said mbs={first} fits but it ran out of memory; "
-                   + (f"mbs={below} ran: confirmed {below}" if s2 == Status.OK else
-                      f"mbs={below} ran out of memory too: the answer is below {below}, not found within two runs"))
+    result.note = f"contradiction: the prediction said mbs={first} fits but it ran out of memory; " + (
+        f"mbs={below} ran: confirmed {below}"
+        if s2 == Status.OK
+        else f"mbs={below} ran out of memory too: the answer is below {below}, not found within two runs"
+    )
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -174,7 +199,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--analytic", action="store_true", help="predict with the analytic model only (no tracing)")
     p.add_argument("--no-confirm", action="store_true", help="do not run the two confirming points")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=small train.seq_len=256 hardware.memory_gb=0.05")
+    p.add_argument(
+        "overrides", nargs="*", help="Hydra overrides, e.g. model=small train.seq_len=256 hardware.memory_gb=0.05"
+    )
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     if a.max_mbs < 1:
         p.error(f"--max-mbs={a.max_mbs} must be >= 1")
@@ -189,11 +216,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(json.dumps(asdict(result), indent=2))
     else:
         for m, peak in result.predictions.items():
-            print(f"  mbs={m}: predicted {peak} bytes per rank ({result.method}) "
-                  f"{'<=' if peak <= result.capacity_bytes else '>'} capacity {result.capacity_bytes}")
+            print(
+                f"  mbs={m}: predicted {peak} bytes per rank ({result.method}) "
+                f"{'<=' if peak <= result.capacity_bytes else '>'} capacity {result.capacity_bytes}"
+            )
         for r in result.runs:
-            print(f"  run mbs={r['mbs']}: {r['status']}" + (f", measured peak {r['peak_mem_bytes']} bytes" if r["peak_mem_bytes"] else ""))
-        print(f"largest mbs that fits: {result.mbs} (predicted {result.predicted_mbs} by {result.method}; {result.note})")
+            print(
+                f"  run mbs={r['mbs']}: {r['status']}"
+                + (f", measured peak {r['peak_mem_bytes']} bytes" if r["peak_mem_bytes"] else "")
+            )
+        print(
+            f"largest mbs that fits: {result.mbs} (predicted {result.predicted_mbs} by {result.method}; {result.note})"
+        )
     return 0 if result.mbs >= 1 else 1
 
 

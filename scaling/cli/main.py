@@ -45,15 +45,18 @@ def run_app(argv: Sequence[str], config: Sequence[str] = ()) -> None:
     parser.prog = PROG
     args = parser.parse_args([*config, *argv])
     if args.experimental_rerun is not None:
-        parser.error("--experimental-rerun is not supported: run the point again with its overrides and launch.rerun=all")
+        parser.error(
+            "--experimental-rerun is not supported: run the point again with its overrides and launch.rerun=all"
+        )
     with tempfile.TemporaryDirectory(prefix="scaling-outcome-") as tmp:
         outcome = Path(tmp) / "outcome.json"
         if not (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion):
             # Where the progress callback leaves the counts; not added where Hydra only prints or completes.
             args.overrides.append(f"hydra.callbacks.progress.outcome_file={outcome}")
         # What run.main's @hydra.main does with the parsed command line (its config path and name).
-        _run_hydra(args=args, args_parser=parser, task_function=run.main, config_path=str(CONF_DIR),
-                   config_name="config")
+        _run_hydra(
+            args=args, args_parser=parser, task_function=run.main, config_path=str(CONF_DIR), config_name="config"
+        )
         progress.raise_for_failures(progress.read_outcome(outcome))
 
 
@@ -65,7 +68,9 @@ def _run(argv: list[str]) -> int:
 def _plan(argv: list[str]) -> int:
     from scaling.core.batch import BatchError, plan
 
-    p = argparse.ArgumentParser(prog="scaling plan", description="Derive grad_acc from a target global batch (Playbook recipe).")
+    p = argparse.ArgumentParser(
+        prog="scaling plan", description="Derive grad_acc from a target global batch (Playbook recipe)."
+    )
     p.add_argument("--gbs-tokens", type=parse_count, required=True, help="target global batch in tokens, e.g. 4M")
     p.add_argument("--seq-len", type=parse_count, required=True)
     p.add_argument("--mbs", type=parse_count, required=True, help="micro-batch size (largest that fits)")
@@ -80,10 +85,12 @@ def _plan(argv: list[str]) -> int:
 
 def _lazy(module: str) -> Callable[[list[str]], Optional[int]]:
     """A subcommand implemented by `module.main(argv)`, imported only when used."""
+
     def call(argv: list[str]) -> Optional[int]:
         import importlib
 
         return importlib.import_module(module).main(argv)
+
     return call
 
 
@@ -95,7 +102,10 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], Optional[int]], str]] = {
     "find-mbs": (_lazy("scaling.cli.find_mbs"), "the largest mbs that fits, predicted and confirmed by two runs"),
     "report": (_lazy("scaling.cli.report"), "Markdown + HTML report of a sweep directory"),
     "status": (_lazy("scaling.cli.status"), "where a sweep stands: done, running, to run, time left"),
-    "collectives": (_lazy("scaling.cli.collectives"), "measure the network's α-β figures per tier into a sweep directory"),
+    "collectives": (
+        _lazy("scaling.cli.collectives"),
+        "measure the network's α-β figures per tier into a sweep directory",
+    ),
 }
 
 

@@ -49,8 +49,10 @@ def _breakdown_rows(analytic: dict[str, Any], traced: Optional[dict[str, Any]]) 
 
 def _point_line(cfg: dict[str, Any]) -> str:
     m, t, p, hw = cfg["model"], cfg["train"], cfg["parallel"], cfg["hardware"]
-    return (f"model={m['name']} seq_len={t['seq_len']} mbs={t['mbs']} dp={p['dp']} zero_stage={p['zero_stage']} "
-            f"precision={t['precision']} recompute={t['recompute']} hardware={hw['name']}")
+    return (
+        f"model={m['name']} seq_len={t['seq_len']} mbs={t['mbs']} dp={p['dp']} zero_stage={p['zero_stage']} "
+        f"precision={t['precision']} recompute={t['recompute']} hardware={hw['name']}"
+    )
 
 
 def predict_point(cfg: dict[str, Any], traced: bool = True) -> dict[str, Any]:
@@ -83,7 +85,10 @@ def _sweep(name: str, overrides: list[str], traced: bool, as_json: bool) -> int:
     rows, forecast = [], Forecast()
     with sweep_file_grid(find_sweep(name), overrides) as (points, configs):
         params = OmegaConf.to_container(configs.master.hydra.sweeper.params) or {}
-        axes = [*params, *(o.split("=", 1)[0] for o in overrides if "," in o.split("=", 1)[-1] and o.split("=", 1)[0] not in params)]
+        axes = [
+            *params,
+            *(o.split("=", 1)[0] for o in overrides if "," in o.split("=", 1)[-1] and o.split("=", 1)[0] not in params),
+        ]
         at_once = points_at_once(configs.master)
         for point in survey(points, configs):
             choice = {k: v for k, v in (o.split("=", 1) for o in point.overrides) if k in axes}
@@ -94,14 +99,25 @@ def _sweep(name: str, overrides: list[str], traced: bool, as_json: bool) -> int:
                 rows.append({**choice, "status": "invalid", "error": new["error"]})
                 continue
             margin = point.cfg["launch"]["prescreen_margin"]
-            rows.append({**choice, "status": _verdict(pred["peak_mem_bytes"], pred["capacity_bytes"], margin),
-                         "peak_mem_bytes": pred["peak_mem_bytes"], "method": pred["method"],
-                         "capacity_bytes": pred["capacity_bytes"], "phase": pred["analytic"]["phase"],
-                         "recorded": point.record["status"] if point.done else None})
+            rows.append(
+                {
+                    **choice,
+                    "status": _verdict(pred["peak_mem_bytes"], pred["capacity_bytes"], margin),
+                    "peak_mem_bytes": pred["peak_mem_bytes"],
+                    "method": pred["method"],
+                    "capacity_bytes": pred["capacity_bytes"],
+                    "phase": pred["analytic"]["phase"],
+                    "recorded": point.record["status"] if point.done else None,
+                }
+            )
     summary = forecast.lines(name, at_once)
     if as_json:
-        print(json.dumps({"sweep": name, "points": rows, "summary": summary,
-                          "estimated_wall_s": forecast.wall_s(at_once)}, indent=2))
+        print(
+            json.dumps(
+                {"sweep": name, "points": rows, "summary": summary, "estimated_wall_s": forecast.wall_s(at_once)},
+                indent=2,
+            )
+        )
         return 0
     keys = axes
     unit, div = memory_unit(max([r.get("peak_mem_bytes") or 0 for r in rows] + [0]))
@@ -109,9 +125,12 @@ def _sweep(name: str, overrides: list[str], traced: bool, as_json: bool) -> int:
     print("  ".join(k.ljust(w) for k, w in zip(keys, widths)) + f"  {'peak ' + unit:>9}  {'cap ' + unit:>9}  verdict")
     for r in rows:
         cells = "  ".join(str(r.get(k, "")).ljust(w) for k, w in zip(keys, widths))
-        print(f"{cells}  {_fmt(r.get('peak_mem_bytes'), div):>9}  {_fmt(r.get('capacity_bytes'), div):>9}  {r['status']}"
-              + (f" ({r['method']})" if r.get("method") == "traced" else "") + (f": {r['error']}" if "error" in r else "")
-              + (f" [recorded {r['recorded']}]" if r.get("recorded") else ""))
+        print(
+            f"{cells}  {_fmt(r.get('peak_mem_bytes'), div):>9}  {_fmt(r.get('capacity_bytes'), div):>9}  {r['status']}"
+            + (f" ({r['method']})" if r.get("method") == "traced" else "")
+            + (f": {r['error']}" if "error" in r else "")
+            + (f" [recorded {r['recorded']}]" if r.get("recorded") else "")
+        )
     print("\n".join(summary))
     return 0
 
@@ -122,7 +141,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--analytic", action="store_true", help="analytic prediction only (no tracing)")
     p.add_argument("--sweep", metavar="NAME", help="predict every point of sweeps/NAME.yaml")
-    p.add_argument("--traced", action="store_true", help="with --sweep: trace near-capacity points, as the pre-screen does")
+    p.add_argument(
+        "--traced", action="store_true", help="with --sweep: trace near-capacity points, as the pre-screen does"
+    )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=llama_8b parallel.dp=8")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     if a.sweep:
@@ -143,8 +164,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if cap is not None:
         peak = (result["traced"] or result["analytic"])["peak_mem_bytes"]
         unit, div = memory_unit(cap)
-        print(f"capacity {_fmt(cap, div)} {unit} per rank (hardware.memory_gb): "
-              f"{_verdict(peak, cap, cfg['launch']['prescreen_margin'])}")
+        print(
+            f"capacity {_fmt(cap, div)} {unit} per rank (hardware.memory_gb): "
+            f"{_verdict(peak, cap, cfg['launch']['prescreen_margin'])}"
+        )
     return 0
 
 

@@ -16,16 +16,30 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="scaling report", description="Write a sweep's report (Markdown + HTML).")
     p.add_argument("sweep_dir", help="folder holding <job_key>/result.json records")
     p.add_argument("--out", default=None, help="output folder (default: SWEEP_DIR/report)")
-    p.add_argument("--threshold", type=float, default=dp_scaling.DEFAULT_THRESHOLD,
-                   help="DP efficiency below which scaling stops paying off (default 0.8)")
-    p.add_argument("--wandb", action="store_true",
-                   help="also log a report run to W&B (job_type report) in SWEEP_DIR/wandb, beside the points' runs")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=dp_scaling.DEFAULT_THRESHOLD,
+        help="DP efficiency below which scaling stops paying off (default 0.8)",
+    )
+    p.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log a report run to W&B (job_type report) in SWEEP_DIR/wandb, beside the points' runs",
+    )
     # W&B's own environment variables give the defaults; an option on the command line wins over them.
-    p.add_argument("--wandb-project", default=os.environ.get("WANDB_PROJECT", "scaling"),
-                   help="default: $WANDB_PROJECT, else scaling")
+    p.add_argument(
+        "--wandb-project",
+        default=os.environ.get("WANDB_PROJECT", "scaling"),
+        help="default: $WANDB_PROJECT, else scaling",
+    )
     p.add_argument("--wandb-entity", default=os.environ.get("WANDB_ENTITY"), help="default: $WANDB_ENTITY")
-    p.add_argument("--wandb-mode", choices=("offline", "online", "disabled"),
-                   default=os.environ.get("WANDB_MODE", "offline"), help="default: $WANDB_MODE, else offline")
+    p.add_argument(
+        "--wandb-mode",
+        choices=("offline", "online", "disabled"),
+        default=os.environ.get("WANDB_MODE", "offline"),
+        help="default: $WANDB_MODE, else offline",
+    )
     p.add_argument("--jobs", type=int, default=None, help="processes drawing the heatmaps (default: one per core)")
     args = p.parse_args(argv)
     if not Path(args.sweep_dir).is_dir():
@@ -34,8 +48,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(f"--threshold={args.threshold}: an efficiency threshold lies in (0, 1]")
     if args.jobs is not None and args.jobs < 1:
         p.error(f"--jobs={args.jobs}: at least one process draws the heatmaps")
-    paths = write_report(args.sweep_dir, args.out, args.threshold, args.wandb, args.wandb_project, args.wandb_mode,
-                         args.jobs, args.wandb_entity)
+    paths = write_report(
+        args.sweep_dir,
+        args.out,
+        args.threshold,
+        args.wandb,
+        args.wandb_project,
+        args.wandb_mode,
+        args.jobs,
+        args.wandb_entity,
+    )
     print(f"report: {paths['html']}")
     print(f"markdown: {paths['markdown']}")
     if "wandb_run_dir" in paths:

@@ -28,8 +28,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             status = store.look()
             now = dt.datetime.now(dt.timezone.utc)
             if status is None:
-                text = (f"scaling status: {a.sweep_dir} holds no sweep yet (no {SWEEP_INDEX}, no records, nothing "
-                        f"running): start one with `scaling sweep NAME sweep_dir={a.sweep_dir}`")
+                text = (
+                    f"scaling status: {a.sweep_dir} holds no sweep yet (no {SWEEP_INDEX}, no records, nothing "
+                    f"running): start one with `scaling sweep NAME sweep_dir={a.sweep_dir}`"
+                )
             elif a.json:
                 text = json.dumps(asdict(status), indent=2)
             else:

@@ -12,9 +12,14 @@ def usage() -> str:
     """`scaling sweep --help`: the command line and every sweep with what it does."""
     names = available()
     width = max(map(len, names), default=0)
-    lines = ["usage: scaling sweep NAME [--dry-run] [overrides]   (a Hydra multirun of sweeps/NAME.yaml)", "",
-             "--dry-run: the grid's size, new, recorded, predicted_oom and invalid points and the wall time it "
-             "would take, launching nothing", "", "sweeps:"]
+    lines = [
+        "usage: scaling sweep NAME [--dry-run] [overrides]   (a Hydra multirun of sweeps/NAME.yaml)",
+        "",
+        "--dry-run: the grid's size, new, recorded, predicted_oom and invalid points and the wall time it "
+        "would take, launching nothing",
+        "",
+        "sweeps:",
+    ]
     lines += [f"  {name:<{width}}  {describe(find_sweep(name))}" for name in names]
     lines += ["", "scaling sweep NAME --help shows the sweep's config and Hydra's options."]
     return "\n".join(lines)

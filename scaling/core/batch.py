@@ -38,8 +38,9 @@ def target_gbs_samples(seq_len: int, gbs: Optional[int], gbs_tokens: Optional[in
         lo, hi = (gbs_tokens // seq_len) * seq_len, (gbs_tokens // seq_len + 1) * seq_len
         raise BatchError(
             f"train.gbs_tokens={gbs_tokens} is not a multiple of train.seq_len={seq_len}: "
-            f"try gbs_tokens in {{{lo}, {hi}}}" if lo else
-            f"train.gbs_tokens={gbs_tokens} is smaller than train.seq_len={seq_len}: try gbs_tokens={hi}"
+            f"try gbs_tokens in {{{lo}, {hi}}}"
+            if lo
+            else f"train.gbs_tokens={gbs_tokens} is smaller than train.seq_len={seq_len}: try gbs_tokens={hi}"
         )
     return gbs_tokens // seq_len
 
@@ -92,9 +93,7 @@ class Plan:
             f"with {self.gpus} GPUs: grad_acc = {self.grad_acc_exact:.3g}",
         ]
         if self.grad_acc is not None:
-            lines.append(
-                f"-> grad_acc={self.grad_acc}, effective gbs {self.effective_gbs_tokens:,} tokens (exact)"
-            )
+            lines.append(f"-> grad_acc={self.grad_acc}, effective gbs {self.effective_gbs_tokens:,} tokens (exact)")
         else:
             reason = "below 1" if self.grad_acc_exact < 1 else "not a whole number"
             lines.append(f"-> grad_acc {self.grad_acc_exact:.3g} is {reason}; nearest valid choices:")

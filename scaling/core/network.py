@@ -164,13 +164,29 @@ class Profile:
 def save_profile(path: str | os.PathLike, profile: Profile) -> Path:
     """Write a profile as JSON (atomically)."""
     path = Path(path)
-    write_json_atomic(path, {
-        "name": profile.name, "measured_at": profile.measured_at, "devices_per_node": profile.devices_per_node,
-        "tiers": {tier: {"alpha_s": ab.alpha_s, "beta_bytes_per_s": ab.beta_bytes_per_s,
-                         "world_sizes": sorted({int(s["world_size"]) for s in profile.samples
-                                                if tier_of(int(s["world_size"]), profile.devices_per_node) == tier})}
-                  for tier, ab in profile.tiers.items()},
-        "samples": list(profile.samples)})
+    write_json_atomic(
+        path,
+        {
+            "name": profile.name,
+            "measured_at": profile.measured_at,
+            "devices_per_node": profile.devices_per_node,
+            "tiers": {
+                tier: {
+                    "alpha_s": ab.alpha_s,
+                    "beta_bytes_per_s": ab.beta_bytes_per_s,
+                    "world_sizes": sorted(
+                        {
+                            int(s["world_size"])
+                            for s in profile.samples
+                            if tier_of(int(s["world_size"]), profile.devices_per_node) == tier
+                        }
+                    ),
+                }
+                for tier, ab in profile.tiers.items()
+            },
+            "samples": list(profile.samples),
+        },
+    )
     return path
 
 
@@ -178,33 +194,47 @@ def load_profile(path: str | os.PathLike) -> Profile:
     """Read a profile written by `save_profile`."""
     doc = read_json(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("tiers"), dict):
-        raise ValueError(f"{path}: not a network profile of scaling collectives (no 'tiers'): measure it again "
-                         f"with `scaling collectives --sweep-dir {Path(path).parent}`")
+        raise ValueError(
+            f"{path}: not a network profile of scaling collectives (no 'tiers'): measure it again "
+            f"with `scaling collectives --sweep-dir {Path(path).parent}`"
+        )
     tiers = {t: AlphaBeta(float(v["alpha_s"]), float(v["beta_bytes_per_s"])) for t, v in doc["tiers"].items()}
-    return Profile(str(doc.get("name", "profile")), doc.get("devices_per_node"), tiers,
-                   tuple(doc.get("samples", ())), doc.get("measured_at"))
+    return Profile(
+        str(doc.get("name", "profile")),
+        doc.get("devices_per_node"),
+        tiers,
+        tuple(doc.get("samples", ())),
+        doc.get("measured_at"),
+    )
 
 
 def profile_draws(profile: Profile, n_draws: int, rng: np.random.Generator) -> list[dict[str, AlphaBeta]]:
     """Tier fits of bootstrap replicates: each sample's time is the median of its timed calls drawn with replacement."""
     draws = []
     for _ in range(n_draws):
-        resampled = [{**s, "time_s": float(np.median(rng.choice(s["times_s"], len(s["times_s"]))))}
-                     if s.get("times_s") else s for s in profile.samples]
+        resampled = [
+            {**s, "time_s": float(np.median(rng.choice(s["times_s"], len(s["times_s"]))))} if s.get("times_s") else s
+            for s in profile.samples
+        ]
         draws.append(fit_tiers(resampled, profile.devices_per_node))
     return draws
 
 
-def profile_estimate(profile: Profile, devices_per_node: Optional[int], n_draws: int,
-                     rng: np.random.Generator) -> NetworkEstimate:
+def profile_estimate(
+    profile: Profile, devices_per_node: Optional[int], n_draws: int, rng: np.random.Generator
+) -> NetworkEstimate:
     """The profile as a source: its fits, bootstrap draws, and what it was measured on."""
     notes = []
     if profile.devices_per_node != devices_per_node:
         notes.append(f"measured with devices_per_node={profile.devices_per_node}, the sweep has {devices_per_node}")
     draws = profile_draws(profile, n_draws, rng) if profile.samples else [dict(profile.tiers)] * n_draws
-    return NetworkEstimate("profile", f"scaling collectives profile ({profile.name})",
-                           Network(dict(profile.tiers), devices_per_node),
-                           tuple(Network(d, devices_per_node) for d in draws), tuple(notes))
+    return NetworkEstimate(
+        "profile",
+        f"scaling collectives profile ({profile.name})",
+        Network(dict(profile.tiers), devices_per_node),
+        tuple(Network(d, devices_per_node) for d in draws),
+        tuple(notes),
+    )
 
 
 # --- (c) published figures per hardware profile ---------------------------------------------------
@@ -217,8 +247,9 @@ class PublishedTier:
 
     def nominal(self) -> AlphaBeta:
         """The geometric middle of both ranges."""
-        return AlphaBeta(math.sqrt(self.alpha_s[0] * self.alpha_s[1]),
-                         math.sqrt(self.beta_bytes_per_s[0] * self.beta_bytes_per_s[1]))
+        return AlphaBeta(
+            math.sqrt(self.alpha_s[0] * self.alpha_s[1]), math.sqrt(self.beta_bytes_per_s[0] * self.beta_bytes_per_s[1])
+        )
 
     def draw(self, rng: np.random.Generator) -> AlphaBeta:
         """Figures drawn log-uniformly within both ranges."""
@@ -248,20 +279,27 @@ def published(hardware: str, network_dir: Path = NETWORK_DIR) -> Optional[dict[s
     for tier in TIERS:
         if doc.get(tier):
             entry = doc[tier]
-            tiers[tier] = PublishedTier(_range(path, f"{tier}.alpha_s", entry.get("alpha_s")),
-                                        _range(path, f"{tier}.beta_bytes_per_s", entry.get("beta_bytes_per_s")))
+            tiers[tier] = PublishedTier(
+                _range(path, f"{tier}.alpha_s", entry.get("alpha_s")),
+                _range(path, f"{tier}.beta_bytes_per_s", entry.get("beta_bytes_per_s")),
+            )
     return tiers or None
 
 
-def published_estimate(hardware: str, devices_per_node: Optional[int], n_draws: int,
-                       rng: np.random.Generator) -> Optional[NetworkEstimate]:
+def published_estimate(
+    hardware: str, devices_per_node: Optional[int], n_draws: int, rng: np.random.Generator
+) -> Optional[NetworkEstimate]:
     """The published figures of a hardware profile as a source, or None when there are none."""
     tiers = published(hardware)
     if tiers is None:
         return None
     draws = tuple(Network({t: p.draw(rng) for t, p in tiers.items()}, devices_per_node) for _ in range(n_draws))
-    return NetworkEstimate("published", f"published {hardware} figures (conf/network/{hardware}.yaml)",
-                           Network({t: p.nominal() for t, p in tiers.items()}, devices_per_node), draws)
+    return NetworkEstimate(
+        "published",
+        f"published {hardware} figures (conf/network/{hardware}.yaml)",
+        Network({t: p.nominal() for t, p in tiers.items()}, devices_per_node),
+        draws,
+    )
 
 
 def with_fallback(primary: NetworkEstimate, fallback: NetworkEstimate) -> NetworkEstimate:
@@ -273,14 +311,20 @@ def with_fallback(primary: NetworkEstimate, fallback: NetworkEstimate) -> Networ
     def merge(a: Network, b: Network) -> Network:
         return Network({**{t: b.tiers[t] for t in missing}, **a.tiers}, a.devices_per_node)
 
-    return NetworkEstimate(primary.kind, f"{primary.label}; {', '.join(missing)} from {fallback.label}",
-                           merge(primary.nominal, fallback.nominal),
-                           tuple(merge(a, b) for a, b in zip(primary.draws, fallback.draws)), primary.notes)
+    return NetworkEstimate(
+        primary.kind,
+        f"{primary.label}; {', '.join(missing)} from {fallback.label}",
+        merge(primary.nominal, fallback.nominal),
+        tuple(merge(a, b) for a, b in zip(primary.draws, fallback.draws)),
+        primary.notes,
+    )
 
 
 def describe(profile: Profile) -> list[str]:
     """One line per tier: α, β and the ranks it was measured on."""
     ranks = sorted({int(s["world_size"]) for s in profile.samples})
-    return [f"{tier}: α = {ab.alpha_s * 1e6:.1f} µs, β = {ab.beta_bytes_per_s / 1e9:.3g} GB/s (n="
-            f"{','.join(str(n) for n in ranks if tier_of(n, profile.devices_per_node) == tier)})"
-            for tier, ab in profile.tiers.items()]
+    return [
+        f"{tier}: α = {ab.alpha_s * 1e6:.1f} µs, β = {ab.beta_bytes_per_s / 1e9:.3g} GB/s (n="
+        f"{','.join(str(n) for n in ranks if tier_of(n, profile.devices_per_node) == tier)})"
+        for tier, ab in profile.tiers.items()
+    ]

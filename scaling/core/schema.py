@@ -196,9 +196,16 @@ class ExperimentConfig:
         """The typed config of a resolved plain one (what the driver reads); a key the schema lacks raises."""
         train = dict(cfg["train"])
         train["data"] = DataConfig(**train.get("data", {}))
-        return cls(model=ModelConfig(**cfg["model"]), train=TrainConfig(**train), parallel=ParallelConfig(**cfg["parallel"]),
-                   hardware=HardwareConfig(**cfg["hardware"]), logger=LoggerConfig(**cfg["logger"]),
-                   launch=LaunchConfig(**cfg["launch"]), sweep=cfg["sweep"], sweep_dir=cfg["sweep_dir"])
+        return cls(
+            model=ModelConfig(**cfg["model"]),
+            train=TrainConfig(**train),
+            parallel=ParallelConfig(**cfg["parallel"]),
+            hardware=HardwareConfig(**cfg["hardware"]),
+            logger=LoggerConfig(**cfg["logger"]),
+            launch=LaunchConfig(**cfg["launch"]),
+            sweep=cfg["sweep"],
+            sweep_dir=cfg["sweep_dir"],
+        )
 
 
 def register_configs() -> None:

@@ -72,53 +72,73 @@ class _Checker:
         if value is None and allow_none:
             return True
         kind = "a positive integer" if integer else "a positive number"
-        good = (_is_int(value) if integer else isinstance(value, (int, float)) and not isinstance(value, bool))
+        good = _is_int(value) if integer else isinstance(value, (int, float)) and not isinstance(value, bool)
         return self.require(good and value > 0, f"{name}={value!r} must be {kind}" + (" or null" if allow_none else ""))
 
     def choice(self, name: str, value: Any, valid: tuple) -> bool:
-        return self.require(value in valid, f"{name}={value!r} is not valid: choose one of {', '.join(map(str, valid))}")
+        return self.require(
+            value in valid, f"{name}={value!r} is not valid: choose one of {', '.join(map(str, valid))}"
+        )
 
 
 def _check_model(c: _Checker, m: Mapping[str, Any]) -> None:
     sizes_ok = all(
-        [c.positive(f"model.{k}", m[k]) for k in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "max_seq_len")]
+        [
+            c.positive(f"model.{k}", m[k])
+            for k in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "max_seq_len")
+        ]
     )
     c.positive("model.rope_theta", m["rope_theta"], integer=False)
     c.positive("model.norm_eps", m["norm_eps"], integer=False)
     if not sizes_ok:
         return
     h, heads, kv = m["hidden"], m["n_heads"], m["n_kv_heads"]
-    if c.require(h % heads == 0, f"model.n_heads={heads} does not divide model.hidden={h}: try n_heads in "
-                 f"{{{', '.join(str(d) for d in range(1, h + 1) if h % d == 0 and (h // d) % 2 == 0)}}}"):
+    if c.require(
+        h % heads == 0,
+        f"model.n_heads={heads} does not divide model.hidden={h}: try n_heads in "
+        f"{{{', '.join(str(d) for d in range(1, h + 1) if h % d == 0 and (h // d) % 2 == 0)}}}",
+    ):
         c.require((h // heads) % 2 == 0, f"model.hidden/n_heads = {h // heads} is odd: RoPE needs an even head_dim")
-    c.require(heads % kv == 0, f"model.n_kv_heads={kv} does not divide model.n_heads={heads}: try n_kv_heads in "
-              f"{{{', '.join(str(d) for d in range(1, heads + 1) if heads % d == 0)}}}")
+    c.require(
+        heads % kv == 0,
+        f"model.n_kv_heads={kv} does not divide model.n_heads={heads}: try n_kv_heads in "
+        f"{{{', '.join(str(d) for d in range(1, heads + 1) if heads % d == 0)}}}",
+    )
 
 
 def _check_train(c: _Checker, t: Mapping[str, Any], max_seq_len: Any) -> None:
     if c.positive("train.seq_len", t["seq_len"]) and _is_int(max_seq_len):
-        c.require(t["seq_len"] <= max_seq_len,
-                  f"train.seq_len={t['seq_len']} exceeds model.max_seq_len={max_seq_len}: use seq_len <= {max_seq_len}")
+        c.require(
+            t["seq_len"] <= max_seq_len,
+            f"train.seq_len={t['seq_len']} exceeds model.max_seq_len={max_seq_len}: use seq_len <= {max_seq_len}",
+        )
     c.positive("train.mbs", t["mbs"])
     ga = t["grad_acc"]
     c.require(ga == "auto" or (_is_int(ga) and ga >= 1), f"train.grad_acc={ga!r} must be an integer >= 1 or 'auto'")
     c.positive("train.gbs", t["gbs"], allow_none=True)
     c.positive("train.gbs_tokens", t["gbs_tokens"], allow_none=True)
-    c.require(_is_int(t["warmup_steps"]) and t["warmup_steps"] >= 0,
-              f"train.warmup_steps={t['warmup_steps']!r} must be an integer >= 0")
+    c.require(
+        _is_int(t["warmup_steps"]) and t["warmup_steps"] >= 0,
+        f"train.warmup_steps={t['warmup_steps']!r} must be an integer >= 0",
+    )
     c.positive("train.steps", t["steps"])
     c.choice("train.precision", t["precision"], tuple(Precision))
     c.choice("train.recompute", t["recompute"], tuple(Recompute))
     c.positive("train.lr", t["lr"], integer=False)
     c.require(t["weight_decay"] >= 0, f"train.weight_decay={t['weight_decay']!r} must be >= 0")
-    c.require(t["grad_clip"] >= 0, f"train.grad_clip={t['grad_clip']!r} must be >= 0 (the largest gradient norm "
-              "an optimizer step keeps; 0 turns clipping off)")
+    c.require(
+        t["grad_clip"] >= 0,
+        f"train.grad_clip={t['grad_clip']!r} must be >= 0 (the largest gradient norm "
+        "an optimizer step keeps; 0 turns clipping off)",
+    )
     c.choice("train.fault", t["fault"], FAULTS)
     data = t["data"]
     if c.choice("train.data.source", data["source"], DATA_SOURCES) and data["source"] == "file":
         path = data["path"]
-        c.require(bool(path) and os.path.isfile(str(path)),
-                  f"train.data.path={path!r} is not a readable file: give a flat binary token file for source=file")
+        c.require(
+            bool(path) and os.path.isfile(str(path)),
+            f"train.data.path={path!r} is not a readable file: give a flat binary token file for source=file",
+        )
         c.choice("train.data.dtype", data["dtype"], TOKEN_DTYPES)
 
 
@@ -133,8 +153,10 @@ def _check_hardware(c: _Checker, hw: Mapping[str, Any], precision: Any) -> None:
     if c.choice("hardware.device", hw["device"], DEVICES):
         c.choice("hardware.backend", hw["backend"], BACKENDS[hw["device"]])
     if c.positive("hardware.memory_gb", hw["memory_gb"], allow_none=True, integer=False) and hw["memory_gb"]:
-        c.require(0 <= hw["reserve_gb"] < hw["memory_gb"], f"hardware.reserve_gb={hw['reserve_gb']!r} must be >= 0 "
-                  f"and below hardware.memory_gb={hw['memory_gb']!r}")
+        c.require(
+            0 <= hw["reserve_gb"] < hw["memory_gb"],
+            f"hardware.reserve_gb={hw['reserve_gb']!r} must be >= 0 and below hardware.memory_gb={hw['memory_gb']!r}",
+        )
     c.positive("hardware.devices_per_node", hw["devices_per_node"], allow_none=True)
     c.positive("hardware.threads_per_device", hw["threads_per_device"])
     for key in ("peak_tflops_bf16", "peak_tflops_fp32"):
@@ -152,7 +174,8 @@ def _check_kernels(c: _Checker, cfg: Mapping[str, Any]) -> None:
             f"train.precision=fp32 on hardware.device=cuda with grouped-query attention (model.n_kv_heads="
             f"{m['n_kv_heads']} < model.n_heads={m['n_heads']}): no fused attention kernel runs it in fp32 (flash "
             "and cuDNN need bf16, memory-efficient attention has no GQA), and the math kernel would hold a "
-            "seq_len x seq_len matrix per head: use train.precision=bf16")
+            "seq_len x seq_len matrix per head: use train.precision=bf16"
+        )
 
 
 def _check_cores(c: _Checker, cfg: Mapping[str, Any], usable_cores: int) -> None:
@@ -163,11 +186,13 @@ def _check_cores(c: _Checker, cfg: Mapping[str, Any], usable_cores: int) -> None
     per_node = hw["devices_per_node"]
     ranks = min(dp, per_node) if per_node else dp
     threads = hw["threads_per_device"]
-    c.require(ranks * threads <= usable_cores,
-              f"parallel.dp={dp} x hardware.threads_per_device={threads} = {ranks * threads} threads on one host "
-              f"but this host has {usable_cores} usable cores: the largest dp that fits is "
-              f"{max(usable_cores // threads, 0)} (or set hardware.oversubscribe=true to let ranks share cores; "
-              "the record and the report then say so)")
+    c.require(
+        ranks * threads <= usable_cores,
+        f"parallel.dp={dp} x hardware.threads_per_device={threads} = {ranks * threads} threads on one host "
+        f"but this host has {usable_cores} usable cores: the largest dp that fits is "
+        f"{max(usable_cores // threads, 0)} (or set hardware.oversubscribe=true to let ranks share cores; "
+        "the record and the report then say so)",
+    )
 
 
 def _check_run(c: _Checker, cfg: Mapping[str, Any]) -> None:
@@ -176,11 +201,15 @@ def _check_run(c: _Checker, cfg: Mapping[str, Any]) -> None:
     c.choice("logger.mode", log["mode"], WANDB_MODES)
     c.positive("launch.timeout_s", launch["timeout_s"], integer=False)
     c.choice("launch.rerun", launch["rerun"], RERUN)
-    c.require(0 <= launch["prescreen_sample"] <= 1,
-              f"launch.prescreen_sample={launch['prescreen_sample']!r} must be a fraction in [0, 1]")
+    c.require(
+        0 <= launch["prescreen_sample"] <= 1,
+        f"launch.prescreen_sample={launch['prescreen_sample']!r} must be a fraction in [0, 1]",
+    )
     c.positive("launch.repeats", launch["repeats"])
-    c.require(0 <= launch["prescreen_margin"] < 10,
-              f"launch.prescreen_margin={launch['prescreen_margin']!r} must be in [0, 10)")
+    c.require(
+        0 <= launch["prescreen_margin"] < 10,
+        f"launch.prescreen_margin={launch['prescreen_margin']!r} must be in [0, 10)",
+    )
 
 
 def _derive(c: _Checker, cfg: Mapping[str, Any]) -> Derived | None:
@@ -194,8 +223,11 @@ def _derive(c: _Checker, cfg: Mapping[str, Any]) -> Derived | None:
             gbs = mbs * ga * dp
             if t["gbs"] is not None or t["gbs_tokens"] is not None:
                 target = target_gbs_samples(seq, t["gbs"], t["gbs_tokens"])
-                c.require(target == gbs, f"train.grad_acc={ga} gives gbs = mbs x grad_acc x dp = {mbs} x {ga} x {dp} = "
-                          f"{gbs} samples, but train.gbs/gbs_tokens ask for {target}: set train.grad_acc=auto")
+                c.require(
+                    target == gbs,
+                    f"train.grad_acc={ga} gives gbs = mbs x grad_acc x dp = {mbs} x {ga} x {dp} = "
+                    f"{gbs} samples, but train.gbs/gbs_tokens ask for {target}: set train.grad_acc=auto",
+                )
     except BatchError as e:
         c.errors.append(str(e))
         return None

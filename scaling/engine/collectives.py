@@ -55,8 +55,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_op(op: str, size_bytes: int, iters: int, warmup: int, dtype: torch.dtype,
-            device: torch.device) -> dict[str, Any]:
+def time_op(
+    op: str, size_bytes: int, iters: int, warmup: int, dtype: torch.dtype, device: torch.device
+) -> dict[str, Any]:
     """Time one collective on a buffer of about `size_bytes`; every rank must call it."""
     n = dist.get_world_size()
     elem = torch.tensor([], dtype=dtype).element_size()
@@ -77,15 +78,24 @@ def time_op(op: str, size_bytes: int, iters: int, warmup: int, dtype: torch.dtyp
     size = numel * elem
     time_s = statistics.median(times)
     algbw = size / time_s
-    return {"op": op, "world_size": n, "size_bytes": size, "time_s": time_s, "times_s": times,
-            "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": algbw * bus_factor(op, n)}
+    return {
+        "op": op,
+        "world_size": n,
+        "size_bytes": size,
+        "time_s": time_s,
+        "times_s": times,
+        "algbw_bytes_per_s": algbw,
+        "busbw_bytes_per_s": algbw * bus_factor(op, n),
+    }
 
 
 def _sizes(text: str) -> list[int]:
     try:
         sizes = [int(s) for s in text.split(",") if s]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--sizes={text!r}: give byte counts separated by commas, e.g. 4096,65536")
+        raise argparse.ArgumentTypeError(
+            f"--sizes={text!r}: give byte counts separated by commas, e.g. 4096,65536"
+        ) from None
     if not sizes or min(sizes) <= 0:
         raise argparse.ArgumentTypeError(f"--sizes={text!r}: every size must be a positive byte count")
     return sizes
@@ -127,15 +137,26 @@ def main(argv: list[str] | None = None) -> None:
         device = torch.device("cpu")
     dist.init_process_group(backend)
     try:
-        results = [time_op(op, size, args.iters, args.warmup, DTYPES[args.dtype], device)
-                   for op in args.ops for size in args.sizes]
+        results = [
+            time_op(op, size, args.iters, args.warmup, DTYPES[args.dtype], device)
+            for op in args.ops
+            for size in args.sizes
+        ]
         nodes: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(nodes, os.environ.get("SLURMD_NODENAME", platform.node()))
         if dist.get_rank() == 0:
-            doc = {"backend": backend, "world_size": dist.get_world_size(), "dtype": args.dtype,
-                   "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-                   or platform.machine(), "torch": torch.__version__, "hostname": platform.node(),
-                   "nodes": nodes, "results": results}
+            doc = {
+                "backend": backend,
+                "world_size": dist.get_world_size(),
+                "dtype": args.dtype,
+                "device": torch.cuda.get_device_name(device)
+                if device.type == "cuda"
+                else platform.processor() or platform.machine(),
+                "torch": torch.__version__,
+                "hostname": platform.node(),
+                "nodes": nodes,
+                "results": results,
+            }
             write_json_atomic(args.out, doc)
     finally:
         dist.destroy_process_group()

@@ -46,7 +46,9 @@ class GlobalBatch:
             torch_dtype, itemsize = _FILE_DTYPES[dtype]
             n_tokens = os.path.getsize(path) // itemsize
             if n_tokens <= seq_len + 1:
-                raise ValueError(f"train.data.path={path!r} holds {n_tokens} tokens; seq_len + 1 = {seq_len + 1} needed")
+                raise ValueError(
+                    f"train.data.path={path!r} holds {n_tokens} tokens; seq_len + 1 = {seq_len + 1} needed"
+                )
             # shared=False maps the file copy-on-write: nothing is read until a window is indexed.
             self.tokens = torch.from_file(path, shared=False, size=n_tokens, dtype=torch_dtype)
             if dtype == "uint16":
@@ -74,8 +76,9 @@ def micro_batch_rows(dp_rank: int, micro_step: int, mbs: int, grad_acc: int) -> 
     return (dp_rank * grad_acc + micro_step) * mbs
 
 
-def step_batches(data: GlobalBatch, step: int, dp_rank: int, mbs: int, grad_acc: int,
-                 pin: bool = False) -> list[torch.Tensor]:
+def step_batches(
+    data: GlobalBatch, step: int, dp_rank: int, mbs: int, grad_acc: int, pin: bool = False
+) -> list[torch.Tensor]:
     """This rank's grad_acc micro-batches of step `step`, each (mbs, seq_len + 1) tokens in host memory, built
     ahead of the step so that no data work is timed; `pin` pages them in for an asynchronous copy to a GPU."""
     rows = [data.rows(step, micro_batch_rows(dp_rank, micro, mbs, grad_acc), mbs) for micro in range(grad_acc)]

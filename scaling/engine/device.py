@@ -47,8 +47,11 @@ def profile_note(memory_gb: float, name: str, total_bytes: int) -> Optional[str]
     capacity = memory_gb * GIB
     if abs(capacity - total_bytes) <= PROFILE_TOLERANCE * total_bytes:
         return None
-    effect = ("the allocator is capped at the profile's value" if capacity < total_bytes else
-              "the profile is larger than the card: the card decides")
+    effect = (
+        "the allocator is capped at the profile's value"
+        if capacity < total_bytes
+        else "the profile is larger than the card: the card decides"
+    )
     return f"hardware.memory_gb={memory_gb:g} GiB but {name} reports {total_bytes / GIB:.2f} GiB: {effect}"
 
 

@@ -100,7 +100,9 @@ def resolve_peak_flops(hardware: Mapping, precision: str, threads: int, device: 
     """Peak FLOP/s of one device at the run's precision: configured, or measured on cpu and cached; with where
     the figure came from and, for a measured one, when it was taken and the spread of its repeats."""
     if precision not in PRECISION_DTYPES:
-        raise ValueError(f"train.precision={precision!r} is invalid: expected one of {sorted(map(str, PRECISION_DTYPES))}")
+        raise ValueError(
+            f"train.precision={precision!r} is invalid: expected one of {sorted(map(str, PRECISION_DTYPES))}"
+        )
     key = f"peak_tflops_{precision}"
     tflops = hardware.get(key)
     if tflops is not None:
@@ -177,10 +179,19 @@ def _cached_cpu_peak(precision: str, threads: int) -> PeakFlops:
             return PeakFlops(float(entry["flops_per_s"]), "cache", entry.get("measured_at"), entry.get("spread"))
         rates = measure_matmul_flops_per_s(PRECISION_DTYPES[precision], threads)
         best = max(rates)
-        measured = PeakFlops(best, "measured", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                             (best - statistics.median(rates)) / best)
-        entries[key] = {"flops_per_s": best, "spread": measured.spread, "repeats": len(rates),
-                        "matmul_size": MATMUL_SIZE, "measured_at": measured.measured_at}
+        measured = PeakFlops(
+            best,
+            "measured",
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            (best - statistics.median(rates)) / best,
+        )
+        entries[key] = {
+            "flops_per_s": best,
+            "spread": measured.spread,
+            "repeats": len(rates),
+            "matmul_size": MATMUL_SIZE,
+            "measured_at": measured.measured_at,
+        }
         write_json_atomic(path, entries)
     return measured
 

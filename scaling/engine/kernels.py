@@ -39,7 +39,7 @@ class AttentionWatch:
         self.kernel: Optional[str] = None
         self._prof = torch.autograd.profiler.profile(use_kineto=False)
 
-    def __enter__(self) -> "AttentionWatch":
+    def __enter__(self) -> AttentionWatch:
         self._prof.__enter__()
         return self
 

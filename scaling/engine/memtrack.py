@@ -30,7 +30,7 @@ class _CapacityCheck:
 
     capacity_bytes: Optional[int] = None
 
-    def _update_peak_stats(self, peak_state) -> None:  # noqa: ANN001 - torch's private enum
+    def _update_peak_stats(self, peak_state) -> None:
         super()._update_peak_stats(peak_state)  # type: ignore[misc]
         if self.capacity_bytes is None:
             return
@@ -49,8 +49,10 @@ def load_trackers() -> tuple[type, type]:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    return (type("CapacityMemTracker", (_CapacityCheck, MemTracker), {}),
-            type("CapacityFSDPMemTracker", (_CapacityCheck, FSDPMemTracker), {}))
+    return (
+        type("CapacityMemTracker", (_CapacityCheck, MemTracker), {}),
+        type("CapacityFSDPMemTracker", (_CapacityCheck, FSDPMemTracker), {}),
+    )
 
 
 class PeakMemory:
@@ -136,5 +138,9 @@ def cuda_memory(device: torch.device) -> dict[str, int]:
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of the optimizer states this rank holds (ZeroRedundancyOptimizer: its own partition)."""
     inner = getattr(optimizer, "optim", optimizer)
-    return sum(t.numel() * t.element_size() for state in inner.state.values() for t in state.values()
-               if isinstance(t, torch.Tensor))
+    return sum(
+        t.numel() * t.element_size()
+        for state in inner.state.values()
+        for t in state.values()
+        if isinstance(t, torch.Tensor)
+    )

@@ -39,7 +39,7 @@ class ModelArgs(ModelConfig):
         return self.hidden // self.n_heads
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ModelArgs":
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelArgs:
         """Build from a model config mapping (dict or DictConfig); keys that are not fields are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: d[k] for k in d if k in names})
@@ -172,7 +172,7 @@ class Transformer(nn.Module):
         if self.args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> "Transformer":
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Transformer:
         # Module._apply (to_empty, to, ...) replaces each module's parameters one by one, which
         # turns a shared parameter into two separate ones; tie them again afterwards.
         super()._apply(fn, *args, **kwargs)

@@ -115,7 +115,7 @@ def load_wrappers(zero_stage: int) -> None:
     (FSDP2 and DTensor cost a second of start-up), and the worker calls this before it takes its memory
     baseline, so that imports are not counted as building."""
     if zero_stage >= 2:
-        import torch.distributed.fsdp  # noqa: F401
+        import torch.distributed.fsdp
     elif zero_stage == 1:
         import torch.distributed.optim  # noqa: F401
 
@@ -124,15 +124,18 @@ def _shard(model: Transformer, zero_stage: int, bf16: bool) -> None:
     """fully_shard every block, then the root (embedding, final norm, output projection)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    )
     for block in model.layers:
         fully_shard(block, reshard_after_forward=zero_stage == 3, mp_policy=mp)
     # The root's parameters are needed again by backward right after forward: never resharded in between.
     fully_shard(model, reshard_after_forward=False, mp_policy=mp)
 
 
-def parallelize(args: ModelArgs, train: Mapping[str, Any], parallel: Mapping[str, Any], device: torch.device,
-                on_meta: bool = True) -> Parallelized:
+def parallelize(
+    args: ModelArgs, train: Mapping[str, Any], parallel: Mapping[str, Any], device: torch.device, on_meta: bool = True
+) -> Parallelized:
     """Build this rank's model for its ZeRO stage in the order of the module docstring, with its optimizer.
 
     `on_meta=False` builds the shapes on `device` itself: for fake tensors (the traced predictor), which
@@ -140,20 +143,27 @@ def parallelize(args: ModelArgs, train: Mapping[str, Any], parallel: Mapping[str
     """
     zero_stage, bf16 = parallel["zero_stage"], train["precision"] == Precision.BF16
     model = Transformer(args, device="meta" if on_meta else device)  # 1. shapes only
-    model.set_recompute(train["recompute"] == Recompute.FULL)     # 2. recompute
-    if train["compile"]:                                          # 3. compile
+    model.set_recompute(train["recompute"] == Recompute.FULL)  # 2. recompute
+    if train["compile"]:  # 3. compile
         for block in model.layers:
             block.compile()
-    if zero_stage >= 2:                                           # 4. shard
+    if zero_stage >= 2:  # 4. shard
         _shard(model, zero_stage, bf16)
-    if on_meta:                                                   # 5. materialise what this rank owns
+    if on_meta:  # 5. materialise what this rank owns
         model.to_empty(device=device)
     model.init_weights(train["seed"])
     lr, weight_decay = train["lr"], train["weight_decay"]
     if zero_stage >= 2:
-        return Parallelized(model, _adamw(model.parameters(), lr, weight_decay, device), zero_stage, None, device,
-                            parallel["fsdp_grad_reduce"], train["grad_clip"])
-    ddp = DDP(                                                    # 6. wrap
+        return Parallelized(
+            model,
+            _adamw(model.parameters(), lr, weight_decay, device),
+            zero_stage,
+            None,
+            device,
+            parallel["fsdp_grad_reduce"],
+            train["grad_clip"],
+        )
+    ddp = DDP(  # 6. wrap
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=parallel["bucket_mb"],
@@ -165,8 +175,12 @@ def parallelize(args: ModelArgs, train: Mapping[str, Any], parallel: Mapping[str
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         optimizer = ZeroRedundancyOptimizer(
-            ddp.parameters(), optimizer_class=torch.optim.AdamW, lr=lr, weight_decay=weight_decay,
+            ddp.parameters(),
+            optimizer_class=torch.optim.AdamW,
+            lr=lr,
+            weight_decay=weight_decay,
             fused=device.type == "cuda",
         )
-    return Parallelized(ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device,
-                        grad_clip=train["grad_clip"])
+    return Parallelized(
+        ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device, grad_clip=train["grad_clip"]
+    )

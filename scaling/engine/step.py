@@ -16,7 +16,9 @@ from scaling.engine.parallel import Parallelized
 
 
 def train_step(
-    wrapped: Parallelized, batches: Sequence[torch.Tensor], before_micro: Optional[Callable[[], None]] = None,
+    wrapped: Parallelized,
+    batches: Sequence[torch.Tensor],
+    before_micro: Optional[Callable[[], None]] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """One optimizer step over this rank's micro-batches (`data.step_batches`: one per micro-step), gradients
     clipped to train.grad_clip; returns the rank's mean loss and the gradient norm before clipping (0-d

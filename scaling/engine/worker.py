@@ -22,28 +22,28 @@ if __name__ == "__main__":  # a rank: first of all, before `import torch` (secon
     die_with_torchrun()
     gate("before_torch")
 
-import datetime as dt  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import socket  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any, Callable, Optional  # noqa: E402
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
-from scaling.engine import device as devices  # noqa: E402
-from scaling.engine import kernels, memtrack  # noqa: E402
-from scaling.engine.data import GlobalBatch, step_batches  # noqa: E402
-from scaling.engine.jobfiles import WORKER_OUTPUT, WorkerReport  # noqa: E402
-from scaling.engine.lifetime import gate  # noqa: E402
-from scaling.engine.model import ModelArgs  # noqa: E402
-from scaling.engine.parallel import load_wrappers, parallelize  # noqa: E402
-from scaling.engine.step import train_step  # noqa: E402
+from scaling.engine import device as devices
+from scaling.engine import kernels, memtrack
+from scaling.engine.data import GlobalBatch, step_batches
+from scaling.engine.jobfiles import WORKER_OUTPUT, WorkerReport
+from scaling.engine.lifetime import gate
+from scaling.engine.model import ModelArgs
+from scaling.engine.parallel import load_wrappers, parallelize
+from scaling.engine.step import train_step
 
 
 def warmup_steps(cfg: dict[str, Any], device_type: str) -> int:
@@ -101,8 +101,11 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
     cuda = dev.device.type == "cuda"
     if cuda:
         kernels.forbid_math_attention()
-    dist.init_process_group(hw["backend"], device_id=dev.device if cuda else None,
-                            timeout=dt.timedelta(seconds=cfg["runtime"]["pg_timeout_s"]))
+    dist.init_process_group(
+        hw["backend"],
+        device_id=dev.device if cuda else None,
+        timeout=dt.timedelta(seconds=cfg["runtime"]["pg_timeout_s"]),
+    )
     load_wrappers(par["zero_stage"])  # imported now, so that their memory is part of the baseline
     if not cuda:
         memtrack.load_trackers()
@@ -113,7 +116,7 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
     # Build: only what this rank owns is ever allocated (see scaling.engine.parallel).
     args = ModelArgs.from_dict(cfg["model"])
     wrapped = parallelize(args, train, par, dev.device)
-    build_peak_bytes = (torch.cuda.max_memory_allocated(dev.device) if cuda else resident.peak_growth_bytes())
+    build_peak_bytes = torch.cuda.max_memory_allocated(dev.device) if cuda else resident.peak_growth_bytes()
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev.device)  # from here on: the training steps' peak
     resident.reset_peak()
@@ -148,7 +151,9 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
     tracked_peak, breakdown = None, {}
     if not cuda:  # the last warm-up step: live tensor bytes under torch's tracker, against the capacity
         micro_batches = batches(len(losses))
-        with memtrack.tracked_step(wrapped.model, wrapped.optimizer, par["zero_stage"] >= 2, dev.capacity_bytes) as peak:
+        with memtrack.tracked_step(
+            wrapped.model, wrapped.optimizer, par["zero_stage"] >= 2, dev.capacity_bytes
+        ) as peak:
             warmup_times.append(one_step(micro_batches, peak.new_micro_step))
         tracked_peak, breakdown = peak.peak_bytes, peak.breakdown
     phases.end("warmup_s")
@@ -165,17 +170,29 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
     rows_built_in_window = data.rows_built - rows_before_window
 
     # Every rank joins the collectives below, in the same order (keyword arguments run left to right).
-    memory = _memory_per_rank(dev, {
-        "peak_mem_bytes": tracked_peak, "peak_mem_reserved_bytes": None, "num_ooms": 0, "num_alloc_retries": 0,
-        "device_used_bytes": None, "build_peak_mem_bytes": build_peak_bytes,
-        "peak_rss_growth_bytes": resident.peak_growth_bytes(),
-        "optimizer_state_bytes": memtrack.optimizer_state_bytes(wrapped.optimizer),
-    })
+    memory = _memory_per_rank(
+        dev,
+        {
+            "peak_mem_bytes": tracked_peak,
+            "peak_mem_reserved_bytes": None,
+            "num_ooms": 0,
+            "num_alloc_retries": 0,
+            "device_used_bytes": None,
+            "build_peak_mem_bytes": build_peak_bytes,
+            "peak_rss_growth_bytes": resident.peak_growth_bytes(),
+            "optimizer_state_bytes": memtrack.optimizer_state_bytes(wrapped.optimizer),
+        },
+    )
     report = WorkerReport(
-        warmup_steps_run=n_warmup, warmup_step_times_s=warmup_times, compile=bool(train["compile"]),
-        recompiles_after_warmup=recompiles, phases_s=phases.seconds, measured_window_s=window_s,
+        warmup_steps_run=n_warmup,
+        warmup_step_times_s=warmup_times,
+        compile=bool(train["compile"]),
+        recompiles_after_warmup=recompiles,
+        phases_s=phases.seconds,
+        measured_window_s=window_s,
         peak_mem_breakdown_rank0=breakdown or None,
-        losses=_mean_over_ranks(losses), step_times_s=[max(ts) for ts in zip(*_gather_floats(step_times, dev.device))],
+        losses=_mean_over_ranks(losses),
+        step_times_s=[max(ts) for ts in zip(*_gather_floats(step_times, dev.device))],
         final_param_norm=wrapped.param_norm(),
         peak_mem_source="cuda_max_memory_allocated" if cuda else "mem_tracker",
         peak_mem_bytes_per_rank=memory["peak_mem_bytes"],
@@ -184,7 +201,8 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
         build_peak_mem_bytes_per_rank=memory["build_peak_mem_bytes"],
         peak_rss_growth_bytes_per_rank=memory["peak_rss_growth_bytes"],
         optimizer_state_bytes_per_rank=memory["optimizer_state_bytes"],
-        num_ooms=sum(memory["num_ooms"] or [0]), num_alloc_retries=sum(memory["num_alloc_retries"] or [0]),
+        num_ooms=sum(memory["num_ooms"] or [0]),
+        num_alloc_retries=sum(memory["num_alloc_retries"] or [0]),
         env=_env(cfg, dev),
         rows_built_in_timed_window=rows_built_in_window,
         grad_norms=[float(n) for n in grad_norms] if grad_norms else None,
@@ -199,13 +217,20 @@ def _memory_per_rank(dev: devices.Device, memory: dict[str, Optional[int]]) -> d
     None for a figure this device kind does not have."""
     if dev.device.type == "cuda":
         cm = memtrack.cuda_memory(dev.device)
-        memory = {**memory, "peak_mem_bytes": cm["peak_allocated"], "peak_mem_reserved_bytes": cm["peak_reserved"],
-                  "num_ooms": cm["num_ooms"], "num_alloc_retries": cm["num_alloc_retries"],
-                  "device_used_bytes": cm["device_used"]}
+        memory = {
+            **memory,
+            "peak_mem_bytes": cm["peak_allocated"],
+            "peak_mem_reserved_bytes": cm["peak_reserved"],
+            "num_ooms": cm["num_ooms"],
+            "num_alloc_retries": cm["num_alloc_retries"],
+            "device_used_bytes": cm["device_used"],
+        }
     names = list(memory)
     gathered = _gather_floats([float("nan") if memory[k] is None else float(memory[k]) for k in names], dev.device)
-    return {k: None if any(row[i] != row[i] for row in gathered) else [int(row[i]) for row in gathered]
-            for i, k in enumerate(names)}  # NaN: a figure this device kind does not have
+    return {
+        k: None if any(row[i] != row[i] for row in gathered) else [int(row[i]) for row in gathered]
+        for i, k in enumerate(names)
+    }  # NaN: a figure this device kind does not have
 
 
 def _mean_over_ranks(losses: list[torch.Tensor]) -> list[float]:

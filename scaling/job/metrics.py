@@ -21,8 +21,13 @@ from scaling.engine.jobfiles import WorkerReport
 if TYPE_CHECKING:
     from scaling.engine.flops import PeakFlops
 
-PEAK_KEYS = ("peak_mem_bytes", "peak_mem_reserved_bytes", "device_used_bytes", "build_peak_mem_bytes",
-             "peak_rss_growth_bytes")
+PEAK_KEYS = (
+    "peak_mem_bytes",
+    "peak_mem_reserved_bytes",
+    "device_used_bytes",
+    "build_peak_mem_bytes",
+    "peak_rss_growth_bytes",
+)
 """Memory peaks a launch reports per rank (`<key>_per_rank`) and as their max (`<key>`)."""
 
 
@@ -42,6 +47,7 @@ def throughput_metrics(worker: WorkerReport, derived: Mapping[str, Any], peak: P
     from scaling.engine import (
         flops,  # torch: the driver has it; readers of tokens_per_s need not
     )
+
     step_times = list(worker.step_times_s)
     step_time_s = statistics.median(step_times)
     total, per_gpu = tokens_per_s(derived, step_time_s)

@@ -99,8 +99,14 @@ def run_point(cfg: dict[str, Any], provenance: Optional[Provenance] = None) -> d
     try:
         # Under SLURM the allocation decides how torchrun starts (one node, or one torchrun per node joined by
         # a c10d rendezvous); elsewhere it is `torchrun --standalone`. This node must hold its ranks.
-        argv = slurm.point_argv(point_dir / CONFIG_FILE, key, derived.world_size, c.hardware.devices_per_node,
-                                os.environ, c.launch.master_port)
+        argv = slurm.point_argv(
+            point_dir / CONFIG_FILE,
+            key,
+            derived.world_size,
+            c.hardware.devices_per_node,
+            os.environ,
+            c.launch.master_port,
+        )
         lease = devices.request(cfg, os.environ)
     except ValueError as e:
         return _finish(_ended(record, Status.FAILED, str(e), c), point_dir, t0, cfg)
@@ -113,13 +119,17 @@ def run_point(cfg: dict[str, Any], provenance: Optional[Provenance] = None) -> d
     return _finish(record, point_dir, t0, cfg) if lead else record.to_dict()
 
 
-def _new_record(cfg: dict[str, Any], key: str, existing: Optional[dict[str, Any]],
-                provenance: Optional[Provenance]) -> Record:
+def _new_record(
+    cfg: dict[str, Any], key: str, existing: Optional[dict[str, Any]], provenance: Optional[Provenance]
+) -> Record:
     """The record of a point about to be judged: its config and what made it, nothing measured yet."""
     return Record(
-        job_key=key, sweep=cfg["sweep"], config=experiment_config(cfg),
-        provenance=dataclasses.replace(provenance or Provenance(), slurm_job_id=inflight.slurm_job_id(os.environ),
-                                       attempt=next_attempt(existing)),
+        job_key=key,
+        sweep=cfg["sweep"],
+        config=experiment_config(cfg),
+        provenance=dataclasses.replace(
+            provenance or Provenance(), slurm_job_id=inflight.slurm_job_id(os.environ), attempt=next_attempt(existing)
+        ),
         timing=Timing(started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")),
     )
 
@@ -130,8 +140,16 @@ def _ended(record: Record, status: str, error: str, c: ExperimentConfig) -> Reco
     return record
 
 
-def _launch_repeats(c: ExperimentConfig, cfg: dict[str, Any], record: Record, launches: list[Launch],
-                    point_dir: Path, argv: list[str], lease: Any, lead: bool) -> None:
+def _launch_repeats(
+    c: ExperimentConfig,
+    cfg: dict[str, Any],
+    record: Record,
+    launches: list[Launch],
+    point_dir: Path,
+    argv: list[str],
+    lease: Any,
+    lead: bool,
+) -> None:
     """Launch the point until it has launch.repeats ok launches (`launches` holds the ones a resumed point
     kept) or one launch is not ok; the record's metrics are those of all its ok launches.
 
@@ -147,8 +165,9 @@ def _launch_repeats(c: ExperimentConfig, cfg: dict[str, Any], record: Record, la
             shutil.rmtree(point_dir / ELASTIC_LOGS, ignore_errors=True)  # an earlier launch's errors are not this one's
         with devices.hold(lease, c.launch.devices) as held:
             # The CPU peak that MFU divides by is measured here, while this point holds the host.
-            peak = flops.resolve_peak_flops(cfg["hardware"], c.train.precision, c.hardware.threads_per_device,
-                                            c.hardware.device)
+            peak = flops.resolve_peak_flops(
+                cfg["hardware"], c.train.precision, c.hardware.threads_per_device, c.hardware.device
+            )
             launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
             env = torchrun.job_env(c.hardware.threads_per_device, held.visible, c.hardware.device == "cuda")
             outcome = torchrun.launch_torchrun(argv, point_dir, c.launch.timeout_s, env, log_name)
@@ -161,20 +180,31 @@ def _launch_repeats(c: ExperimentConfig, cfg: dict[str, Any], record: Record, la
         launches.append(this)
         record.status, record.error, record.repeats = this.status, this.error, launches
         record.env = {**env_block, "devices": held.visible}
-        record.metrics = repeats_metrics([r.metrics for r in launches], record.derived) if this.status == Status.OK else None
+        record.metrics = (
+            repeats_metrics([r.metrics for r in launches], record.derived) if this.status == Status.OK else None
+        )
         record.timing = record.timing.with_launches(launches[kept:])
         if this.status != Status.OK:
             return
         record.write(point_dir / RESULT_FILE)
 
 
-def _launch_entry(c: ExperimentConfig, derived: dict[str, Any], outcome: torchrun.Outcome, point_dir: Path,
-                  launched_at: str, device_wait_s: float, peak: flops.PeakFlops) -> tuple[Launch, dict[str, Any]]:
+def _launch_entry(
+    c: ExperimentConfig,
+    derived: dict[str, Any],
+    outcome: torchrun.Outcome,
+    point_dir: Path,
+    launched_at: str,
+    device_wait_s: float,
+    peak: flops.PeakFlops,
+) -> tuple[Launch, dict[str, Any]]:
     """One launch as the record's `repeats` keeps it, and the `env` it ran in (what the ranks reported, or the
     host's when rank 0 wrote nothing)."""
-    this = Launch(status=outcome.status, error=outcome.error,
-                  timing=LaunchTiming(launched_at=launched_at, device_wait_s=device_wait_s,
-                                      torchrun_wall_s=outcome.wall_s))
+    this = Launch(
+        status=outcome.status,
+        error=outcome.error,
+        timing=LaunchTiming(launched_at=launched_at, device_wait_s=device_wait_s, torchrun_wall_s=outcome.wall_s),
+    )
     report = WorkerReport.read(point_dir / WORKER_OUTPUT)
     if outcome.status == Status.OK and report is not None:
         this.metrics = throughput_metrics(report, derived, peak)
@@ -227,13 +257,17 @@ def _finish(record: Record, point_dir: Path, t0: float, cfg: dict[str, Any]) -> 
 def _summary_line(record: Record) -> str:
     """`[scaling] key status tokens/s/GPU mfu peak (point) error` for the job's log."""
     c, m = record.config, record.metrics or {}
-    point = (f"model={c['model']['name']} seq={c['train']['seq_len']} mbs={c['train']['mbs']} "
-             f"ga={(record.derived or {}).get('grad_acc', c['train']['grad_acc'])} "
-             f"dp={c['parallel']['dp']} zero={c['parallel']['zero_stage']}")
+    point = (
+        f"model={c['model']['name']} seq={c['train']['seq_len']} mbs={c['train']['mbs']} "
+        f"ga={(record.derived or {}).get('grad_acc', c['train']['grad_acc'])} "
+        f"dp={c['parallel']['dp']} zero={c['parallel']['zero_stage']}"
+    )
     figures = ""
     if m:
-        figures = (f" tokens/s/GPU={m['tokens_per_s_per_gpu']:.1f} mfu={100 * m['mfu']:.2f}%"
-                   f" peak={format_bytes(m['peak_mem_bytes'])}")
+        figures = (
+            f" tokens/s/GPU={m['tokens_per_s_per_gpu']:.1f} mfu={100 * m['mfu']:.2f}%"
+            f" peak={format_bytes(m['peak_mem_bytes'])}"
+        )
     error = f" error: {record.error}" if record.error else ""
     return f"[scaling] {record.job_key} {record.status}{figures} ({point}){error}"
 
@@ -253,5 +287,3 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     hydra_cfg = HydraConfig.get()
     cfg.sweep_dir = output_dir(cfg.sweep_dir, hydra_cfg)
     return run_point(OmegaConf.to_container(cfg, resolve=True), hydra_provenance(hydra_cfg))
-
-

@@ -31,8 +31,14 @@ def history_of(record: Mapping[str, Any]) -> list[dict[str, float]]:
     rows = []
     for step, step_time in enumerate(m.get("step_times_s") or []):
         total, per_gpu = tokens_per_s(d, step_time)
-        rows.append({STEP: step, "step/step_time_s": step_time, "step/tokens_per_s": total,
-                     "step/tokens_per_s_per_gpu": per_gpu})
+        rows.append(
+            {
+                STEP: step,
+                "step/step_time_s": step_time,
+                "step/tokens_per_s": total,
+                "step/tokens_per_s_per_gpu": per_gpu,
+            }
+        )
     return rows
 
 
@@ -67,7 +73,10 @@ def log_point(record: Mapping[str, Any], logger: Mapping[str, Any], default_dir:
             return str(run.dir)
         finally:
             run.finish()
-    except Exception:  # noqa: BLE001 - the dashboard must never fail the point
-        print(f"[scaling] W&B logging failed for {record['job_key']} (the record is kept):\n"
-              f"{traceback.format_exc(limit=2)}", file=sys.stderr)
+    except Exception:
+        print(
+            f"[scaling] W&B logging failed for {record['job_key']} (the record is kept):\n"
+            f"{traceback.format_exc(limit=2)}",
+            file=sys.stderr,
+        )
         return None

@@ -37,24 +37,33 @@ def world_sizes(dp: int, devices_per_node: Optional[int]) -> list[int]:
     return [n for n in below if devices_per_node is None or n <= devices_per_node or n % devices_per_node == 0] + [top]
 
 
-def _launch_one(cfg: Mapping[str, Any], n: int, launch_dir: Path, argv: list[str], env: Mapping[str, str]) -> dict[str, Any]:
+def _launch_one(
+    cfg: Mapping[str, Any], n: int, launch_dir: Path, argv: list[str], env: Mapping[str, str]
+) -> dict[str, Any]:
     """One benchmark launch of n ranks in its job directory, holding its devices as a point does; the worker's JSON."""
 
     hw, out = cfg["hardware"], launch_dir / BENCH_OUTPUT
     point = {**cfg, "parallel": {**cfg["parallel"], "dp": n}}
     with devices.hold(devices.request(point, env), cfg["launch"]["devices"]) as held:
-        outcome = torchrun.launch_torchrun(argv, launch_dir, cfg["launch"]["timeout_s"],
-                                         torchrun.job_env(hw["threads_per_device"], held.visible, hw["device"] == "cuda"))
+        outcome = torchrun.launch_torchrun(
+            argv,
+            launch_dir,
+            cfg["launch"]["timeout_s"],
+            torchrun.job_env(hw["threads_per_device"], held.visible, hw["device"] == "cuda"),
+        )
         torchrun.end_point_processes(out)  # every rank names its output file on its command line
     doc = read_json(out)
     if outcome.status != Status.OK or doc is None:
-        raise RuntimeError(f"the benchmark on {n} ranks ended {outcome.status}: {outcome.error or 'no ' + BENCH_OUTPUT}"
-                           f" (log: {launch_dir / TORCHRUN_LOG})")
+        raise RuntimeError(
+            f"the benchmark on {n} ranks ended {outcome.status}: {outcome.error or 'no ' + BENCH_OUTPUT}"
+            f" (log: {launch_dir / TORCHRUN_LOG})"
+        )
     return doc
 
 
-def measure(cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int], iters: int,
-            env: Mapping[str, str]) -> Profile:
+def measure(
+    cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int], iters: int, env: Mapping[str, str]
+) -> Profile:
     """Benchmark the collectives at every world size up to parallel.dp and fit each tier.
 
     Every launch's command line is made first (scaling.launch.slurm's placement: torchrun here, or one per node
@@ -64,21 +73,36 @@ def measure(cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int],
     hw = cfg["hardware"]
     dpn = hw["devices_per_node"]
     if int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
-        raise ValueError("scaling collectives runs as one process that starts every launch: run it with salloc or "
-                         "in a batch script, not as one of several srun tasks")
+        raise ValueError(
+            "scaling collectives runs as one process that starts every launch: run it with salloc or "
+            "in a batch script, not as one of several srun tasks"
+        )
     plan = world_sizes(int(cfg["parallel"]["dp"]), dpn)
     if "SLURM_JOB_ID" not in env and plan[-1] > (dpn or plan[-1]):
         nodes = nodes_needed(plan[-1], dpn)
-        raise ValueError(f"parallel.dp={plan[-1]} with hardware.devices_per_node={dpn} spans {nodes} nodes: run "
-                         f"scaling collectives inside a SLURM allocation of them (salloc --nodes={nodes} scaling "
-                         f"collectives ...) or lower parallel.dp to {dpn}")
+        raise ValueError(
+            f"parallel.dp={plan[-1]} with hardware.devices_per_node={dpn} spans {nodes} nodes: run "
+            f"scaling collectives inside a SLURM allocation of them (salloc --nodes={nodes} scaling "
+            f"collectives ...) or lower parallel.dp to {dpn}"
+        )
     args = ["--sizes", ",".join(map(str, sizes_bytes)), "--iters", str(iters), "--backend", hw["backend"]]
     launches = {}
     for n in plan:
         launch_dir = sweep_dir / BENCH_DIR / f"n{n}"
         module_args = [*args, "--out", str(launch_dir / BENCH_OUTPUT)]
-        launches[n] = (launch_dir, slurm.torchrun_here(BENCH_MODULE, module_args, n, dpn, env, f"collectives-n{n}",
-                                               cfg["launch"]["master_port"], launch_dir / ELASTIC_LOGS))
+        launches[n] = (
+            launch_dir,
+            slurm.torchrun_here(
+                BENCH_MODULE,
+                module_args,
+                n,
+                dpn,
+                env,
+                f"collectives-n{n}",
+                cfg["launch"]["master_port"],
+                launch_dir / ELASTIC_LOGS,
+            ),
+        )
     runs = []
     for n, (launch_dir, argv) in launches.items():
         for stale in (BENCH_OUTPUT, TORCHRUN_LOG):

@@ -107,7 +107,9 @@ def lease(wanted: int, slots: Sequence[str], *, kind: str = "cuda", poll_s: floa
     queue = _open_lock(root / f"{kind}.queue.lock", blocking=True)
     try:
         while True:
-            taken = {i: fd for i, s in enumerate(slots) if (fd := _open_lock(_slot_file(root, kind, s), False)) is not None}
+            taken = {
+                i: fd for i, s in enumerate(slots) if (fd := _open_lock(_slot_file(root, kind, s), False)) is not None
+            }
             chosen = pick(set(taken), wanted) or []
             for i in set(taken) - set(chosen):
                 os.close(taken[i])
@@ -138,14 +140,22 @@ def request(cfg: Mapping[str, Any], environ: Mapping[str, str]) -> Optional[Requ
     if cfg["launch"]["devices"] is not None or per_node is None or dp > per_node:
         return None
     inherited = environ.get("CUDA_VISIBLE_DEVICES")
-    slots = tuple(s.strip() for s in inherited.split(",") if s.strip()) if inherited is not None else tuple(
-        str(i) for i in range(per_node))
+    slots = (
+        tuple(s.strip() for s in inherited.split(",") if s.strip())
+        if inherited is not None
+        else tuple(str(i) for i in range(per_node))
+    )
     slots = slots[:per_node]
     if dp > len(slots):
-        where = (f"CUDA_VISIBLE_DEVICES={inherited!r} lists {len(slots)}" if inherited is not None
-                 else f"hardware.devices_per_node={per_node}")
-        raise ValueError(f"parallel.dp={dp} needs {dp} GPUs on this node but {where}: widen CUDA_VISIBLE_DEVICES "
-                         f"(under SLURM: ask for more GPUs) or lower dp to {len(slots)}")
+        where = (
+            f"CUDA_VISIBLE_DEVICES={inherited!r} lists {len(slots)}"
+            if inherited is not None
+            else f"hardware.devices_per_node={per_node}"
+        )
+        raise ValueError(
+            f"parallel.dp={dp} needs {dp} GPUs on this node but {where}: widen CUDA_VISIBLE_DEVICES "
+            f"(under SLURM: ask for more GPUs) or lower dp to {len(slots)}"
+        )
     return Request("cuda", dp, slots)
 
 

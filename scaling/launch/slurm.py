@@ -89,7 +89,10 @@ def srun_argv(p: Placement, hosts: Sequence[str]) -> list[str]:
     if len(hosts) < p.nodes:
         raise ValueError(f"a {p.nodes}-node point cannot run on hosts {list(hosts)}")
     return [
-        "srun", f"--nodes={p.nodes}", f"--ntasks={p.nodes}", "--ntasks-per-node=1",
+        "srun",
+        f"--nodes={p.nodes}",
+        f"--ntasks={p.nodes}",
+        "--ntasks-per-node=1",
         f"--nodelist={','.join(hosts[: p.nodes])}",
         # The caller may itself run inside a step that holds these CPUs (srun python -m scaling run).
         "--overlap",
@@ -126,8 +129,14 @@ def _expand_ranges(spec: str, nodelist: str) -> list[str]:
 def hostnames(nodelist: str, env: Optional[Mapping[str, str]] = None) -> list[str]:
     """Host names of a node list, as `scontrol show hostnames` gives them (the pure parser if it cannot run)."""
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], env=env and dict(env),
-                             capture_output=True, text=True, timeout=30, check=True).stdout.split()
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            env=env and dict(env),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.split()
     except (OSError, subprocess.SubprocessError):
         out = []
     return out or expand_hostlist(nodelist)
@@ -136,8 +145,14 @@ def hostnames(nodelist: str, env: Optional[Mapping[str, str]] = None) -> list[st
 def node_address(node: str, env: Optional[Mapping[str, str]] = None) -> str:
     """The address SLURM reaches `node` at (its NodeAddr); the name itself if scontrol cannot tell."""
     try:
-        out = subprocess.run(["scontrol", "show", "node", node, "--oneliner"], env=env and dict(env),
-                             capture_output=True, text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "node", node, "--oneliner"],
+            env=env and dict(env),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return node
     m = re.search(r"\bNodeAddr=(\S+)", out)
@@ -149,9 +164,16 @@ def is_lead_task(env: Mapping[str, str]) -> bool:
     return env.get("SLURM_PROCID", "0") == "0"
 
 
-def torchrun_here(module: str, module_args: Sequence[str], dp: int, devices_per_node: Optional[int],
-                  env: Mapping[str, str], rdzv_name: str, port: Optional[int] = None,
-                  log_dir: Optional[Path] = None) -> list[str]:
+def torchrun_here(
+    module: str,
+    module_args: Sequence[str],
+    dp: int,
+    devices_per_node: Optional[int],
+    env: Mapping[str, str],
+    rdzv_name: str,
+    port: Optional[int] = None,
+    log_dir: Optional[Path] = None,
+) -> list[str]:
     """The command that runs `python -m module` as dp ranks from this process: torchrun on one node, or one
     torchrun per node (through srun, or this task's own) joined by a c10d rendezvous named after the SLURM
     job and `rdzv_name`."""
@@ -162,16 +184,29 @@ def torchrun_here(module: str, module_args: Sequence[str], dp: int, devices_per_
     nodelist = env["SLURM_JOB_NODELIST"] if p.via_srun else env["SLURM_STEP_NODELIST"]
     hosts = hostnames(nodelist, env)
     endpoint = f"{node_address(hosts[0], env)}:{port or rendezvous_port(job_id, rdzv_name)}"
-    run = torchrun_argv(module, module_args, p.nproc_per_node, nnodes=p.nodes,
-                        rendezvous=(endpoint, f"scaling-{job_id}-{rdzv_name}"), log_dir=log_dir)
+    run = torchrun_argv(
+        module,
+        module_args,
+        p.nproc_per_node,
+        nnodes=p.nodes,
+        rendezvous=(endpoint, f"scaling-{job_id}-{rdzv_name}"),
+        log_dir=log_dir,
+    )
     return [*srun_argv(p, hosts), *run] if p.via_srun else run
 
 
-def point_argv(config_path: Path, job_key: str, dp: int, devices_per_node: Optional[int], env: Mapping[str, str],
-               port: Optional[int] = None) -> list[str]:
+def point_argv(
+    config_path: Path,
+    job_key: str,
+    dp: int,
+    devices_per_node: Optional[int],
+    env: Mapping[str, str],
+    port: Optional[int] = None,
+) -> list[str]:
     """The command that runs a point's ranks from this process, its rendezvous named after the point."""
-    return torchrun_here(WORKER, [str(config_path)], dp, devices_per_node, env, job_key, port,
-                         log_dir=config_path.parent / ELASTIC_LOGS)
+    return torchrun_here(
+        WORKER, [str(config_path)], dp, devices_per_node, env, job_key, port, log_dir=config_path.parent / ELASTIC_LOGS
+    )
 
 
 def slurm_timeout_min(timeout_s: float) -> int:

@@ -29,10 +29,19 @@ from scaling.engine.lifetime import die_with_parent
 
 KILL_GRACE_S = 5.0
 _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory")
-_ECHO_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing",
-                 "NCCL communicator was aborted", "ProcessGroupNCCL is aborted")
-_COLLECTIVE_TIMEOUT_MARKERS = ("Timed out waiting", "Watchdog caught collective operation timeout",
-                               "timed out after", "Timeout waiting for")
+_ECHO_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "remote worker crashing",
+    "NCCL communicator was aborted",
+    "ProcessGroupNCCL is aborted",
+)
+_COLLECTIVE_TIMEOUT_MARKERS = (
+    "Timed out waiting",
+    "Watchdog caught collective operation timeout",
+    "timed out after",
+    "Timeout waiting for",
+)
 """A rank gave up waiting in a collective (the process-group timeout): a peer hung."""
 
 
@@ -50,8 +59,15 @@ TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
 WORKER = "scaling.engine.worker"
 
 
-def torchrun_argv(module: str, module_args: Sequence[str], nproc_per_node: int, *, nnodes: int = 1,
-                  rendezvous: Optional[tuple[str, str]] = None, log_dir: Optional[Path] = None) -> list[str]:
+def torchrun_argv(
+    module: str,
+    module_args: Sequence[str],
+    nproc_per_node: int,
+    *,
+    nnodes: int = 1,
+    rendezvous: Optional[tuple[str, str]] = None,
+    log_dir: Optional[Path] = None,
+) -> list[str]:
     """torchrun running `python -m module module_args...` on this node: `--standalone` on one node, or
     joining the c10d `rendezvous` (endpoint, id) of a point that spans `nnodes` nodes.
 
@@ -64,8 +80,14 @@ def torchrun_argv(module: str, module_args: Sequence[str], nproc_per_node: int, 
         raise ValueError(f"a {nnodes}-node torchrun needs a rendezvous endpoint and id")
     else:
         endpoint, rdzv_id = rendezvous
-        argv = [*TORCHRUN, f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}"]
+        argv = [
+            *TORCHRUN,
+            f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={rdzv_id}",
+        ]
     if log_dir is not None:
         argv += ["--log-dir", str(log_dir)]
     return [*argv, "-m", module, *module_args]
@@ -127,7 +149,9 @@ def _last_line(text: str) -> Optional[str]:
     return lines[-1][:500] if lines else None
 
 
-def classify(returncode: Optional[int], timed_out: bool, errors: Sequence[str], log_tail: str, timeout_s: float) -> tuple[str, Optional[str]]:
+def classify(
+    returncode: Optional[int], timed_out: bool, errors: Sequence[str], log_tail: str, timeout_s: float
+) -> tuple[str, Optional[str]]:
     """Status and one-line error of a finished job (pure).
 
     An out-of-memory error in any rank wins over everything, also over a timeout: the ranks still
@@ -143,7 +167,10 @@ def classify(returncode: Optional[int], timed_out: bool, errors: Sequence[str], 
         return Status.OK, None
     for message in errors:
         if any(marker in message for marker in _COLLECTIVE_TIMEOUT_MARKERS):
-            return Status.TIMEOUT, f"a rank waited past the process-group timeout in a collective: {_last_line(message)}"
+            return (
+                Status.TIMEOUT,
+                f"a rank waited past the process-group timeout in a collective: {_last_line(message)}",
+            )
     if errors:
         return Status.FAILED, _last_line(errors[0])
     if any(marker in log_tail for marker in _OOM_MARKERS):
@@ -177,15 +204,21 @@ def end_point_processes(config_path: Path, grace_s: float = KILL_GRACE_S) -> Non
     psutil.wait_procs(alive, timeout=grace_s)
 
 
-def launch_torchrun(argv: Sequence[str], job_dir: Path, timeout_s: float, env: Mapping[str, str],
-                    log_name: str = TORCHRUN_LOG) -> Outcome:
+def launch_torchrun(
+    argv: Sequence[str], job_dir: Path, timeout_s: float, env: Mapping[str, str], log_name: str = TORCHRUN_LOG
+) -> Outcome:
     """Run one point's torchrun, wait at most `timeout_s`, leave no process behind, and classify the result."""
     log_path = job_dir / log_name
     start = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=dict(env),
-            start_new_session=True, preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            start_new_session=True,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
         try:
             proc.wait(timeout=timeout_s)

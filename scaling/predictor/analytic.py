@@ -82,7 +82,9 @@ def model_state_bytes(n_params: int, zero_stage: int, dp: int, per_param: StateB
     """The Playbook's per-rank model state: ZeRO-1 2Ψ + 2Ψ + kΨ/dp, ZeRO-2 2Ψ + (2Ψ + kΨ)/dp,
     ZeRO-3 (4Ψ + kΨ)/dp (mixed precision; PLAYBOOK_FP32 gives the fp32 version)."""
     if zero_stage not in tuple(ZeroStage):
-        raise ValueError(f"parallel.zero_stage={zero_stage!r} is not valid: choose one of {', '.join(map(str, ZeroStage))}")
+        raise ValueError(
+            f"parallel.zero_stage={zero_stage!r} is not valid: choose one of {', '.join(map(str, ZeroStage))}"
+        )
     if dp < 1:
         raise ValueError(f"parallel.dp={dp!r} must be a positive integer")
     psi = float(n_params)
@@ -172,8 +174,13 @@ def _shard(rows: int, cols: int, dp: int) -> int:
 
 def _sharded_params(s: _Shapes, dp: int) -> tuple[int, int]:
     """Elements per rank of one block's shards and of the root's shards."""
-    block = (2 * _shard(s.h, s.h, dp) + 2 * _shard(s.kvd, s.h, dp) + 2 * _shard(s.f, s.h, dp)
-             + _shard(s.h, s.f, dp) + 2 * _shard(s.h, 1, dp))
+    block = (
+        2 * _shard(s.h, s.h, dp)
+        + 2 * _shard(s.kvd, s.h, dp)
+        + 2 * _shard(s.f, s.h, dp)
+        + _shard(s.h, s.f, dp)
+        + 2 * _shard(s.h, 1, dp)
+    )
     root = _shard(s.V, s.h, dp) * (1 if s.tied else 2) + _shard(s.h, 1, dp)
     return block, root
 
@@ -233,8 +240,9 @@ class _Phase:
     """Saved activations already released when the phase happens."""
 
 
-def _phases(s: _Shapes, dp: int, zero_stage: int, bf16: bool, full: bool, grad_acc: int, accumulating: bool,
-            head: float) -> dict[str, _Phase]:
+def _phases(
+    s: _Shapes, dp: int, zero_stage: int, bf16: bool, full: bool, grad_acc: int, accumulating: bool, head: float
+) -> dict[str, _Phase]:
     """The candidate peaks of forward and backward, each relative to the memory at the end of forward."""
     fsdp = zero_stage >= 2
     t, h, V, cu = s.t, s.h, s.V, (BF16 if bf16 else FP32)
@@ -268,15 +276,20 @@ def _phases(s: _Shapes, dp: int, zero_stage: int, bf16: bool, full: bool, grad_a
     phases["block_backward"] = _Phase(logits, temps=scratch, comm=regathered, grads=root_grads, freed=head)
     # End of a block's backward: its activations are freed, its gradients sit in the fp32
     # reduce-scatter buffer.
-    phases["reduce_scatter"] = _Phase(logits, temps=FP32 * s.block_params, comm=regathered, grads=root_grads,
-                                      freed=head + top_saved)
+    phases["reduce_scatter"] = _Phase(
+        logits, temps=FP32 * s.block_params, comm=regathered, grads=root_grads, freed=head + top_saved
+    )
     if zero_stage == 3 and s.L > 1:
         # The next block down: the one above is reduced (its gradient shard out, its
         # reduce-scatter buffer not yet released) while the one below is prefetched (none below block 0).
         block_sh, _ = _sharded_params(s, dp)
         phases["next_block_backward"] = _Phase(
-            logits, temps=scratch, grads=root_grads + (0 if grad_acc > 1 else FP32 * block_sh),
-            comm=(2 if s.L > 2 else 1) * block_unsharded + FP32 * s.block_params, freed=head + top_saved)
+            logits,
+            temps=scratch,
+            grads=root_grads + (0 if grad_acc > 1 else FP32 * block_sh),
+            comm=(2 if s.L > 2 else 1) * block_unsharded + FP32 * s.block_params,
+            freed=head + top_saved,
+        )
     return phases
 
 
@@ -299,8 +312,18 @@ def analytic_peak(
         raise ValueError(f"train.precision={precision!r} is not valid: choose {' or '.join(Precision)}")
     if recompute not in tuple(Recompute):
         raise ValueError(f"train.recompute={recompute!r} is not valid: choose {' or '.join(Recompute)}")
-    s = _Shapes(a.n_layers, a.hidden, a.n_kv_heads * a.head_dim, a.ffn_hidden, a.n_heads, a.head_dim,
-                a.vocab_size, a.tie_embeddings, seq_len, mbs)
+    s = _Shapes(
+        a.n_layers,
+        a.hidden,
+        a.n_kv_heads * a.head_dim,
+        a.ffn_hidden,
+        a.n_heads,
+        a.head_dim,
+        a.vocab_size,
+        a.tie_embeddings,
+        seq_len,
+        mbs,
+    )
     bf16, fsdp, full = precision == Precision.BF16, zero_stage >= 2, recompute == Recompute.FULL
     psi, t, h, V = param_count(a), s.t, s.h, s.V
     cu = BF16 if bf16 else FP32  # bytes of a weight's compute copy
@@ -333,19 +356,28 @@ def analytic_peak(
     activations = resid * t * h + s.L * block_saved + head
     overhead = 8 * mbs * (seq_len + 1) + FP32 * seq_len * s.hd + 64  # token ids, RoPE tables, scalars
 
-    name, ph = max(_phases(s, dp, zero_stage, bf16, full, grad_acc, accumulate_unsharded, head).items(),
-                   key=lambda kv: kv[1].logits + kv[1].temps + kv[1].comm + kv[1].grads - kv[1].freed)
+    name, ph = max(
+        _phases(s, dp, zero_stage, bf16, full, grad_acc, accumulate_unsharded, head).items(),
+        key=lambda kv: kv[1].logits + kv[1].temps + kv[1].comm + kv[1].grads - kv[1].freed,
+    )
     peak = MemoryBreakdown(
-        params_bytes=int(params + unsharded), grads_bytes=int(grads + ph.grads), optimizer_bytes=int(optimizer),
-        activations_bytes=int(activations - ph.freed), logits_bytes=int(ph.logits), comm_bytes=int(ph.comm),
-        temporaries_bytes=int(ph.temps), overhead_bytes=int(overhead), phase=name,
+        params_bytes=int(params + unsharded),
+        grads_bytes=int(grads + ph.grads),
+        optimizer_bytes=int(optimizer),
+        activations_bytes=int(activations - ph.freed),
+        logits_bytes=int(ph.logits),
+        comm_bytes=int(ph.comm),
+        temporaries_bytes=int(ph.temps),
+        overhead_bytes=int(overhead),
+        phase=name,
     )
     # The optimizer step: weights, gradients, states, and single-tensor AdamW's two scratch copies
     # of the largest parameter (CPU); the activations are gone.
     largest = FP32 * (_shard(V, h, dp) if fsdp else V * h)
     if params + step_grads + optimizer + 2 * largest + overhead > peak.total_bytes:
-        peak = MemoryBreakdown(int(params), int(step_grads), int(optimizer), 0, 0, 0, int(2 * largest),
-                               int(overhead), "optimizer")
+        peak = MemoryBreakdown(
+            int(params), int(step_grads), int(optimizer), 0, 0, 0, int(2 * largest), int(overhead), "optimizer"
+        )
     return peak
 
 
@@ -356,5 +388,14 @@ def predict_config(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> Me
 
         grad_acc = validate(cfg, host=False).grad_acc
     t, p = cfg["train"], cfg["parallel"]
-    return analytic_peak(cfg["model"], t["seq_len"], t["mbs"], p["dp"], p["zero_stage"], t["precision"],
-                         t["recompute"], grad_acc, p["fsdp_grad_reduce"])
+    return analytic_peak(
+        cfg["model"],
+        t["seq_len"],
+        t["mbs"],
+        p["dp"],
+        p["zero_stage"],
+        t["precision"],
+        t["recompute"],
+        grad_acc,
+        p["fsdp_grad_reduce"],
+    )

@@ -37,9 +37,17 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None, trace: boo
     capacity = capacity_bytes(cfg)
     margin = float(cfg["launch"]["prescreen_margin"])
     out: dict[str, Any] = {
-        "peak_mem_bytes": analytic.total_bytes, "method": ANALYTIC, "fits": None, "skip": False, "sampled": False,
-        "reason": None, "capacity_bytes": capacity, "reserve_bytes": int(cfg["hardware"]["reserve_gb"] * GIB),
-        "margin": margin, "analytic": analytic.as_dict(), "traced": None,
+        "peak_mem_bytes": analytic.total_bytes,
+        "method": ANALYTIC,
+        "fits": None,
+        "skip": False,
+        "sampled": False,
+        "reason": None,
+        "capacity_bytes": capacity,
+        "reserve_bytes": int(cfg["hardware"]["reserve_gb"] * GIB),
+        "margin": margin,
+        "analytic": analytic.as_dict(),
+        "traced": None,
     }
     if capacity is None:
         return out
@@ -57,15 +65,17 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None, trace: boo
             else:
                 traced = trace_peak(cfg)
             out.update(peak_mem_bytes=traced.peak_mem_bytes, method=traced.as_dict()["method"], traced=traced.as_dict())
-        except Exception as e:  # noqa: BLE001 - a failed trace leaves the analytic figure, never the point
+        except Exception as e:
             out["trace_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
     peak = out["peak_mem_bytes"]
     out["fits"] = peak <= capacity
     if cfg["launch"]["prescreen"] and peak > threshold:
         out["skip"] = True
-        out["reason"] = (f"predicted peak {peak} bytes per rank ({peak / GIB:.3f} GiB, {out['method']}) > "
-                         f"(1 + launch.prescreen_margin={margin:g}) x the capacity of {capacity} bytes "
-                         "(hardware.memory_gb - reserve_gb): not launched (launch.prescreen=false runs it anyway)")
+        out["reason"] = (
+            f"predicted peak {peak} bytes per rank ({peak / GIB:.3f} GiB, {out['method']}) > "
+            f"(1 + launch.prescreen_margin={margin:g}) x the capacity of {capacity} bytes "
+            "(hardware.memory_gb - reserve_gb): not launched (launch.prescreen=false runs it anyway)"
+        )
         out["sampled"] = sampled(job_key(cfg), float(cfg["launch"]["prescreen_sample"]))
     return out
 

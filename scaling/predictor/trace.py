@@ -109,10 +109,12 @@ def _completed_allreduce(dp: int):
     the built-in hook does to the bucket too, so the bytes are the same. (No annotations on the
     hook: DDP checks them at runtime and would see strings here.)
     """
-    def hook(state, bucket):  # noqa: ANN001, ANN202
+
+    def hook(state, bucket):
         fut = torch.futures.Future()
         fut.set_result(bucket.buffer().div_(dp))
         return fut
+
     return hook
 
 
@@ -155,8 +157,10 @@ def _fake_world(dp: int) -> Iterator[Any]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
-        raise TraceError("the traced predictor needs a process without a process group: "
-                         "use trace_peak_isolated() inside a distributed job")
+        raise TraceError(
+            "the traced predictor needs a process without a process group: "
+            "use trace_peak_isolated() inside a distributed job"
+        )
     default_mesh = fully_shard_mod._init_default_mesh
 
     def real_mesh(*args: Any, **kwargs: Any) -> Any:
@@ -206,8 +210,13 @@ def trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
 def trace_peak_isolated(cfg: Mapping[str, Any], timeout_s: float = 300.0) -> TracedPrediction:
     """`trace_peak` in a fresh interpreter (`python -m scaling.predictor.trace`): no process group or patch leaks here."""
     try:
-        proc = subprocess.run([sys.executable, "-m", "scaling.predictor.trace"], input=json.dumps(dict(cfg), default=str),
-                              capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            [sys.executable, "-m", "scaling.predictor.trace"],
+            input=json.dumps(dict(cfg), default=str),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except subprocess.TimeoutExpired:
         raise TraceError(f"the traced prediction took longer than {timeout_s:g}s") from None
     if proc.returncode != 0:

@@ -24,8 +24,22 @@ import psutil
 from scaling.engine.jobfiles import RUNNING_FILE, write_json_atomic
 
 QUEUED, RUNNING = "queued", "running"
-SLURM_ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
-                          "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})
+SLURM_ACTIVE = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "SUSPENDED",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "STOPPED",
+    }
+)
 """squeue states of a job that has not ended (it may still write a record)."""
 
 
@@ -42,10 +56,17 @@ def slurm_job_id(env: Mapping[str, str]) -> Optional[str]:
 
 def mark_running(point_dir: Path, env: Mapping[str, str]) -> None:
     """Say that this process runs the point of job directory `point_dir` from now on."""
-    write_json_atomic(point_dir / RUNNING_FILE, {
-        "state": RUNNING, "started_at": _now(), "host": socket.gethostname(), "pid": os.getpid(),
-        "pid_started_at": psutil.Process().create_time(), "slurm_job_id": slurm_job_id(env),
-    })
+    write_json_atomic(
+        point_dir / RUNNING_FILE,
+        {
+            "state": RUNNING,
+            "started_at": _now(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "pid_started_at": psutil.Process().create_time(),
+            "slurm_job_id": slurm_job_id(env),
+        },
+    )
 
 
 def mark_queued(point_dir: Path, job_id: str) -> None:
@@ -91,8 +112,12 @@ def slurm_states(job_ids: Iterable[str]) -> Optional[dict[str, str]]:
     if not arrays:
         return {}
     try:
-        out = subprocess.run(["squeue", "--noheader", "--array", "--jobs", ",".join(arrays), "--format=%i|%T"],
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["squeue", "--noheader", "--array", "--jobs", ",".join(arrays), "--format=%i|%T"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0:
@@ -104,13 +129,19 @@ def pid_alive(pid: int, started_at: Optional[float]) -> bool:
     """Whether process `pid` runs and is the one started at `started_at` (not a later one with its pid)."""
     try:
         proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and (started_at is None or abs(proc.create_time() - started_at) < 1)
+        return proc.status() != psutil.STATUS_ZOMBIE and (
+            started_at is None or abs(proc.create_time() - started_at) < 1
+        )
     except psutil.Error:
         return False
 
 
-def is_live(marker: Mapping[str, Any], states: Optional[Mapping[str, str]], host: str,
-            alive: Callable[[int, Optional[float]], bool] = pid_alive) -> Optional[bool]:
+def is_live(
+    marker: Mapping[str, Any],
+    states: Optional[Mapping[str, str]],
+    host: str,
+    alive: Callable[[int, Optional[float]], bool] = pid_alive,
+) -> Optional[bool]:
     """Whether the job behind a marker may still write the point's record; None when this host cannot
     tell (a process on another host, or no squeue to ask)."""
     job_id = marker.get("slurm_job_id")
@@ -126,7 +157,9 @@ def marker_states(markers: Mapping[str, Mapping[str, Any]]) -> Optional[dict[str
     return slurm_states(m["slurm_job_id"] for m in markers.values() if m.get("slurm_job_id"))
 
 
-def live_markers(markers: Mapping[str, Mapping[str, Any]], states: Optional[Mapping[str, str]]) -> dict[str, Optional[bool]]:
+def live_markers(
+    markers: Mapping[str, Mapping[str, Any]], states: Optional[Mapping[str, str]]
+) -> dict[str, Optional[bool]]:
     """`is_live` of each marker, by job key, given `marker_states(markers)`."""
     host = socket.gethostname()
     return {key: is_live(marker, states, host) for key, marker in markers.items()}

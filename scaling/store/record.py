@@ -71,8 +71,12 @@ class Launch:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Launch:
         """A launch as stored; what it lacks is None."""
-        return cls(status=data.get("status"), error=data.get("error"), metrics=data.get("metrics"),
-                   timing=LaunchTiming.from_dict(data.get("timing") or {}))
+        return cls(
+            status=data.get("status"),
+            error=data.get("error"),
+            metrics=data.get("metrics"),
+            timing=LaunchTiming.from_dict(data.get("timing") or {}),
+        )
 
 
 @dataclass(kw_only=True)
@@ -121,15 +125,19 @@ class Timing:
     def with_launches(self, launches: Sequence[Launch]) -> Timing:
         """This timing with the launches of one run of the driver: the first start, and the device wait,
         torchrun wall and launch overhead summed (each launch keeps its own in `repeats`)."""
+
         def total(values: Iterable[Optional[float]]) -> Optional[float]:
             present = [v for v in values if v is not None]
             return sum(present) if present else None
 
         times = [launch.timing for launch in launches]
-        return dataclasses.replace(self, launched_at=times[0].launched_at if times else None,
-                                   device_wait_s=total(t.device_wait_s for t in times),
-                                   torchrun_wall_s=total(t.torchrun_wall_s for t in times),
-                                   launch_overhead_s=total(t.launch_overhead_s for t in times))
+        return dataclasses.replace(
+            self,
+            launched_at=times[0].launched_at if times else None,
+            device_wait_s=total(t.device_wait_s for t in times),
+            torchrun_wall_s=total(t.torchrun_wall_s for t in times),
+            launch_overhead_s=total(t.launch_overhead_s for t in times),
+        )
 
 
 @dataclass(kw_only=True)
@@ -175,13 +183,21 @@ class Record:
         if "job_key" not in data:
             raise ValueError(f"a record needs a job_key; this one has only {sorted(data)}")
         repeats = data.get("repeats")
-        return cls(schema_version=data.get("schema_version"), job_key=data["job_key"], sweep=data.get("sweep"),
-                   status=data.get("status"), error=data.get("error"), config=data.get("config") or {},
-                   derived=data.get("derived"), metrics=data.get("metrics"),
-                   repeats=None if repeats is None else [Launch.from_dict(launch) for launch in repeats],
-                   predicted=data.get("predicted"), env=data.get("env"),
-                   provenance=Provenance.from_dict(data.get("provenance") or {}),
-                   timing=Timing.from_dict(data.get("timing") or {}))
+        return cls(
+            schema_version=data.get("schema_version"),
+            job_key=data["job_key"],
+            sweep=data.get("sweep"),
+            status=data.get("status"),
+            error=data.get("error"),
+            config=data.get("config") or {},
+            derived=data.get("derived"),
+            metrics=data.get("metrics"),
+            repeats=None if repeats is None else [Launch.from_dict(launch) for launch in repeats],
+            predicted=data.get("predicted"),
+            env=data.get("env"),
+            provenance=Provenance.from_dict(data.get("provenance") or {}),
+            timing=Timing.from_dict(data.get("timing") or {}),
+        )
 
     def write(self, path: str | os.PathLike) -> None:
         """Write the record atomically as JSON."""
@@ -249,8 +265,14 @@ def ok_launches(record: Optional[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(record.get("repeats"), list):
         return [dict(launch) for launch in record["repeats"] if launch.get("status") == Status.OK]
     if record.get("status") == Status.OK and record.get("metrics"):
-        return [{"status": Status.OK, "error": None, "metrics": record["metrics"],
-                 "timing": dict(record.get("timing") or {})}]
+        return [
+            {
+                "status": Status.OK,
+                "error": None,
+                "metrics": record["metrics"],
+                "timing": dict(record.get("timing") or {}),
+            }
+        ]
     return []
 
 

@@ -149,23 +149,46 @@ def read_offline_run(path: str | Path) -> dict[str, Any]:
     type, file names) of an offline run, read from its .wandb file."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    run: dict[str, Any] = {"id": None, "project": None, "group": None, "job_type": None, "name": None, "tags": [],
-                           "config": {}, "summary": {}, "history": [], "artifacts": []}
+    run: dict[str, Any] = {
+        "id": None,
+        "project": None,
+        "group": None,
+        "job_type": None,
+        "name": None,
+        "tags": [],
+        "config": {},
+        "summary": {},
+        "history": [],
+        "artifacts": [],
+    }
     for payload in _log_records(Path(path).read_bytes()):
         rec = pb.Record()
         rec.ParseFromString(payload)
         kind = rec.WhichOneof("record_type")
         if kind == "run":
-            run.update(id=rec.run.run_id, project=rec.run.project, group=rec.run.run_group, job_type=rec.run.job_type,
-                       name=rec.run.display_name, tags=list(rec.run.tags))
+            run.update(
+                id=rec.run.run_id,
+                project=rec.run.project,
+                group=rec.run.run_group,
+                job_type=rec.run.job_type,
+                name=rec.run.display_name,
+                tags=list(rec.run.tags),
+            )
             run["config"].update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
         elif kind == "config":
             run["config"].update({i.key: json.loads(i.value_json) for i in rec.config.update})
         elif kind == "summary":
-            run["summary"].update({i.key or ".".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
+            run["summary"].update(
+                {i.key or ".".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update}
+            )
         elif kind == "history":
             run["history"].append({i.key or ".".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item})
         elif kind == "artifact":
-            run["artifacts"].append({"name": rec.artifact.name, "type": rec.artifact.type,
-                                     "files": [c.path for c in rec.artifact.manifest.contents]})
+            run["artifacts"].append(
+                {
+                    "name": rec.artifact.name,
+                    "type": rec.artifact.type,
+                    "files": [c.path for c in rec.artifact.manifest.contents],
+                }
+            )
     return run

@@ -48,7 +48,10 @@ def sweep_file_grid(sweep_file: Path, overrides: Sequence[str] = ()) -> Iterator
     hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
     task = [o for o in overrides if o not in hydra_overrides]
     with initialize_config_dir(config_dir=str(sweep_file.resolve().parent), version_base="1.3"):
-        master = compose(sweep_file.stem, overrides=[f"hydra.searchpath=[file://{CONF_DIR}]", *hydra_overrides],
-                         return_hydra_config=True)
+        master = compose(
+            sweep_file.stem,
+            overrides=[f"hydra.searchpath=[file://{CONF_DIR}]", *hydra_overrides],
+            return_hydra_config=True,
+        )
         params = OmegaConf.to_container(master.hydra.sweeper.params) or {}
         yield expand(params, task), PointConfigs(GlobalHydra.instance().config_loader(), master)

@@ -109,8 +109,12 @@ class PointConfigs:
         """A plain `key=value` of a config key: Hydra applies it after composing the defaults list."""
         from hydra.core.override_parser.types import OverrideType
 
-        return (o.type == OverrideType.CHANGE and o.package is None and o.key_or_group not in self.groups
-                and not isinstance(o.value(), dict))
+        return (
+            o.type == OverrideType.CHANGE
+            and o.package is None
+            and o.key_or_group not in self.groups
+            and not isinstance(o.value(), dict)
+        )
 
     def _base(self, group_overrides: tuple[str, ...]) -> _Base:
         from omegaconf import OmegaConf, open_dict
@@ -120,8 +124,11 @@ class PointConfigs:
             hydra = cfg.hydra
             # Of the hydra node, only what says where the records go (scaling.store.record.output_dir): a copy per
             # point of the whole node would cost more than the point's own config.
-            kept = {"sweep": {"dir": OmegaConf.to_container(hydra.sweep, resolve=False)["dir"]}, "mode": hydra.mode,
-                    "runtime": {"cwd": hydra.runtime.cwd}}
+            kept = {
+                "sweep": {"dir": OmegaConf.to_container(hydra.sweep, resolve=False)["dir"]},
+                "mode": hydra.mode,
+                "runtime": {"cwd": hydra.runtime.cwd},
+            }
             groups = frozenset(hydra.runtime.choices)
             with open_dict(cfg):
                 cfg["hydra"] = kept
@@ -171,8 +178,11 @@ def predict_new(cfg: Mapping[str, Any], traced: bool = False) -> dict[str, Any]:
     except InvalidConfig as e:
         return {"status": Status.INVALID, "error": str(e), "predicted": None}
     predicted = prescreen(cfg, grad_acc, trace=traced)
-    return {"status": Status.PREDICTED_OOM if predicted_oom(predicted) else LAUNCH, "error": None,
-            "predicted": predicted}
+    return {
+        "status": Status.PREDICTED_OOM if predicted_oom(predicted) else LAUNCH,
+        "error": None,
+        "predicted": predicted,
+    }
 
 
 @dataclass
@@ -213,9 +223,11 @@ class Forecast:
     def lines(self, name: str, at_once: int) -> list[str]:
         """The grid's size and counts, then the wall-time estimate, as printed before a run."""
         new = sum(self.new.values())
-        parts = [f"{new} new ({self.new[LAUNCH]} to launch, {self.new[Status.PREDICTED_OOM]} predicted_oom, "
-                 f"{self.new[Status.INVALID]} invalid)", f"{sum(self.recorded.values())} recorded"
-                 + (f" ({status_list(self.recorded)})" if self.recorded else "")]
+        parts = [
+            f"{new} new ({self.new[LAUNCH]} to launch, {self.new[Status.PREDICTED_OOM]} predicted_oom, "
+            f"{self.new[Status.INVALID]} invalid)",
+            f"{sum(self.recorded.values())} recorded" + (f" ({status_list(self.recorded)})" if self.recorded else ""),
+        ]
         if self.in_flight:
             parts.append(f"{self.in_flight} in flight")
         head = f"sweep {name}: {self.points} points: " + ", ".join(parts)
@@ -225,12 +237,16 @@ class Forecast:
         if not self.new[LAUNCH]:
             wall = "wall time: nothing to launch"
         elif estimate is not None:
-            wall = (f"wall time: about {format_duration(estimate)} ({how}; median {statistics.median(self.launched_wall_s):.1f} s "
-                    f"per launched point over {len(self.launched_wall_s)} recorded)")
+            wall = (
+                f"wall time: about {format_duration(estimate)} ({how}; median {statistics.median(self.launched_wall_s):.1f} s "
+                f"per launched point over {len(self.launched_wall_s)} recorded)"
+            )
         else:
             bound = math.ceil(self.new[LAUNCH] / max(1, at_once)) * self.timeout_s
-            wall = (f"wall time: unknown, no launched point recorded yet; at most {format_duration(bound)} "
-                    f"({how}, launch.timeout_s={self.timeout_s:g})")
+            wall = (
+                f"wall time: unknown, no launched point recorded yet; at most {format_duration(bound)} "
+                f"({how}, launch.timeout_s={self.timeout_s:g})"
+            )
         return [head, wall]
 
 

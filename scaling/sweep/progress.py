@@ -65,7 +65,9 @@ def progress_line(k: int, total: Optional[int], record: dict[str, Any]) -> str:
     m = record.get("metrics") or {}
     tps = f"{m['tokens_per_s_per_gpu']:.1f}" if m.get("tokens_per_s_per_gpu") is not None else "-"
     peak = m.get("peak_mem_bytes") or (record.get("predicted") or {}).get("peak_mem_bytes")
-    return f"[{k}/{total if total is not None else '?'}] {record['job_key']} {record['status']} {tps} {format_bytes(peak)}"
+    return (
+        f"[{k}/{total if total is not None else '?'}] {record['job_key']} {record['status']} {tps} {format_bytes(peak)}"
+    )
 
 
 def status_counts(sweep_dir: str | Path) -> Counter:
@@ -118,8 +120,13 @@ class Progress:
         if self.index_path is None:
             return
         index = json.loads(self.index_path.read_text())
-        index["runs"][-1].update(points=len(job_keys), rerun=rerun, repeats=repeats, prescreen_sample=prescreen_sample,
-                                 job_keys=list(job_keys))
+        index["runs"][-1].update(
+            points=len(job_keys),
+            rerun=rerun,
+            repeats=repeats,
+            prescreen_sample=prescreen_sample,
+            job_keys=list(job_keys),
+        )
         write_json_atomic(self.index_path, index)
 
     def answered(self, counts: Counter) -> None:
@@ -134,7 +141,9 @@ class Progress:
         if holders:
             self.in_flight = len(holders)
             shown = ", ".join(holders[:5]) + (", ..." if len(holders) > 5 else "")
-            print(f"{self._k()} {len(holders)} points in flight in other jobs ({shown}): not launched again", flush=True)
+            print(
+                f"{self._k()} {len(holders)} points in flight in other jobs ({shown}): not launched again", flush=True
+            )
 
     def expect(self, num: int, point_dir: Path) -> None:
         """Job number `num` of this run is the point of job directory `point_dir`."""
@@ -193,29 +202,36 @@ class SweepProgress(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         total = count_grid(config)
         index_path = sweep_dir / SWEEP_INDEX
-        index = json.loads(index_path.read_text()) if index_path.exists() else {
-            "name": config.sweep,
-            "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "runs": [],
-        }
+        index = (
+            json.loads(index_path.read_text())
+            if index_path.exists()
+            else {
+                "name": config.sweep,
+                "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "runs": [],
+            }
+        )
         index["hardware"] = OmegaConf.to_container(config.hardware, resolve=True)
-        index["runs"].append({
-            "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "grid": {str(k): str(v) for k, v in (config.hydra.sweeper.get("params") or {}).items()},
-            "overrides": list(config.hydra.overrides.task),
-            "sweeper": config.hydra.sweeper._target_,
-            "launcher": config.hydra.launcher._target_,
-            "points": total,
-        })
+        index["runs"].append(
+            {
+                "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "grid": {str(k): str(v) for k, v in (config.hydra.sweeper.get("params") or {}).items()},
+                "overrides": list(config.hydra.overrides.task),
+                "sweeper": config.hydra.sweeper._target_,
+                "launcher": config.hydra.launcher._target_,
+                "points": total,
+            }
+        )
         write_json_atomic(index_path, index)
         self.progress = Progress(total, index_path)
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if self.progress is not None:  # a job of the multirun, run in the driver's own process
             self.progress.ended(config.hydra.job.num, job_return)
-        elif not self.multirun:  # a single run prints its own summary line
-            if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, dict):
-                self._write_outcome(Counter([job_return.return_value.get("status")]))
+        elif (  # a single run prints its own summary line
+            not self.multirun and job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, dict)
+        ):
+            self._write_outcome(Counter([job_return.return_value.get("status")]))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if dry_run(config):

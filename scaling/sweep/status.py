@@ -93,38 +93,61 @@ def _done(record: Mapping[str, Any], key: str, launch: Mapping[str, Any], run_st
     return answers(record, key, launch) or (run_started is not None and started is not None and started >= run_started)
 
 
-def summarize(sweep_dir: str, index: Optional[Mapping[str, Any]], records: Mapping[str, Mapping[str, Any]],
-              markers: Mapping[str, Mapping[str, Any]], live: Mapping[str, Optional[bool]],
-              states: Optional[Mapping[str, str]] = None) -> Status:
+def summarize(
+    sweep_dir: str,
+    index: Optional[Mapping[str, Any]],
+    records: Mapping[str, Mapping[str, Any]],
+    markers: Mapping[str, Mapping[str, Any]],
+    live: Mapping[str, Optional[bool]],
+    states: Optional[Mapping[str, str]] = None,
+) -> Status:
     """Count a sweep directory's points: done per status, in flight, to run, stale; the time per point and left."""
     runs = (index or {}).get("runs") or []
     last = runs[-1] if runs else {}
     keys = last.get("job_keys")
     run_started = _time(last.get("started_at"))
-    status = Status(sweep_dir, (index or {}).get("name"), len(runs), last.get("started_at"),
-                    len(keys) if keys is not None else None)
+    status = Status(
+        sweep_dir, (index or {}).get("name"), len(runs), last.get("started_at"), len(keys) if keys is not None else None
+    )
     grid = set(keys) if keys is not None else set(records)
     if keys is not None:
         status.not_in_grid = len(set(records) - grid)
     # The launch settings the run recorded (scaling.sweep.progress.Progress.record_grid); a run recorded before
     # prescreen_sample was kept ran none of its predicted_oom points as a sample.
-    launch = {"rerun": last.get("rerun", "none"), "repeats": last.get("repeats", 1),
-              "prescreen_sample": last.get("prescreen_sample", 0.0)}
+    launch = {
+        "rerun": last.get("rerun", "none"),
+        "repeats": last.get("repeats", 1),
+        "prescreen_sample": last.get("prescreen_sample", 0.0),
+    }
     done = {k for k in grid if k in records and _done(records[k], k, launch, run_started)}
     status.done = dict(Counter(records[k].get("status") for k in done))
-    for key, marker in sorted(markers.items(), key=lambda kv: kv[1].get("started_at") or kv[1].get("submitted_at") or ""):
+    for key, marker in sorted(
+        markers.items(), key=lambda kv: kv[1].get("started_at") or kv[1].get("submitted_at") or ""
+    ):
         if key in done:
             continue
         if live.get(key) is False:
-            holder = f"SLURM job {marker['slurm_job_id']} ended" if marker.get("slurm_job_id") else \
-                f"pid {marker.get('pid')} on {marker.get('host')} is gone"
+            holder = (
+                f"SLURM job {marker['slurm_job_id']} ended"
+                if marker.get("slurm_job_id")
+                else f"pid {marker.get('pid')} on {marker.get('host')} is gone"
+            )
             status.stale.append(f"{key}: {holder} without a record (a re-run runs it again)")
             continue
         job_id = marker.get("slurm_job_id")
-        queued = (states or {}).get(job_id, "PENDING" if marker.get("state") == inflight.QUEUED else "RUNNING") == "PENDING"
-        status.in_flight.append(InFlight(
-            key, inflight.QUEUED if queued else inflight.RUNNING, marker.get("started_at") or marker.get("submitted_at"),
-            job_id, None if job_id else f"pid {marker.get('pid')} on {marker.get('host')}", live.get(key) is not None))
+        queued = (states or {}).get(
+            job_id, "PENDING" if marker.get("state") == inflight.QUEUED else "RUNNING"
+        ) == "PENDING"
+        status.in_flight.append(
+            InFlight(
+                key,
+                inflight.QUEUED if queued else inflight.RUNNING,
+                marker.get("started_at") or marker.get("submitted_at"),
+                job_id,
+                None if job_id else f"pid {marker.get('pid')} on {marker.get('host')}",
+                live.get(key) is not None,
+            )
+        )
     held = {f.job_key for f in status.in_flight}
     if keys is not None:
         status.to_run = len([k for k in grid if k not in done and k not in held])
@@ -150,9 +173,15 @@ def render(s: Status, now: dt.datetime) -> list[str]:
         when = f"run {s.run}, started {_time(s.started_at).strftime('%Y-%m-%d %H:%M:%S %Z')} ({ago} ago)"
     else:
         when = "no sweep.json: records of single points"
-    grid = f", {s.grid_points} points in its grid" if s.grid_points is not None else ", no grid (a search or single points)"
-    lines = [f"sweep {s.name or '?'} ({s.sweep_dir}): {when}{grid}",
-             f"  done     {sum(s.done.values()):5d}  {status_list(s.done)}".rstrip()]
+    grid = (
+        f", {s.grid_points} points in its grid"
+        if s.grid_points is not None
+        else ", no grid (a search or single points)"
+    )
+    lines = [
+        f"sweep {s.name or '?'} ({s.sweep_dir}): {when}{grid}",
+        f"  done     {sum(s.done.values()):5d}  {status_list(s.done)}".rstrip(),
+    ]
     running = [f for f in s.in_flight if f.state == inflight.RUNNING]
     queued = [f for f in s.in_flight if f.state == inflight.QUEUED]
     for i, f in enumerate(running[:SHOWN]):
@@ -163,19 +192,27 @@ def render(s: Status, now: dt.datetime) -> list[str]:
         lines.append(" " * 18 + f"... and {len(running) - SHOWN} more")
     if queued:
         ids = [f.slurm_job_id or f.job_key for f in queued]
-        lines.append(f"  queued   {len(queued):5d}  SLURM jobs {', '.join(ids[:SHOWN])}{', ...' if len(ids) > SHOWN else ''}")
+        lines.append(
+            f"  queued   {len(queued):5d}  SLURM jobs {', '.join(ids[:SHOWN])}{', ...' if len(ids) > SHOWN else ''}"
+        )
     if s.to_run is not None:
         lines.append(f"  to run   {s.to_run:5d}")
     for i, why in enumerate(s.stale[:SHOWN]):
         lines.append((f"  stale    {len(s.stale):5d}  " if i == 0 else " " * 18) + why)
     if s.not_in_grid:
-        lines.append(f"  not in the current grid: {s.not_in_grid} "
-                     "(records of another grid or key; `scaling report` reads them)")
+        lines.append(
+            f"  not in the current grid: {s.not_in_grid} (records of another grid or key; `scaling report` reads them)"
+        )
     if s.median_wall_s is None:
         lines.append("  time     no launched point recorded yet")
     else:
-        left = "" if s.eta_s is None else "; nothing left to run" if s.eta_s == 0 else \
-            f"; about {format_duration(s.eta_s)} left at {s.at_once} at once"
+        left = (
+            ""
+            if s.eta_s is None
+            else "; nothing left to run"
+            if s.eta_s == 0
+            else f"; about {format_duration(s.eta_s)} left at {s.at_once} at once"
+        )
         lines.append(f"  time     median {s.median_wall_s:.1f} s per launched point ({s.launched} recorded){left}")
     return lines
 
@@ -201,10 +238,20 @@ class Store:
                 if not isinstance(record, dict):
                     continue
                 # What the counting reads: the status, the timing and how many launches were ok (launch.repeats).
-                launches = ([{"status": launch.get("status")} for launch in record["repeats"]]
-                            if isinstance(record.get("repeats"), list) else None)
-                self._records[key] = (mtime, {"status": record.get("status"), "timing": record.get("timing") or {},
-                                              "repeats": launches, "metrics": bool(record.get("metrics")) or None})
+                launches = (
+                    [{"status": launch.get("status")} for launch in record["repeats"]]
+                    if isinstance(record.get("repeats"), list)
+                    else None
+                )
+                self._records[key] = (
+                    mtime,
+                    {
+                        "status": record.get("status"),
+                        "timing": record.get("timing") or {},
+                        "repeats": launches,
+                        "metrics": bool(record.get("metrics")) or None,
+                    },
+                )
             fresh[key] = self._records[key]
         self._records = fresh
         return {key: rec for key, (_, rec) in fresh.items()}

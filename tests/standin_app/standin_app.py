@@ -56,8 +56,13 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     key = job_key(c)
     jd = job_dir(os.path.abspath(c["sweep_dir"]), key)
     jd.mkdir(parents=True, exist_ok=True)
-    record: dict[str, Any] = {"job_key": key, "config": experiment_config(c), "metrics": None, "predicted": None,
-                              "repeats": []}
+    record: dict[str, Any] = {
+        "job_key": key,
+        "config": experiment_config(c),
+        "metrics": None,
+        "predicted": None,
+        "repeats": [],
+    }
     before_launch = judged(c)
     t0 = time.time()
     if before_launch is None:
@@ -68,10 +73,17 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         error = None if status == Status.OK else f"stand-in: train.fault={c['train']['fault']}"
     else:
         status, error = before_launch
-    record.update(status=status, error=error,
-                  timing={"started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                          "wall_s": time.time() - t0, "t0": t0, "t1": time.time()},
-                  env={"slurm_job_id": inflight.slurm_job_id(os.environ), "pid": os.getpid()})
+    record.update(
+        status=status,
+        error=error,
+        timing={
+            "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "wall_s": time.time() - t0,
+            "t0": t0,
+            "t1": time.time(),
+        },
+        env={"slurm_job_id": inflight.slurm_job_id(os.environ), "pid": os.getpid()},
+    )
     if before_launch is None:  # one launch, as it ended
         record["repeats"] = [{"status": status, "error": error, "metrics": None, "timing": dict(record["timing"])}]
     write_json_atomic(jd / RESULT_FILE, record)
