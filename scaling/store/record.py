@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
@@ -31,6 +32,18 @@ SWEEP_INDEX = "sweep.json"
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
     """The entries of `data` that are fields of the dataclass `cls` (a newer writer's extra keys are left out)."""
     return {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+
+
+def plain(value: Any) -> Any:
+    """`value` with every enum member (a `Status`, say) replaced by its plain value, in nested dicts and lists: what
+    JSON holds, and what W&B and the sweepers must see (W&B would log a member by its name, `OK`)."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
 
 
 @dataclass(kw_only=True)
@@ -66,7 +79,7 @@ class Launch:
 
     def to_dict(self) -> dict[str, Any]:
         """The launch as the record's `repeats` holds it."""
-        return dataclasses.asdict(self)
+        return plain(dataclasses.asdict(self))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Launch:
@@ -175,7 +188,7 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         """The record as result.json holds it."""
-        return dataclasses.asdict(self)
+        return plain(dataclasses.asdict(self))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Record:
