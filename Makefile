@@ -6,6 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
+# The tests run on one worker more than the host has cores: most of a test's time is processes starting and waiting.
+WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 .PHONY: setup sysdeps demo test bench gpu-check clean
 
@@ -30,7 +32,7 @@ test: setup sysdeps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: setup
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from scaling.engine.data import GlobalBatch, step_batches
-from scaling.engine.model import ModelArgs
+from scaling.engine.model_config import ModelArgs
 from scaling.engine.parallel import parallelize
 from scaling.engine.step import train_step
 from tests.compose import compose_point

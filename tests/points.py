@@ -1,12 +1,15 @@
 """Real points shared by the test modules that look at them: one record store for the session (the `point_store`
-fixture), so a config that several tests measure (the DP-split points above all) runs once."""
+fixture), so a config that several tests measure (the DP-split points above all) runs once, also when the suite runs
+on several workers (the store is theirs in common; a point another worker is running is waited for, not run twice)."""
 
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
 from typing import Any
 
 from scaling.job.run import run_point
+from scaling.store.record import job_key
 from tests.compose import compose_point
 
 BASE = [
@@ -23,4 +26,7 @@ BASE = [
 
 def point(store: Path, *overrides: str) -> dict[str, Any]:
     """The record of BASE plus `overrides`: run now, or fetched from the store when an earlier test ran it."""
-    return run_point(compose_point([*BASE, *overrides], store))
+    cfg = compose_point([*BASE, *overrides], store)
+    with open(store / f"{job_key(cfg)}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return run_point(cfg)

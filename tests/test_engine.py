@@ -130,9 +130,9 @@ def test_hanging_rank_times_out_and_leaves_nothing(sweep_dir):
     process-group timeout (half the point's), and says so."""
     alone = point(sweep_dir, "parallel.dp=1", "train.fault=hang", "launch.timeout_s=12")
     assert alone["status"] == "timeout" and "launch.timeout_s=12s" in alone["error"]
-    pair = point(sweep_dir, "parallel.dp=2", "train.fault=hang", "launch.timeout_s=30")
+    pair = point(sweep_dir, "parallel.dp=2", "train.fault=hang", "launch.timeout_s=60")  # start-up may take 15 s
     assert pair["status"] == "timeout" and "process-group timeout" in pair["error"], pair["error"]
-    assert pair["timing"]["torchrun_wall_s"] < 30
+    assert pair["timing"]["torchrun_wall_s"] < 60
     assert processes_mentioning(alone["job_key"]) == processes_mentioning(pair["job_key"]) == []
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from scaling.engine import kernels
 from scaling.engine.device import PROFILE_TOLERANCE, profile_note, rank_cores
 from scaling.engine.memtrack import ResidentMemory
-from scaling.engine.model import ModelArgs, param_count
+from scaling.engine.model_config import ModelArgs, param_count
 from scaling.predictor.analytic import _Shapes, zero1_worst_rank
 from scaling.predictor.prescreen import capacity_bytes
 from tests.compose import compose_point

@@ -56,7 +56,8 @@ from scaling.core.network import (
     ring_cost,
 )
 from scaling.core.schema import ModelConfig
-from scaling.engine.model import ModelArgs, Transformer, param_count
+from scaling.engine.model import Transformer
+from scaling.engine.model_config import ModelArgs, param_count
 
 NET = Network({INTRA: AlphaBeta(2e-6, 100e9), INTER: AlphaBeta(10e-6, 10e9)}, 4)
 SMALL = ModelConfig(name="small", n_layers=2, hidden=256, n_heads=4, n_kv_heads=2, ffn_hidden=512, vocab_size=1024)

@@ -23,7 +23,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from scaling.engine import flops
-from scaling.engine.model import ModelArgs, Transformer
+from scaling.engine.model import Transformer
+from scaling.engine.model_config import ModelArgs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

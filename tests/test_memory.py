@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scaling.core.units import GIB
-from scaling.engine.model import ModelArgs, param_count
+from scaling.engine.model_config import ModelArgs, param_count
 from scaling.predictor import analytic as memory
 from scaling.predictor.analytic import (
     PLAYBOOK_FP32,

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from scaling.engine.model import ModelArgs, param_count
+from scaling.engine.model_config import ModelArgs, param_count
 from scaling.job.run import run_point
 from scaling.predictor.trace import TraceError, trace_peak
 from tests.compose import compose_point

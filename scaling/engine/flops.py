@@ -7,13 +7,15 @@ several repeats (their spread kept), once per host and thread count, and cached 
 time it was taken. The sweep driver measures it inside the point's lease of the host, so no other point
 runs meanwhile. CPU MFU is therefore against a measured matmul peak, not a datasheet figure.
 
-Imports torch and the standard library only: it runs inside torchrun workers on bare GPU boxes.
+Imports torch and the standard library only: it runs inside torchrun workers on bare GPU boxes. torch is imported
+only to measure a peak, so the driver computes FLOPs, MFU and a cached peak without paying torch's import.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.metadata
 import json
 import os
 import socket
@@ -23,14 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
 
-import torch
-
 from scaling.engine.enums import Precision
 from scaling.engine.jobfiles import write_json_atomic
-from scaling.engine.model import ModelArgs, block_matmul_param_count, matmul_param_count
+from scaling.engine.model_config import ModelArgs, block_matmul_param_count, matmul_param_count
 
-PRECISION_DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16}
-"""`train.precision` -> the dtype the matmuls run in (the worker's compute dtype too)."""
+PRECISION_DTYPES = {Precision.FP32: "float32", Precision.BF16: "bfloat16"}
+"""`train.precision` -> the name of the torch dtype the matmuls run in (the worker's compute dtype too)."""
 CACHE_FILE = "peak_flops.json"
 MATMUL_SIZE = 1024
 """Side of the square matmul timed on cpu: 2·1024³ ≈ 2.1 GFLOP, milliseconds to a few tenths of a second."""
@@ -127,12 +127,20 @@ def cache_path() -> Path:
 
 def cache_key(precision: str, threads: int, device: str = "cpu") -> str:
     """What a measurement depends on: host, device, dtype, pinned thread count and torch version."""
-    return f"{socket.gethostname()}|{device}|{precision}|pinned-threads={threads}|torch={torch.__version__}"
+    return f"{socket.gethostname()}|{device}|{precision}|pinned-threads={threads}|torch={torch_version()}"
 
 
-def measure_matmul_flops_per_s(dtype: torch.dtype, threads: int, size: int = MATMUL_SIZE) -> list[float]:
-    """FLOP/s of each timed (size x size) @ (size x size) matmul on cpu, on `threads` threads pinned to
-    the first usable cores (as a rank of threads_per_device pins its own): up to MEASURE_REPEATS of them."""
+def torch_version() -> str:
+    """The installed torch's version, as `torch.__version__` gives it, read without importing torch."""
+    return importlib.metadata.version("torch")
+
+
+def measure_matmul_flops_per_s(precision: str, threads: int, size: int = MATMUL_SIZE) -> list[float]:
+    """FLOP/s of each timed (size x size) @ (size x size) matmul on cpu at `precision`, on `threads` threads pinned
+    to the first usable cores (as a rank of threads_per_device pins its own): up to MEASURE_REPEATS of them."""
+    import torch  # the one place this module needs it: a measurement, taken once per host and thread count
+
+    dtype = getattr(torch, PRECISION_DTYPES[precision])
     with _pinned_threads(threads):
         gen = torch.Generator().manual_seed(0)
         a = torch.randn(size, size, generator=gen).to(dtype)
@@ -152,6 +160,8 @@ def measure_matmul_flops_per_s(dtype: torch.dtype, threads: int, size: int = MAT
 
 @contextlib.contextmanager
 def _pinned_threads(threads: int) -> Iterator[None]:
+    import torch
+
     previous_threads = torch.get_num_threads()
     previous_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     torch.set_num_threads(threads)
@@ -177,7 +187,7 @@ def _cached_cpu_peak(precision: str, threads: int) -> PeakFlops:
         if key in entries:
             entry = entries[key]
             return PeakFlops(float(entry["flops_per_s"]), "cache", entry.get("measured_at"), entry.get("spread"))
-        rates = measure_matmul_flops_per_s(PRECISION_DTYPES[precision], threads)
+        rates = measure_matmul_flops_per_s(precision, threads)
         best = max(rates)
         measured = PeakFlops(
             best,

@@ -1,77 +1,31 @@
-"""The Llama-style decoder that every experiment trains, and its closed-form parameter counts.
+"""The Llama-style decoder that every experiment trains.
 
 Owns the architecture (token embedding, decoder `Block`s of RMSNorm -> grouped-query attention
 with RoPE -> RMSNorm -> SwiGLU MLP, final RMSNorm, output projection), its seeded weight
-initialisation, activation recomputation per block, and the formulas `param_count` and
-`matmul_param_count` that the FLOPs and memory arithmetic build on.
+initialisation and activation recomputation per block. Its shapes and their closed-form parameter counts
+(`ModelArgs`, `param_count`, `matmul_param_count`) are in scaling.engine.model_config, which costs no torch.
 
-Imports torch and the standard library only (scaling.engine.model_config is a plain dataclass): it runs inside
-torchrun workers on bare GPU boxes.
+Imports torch and the standard library only: it runs inside torchrun workers on bare GPU boxes.
 Shapes in comments: B batch, T sequence, C hidden, nh query heads, nkv key/value heads,
 hd head_dim, V vocabulary.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from scaling.engine.model_config import ModelConfig
+from scaling.engine.model_config import ModelArgs
 
 Device = Optional[Union[torch.device, str]]
 """Where layers are created; "meta" for shapes only."""
 
 INIT_STD = 0.02
 """Standard deviation of the normal init of every matmul weight and the embedding."""
-
-
-class ModelArgs(ModelConfig):
-    """Shapes of the decoder: the `model` config group (checked by scaling.core.validate) plus derived sizes."""
-
-    @property
-    def head_dim(self) -> int:
-        """Width of one attention head (hd = hidden / n_heads)."""
-        return self.hidden // self.n_heads
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ModelArgs:
-        """Build from a model config mapping (dict or DictConfig); keys that are not fields are ignored."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: d[k] for k in d if k in names})
-
-
-def block_matmul_param_count(args: ModelArgs) -> int:
-    """Matmul weights of all decoder blocks: L·(2h² + 2·h·nkv·hd + 3·h·f) (q,o + k,v + SwiGLU w1,w2,w3)."""
-    h, kv_dim = args.hidden, args.n_kv_heads * args.head_dim
-    attention = 2 * h * h + 2 * h * kv_dim
-    mlp = 3 * h * args.ffn_hidden
-    return args.n_layers * (attention + mlp)
-
-
-def matmul_param_count(args: ModelArgs) -> int:
-    """Parameters in matmuls per token: L·(2h² + 2·h·nkv·hd + 3·h·f) + v·h.
-
-    The output projection (v·h) counts once whether or not it is tied to the embedding; the
-    embedding lookup is a gather, not a matmul, and norms are elementwise.
-    """
-    return block_matmul_param_count(args) + args.vocab_size * args.hidden
-
-
-def param_count(args: ModelArgs) -> int:
-    """Distinct parameters: v·h·(1 if tied else 2) + L·(2h² + 2·h·nkv·hd + 3·h·f + 2h) + h.
-
-    Per block: q and o projections h·h each, k and v h·(nkv·hd) each, SwiGLU w1, w3 (h -> f) and
-    w2 (f -> h), two RMSNorm weights of h. Plus the embedding, the output projection unless tied,
-    and the final RMSNorm. Equals `sum(p.numel() for p in Transformer(args).parameters())`.
-    """
-    h, v = args.hidden, args.vocab_size
-    embeddings = v * h * (1 if args.tie_embeddings else 2)
-    return embeddings + block_matmul_param_count(args) + args.n_layers * 2 * h + h
 
 
 def rope_cos_sin(seq_len: int, head_dim: int, theta: float, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,12 +1,16 @@
-"""The `model` config group: the decoder's shapes as one plain dataclass.
+"""The `model` config group: the decoder's shapes as one plain dataclass, and their closed-form parameter counts.
 
-It lives in the engine because a rank builds its model from it (scaling.engine.model's `ModelArgs`); the
-schema (scaling.core.schema) types the `model` group with it. Standard library only: importing it costs no torch.
+It lives in the engine because a rank builds its model from it (`ModelArgs`, the shapes plus derived sizes); the
+schema (scaling.core.schema) types the `model` group with it. The counts (`param_count`, `matmul_param_count`) are
+what the FLOPs and memory arithmetic build on. Standard library only: the driver and the predictor use them without
+importing torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 
 @dataclass
@@ -35,3 +39,47 @@ class ModelConfig:
     """RMSNorm epsilon."""
     tie_embeddings: bool = False
     """Share the token embedding with the output projection (Llama 3.2 1B/3B do)."""
+
+
+class ModelArgs(ModelConfig):
+    """Shapes of the decoder: the `model` config group (checked by scaling.core.validate) plus derived sizes."""
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head (hd = hidden / n_heads)."""
+        return self.hidden // self.n_heads
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelArgs:
+        """Build from a model config mapping (dict or DictConfig); keys that are not fields are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: d[k] for k in d if k in names})
+
+
+def block_matmul_param_count(args: ModelArgs) -> int:
+    """Matmul weights of all decoder blocks: L·(2h² + 2·h·nkv·hd + 3·h·f) (q,o + k,v + SwiGLU w1,w2,w3)."""
+    h, kv_dim = args.hidden, args.n_kv_heads * args.head_dim
+    attention = 2 * h * h + 2 * h * kv_dim
+    mlp = 3 * h * args.ffn_hidden
+    return args.n_layers * (attention + mlp)
+
+
+def matmul_param_count(args: ModelArgs) -> int:
+    """Parameters in matmuls per token: L·(2h² + 2·h·nkv·hd + 3·h·f) + v·h.
+
+    The output projection (v·h) counts once whether or not it is tied to the embedding; the
+    embedding lookup is a gather, not a matmul, and norms are elementwise.
+    """
+    return block_matmul_param_count(args) + args.vocab_size * args.hidden
+
+
+def param_count(args: ModelArgs) -> int:
+    """Distinct parameters: v·h·(1 if tied else 2) + L·(2h² + 2·h·nkv·hd + 3·h·f + 2h) + h.
+
+    Per block: q and o projections h·h each, k and v h·(nkv·hd) each, SwiGLU w1, w3 (h -> f) and
+    w2 (f -> h), two RMSNorm weights of h. Plus the embedding, the output projection unless tied,
+    and the final RMSNorm. Equals `sum(p.numel() for p in Transformer(args).parameters())`.
+    """
+    h, v = args.hidden, args.vocab_size
+    embeddings = v * h * (1 if args.tie_embeddings else 2)
+    return embeddings + block_matmul_param_count(args) + args.n_layers * 2 * h + h

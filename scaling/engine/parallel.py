@@ -45,7 +45,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from scaling.engine.enums import FsdpGradReduce, Precision, Recompute
-from scaling.engine.model import ModelArgs, Transformer
+from scaling.engine.model import Transformer
+from scaling.engine.model_config import ModelArgs
 
 
 @dataclass

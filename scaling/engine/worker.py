@@ -41,7 +41,7 @@ from scaling.engine import kernels, memtrack
 from scaling.engine.data import GlobalBatch, step_batches
 from scaling.engine.jobfiles import WORKER_OUTPUT, WorkerReport
 from scaling.engine.lifetime import gate
-from scaling.engine.model import ModelArgs
+from scaling.engine.model_config import ModelArgs
 from scaling.engine.parallel import load_wrappers, parallelize
 from scaling.engine.step import train_step
 

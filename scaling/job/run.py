@@ -38,7 +38,7 @@ from scaling.engine.jobfiles import (
     WorkerReport,
     write_json_atomic,
 )
-from scaling.engine.model import ModelArgs, param_count
+from scaling.engine.model_config import ModelArgs, param_count
 from scaling.job import wandb_log
 from scaling.job.metrics import repeats_metrics, throughput_metrics
 from scaling.launch import devices, slurm, torchrun
@@ -217,11 +217,9 @@ def _launch_entry(
 
 def _host_env(c: ExperimentConfig) -> dict[str, Any]:
     """What the record says about the machine when no rank reported it (the point never ran)."""
-    import torch  # CPU-side import only: version string, no device initialisation
-
     hw = c.hardware
     return {
-        "torch": torch.__version__,
+        "torch": flops.torch_version(),
         "python": platform.python_version(),
         "device_name": hw.name,
         "backend": hw.backend,

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 from scaling.engine.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 
 if TYPE_CHECKING:  # the model module imports torch: analytic_peak imports it, so reading this module costs none
-    from scaling.engine.model import ModelArgs
+    from scaling.engine.model_config import ModelArgs
 
 ANALYTIC = "analytic"
 CALIBRATION_MODELS = ("tiny", "small")
@@ -305,7 +305,7 @@ def analytic_peak(
     fsdp_grad_reduce: str = FsdpGradReduce.EVERY_MICRO_STEP,
 ) -> MemoryBreakdown:
     """Predicted peak bytes per rank of one training step of this project's model, by phase."""
-    from scaling.engine.model import ModelArgs, param_count
+    from scaling.engine.model_config import ModelArgs, param_count
 
     a = model if isinstance(model, ModelArgs) else ModelArgs.from_dict(model)
     if precision not in tuple(Precision):

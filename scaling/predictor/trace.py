@@ -182,7 +182,7 @@ def trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
     from scaling.core.validate import validate
     from scaling.engine.data import GlobalBatch, step_batches
     from scaling.engine.memtrack import tracked_step
-    from scaling.engine.model import ModelArgs
+    from scaling.engine.model_config import ModelArgs
     from scaling.engine.parallel import parallelize
     from scaling.engine.step import train_step
 
