@@ -14,10 +14,7 @@ WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[dev]"
+	bash scripts/setup-venv.sh $(VENV) "$(TORCH)" -e ".[dev]"
 	touch $@
 
 sysdeps:
