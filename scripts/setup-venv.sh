@@ -4,9 +4,9 @@
 # Installs with uv (about 5x faster than pip here: it resolves once and links from its cache), which is itself
 # installed from the package index by pip. uv does not read pip's configuration, so the find-links, indexes,
 # constraints and certificate pip is configured with (files or PIP_* variables: `pip config list`) are handed
-# to uv, and with extra indexes uv considers every index for every package, as pip does. Unlike pip, uv does
-# not compile bytecode at install: Python compiles the modules a program imports the first time it imports them
-# (seconds, against half a minute for all of site-packages). If uv cannot be installed or fails, pip installs.
+# to uv, and with extra indexes uv considers every index for every package, as pip does. Bytecode is compiled at
+# install, as pip does: where PYTHONDONTWRITEBYTECODE is set, Python would otherwise compile torch anew in every
+# process (an import of 6 s instead of 2.5 s). If uv cannot be installed or fails, pip installs.
 set -euo pipefail
 venv=$1 torch_req=$2
 shift 2
@@ -25,7 +25,7 @@ if "$py" -m pip install -q uv 2>/dev/null && [ -x "$venv/bin/uv" ]; then
   [ -n "$extra" ] && export UV_EXTRA_INDEX_URL="$extra" UV_INDEX_STRATEGY=unsafe-best-match
   [ -n "$constraint" ] && export UV_CONSTRAINT="$constraint"
   [ -n "$cert" ] && export SSL_CERT_FILE="$cert"
-  if "$venv/bin/uv" pip install -q --python "$py" "$torch_req" "$@"; then
+  if "$venv/bin/uv" pip install -q --python "$py" --compile-bytecode "$torch_req" "$@"; then
     exit 0
   fi
   echo "setup-venv: uv failed; installing with pip" >&2
