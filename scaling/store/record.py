@@ -27,6 +27,8 @@ SCHEMA_VERSION = 1
 """The record's file format; a field added with a default for older records keeps it."""
 SWEEP_INDEX = "sweep.json"
 """The sweep directory's index: name, start, hardware and one entry per run of the sweep."""
+SEARCH_BEST = "best.yaml"
+"""A search's winning point, written by hydra_plugins.scaling_optuna_sweeper: `best.job_key` names its record."""
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
