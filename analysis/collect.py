@@ -5,7 +5,9 @@ so every other part of `analysis` speaks in the same column names: the config ax
 `seq_len`, `mbs`, `grad_acc`, `dp`, `zero_stage`, `threads_per_device`, ...), `status` (kept as
 recorded), the metrics (`tokens_per_s_per_gpu`, `mfu`, `peak_mem_bytes`, ...) with their noise
 (`noise_band_frac`, `repeat_spread_frac`, `repeats_ok`, ...) and the predictions
-(`pred_peak_mem_bytes`, `pred_analytic_peak_mem_bytes`, `pred_traced_peak_mem_bytes`).
+(`pred_peak_mem_bytes`, `pred_analytic_peak_mem_bytes`, `pred_traced_peak_mem_bytes`) and the timing
+(`wall_s`, `torchrun_wall_s`, the device time `device_s` and its parts `timed_device_s`, `warmup_device_s`,
+`startup_device_s`).
 Dtypes say what a column is: `status` is an ordered category (`STATUS_ORDER`), `model` an
 ordered category by parameter count (llama_8b before llama_70b), timestamps are UTC datetimes and
 counts nullable integers. A record the analysis cannot use (`analysis.usable`: an older schema's, edited by
@@ -111,8 +113,14 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("oversubscribed", ("env", "oversubscribed")),
     ("memory_capacity", ("env", "memory_capacity")),
     ("started_at", ("timing", "started_at")),
+    ("launched_at", ("timing", "launched_at")),
     ("wall_s", ("timing", "wall_s")),
     ("launch_overhead_s", ("timing", "launch_overhead_s")),
+    ("torchrun_wall_s", ("timing", "torchrun_wall_s")),
+    ("device_s", ("timing", "device_s")),
+    ("timed_device_s", ("timing", "timed_device_s")),
+    ("warmup_device_s", ("timing", "warmup_device_s")),
+    ("startup_device_s", ("timing", "startup_device_s")),
 )
 HEAD = ("sweep", "job_key", "status", "error", "schema_version")
 COLUMNS: tuple[str, ...] = HEAD + tuple(dict.fromkeys(name for name, _ in FIELDS))
@@ -171,7 +179,7 @@ INT_COLUMNS = (
     "pred_analytic_peak_mem_bytes",
     "pred_traced_peak_mem_bytes",
 )
-TIME_COLUMNS = ("started_at",)
+TIME_COLUMNS = ("started_at", "launched_at")
 """ISO-8601 strings in the record, UTC datetimes in the DataFrame."""
 
 
@@ -224,6 +232,11 @@ def to_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
         "bucket_mb",
         "wall_s",
         "launch_overhead_s",
+        "torchrun_wall_s",
+        "device_s",
+        "timed_device_s",
+        "warmup_device_s",
+        "startup_device_s",
         "step_time_spread_frac",
         "repeat_spread_frac",
         "noise_band_frac",

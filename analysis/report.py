@@ -5,7 +5,8 @@
 status counts, the top configurations (ties within noise of the best marked), the noise of the
 measurements, the heatmaps, the DP-scaling curve with its knee and the dps it may lie at within
 noise, and its extrapolation beyond the measured dp (when the sweep has several dp), the memory
-checks (`analysis.memory`) and the failures' last error lines; and the records it could not use, each named.
+checks (`analysis.memory`), the failures' last error lines and the device time the launches held; and the
+records it could not use, each named.
 """
 
 from __future__ import annotations

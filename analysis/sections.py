@@ -1,14 +1,15 @@
 """What the sweep report says, section by section: status counts, the top configurations (ties within noise of
-the best marked), the noise, the heatmaps, DP scaling and its extrapolation, the memory checks, the failures and
-the records left out. `analysis.report` writes them as Markdown, HTML and W&B."""
+the best marked), the noise, the heatmaps, DP scaling and its extrapolation, the memory checks, the failures, the
+device time and the records left out. `analysis.report` writes them as Markdown, HTML and W&B."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pandas as pd
+import yaml
 from matplotlib.figure import Figure
 
 from analysis import dp_scaling, extrapolate, facets, heatmaps, memory
@@ -18,6 +19,8 @@ from analysis.usable import LeftOut
 from scaling.core.noise import NOISE_BAND_KEY, within_noise
 from scaling.core.units import format_bytes
 from scaling.engine.enums import Status
+from scaling.store import device_time
+from scaling.store.record import SEARCH_BEST
 
 FORMATS: dict[str, Callable[[Any], str]] = {
     "tokens_per_s_per_gpu": "{:,.0f}".format,
@@ -197,6 +200,46 @@ def extrapolation_section(sweep_dir: Path, table: pd.DataFrame, threshold: float
     )
 
 
+def search_best_key(sweep_dir: Path) -> Optional[str]:
+    """The job key of a search's best point (its best.yaml); None for a sweep that is not a search, or a search
+    with no feasible point yet."""
+    try:
+        doc = yaml.safe_load((sweep_dir / SEARCH_BEST).read_text())
+    except (FileNotFoundError, yaml.YAMLError):
+        return None
+    return ((doc or {}).get("best") or {}).get("job_key")
+
+
+def device_time_section(sweep_dir: Path, df: pd.DataFrame) -> Optional[Section]:
+    """Device-hours the records held and their shares (timed steps, warm-up, start-up, launches not ok); for a
+    search, the device-hours spent until its best point was recorded. None when no record ran torchrun."""
+    columns = ["torchrun_wall_s", "device_s", *device_time.SPLIT]
+    spent = device_time.total(df[columns].astype(object).where(df[columns].notna(), None).to_dict("records"))
+    if not spent.records:
+        return (
+            Section("Device time", [f"{spent.unknown} points were recorded before device time was kept."])
+            if spent.unknown
+            else None
+        )
+    words = [
+        f"The launches of {spent.records} points held {device_time.device_hours(spent.device_s)} (torchrun's wall "
+        f"time × the devices of each launch): {spent.shares()}. Start-up covers the interpreter and torch "
+        "imports, the process group, the model build and teardown; launches not ok ran out of memory, timed out "
+        "or failed."
+    ]
+    if spent.unknown:
+        words.append(f"{spent.unknown} points recorded before device time was kept are not counted.")
+    best = search_best_key(sweep_dir)
+    if best is not None and best in set(df["job_key"]):
+        ordered = df.sort_values(["started_at", "launched_at"], na_position="last", kind="stable")
+        until = ordered["device_s"].iloc[: list(ordered["job_key"]).index(best) + 1].sum()
+        words.append(
+            f"The search recorded its best point ({best}) after {device_time.device_hours(until)}, "
+            f"{spent.frac(until) or 0:.0%} of the device time held (records in the order they started)."
+        )
+    return Section("Device time", words)
+
+
 def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
     """Everything the report shows, in order: small figures drawn, the heatmaps still to be drawn."""
     counts = df["status"].value_counts().reindex(STATUS_ORDER, fill_value=0)
@@ -260,6 +303,9 @@ def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[
                 tables=[_fmt(failures[cols].head(20).reset_index(drop=True))],
             )
         )
+    spent = device_time_section(sweep_dir, df)
+    if spent is not None:
+        sections.append(spent)
     return sections
 
 

@@ -11,10 +11,13 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from records import grid_records, make_record, write_sweep
 from synthetic_dp import TRUTHS, profile_of
 
+from analysis.collect import collect
 from analysis.report import write_report
+from analysis.sections import device_time_section
 from scaling.cli.report import main
 from scaling.core.network import PROFILE_FILE, save_profile
 from scaling.store.record import job_key
@@ -40,8 +43,10 @@ def test_report_files_and_sections(report):
         "## DP extrapolation beyond the measured dp",
         "## Predicted vs measured memory",
         "## Failures",
+        "## Device time",
     ):
         assert heading in md, heading
+    assert "% in timed steps" in md and "The search recorded" not in md  # a grid, not a search
     assert "| oom | 6 |" in md and "| predicted_oom | 6 |" in md and "| invalid | 1 |" in md
     assert "DP stops paying off after dp=8; efficiency falls from 85% (dp=8) to 62% (dp=16)" in md
     assert "Those are the 8 fastest configurations; the table has the knees of all 20." in md
@@ -113,6 +118,26 @@ def test_extrapolation_names_each_source_its_knee_range_and_reach(tmp_path):
         assert "Stops at dp=512: beyond it the fixed global batch of 512 samples no longer splits" in line
     assert "| llama_1b, seq 4096, ZeRO-0 | (b) profile | 1, 2, 4, 8 | 512 | 64 |" in section
     assert "![dp_extrapolation_0](figures/dp_extrapolation_0.png)" in section
+
+
+def test_device_time_section_states_the_shares_and_what_a_search_spent_until_its_best(tmp_path):
+    """Each synthetic launch held dp devices for 12 s; an ok one spent 9 s timed and 1 s warming up."""
+    records = [make_record("ok", dp=2, mbs=mbs) for mbs in (1, 2, 4)] + [make_record("oom", dp=4)]
+    for i, record in enumerate(reversed(records)):  # started a minute apart, the oom point first
+        record["timing"]["started_at"] = f"2025-01-01T00:0{i}:00+00:00"
+    sweep = write_sweep(tmp_path / "search", records)
+    best = records[1]["job_key"]  # started third
+    (sweep / "best.yaml").write_text(yaml.safe_dump({"best": {"trial": 2, "job_key": best}}))
+    section = device_time_section(sweep, collect(sweep))
+    assert section.title == "Device time"
+    assert section.paragraphs[0].startswith(
+        "The launches of 4 points held 0.0333 device-h (torchrun's wall time × the devices of each launch): "
+        "45.0% in timed steps, 5.0% warm-up, 10.0% start-up, 40.0% launches not ok."
+    )
+    assert section.paragraphs[-1] == (
+        f"The search recorded its best point ({best}) after 0.0267 device-h, 80% of the device time held "
+        "(records in the order they started)."
+    )
 
 
 def test_html_is_self_contained_with_embedded_pngs(report):

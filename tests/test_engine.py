@@ -112,6 +112,10 @@ def test_record_schema(sweep_dir):
     assert 0 < m["mfu"] < 1 and m["peak_mem_bytes"] == max(m["peak_mem_bytes_per_rank"])
     assert rec["env"]["memory_capacity"] == "unlimited" and rec["env"]["backend"] == "gloo"
     assert rec["timing"]["launch_overhead_s"] > 0
+    t = rec["timing"]  # device time: the two ranks held their devices for torchrun's wall time
+    assert rec["repeats"][0]["timing"]["devices"] == 2 and t["device_s"] == pytest.approx(t["torchrun_wall_s"] * 2)
+    assert t["timed_device_s"] + t["warmup_device_s"] + t["startup_device_s"] == pytest.approx(t["device_s"])
+    assert 0 < t["timed_device_s"] / t["device_s"] < 1 and t["warmup_device_s"] > 0 and t["startup_device_s"] > 0
     assert set(rec["config"]) == {"model", "train", "parallel", "hardware"}
     assert rec["config"]["train"]["grad_clip"] == 1.0 and len(m["grad_norms"]) == 5  # real runs clip
     assert m["rows_built_in_timed_window"] == 0  # every timed step's batches were built before timing

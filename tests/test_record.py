@@ -118,12 +118,16 @@ def full_record() -> Record:
         Launch(
             status=Status.OK,
             metrics=metrics,
-            timing=LaunchTiming(launched_at="t0", device_wait_s=0.5, torchrun_wall_s=8.0, launch_overhead_s=7.0),
+            timing=LaunchTiming(
+                launched_at="t0", device_wait_s=0.5, torchrun_wall_s=8.0, launch_overhead_s=7.0
+            ).with_device_time(2, 1.0, 2.0),
         ),
         Launch(
             status=Status.OK,
             metrics=metrics,
-            timing=LaunchTiming(launched_at="t1", device_wait_s=0.0, torchrun_wall_s=7.5, launch_overhead_s=6.5),
+            timing=LaunchTiming(
+                launched_at="t1", device_wait_s=0.0, torchrun_wall_s=7.5, launch_overhead_s=6.5
+            ).with_device_time(2, 1.0, 2.0),
         ),
     ]
     return Record(
@@ -137,7 +141,7 @@ def full_record() -> Record:
         predicted={"peak_mem_bytes": 4096, "method": "analytic", "fits": True},
         env={"backend": "gloo", "devices": None},
         provenance=Provenance(hydra_job_num=3, overrides=["parallel.dp=2"], attempt=2),
-        timing=Timing(started_at="t", wall_s=9.0).with_launches(launches[1:]),
+        timing=Timing(started_at="t", wall_s=9.0).with_launches(launches[1:]).with_device_time(launches),
     )
 
 
@@ -151,6 +155,11 @@ def test_a_record_round_trips_with_todays_keys_in_order():
         "device_wait_s",
         "torchrun_wall_s",
         "launch_overhead_s",
+        "devices",
+        "device_s",
+        "timed_device_s",
+        "warmup_device_s",
+        "startup_device_s",
     ]
     assert list(data["timing"]) == [
         "started_at",
@@ -159,9 +168,14 @@ def test_a_record_round_trips_with_todays_keys_in_order():
         "launched_at",
         "torchrun_wall_s",
         "launch_overhead_s",
+        "device_s",
+        "timed_device_s",
+        "warmup_device_s",
+        "startup_device_s",
     ]
     assert list(data["provenance"]) == ["hydra_job_num", "overrides", "optuna_trial", "slurm_job_id", "attempt"]
     assert data["timing"]["launched_at"] == "t1" and data["timing"]["torchrun_wall_s"] == 7.5  # this run's launch only
+    assert data["timing"]["device_s"] == 2 * (8.0 + 7.5)  # but the device time of every launch the record holds
     assert Record.from_dict(json.loads(json.dumps(data))) == record
 
 
@@ -195,6 +209,23 @@ def test_an_old_record_reads_with_defaults_and_keeps_its_meaning():
     # Written back, it is still a record of one ok launch (no `repeats`: the record itself is the launch).
     assert len(ok_launches(record.to_dict())) == len(ok_launches(old)) == 1
     assert Launch.from_dict({"status": Status.TIMEOUT}) == Launch(status=Status.TIMEOUT)
+    launch = Launch.from_dict({"status": Status.OK, "timing": {"torchrun_wall_s": 8.0, "launch_overhead_s": 7.0}})
+    assert launch.timing.devices is launch.timing.device_s is launch.timing.startup_device_s is None
+
+
+def test_device_time_splits_what_a_launch_held_and_a_record_sums_its_launches():
+    ok = LaunchTiming(torchrun_wall_s=10.0, launch_overhead_s=8.0).with_device_time(4, window_s=2.0, warmup_s=0.5)
+    assert (ok.devices, ok.device_s, ok.timed_device_s, ok.warmup_device_s) == (4, 40.0, 8.0, 2.0)
+    assert ok.startup_device_s == 40.0 - 8.0 - 2.0 and ok.launch_overhead_s == 8.0  # the rest; overhead as it was
+    oom = LaunchTiming(torchrun_wall_s=3.0).with_device_time(4)  # no worker report: only what it held is known
+    assert oom.device_s == 12.0 and oom.timed_device_s is oom.warmup_device_s is oom.startup_device_s is None
+    assert LaunchTiming().with_device_time(4).device_s is None  # torchrun never timed
+    kept, now = Launch(status=Status.OK, timing=ok), Launch(status=Status.OOM, timing=oom)
+    timing = Timing(started_at="t").with_launches([now]).with_device_time([kept, now])
+    assert timing.torchrun_wall_s == 3.0  # this run's launch
+    assert timing.device_s == 40.0 + 12.0 and timing.timed_device_s == 8.0  # every launch the record holds
+    assert timing.warmup_device_s == 2.0 and timing.startup_device_s == 30.0
+    assert Timing().with_device_time([]) == Timing()
 
 
 def test_a_record_without_a_job_key_is_refused():

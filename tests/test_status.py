@@ -3,6 +3,7 @@ the driver is killed, once it is finished, and on a directory that holds no swee
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -16,6 +17,7 @@ import time
 from collections import Counter
 
 import pytest
+from records import make_record, write_sweep
 
 from scaling.engine.lifetime import GATE_ENV
 from scaling.sweep.status import render, summarize
@@ -134,6 +136,31 @@ def test_status_counts_the_records_it_cannot_place_in_the_current_grid(tmp_path)
     assert status["not_in_grid"] == 2 and status["done"] == {"ok": 1} and status["to_run"] == 2
     text = scaling("status", str(tmp_path)).stdout.splitlines()
     assert "  not in the current grid: 2 (records of another grid or key; `scaling report` reads them)" in text
+
+
+def test_status_states_the_device_time_the_records_held_and_its_share_in_timed_steps(tmp_path):
+    """Each synthetic launch held dp devices for 12 s; an ok one spent 9 s timed and 1 s warming up."""
+    old = make_record("ok", mbs=4)  # recorded before device time was kept
+    for block in (old["timing"], old["repeats"][0]["timing"]):
+        for key in ("devices", "device_s", "timed_device_s", "warmup_device_s", "startup_device_s"):
+            block.pop(key, None)
+    records = [
+        make_record("ok", dp=2),
+        make_record("ok", dp=2, mbs=2),
+        make_record("oom", dp=4),
+        make_record("predicted_oom", mbs=8),
+        old,
+    ]
+    write_sweep(tmp_path, records)
+    spent = summarize(str(tmp_path), None, {r["job_key"]: r for r in records}, {}, {}).device_time
+    assert (spent.records, spent.unknown, spent.device_s) == (3, 1, 2 * 24.0 + 48.0)
+    assert (spent.timed_device_s, spent.warmup_device_s, spent.startup_device_s) == (36.0, 4.0, 8.0)
+    assert spent.not_ok_device_s == 48.0 and spent.timed_frac == 36.0 / 96.0
+    assert status_json(tmp_path)["device_time"] == dataclasses.asdict(spent)
+    assert scaling("status", str(tmp_path)).stdout.splitlines()[-1] == (
+        "  device   0.0267 device-h held by 3 points: 37.5% in timed steps, 4.2% warm-up, 8.3% start-up, "
+        "50.0% launches not ok (1 more recorded before device time was kept)"
+    )
 
 
 def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):

@@ -17,10 +17,12 @@ import yaml
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
+from scaling.store.record import SEARCH_BEST
+
 from ._outcome import is_feasible
 from ._study import counted_trials
 
-BEST_FILE = "best.yaml"
+BEST_FILE = SEARCH_BEST
 TRIALS_FILE = "trials.csv"
 
 

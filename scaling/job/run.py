@@ -183,7 +183,7 @@ def _launch_repeats(
         record.metrics = (
             repeats_metrics([r.metrics for r in launches], record.derived) if this.status == Status.OK else None
         )
-        record.timing = record.timing.with_launches(launches[kept:])
+        record.timing = record.timing.with_launches(launches[kept:]).with_device_time(launches)
         if this.status != Status.OK:
             return
         record.write(point_dir / RESULT_FILE)
@@ -209,9 +209,13 @@ def _launch_entry(
     if outcome.status == Status.OK and report is not None:
         this.metrics = throughput_metrics(report, derived, peak)
         this.timing.launch_overhead_s = outcome.wall_s - report.measured_window_s
+        this.timing = this.timing.with_device_time(
+            derived["world_size"], report.measured_window_s, report.phases_s.get("warmup_s")
+        )
         return this, {**report.env, "warmup_steps_run": report.warmup_steps_run, "compile": report.compile}
     if outcome.status == Status.OK:
         this.status, this.error = Status.FAILED, f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}"
+    this.timing = this.timing.with_device_time(derived["world_size"])
     return this, _host_env(c)
 
 

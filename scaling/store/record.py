@@ -27,6 +27,8 @@ SCHEMA_VERSION = 1
 """The record's file format; a field added with a default for older records keeps it."""
 SWEEP_INDEX = "sweep.json"
 """The sweep directory's index: name, start, hardware and one entry per run of the sweep."""
+SEARCH_BEST = "best.yaml"
+"""A search's winning point, written by hydra_plugins.scaling_optuna_sweeper: `best.job_key` names its record."""
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -58,11 +60,37 @@ class LaunchTiming:
     """Seconds from starting torchrun to its exit."""
     launch_overhead_s: Optional[float] = None
     """torchrun_wall_s minus the timed window, seconds: start-up, build, warm-up, teardown (None unless ok)."""
+    devices: Optional[int] = None
+    """Devices the launch held: its world size (on CPU, its ranks)."""
+    device_s: Optional[float] = None
+    """Device-seconds held: torchrun_wall_s × devices."""
+    timed_device_s: Optional[float] = None
+    """Device-seconds in the timed steps: rank 0's timed window × devices (None unless ok)."""
+    warmup_device_s: Optional[float] = None
+    """Device-seconds in the warm-up steps: rank 0's warm-up phase × devices (None unless ok)."""
+    startup_device_s: Optional[float] = None
+    """The rest of device_s: interpreter and torch imports, process group, build, the timed steps' batches,
+    teardown (None unless ok)."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LaunchTiming:
         """A launch's timing as stored; what it lacks is None."""
         return cls(**_known(cls, data))
+
+    def with_device_time(
+        self, devices: int, window_s: Optional[float] = None, warmup_s: Optional[float] = None
+    ) -> LaunchTiming:
+        """This timing with the device-seconds the launch held (torchrun_wall_s × devices) and, when the ranks
+        reported their timed window and warm-up (an ok launch), how they split: timed steps, warm-up and the
+        rest (start-up and teardown)."""
+        wall = self.torchrun_wall_s
+        held = dataclasses.replace(self, devices=devices, device_s=None if wall is None else wall * devices)
+        if wall is None or window_s is None or warmup_s is None:
+            return held
+        timed, warmup = window_s * devices, warmup_s * devices
+        return dataclasses.replace(
+            held, timed_device_s=timed, warmup_device_s=warmup, startup_device_s=wall * devices - timed - warmup
+        )
 
 
 @dataclass(kw_only=True)
@@ -129,6 +157,14 @@ class Timing:
     """Seconds in torchrun, over this run's launches."""
     launch_overhead_s: Optional[float] = None
     """Seconds of torchrun outside the timed windows, over this run's ok launches."""
+    device_s: Optional[float] = None
+    """Device-seconds held, over every launch in `repeats` (earlier runs' kept launches included)."""
+    timed_device_s: Optional[float] = None
+    """Device-seconds in timed steps, over every ok launch in `repeats`."""
+    warmup_device_s: Optional[float] = None
+    """Device-seconds in warm-up steps, over every ok launch in `repeats`."""
+    startup_device_s: Optional[float] = None
+    """Device-seconds in start-up and teardown, over every ok launch in `repeats`."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Timing:
@@ -138,19 +174,32 @@ class Timing:
     def with_launches(self, launches: Sequence[Launch]) -> Timing:
         """This timing with the launches of one run of the driver: the first start, and the device wait,
         torchrun wall and launch overhead summed (each launch keeps its own in `repeats`)."""
-
-        def total(values: Iterable[Optional[float]]) -> Optional[float]:
-            present = [v for v in values if v is not None]
-            return sum(present) if present else None
-
         times = [launch.timing for launch in launches]
         return dataclasses.replace(
             self,
             launched_at=times[0].launched_at if times else None,
-            device_wait_s=total(t.device_wait_s for t in times),
-            torchrun_wall_s=total(t.torchrun_wall_s for t in times),
-            launch_overhead_s=total(t.launch_overhead_s for t in times),
+            device_wait_s=_total(t.device_wait_s for t in times),
+            torchrun_wall_s=_total(t.torchrun_wall_s for t in times),
+            launch_overhead_s=_total(t.launch_overhead_s for t in times),
         )
+
+    def with_device_time(self, launches: Sequence[Launch]) -> Timing:
+        """This timing with the device time of every launch the record holds (`repeats`, kept ones included),
+        summed: a sweep's totals then count each launch once."""
+        times = [launch.timing for launch in launches]
+        return dataclasses.replace(
+            self,
+            device_s=_total(t.device_s for t in times),
+            timed_device_s=_total(t.timed_device_s for t in times),
+            warmup_device_s=_total(t.warmup_device_s for t in times),
+            startup_device_s=_total(t.startup_device_s for t in times),
+        )
+
+
+def _total(values: Iterable[Optional[float]]) -> Optional[float]:
+    """The sum of the values that are known; None when none is."""
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
 
 
 @dataclass(kw_only=True)
