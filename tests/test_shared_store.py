@@ -4,8 +4,11 @@ W&B run ids name the store as well as the sweep."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +58,28 @@ def test_records_and_the_index_are_written_under_the_umask(tmp_path, mask, expec
         SweepProgress().on_multirun_start(multirun_config(tmp_path))
     assert mode(tmp_path / record.job_key / RESULT_FILE) == expected
     assert mode(tmp_path / SWEEP_INDEX) == expected
+
+
+ADD_ENTRIES = """
+import sys
+from scaling.store.index import update_index
+
+sweep_dir, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sys.stdin.read(1)  # the gate: both writers start together
+for i in range(n):
+    update_index(sweep_dir, lambda index: index.setdefault("runs", []).append(f"{tag}-{i}"))
+"""
+
+
+def test_two_drivers_updating_the_index_at_once_lose_no_entry(tmp_path):
+    n = 150
+    writers = [
+        subprocess.Popen([sys.executable, "-c", ADD_ENTRIES, str(tmp_path), tag, str(n)], stdin=subprocess.PIPE)
+        for tag in ("a", "b")
+    ]
+    for writer in writers:
+        writer.stdin.write(b"go")
+        writer.stdin.close()
+    assert [writer.wait(timeout=120) for writer in writers] == [0, 0]
+    runs = json.loads((tmp_path / SWEEP_INDEX).read_text())["runs"]
+    assert sorted(runs) == sorted(f"{tag}-{i}" for tag in ("a", "b") for i in range(n))

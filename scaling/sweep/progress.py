@@ -25,7 +25,6 @@ turns into exit status 1.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -38,7 +37,8 @@ from scaling.core.units import format_bytes
 from scaling.engine.enums import Status
 from scaling.engine.jobfiles import read_json, write_json_atomic
 from scaling.store import inflight
-from scaling.store.record import SWEEP_INDEX, iter_records
+from scaling.store.index import path_id, update_index
+from scaling.store.record import iter_records
 from scaling.sweep.grid import expand, status_list
 
 
@@ -101,9 +101,12 @@ def read_outcome(path: str | Path) -> Optional[Counter]:
 class Progress:
     """The driver's view of one multirun: numbers and prints each point once as it ends."""
 
-    def __init__(self, total: Optional[int], index_path: Optional[Path]) -> None:
+    def __init__(self, total: Optional[int], sweep_dir: Optional[Path], run: int = -1) -> None:
         self.total = total
-        self.index_path = index_path
+        self.sweep_dir = sweep_dir
+        """The store whose sweep.json lists this run (None: not recorded there)."""
+        self.run = run
+        """This run's entry in sweep.json's `runs` (another driver may have added one after it)."""
         self.done = 0
         self.in_flight = 0
         self._reported: set[int] = set()
@@ -117,17 +120,19 @@ class Progress:
         """Add the grid's job keys, launch.rerun, launch.repeats and launch.prescreen_sample to this run's entry
         of sweep.json (for `scaling status`, which judges a point done by the rule run_point follows,
         scaling.store.record.answers)."""
-        if self.index_path is None:
+        if self.sweep_dir is None:
             return
-        index = json.loads(self.index_path.read_text())
-        index["runs"][-1].update(
-            points=len(job_keys),
-            rerun=rerun,
-            repeats=repeats,
-            prescreen_sample=prescreen_sample,
-            job_keys=list(job_keys),
-        )
-        write_json_atomic(self.index_path, index)
+
+        def add_grid(index: dict[str, Any]) -> None:
+            index["runs"][self.run].update(
+                points=len(job_keys),
+                rerun=rerun,
+                repeats=repeats,
+                prescreen_sample=prescreen_sample,
+                job_keys=list(job_keys),
+            )
+
+        update_index(self.sweep_dir, add_grid)
 
     def answered(self, counts: Counter) -> None:
         """Points the record store answers: they count as done, in one line."""
@@ -201,29 +206,25 @@ class SweepProgress(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         total = count_grid(config)
-        index_path = sweep_dir / SWEEP_INDEX
-        index = (
-            json.loads(index_path.read_text())
-            if index_path.exists()
-            else {
-                "name": config.sweep,
-                "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "runs": [],
-            }
-        )
-        index["hardware"] = OmegaConf.to_container(config.hardware, resolve=True)
-        index["runs"].append(
-            {
-                "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "grid": {str(k): str(v) for k, v in (config.hydra.sweeper.get("params") or {}).items()},
-                "overrides": list(config.hydra.overrides.task),
-                "sweeper": config.hydra.sweeper._target_,
-                "launcher": config.hydra.launcher._target_,
-                "points": total,
-            }
-        )
-        write_json_atomic(index_path, index)
-        self.progress = Progress(total, index_path)
+        now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+        def add_run(index: dict[str, Any]) -> int:
+            if not index:
+                index.update(name=config.sweep, created_at=now, store_id=path_id(sweep_dir), runs=[])
+            index["hardware"] = OmegaConf.to_container(config.hardware, resolve=True)
+            index["runs"].append(
+                {
+                    "started_at": now,
+                    "grid": {str(k): str(v) for k, v in (config.hydra.sweeper.get("params") or {}).items()},
+                    "overrides": list(config.hydra.overrides.task),
+                    "sweeper": config.hydra.sweeper._target_,
+                    "launcher": config.hydra.launcher._target_,
+                    "points": total,
+                }
+            )
+            return len(index["runs"]) - 1
+
+        self.progress = Progress(total, sweep_dir, update_index(sweep_dir, add_run))
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if self.progress is not None:  # a job of the multirun, run in the driver's own process
