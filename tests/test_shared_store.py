@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from omegaconf import OmegaConf
 from records import make_record
 
 from scaling.engine.jobfiles import current_umask
+from scaling.store.index import path_id, store_id, update_index
 from scaling.store.record import RESULT_FILE, SWEEP_INDEX, Record
+from scaling.store.wandb_runs import run_id
 from scaling.sweep.progress import SweepProgress
 
 
@@ -83,3 +86,18 @@ def test_two_drivers_updating_the_index_at_once_lose_no_entry(tmp_path):
     assert [writer.wait(timeout=120) for writer in writers] == [0, 0]
     runs = json.loads((tmp_path / SWEEP_INDEX).read_text())["runs"]
     assert sorted(runs) == sorted(f"{tag}-{i}" for tag in ("a", "b") for i in range(n))
+
+
+def test_run_ids_name_the_store_and_a_moved_store_keeps_its_id(tmp_path):
+    record = make_record(sweep="s" * 60)
+    record["provenance"]["attempt"] = 123
+    first, second = tmp_path / "a" / "runs", tmp_path / "b" / "runs"
+    assert store_id(first) == path_id(first) != path_id(second)
+    ids = {run_id(record, store_id(d)) for d in (first, second)}
+    assert len(ids) == 2
+    assert all(len(i) <= 64 and re.fullmatch(r"[A-Za-z0-9_.-]+", i) for i in ids)
+
+    update_index(first, lambda index: None)  # sweep.json keeps the id from its first update on
+    moved = tmp_path / "moved"
+    first.rename(moved)
+    assert store_id(moved) == path_id(first) != path_id(moved)

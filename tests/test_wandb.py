@@ -14,6 +14,7 @@ import pandas as pd
 
 from analysis.collect import collect, from_wandb_offline
 from scaling.job.wandb_log import log_point
+from scaling.store.index import store_id
 from scaling.store.record import iter_records
 from scaling.store.wandb_runs import read_offline_run
 from tests.compose import compose_point
@@ -87,8 +88,9 @@ def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_col
     assert sorted(r["status"] for r in records.values()) == ["invalid", "invalid", "ok", "predicted_oom"]
     runs = offline_runs(sweep_dir)
     assert len(runs) == 5 and {r["project"] for r in runs} == {"from-env"}
-    assert {r["id"] for r in runs} == {f"wbtest-{key}-1" for key in records} | {
-        f"wbtest-{key}-2" for key, r in records.items() if r["provenance"]["attempt"] == 2
+    store = store_id(sweep_dir)
+    assert {r["id"] for r in runs} == {f"wbtest-{store}-{key}-1" for key in records} | {
+        f"wbtest-{store}-{key}-2" for key, r in records.items() if r["provenance"]["attempt"] == 2
     }
     by_status = {r["summary"]["status"]: r for r in runs}
     ok, ok_record = by_status["ok"], next(r for r in records.values() if r["status"] == "ok")

@@ -19,6 +19,7 @@ import traceback
 from typing import Any, Mapping, Optional
 
 from scaling.job.metrics import tokens_per_s
+from scaling.store.index import store_id
 from scaling.store.wandb_runs import run_config, run_id, run_name, run_tags, summary_of
 
 STEP = "step/timed_step"
@@ -42,8 +43,9 @@ def history_of(record: Mapping[str, Any]) -> list[dict[str, float]]:
     return rows
 
 
-def log_point(record: Mapping[str, Any], logger: Mapping[str, Any], default_dir: str) -> Optional[str]:
-    """Log a point as one W&B run (per attempt); returns the run's directory, or None if not logged."""
+def log_point(record: Mapping[str, Any], logger: Mapping[str, Any], sweep_dir: str) -> Optional[str]:
+    """Log a point of the store `sweep_dir` as one W&B run (per attempt); returns the run's directory, or None
+    if not logged."""
     if logger["name"] != "wandb":
         return None
     try:
@@ -52,14 +54,14 @@ def log_point(record: Mapping[str, Any], logger: Mapping[str, Any], default_dir:
         run = wandb.init(
             project=logger["project"],
             entity=logger["entity"],
-            id=run_id(record),
+            id=run_id(record, store_id(sweep_dir)),
             resume="allow",
             group=record["sweep"],
             job_type="throughput",
             name=run_name(record),
             tags=run_tags(record),
             config=run_config(record),
-            dir=logger["dir"] or default_dir,
+            dir=logger["dir"] or sweep_dir,
             mode=logger["mode"],
             reinit="finish_previous",
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, x_disable_meta=True),

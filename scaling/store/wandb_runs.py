@@ -2,7 +2,8 @@
 
 One run per point and attempt, whatever its status (`predicted_oom` and `invalid` too):
 
-- id `<sweep>-<job_key>-<attempt>` (`run_id`): logging one attempt again (a retried job) resumes its run
+- id `<sweep>-<store>-<job_key>-<attempt>` (`run_id`), `<store>` the store's id (scaling.store.index): two
+  stores of one sweep name keep runs of their own; logging one attempt again (a retried job) resumes its run
   instead of adding one; `launch.rerun` records a new attempt, so it gets a new run;
 - name `tiny seq64 mbs2 ga1 dp2 zero3` (`#2` from the second attempt), tags: the status and one
   `axis=value` per axis (`dp=2`, `zero_stage=3`, ...);
@@ -75,9 +76,11 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:40]
 
 
-def run_id(record: Mapping[str, Any]) -> str:
-    """`<sweep>-<job_key>-<attempt>`: one W&B run per point and attempt (the sweep names the group)."""
-    return f"{safe_name(str(record.get('sweep') or 'sweep'))}-{record['job_key']}-{attempt_of(record)}"
+def run_id(record: Mapping[str, Any], store: str) -> str:
+    """`<sweep>-<store>-<job_key>-<attempt>`: one W&B run per point and attempt of one store (the sweep names
+    the group). At most 64 characters, W&B's limit: the sweep's name is cut to 32."""
+    sweep = safe_name(str(record.get("sweep") or "sweep"))[:32]
+    return f"{sweep}-{safe_name(store)}-{record['job_key']}-{attempt_of(record)}"
 
 
 def attempt_of(record: Mapping[str, Any]) -> int:
