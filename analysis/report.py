@@ -156,7 +156,7 @@ def log_to_wandb(
     in the summary, and the Parquet record table and the HTML report as artifacts."""
     import wandb
 
-    from scaling.store.wandb_runs import safe_name
+    from scaling.store.wandb_runs import run_dir, run_settings, safe_name
 
     run = wandb.init(
         project=project,
@@ -164,10 +164,10 @@ def log_to_wandb(
         group=sweep,
         job_type="report",
         name=f"{sweep} report",
-        dir=str(sweep_dir),
+        dir=run_dir(None, str(sweep_dir), os.environ),
         mode=mode,
         config={"sweep": sweep, "records": len(df)},
-        settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, x_disable_meta=True),
+        settings=wandb.Settings(**run_settings(os.environ)),
     )
     try:
         images = {

@@ -13,11 +13,12 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.collect import collect, from_wandb_offline
-from scaling.job.wandb_log import log_point
+from scaling.job.wandb_log import init_kwargs, log_point
 from scaling.store.index import store_id
 from scaling.store.record import iter_records
 from scaling.store.wandb_runs import read_offline_run
 from tests.compose import compose_point
+from tests.records import make_record
 
 FAST = ["model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=2"]
 
@@ -50,6 +51,17 @@ def test_logger_defaults_come_from_wandb_environment_variables_and_overrides_win
         monkeypatch.delenv(name)
     logger = compose_point(["logger=wandb"])["logger"]
     assert (logger["project"], logger["entity"], logger["mode"]) == ("scaling", None, "offline")
+
+
+def test_init_respects_wandb_dir_console_and_silent_and_is_quiet_otherwise(tmp_path):
+    logger = {"name": "wandb", "project": "p", "entity": None, "mode": "offline", "dir": None}
+    record, store = make_record(sweep="s"), str(tmp_path)
+    quiet = init_kwargs(record, logger, store, {})
+    assert quiet["dir"] == store and quiet["settings"]["silent"] is True and quiet["settings"]["console"] == "off"
+    assert quiet["id"] == f"s-{store_id(store)}-{record['job_key']}-1"
+    user = init_kwargs(record, logger, store, {"WANDB_DIR": "/w", "WANDB_CONSOLE": "wrap", "WANDB_SILENT": "false"})
+    assert user["dir"] == "/w" and "silent" not in user["settings"] and "console" not in user["settings"]
+    assert init_kwargs(record, {**logger, "dir": "/l"}, store, {"WANDB_DIR": "/w"})["dir"] == "/l"
 
 
 def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_collect(tmp_path):
@@ -109,7 +121,7 @@ def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_col
 
     # Logging the same attempt again resumes its run (same id), it never adds a point.
     logger = {"name": "wandb", "project": "from-env", "entity": None, "mode": "offline", "dir": None}
-    assert log_point(ok_record, logger, str(sweep_dir)) is not None
+    assert log_point(ok_record, logger, str(sweep_dir)) is None  # no failure
     deadline = time.monotonic() + 30  # wandb-core finishes writing the log after finish() returns
     while sum(r["id"] == ok["id"] and "status" in r["summary"] for r in offline_runs(sweep_dir)) < 2:
         assert time.monotonic() < deadline, "the second log of the attempt never reached its .wandb file"

@@ -246,18 +246,18 @@ def _derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
 
 
 def _finish(record: Record, point_dir: Path, t0: float, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Time, write atomically, announce the record, then log it to W&B (which may fail harmlessly)."""
+    """Time, write atomically, log the record to W&B (which may fail harmlessly), then announce it."""
     record.timing.wall_s = time.perf_counter() - t0
     record.write(point_dir / RESULT_FILE)
     inflight.clear(point_dir)
-    print(_summary_line(record), flush=True)
     written = record.to_dict()
-    wandb_log.log_point(written, cfg["logger"], cfg["sweep_dir"])
+    wandb_failure = wandb_log.log_point(written, cfg["logger"], cfg["sweep_dir"])
+    print(_summary_line(record) + (f"; {wandb_failure}" if wandb_failure else ""), flush=True)
     return written
 
 
 def _summary_line(record: Record) -> str:
-    """`[scaling] key status tokens/s/GPU mfu peak (point) error` for the job's log."""
+    """`[scaling] key status tokens/s/GPU mfu peak (point) error` for the job's log (a W&B failure follows)."""
     c, m = record.config, record.metrics or {}
     point = (
         f"model={c['model']['name']} seq={c['train']['seq_len']} mbs={c['train']['mbs']} "

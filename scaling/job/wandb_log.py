@@ -8,19 +8,19 @@ step (`step/timed_step` is its x-axis), whose summaries are their min, max and m
 never a last step passed off as the headline (`metrics/tokens_per_s_per_gpu` is gbs_tokens / median
 step time, per GPU).
 
-Offline by default; any W&B failure is reported on stderr and never fails the point: result.json is
-written before this runs.
+Offline by default, in the store unless `logger.dir` or `WANDB_DIR` names another folder; quiet unless
+`WANDB_SILENT` or `WANDB_CONSOLE` is set. Any W&B failure never fails the point: result.json is written
+before this runs, and the point's `[scaling]` line names the failure.
 """
 
 from __future__ import annotations
 
-import sys
-import traceback
+import os
 from typing import Any, Mapping, Optional
 
 from scaling.job.metrics import tokens_per_s
 from scaling.store.index import store_id
-from scaling.store.wandb_runs import run_config, run_id, run_name, run_tags, summary_of
+from scaling.store.wandb_runs import run_config, run_dir, run_id, run_name, run_settings, run_tags, summary_of
 
 STEP = "step/timed_step"
 """The x-axis of the per-step history: 0 for the first timed step after warm-up."""
@@ -43,42 +43,46 @@ def history_of(record: Mapping[str, Any]) -> list[dict[str, float]]:
     return rows
 
 
+def init_kwargs(
+    record: Mapping[str, Any], logger: Mapping[str, Any], sweep_dir: str, environ: Mapping[str, str]
+) -> dict[str, Any]:
+    """The arguments of `wandb.init` for a point of the store `sweep_dir` (`settings` as a dict of
+    `wandb.Settings` fields), given the process's environment."""
+    return {
+        "project": logger["project"],
+        "entity": logger["entity"],
+        "id": run_id(record, store_id(sweep_dir)),
+        "resume": "allow",
+        "group": record["sweep"],
+        "job_type": "throughput",
+        "name": run_name(record),
+        "tags": run_tags(record),
+        "config": run_config(record),
+        "dir": run_dir(logger["dir"], sweep_dir, environ),
+        "mode": logger["mode"],
+        "reinit": "finish_previous",
+        "settings": run_settings(environ),
+    }
+
+
 def log_point(record: Mapping[str, Any], logger: Mapping[str, Any], sweep_dir: str) -> Optional[str]:
-    """Log a point of the store `sweep_dir` as one W&B run (per attempt); returns the run's directory, or None
-    if not logged."""
+    """Log a point of the store `sweep_dir` as one W&B run (per attempt); returns why logging failed (one
+    line), or None when it was logged or W&B is off."""
     if logger["name"] != "wandb":
         return None
     try:
         import wandb
 
-        run = wandb.init(
-            project=logger["project"],
-            entity=logger["entity"],
-            id=run_id(record, store_id(sweep_dir)),
-            resume="allow",
-            group=record["sweep"],
-            job_type="throughput",
-            name=run_name(record),
-            tags=run_tags(record),
-            config=run_config(record),
-            dir=logger["dir"] or sweep_dir,
-            mode=logger["mode"],
-            reinit="finish_previous",
-            settings=wandb.Settings(silent=True, console="off", x_disable_stats=True, x_disable_meta=True),
-        )
+        kwargs = init_kwargs(record, logger, sweep_dir, os.environ)
+        run = wandb.init(**kwargs | {"settings": wandb.Settings(**kwargs["settings"])})
         try:
             run.define_metric(STEP)
             run.define_metric("step/*", step_metric=STEP, summary="min,max,mean")
             for row in history_of(record):
                 run.log(row)
             run.summary.update(summary_of(record))
-            return str(run.dir)
         finally:
             run.finish()
-    except Exception:
-        print(
-            f"[scaling] W&B logging failed for {record['job_key']} (the record is kept):\n"
-            f"{traceback.format_exc(limit=2)}",
-            file=sys.stderr,
-        )
-        return None
+    except Exception as e:
+        return f"W&B logging failed (the record is kept): {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    return None

@@ -76,6 +76,23 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text)[:40]
 
 
+def run_dir(logger_dir: str | None, sweep_dir: str, environ: Mapping[str, str]) -> str:
+    """Where a run's `wandb` folder goes: `logger.dir`, else W&B's own `WANDB_DIR`, else the store."""
+    return logger_dir or environ.get("WANDB_DIR") or sweep_dir
+
+
+def run_settings(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The `wandb.Settings` of a run: quiet (`silent`, `console="off"`) unless the user's `WANDB_SILENT` or
+    `WANDB_CONSOLE` says otherwise (W&B then reads them itself), and no system metrics or host facts (the
+    record has its own)."""
+    settings: dict[str, Any] = {"x_disable_stats": True, "x_disable_meta": True}
+    if "WANDB_SILENT" not in environ:
+        settings["silent"] = True
+    if "WANDB_CONSOLE" not in environ:
+        settings["console"] = "off"
+    return settings
+
+
 def run_id(record: Mapping[str, Any], store: str) -> str:
     """`<sweep>-<store>-<job_key>-<attempt>`: one W&B run per point and attempt of one store (the sweep names
     the group). At most 64 characters, W&B's limit: the sweep's name is cut to 32."""
