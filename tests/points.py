@@ -22,6 +22,9 @@ BASE = [
     "launch.timeout_s=180",
 ]
 """A tiny point on CPU: two warm-up steps (the CPU floor: the second is memory-tracked) and three timed ones."""
+CLIP = "train.grad_clip=0.05"
+"""Below the tiny model's gradient norms: every step clips. The DP-split points clip so; tests that look at other
+things of the same configs add it too, so that they read those points instead of launching their own."""
 
 
 def point(store: Path, *overrides: str) -> dict[str, Any]:

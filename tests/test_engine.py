@@ -12,7 +12,7 @@ import pytest
 from scaling.job.run import run_point
 from scaling.store.record import RESULT_FILE, job_key
 from tests.compose import compose_point
-from tests.points import point
+from tests.points import CLIP, point
 from tests.processes import processes_mentioning
 from tests.test_validate import INVALID
 
@@ -25,9 +25,6 @@ def sweep_dir(point_store):
 
 def rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b))
-
-
-CLIP = "train.grad_clip=0.05"  # below the tiny model's gradient norms: every step clips
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])

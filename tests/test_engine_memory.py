@@ -14,7 +14,7 @@ from scaling.engine.model_config import ModelArgs, param_count
 from scaling.predictor.analytic import _Shapes, zero1_worst_rank
 from scaling.predictor.prescreen import capacity_bytes
 from tests.compose import compose_point
-from tests.points import point
+from tests.points import CLIP, point
 
 MIB = 2**20
 # 142M parameters (570 MB in fp32) in many tensors of at most 16 MB: ZeRO-3 over 2 ranks must never
@@ -72,7 +72,9 @@ def test_resident_peak_is_reset_between_phases():
 @pytest.mark.parametrize("stage", [2, 3])
 def test_zero23_accumulate_gradients_in_shards(sweep_dir, stage):
     """grad_acc=2 adds the fp32 gradient shards (4Ψ/dp), not unsharded gradients (4Ψ), unless asked."""
-    common = ["parallel.dp=2", f"parallel.zero_stage={stage}"]  # seq_len 64, mbs 2
+    # seq_len 64, mbs 2; clipping at 0.05 (real runs clip too, at 1.0: the same buffers) makes "sharded" the
+    # DP-split point of test_engine.py, run once for both
+    common = ["parallel.dp=2", f"parallel.zero_stage={stage}", CLIP]
     psi = param_count(ModelArgs.from_dict(compose_point(["model=tiny"])["model"]))
     peaks = {}
     for label, extra in {
@@ -88,7 +90,7 @@ def test_zero23_accumulate_gradients_in_shards(sweep_dir, stage):
 
 
 def test_zero1_worst_rank_is_predicted_from_torchs_partition(sweep_dir):
-    rec = point(sweep_dir, "parallel.dp=2", "train.grad_acc=2", "parallel.zero_stage=1")  # seq_len 64, mbs 2
+    rec = point(sweep_dir, "parallel.dp=2", "train.grad_acc=2", "parallel.zero_stage=1", CLIP)  # the DP-split point
     assert rec["status"] == "ok", rec["error"]
     measured = rec["metrics"]["optimizer_state_bytes_per_rank"]
     args = ModelArgs.from_dict(rec["config"]["model"])
@@ -110,7 +112,7 @@ def test_zero1_worst_rank_is_predicted_from_torchs_partition(sweep_dir):
 
 
 def test_record_says_which_attention_kernel_ran(sweep_dir):
-    rec = point(sweep_dir, "parallel.dp=1", "train.grad_acc=4")
+    rec = point(sweep_dir, "parallel.dp=1", "train.grad_acc=4", CLIP)  # test_engine.py's DP-split point at dp=1
     assert rec["env"]["attention_kernel"] == "flash (cpu)" and rec["env"]["compile"] is False
     assert rec["env"]["warmup_steps_run"] == 2 and rec["metrics"]["compile_s"] is None
     # The watch on the first training step tells kernels apart: with the fused kernel ruled out, SDPA falls
