@@ -37,7 +37,7 @@ from scaling.core.units import format_bytes
 from scaling.engine.enums import Status
 from scaling.engine.jobfiles import read_json, write_json_atomic
 from scaling.store import inflight
-from scaling.store.index import path_id, update_index
+from scaling.store.index import update_index
 from scaling.store.record import iter_records
 from scaling.sweep.grid import expand, status_list
 
@@ -210,7 +210,7 @@ class SweepProgress(Callback):
 
         def add_run(index: dict[str, Any]) -> int:
             if not index:
-                index.update(name=config.sweep, created_at=now, store_id=path_id(sweep_dir), runs=[])
+                index.update(name=config.sweep, created_at=now, runs=[])  # update_index adds the store's id
             index["hardware"] = OmegaConf.to_container(config.hardware, resolve=True)
             index["runs"].append(
                 {
