@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scaling.store.device_time import device_hours, total  # noqa: E402
+from scaling.store.device_time import total  # noqa: E402
 from scaling.store.record import iter_records  # noqa: E402
 
 
@@ -59,9 +59,7 @@ def startup_s() -> float:
 
 def device_time_line(records: list[dict]) -> str:
     """`device time 0.214 device-h held by 38 points: 8.1% in timed steps, ...` for a store's records."""
-    spent = total(r.get("timing") or {} for r in records)
-    unknown = f" ({spent.unknown} more recorded before device time was kept)" if spent.unknown else ""
-    return f"device time {device_hours(spent.device_s)} held by {spent.records} points: {spent.shares()}{unknown}"
+    return f"device time {total(r.get('timing') or {} for r in records).held()}"
 
 
 def main() -> None:

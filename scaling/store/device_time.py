@@ -41,6 +41,11 @@ class DeviceTime:
         """`seconds` as a share of the device time held; None when none was held."""
         return seconds / self.device_s if self.device_s > 0 else None
 
+    def held(self) -> str:
+        """`0.426 device-h held by 44 points: 7.3% in timed steps, ...`, and the records not counted if any."""
+        unknown = f" ({self.unknown} more recorded before device time was kept)" if self.unknown else ""
+        return f"{device_hours(self.device_s)} held by {self.records} points: {self.shares()}{unknown}"
+
     def shares(self) -> str:
         """`8.1% in timed steps, 4.9% warm-up, 80.0% start-up, 7.0% launches not ok` (start-up: and teardown)."""
         if self.device_s <= 0:

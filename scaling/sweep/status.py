@@ -33,7 +33,7 @@ from typing import Any, Mapping, Optional
 
 from scaling.engine.jobfiles import RESULT_FILE, read_json
 from scaling.store import inflight
-from scaling.store.device_time import DeviceTime, device_hours, total
+from scaling.store.device_time import DeviceTime, total
 from scaling.store.record import SWEEP_INDEX, answers
 from scaling.sweep.grid import format_duration, launch_wall_s, status_list, wall_estimate_s
 
@@ -222,10 +222,7 @@ def render(s: Status, now: dt.datetime) -> list[str]:
         lines.append(f"  time     median {s.median_wall_s:.1f} s per launched point ({s.launched} recorded){left}")
     spent = s.device_time
     if spent.records:
-        lines.append(
-            f"  device   {device_hours(spent.device_s)} held by {spent.records} points: {spent.shares()}"
-            + (f" ({spent.unknown} more recorded before device time was kept)" if spent.unknown else "")
-        )
+        lines.append(f"  device   {spent.held()}")
     elif spent.unknown:
         lines.append(f"  device   not known: {spent.unknown} points recorded before device time was kept")
     return lines
