@@ -70,3 +70,13 @@ def _device_locks_per_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterat
         if os.environ.get("PYTEST_XDIST_WORKER"):
             mp.setenv(LOCK_DIR_ENV, str(tmp_path_factory.mktemp("device-locks")))
         yield
+
+
+@pytest.fixture(autouse=True)
+def _warm_ranks_only_for_shared_points(request: pytest.FixtureRequest) -> None:
+    """The real points of tests/points.py run on this worker's warm ranks, which hold its device lease while they
+    wait; any other test first ends them, so that a driver it starts takes the lease at once."""
+    if "point_store" not in request.fixturenames:
+        from scaling.launch import warm
+
+        warm.close()

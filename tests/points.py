@@ -1,6 +1,7 @@
 """Real points shared by the test modules that look at them: one record store for the session (the `point_store`
 fixture), so a config that several tests measure (the DP-split points above all) runs once, also when the suite runs
-on several workers (the store is theirs in common; a point another worker is running is waited for, not run twice)."""
+on several workers (the store is theirs in common; a point another worker is running is waited for, not run twice).
+Each worker measures its points on warm ranks (tests/test_warm.py shows they measure what fresh launches do)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,12 @@ BASE = [
     "train.steps=3",
     "train.precision=fp32",
     "launch.timeout_s=180",
+    "launch.reuse=true",
 ]
-"""A tiny point on CPU: two warm-up steps (the CPU floor: the second is memory-tracked) and three timed ones."""
+"""A tiny point on CPU: two warm-up steps (the CPU floor: the second is memory-tracked) and three timed ones, run on
+the warm ranks of this test process (launch.reuse: not part of the job key). A test whose subject is a fresh
+launch (its start-up, its resident memory, its processes) adds `FRESH`."""
+FRESH = "launch.reuse=false"
 CLIP = "train.grad_clip=0.05"
 """Below the tiny model's gradient norms: every step clips. The DP-split points clip so; tests that look at other
 things of the same configs add it too, so that they read those points instead of launching their own."""

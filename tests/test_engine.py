@@ -12,7 +12,7 @@ import pytest
 from scaling.job.run import run_point
 from scaling.store.record import RESULT_FILE, job_key
 from tests.compose import compose_point
-from tests.points import CLIP, point
+from tests.points import CLIP, FRESH, point
 from tests.processes import processes_mentioning
 from tests.test_validate import INVALID
 
@@ -129,9 +129,9 @@ def test_oversubscribed_point_runs_when_asked_and_says_so(sweep_dir):
 def test_hanging_rank_times_out_and_leaves_nothing(sweep_dir):
     """A lone rank that hangs is killed at launch.timeout_s; with a peer, the peer gives up first, at the
     process-group timeout (half the point's), and says so."""
-    alone = point(sweep_dir, "parallel.dp=1", "train.fault=hang", "launch.timeout_s=12")
+    alone = point(sweep_dir, "parallel.dp=1", "train.fault=hang", "launch.timeout_s=12", FRESH)
     assert alone["status"] == "timeout" and "launch.timeout_s=12s" in alone["error"]
-    pair = point(sweep_dir, "parallel.dp=2", "train.fault=hang", "launch.timeout_s=60")  # start-up may take 15 s
+    pair = point(sweep_dir, "parallel.dp=2", "train.fault=hang", "launch.timeout_s=60", FRESH)  # start-up may take 15 s
     assert pair["status"] == "timeout" and "process-group timeout" in pair["error"], pair["error"]
     assert pair["timing"]["torchrun_wall_s"] < 60
     assert processes_mentioning(alone["job_key"]) == processes_mentioning(pair["job_key"]) == []
@@ -139,7 +139,7 @@ def test_hanging_rank_times_out_and_leaves_nothing(sweep_dir):
 
 def test_one_rank_out_of_memory_while_its_peer_waits_in_a_collective_is_oom_within_seconds(sweep_dir):
     """The OOM rank's error wins over its peer's dropped connection, long before the point's timeout."""
-    rec = point(sweep_dir, "parallel.dp=2", "train.fault=oom", "launch.timeout_s=120")
+    rec = point(sweep_dir, "parallel.dp=2", "train.fault=oom", "launch.timeout_s=120", FRESH)
     assert rec["status"] == "oom", rec["error"]
     assert "rank 1 ran out of memory on purpose" in rec["error"]
     assert rec["timing"]["torchrun_wall_s"] < 30
@@ -147,7 +147,7 @@ def test_one_rank_out_of_memory_while_its_peer_waits_in_a_collective_is_oom_with
 
 
 def test_rank_that_dies_is_failed_with_last_line(sweep_dir):
-    rec = point(sweep_dir, "parallel.dp=2", "train.fault=crash")
+    rec = point(sweep_dir, "parallel.dp=2", "train.fault=crash", FRESH)
     assert rec["status"] == "failed"
     assert rec["error"] == "RuntimeError: injected fault: rank 1 crashed on purpose (train.fault=crash)"
     assert processes_mentioning(rec["job_key"]) == []
@@ -166,11 +166,11 @@ def test_invalid_point_is_recorded_without_starting_anything(sweep_dir, override
 def test_a_launch_is_judged_by_its_own_error_files_not_an_earlier_ones(sweep_dir):
     """An out-of-memory error file left by an earlier launch of the point does not make a rerun `oom` (an
     out-of-memory error wins over any other): the crashed point, launched again, fails with its own error."""
-    first = point(sweep_dir, "parallel.dp=2", "train.fault=crash")
+    first = point(sweep_dir, "parallel.dp=2", "train.fault=crash", FRESH)
     stale = sweep_dir / first["job_key"] / "elastic" / "old-run" / "attempt_0" / "0" / "error.json"
     stale.parent.mkdir(parents=True)
     stale.write_text(json.dumps({"message": {"message": "torch.OutOfMemoryError: from a launch long ago"}}))
-    again = point(sweep_dir, "parallel.dp=2", "train.fault=crash", "launch.rerun=failed")
+    again = point(sweep_dir, "parallel.dp=2", "train.fault=crash", "launch.rerun=failed", FRESH)
     assert (again["status"], again["error"]) == ("failed", first["error"]), again["error"]
     assert again["provenance"]["attempt"] == 2 and not stale.exists()
 

@@ -14,7 +14,7 @@ from scaling.engine.model_config import ModelArgs, param_count
 from scaling.predictor.analytic import _Shapes, zero1_worst_rank
 from scaling.predictor.prescreen import capacity_bytes
 from tests.compose import compose_point
-from tests.points import CLIP, point
+from tests.points import CLIP, FRESH, point
 
 MIB = 2**20
 # 142M parameters (570 MB in fp32) in many tensors of at most 16 MB: ZeRO-3 over 2 ranks must never
@@ -41,7 +41,7 @@ def sweep_dir(point_store):
 
 
 def test_zero3_builds_only_each_ranks_shard_plus_one_parameter(sweep_dir):
-    rec = point(sweep_dir, *FAT, "parallel.dp=2", "parallel.zero_stage=3")
+    rec = point(sweep_dir, *FAT, "parallel.dp=2", "parallel.zero_stage=3", FRESH)  # resident memory: fresh ranks
     assert rec["status"] == "ok", rec["error"]
     args = ModelArgs.from_dict(rec["config"]["model"])
     full = 4 * param_count(args)

@@ -43,9 +43,10 @@ WORKER_KEYS = [
     "env",
     "rows_built_in_timed_window",
     "grad_norms",
+    "points_before",
 ]
 """worker.json's keys, in order: as rank 0 wrote them before the report was typed, then the clipping's
-gradient norms and the data check of the timed window."""
+gradient norms, the data check of the timed window and the warm ranks' count of earlier points."""
 
 RECORD_KEYS = [
     "schema_version",
@@ -160,6 +161,7 @@ def test_a_record_round_trips_with_todays_keys_in_order():
         "timed_device_s",
         "warmup_device_s",
         "startup_device_s",
+        "points_before",
     ]
     assert list(data["timing"]) == [
         "started_at",

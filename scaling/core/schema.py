@@ -174,6 +174,12 @@ class LaunchConfig:
     repeats: int = 1
     """Independent launches of the point (a fresh torchrun each), all kept in its one record; its
     figures are the median over them with their spread. A point with fewer ok launches is not done."""
+    reuse: bool = False
+    """Warm ranks: points of one shape (world size, hardware, devices) run one after another on the same ranks
+    of one torchrun job, each built, warmed up, measured and freed on its own (scaling.launch.warm); repeats
+    then run on the same ranks too. Off: every launch is a fresh torchrun."""
+    reuse_idle_s: float = 30.0
+    """A warm job with no new point for this long ends and gives its devices back."""
 
 
 @dataclass

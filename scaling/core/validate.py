@@ -206,6 +206,7 @@ def _check_run(c: _Checker, cfg: Mapping[str, Any]) -> None:
         f"launch.prescreen_sample={launch['prescreen_sample']!r} must be a fraction in [0, 1]",
     )
     c.positive("launch.repeats", launch["repeats"])
+    c.positive("launch.reuse_idle_s", launch["reuse_idle_s"], integer=False)
     c.require(
         0 <= launch["prescreen_margin"] < 10,
         f"launch.prescreen_margin={launch['prescreen_margin']!r} must be in [0, 10)",

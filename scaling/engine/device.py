@@ -62,6 +62,10 @@ def rank_cores(local_rank: int, threads: int, usable: list[int]) -> list[int]:
     return [usable[(local_rank * threads + i) % len(usable)] for i in range(threads)]
 
 
+_STARTING_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+"""The cores this process could use when it started: a warm rank pins itself again for each point, from these."""
+
+
 def setup(hw: Mapping[str, Any], local_rank: int) -> Device:
     """Take this rank's device: pin CPU threads to their cores, or select and cap the CUDA device."""
     capacity = None if hw["memory_gb"] is None else int(hw["memory_gb"] * GIB)
@@ -85,7 +89,7 @@ def setup(hw: Mapping[str, Any], local_rank: int) -> Device:
             if capacity < props.total_memory:
                 torch.cuda.set_per_process_memory_fraction(capacity / props.total_memory, device)
         return Device(device, "real", capacity, env)
-    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    usable = _STARTING_CORES or list(range(os.cpu_count() or 1))
     cores = rank_cores(local_rank, threads, usable)
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)

@@ -8,6 +8,12 @@ typed content of `worker.json` (`WorkerReport`), the contract between rank 0 and
     <sweep_dir>/<job_key>/result.json     the record (scaling.store.record)
     <sweep_dir>/<job_key>/running.json    the point is queued or running, and where (scaling.store.inflight)
 
+A warm job (`launch.reuse`: ranks that stay up for several points of one shape) has a folder of its own, where
+the driver hands out points and rank 0 answers:
+
+    <pool_dir>/command-<n>.json           the driver: point n's config.json, or null to stop
+    <pool_dir>/done-<n>                   rank 0: point n measured and freed on every rank
+
 Standard library only: the worker and the driver both import it.
 """
 
@@ -17,6 +23,7 @@ import json
 import os
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -78,6 +85,33 @@ def read_json(path: str | os.PathLike) -> Optional[Any]:
         return None
 
 
+WARM_POLL_S = 0.02
+"""How often a waiting warm rank looks for its next command, and the driver for a point's end."""
+
+
+def warm_send(pool_dir: Path, n: int, config_path: Optional[Path]) -> None:
+    """The driver: hand point `n` (its config.json) to a warm job, or tell it to stop (None)."""
+    write_json_atomic(pool_dir / f"command-{n}.json", {"config": None if config_path is None else str(config_path)})
+
+
+def warm_command(pool_dir: Path, n: int) -> Optional[Path]:
+    """A warm rank: wait for command `n`; the config.json of the point to measure, or None to stop."""
+    path = pool_dir / f"command-{n}.json"
+    while (command := read_json(path)) is None:
+        time.sleep(WARM_POLL_S)
+    return None if command["config"] is None else Path(command["config"])
+
+
+def warm_done(pool_dir: Path, n: int) -> None:
+    """Rank 0 of a warm job: point `n` is measured and every rank has freed it."""
+    (pool_dir / f"done-{n}").touch()
+
+
+def warm_is_done(pool_dir: Path, n: int) -> bool:
+    """The driver: whether point `n` of a warm job is done."""
+    return (pool_dir / f"done-{n}").exists()
+
+
 @dataclass(kw_only=True)
 class WorkerReport:
     """What rank 0 measured, as `worker.json` holds it: one key per field, in this order.
@@ -132,6 +166,8 @@ class WorkerReport:
     before the window."""
     grad_norms: Optional[list[float]] = None
     """The global gradient norm of each optimizer step before clipping (train.grad_clip); None with clipping off."""
+    points_before: int = 0
+    """Points the same ranks measured before this one (launch.reuse); 0 for a fresh launch."""
 
     def write(self, path: str | os.PathLike) -> None:
         """Write the report atomically as JSON."""

@@ -10,6 +10,12 @@ memory per rank, the kernels that ran) next to the config; the driver turns it i
 `main` is wrapped in torch elastic's `@record`, so an exception in any rank lands in an error file the
 driver classifies (out of memory gives `oom`).
 
+Warm ranks (`launch.reuse`): `--serve <pool_dir>` keeps the ranks up for several points of one shape. Each rank
+waits for the driver's next command file (`scaling.engine.jobfiles.warm_command`), measures that point exactly as
+above, then frees what the point made (`release`: garbage, the allocator's cache and peaks, compiled graphs, the C
+heap's free pages), and rank 0 says the point is done. Any exception still ends the job: a rank that failed may
+have left a peer inside a collective, so the driver sends the rest of its points to a fresh launch.
+
 torch and the standard library only: this must run on a bare GPU box.
 """
 
@@ -22,7 +28,9 @@ if __name__ == "__main__":  # a rank: first of all, before `import torch` (secon
     die_with_torchrun()
     gate("before_torch")
 
+import ctypes
 import datetime as dt
+import gc
 import json
 import os
 import platform
@@ -39,7 +47,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from scaling.engine import device as devices
 from scaling.engine import kernels, memtrack
 from scaling.engine.data import GlobalBatch, step_batches
-from scaling.engine.jobfiles import WORKER_OUTPUT, WorkerReport
+from scaling.engine.jobfiles import WORKER_OUTPUT, WorkerReport, warm_command, warm_done
 from scaling.engine.lifetime import gate
 from scaling.engine.model_config import ModelArgs
 from scaling.engine.parallel import load_wrappers, parallelize
@@ -89,8 +97,9 @@ def _gather_floats(values: list[float], device: torch.device) -> list[list[float
     return [t.tolist() for t in out]
 
 
-def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
-    """Train and measure one experiment point as this rank; rank 0 writes worker.json."""
+def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) -> None:
+    """Train and measure one experiment point as this rank; rank 0 writes worker.json. `points_before`: the
+    points these ranks measured before this one (warm ranks)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     hw, train, par = cfg["hardware"], cfg["train"], cfg["parallel"]
     phases = Phases()
@@ -101,11 +110,12 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
     cuda = dev.device.type == "cuda"
     if cuda:
         kernels.forbid_math_attention()
-    dist.init_process_group(
-        hw["backend"],
-        device_id=dev.device if cuda else None,
-        timeout=dt.timedelta(seconds=cfg["runtime"]["pg_timeout_s"]),
-    )
+    if not dist.is_initialized():  # a warm rank joined it for its first point
+        dist.init_process_group(
+            hw["backend"],
+            device_id=dev.device if cuda else None,
+            timeout=dt.timedelta(seconds=cfg["runtime"]["pg_timeout_s"]),
+        )
     load_wrappers(par["zero_stage"])  # imported now, so that their memory is part of the baseline
     if not cuda:
         memtrack.load_trackers()
@@ -206,10 +216,10 @@ def measure_point(cfg: dict[str, Any], job_dir: Path) -> None:
         env=_env(cfg, dev),
         rows_built_in_timed_window=rows_built_in_window,
         grad_norms=[float(n) for n in grad_norms] if grad_norms else None,
+        points_before=points_before,
     )
     if rank == 0:
         report.write(job_dir / WORKER_OUTPUT)
-    _leave(cuda)
 
 
 def _memory_per_rank(dev: devices.Device, memory: dict[str, Optional[int]]) -> dict[str, Optional[list[int]]]:
@@ -260,6 +270,40 @@ def _env(cfg: dict[str, Any], dev: devices.Device) -> dict[str, Any]:
     return env
 
 
+def release(cuda: bool) -> None:
+    """After a point in a warm rank: free everything it made, so the next point starts as a fresh rank would
+    (garbage collected, the CUDA allocator's cache emptied and its peaks reset, compiled graphs dropped, and the
+    C heap's free pages handed back to the OS, so that resident-memory growth is measured from a trimmed heap)."""
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    if "torch._dynamo" in sys.modules:
+        sys.modules["torch._dynamo"].reset()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).malloc_trim(0)
+        except (AttributeError, OSError):  # not glibc
+            pass
+
+
+def serve(pool_dir: Path) -> None:
+    """A warm rank: measure the points the driver hands this job, one after another, until it says stop."""
+    n = 0
+    cuda = False
+    while (config_path := warm_command(pool_dir, n)) is not None:
+        cfg = json.loads(config_path.read_text())
+        cuda = cfg["hardware"]["device"] == "cuda"
+        measure_point(cfg, config_path.parent, points_before=n)
+        release(cuda)
+        dist.barrier()  # every rank has freed the point before the driver hands out the next
+        if int(os.environ["RANK"]) == 0:
+            warm_done(pool_dir, n)
+        n += 1
+    if dist.is_initialized():
+        _leave(cuda)
+
+
 def _leave(cuda: bool) -> None:
     """Wait for every rank, then exit this process at once."""
     dist.barrier()
@@ -274,10 +318,16 @@ def _leave(cuda: bool) -> None:
 
 @record
 def main(argv: list[str] | None = None) -> None:
-    """Entry point under torchrun: `python -m scaling.engine.worker <job_dir>/config.json`."""
+    """Entry point under torchrun: `python -m scaling.engine.worker <job_dir>/config.json`, or
+    `... --serve <pool_dir>` for warm ranks."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[0] == "--serve":
+        serve(Path(argv[1]))
+        return
     config_path = Path(argv[0])
-    measure_point(json.loads(config_path.read_text()), config_path.parent)
+    cfg = json.loads(config_path.read_text())
+    measure_point(cfg, config_path.parent)
+    _leave(cfg["hardware"]["device"] == "cuda")
 
 
 if __name__ == "__main__":

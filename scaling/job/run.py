@@ -41,7 +41,7 @@ from scaling.engine.jobfiles import (
 from scaling.engine.model_config import ModelArgs, param_count
 from scaling.job import wandb_log
 from scaling.job.metrics import repeats_metrics, throughput_metrics
-from scaling.launch import devices, slurm, torchrun
+from scaling.launch import devices, slurm, torchrun, warm
 from scaling.predictor.prescreen import predicted_oom, prescreen
 from scaling.store import inflight
 from scaling.store.record import (
@@ -154,29 +154,44 @@ def _launch_repeats(
     kept) or one launch is not ok; the record's metrics are those of all its ok launches.
 
     Concurrent points on this host take disjoint GPUs (CPU points: the host, one at a time). The lease is
-    given back only once no process of the point is left. Each repeat is a fresh torchrun; the record is
-    written after each, so a killed sweep keeps the repeats it finished."""
+    given back only once no process of the point is left. Each repeat is a fresh torchrun (with launch.reuse,
+    a turn of this process's warm job, which holds the lease between points); the record is written after
+    each, so a killed sweep keeps the repeats it finished."""
     kept = len(launches)
     log_name = TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
+    # Warm ranks serve points that run as one torchrun on this node (a multi-node SLURM point starts fresh).
+    warm_ranks = c.launch.reuse and slurm.placement(c.parallel.dp, c.hardware.devices_per_node, os.environ).nodes == 1
     for _ in range(max(1, c.launch.repeats - kept)):
         if lead:  # only the task that writes the record cleans the job directory (the others share it)
             for stale in (WORKER_OUTPUT, TORCHRUN_LOG):
                 (point_dir / stale).unlink(missing_ok=True)
             shutil.rmtree(point_dir / ELASTIC_LOGS, ignore_errors=True)  # an earlier launch's errors are not this one's
-        with devices.hold(lease, c.launch.devices) as held:
-            # The CPU peak that MFU divides by is measured here, while this point holds the host.
-            peak = flops.resolve_peak_flops(
-                cfg["hardware"], c.train.precision, c.hardware.threads_per_device, c.hardware.device
-            )
-            launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
-            env = torchrun.job_env(c.hardware.threads_per_device, held.visible, c.hardware.device == "cuda")
-            outcome = torchrun.launch_torchrun(argv, point_dir, c.launch.timeout_s, env, log_name)
-            torchrun.end_point_processes(point_dir / CONFIG_FILE)
+        if warm_ranks:
+            with warm.job_for(warm.shape_of(cfg, lease, os.environ), cfg) as job:
+                held = job.held if job.points == 0 else dataclasses.replace(job.held, wait_s=0.0)
+                peak = flops.resolve_peak_flops(
+                    cfg["hardware"], c.train.precision, c.hardware.threads_per_device, c.hardware.device
+                )
+                launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+                outcome, points_before = job.run(point_dir / CONFIG_FILE, point_dir, c.launch.timeout_s, log_name)
+        else:
+            warm.close()  # a warm job of this process holds devices this launch may need
+            points_before = 0
+            with devices.hold(lease, c.launch.devices) as held:
+                # The CPU peak that MFU divides by is measured here, while this point holds the host.
+                peak = flops.resolve_peak_flops(
+                    cfg["hardware"], c.train.precision, c.hardware.threads_per_device, c.hardware.device
+                )
+                launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+                env = torchrun.job_env(c.hardware.threads_per_device, held.visible, c.hardware.device == "cuda")
+                outcome = torchrun.launch_torchrun(argv, point_dir, c.launch.timeout_s, env, log_name)
+                torchrun.end_point_processes(point_dir / CONFIG_FILE)
         if not lead:  # another node's task of a multi-node point: its lead task writes the record
             if outcome.status != Status.OK:
                 return
             continue
         this, env_block = _launch_entry(c, record.derived, outcome, point_dir, launched_at, held.wait_s, peak)
+        this.timing.points_before = points_before
         launches.append(this)
         record.status, record.error, record.repeats = this.status, this.error, launches
         record.env = {**env_block, "devices": held.visible}

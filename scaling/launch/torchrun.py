@@ -99,7 +99,7 @@ def process_group_timeout_s(timeout_s: float) -> float:
     return max(10.0, 0.5 * float(timeout_s))
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
+def kill_tree(proc: subprocess.Popen) -> None:
     """Terminate the job's process group and every descendant (ranks run in sessions of their own)."""
     try:
         family = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
@@ -227,7 +227,7 @@ def launch_torchrun(
             timed_out = True
         finally:
             if proc.poll() is None or timed_out:
-                _kill_tree(proc)
+                kill_tree(proc)
     wall_s = time.perf_counter() - start
     log_tail = log_path.read_bytes()[-20000:].decode(errors="replace")
     status, error = classify(proc.returncode, timed_out, error_messages(job_dir), log_tail, timeout_s)

@@ -57,7 +57,7 @@ class LaunchTiming:
     device_wait_s: Optional[float] = None
     """Seconds spent waiting for the device lease before the launch."""
     torchrun_wall_s: Optional[float] = None
-    """Seconds from starting torchrun to its exit."""
+    """Seconds from starting torchrun to its exit (a warm job's turn: from handing it the point to its end)."""
     launch_overhead_s: Optional[float] = None
     """torchrun_wall_s minus the timed window, seconds: start-up, build, warm-up, teardown (None unless ok)."""
     devices: Optional[int] = None
@@ -71,6 +71,9 @@ class LaunchTiming:
     startup_device_s: Optional[float] = None
     """The rest of device_s: interpreter and torch imports, process group, build, the timed steps' batches,
     teardown (None unless ok)."""
+    points_before: Optional[int] = None
+    """Points the same ranks measured before this one (launch.reuse: a warm job's turn); 0 for a fresh launch,
+    None in records made before warm ranks existed."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LaunchTiming:

@@ -1,0 +1,270 @@
+"""Warm ranks (`launch.reuse=true`): one torchrun job whose ranks stay up for the points of one shape.
+
+A fresh launch spends seconds per rank on the interpreter, `import torch` and the process group before it
+measures a fraction of a second; points of one shape (the same world size, hardware block, process-group timeout,
+devices and rank environment) can share those ranks instead. This driver process keeps warm jobs: a
+point of its shape is handed to it (`scaling.engine.jobfiles.warm_send`). The job holds its device lease for its
+life, since its ranks hold the devices: on CUDA a point of another shape first ends it; on CPU a few jobs of
+different shapes wait side by side under the host's one lease. A job ends after `launch.reuse_idle_s` without a
+point, when a fresh launch of this process needs the devices, when the driver exits, or with the first point
+that does not end ok (a rank that failed may have left a peer inside a collective, so the rest go to a fresh job). Each point
+still gets its own job directory: the part of the job's log written while it ran, its error files, and the
+ranks' worker.json, from which the driver writes its ordinary record.
+
+What the job's ranks are tied to is what a fresh launch's are: torchrun dies with this process and each rank with
+torchrun (scaling.engine.lifetime), so a killed sweep leaves no rank behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional
+
+from scaling.engine.enums import Status
+from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG, WARM_POLL_S, warm_is_done, warm_send
+from scaling.engine.lifetime import die_with_parent
+from scaling.launch import devices, torchrun
+
+RANK_ENV_PREFIXES = (
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "GOMP_",
+    "MALLOC_",
+    "NCCL_",
+    "GLOO_",
+    "TORCH",
+    "PYTORCH_",
+    "CUDA_",
+    "NVIDIA_",
+    "SCALING_",
+    "LD_",
+    "PYTHON",
+    "PATH",
+)
+"""The environment variables that can change what a rank does: a point shares a warm job only with points whose
+ranks would see the same values of these (others, a shell's or a test runner's bookkeeping, do not count)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the points of one warm job have in common: whatever the ranks fixed when they started."""
+
+    nproc: int
+    hardware: str
+    """The hardware block as JSON: device, backend, threads, memory capacity."""
+    pg_timeout_s: float
+    request: Optional[devices.Request]
+    visible: Optional[str]
+    """launch.devices: CUDA_VISIBLE_DEVICES fixed by the point (None: leased or inherited)."""
+    env: tuple[tuple[str, str], ...]
+
+
+def shape_of(cfg: Mapping[str, Any], request: Optional[devices.Request], environ: Mapping[str, str]) -> Shape:
+    """The shape of a resolved point about to launch on this node (pure)."""
+    return Shape(
+        nproc=int(cfg["parallel"]["dp"]),
+        hardware=json.dumps(cfg["hardware"], sort_keys=True),
+        pg_timeout_s=torchrun.process_group_timeout_s(cfg["launch"]["timeout_s"]),
+        request=request,
+        visible=cfg["launch"]["devices"],
+        env=tuple(sorted((k, v) for k, v in environ.items() if k.startswith(RANK_ENV_PREFIXES))),
+    )
+
+
+class WarmJob:
+    """A torchrun job of warm ranks and the device lease it holds."""
+
+    def __init__(self, shape: Shape, cfg: Mapping[str, Any]) -> None:
+        self.shape = shape
+        self.points = 0
+        """Points handed to the job so far."""
+        self.last_used = time.monotonic()
+        self._cfg = cfg
+        self._idle: Optional[threading.Timer] = None
+        self._stack = contextlib.ExitStack()
+        self.held = _hold(shape.request, shape.visible)
+        self._stack.callback(_unhold, shape.request, shape.visible)
+        self.pool_dir = Path(tempfile.mkdtemp(prefix="scaling-warm-"))
+        self._stack.callback(shutil.rmtree, self.pool_dir, True)
+        self.log_path = self.pool_dir / TORCHRUN_LOG
+        self.proc: Optional[subprocess.Popen] = None
+
+    def idle_after(self, seconds: float, end: Any) -> None:
+        """Call `end` once the job has waited `seconds` for its next point."""
+        self.cancel_idle()
+        self._idle = threading.Timer(seconds, end)
+        self._idle.name, self._idle.daemon = "warm-ranks-idle", True
+        self._idle.start()
+
+    def cancel_idle(self) -> None:
+        """A point came: the job is no longer idle."""
+        if self._idle is not None:
+            self._idle.cancel()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the job can take another point: not started yet, or its torchrun still running."""
+        return self.proc is None or self.proc.poll() is None
+
+    def _start(self) -> None:
+        hw = self._cfg["hardware"]
+        argv = torchrun.torchrun_argv(
+            torchrun.WORKER,
+            ["--serve", str(self.pool_dir)],
+            self.shape.nproc,
+            log_dir=self.pool_dir / ELASTIC_LOGS,
+        )
+        env = torchrun.job_env(hw["threads_per_device"], self.held.visible, hw["device"] == "cuda")
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            )
+
+    def run(
+        self, config_path: Path, point_dir: Path, timeout_s: float, log_name: str = TORCHRUN_LOG
+    ) -> tuple[torchrun.Outcome, int]:
+        """Measure one point on the job's ranks (starting them for the first), wait at most `timeout_s`, copy
+        what the job wrote meanwhile into the point's directory, and classify the outcome as a fresh launch's; also
+        how many points the job had run before this one."""
+        if self.proc is None:
+            self._start()
+        assert self.proc is not None
+        n, self.points = self.points, self.points + 1
+        offset = self.log_path.stat().st_size
+        start = time.perf_counter()
+        warm_send(self.pool_dir, n, config_path)
+        timed_out = False
+        while not warm_is_done(self.pool_dir, n) and self.proc.poll() is None:
+            if time.perf_counter() - start > timeout_s:
+                timed_out = True
+                break
+            time.sleep(WARM_POLL_S)
+        done = not timed_out and warm_is_done(self.pool_dir, n)
+        if not done:  # the job is over for every point: end what is left of it
+            if self.proc.poll() is None:
+                torchrun.kill_tree(self.proc)
+            self.proc.wait()
+        wall_s = time.perf_counter() - start
+        with open(self.log_path, "rb") as log, open(point_dir / log_name, "wb") as out:
+            log.seek(offset)
+            shutil.copyfileobj(log, out)
+        if done:
+            return torchrun.Outcome(status=Status.OK, error=None, returncode=0, wall_s=wall_s), n
+        if (self.pool_dir / ELASTIC_LOGS).exists():
+            shutil.copytree(self.pool_dir / ELASTIC_LOGS, point_dir / ELASTIC_LOGS, dirs_exist_ok=True)
+        log_tail = (point_dir / log_name).read_bytes()[-20000:].decode(errors="replace")
+        returncode = self.proc.returncode if self.proc.returncode != 0 else 1  # it stopped before the point's end
+        status, error = torchrun.classify(
+            returncode, timed_out, torchrun.error_messages(point_dir), log_tail, timeout_s
+        )
+        return torchrun.Outcome(status=status, error=error, returncode=self.proc.returncode, wall_s=wall_s), n
+
+    def close(self, grace_s: float = torchrun.KILL_GRACE_S) -> None:
+        """Stop the ranks (asked first, killed after `grace_s`), then give the devices back."""
+        self.cancel_idle()
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                warm_send(self.pool_dir, self.points, None)
+                try:
+                    self.proc.wait(timeout=grace_s)
+                except subprocess.TimeoutExpired:
+                    torchrun.kill_tree(self.proc)
+        finally:
+            self._stack.close()
+
+
+MAX_CPU_JOBS = 4
+"""Warm jobs of different shapes one CPU driver keeps at once (the oldest idle one ends first)."""
+
+_LOCK = threading.RLock()
+_jobs: dict[Shape, WarmJob] = {}
+_leases: dict[tuple[Optional[devices.Request], Optional[str]], tuple[contextlib.ExitStack, devices.Held, int]] = {}
+
+
+def _hold(request: Optional[devices.Request], visible: Optional[str]) -> devices.Held:
+    """The lease for a job of this process: taken by its first job, shared by the others (CPU jobs of this driver
+    run their points one at a time, so they may share the host)."""
+    key = (request, visible)
+    if key in _leases:
+        stack, held, users = _leases[key]
+        _leases[key] = (stack, held, users + 1)
+        return dataclasses.replace(held, wait_s=0.0)
+    stack = contextlib.ExitStack()
+    held = stack.enter_context(devices.hold(request, visible))
+    _leases[key] = (stack, held, 1)
+    return held
+
+
+def _unhold(request: Optional[devices.Request], visible: Optional[str]) -> None:
+    key = (request, visible)
+    stack, held, users = _leases.pop(key)
+    if users > 1:
+        _leases[key] = (stack, held, users - 1)
+    else:
+        stack.close()
+
+
+def _end(job: WarmJob) -> None:
+    with _LOCK:
+        if _jobs.get(job.shape) is job:
+            del _jobs[job.shape]
+            job.close()
+
+
+def close() -> None:
+    """End every warm job of this process (the next point starts fresh)."""
+    with _LOCK:
+        for job in list(_jobs.values()):
+            _end(job)
+
+
+atexit.register(close)
+
+
+@contextlib.contextmanager
+def job_for(shape: Shape, cfg: Mapping[str, Any]) -> Iterator[WarmJob]:
+    """The warm job for a point of `shape`: a running one of the same shape, else a new one.
+
+    On CUDA a new job first ends the others (an idle job's ranks keep a CUDA context on their devices); on CPU up
+    to MAX_CPU_JOBS jobs of different shapes wait side by side (idle ranks hold memory, not cores, and the
+    capacity a CPU point runs against is emulated). After its point a job waits launch.reuse_idle_s for the next
+    one, then ends; a job whose point did not end ok ends at once."""
+    with _LOCK:
+        job = _jobs.get(shape)
+        if job is not None:
+            job.cancel_idle()
+            if not job.alive:
+                _end(job)
+                job = None
+        if job is None:
+            cuda = json.loads(shape.hardware)["device"] == "cuda"
+            while _jobs and (cuda or len(_jobs) >= MAX_CPU_JOBS):
+                _end(min(_jobs.values(), key=lambda j: j.last_used))
+            job = _jobs[shape] = WarmJob(shape, cfg)
+        try:
+            yield job
+        finally:
+            job.last_used = time.monotonic()
+            if not job.alive:
+                _end(job)
+            else:
+                job.idle_after(float(cfg["launch"]["reuse_idle_s"]), functools.partial(_end, job))

@@ -1,0 +1,136 @@
+"""Warm ranks (launch.reuse): points of one shape measured one after another by the ranks of one torchrun job.
+
+Each point must come out as a fresh launch would measure it (the same losses, weights and tracked peak bytes), a
+point that fails must not take the points after it down, and a killed driver must leave no rank and exactly one
+record per finished point."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scaling.job.run import run_point
+from scaling.launch import warm
+from scaling.store.record import RESULT_FILE
+from tests.compose import compose_point
+from tests.points import BASE, CLIP, FRESH
+from tests.processes import processes_mentioning
+
+REPO = Path(__file__).resolve().parents[1]
+WARM = ["launch.reuse=true", "launch.reuse_idle_s=60"]
+SAME = ("losses", "grad_norms", "final_param_norm", "peak_mem_bytes_per_rank", "optimizer_state_bytes_per_rank")
+"""What a point measures that must not depend on what the ranks ran before (tokens/s is timing: noise)."""
+
+
+@pytest.fixture(autouse=True)
+def _end_warm_jobs():
+    yield
+    warm.close()
+
+
+def _run(store: Path, *overrides: str) -> dict:
+    return run_point(compose_point([*BASE, *overrides], store))
+
+
+def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does(tmp_path):
+    """ZeRO-3 on the ranks that have just run a ZeRO-0 point (DDP's reducer, another optimizer) equals its fresh
+    launch exactly; the record says which turn of the job it was, and the turn paid no start-up."""
+    store = tmp_path / "warm"
+    before = _run(store, "parallel.dp=2", "train.seq_len=32", "train.grad_acc=2", *WARM)
+    after = _run(store, "parallel.dp=2", "train.seq_len=32", "train.grad_acc=2", "parallel.zero_stage=3", CLIP, *WARM)
+    fresh = _run(
+        tmp_path / "fresh",
+        "parallel.dp=2",
+        "train.seq_len=32",
+        "train.grad_acc=2",
+        "parallel.zero_stage=3",
+        CLIP,
+        FRESH,
+    )
+    assert before["status"] == after["status"] == fresh["status"] == "ok", (after["error"], fresh["error"])
+    assert after["job_key"] == fresh["job_key"]  # launch settings are not part of the key
+    for name in SAME:
+        assert after["metrics"][name] == fresh["metrics"][name], name
+    turn = [r["repeats"][0]["timing"]["points_before"] for r in (before, after, fresh)]
+    assert turn[1] == turn[0] + 1 and turn[2] == 0, turn
+    # No interpreter, no torch import, no process group: the turn takes less than the fresh launch's start-up.
+    held = after["repeats"][0]["timing"]["torchrun_wall_s"]
+    assert held < fresh["repeats"][0]["timing"]["startup_device_s"] / 2, (held, fresh["repeats"][0]["timing"])
+    log = (store / after["job_key"] / "torchrun.log").read_text()
+    assert "Traceback" not in log  # the point's own part of the job's log
+
+
+def test_a_failing_point_ends_its_warm_job_and_the_next_point_starts_a_new_one(tmp_path):
+    """An out-of-memory rank and a crashed rank, each in the middle of a warm job, end it (a peer may be waiting
+    inside a collective): the point is classified as a fresh launch's would be, and the point after it runs on the
+    ranks of a new job, from their start as a fresh launch's do. One record per point."""
+    store = tmp_path / "warm"
+    zero2 = ["parallel.dp=2", "parallel.zero_stage=2", *WARM]
+    first = _run(store, *zero2, "train.seq_len=32")
+    oom = _run(store, *zero2, "train.fault=oom")
+    after_oom = _run(store, *zero2, "train.seq_len=40")
+    crash = _run(store, *zero2, "train.fault=crash")
+    after_crash = _run(store, *zero2, "train.seq_len=48")
+    turns = [r["repeats"][0]["timing"]["points_before"] for r in (first, oom, after_oom, crash, after_crash)]
+    assert turns[1:] == [turns[0] + 1, 0, 1, 0], turns
+    assert oom["status"] == "oom" and "rank 1 ran out of memory on purpose" in oom["error"], oom["error"]
+    assert oom["repeats"][0]["timing"]["torchrun_wall_s"] < 30  # the job ended; no wait for the point's timeout
+    assert (crash["status"], crash["error"]) == (
+        "failed",
+        "RuntimeError: injected fault: rank 1 crashed on purpose (train.fault=crash)",
+    )
+    assert (store / crash["job_key"] / "elastic").is_dir()  # the failed point keeps the job's error files
+    assert first["status"] == after_oom["status"] == after_crash["status"] == "ok"
+    assert len(list(store.glob("*/result.json"))) == 5
+
+
+def test_killing_the_driver_during_a_warm_job_leaves_no_rank_and_one_record_per_point(tmp_path):
+    """A multirun of three points on warm ranks, its driver SIGKILLed while the second runs: nothing is left
+    running, the first point has its record and the second none; the re-run records the other two, once each."""
+    sweep_dir, tmp = tmp_path / "sweep", tmp_path / "tmp"
+    tmp.mkdir()
+    argv = [
+        sys.executable,
+        "-m",
+        "scaling",
+        "run",
+        "-m",
+        *BASE,
+        *WARM,
+        "parallel.dp=2",
+        "train.steps=3,200,4",  # the second point runs long enough to be caught running
+        f"sweep_dir={sweep_dir}",
+    ]
+    env = {**os.environ, "TMPDIR": str(tmp)}  # the warm job's folder, named in its ranks' command lines
+    driver = subprocess.Popen(
+        argv, cwd=REPO, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp.glob("scaling-warm-*/command-1.json")):
+            assert time.monotonic() < deadline and driver.poll() is None, "the second point was never handed out"
+            time.sleep(0.02)
+        assert processes_mentioning(str(tmp))  # the warm ranks, running the second point
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    deadline = time.monotonic() + 10
+    while processes_mentioning(str(tmp)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_mentioning(str(tmp)) == []
+    records = [json.loads(p.read_text()) for p in sweep_dir.glob(f"*/{RESULT_FILE}")]
+    assert [r["config"]["train"]["steps"] for r in records] == [3]
+    rerun = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    assert "Grid of 3 points: 1 Hydra compositions, 1 answered by the store" in rerun.stdout  # not launched again
+    records = [json.loads(p.read_text()) for p in sweep_dir.glob(f"*/{RESULT_FILE}")]
+    assert sorted(r["config"]["train"]["steps"] for r in records) == [3, 4, 200]
+    assert all(r["status"] == "ok" and len(r["repeats"]) == 1 for r in records)
+    assert processes_mentioning(str(tmp)) == []
