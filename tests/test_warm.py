@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from scaling.job.run import run_point
 from scaling.launch import warm
 from scaling.store.record import RESULT_FILE
-from tests.compose import compose_point
-from tests.points import BASE, CLIP, FRESH
+from tests.points import BASE, CLIP, FRESH, point
 from tests.processes import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,18 +33,16 @@ def _end_warm_jobs():
     warm.close()
 
 
-def _run(store: Path, *overrides: str) -> dict:
-    return run_point(compose_point([*BASE, *overrides], store))
-
-
 def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does(tmp_path):
     """ZeRO-3 on the ranks that have just run a ZeRO-0 point (DDP's reducer, another optimizer) equals its fresh
     launch exactly; the record says which turn of the job it was, and the turn paid no start-up."""
-    store = tmp_path / "warm"
-    before = _run(store, "parallel.dp=2", "train.seq_len=32", "train.grad_acc=2", *WARM)
-    after = _run(store, "parallel.dp=2", "train.seq_len=32", "train.grad_acc=2", "parallel.zero_stage=3", CLIP, *WARM)
-    fresh = _run(
-        tmp_path / "fresh",
+    store, fresh_store = tmp_path / "warm", tmp_path / "fresh"
+    store.mkdir()
+    fresh_store.mkdir()
+    before = point(store, "parallel.dp=2", "train.seq_len=32", "train.grad_acc=2", *WARM)
+    after = point(store, "parallel.dp=2", "train.seq_len=32", "train.grad_acc=2", "parallel.zero_stage=3", CLIP, *WARM)
+    fresh = point(
+        fresh_store,
         "parallel.dp=2",
         "train.seq_len=32",
         "train.grad_acc=2",
@@ -71,13 +67,13 @@ def test_a_failing_point_ends_its_warm_job_and_the_next_point_starts_a_new_one(t
     """An out-of-memory rank and a crashed rank, each in the middle of a warm job, end it (a peer may be waiting
     inside a collective): the point is classified as a fresh launch's would be, and the point after it runs on the
     ranks of a new job, from their start as a fresh launch's do. One record per point."""
-    store = tmp_path / "warm"
+    store = tmp_path
     zero2 = ["parallel.dp=2", "parallel.zero_stage=2", *WARM]
-    first = _run(store, *zero2, "train.seq_len=32")
-    oom = _run(store, *zero2, "train.fault=oom")
-    after_oom = _run(store, *zero2, "train.seq_len=40")
-    crash = _run(store, *zero2, "train.fault=crash")
-    after_crash = _run(store, *zero2, "train.seq_len=48")
+    first = point(store, *zero2, "train.seq_len=32")
+    oom = point(store, *zero2, "train.fault=oom")
+    after_oom = point(store, *zero2, "train.seq_len=40")
+    crash = point(store, *zero2, "train.fault=crash")
+    after_crash = point(store, *zero2, "train.seq_len=48")
     turns = [r["repeats"][0]["timing"]["points_before"] for r in (first, oom, after_oom, crash, after_crash)]
     assert turns[1:] == [turns[0] + 1, 0, 1, 0], turns
     assert oom["status"] == "oom" and "rank 1 ran out of memory on purpose" in oom["error"], oom["error"]

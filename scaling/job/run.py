@@ -167,8 +167,8 @@ def _launch_repeats(
                 (point_dir / stale).unlink(missing_ok=True)
             shutil.rmtree(point_dir / ELASTIC_LOGS, ignore_errors=True)  # an earlier launch's errors are not this one's
         if warm_ranks:
-            with warm.job_for(warm.shape_of(cfg, lease, os.environ), cfg) as job:
-                held = job.held if job.points == 0 else dataclasses.replace(job.held, wait_s=0.0)
+            with warm.job_for(warm.shape_of(cfg, lease, os.environ), c.launch.reuse_idle_s) as job:
+                held = job.held
                 peak = flops.resolve_peak_flops(
                     cfg["hardware"], c.train.precision, c.hardware.threads_per_device, c.hardware.device
                 )

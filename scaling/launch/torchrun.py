@@ -229,9 +229,16 @@ def launch_torchrun(
             if proc.poll() is None or timed_out:
                 kill_tree(proc)
     wall_s = time.perf_counter() - start
-    log_tail = log_path.read_bytes()[-20000:].decode(errors="replace")
-    status, error = classify(proc.returncode, timed_out, error_messages(job_dir), log_tail, timeout_s)
+    status, error = judge(proc.returncode, timed_out, job_dir, log_path, timeout_s)
     return Outcome(status=status, error=error, returncode=proc.returncode, wall_s=wall_s)
+
+
+def judge(
+    returncode: Optional[int], timed_out: bool, job_dir: Path, log_path: Path, timeout_s: float
+) -> tuple[str, Optional[str]]:
+    """`classify` a job that ended, from the error files in `job_dir` and the tail of its log."""
+    log_tail = log_path.read_bytes()[-20000:].decode(errors="replace")
+    return classify(returncode, timed_out, error_messages(job_dir), log_tail, timeout_s)
 
 
 def job_env(threads_per_device: int, devices: Optional[str], cuda: bool) -> dict[str, str]:

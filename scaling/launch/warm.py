@@ -71,6 +71,10 @@ class Shape:
     """launch.devices: CUDA_VISIBLE_DEVICES fixed by the point (None: leased or inherited)."""
     env: tuple[tuple[str, str], ...]
 
+    def hardware_block(self) -> dict[str, Any]:
+        """The points' `hardware` block."""
+        return json.loads(self.hardware)
+
 
 def shape_of(cfg: Mapping[str, Any], request: Optional[devices.Request], environ: Mapping[str, str]) -> Shape:
     """The shape of a resolved point about to launch on this node (pure)."""
@@ -87,15 +91,15 @@ def shape_of(cfg: Mapping[str, Any], request: Optional[devices.Request], environ
 class WarmJob:
     """A torchrun job of warm ranks and the device lease it holds."""
 
-    def __init__(self, shape: Shape, cfg: Mapping[str, Any]) -> None:
+    def __init__(self, shape: Shape) -> None:
         self.shape = shape
         self.points = 0
         """Points handed to the job so far."""
         self.last_used = time.monotonic()
-        self._cfg = cfg
         self._idle: Optional[threading.Timer] = None
         self._stack = contextlib.ExitStack()
         self.held = _hold(shape.request, shape.visible)
+        """The devices; `wait_s` is the lease's wait until the first turn has run, then 0."""
         self._stack.callback(_unhold, shape.request, shape.visible)
         self.pool_dir = Path(tempfile.mkdtemp(prefix="scaling-warm-"))
         self._stack.callback(shutil.rmtree, self.pool_dir, True)
@@ -120,7 +124,7 @@ class WarmJob:
         return self.proc is None or self.proc.poll() is None
 
     def _start(self) -> None:
-        hw = self._cfg["hardware"]
+        hw = self.shape.hardware_block()
         argv = torchrun.torchrun_argv(
             torchrun.WORKER,
             ["--serve", str(self.pool_dir)],
@@ -164,6 +168,7 @@ class WarmJob:
                 torchrun.kill_tree(self.proc)
             self.proc.wait()
         wall_s = time.perf_counter() - start
+        self.held = dataclasses.replace(self.held, wait_s=0.0)  # a later turn waited for no device
         with open(self.log_path, "rb") as log, open(point_dir / log_name, "wb") as out:
             log.seek(offset)
             shutil.copyfileobj(log, out)
@@ -171,11 +176,8 @@ class WarmJob:
             return torchrun.Outcome(status=Status.OK, error=None, returncode=0, wall_s=wall_s), n
         if (self.pool_dir / ELASTIC_LOGS).exists():
             shutil.copytree(self.pool_dir / ELASTIC_LOGS, point_dir / ELASTIC_LOGS, dirs_exist_ok=True)
-        log_tail = (point_dir / log_name).read_bytes()[-20000:].decode(errors="replace")
         returncode = self.proc.returncode if self.proc.returncode != 0 else 1  # it stopped before the point's end
-        status, error = torchrun.classify(
-            returncode, timed_out, torchrun.error_messages(point_dir), log_tail, timeout_s
-        )
+        status, error = torchrun.judge(returncode, timed_out, point_dir, point_dir / log_name, timeout_s)
         return torchrun.Outcome(status=status, error=error, returncode=self.proc.returncode, wall_s=wall_s), n
 
     def close(self, grace_s: float = torchrun.KILL_GRACE_S) -> None:
@@ -241,13 +243,13 @@ atexit.register(close)
 
 
 @contextlib.contextmanager
-def job_for(shape: Shape, cfg: Mapping[str, Any]) -> Iterator[WarmJob]:
+def job_for(shape: Shape, idle_s: float) -> Iterator[WarmJob]:
     """The warm job for a point of `shape`: a running one of the same shape, else a new one.
 
     On CUDA a new job first ends the others (an idle job's ranks keep a CUDA context on their devices); on CPU up
     to MAX_CPU_JOBS jobs of different shapes wait side by side (idle ranks hold memory, not cores, and the
-    capacity a CPU point runs against is emulated). After its point a job waits launch.reuse_idle_s for the next
-    one, then ends; a job whose point did not end ok ends at once."""
+    capacity a CPU point runs against is emulated). After its point a job waits `idle_s` (launch.reuse_idle_s) for
+    the next one, then ends; a job whose point did not end ok ends at once."""
     with _LOCK:
         job = _jobs.get(shape)
         if job is not None:
@@ -256,10 +258,10 @@ def job_for(shape: Shape, cfg: Mapping[str, Any]) -> Iterator[WarmJob]:
                 _end(job)
                 job = None
         if job is None:
-            cuda = json.loads(shape.hardware)["device"] == "cuda"
+            cuda = shape.hardware_block()["device"] == "cuda"
             while _jobs and (cuda or len(_jobs) >= MAX_CPU_JOBS):
                 _end(min(_jobs.values(), key=lambda j: j.last_used))
-            job = _jobs[shape] = WarmJob(shape, cfg)
+            job = _jobs[shape] = WarmJob(shape)
         try:
             yield job
         finally:
@@ -267,4 +269,4 @@ def job_for(shape: Shape, cfg: Mapping[str, Any]) -> Iterator[WarmJob]:
             if not job.alive:
                 _end(job)
             else:
-                job.idle_after(float(cfg["launch"]["reuse_idle_s"]), functools.partial(_end, job))
+                job.idle_after(idle_s, functools.partial(_end, job))
