@@ -178,6 +178,7 @@ def main() -> None:
         "train.warmup_steps=1",
         "train.steps=1",
         "launch.prescreen=false",
+        "launch.reuse=true",  # the tracked bytes are the same on warm ranks (bench_reuse.py)
         "launch.timeout_s=600",
         "sweep=bench_predictor",
         f"sweep_dir={a.sweep_dir}",

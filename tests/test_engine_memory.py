@@ -11,7 +11,7 @@ from scaling.engine import kernels
 from scaling.engine.device import PROFILE_TOLERANCE, profile_note, rank_cores
 from scaling.engine.memtrack import ResidentMemory
 from scaling.engine.model_config import ModelArgs, param_count
-from scaling.predictor.analytic import _Shapes, zero1_worst_rank
+from scaling.predictor.analytic import _Shapes, predict_config, zero1_worst_rank
 from scaling.predictor.prescreen import capacity_bytes
 from tests.compose import compose_point
 from tests.points import CLIP, FRESH, point
@@ -109,6 +109,19 @@ def test_zero1_worst_rank_is_predicted_from_torchs_partition(sweep_dir):
     numel, tensors = zero1_worst_rank(shapes, 2)
     assert max(measured) == 8 * numel + 4 * tensors  # AdamW m and v, and a 4-byte step per tensor
     assert max(measured) > 8 * param_count(args) / 2  # whole tensors: the worst rank holds more than Ψ/dp
+
+
+def test_ddp_bucket_rebuild_in_the_second_step_is_predicted(sweep_dir):
+    """DDP rebuilds its gradient buckets in the second step's forward while the gradients still live in the old
+    ones: with activations this small that is the step's peak (parameters, both bucket sets, optimizer states), and
+    the analytic prediction says so to the byte's order (it was 4Ψ short before it knew)."""
+    rec = point(sweep_dir, "parallel.dp=2", "train.seq_len=16", "train.mbs=1", "parallel.zero_stage=1")
+    assert rec["status"] == "ok", rec["error"]
+    predicted = predict_config(rec["config"], grad_acc=rec["derived"]["grad_acc"])
+    assert predicted.phase == "bucket_rebuild"
+    assert abs(predicted.total_bytes / max(rec["metrics"]["peak_mem_bytes_per_rank"]) - 1) < 0.001
+    psi = param_count(ModelArgs.from_dict(rec["config"]["model"]))
+    assert rec["metrics"]["peak_mem_breakdown_rank0"]["_MemRefType.ACT"] >= 4 * psi  # the new buckets, in forward
 
 
 def test_record_says_which_attention_kernel_ran(sweep_dir):

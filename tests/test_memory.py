@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from scaling.core.units import GIB
 from scaling.engine.model_config import ModelArgs, param_count
@@ -164,3 +165,23 @@ def test_prescreen_traces_near_the_capacity_in_a_subprocess():
     out = prescreen(near)
     assert out["method"] == "traced" and out["peak_mem_bytes"] == trace_peak(near).peak_mem_bytes
     assert out["analytic"]["peak_mem_bytes"] == analytic and out["skip"] is False
+
+
+@pytest.mark.parametrize("numels", [(3000, 1000, 500), (500, 1000, 3000), (2000, 2000, 10)])
+def test_adamw_scratch_is_what_single_tensor_adamw_holds(numels):
+    """AdamW on CPU steps its tensors one by one: for each, the root of its second moment and that root's quotient,
+    while the previous tensor's denominator is still held. The tracker's peak of a real step says so."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in numels]
+    for p in params:
+        p.grad = torch.ones(n := p.numel()) / n
+    opt = torch.optim.AdamW(params, foreach=False)
+    opt.step()  # the states exist from here on, as in a tracked step
+    tracker = MemTracker()
+    tracker.track_external(*params, *(p.grad for p in params), opt)
+    with tracker:
+        opt.step()
+    peak = max(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
+    state = 4 * 4 * sum(numels) + 4 * len(numels)  # weights, gradients, m, v; a step per tensor
+    assert peak == state + 4 * memory.adamw_scratch(numels), (peak, state)

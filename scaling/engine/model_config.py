@@ -9,6 +9,7 @@ importing torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -54,6 +55,38 @@ class ModelArgs(ModelConfig):
         """Build from a model config mapping (dict or DictConfig); keys that are not fields are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: d[k] for k in d if k in names})
+
+
+def param_shapes(model: ModelConfig) -> tuple[tuple[str, bool, int, int], ...]:
+    """(name, in a block, rows, cols) of each parameter tensor in `Transformer(model).parameters()` order: the
+    embedding (v, h); per block attention_norm (h,), wq (h, h), wk and wv (nkv·hd, h), wo (h, h), ffn_norm (h,),
+    w1 and w3 (f, h), w2 (h, f); the final norm (h,); the output projection (v, h) unless tied. Rows are dim 0 (what
+    FSDP2 shards); a vector has one column."""
+    kv_dim = model.n_kv_heads * (model.hidden // model.n_heads)
+    return param_shapes_of(
+        model.n_layers, model.hidden, kv_dim, model.ffn_hidden, model.vocab_size, bool(model.tie_embeddings)
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def param_shapes_of(
+    n_layers: int, hidden: int, kv_dim: int, ffn_hidden: int, vocab_size: int, tied: bool
+) -> tuple[tuple[str, bool, int, int], ...]:
+    """`param_shapes` of the sizes that decide them (cached: sweeps ask for few distinct models)."""
+    h, f, v = hidden, ffn_hidden, vocab_size
+    block = (
+        ("attention_norm", True, h, 1),
+        ("wq", True, h, h),
+        ("wk", True, kv_dim, h),
+        ("wv", True, kv_dim, h),
+        ("wo", True, h, h),
+        ("ffn_norm", True, h, 1),
+        ("w1", True, f, h),
+        ("w3", True, f, h),
+        ("w2", True, h, f),
+    )
+    output = () if tied else (("output", False, v, h),)
+    return (("tok_embeddings", False, v, h), *block * n_layers, ("norm", False, h, 1), *output)
 
 
 def block_matmul_param_count(args: ModelArgs) -> int:

@@ -22,7 +22,9 @@ What the step holds, per rank, in this code base (see scaling/parallel.py):
 Activation bytes per token per block were read off the traced step (scaling.predictor.trace) for this block
 (RMSNorm, RoPE, GQA SDPA, SwiGLU) in eager mode. The peak is the largest of the step's phases: the
 loss, backward of the output layer, of the top block and, under FSDP2, its reduce-scatter and the
-next block's backward with its prefetch, and the optimizer step. All of it is pure arithmetic on
+next block's backward with its prefetch, the optimizer step (single-tensor AdamW's scratch on CPU, in the order the
+rank steps its tensors; none for CUDA's fused AdamW) and, under DDP, the gradient buckets' one rebuild in the second
+step's forward (old and new buckets side by side). All of it is pure arithmetic on
 the config: no tensor is made, tens of microseconds per point. `prescreen` refines an analytic
 prediction that lands near the capacity with the traced one (scaling.predictor.trace, in a subprocess), which
 measures live bytes with the worker's own tracker.
@@ -34,12 +36,10 @@ import functools
 import heapq
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from scaling.engine.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
-
-if TYPE_CHECKING:  # the model module imports torch: analytic_peak imports it, so reading this module costs none
-    from scaling.engine.model_config import ModelArgs
+from scaling.engine.model_config import ModelArgs, param_count, param_shapes_of
 
 ANALYTIC = "analytic"
 CALIBRATION_MODELS = ("tiny", "small")
@@ -117,7 +117,8 @@ class MemoryBreakdown:
     overhead_bytes: int
     """Small fixed tensors: RoPE tables, token ids, scalars."""
     phase: str
-    """Where the peak is: loss, output_backward, block_backward, reduce_scatter, next_block_backward or optimizer."""
+    """Where the peak is: loss, output_backward, block_backward, reduce_scatter, next_block_backward, optimizer or
+    bucket_rebuild."""
 
     @property
     def total_bytes(self) -> int:
@@ -192,22 +193,39 @@ def zero1_worst_rank(s: _Shapes, dp: int) -> tuple[int, int]:
     the embedding and the output projection land on a rank each: at large dp the worst rank holds far
     more than Ψ/dp (llama_8b at dp=64: 525M elements, not 125M).
     """
-    return _zero1_partition(s.V, s.h, s.kvd, s.f, s.L, s.tied, dp)
+    numels = max(_zero1_partition(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp), key=sum)
+    return sum(numels), len(numels)
 
 
 @functools.lru_cache(maxsize=4096)
-def _zero1_partition(V: int, h: int, kvd: int, f: int, L: int, tied: bool, dp: int) -> tuple[int, int]:
-    """`zero1_worst_rank` of one model's parameter shapes at `dp` (a sweep asks for few distinct ones)."""
-    per_block = [h * h] * 2 + [kvd * h] * 2 + [f * h] * 3 + [h] * 2
-    numels = [V * h] * (1 if tied else 2) + per_block * L + [h]
-    totals, counts = [0] * dp, [0] * dp
-    ranks = [(0, rank) for rank in range(dp)]  # (elements so far, rank): the least loaded, lowest rank first
-    for numel in sorted(numels, reverse=True):
-        total, rank = heapq.heappop(ranks)
-        totals[rank], counts[rank] = total + numel, counts[rank] + 1
-        heapq.heappush(ranks, (totals[rank], rank))
-    worst = totals.index(max(totals))
-    return totals[worst], counts[worst]
+def _zero1_partition(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int) -> tuple[tuple[int, ...], ...]:
+    """Per rank, the elements of each tensor ZeroRedundancyOptimizer gives it, in the order its inner optimizer
+    steps them (largest first): the greedy partition of `zero1_worst_rank` (a sweep asks for few distinct ones)."""
+    ranks: list[list[int]] = [[] for _ in range(dp)]
+    heap = [(0, rank) for rank in range(dp)]  # (elements so far, rank): the least loaded, lowest rank first
+    for numel in sorted((rows * cols for _, _, rows, cols in param_shapes_of(L, h, kvd, f, V, tied)), reverse=True):
+        total, rank = heapq.heappop(heap)
+        ranks[rank].append(numel)
+        heapq.heappush(heap, (total + numel, rank))
+    return tuple(map(tuple, ranks))
+
+
+@functools.lru_cache(maxsize=4096)
+def _model_order_scratch(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int) -> int:
+    """`adamw_scratch` of AdamW over the model's parameters (dp 1) or its FSDP2 shards (dp > 1), in model order."""
+    return adamw_scratch([_shard(rows, cols, dp) for _, _, rows, cols in param_shapes_of(L, h, kvd, f, V, tied)])
+
+
+def adamw_scratch(numels: Sequence[int]) -> int:
+    """Elements of single-tensor AdamW's scratch at its largest, over tensors stepped in this order: for tensor i,
+    the square root of its second moment and that root's quotient by the bias correction (2·numel_i), while the
+    previous tensor's denominator is still held by the loop variable it is about to replace (numel_{i-1}). Adjacent
+    large tensors (ZeroRedundancyOptimizer's largest-first order puts the embedding and the output projection
+    together) make it up to three times the largest tensor."""
+    worst, previous = 0, 0
+    for numel in numels:
+        worst, previous = max(worst, previous + 2 * numel), numel
+    return worst
 
 
 def _block_activation_bytes(s: _Shapes, bf16: bool, fsdp: bool) -> int:
@@ -303,10 +321,11 @@ def analytic_peak(
     recompute: str = Recompute.NONE,
     grad_acc: int = 1,
     fsdp_grad_reduce: str = FsdpGradReduce.EVERY_MICRO_STEP,
+    fused_optimizer: bool = False,
 ) -> MemoryBreakdown:
-    """Predicted peak bytes per rank of one training step of this project's model, by phase."""
-    from scaling.engine.model_config import ModelArgs, param_count
-
+    """Predicted peak bytes per rank of one training step of this project's model, by phase. `fused_optimizer`:
+    AdamW steps every tensor in one fused kernel, with no scratch (the engine's choice on CUDA); else it steps
+    them one by one (CPU), see `adamw_scratch`."""
     a = model if isinstance(model, ModelArgs) else ModelArgs.from_dict(model)
     if precision not in tuple(Precision):
         raise ValueError(f"train.precision={precision!r} is not valid: choose {' or '.join(Precision)}")
@@ -371,12 +390,28 @@ def analytic_peak(
         overhead_bytes=int(overhead),
         phase=name,
     )
-    # The optimizer step: weights, gradients, states, and single-tensor AdamW's two scratch copies
-    # of the largest parameter (CPU); the activations are gone.
-    largest = FP32 * (_shard(V, h, dp) if fsdp else V * h)
-    if params + step_grads + optimizer + 2 * largest + overhead > peak.total_bytes:
+    # The optimizer step: weights, gradients, states and AdamW's scratch (`adamw_scratch`) in the order the rank
+    # steps its tensors; the activations are gone. ZeroRedundancyOptimizer: the rank whose states and scratch
+    # are largest together.
+    if zero_stage == 1:
+        step_state = max(
+            2 * FP32 * sum(numels) + FP32 * len(numels) + (0 if fused_optimizer else FP32 * adamw_scratch(numels))
+            for numels in _zero1_partition(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp)
+        )
+        scratch = step_state - optimizer  # the worst rank by elements is among them: never negative
+    else:
+        scratch = (
+            0 if fused_optimizer else FP32 * _model_order_scratch(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp if fsdp else 1)
+        )
+    if params + step_grads + optimizer + scratch + overhead > peak.total_bytes:
         peak = MemoryBreakdown(
-            int(params), int(step_grads), int(optimizer), 0, 0, 0, int(2 * largest), int(overhead), "optimizer"
+            int(params), int(step_grads), int(optimizer), 0, 0, 0, int(scratch), int(overhead), "optimizer"
+        )
+    # DDP (stages 0-1) rebuilds its gradient buckets once, in the second step's forward, in the order the first
+    # step's gradients came in: the new buckets are allocated while the gradients still live in the old ones.
+    if not fsdp and params + 2 * grads + optimizer + overhead > peak.total_bytes:
+        peak = MemoryBreakdown(
+            int(params), int(grads), int(optimizer), 0, 0, 0, int(grads), int(overhead), "bucket_rebuild"
         )
     return peak
 
@@ -398,4 +433,5 @@ def predict_config(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> Me
         t["recompute"],
         grad_acc,
         p["fsdp_grad_reduce"],
+        fused_optimizer=cfg["hardware"]["device"] == "cuda",
     )
