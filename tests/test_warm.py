@@ -64,9 +64,10 @@ def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does(tmp_path):
 
 
 def test_a_failing_point_ends_its_warm_job_and_the_next_point_starts_a_new_one(tmp_path):
-    """An out-of-memory rank and a crashed rank, each in the middle of a warm job, end it (a peer may be waiting
-    inside a collective): the point is classified as a fresh launch's would be, and the point after it runs on the
-    ranks of a new job, from their start as a fresh launch's do. One record per point."""
+    """A rank that runs out of memory on its own (train.fault=oom: as on a real device, its peer may be waiting
+    inside a collective) and a crashed rank, each in the middle of a warm job, end it: the point is classified as
+    a fresh launch's would be, and the point after it runs on the ranks of a new job, from their start as a fresh
+    launch's do. One record per point."""
     store = tmp_path
     zero2 = ["parallel.dp=2", "parallel.zero_stage=2", *WARM]
     first = point(store, *zero2, "train.seq_len=32")
@@ -85,6 +86,29 @@ def test_a_failing_point_ends_its_warm_job_and_the_next_point_starts_a_new_one(t
     assert (store / crash["job_key"] / "elastic").is_dir()  # the failed point keeps the job's error files
     assert first["status"] == after_oom["status"] == after_crash["status"] == "ok"
     assert len(list(store.glob("*/result.json"))) == 5
+
+
+def test_a_point_past_its_emulated_capacity_is_oom_and_the_warm_job_measures_the_next(tmp_path):
+    """A CPU point whose tracked step passes the emulated capacity, in the middle of a warm job: every rank raises
+    it together at the end of that step, so it is recorded `oom` with the fresh launch's message, and the same job
+    measures the next point (its next turn) exactly as a fresh launch does."""
+    warm_store, fresh_store = tmp_path / "warm", tmp_path / "fresh"
+    warm_store.mkdir()
+    fresh_store.mkdir()
+    # 5 MB: the tiny model at seq 32 fits, at seq 256 × mbs 4 it does not; one capacity, so one shape and one job
+    shape = ["parallel.dp=2", "hardware.memory_gb=0.005"]
+    too_big, next_point = ["train.seq_len=256", "train.mbs=4", "launch.prescreen=false"], ["train.seq_len=40", CLIP]
+    first = point(warm_store, *shape, "train.seq_len=32", *WARM)
+    oom, after = point(warm_store, *shape, *too_big, *WARM), point(warm_store, *shape, *next_point, *WARM)
+    fresh_oom, fresh_after = point(fresh_store, *shape, *too_big, FRESH), point(fresh_store, *shape, *next_point, FRESH)
+    turns = [r["repeats"][0]["timing"]["points_before"] for r in (first, oom, after)]
+    assert turns[1:] == [turns[0] + 1, turns[0] + 2], turns  # one job throughout
+    assert oom["status"] == fresh_oom["status"] == "oom"
+    assert oom["error"] == fresh_oom["error"] and "emulated capacity exceeded" in oom["error"], oom["error"]
+    assert after["status"] == fresh_after["status"] == "ok", (after["error"], fresh_after["error"])
+    for name in SAME:
+        assert after["metrics"][name] == fresh_after["metrics"][name], name
+    assert len(list(warm_store.glob("*/result.json"))) == 3
 
 
 def test_killing_the_driver_during_a_warm_job_leaves_no_rank_and_one_record_per_point(tmp_path):

@@ -6,8 +6,8 @@ what the device really had in use (`torch.cuda.mem_get_info`: allocator reserve,
 buffers). On CPU there is no device allocator, so one untimed step runs under torch's memory tracker (MemTracker,
 or FSDPMemTracker for fully_shard models), which counts the bytes of live tensor storages:
 parameters, gradients, optimizer states, activations and temporaries. With a capacity set, the
-tracked step raises `torch.OutOfMemoryError` the moment live bytes exceed it, which is how a CPU
-run emulates a smaller device. Beside it, as a measure the tracker does not make, each rank reads its
+tracked step notes the moment live bytes exceed it and every rank raises `EmulatedOutOfMemoryError` at its end,
+which is how a CPU run emulates a smaller device. Beside it, as a measure the tracker does not make, each rank reads its
 peak resident memory from the OS (`VmHWM`, reset through /proc/self/clear_refs) for building and for
 training, as growth over its resident memory after imports. torch and the standard library only.
 """
@@ -21,25 +21,46 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import torch
+import torch.distributed as dist
 
 _TOTAL = "Total"
 
 
+class EmulatedOutOfMemoryError(torch.OutOfMemoryError):
+    """A CPU rank's live bytes passed the emulated capacity (hardware.memory_gb) in the tracked step. Every rank
+    raises it at once, after the step and outside any collective (`raise_if_exceeded`), so no rank is left waiting
+    for a peer: a fresh launch ends cleanly, and warm ranks go on to their next point."""
+
+
 class _CapacityCheck:
-    """Mixin for torch's trackers: raise OutOfMemoryError once live bytes pass the capacity."""
+    """Mixin for torch's trackers: note the first moment live bytes pass the capacity (the step goes on, so that
+    every rank reaches its end together and learns of it there)."""
 
     capacity_bytes: Optional[int] = None
+    exceeded: Optional[str] = None
 
     def _update_peak_stats(self, peak_state) -> None:
         super()._update_peak_stats(peak_state)  # type: ignore[misc]
-        if self.capacity_bytes is None:
+        if self.capacity_bytes is None or self.exceeded is not None:
             return
         for dev, snap in self._curr_mem_snap.items():  # type: ignore[attr-defined]
             if snap[_TOTAL] > self.capacity_bytes:
-                raise torch.OutOfMemoryError(
+                self.exceeded = (
                     f"emulated capacity exceeded on {dev}: {snap[_TOTAL]} live bytes > "
                     f"hardware.memory_gb capacity of {self.capacity_bytes} bytes"
                 )
+
+
+def raise_if_exceeded(exceeded: Optional[str]) -> None:
+    """Every rank with the others, after a tracked step: raise EmulatedOutOfMemoryError on all of them, naming the
+    first rank whose live bytes passed the capacity, if any did (a collective: every rank calls it)."""
+    found: list[Optional[str]] = [exceeded]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        found = [None] * dist.get_world_size()
+        dist.all_gather_object(found, exceeded)
+    first = next(((rank, message) for rank, message in enumerate(found) if message), None)
+    if first is not None:
+        raise EmulatedOutOfMemoryError(f"rank {first[0]}: {first[1]}")
 
 
 @functools.cache
@@ -61,6 +82,8 @@ class PeakMemory:
     def __init__(self, tracker: Any) -> None:
         self.peak_bytes: int = 0
         self.breakdown: dict[str, int] = {}
+        self.exceeded: Optional[str] = None
+        """What the capacity check noted when live bytes first passed the capacity (None: they never did)."""
         self._tracker = tracker
 
     def new_micro_step(self) -> None:
@@ -86,6 +109,7 @@ def tracked_step(
     result = PeakMemory(tracker)
     with tracker:
         yield result
+    result.exceeded = tracker.exceeded
     peak = tracker.get_tracker_snapshot("peak")
     for snap in peak.values():
         if snap[_TOTAL] >= result.peak_bytes:

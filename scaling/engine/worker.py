@@ -42,12 +42,12 @@ from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from scaling.engine import device as devices
 from scaling.engine import kernels, memtrack
 from scaling.engine.data import GlobalBatch, step_batches
-from scaling.engine.jobfiles import WORKER_OUTPUT, WorkerReport, warm_command, warm_done
+from scaling.engine.jobfiles import ELASTIC_LOGS, WORKER_OUTPUT, WorkerReport, warm_command, warm_done
 from scaling.engine.lifetime import gate
 from scaling.engine.model_config import ModelArgs
 from scaling.engine.parallel import load_wrappers, parallelize
@@ -166,6 +166,7 @@ def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) ->
         ) as peak:
             warmup_times.append(one_step(micro_batches, peak.new_micro_step))
         tracked_peak, breakdown = peak.peak_bytes, peak.breakdown
+        memtrack.raise_if_exceeded(peak.exceeded)
     phases.end("warmup_s")
 
     # Every timed step's micro-batches exist before the window: no data work between two timed steps.
@@ -287,6 +288,26 @@ def release(cuda: bool) -> None:
             pass
 
 
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+"""Where torch's ErrorHandler writes a rank's error (torchrun sets it per rank)."""
+
+
+def _record_error(job_dir: Path, e: BaseException) -> None:
+    """Write this rank's error for the point in `job_dir` as torchrun's `@record` writes a fresh rank's (the same
+    writer, pointed at the point's directory), so the driver classifies it the same way (call it in `except`)."""
+    path = job_dir / ELASTIC_LOGS / "warm" / os.environ["RANK"] / "error.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    previous = os.environ.get(ERROR_FILE_ENV)
+    os.environ[ERROR_FILE_ENV] = str(path)
+    try:
+        ErrorHandler().record_exception(e)
+    finally:
+        if previous is None:
+            del os.environ[ERROR_FILE_ENV]
+        else:
+            os.environ[ERROR_FILE_ENV] = previous
+
+
 def serve(pool_dir: Path) -> None:
     """A warm rank: measure the points the driver hands this job, one after another, until it says stop."""
     n = 0
@@ -294,7 +315,10 @@ def serve(pool_dir: Path) -> None:
     while (config_path := warm_command(pool_dir, n)) is not None:
         cfg = json.loads(config_path.read_text())
         cuda = cfg["hardware"]["device"] == "cuda"
-        measure_point(cfg, config_path.parent, points_before=n)
+        try:
+            measure_point(cfg, config_path.parent, points_before=n)
+        except memtrack.EmulatedOutOfMemoryError as e:  # every rank raised it together, outside any collective
+            _record_error(config_path.parent, e)
         release(cuda)
         dist.barrier()  # every rank has freed the point before the driver hands out the next
         if int(os.environ["RANK"]) == 0:

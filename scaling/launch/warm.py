@@ -7,8 +7,10 @@ point of its shape is handed to it (`scaling.engine.jobfiles.warm_send`). The jo
 life, since its ranks hold the devices: on CUDA a point of another shape first ends it; on CPU a few jobs of
 different shapes wait side by side under the host's one lease. A job ends after `launch.reuse_idle_s` without a
 point, when a fresh launch of this process needs the devices, when the driver exits, or with the first point
-that does not end ok (a rank that failed may have left a peer inside a collective, so the rest go to a fresh job). Each point
-still gets its own job directory: the part of the job's log written while it ran, its error files, and the
+that fails in a way that may leave a rank inside a collective (a crash, a timeout, a real device's out-of-memory
+error: the rest go to a fresh job). A CPU point that passes its emulated capacity does not end the job: every rank
+learns of it at the end of the tracked step and raises it there together (scaling.engine.memtrack), records it,
+frees the point and takes the next. Each point still gets its own job directory: the part of the job's log written while it ran, its error files, and the
 ranks' worker.json, from which the driver writes its ordinary record.
 
 What the job's ranks are tied to is what a fresh launch's are: torchrun dies with this process and each rank with
@@ -172,8 +174,11 @@ class WarmJob:
         with open(self.log_path, "rb") as log, open(point_dir / log_name, "wb") as out:
             log.seek(offset)
             shutil.copyfileobj(log, out)
-        if done:
+        if done and not torchrun.error_messages(point_dir):
             return torchrun.Outcome(status=Status.OK, error=None, returncode=0, wall_s=wall_s), n
+        if done:  # a point the ranks came through together (the emulated capacity exceeded): the job goes on
+            status, error = torchrun.judge(1, False, point_dir, point_dir / log_name, timeout_s)
+            return torchrun.Outcome(status=status, error=error, returncode=1, wall_s=wall_s), n
         if (self.pool_dir / ELASTIC_LOGS).exists():
             shutil.copytree(self.pool_dir / ELASTIC_LOGS, point_dir / ELASTIC_LOGS, dirs_exist_ok=True)
         returncode = self.proc.returncode if self.proc.returncode != 0 else 1  # it stopped before the point's end
@@ -249,7 +254,7 @@ def job_for(shape: Shape, idle_s: float) -> Iterator[WarmJob]:
     On CUDA a new job first ends the others (an idle job's ranks keep a CUDA context on their devices); on CPU up
     to MAX_CPU_JOBS jobs of different shapes wait side by side (idle ranks hold memory, not cores, and the
     capacity a CPU point runs against is emulated). After its point a job waits `idle_s` (launch.reuse_idle_s) for
-    the next one, then ends; a job whose point did not end ok ends at once."""
+    the next one, then ends; a job whose ranks stopped with their point ends at once."""
     with _LOCK:
         job = _jobs.get(shape)
         if job is not None:
