@@ -55,8 +55,9 @@ from scaling.engine.step import train_step
 
 
 def warmup_steps(cfg: dict[str, Any], device_type: str) -> int:
-    """Untimed steps before timing: as configured, but on CPU at least 2 (the last is memory-tracked after
-    one that made the optimizer states) and on CUDA at least 2, 3 with compile (lazy init, autotuning)."""
+    """Untimed steps before timing: as configured, but on CPU at least 2 (the second is memory-tracked: the first
+    made the optimizer states, and DDP rebuilds its gradient buckets in the second, a one-off peak that a device
+    would have to hold too) and on CUDA at least 2, 3 with compile (lazy init, autotuning)."""
     train = cfg["train"]
     floor = (3 if train["compile"] else 2) if device_type == "cuda" else 2
     return max(train["warmup_steps"], floor)
@@ -157,9 +158,8 @@ def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) ->
     with kernels.AttentionWatch() as attention:  # the kernel the training step runs, compiled or not
         warmup_times = [one_step(batches(0))]
     dev.env["attention_kernel"] = attention.kernel
-    warmup_times += [one_step(batches(len(losses))) for _ in range(n_warmup - (1 if cuda else 2))]
     tracked_peak, breakdown = None, {}
-    if not cuda:  # the last warm-up step: live tensor bytes under torch's tracker, against the capacity
+    if not cuda:  # the second step: live tensor bytes under torch's tracker, against the capacity
         micro_batches = batches(len(losses))
         with memtrack.tracked_step(
             wrapped.model, wrapped.optimizer, par["zero_stage"] >= 2, dev.capacity_bytes
@@ -167,6 +167,7 @@ def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) ->
             warmup_times.append(one_step(micro_batches, peak.new_micro_step))
         tracked_peak, breakdown = peak.peak_bytes, peak.breakdown
         memtrack.raise_if_exceeded(peak.exceeded)
+    warmup_times += [one_step(batches(len(losses))) for _ in range(n_warmup - len(warmup_times))]
     phases.end("warmup_s")
 
     # Every timed step's micro-batches exist before the window: no data work between two timed steps.
