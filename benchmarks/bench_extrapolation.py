@@ -13,8 +13,9 @@ H100 figures with dp 1-8. Per truth and source, over the seeds: the median and l
 the nominal tokens/s per GPU at each held-out dp, how often the knee (first dp below 80%) is within one
 power of two and inside the stated knee range, how often the 95% band covers the truth at every held-out dp,
 and the optimizer's time per parameter, true and fitted (median over the seeds; 0 where the points leave it to
-the compute and the bandwidth terms). No timing: the figures depend on the seeds only. Prints Markdown; asserts
-nothing.
+the compute and the bandwidth terms). Then, per truth, the information limit of source (a): the standard deviation
+of the extrapolated step time that its points allow at all (`--limits` prints only that). No timing: the figures
+depend on the seeds only. Prints Markdown; asserts nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
 
 from analysis.bands import Extrapolation, extrapolate
+from analysis.dp_fit import COLUMNS, OPTIMIZER, design, identifiable
 from analysis.dp_scaling import find_knee
+from analysis.step_model import Point
 from scaling.core.network import NetworkEstimate, profile_estimate, published_estimate
 
 EXTRA = (
@@ -102,13 +105,47 @@ def summarise(truth: Truth, source: str, results: list[Extrapolation]) -> list[s
     ]
 
 
+def information_limit(truth: Truth, dps: tuple[int, ...], held_out: list[int], noise: float, steps: int = 5) -> str:
+    """What source (a)'s points can say at all: the standard deviation of the extrapolated step time at each held-out
+    dp, relative, for the unbounded least squares over the step model's columns but the optimizer's (exposed
+    communication) at
+    the timing noise of a median of `steps` steps. No estimator without outside knowledge does much better; the
+    bounded fit and the α rule trade some of it for bias."""
+    w = truth.workload
+    t = np.array([truth.step_time_s(n) for n in dps])
+    d = design(w, [Point(n, w.grad_acc_at(n), (1.0,)) for n in dps], 8)
+    # the columns these points tell apart, the optimizer's left to the compute and the bandwidth terms as the fit
+    # leaves it when it is not resolved (with it the limit only widens)
+    cols = identifiable(d, [c for c in COLUMNS if c != OPTIMIZER])
+    x = d.of(cols) / t[:, None]
+    sigma = noise * math.sqrt(math.pi / (2 * steps))  # of a median of `steps` normal draws
+    cov = np.linalg.inv(x.T @ x) * sigma**2
+    cells = []
+    for n in held_out:
+        row = design(w, [Point(n, w.grad_acc_at(n), (1.0,))], 8).of(cols)[0]
+        cells.append(f"{n}: {100 * math.sqrt(row @ cov @ row) / truth.step_time_s(n):.1f}")
+    return " ".join(cells) + f" ({len(cols)} columns identified)"
+
+
+def limits(noise: float) -> None:
+    """Markdown: the information limit of source (a) per truth."""
+    dps = SOURCES[0][1]
+    print("\n| truth | (a) measured dp 1-32: σ of the extrapolated step time, % |\n|---|---|")
+    for truth in (*TRUTHS, *EXTRA):
+        print(f"| {truth.name} | {information_limit(truth, dps, [64, 128, 256], noise)} |")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Print the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--draws", type=int, default=200)
     p.add_argument("--noise", type=float, default=0.02, help="relative noise of each timed step")
+    p.add_argument("--limits", action="store_true", help="print only the information limit of source (a)")
     a = p.parse_args(argv)
+    if a.limits:
+        limits(a.noise)
+        return 0
     print(f"{a.seeds} seeds, {a.draws} draws, {a.noise:.0%} noise per timed step, 5 timed steps per point\n")
     print(
         "| truth | source (measured dp) | held-out dp: median/largest error, % | true first dp < 80% | "
@@ -120,6 +157,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for source, dps in SOURCES:
             results = [run(truth, source, dps, seed, a.draws, a.noise) for seed in range(a.seeds)]
             print("\n".join(summarise(truth, source, results)), flush=True)
+    limits(a.noise)
     return 0
 
 
