@@ -164,8 +164,13 @@ class _Shapes:
         return self.V * self.h * (1 if self.tied else 2) + self.h
 
     @property
+    def param_shapes(self) -> tuple[tuple[str, bool, int, int], ...]:
+        """The parameter tensors in model order (scaling.engine.model_config.param_shapes)."""
+        return param_shapes_of(self.L, self.h, self.kvd, self.f, self.V, self.tied)
+
+    @property
     def n_tensors(self) -> int:
-        return 9 * self.L + 2 + (0 if self.tied else 1)
+        return len(self.param_shapes)
 
 
 def _shard(rows: int, cols: int, dp: int) -> int:
