@@ -40,10 +40,13 @@ SHAPE = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_siz
 
 
 def model_of(row: pd.Series) -> ModelConfig:
-    """The decoder a record trained, from its config.model columns; tied embeddings read from derived.n_params,
-    which counts a tied output projection once."""
+    """The decoder a record trained, from its config.model columns (a record without `tie_embeddings` has it read
+    from derived.n_params, which counts a tied output projection once)."""
     shape = {k: int(row[k]) for k in SHAPE}
     tied = ModelConfig(name=str(row["model"]), tie_embeddings=True, **shape)
+    recorded = _setting(row, "tie_embeddings", None)
+    if recorded is not None:
+        return replace(tied, tie_embeddings=bool(recorded))
     return (
         tied
         if sum(t.numel for t in param_tensors(tied)) == int(row["n_params"])

@@ -53,6 +53,24 @@ def test_one_row_per_record_with_short_config_columns(sweep):
     assert list(df.columns[: len(COLUMNS)]) == list(COLUMNS)
     assert set(df["dp"].dropna()) == {1, 2, 4, 8, 16}
     assert df["seq_len"].dtype == "Int64"
+    # what the step model reads of a configuration (analysis.extrapolate.workload_and_points): clipping and tying
+    assert set(df["grad_clip"]) == {1.0} and set(df["tie_embeddings"]) == {False}
+
+
+def test_the_step_model_reads_clipping_and_tying_from_the_records(tmp_path):
+    """A ZeRO-3 sweep's records, through collect, give the step model the clipping all-reduce and the tied
+    output projection they were measured with."""
+    from analysis.extrapolate import workload_and_points
+    from scaling.engine.model_config import ModelArgs, param_count
+
+    records = [make_record(dp=n, zero_stage=3) for n in (1, 2)]
+    for r in records:
+        r["config"]["model"]["tie_embeddings"] = True
+        r["derived"]["n_params"] = param_count(ModelArgs.from_dict(r["config"]["model"]))
+    df = collect(write_sweep(tmp_path, records))
+    w, _ = workload_and_points(df)
+    assert w.grad_clip == 1.0 and w.collectives()[-1].moves == "gradient norm"
+    assert w.model.tie_embeddings is True
 
 
 def test_every_status_kept_distinct_and_metrics_null_when_not_ok(sweep):
