@@ -216,6 +216,15 @@ def _zero1_partition(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: i
 
 
 @functools.lru_cache(maxsize=4096)
+def _zero1_step_state(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int, fused: bool) -> int:
+    """Bytes of AdamW state and scratch while ZeroRedundancyOptimizer steps, on the rank where they are largest."""
+    return max(
+        2 * FP32 * sum(numels) + FP32 * len(numels) + (0 if fused else FP32 * adamw_scratch(numels))
+        for numels in _zero1_partition(L, h, kvd, f, V, tied, dp)
+    )
+
+
+@functools.lru_cache(maxsize=4096)
 def _model_order_scratch(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int) -> int:
     """`adamw_scratch` of AdamW over the model's parameters (dp 1) or its FSDP2 shards (dp > 1), in model order."""
     return adamw_scratch([_shard(rows, cols, dp) for _, _, rows, cols in param_shapes_of(L, h, kvd, f, V, tied)])
@@ -399,10 +408,7 @@ def analytic_peak(
     # steps its tensors; the activations are gone. ZeroRedundancyOptimizer: the rank whose states and scratch
     # are largest together.
     if zero_stage == 1:
-        step_state = max(
-            2 * FP32 * sum(numels) + FP32 * len(numels) + (0 if fused_optimizer else FP32 * adamw_scratch(numels))
-            for numels in _zero1_partition(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp)
-        )
+        step_state = _zero1_step_state(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp, fused_optimizer)
         scratch = step_state - optimizer  # the worst rank by elements is among them: never negative
     else:
         scratch = (
