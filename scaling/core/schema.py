@@ -22,6 +22,7 @@ before it resumes without launching. Fields that were part of the key from the s
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -29,7 +30,21 @@ from typing import Any, Mapping, Optional
 from scaling.engine.model_config import ModelConfig
 
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def package_dir(name: str) -> Path:
+    """The directory of one of the project's data packages (`scaling.conf`, `scaling.sweeps`), found through the
+    installed package: inside it for a wheel, the repository's conf/ or sweeps/ for an editable install (the
+    package-dir mapping in pyproject.toml), never by a path relative to this file."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"{name} is not installed: install the project (`pip install -e .` in the repository, or its wheel)"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+CONF_DIR = package_dir("scaling.conf")
 """The primary config (config.yaml) and its groups."""
 NEUTRAL = "neutral"
 """Field metadata key: the value at which a field changes nothing measured before it existed (job_key omits it)."""

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REPO_SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
+from scaling.core.schema import package_dir
+
+SHIPPED_SWEEPS = package_dir("scaling.sweeps")
+"""The sweeps that ship with the project (the repository's sweeps/, installed as scaling.sweeps)."""
 
 
 class SweepNotFound(LookupError):
@@ -22,7 +25,7 @@ class SweepNotFound(LookupError):
 
 def sweep_dirs() -> list[Path]:
     """Where sweep files are looked up: ./sweeps first, then the project's own sweeps/."""
-    dirs = [Path.cwd() / "sweeps", REPO_SWEEPS]
+    dirs = [Path.cwd() / "sweeps", SHIPPED_SWEEPS]
     return [d for i, d in enumerate(dirs) if d.is_dir() and d.resolve() not in [x.resolve() for x in dirs[:i]]]
 
 
