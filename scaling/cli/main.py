@@ -35,7 +35,7 @@ def run_app(argv: Sequence[str], config: Sequence[str] = ()) -> None:
     or timed out."""
     from hydra._internal.utils import _run_hydra, get_args_parser
 
-    from scaling.core.schema import CONF_DIR
+    from scaling.core.schema import CONF_DIR, searchpath_override
     from scaling.job import run
     from scaling.launch.resolvers import register
     from scaling.sweep import progress
@@ -44,6 +44,8 @@ def run_app(argv: Sequence[str], config: Sequence[str] = ()) -> None:
     parser = get_args_parser()
     parser.prog = PROG
     args = parser.parse_args([*config, *argv])
+    if not any(o.lstrip("+").startswith("hydra.searchpath") for o in args.overrides):
+        args.overrides.insert(0, searchpath_override())  # the project's own conf/ beside the shipped configs
     if args.experimental_rerun is not None:
         parser.error(
             "--experimental-rerun is not supported: run the point again with its overrides and launch.rerun=all"

@@ -30,13 +30,11 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import numpy as np
 import yaml
 
-from scaling.core.schema import CONF_DIR
+from scaling.core.schema import config_dirs
 from scaling.engine.jobfiles import read_json, write_json_atomic
 
 PROFILE_FILE = "alpha_beta.json"
 """The measured profile inside a sweep directory; the report uses it when it is there."""
-NETWORK_DIR = CONF_DIR / "network"
-"""Published figures per hardware profile: `conf/network/<hardware.name>.yaml`."""
 INTRA, INTER = "intra_node", "inter_node"
 TIERS = (INTRA, INTER)
 CPU_SIZES = (4 * 2**10, 64 * 2**10, 2**20, 4 * 2**20, 16 * 2**20)
@@ -266,10 +264,12 @@ def _range(path: Path, key: str, value: Any) -> tuple[float, float]:
     return low, high
 
 
-def published(hardware: str, network_dir: Path = NETWORK_DIR) -> Optional[dict[str, PublishedTier]]:
-    """The published tiers of a hardware profile (`conf/network/<hardware>.yaml`), None when it has none."""
-    path = network_dir / f"{hardware}.yaml"
-    if not path.is_file():
+def published(hardware: str, network_dir: Optional[Path] = None) -> Optional[dict[str, PublishedTier]]:
+    """The published tiers of a hardware profile (`network/<hardware>.yaml` in `network_dir`, else in the project's
+    own conf/ or the shipped configs, first found), None when it has none."""
+    dirs = [network_dir] if network_dir is not None else [d / "network" for d in config_dirs()]
+    path = next((d / f"{hardware}.yaml" for d in dirs if (d / f"{hardware}.yaml").is_file()), None)
+    if path is None:
         return None
     doc = yaml.safe_load(path.read_text()) or {}
     unknown = set(doc) - {"name", *TIERS}

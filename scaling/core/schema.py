@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from scaling.engine.model_config import ModelConfig
 
@@ -46,6 +46,24 @@ def package_dir(name: str) -> Path:
 
 CONF_DIR = package_dir("scaling.conf")
 """The primary config (config.yaml) and its groups."""
+OWN_CONF = "conf"
+"""A project's own config groups: `./conf/<group>/<name>.yaml` in the working directory (a model preset, a hardware
+profile, network figures), found on top of the shipped ones."""
+
+
+def config_dirs(cwd: Optional[Path] = None) -> list[Path]:
+    """Where config groups are looked up, first match first: the working directory's conf/ (when it has one and it is
+    not the shipped one, as in the repository itself), then the shipped configs."""
+    own = (cwd or Path.cwd()) / OWN_CONF
+    return ([own.resolve()] if own.is_dir() and own.resolve() != CONF_DIR.resolve() else []) + [CONF_DIR]
+
+
+def searchpath_override(extra: Sequence[Path] = (), cwd: Optional[Path] = None) -> str:
+    """`hydra.searchpath=[...]`: `extra` directories, then `config_dirs` (Hydra looks in the primary config's
+    directory first, then in these, in order)."""
+    return "hydra.searchpath=[" + ",".join(f"file://{d}" for d in [*extra, *config_dirs(cwd)]) + "]"
+
+
 NEUTRAL = "neutral"
 """Field metadata key: the value at which a field changes nothing measured before it existed (job_key omits it)."""
 

@@ -7,7 +7,7 @@ import contextlib
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from scaling.core.schema import CONF_DIR
+from scaling.core.schema import CONF_DIR, searchpath_override
 from scaling.launch.resolvers import register
 from scaling.sweep.grid import PointConfigs, expand
 
@@ -21,9 +21,11 @@ def _compose(overrides: Sequence[str], sweep_file: Optional[Path]) -> Any:
     from hydra import compose, initialize_config_dir
 
     register()
-    config_dir, name, extra = str(CONF_DIR), "config", []
-    if sweep_file is not None:  # the sweep file's `defaults: [config, ...]` finds conf/ on the search path
-        config_dir, name, extra = str(sweep_file.parent), sweep_file.stem, [f"hydra.searchpath=[file://{CONF_DIR}]"]
+    # the shipped configs first, the project's own conf/ beside them; a sweep file's `defaults: [config, ...]` finds
+    # both on the search path
+    config_dir, name, extra = str(CONF_DIR), "config", [searchpath_override()]
+    if sweep_file is not None:
+        config_dir, name = str(sweep_file.parent), sweep_file.stem
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
         return compose(config_name=name, overrides=[*extra, *overrides])
 
@@ -50,7 +52,7 @@ def sweep_file_grid(sweep_file: Path, overrides: Sequence[str] = ()) -> Iterator
     with initialize_config_dir(config_dir=str(sweep_file.resolve().parent), version_base="1.3"):
         master = compose(
             sweep_file.stem,
-            overrides=[f"hydra.searchpath=[file://{CONF_DIR}]", *hydra_overrides],
+            overrides=[searchpath_override(), *hydra_overrides],
             return_hydra_config=True,
         )
         params = OmegaConf.to_container(master.hydra.sweeper.params) or {}

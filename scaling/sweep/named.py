@@ -35,7 +35,16 @@ def available() -> list[str]:
 
 
 def find_sweep(name: str) -> Path:
-    """The sweep file of `name`; a clear error listing the valid names otherwise."""
+    """The sweep file of `name` (./sweeps first, then the shipped ones), or the file `name` names when it is a path
+    (it ends in .yaml or names a directory); a clear error listing the valid names otherwise."""
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        path = Path(name)
+        if not path.is_file():
+            raise SweepNotFound(
+                f"no sweep file {name!r} (from {Path.cwd()}): give a path to a sweep file or a name, one of "
+                f"{', '.join(available()) or '(none)'}"
+            )
+        return path.resolve()
     for d in sweep_dirs():
         if (d / f"{name}.yaml").is_file():
             return d / f"{name}.yaml"
