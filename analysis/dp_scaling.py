@@ -22,7 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullLocator
 
-from analysis.figures import new_figure
+from analysis.figures import new_figure, themed
 from analysis.heatmaps import facet_label
 from scaling.core.noise import NOISE_BAND_KEY
 from scaling.engine.enums import Status
@@ -198,6 +198,7 @@ def dp_axis(ax: Axes, dps: pd.Series) -> None:
     ax.grid(True, alpha=0.3)
 
 
+@themed
 def plot_dp_scaling(df: pd.DataFrame, threshold: float = DEFAULT_THRESHOLD, max_configs: int = 8) -> Figure:
     """Tokens/s per GPU and efficiency vs dp, one line per configuration, knees starred."""
     table = scaling_table(df)

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from analysis.bands import BAND, MAX_DP, N_DRAWS, Extrapolation, extrapolate
 from analysis.dp_scaling import DEFAULT_THRESHOLD, dp_axis
-from analysis.figures import new_figure
+from analysis.figures import PALETTE, new_figure, themed
 from analysis.step_model import LAST, Point, Workload, param_tensors
 from scaling.core.network import (
     PROFILE_FILE,
@@ -211,11 +211,12 @@ def report_text(found: dict[str, list[Extrapolation]]) -> list[str]:
     return out
 
 
+@themed
 def plot(results: Sequence[Extrapolation]) -> Figure:
     """One configuration's tokens/s per GPU vs dp: measured points, each source's nominal curve, band and knee."""
     fig = new_figure((8.5, 5.2))
     ax = fig.subplots()
-    colors = {"sweep": "tab:blue", "profile": "tab:green", "published": "tab:orange"}
+    colors = {"sweep": PALETTE[0], "profile": PALETTE[2], "published": PALETTE[1]}
     for r in results:
         color = colors[r.kind]
         ax.fill_between(r.dps, r.low, r.high, color=color, alpha=0.18, linewidth=0, gid=f"band:{r.kind}")

@@ -17,7 +17,7 @@ from typing import Optional
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.figures import new_figure
+from analysis.figures import new_figure, themed
 from analysis.heatmaps import EMULATED_OOM_LABEL
 from scaling.core.units import memory_unit
 from scaling.engine.enums import Status
@@ -148,6 +148,7 @@ def has_memory_checks(df: pd.DataFrame) -> bool:
     return bool((ok & measured_next_to).any() or df["pred_sampled"].eq(True).any())
 
 
+@themed
 def memory_figure(df: pd.DataFrame) -> Optional[Figure]:
     """Each prediction vs the measured peak (left) and, where recorded, RSS growth vs the tracked peak (right)."""
     ok = df[(df["status"] == Status.OK) & df["peak_mem_bytes"].notna()]
