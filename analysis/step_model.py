@@ -19,8 +19,9 @@ fp32 at every stage, parameters travel in bf16 only under FSDP2's mixed precisio
           micro-step's backward (`fsdp_grad_reduce=last_micro_step`: in the last backward only)
   ZeRO-3  the modules gathered in every micro-step's forward, the blocks again in its backward (the root is not
           resharded after forward), reduce-scattered in every backward (last_micro_step: the last only)
-  clipping (`train.grad_clip` > 0) at ZeRO-2/3: one all-reduce of the fp32 gradient norm over the shards, exposed;
-          at ZeRO-0/1 the gradients are whole on every rank and the norm is local
+  clipping (`train.grad_clip` > 0) at ZeRO-2/3: one all-reduce of the shards' partial norms, one fp32 per parameter
+          tensor (clip_grad_norm_ stacks the per-tensor norms and sums their squares across ranks before the total
+          norm), exposed; at ZeRO-0/1 the gradients are whole on every rank and the norm is local
 
 A collective hides behind the compute of the phase it runs in: the forward (1/3 of a micro-step's compute; 1/4
 with `train.recompute=full`, whose backward runs the forward again) or the backward (2/3; 3/4). Each window is a
@@ -182,7 +183,9 @@ STAGE_COLLECTIVES: dict[tuple[int, str], tuple[Collective, ...]] = {
 }
 """What each (ZeRO stage, parallel.fsdp_grad_reduce) issues; stages 0-1 do not read the latter."""
 CLIP_REDUCE = Collective("all_reduce", GRAD_NORM, None)
-"""clip_grad_norm_ over DTensor gradient shards (ZeRO-2/3): the partial norms summed across ranks."""
+"""clip_grad_norm_ over DTensor gradient shards (ZeRO-2/3): `_foreach_norm` gives each gradient's norm as a partial
+(p-norm) DTensor, `torch.stack` keeps them partial, and `vector_norm`, whose reduction differs from the partials'
+sum, makes the stacked vector whole first: one all-reduce of one fp32 norm per parameter tensor."""
 
 
 @dataclass(frozen=True)
@@ -251,7 +254,7 @@ class Workload:
         elif moves == PARAM_TENSORS:
             sizes = tuple(4 * t.numel for t in _tensors(key))  # DDP keeps fp32 parameters
         elif moves == GRAD_NORM:
-            sizes = (4,)
+            sizes = (4 * len(_tensors(key)),)  # the stacked fp32 partial norms of the gradient shards
         else:  # FSDP2 gathers and scatters whole modules, each parameter's dim 0 padded to a multiple of n
             width = GRAD_BYTES if moves == MODULE_GRADS else (2 if self.precision == "bf16" else 4)
             block = n * width * sum(t.shard_numel(n) for t in _tensors(key) if t.module == BLOCK) // self.model.n_layers

@@ -127,6 +127,8 @@ def test_ddp_buckets_are_the_reducers(model, bucket_mb, buckets):
 
 G, L = 3, SMALL.n_layers
 BLOCKS_PSI = PSI - ROOT_PSI
+NORMS = 4 * 21
+"""clip_grad_norm_'s all-reduce at ZeRO-2/3: the fp32 partial norms of SMALL's 21 gradient shards, stacked."""
 
 
 @pytest.mark.parametrize(
@@ -148,7 +150,7 @@ BLOCKS_PSI = PSI - ROOT_PSI
             0.0,
             {("all_gather", FWD_FIRST): (L + 1, 2 * PSI), ("reduce_scatter", BWD_LAST): (L + 1, 4 * PSI)},
         ),
-        # clipping the shards: one all-reduce of the fp32 norm, exposed
+        # clipping the shards: one all-reduce of the fp32 partial norms, one per parameter tensor, exposed
         (
             2,
             "every_micro_step",
@@ -156,7 +158,7 @@ BLOCKS_PSI = PSI - ROOT_PSI
             {
                 ("all_gather", FWD_FIRST): (L + 1, 2 * PSI),
                 ("reduce_scatter", BWD_EACH): (G * (L + 1), G * 4 * PSI),
-                ("all_reduce", None): (1, 4),
+                ("all_reduce", None): (1, NORMS),
             },
         ),
         # every forward gathers all modules, every backward the blocks again (the root stays gathered)
@@ -168,7 +170,7 @@ BLOCKS_PSI = PSI - ROOT_PSI
                 ("all_gather", FWD_EACH): (G * (L + 1), G * 2 * PSI),
                 ("all_gather", BWD_EACH): (G * L, G * 2 * BLOCKS_PSI),
                 ("reduce_scatter", BWD_EACH): (G * (L + 1), G * 4 * PSI),
-                ("all_reduce", None): (1, 4),
+                ("all_reduce", None): (1, NORMS),
             },
         ),
         (
@@ -293,12 +295,12 @@ def test_recompute_moves_a_quarter_of_the_compute_into_backward(recompute, backw
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_clipping_adds_one_exposed_scalar_all_reduce_at_zero_2_and_3(stage):
-    """clip_grad_norm_ on DTensor shards sums the partial norms across ranks: 2(n−1) latency steps and 4 bytes, not
-    hidden at any overlap. At ZeRO-0/1 the gradients are whole and the norm is local."""
+def test_clipping_adds_one_exposed_all_reduce_of_the_partial_norms_at_zero_2_and_3(stage):
+    """clip_grad_norm_ on DTensor shards sums the partial norms across ranks: 2(n−1) latency steps and 4 bytes per
+    parameter tensor, not hidden at any overlap. At ZeRO-0/1 the gradients are whole and the norm is local."""
     n, ab = 8, NET.tier(8)
     clipped = step_time_s(_w(stage, grad_clip=1.0), NET, n, 1e-3, 1.0, grad_acc=1)
-    extra = _ring("all_reduce", n, 4, ab) if stage >= 2 else 0.0
+    extra = _ring("all_reduce", n, NORMS, ab) if stage >= 2 else 0.0
     assert clipped - step_time_s(_w(stage), NET, n, 1e-3, 1.0, grad_acc=1) == pytest.approx(extra, abs=1e-15)
 
 

@@ -1,0 +1,87 @@
+"""A torchrun script for the engine tests: the collectives one optimizer step issues, per case, from torch's profiler.
+
+    python -m torch.distributed.run --standalone --nproc-per-node=2 -m tests.collective_counts IN.json OUT.json
+
+IN.json lists cases, each {"name": ..., "config": a resolved experiment config with its `derived` block}. For each,
+every rank builds the model with `parallelize`, runs two untimed steps (the first makes the optimizer states; DDP
+rebuilds its buckets in the second one's forward, broadcasting the new bucket order from rank 0, as the worker's
+warm-up absorbs it) and profiles exactly one `train_step` of grad_acc micro-batches. Rank 0 writes
+{name: {op: sorted bytes of each call}} to OUT.json. Only process-group calls made inside that step count (DDP's
+construction broadcast, `param_norm`'s all-reduce and barriers lie outside it); DTensor's functional collectives
+(`_c10d_functional::*`) reach the process group as the same `c10d::` ops, so they are counted once, there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+from scaling.engine.data import GlobalBatch, step_batches
+from scaling.engine.model_config import ModelArgs
+from scaling.engine.parallel import parallelize
+from scaling.engine.step import train_step
+
+OPS = {
+    "c10d::allreduce_": "all_reduce",
+    "c10d::broadcast_": "broadcast",
+    "c10d::_allgather_base_": "all_gather",
+    "c10d::_reduce_scatter_base_": "reduce_scatter",
+}
+"""Process-group ops (the dispatcher's names) as analysis.step_model names them; any other `c10d::` op is kept
+under its own name, so that the comparison shows it."""
+
+
+def _bytes(arg: Any) -> int:
+    """Bytes of one recorded argument: a tensor, a tensor list (summed), anything else 0."""
+    if isinstance(arg, list):
+        return sum(_bytes(a) for a in arg)
+    sizes = getattr(arg, "sizes", None)
+    return math.prod(sizes) * arg.dtype.itemsize if sizes is not None and arg.dtype is not None else 0
+
+
+def _collectives(prof: profile) -> dict[str, list[int]]:
+    """{op: bytes of each call} of the profiled region: a call moves its largest buffer (the all-reduced or
+    broadcast tensors, the gathered output, the reduce-scatter's input)."""
+    calls: dict[str, list[int]] = defaultdict(list)
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.name.startswith("c10d::"):
+            args = getattr(event.extra_fields, "inputs", [])
+            calls[OPS.get(event.name, event.name)].append(max(map(_bytes, args), default=0))
+    return {op: sorted(sizes) for op, sizes in sorted(calls.items())}
+
+
+def count_step(cfg: dict[str, Any], rank: int) -> dict[str, list[int]]:
+    """The collectives of one warm optimizer step of this case."""
+    args = ModelArgs.from_dict(cfg["model"])
+    train, grad_acc = cfg["train"], cfg["derived"]["grad_acc"]
+    wrapped = parallelize(args, train, cfg["parallel"], torch.device("cpu"))
+    data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"])
+    for step in range(2):
+        train_step(wrapped, step_batches(data, step, rank, train["mbs"], grad_acc))
+    batches = step_batches(data, 2, rank, train["mbs"], grad_acc)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        train_step(wrapped, batches)
+    return _collectives(prof)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    with open(sys.argv[1]) as f:
+        cases = json.load(f)
+    counts = {case["name"]: count_step(case["config"], rank) for case in cases}
+    if rank == 0:
+        with open(sys.argv[2], "w") as f:
+            json.dump(counts, f)
+    dist.destroy_process_group()

@@ -1,0 +1,106 @@
+"""The step model against the engine: the collectives one optimizer step issues at dp=2 (op, calls, bytes of each),
+counted by torch's profiler (tests/collective_counts.py), are those `analysis.step_model.step_collectives` lists, for
+every ZeRO stage, fsdp_grad_reduce and grad_acc, with clipping, in one torchrun launch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from typing import Any
+
+from analysis.step_model import EVERY, LAST, Workload, step_collectives
+from scaling.core.validate import validate
+from scaling.engine.model_config import ModelConfig
+from tests.compose import REPO, compose_point
+
+DP = 2
+CASES = [
+    (stage, reduce, grad_acc, "fp32")
+    for stage in (0, 1, 2, 3)
+    for reduce in ((EVERY,) if stage <= 1 else (EVERY, LAST))
+    for grad_acc in (1, 4)
+] + [(1, EVERY, 4, "bf16"), (3, EVERY, 4, "bf16")]
+"""(zero_stage, fsdp_grad_reduce, grad_acc, precision). bf16: DDP's buckets and ZeroRedundancyOptimizer's
+broadcasts stay fp32, FSDP2 gathers bf16 parameters and reduce-scatters fp32 gradients."""
+
+
+def _config(stage: int, reduce: str, grad_acc: int, precision: str) -> dict[str, Any]:
+    """The tiny model at dp=2, mbs 1, seq_len 16, clipped (train.grad_clip's default), with its derived block."""
+    cfg = compose_point(
+        [
+            "model=tiny",
+            "logger=none",
+            f"parallel.dp={DP}",
+            f"parallel.zero_stage={stage}",
+            f"parallel.fsdp_grad_reduce={reduce}",
+            f"train.grad_acc={grad_acc}",
+            "train.mbs=1",
+            "train.seq_len=16",
+            f"train.precision={precision}",
+        ]
+    )
+    cfg["derived"] = validate(cfg, host=False).as_dict()
+    return cfg
+
+
+def _assumed(cfg: dict[str, Any]) -> dict[str, list[int]]:
+    """{op: sorted bytes of each call} of one step as the step model lists it for this config."""
+    train, parallel, grad_acc = cfg["train"], cfg["parallel"], cfg["derived"]["grad_acc"]
+    w = Workload(
+        parallel["zero_stage"],
+        ModelConfig(**cfg["model"]),
+        train["precision"],
+        train["mbs"],
+        train["seq_len"],
+        None,
+        grad_acc,
+        parallel["fsdp_grad_reduce"],
+        train["recompute"],
+        train["grad_clip"],
+        parallel["bucket_mb"],
+    )
+    calls: dict[str, list[int]] = defaultdict(list)
+    for c in step_collectives(w, DP, grad_acc):
+        calls[c.op] += [round(c.bytes_per_call)] * c.count
+    return {op: sorted(sizes) for op, sizes in sorted(calls.items())}
+
+
+def _show(calls: dict[str, list[int]]) -> str:
+    """`all_gather 3× (1× 131200 B, 2× 98560 B)`, op by op."""
+    return "; ".join(
+        f"{op} {len(sizes)}× ({', '.join(f'{k}× {size} B' for size, k in sorted(Counter(sizes).items()))})"
+        for op, sizes in calls.items()
+    )
+
+
+def test_each_step_issues_what_the_step_model_lists(tmp_path):
+    configs = {f"zero{s}{'' if s <= 1 else '/' + r}/grad_acc={g}/{p}": _config(s, r, g, p) for s, r, g, p in CASES}
+    cases, counted = tmp_path / "cases.json", tmp_path / "counted.json"
+    cases.write_text(json.dumps([{"name": name, "config": cfg} for name, cfg in configs.items()]))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={DP}",
+            "-m",
+            "tests.collective_counts",
+            str(cases),
+            str(counted),
+        ],
+        timeout=300,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    issued = json.loads(counted.read_text())
+    wrong = [
+        f"{name}: the engine issued {_show(issued[name])}\n    the step model assumes {_show(_assumed(cfg))}"
+        for name, cfg in configs.items()
+        if issued[name] != _assumed(cfg)
+    ]
+    assert not wrong, "\n".join(wrong)
