@@ -43,6 +43,7 @@ import numpy as np
 
 from scaling.core.network import Network, tier_of
 from scaling.core.schema import ModelConfig
+from scaling.engine.model_config import param_shapes_of
 
 BACKWARD_SHARE = {"none": 2 / 3, "full": 3 / 4}
 """Share of a micro-step's compute in backward, by `train.recompute`: twice the forward's FLOPs, and with full
@@ -97,20 +98,10 @@ def _shape_key(model: ModelConfig) -> tuple[int, int, int, int, int, bool]:
 
 @functools.lru_cache(maxsize=64)
 def _tensors(key: tuple[int, int, int, int, int, bool]) -> tuple[ParamTensor, ...]:
-    n_layers, h, kv, f, v, tied = key
-    block = (
-        ParamTensor("attention_norm", BLOCK, h),
-        ParamTensor("wq", BLOCK, h, h),
-        ParamTensor("wk", BLOCK, kv, h),
-        ParamTensor("wv", BLOCK, kv, h),
-        ParamTensor("wo", BLOCK, h, h),
-        ParamTensor("ffn_norm", BLOCK, h),
-        ParamTensor("w1", BLOCK, f, h),
-        ParamTensor("w3", BLOCK, f, h),
-        ParamTensor("w2", BLOCK, h, f),
+    return tuple(
+        ParamTensor(name, BLOCK if in_block else ROOT, rows, cols)
+        for name, in_block, rows, cols in param_shapes_of(*key)
     )
-    output = () if tied else (ParamTensor("output", ROOT, v, h),)
-    return (ParamTensor("tok_embeddings", ROOT, v, h), *block * n_layers, ParamTensor("norm", ROOT, h), *output)
 
 
 def param_tensors(model: ModelConfig) -> tuple[ParamTensor, ...]:
