@@ -268,7 +268,7 @@ def published(hardware: str, network_dir: Optional[Path] = None) -> Optional[dic
     """The published tiers of a hardware profile (`network/<hardware>.yaml` in `network_dir`, else in the project's
     own conf/ or the shipped configs, first found), None when it has none."""
     dirs = [network_dir] if network_dir is not None else [d / "network" for d in config_dirs()]
-    path = next((d / f"{hardware}.yaml" for d in dirs if (d / f"{hardware}.yaml").is_file()), None)
+    path = next((p for p in (d / f"{hardware}.yaml" for d in dirs) if p.is_file()), None)
     if path is None:
         return None
     doc = yaml.safe_load(path.read_text()) or {}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 from scaling.engine.model_config import ModelConfig
 
@@ -51,17 +51,17 @@ OWN_CONF = "conf"
 profile, network figures), found on top of the shipped ones."""
 
 
-def config_dirs(cwd: Optional[Path] = None) -> list[Path]:
+def config_dirs() -> list[Path]:
     """Where config groups are looked up, first match first: the working directory's conf/ (when it has one and it is
     not the shipped one, as in the repository itself), then the shipped configs."""
-    own = (cwd or Path.cwd()) / OWN_CONF
-    return ([own.resolve()] if own.is_dir() and own.resolve() != CONF_DIR.resolve() else []) + [CONF_DIR]
+    own = (Path.cwd() / OWN_CONF).resolve()
+    return ([own] if own.is_dir() and own != CONF_DIR.resolve() else []) + [CONF_DIR]
 
 
-def searchpath_override(extra: Sequence[Path] = (), cwd: Optional[Path] = None) -> str:
-    """`hydra.searchpath=[...]`: `extra` directories, then `config_dirs` (Hydra looks in the primary config's
-    directory first, then in these, in order)."""
-    return "hydra.searchpath=[" + ",".join(f"file://{d}" for d in [*extra, *config_dirs(cwd)]) + "]"
+def searchpath_override() -> str:
+    """`hydra.searchpath=[...]` of `config_dirs` (Hydra looks in the primary config's directory first, then in these,
+    in order)."""
+    return "hydra.searchpath=[" + ",".join(f"file://{d}" for d in config_dirs()) + "]"
 
 
 NEUTRAL = "neutral"

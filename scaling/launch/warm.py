@@ -10,8 +10,8 @@ point, when a fresh launch of this process needs the devices, when the driver ex
 that fails in a way that may leave a rank inside a collective (a crash, a timeout, a real device's out-of-memory
 error: the rest go to a fresh job). A CPU point that passes its emulated capacity does not end the job: every rank
 learns of it at the end of the tracked step and raises it there together (scaling.engine.memtrack), records it,
-frees the point and takes the next. Each point still gets its own job directory: the part of the job's log written while it ran, its error files, and the
-ranks' worker.json, from which the driver writes its ordinary record.
+frees the point and takes the next. Each point still gets its own job directory: the part of the job's log written
+while it ran, its error files, and the ranks' worker.json, from which the driver writes its ordinary record.
 
 What the job's ranks are tied to is what a fresh launch's are: torchrun dies with this process and each rank with
 torchrun (scaling.engine.lifetime), so a killed sweep leaves no rank behind.

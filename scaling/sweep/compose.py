@@ -23,11 +23,9 @@ def _compose(overrides: Sequence[str], sweep_file: Optional[Path]) -> Any:
     register()
     # the shipped configs first, the project's own conf/ beside them; a sweep file's `defaults: [config, ...]` finds
     # both on the search path
-    config_dir, name, extra = str(CONF_DIR), "config", [searchpath_override()]
-    if sweep_file is not None:
-        config_dir, name = str(sweep_file.parent), sweep_file.stem
+    config_dir, name = (str(CONF_DIR), "config") if sweep_file is None else (str(sweep_file.parent), sweep_file.stem)
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-        return compose(config_name=name, overrides=[*extra, *overrides])
+        return compose(config_name=name, overrides=[searchpath_override(), *overrides])
 
 
 def _resolve(cfg: Any) -> dict[str, Any]:

@@ -36,7 +36,7 @@ def available() -> list[str]:
 
 def find_sweep(name: str) -> Path:
     """The sweep file of `name` (./sweeps first, then the shipped ones), or the file `name` names when it is a path
-    (it ends in .yaml or names a directory); a clear error listing the valid names otherwise."""
+    (it ends in .yaml or .yml, or has a /); a clear error listing the valid names otherwise."""
     if name.endswith((".yaml", ".yml")) or "/" in name:
         path = Path(name)
         if not path.is_file():
