@@ -67,6 +67,8 @@ class Extrapolation:
     batch: str
     """How the global batch splits over dp (`Workload.batch`)."""
     notes: tuple[str, ...] = field(default=())
+    draws: tuple[Fit, ...] = field(default=(), repr=False)
+    """The bootstrap draws' fits, whose percentiles make the band: the same band at any (dp, grad_acc)."""
 
     @property
     def max_measured_dp(self) -> int:
@@ -176,12 +178,13 @@ def extrapolate(
         if any(p.dp >= 2 and reaches(p.dp) for p in points):
             notes.append(overlap_words(nominal))
     dps = grid(w, [p.dp for p in points], reaches, max_dp)
-    curves, firsts, params = [], [], []
+    curves, firsts, params, fits = [], [], [], []
     for i in range(n_draws):
         data = _resample(points, rng, by_point)
         if by_point and not set(needed) <= set(identifiable(design(w, data, dpn))):
             data = _resample(points, rng, False)  # these points lose a tier or a parameter: keep every point
         f = fit_sweep(w, data, dpn, free) if source is None else fit_given(w, data, source.draws[i], free, rng)
+        fits.append(f)
         tps = _curve(w, f, dps)
         curves.append(tps)
         firsts.append(_first_below(dps, tps / tps[0], threshold))
@@ -222,6 +225,7 @@ def extrapolate(
         misfit,
         w.batch(),
         tuple(notes),
+        tuple(fits),
     )
 
 

@@ -160,6 +160,8 @@ def sweep_extrapolations(
 
 
 LETTERS = {"sweep": "(a)", "profile": "(b)", "published": "(c)"}
+PREFERENCE = ("sweep", "published", "profile")
+"""The sources from least to best informed: the summary states the knee under the best the sweep has."""
 
 
 def _interval(values: tuple[float, float, float], scale: float, unit: str) -> str:
@@ -196,6 +198,18 @@ def summary_table(found: dict[str, list[Extrapolation]]) -> pd.DataFrame:
             row["misfit at measured dp"] = f"{r.misfit:.1%}"
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def summary_words(found: dict[str, list[Extrapolation]]) -> list[str]:
+    """Per configuration, one sentence: where DP stops paying off under its best-informed source (a measured
+    profile, else published figures, else the sweep alone), with its band."""
+    out = []
+    for config, results in found.items():
+        r = max(results, key=lambda x: PREFERENCE.index(x.kind))
+        out.append(f"{config} ({LETTERS[r.kind]} {r.kind}): {r.knee_sentence()}.")
+    if out:
+        out.append("How each source was fitted and what it could identify is folded below.")
+    return out
 
 
 def report_text(found: dict[str, list[Extrapolation]]) -> list[str]:

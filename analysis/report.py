@@ -81,7 +81,8 @@ def write_report(
     meta = _sweep_meta(sweep_dir)
     sections = build_sections(sweep_dir, df, threshold)
     if left_out:
-        sections.insert(1, left_out_section(left_out))
+        after = next(i for i, section in enumerate(sections) if section.title == "Status counts") + 1
+        sections.insert(after, left_out_section(left_out))
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for stale in (out / "figures").glob("*.png"):  # figures of an earlier report of another layout
         stale.unlink()
@@ -108,11 +109,25 @@ def write_report(
         for table in section.tables:
             md += [_md_table(table), ""]
             page.append(_html_table(table))
+        if section.code:
+            md += ["```bash", *section.code, "```", ""]
+            page.append(f"<pre><code>{html.escape(chr(10).join(section.code))}</code></pre>")
         for name in section.figures:
             png = paths[f"figure:{name}"] = pngs[name]
             md += [f"![{name}](figures/{png.name})", ""]
             data = base64.b64encode(png.read_bytes()).decode()
             page.append(f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">')
+        if section.details or section.detail_tables:
+            md += ["<details>", f"<summary>{html.escape(section.details_title)}</summary>", ""]
+            page.append(f"<details><summary>{html.escape(section.details_title)}</summary>")
+            for text in section.details:
+                md += [text, ""]
+                page.append(f"<p>{html.escape(text)}</p>")
+            for table in section.detail_tables:
+                md += [_md_table(table), ""]
+                page.append(_html_table(table))
+            md += ["</details>", ""]
+            page.append("</details>")
     paths["markdown"] = out / "report.md"
     paths["markdown"].write_text("\n".join(md))
     paths["html"] = out / "report.html"

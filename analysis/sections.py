@@ -4,6 +4,7 @@ device time and the records left out. `analysis.report` writes them as Markdown,
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -53,12 +54,18 @@ TOP_COLUMNS = (
 
 @dataclass
 class Section:
-    """One part of the report: a heading, paragraphs, tables and figures (name -> Figure, or how to draw it)."""
+    """One part of the report: a heading, paragraphs, tables and figures (name -> Figure, or how to draw it), and
+    what a reader opens only when they want it (folded under `details_title`: how it was found, the caveats)."""
 
     title: str
     paragraphs: list[str] = field(default_factory=list)
     tables: list[pd.DataFrame] = field(default_factory=list)
     figures: dict[str, Figure | FigureSpec] = field(default_factory=dict)
+    details: list[str] = field(default_factory=list)
+    detail_tables: list[pd.DataFrame] = field(default_factory=list)
+    details_title: str = "Details"
+    code: list[str] = field(default_factory=list)
+    """Command lines, shown as a code block after the paragraphs."""
 
 
 def _fmt(df: pd.DataFrame) -> pd.DataFrame:
@@ -180,7 +187,8 @@ def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Sec
 
 
 def extrapolation_section(sweep_dir: Path, table: pd.DataFrame, threshold: float) -> Section:
-    """Beyond the measured dp: the step model fitted under each parameter source, for the fastest configurations."""
+    """Beyond the measured dp: per configuration, where DP stops paying off under the best-informed parameter
+    source, in a sentence each; the sources, the parameters and the caveats folded below."""
     found, notes = extrapolate.sweep_extrapolations(sweep_dir, table, threshold)
     intro = (
         f"The fastest configurations measured at two or more dp (at most {extrapolate.EXTRAPOLATED_CONFIGS}), "
@@ -194,9 +202,33 @@ def extrapolation_section(sweep_dir: Path, table: pd.DataFrame, threshold: float
     )
     return Section(
         "DP extrapolation beyond the measured dp",
-        [intro, *notes, *extrapolate.report_text(found)],
-        [extrapolate.summary_table(found)],
-        {f"dp_extrapolation_{i}": extrapolate.plot(results) for i, results in enumerate(found.values())},
+        extrapolate.summary_words(found),
+        figures={f"dp_extrapolation_{i}": extrapolate.plot(results) for i, results in enumerate(found.values())},
+        details=[intro, *notes, *extrapolate.report_text(found)],
+        detail_tables=[extrapolate.summary_table(found)],
+        details_title="How: the sources, each one's knee and parameters, the caveats",
+    )
+
+
+def recipe_section(sweep_dir: Path) -> Optional[Section]:
+    """The directory's `scaling recipe` answer (recipe.json), first in the report; None when it has none."""
+    from analysis.recipe import RECIPE_JSON, Recipe, headline, table
+
+    try:
+        recipe = Recipe.from_json(json.loads((sweep_dir / RECIPE_JSON).read_text()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as e:
+        return Section("Recipe", [f"{RECIPE_JSON} could not be read ({e}): run `scaling recipe` again."])
+    cells = table(recipe)
+    return Section(
+        f"Recipe: {recipe.model} at seq_len {recipe.seq_len}, global batch {recipe.gbs_tokens:,} tokens, on "
+        f"{recipe.hardware}",
+        headline(recipe),
+        [pd.DataFrame(cells[1:], columns=cells[0])],
+        code=[f"{r.command}  # {r.gpus} GPUs" for r in recipe.rows if r.command],
+        details=recipe.caveats(),
+        details_title="How the recipe was found",
     )
 
 
@@ -243,9 +275,11 @@ def device_time_section(sweep_dir: Path, df: pd.DataFrame) -> Optional[Section]:
 def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
     """Everything the report shows, in order: small figures drawn, the heatmaps still to be drawn."""
     counts = df["status"].value_counts().reindex(STATUS_ORDER, fill_value=0)
-    sections = [Section("Status counts", tables=[counts.rename_axis("status").reset_index(name="records")])]
+    recipe = recipe_section(sweep_dir)
+    sections = [recipe] if recipe is not None else []
+    sections += [Section("Status counts", tables=[counts.rename_axis("status").reset_index(name="records")])]
     if df.empty:
-        sections[0].paragraphs.append("No records yet.")
+        sections[-1].paragraphs.append("No records yet.")
         return sections
     top = top_configurations(df)
     sections.append(

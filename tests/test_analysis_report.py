@@ -118,6 +118,11 @@ def test_extrapolation_names_each_source_its_knee_range_and_reach(tmp_path):
         assert "Stops at dp=512: beyond it the fixed global batch of 512 samples no longer splits" in line
     assert "| llama_1b, seq 4096, ZeRO-0 | (b) profile | 1, 2, 4, 8 | 512 | 64 |" in section
     assert "![dp_extrapolation_0](figures/dp_extrapolation_0.png)" in section
+    # the answer first, in a sentence per configuration under its best-informed source; the rest folded below it
+    summary, folded = section.split("<details>", 1)
+    assert "llama_1b, seq 4096, ZeRO-0 ((b) profile): efficiency falls below 80% between dp=32 and dp=64" in summary
+    assert "(a) fitted to this sweep's DP curve" not in summary and "| (b) profile |" not in summary
+    assert "(a) fitted to this sweep's DP curve" in folded and folded.rstrip().endswith("</details>")
 
 
 def test_device_time_section_states_the_shares_and_what_a_search_spent_until_its_best(tmp_path):

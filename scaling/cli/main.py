@@ -3,6 +3,7 @@
     scaling run [overrides]              one point
     scaling sweep NAME [overrides]       a named multirun from sweeps/NAME.yaml
     scaling plan --gbs-tokens 4M --seq-len 4000 --mbs 2 --gpus 128
+    scaling recipe --gbs-tokens 4M --gpus 8,32,128 [overrides]   what to run on N GPUs, measured and extrapolated
     scaling predict [overrides]          memory breakdown before launch
     scaling find-mbs [overrides]         the largest mbs that fits
     scaling report SWEEP_DIR             Markdown + HTML report with heatmaps
@@ -100,6 +101,10 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], Optional[int]], str]] = {
     "run": (_run, "run one experiment point (Hydra overrides)"),
     "sweep": (_lazy("scaling.cli.sweep"), "run a named sweep from sweeps/ (Hydra multirun)"),
     "plan": (_plan, "grad_acc and effective global batch for a target gbs"),
+    "recipe": (
+        _lazy("scaling.cli.recipe"),
+        "the batch-size recipe end to end: what to run on each GPU count, measured or extrapolated",
+    ),
     "predict": (_lazy("scaling.cli.predict"), "peak memory per rank of a point or a sweep grid, before launch"),
     "find-mbs": (_lazy("scaling.cli.find_mbs"), "the largest mbs that fits, predicted and confirmed by two runs"),
     "report": (_lazy("scaling.cli.report"), "Markdown + HTML report of a sweep directory"),

@@ -1,0 +1,241 @@
+"""`scaling recipe`'s decision on synthetic records from a known step model, and its refusals of bad input.
+
+The records are what a sweep would write of candidates whose true step times come from `tests.synthetic_dp`
+truths (noise of 2% per step), measured at dp 1 and 8 as the recipe measures at dp 1 and at the devices of one
+node; the network is the truth's, as `scaling collectives` would measure it. The recommendation per GPU count must
+be the truly fastest candidate, or list it as a tie within the band.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+from synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of
+
+from analysis.recipe import Candidate, FromRecords, decide, max_useful_gpus, split
+from analysis.step_model import Workload
+from scaling.core.network import profile_estimate
+
+SEQ = 4096
+NETWORK = h100_network()
+COMPUTE_S_PER_SAMPLE = {0: 0.075, 3: 0.078}
+"""Compute of one sample's forward and backward: ZeRO-3's a little slower (its gathers' copies)."""
+CANDIDATES = (Candidate(0, "none", 1, "synthetic"), Candidate(3, "none", 2, "synthetic"))
+
+
+def workload(c: Candidate, mbs: int, gbs: int) -> Workload:
+    return Workload(c.zero_stage, LLAMA_1B, "bf16", mbs, SEQ, gbs, recompute=c.recompute)
+
+
+def truth(c: Candidate, mbs: int, gbs: int) -> Truth:
+    compute = COMPUTE_S_PER_SAMPLE[c.zero_stage] * mbs
+    return Truth(c.name, workload(c, mbs, gbs), NETWORK, compute, 0.5, ADAMW_S_PER_PARAM)
+
+
+def record(c: Candidate, mbs: int, dp: int, grad_acc: int, times: tuple[float, ...]) -> dict[str, Any]:
+    step = float(np.median(times))
+    return {
+        "job_key": f"z{c.zero_stage}-m{mbs}-d{dp}",
+        "status": "ok",
+        "config": {"parallel": {"zero_stage": c.zero_stage, "dp": dp}, "train": {"recompute": c.recompute, "mbs": mbs}},
+        "derived": {"grad_acc": grad_acc},
+        "metrics": {
+            "step_times_s": list(times),
+            "step_time_s": step,
+            "tokens_per_s_per_gpu": mbs * SEQ * grad_acc / step,
+            "noise_band_frac": 0.02,
+            "peak_mem_bytes": None,
+        },
+    }
+
+
+def synthetic_records(gbs: int, counts: list[int], rng: np.random.Generator) -> list[dict[str, Any]]:
+    """Records at dp 1 and 8 of every candidate at every mbs a requested GPU count needs."""
+    records = []
+    for c in CANDIDATES:
+        for mbs in sorted({s.mbs for n in counts if (s := split(gbs, SEQ, n, c.mbs_max))}):
+            for p in measure(truth(c, mbs, gbs), [1, 8], rng, steps=8):
+                records.append(record(c, mbs, p.dp, p.grad_acc, p.step_times_s))
+    return records
+
+
+def test_recommends_the_true_best_or_a_tie_with_it() -> None:
+    gbs, counts = 512, [1, 8, 32, 128, 256, 512, 1024]
+    rng = np.random.default_rng(7)
+    records = synthetic_records(gbs, counts, rng)
+    source = profile_estimate(profile_of(truth(CANDIDATES[0], 1, gbs), rng), 8, 100, rng)
+    estimate = FromRecords(records, lambda c, mbs: workload(c, mbs, gbs), 8, source, n_draws=100)
+    rows, first, (earliest, latest), baseline = decide(CANDIDATES, gbs, SEQ, counts, estimate, threshold=0.8)
+
+    winners = set()
+    for row in rows:
+        if row.gpus > gbs:
+            assert row.dp is None and row.command is None and "more GPUs than the batch can use" in row.reason
+            continue
+        true = {
+            c.zero_stage: truth(c, s.mbs, gbs).tokens_per_s_per_gpu(row.gpus)
+            for c in CANDIDATES
+            if (s := split(gbs, SEQ, row.gpus, c.mbs_max))
+        }
+        best = max(true, key=true.get)
+        winners.add(best)
+        tied = {t["zero_stage"] for t in row.ties}
+        assert row.zero_stage == best or best in tied, (row.gpus, row.zero_stage, tied, true)
+        assert row.dp * row.mbs * row.grad_acc * SEQ == row.gbs_tokens == gbs * SEQ
+        assert row.tokens_per_s_per_gpu_low <= row.tokens_per_s_per_gpu <= row.tokens_per_s_per_gpu_high
+        assert row.source == ("measured" if row.gpus in (1, 8) else "extrapolated")
+        if row.zero_stage == best and not tied:  # a clear call: the truth inside its band
+            assert row.tokens_per_s_per_gpu_low * 0.9 <= true[best] <= row.tokens_per_s_per_gpu_high * 1.1
+    assert winners == {0, 3}, "the truths must make the answer change with the GPU count"
+
+    # where DP stops: the first count whose best is under 80% of the best single GPU, truly
+    true_best = {
+        n: max(truth(c, s.mbs, gbs).tokens_per_s_per_gpu(n) for c in CANDIDATES if (s := split(gbs, SEQ, n, c.mbs_max)))
+        for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    }
+    true_first = next(n for n, v in true_best.items() if v / true_best[1] < 0.8)
+    assert first is not None and earliest <= true_first <= (latest or 1024)
+    assert abs(np.log2(first) - np.log2(true_first)) <= 1
+
+
+def test_the_report_opens_with_the_recipe(tmp_path) -> None:
+    """A directory with a recipe.json: `scaling report` states the recipe first, its table and commands, and folds
+    how it was found."""
+    from analysis.recipe import RECIPE_JSON, Recipe
+    from analysis.report import write_report
+
+    gbs, counts = 512, [1, 8, 128, 1024]
+    rng = np.random.default_rng(3)
+    records = synthetic_records(gbs, counts, rng)
+    estimate = FromRecords(records, lambda c, mbs: workload(c, mbs, gbs), 8, None, n_draws=50)
+    rows, first, band, baseline = decide(
+        CANDIDATES, gbs, SEQ, counts, estimate, command=lambda c, s: f"scaling run parallel.dp={s.gpus}"
+    )
+    recipe = Recipe(
+        "llama_1b", SEQ, gbs * SEQ, gbs, "h100", 0.8, None, list(CANDIDATES), "fitted", rows, first, band, gbs, baseline
+    )
+    (tmp_path / RECIPE_JSON).write_text(json.dumps(recipe.to_json()))
+    assert Recipe.from_json(json.loads((tmp_path / RECIPE_JSON).read_text())) == recipe
+    md = write_report(tmp_path, jobs=1)["markdown"].read_text()
+    sections = [line for line in md.splitlines() if line.startswith("## ")]
+    assert sections[:2] == [
+        "## Recipe: llama_1b at seq_len 4096, global batch 2,097,152 tokens, on h100",
+        "## Status counts",
+    ]
+    head = md[: md.index("## Status counts")]
+    assert "| GPUs | run | tokens/s per GPU [band] |" in head and "| 1024 | – |" in head
+    assert (
+        "scaling run parallel.dp=8  # 8 GPUs" in head
+        and "no measured or extrapolated figure for this many GPUs" in head
+    )
+    assert head.index("can use at most 512 GPUs") < head.index("<details>") < head.index("Network: fitted.")
+
+
+@pytest.mark.parametrize("gbs", [64, 512, 1000])
+def test_max_useful_gpus_follows_the_batch(gbs: int) -> None:
+    assert max_useful_gpus(gbs) == gbs
+    assert split(gbs, SEQ, gbs, 8).mbs == 1 and split(gbs, SEQ, gbs, 8).grad_acc == 1
+    assert split(gbs, SEQ, gbs + 1, 8) is None
+    rows, *_ = decide(
+        CANDIDATES,
+        gbs,
+        SEQ,
+        [gbs, 2 * gbs],
+        lambda c, s: None,
+    )
+    assert rows[1].dp is None and f"at most {gbs} GPUs" in rows[1].reason
+
+
+def test_split_states_the_effective_batch_when_it_is_not_exact() -> None:
+    s = split(1000, 128, 64, 4)  # 1000 / (4 × 64) = 3.9 micro-steps: 4, a batch of 1024 samples
+    assert (s.mbs, s.grad_acc, s.exact, s.gbs_tokens) == (4, 4, False, 1024 * 128)
+    s = split(1000, 128, 8, 4)
+    assert s.exact is False and s.gpus * s.mbs * s.grad_acc * 128 == s.gbs_tokens
+    s = split(1024, 128, 512, 4)  # mbs 4 would leave grad_acc 1/2: mbs 2, grad_acc 1
+    assert (s.mbs, s.grad_acc, s.exact) == (2, 1, True)
+    s = split(32, 128, 1, 18)  # 18 fits, but 16 × 2 is the batch itself: preferred to 18 × 2 (+12.5%)
+    assert (s.mbs, s.grad_acc, s.exact) == (16, 2, True)
+    s = split(30, 128, 1, 18)  # no mbs from 18 down to 10 divides 30 but 15 (15 × 2)
+    assert (s.mbs, s.grad_acc, s.exact) == (15, 2, True)
+    s = split(29, 128, 1, 18)  # 29 is prime: 18 and the batch nearest the target
+    assert (s.mbs, s.grad_acc, s.exact, s.gbs_tokens) == (18, 2, False, 36 * 128)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (
+            ["--gbs-tokens", "16", "--gpus", "1,2", "train.seq_len=32"],
+            ["--gbs-tokens=16", "seq_len=32", "try --gbs-tokens=32"],
+        ),
+        (["--gbs-tokens", "4k", "--gpus", "0,2", "train.seq_len=32"], ["--gpus", "0"]),
+        (["--gbs-tokens", "4M", "--gpus", "1", "train.seq_len=100000"], ["seq_len", "100000", "max_seq_len"]),
+        (["--gbs-tokens", "4k", "--gpus", "1", "model=gpt5"], ["gpt5", "valid models are", "tiny"]),
+        (["--gbs-tokens", "4k", "--gpus", "1", "--zero", "5"], ["--zero", "'5'", "0, 1, 2, 3"]),
+    ],
+)
+def test_bad_input_is_refused_before_any_launch(tmp_path, args: list[str], words: list[str]) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "scaling.cli.main", "recipe", "--sweep-dir", str(tmp_path / "r"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    for w in words:
+        assert w in out.stderr, (w, out.stderr)
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("result.json"))
+
+
+def test_a_tiny_recipe_measures_once_and_answers_from_its_store(tmp_path) -> None:
+    """From an empty directory: find-mbs runs, the points at dp 1 and 2 and the network measured; the second call
+    launches nothing and answers the same."""
+    sweep_dir = tmp_path / "recipe"
+    cmd = [
+        sys.executable,
+        "-m",
+        "scaling.cli.main",
+        "recipe",
+        "--gbs-tokens=128",
+        "--gpus=1,2,4,8",
+        "--zero=0",
+        "--recompute=none",
+        "--draws=50",
+        f"--sweep-dir={sweep_dir}",
+        "logger=none",
+        "model=tiny",
+        "train.seq_len=32",
+        "train.warmup_steps=2",
+        "train.steps=3",
+        "hardware.memory_gb=0.047",
+    ]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    launched = int(re.search(r"(\d+) point\(s\) launched", first.stdout).group(1))
+    assert launched >= 4, first.stdout  # mbs 4 at dp 1; mbs 2 and 1 at dp 1 and 2
+    assert (sweep_dir / "alpha_beta.json").exists(), "two devices at hand: the network is measured"
+    recipe = json.loads((sweep_dir / "recipe.json").read_text())
+
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "0 point(s) launched" in second.stdout, second.stdout
+    again = json.loads((sweep_dir / "recipe.json").read_text())
+    assert [r["command"] for r in again["rows"]] == [r["command"] for r in recipe["rows"]]
+
+    assert recipe["max_useful_gpus"] == 4 and "dp_stops_paying_off_at" in recipe
+    by_gpus = {r["gpus"]: r for r in recipe["rows"]}
+    for n in (1, 2, 4):
+        r = by_gpus[n]
+        assert r["dp"] * r["mbs"] * r["grad_acc"] * 32 == r["gbs_tokens"] == 128, r
+        assert r["tokens_per_s_per_gpu_low"] <= r["tokens_per_s_per_gpu"] <= r["tokens_per_s_per_gpu_high"]
+        assert r["command"].startswith("scaling run ") and f"parallel.dp={n}" in r["command"]
+    assert by_gpus[1]["source"] == by_gpus[2]["source"] == "measured"
+    assert by_gpus[4]["source"] == "extrapolated"
+    assert by_gpus[8]["dp"] is None and "at most 4 GPUs" in by_gpus[8]["reason"]
+    assert "| GPUs |" in (sweep_dir / "recipe.md").read_text()
