@@ -2,20 +2,49 @@
 # runs the batch-size recipe for the tiny model on the demo's emulated device (DEMO_RECIPE);
 # `make test` lints (ruff check and ruff format --check), checks the import layers (lint-imports, contracts in
 # pyproject.toml), then runs the tests.
-# Both create .venv and install what they need (torch==2.13.0, the CPU build, on this path).
+# Both create .venv and install what they need (torch==2.13.0, the CPU build, on this path) at the versions of
+# requirements.lock (`make lock` refreshes it); `make test-lowest` runs a fast part of the tests on the lowest
+# versions pyproject.toml allows.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
+LOCK := requirements.lock
 PYTEST_ARGS ?=
 # The tests run on one worker more than the host has cores: most of a test's time is processes starting and waiting.
 WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
-.PHONY: setup sysdeps demo test bench gpu-check clean
+.PHONY: setup sysdeps demo test test-lowest lock bench gpu-check clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
-	bash scripts/setup-venv.sh $(VENV) "$(TORCH)" -e ".[dev]"
+$(VENV)/.installed: pyproject.toml $(LOCK)
+	bash scripts/setup-venv.sh $(VENV) "$(TORCH)" -c $(LOCK) -e ".[dev]"
+	touch $@
+
+$(VENV)/bin/uv:
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q uv
+
+# Every package of -e '.[dev]' (all extras) pinned, as uv resolves them for this Python and platform with torch the
+# CPU build of $(TORCH) from pip's find-links. Run it after editing pyproject.toml's dependencies; commit both.
+lock: $(VENV)/bin/uv
+	echo "$(TORCH)" | bash scripts/uv.sh $(PY) pip compile -q --python $(PY) --custom-compile-command "make lock" \
+		--extra dev pyproject.toml - -o $(LOCK)
+
+# The lower bounds of pyproject.toml, checked: every direct dependency at the lowest version it allows (uv's
+# lowest-direct; what they pull in at their newest) in $(LOWEST), and the tests that need no torchrun, one process.
+# torch is the +cpu build named in full: lowest-direct would take PyPI's plain 2.13.0, the CUDA build, over it.
+LOWEST ?= .venv-lowest
+LOWEST_TESTS ?= tests/test_extras.py tests/test_validate.py tests/test_job_key.py tests/test_record.py \
+	tests/test_noise.py tests/test_enums.py tests/test_memory.py tests/test_analysis_collect.py \
+	tests/test_analysis_heatmaps.py tests/test_analysis_dp_scaling.py tests/test_slurm.py -m "not slurm" \
+	--deselect tests/test_memory.py::test_analytic_is_close_to_traced_on_small_points
+test-lowest: $(LOWEST)/.installed
+	$(LOWEST)/bin/python -m pytest -p no:cacheprovider -q $(LOWEST_TESTS)
+
+$(LOWEST)/.installed: pyproject.toml
+	rm -rf $(LOWEST)
+	bash scripts/setup-venv.sh $(LOWEST) "$(TORCH)+cpu" --resolution lowest-direct -e ".[dev]"
 	touch $@
 
 sysdeps:
@@ -50,4 +79,4 @@ gpu-check:
 	$(GPU_PY) benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) runs reports
+	rm -rf $(VENV) $(LOWEST) runs reports

@@ -64,7 +64,7 @@ def scaling_table(df: pd.DataFrame) -> pd.DataFrame:
     groups = best.groupby(keys, dropna=False, observed=True)
     best["efficiency"] = best["tokens_per_s_per_gpu"] / groups["tokens_per_s_per_gpu"].transform("first")
     band = (best[NOISE_BAND_KEY] if NOISE_BAND_KEY in best else pd.Series(0.0, index=best.index)).fillna(0.0)
-    base_band = band.groupby([best[k] for k in keys], dropna=False).transform("first")
+    base_band = band.groupby([best[k] for k in keys], dropna=False, observed=True).transform("first")
     first = groups.cumcount() == 0  # the smallest dp is its own reference: efficiency 1, exactly
     best["efficiency_noise_frac"] = (band + base_band).where(~first, 0.0)
     named = [k for k in keys if k in ALWAYS_NAMED or best[k].nunique(dropna=True) > 1]

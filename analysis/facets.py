@@ -86,7 +86,10 @@ def facet_grid(
     ax.set_axis_off()
     facet_keys = [k for k in (row, col) if k]
     table = cells(df, x, y, metric, by=facet_keys)
-    facets = dict(iter(table.groupby(level=facet_keys, sort=False))) if facet_keys else {(): table}
+    facets = {(): table}
+    if facet_keys:  # one level goes by name: as a 1-list it warns on pandas 2 and gives 1-tuple keys on pandas 3
+        level = facet_keys if len(facet_keys) > 1 else facet_keys[0]
+        facets = {k if isinstance(k, tuple) else (k,): f for k, f in table.groupby(level=level, sort=False)}
     label_x, label_y = 0.12 / CELL_IN[0], 0.08 / CELL_IN[1]  # tick labels' distance from the cells
     for i, rv in enumerate(rows):
         y0 = i * (ny + gap_y)

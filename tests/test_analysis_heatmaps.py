@@ -85,6 +85,13 @@ def test_aggregated_cells_say_so_in_the_title(df):
     assert "best ok value of up to 5 records per cell (over dp, grad_acc)" in fig._suptitle.get_text()
 
 
+def test_a_grid_faceted_by_one_key_draws_every_facet(df):
+    fig = facet_grid(df, x="mbs", y="seq_len", metric="mfu", col="zero_stage")
+    grid = fig.axes[0]
+    assert [t.get_text() for t in grid.texts if t.get_gid() == "facet"] == ["ZeRO-0", "ZeRO-1"]
+    assert sum(t.get_text().startswith("★") for t in grid.texts) == 2  # each facet's cells, its best starred
+
+
 def test_facet_grid_titles_each_facet_and_shares_one_colour_scale(df):
     fig = facet_grid(df, x="mbs", y="seq_len", metric="tokens_per_s_per_gpu", row="zero_stage", col="dp")
     grid = fig.axes[0]

@@ -187,7 +187,10 @@ def make_sampler(
         try:
             import cmaes  # noqa: F401  (CmaEsSampler imports it only when it first samples)
         except ImportError as e:
-            raise ImportError("hydra.sweeper.sampler.name=cmaes needs the `cmaes` package: pip install cmaes") from e
+            raise ImportError(
+                "hydra.sweeper.sampler.name=cmaes needs the `cmaes` package of the [search] extra: "
+                "pip install 'scaling[search]'"
+            ) from e
         # CMA-ES ignores constraints: it sees an infeasible trial only through its worst value.
         return CmaEsSampler(seed=seed, n_startup_trials=n_startup_trials, warn_independent_sampling=False)
     raise ValueError(f"hydra.sweeper.sampler.name={name!r} is not a sampler: use one of {', '.join(SAMPLERS)}")

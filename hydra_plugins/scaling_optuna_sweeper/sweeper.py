@@ -28,8 +28,15 @@ class ScalingOptunaSweeper(Sweeper):
         storage: Optional[str],
         params: Optional[DictConfig],
     ) -> None:
-        # Optuna is imported here, when a sweep starts, not when Hydra scans its plugins.
-        from ._impl import OptunaSearch
+        # Optuna is imported here, when a sweep starts, not when Hydra scans its plugins (it is an extra).
+        try:
+            from ._impl import OptunaSearch
+        except ModuleNotFoundError as e:
+            if e.name is None or e.name.split(".")[0] != "optuna":
+                raise
+            raise ModuleNotFoundError(
+                "the Optuna sweeper needs the [search] extra: pip install 'scaling[search]'", name=e.name
+            ) from e
 
         self._search = OptunaSearch(
             objectives=list(objectives),

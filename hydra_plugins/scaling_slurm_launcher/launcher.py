@@ -15,13 +15,34 @@ Three changes to how its `launch` submits and waits, none to what a job runs:
   ended without one), so the driver prints the point's progress line in the terminal that started
   the sweep as it ends, and marks each submitted point as queued under its SLURM job id
   (`scaling.sweep.progress.Progress.submitted`, reached through the Hydra context), so that a re-run leaves it to that job.
+
+hydra-submitit-launcher and submitit come with the [slurm] extra. Without it the class still imports, so Hydra's
+plugin scan stays quiet, and starting the launcher says what to install.
 """
 
 from typing import Any, Sequence
 
 from hydra.core.utils import JobReturn
+from hydra.plugins.launcher import Launcher
 
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+try:
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
+except ModuleNotFoundError:
+
+    class SlurmLauncher(Launcher):  # type: ignore[no-redef]
+        """Stands in for hydra-submitit's launcher without the [slurm] extra: starting it says what to install."""
+
+        def __init__(self, **params: Any) -> None:
+            raise ModuleNotFoundError(
+                "the SLURM launcher needs the [slurm] extra: pip install 'scaling[slurm]'",
+                name="hydra_plugins.hydra_submitit_launcher",
+            )
+
+        def setup(self, **kwargs: Any) -> None:
+            raise NotImplementedError
+
+        def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+            raise NotImplementedError
 
 
 class ScalingSlurmLauncher(SlurmLauncher):
