@@ -10,7 +10,10 @@
 (c) a point made to run out of memory (the find-mbs run at mbs + 1, and one on a capped device) must
     be classified `oom`;
 (d) with two or more GPUs, the ZeRO equivalence check on NCCL (dp=2, grad_acc=2 against dp=1,
-    grad_acc=4: the same losses for every stage).
+    grad_acc=4: the same losses for every stage);
+(e) `scaling recipe` for llama_1b at seq 4096 in bf16 on the devices at hand (a global batch of 1Mi tokens,
+    ZeRO-0 and ZeRO-3, 1 to 512 GPUs): measured at dp=1 and at the GPUs this machine has, extrapolated past
+    them; its recipe.md is appended to the page.
 
 It writes `benchmarks/gpu/<device>.md` (tokens/s per GPU, MFU, measured against predicted memory per
 point, the targets: MFU >= 40% for llama_1b bf16 seq 4096 on an H100, predictor median error <= 5%).
@@ -73,6 +76,7 @@ class Check:
         self.rows: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.failures: list[str] = []
+        self.recipe: str = ""
 
     def config(self, *overrides: str) -> dict[str, Any]:
         """A resolved point of the check."""
@@ -226,6 +230,37 @@ def part_d(check: Check, devices: int) -> None:
         check.notes.append(f"(d) ZeRO-{stage}: losses {'agree' if same else 'DIFFER'} within 1% (bf16)")
 
 
+RECIPE = [
+    "--gbs-tokens=1Mi",
+    "--gpus=1,8,64,256,512",
+    "--zero=0,3",
+    "--recompute=none",
+    "--max-grad-acc=4",
+    "model=llama_1b",
+    "train.seq_len=4096",
+    "train.precision=bf16",
+    "train.warmup_steps=2",
+    "train.steps=5",
+    "logger=none",
+    "launch.timeout_s=300",
+]
+"""(e): the recipe of llama_1b on the device at hand."""
+
+
+def part_e(check: Check) -> None:
+    """`scaling recipe` for llama_1b on this machine's GPUs; its recipe.md goes on the page."""
+    from analysis.recipe import RECIPE_MD
+    from scaling.cli.recipe import main as recipe
+
+    if not check.time_left(240, "(e) the recipe of llama_1b"):
+        return
+    out = check.sweep_dir / "recipe"
+    code = recipe([*RECIPE, f"hardware={check.hardware}", f"--sweep-dir={out}"])
+    check.expect(code == 0, f"(e) scaling recipe exited {code}")
+    if (out / RECIPE_MD).exists():
+        check.recipe = (out / RECIPE_MD).read_text()
+
+
 def summary(check: Check, device: str) -> list[str]:
     """The Markdown page."""
     eager_ok = [r for r in check.rows if r["status"] == Status.OK and not r["compile"] and r["peak_alloc"]]
@@ -273,6 +308,9 @@ def summary(check: Check, device: str) -> list[str]:
     lines += ["", "## Checks", ""] + [f"- FAILED: {f}" for f in check.failures] + [f"- {n}" for n in check.notes]
     if not check.failures:
         lines.append("- every correctness check passed (OOM points classified oom, every ok point ran).")
+    if check.recipe:
+        lines += ["", "## (e) The recipe of llama_1b on this machine", ""]
+        lines += ["#" + line if line.startswith("# ") else line for line in check.recipe.splitlines()]
     return lines
 
 
@@ -282,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock budget; later parts are skipped past it")
     p.add_argument("--out", type=Path, default=HERE / "gpu", help="folder of the <device>.md page")
     p.add_argument("--sweep-dir", type=Path, default=Path("runs/gpu-check"), help="where the points' records go")
-    p.add_argument("--parts", default="a,b,c,d", help="which parts to run, e.g. a,c")
+    p.add_argument("--parts", default="a,b,c,d,e", help="which parts to run, e.g. a,c")
     a = p.parse_args(argv)
     import torch
 
@@ -308,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         "b": lambda: part_b(check),
         "c": lambda: part_c(check),
         "d": lambda: part_d(check, torch.cuda.device_count()),
+        "e": lambda: part_e(check),
     }
     for name in a.parts.split(","):
         parts[name]()
