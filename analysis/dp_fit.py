@@ -9,9 +9,10 @@ The parameters come from one of three sources:
 With no overlap the step time is linear in (a)'s parameters,
 
     t = grad_acc·compute_s + params_updated·optimizer_s_per_param
-        + Σ_tier (bytes moved per rank · 1/β_tier + ring steps · α_tier)
+        + Σ_calls (bytes moved per rank · 1/β_slowest tier + Σ_tier ring steps at that tier · α_tier)
 
-summed over the step's collectives (`step_collectives`): one named design column per parameter (COLUMNS), solved in
+summed over the step's collectives (`step_collectives`; a ring spanning nodes pays α between nodes on its node
+crossings only, `scaling.core.network.latency_steps`): one named design column per parameter (COLUMNS), solved in
 relative error by scipy's `lsq_linear` with every coefficient bounded to [0, inf): a figure the points would put
 below 0 is held at 0 and the others refit around it. Nominal fit and bootstrap draws use one column set.
 """
@@ -26,7 +27,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from analysis.step_model import Point, Workload, comm_windows, step_collectives, step_time_s
-from scaling.core.network import INTER, INTRA, TIERS, AlphaBeta, Network, ring_cost, tier_of
+from scaling.core.network import INTER, INTRA, TIERS, AlphaBeta, Network, latency_steps, ring_cost, tier_of
 
 OVERLAP_GRID = np.linspace(0.0, 1.0, 101)
 CHI2_95 = 3.84
@@ -75,7 +76,7 @@ class Design:
 
 def design(w: Workload, points: Sequence[Point], dpn: Optional[int]) -> Design:
     """Each point's grad_acc (the compute's multiplier), the parameters its busiest rank updates (the optimizer's),
-    and the bytes and ring steps its step's collectives move at its tier."""
+    the bytes its step's collectives move at their slowest tier, and their ring steps at each tier's α."""
     rows = []
     for p in points:
         row = dict.fromkeys(COLUMNS, 0.0)
@@ -84,9 +85,10 @@ def design(w: Workload, points: Sequence[Point], dpn: Optional[int]) -> Design:
         if p.dp >= 2:
             tier = tier_of(p.dp, dpn)
             for call in step_collectives(w, p.dp, p.grad_acc):
-                steps, moved = ring_cost(call.op, p.dp, call.bytes_per_call)
+                _, moved = ring_cost(call.op, p.dp, call.bytes_per_call)
                 row[Column(Term.INV_BETA, tier)] += call.count * moved
-                row[Column(Term.ALPHA, tier)] += call.count * steps
+                for at, steps in latency_steps(call.op, p.dp, dpn).items():
+                    row[Column(Term.ALPHA, at)] += call.count * steps
         rows.append([row[c] for c in COLUMNS])
     return Design(np.asarray(rows, dtype=float).reshape(len(rows), len(COLUMNS)))
 

@@ -26,9 +26,10 @@ fp32 at every stage, parameters travel in bf16 only under FSDP2's mixed precisio
 A collective hides behind the compute of the phase it runs in: the forward (1/3 of a micro-step's compute; 1/4
 with `train.recompute=full`, whose backward runs the forward again) or the backward (2/3; 3/4). Each window is a
 budget the collectives running in it draw down together: an overlap fraction o hides min(o·Σ their seconds,
-window). Each collective costs what `scaling.core.network` says at its tier. The optimizer step (AdamW over the
-parameters a rank owns, and clipping's pass over its gradients) does not shrink with grad_acc: seconds per
-parameter updated by the busiest rank. Pure arithmetic: numpy and the standard library only.
+window). Each collective costs what `scaling.core.network` says: its steps within a node and between nodes at
+each tier's α, its bytes at the slowest tier's β. The optimizer step (AdamW over the parameters a rank owns, and
+clipping's pass over its gradients) does not shrink with grad_acc: seconds per parameter updated by the busiest
+rank. Pure arithmetic: numpy and the standard library only.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Optional
 
 import numpy as np
 
-from scaling.core.network import Network, tier_of
+from scaling.core.network import Network
 from scaling.core.schema import ModelConfig
 from scaling.engine.model_config import param_shapes_of
 
@@ -306,13 +307,10 @@ def comm_windows(w: Workload, net: Network, n: int, grad_acc: int) -> list[tuple
     communication in each, the share of a micro-step's compute it can hide behind; 0 for exposed)."""
     if n < 2:
         return []
-    tier = net.tier(n)
-    if tier is None:
-        raise ValueError(f"dp={n}: the network has no figures for its tier ({tier_of(n, net.devices_per_node)})")
     per_window: dict[Optional[Window], float] = {}
     for call in step_collectives(w, n, grad_acc):
         rounds = grad_acc if call.window is not None and call.window.micro_steps == EACH_MICRO else 1
-        per_window[call.window] = per_window.get(call.window, 0.0) + call.count / rounds * tier.time_s(
+        per_window[call.window] = per_window.get(call.window, 0.0) + call.count / rounds * net.time_s(
             call.op, n, call.bytes_per_call
         )
     out = [(1, per_window[None], 0.0)] if None in per_window else []

@@ -61,7 +61,7 @@ def profile_of(
     for n in world_sizes:
         for op in ("all_reduce", "reduce_scatter", "all_gather"):
             for size in (4096, 2**20, 2**24, 2**28):
-                times = [truth.network.tier(n).time_s(op, n, size) * (1 + e) for e in rng.normal(0, noise, 5)]
+                times = [truth.network.time_s(op, n, size) * (1 + e) for e in rng.normal(0, noise, 5)]
                 samples.append(
                     {"op": op, "world_size": n, "size_bytes": size, "time_s": float(np.median(times)), "times_s": times}
                 )

@@ -22,13 +22,13 @@ from scaling.core.network import (
     Profile,
     fit,
     fit_tiers,
+    latency_steps,
     load_profile,
     profile_estimate,
     published,
     published_estimate,
     ring_cost,
     save_profile,
-    tier_of,
     with_fallback,
 )
 from scaling.engine.collectives import OPS, bus_factor, parse_args
@@ -49,13 +49,39 @@ def test_ring_costs():
     assert bus_factor("all_reduce", 4) == 1.5 and bus_factor("all_gather", 4) == 0.75
 
 
+def test_a_ring_across_nodes_pays_the_inter_node_latency_at_its_node_crossings_only():
+    """NCCL's ring latency (src/graph/tuning.cc): over N nodes, 2(N−1) of an all-reduce's 2(n−1) steps cross
+    between nodes, N−1 of a reduce-scatter's, an all-gather's or a broadcast's n−1; the rest stay within a node.
+    The bytes move at the slowest tier's β. One node, or no node boundary (CPU): every step within it."""
+    assert latency_steps("all_reduce", 128, 8) == {INTRA: 2 * 127 - 2 * 15, INTER: 2 * 15}  # 16 nodes
+    assert latency_steps("reduce_scatter", 128, 8) == latency_steps("all_gather", 128, 8) == {INTRA: 112, INTER: 15}
+    assert latency_steps("broadcast", 16, 8) == {INTRA: 14, INTER: 1}
+    assert latency_steps("all_reduce", 16, 8) == {INTRA: 28, INTER: 2}  # two nodes of 8: 30 steps, 2 cross
+    assert latency_steps("reduce_scatter", 16, 8) == {INTRA: 14, INTER: 1}
+    assert latency_steps("all_reduce", 12, 8) == {INTRA: 20, INTER: 2}  # 8 + 4 ranks: two nodes
+    assert latency_steps("all_gather", 16, 1) == {INTRA: 0, INTER: 15}  # one rank per node: every step crosses
+    assert latency_steps("all_reduce", 8, 8) == latency_steps("all_reduce", 8, None) == {INTRA: 14}
+    intra, inter = AlphaBeta(3e-6, 360e9), AlphaBeta(12e-6, 40e9)
+    net = Network({INTRA: intra, INTER: inter}, 8)
+    assert net.time_s("all_reduce", 128, 2**30) == pytest.approx(224 * 3e-6 + 30 * 12e-6 + 2 * 127 / 128 * 2**30 / 40e9)
+    assert net.time_s("broadcast", 16, 2**20) == pytest.approx(14 * 3e-6 + 12e-6 + 2**20 / 40e9)
+    assert net.time_s("all_reduce", 8, 2**20) == pytest.approx(14 * 3e-6 + 7 / 4 * 2**20 / 360e9)
+    assert Network({INTRA: intra}, None).time_s("all_reduce", 128, 2**20) == pytest.approx(
+        254 * 3e-6 + 2 * 127 / 128 * 2**20 / 360e9
+    )
+    assert net.time_s("all_reduce", 16, 2**20) == pytest.approx(28 * 3e-6 + 2 * 12e-6 + 15 / 8 * 2**20 / 40e9)
+    assert net.time_s("all_reduce", 1, 2**20) == 0.0 and Network({INTER: inter}, 1).time_s("all_reduce", 1, 1.0) == 0.0
+    assert Network({INTER: inter}, 1).reaches(16) and not Network({INTER: inter}, 8).reaches(16)
+    with pytest.raises(ValueError, match=r"dp=16: the network has no figures for its tier \(intra_node\)"):
+        Network({INTER: inter}, 8).time_s("all_gather", 16, 1.0)
+
+
 def _samples(truth: dict[str, AlphaBeta], dpn, world_sizes_, rng, noise=0.03):
-    out = []
+    out, net = [], Network(truth, dpn)
     for n in world_sizes_:
-        ab = truth[tier_of(n, dpn)]
         for op in OPS:
             for s in (1024, 64 * 1024, 2**20, 16 * 2**20, 256 * 2**20):
-                times = [ab.time_s(op, n, s) * (1 + rng.gauss(0, noise)) for _ in range(5)]
+                times = [net.time_s(op, n, s) * (1 + rng.gauss(0, noise)) for _ in range(5)]
                 out.append(
                     {"op": op, "world_size": n, "size_bytes": s, "time_s": float(np.median(times)), "times_s": times}
                 )
@@ -76,16 +102,24 @@ def test_fit_needs_two_sizes():
 
 
 def test_each_tier_is_fitted_from_its_own_world_sizes():
-    """Launches within a node fit the NVLink-like tier, launches spanning nodes the slower one."""
+    """Launches within a node fit the NVLink-like tier; launches spanning nodes the slower one, from their node
+    crossings (their steps within a node paid at the first tier's α): both keep the meaning of one ring step's
+    latency and the bus bandwidth of their tier."""
     truth = {INTRA: AlphaBeta(3e-6, 300e9), INTER: AlphaBeta(15e-6, 40e9)}
     samples = _samples(truth, 8, (2, 4, 8, 16, 32), random.Random(1))
     tiers = fit_tiers(samples, devices_per_node=8)
     for tier in (INTRA, INTER):
         assert tiers[tier].alpha_s == pytest.approx(truth[tier].alpha_s, rel=0.1)
         assert tiers[tier].beta_bytes_per_s == pytest.approx(truth[tier].beta_bytes_per_s, rel=0.05)
+    exact = fit_tiers(_samples(truth, 8, (2, 4, 8, 16, 32), random.Random(1), noise=0.0), devices_per_node=8)
+    for tier in (INTRA, INTER):  # noise-free: the model inverted exactly, the inter-node α from the crossings alone
+        assert exact[tier].alpha_s == pytest.approx(truth[tier].alpha_s, rel=1e-9)
+        assert exact[tier].beta_bytes_per_s == pytest.approx(truth[tier].beta_bytes_per_s, rel=1e-9)
     assert set(fit_tiers(samples[:15], devices_per_node=8)) == {INTRA}  # n=2 only: one node
+    with pytest.raises(ValueError, match="of its steps within a node: fit the intra-node tier first"):
+        fit_tiers([s for s in samples if s["world_size"] > 8], devices_per_node=8)
     net = Network(tiers, 8)
-    assert net.tier(8) is tiers[INTRA] and net.tier(16) is tiers[INTER] and net.reaches(1)
+    assert net.reaches(1) and net.reaches(1024)
     assert not Network({INTRA: tiers[INTRA]}, 8).reaches(16)
     assert Network({INTRA: tiers[INTRA]}, None).reaches(1024)  # no node boundary: one tier (CPU)
 
@@ -119,9 +153,11 @@ def test_published_figures_are_ranges_and_draws_stay_inside(tmp_path):
     assert published("cpu") is None and published("no_such_profile") is None
     assert all(published(h) for h in ("a100", "h200"))
     est = published_estimate("h100", 8, 200, np.random.default_rng(0))
-    assert est.kind == "published" and est.nominal.tier(16).beta_bytes_per_s == pytest.approx((3.5e10 * 4.8e10) ** 0.5)
+    assert est.kind == "published" and est.nominal.tiers[INTER].beta_bytes_per_s == pytest.approx(
+        (3.5e10 * 4.8e10) ** 0.5
+    )
     for d in est.draws:
-        assert 5e-6 <= d.tier(16).alpha_s <= 2e-5 and 3.0e11 <= d.tier(8).beta_bytes_per_s <= 4.5e11
+        assert 5e-6 <= d.tiers[INTER].alpha_s <= 2e-5 and 3.0e11 <= d.tiers[INTRA].beta_bytes_per_s <= 4.5e11
     (tmp_path / "bad.yaml").write_text("name: bad\nintra_node:\n  alpha_s: [2.0e-6]\n  beta_bytes_per_s: [1, 2]\n")
     with pytest.raises(ValueError, match=r"intra_node.alpha_s=\[2e-06\] must be a range \[low, high\]"):
         published("bad", tmp_path)
@@ -138,7 +174,7 @@ def test_a_profile_measured_on_one_node_borrows_the_inter_node_tier():
     assert both.kind == "profile" and both.label.endswith(
         "inter_node from published h100 figures (conf/network/h100.yaml)"
     )
-    assert both.nominal.tier(8) == prof.nominal.tier(8) and both.nominal.tier(16).beta_bytes_per_s < 5e10
+    assert both.nominal.tiers[INTRA] == prof.nominal.tiers[INTRA] and both.nominal.tiers[INTER].beta_bytes_per_s < 5e10
     assert all(d.reaches(1024) for d in both.draws)
 
 

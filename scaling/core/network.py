@@ -2,13 +2,16 @@
 
 A ring collective over n ranks on an S-byte buffer costs `t = steps·α + bytes/β`: all-reduce takes
 2(n−1) steps moving 2(n−1)/n·S bytes per rank; reduce-scatter and all-gather take (n−1) steps moving
-(n−1)/n·S; a broadcast, pipelined along the ring, n−1 steps moving S. α is the per-step latency (s), β the
-bandwidth per rank (bytes/s: nccl-tests' bus bandwidth).
+(n−1)/n·S; a broadcast, pipelined along the ring, n−1 steps moving S. α is the latency of one ring step (s),
+β the bandwidth per rank (bytes/s: nccl-tests' bus bandwidth).
 
-Two tiers: within a node (`hardware.devices_per_node` ranks) and between nodes. A collective over more
-ranks than a node holds is taken as a flat ring over all n ranks at the inter-node α and β (every ring
-has at least one hop between nodes, and a ring step ends when its slowest hop does); NCCL's trees and
-hierarchical rings do better on latency at large n, so the latency term is an upper bound there.
+Two tiers: within a node (`hardware.devices_per_node` ranks) and between nodes, each with its own α and β.
+A collective over more ranks than a node holds runs as one ring through its nodes, each node's ranks in a row:
+its bandwidth is that of the slowest tier it crosses (every byte passes a hop between nodes), its latency that
+of the path a chunk takes, most of whose hops stay within a node. As NCCL's cost model has it (src/graph/
+tuning.cc, the ring's latency), a ring over N nodes pays the inter-node α on passes·(N−1) of its steps
+(all-reduce 2(N−1), reduce-scatter, all-gather and the broadcast N−1) and the intra-node α on the rest; on one
+node every step is within it.
 
 Where the figures come from, each with its spread as draws (`NetworkEstimate`):
 - a profile measured by `scaling collectives` (the `scaling.engine.collectives` worker run through the
@@ -69,21 +72,27 @@ def ring_cost(op: str, n: int, size_bytes: float) -> tuple[int, float]:
 
 
 def tier_of(n: int, devices_per_node: Optional[int]) -> str:
-    """The tier a collective over n ranks runs at: within a node, or between nodes once n exceeds one."""
+    """The slowest tier a collective over n ranks crosses (its bandwidth's): within a node, or between nodes once n
+    exceeds one."""
     return INTRA if devices_per_node is None or n <= devices_per_node else INTER
+
+
+def latency_steps(op: str, n: int, devices_per_node: Optional[int]) -> dict[str, int]:
+    """The ring steps of a collective over n ranks by the tier whose α each pays: over N = ceil(n/devices_per_node)
+    nodes, passes·(N−1) steps cross between nodes (a broadcast's path N−1) and the rest stay within one."""
+    steps, _ = ring_cost(op, n, 0.0)
+    if devices_per_node is None or n <= devices_per_node:
+        return {INTRA: steps}
+    crossings = RING_PASSES.get(op, 1) * (-(-n // devices_per_node) - 1)
+    return {INTRA: steps - crossings, INTER: crossings}
 
 
 @dataclass(frozen=True)
 class AlphaBeta:
-    """Per-step latency α (s) and bandwidth per rank β (bytes/s) of one tier."""
+    """Latency of one ring step α (s) and bandwidth per rank β (bytes/s) of one tier."""
 
     alpha_s: float
     beta_bytes_per_s: float
-
-    def time_s(self, op: str, n: int, size_bytes: float) -> float:
-        """Predicted seconds of one collective."""
-        steps, moved = ring_cost(op, n, size_bytes)
-        return steps * self.alpha_s + moved / self.beta_bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -93,13 +102,27 @@ class Network:
     tiers: Mapping[str, AlphaBeta]
     devices_per_node: Optional[int]
 
-    def tier(self, n: int) -> Optional[AlphaBeta]:
-        """The figures a collective over n ranks runs at, or None when that tier is unknown."""
-        return self.tiers.get(tier_of(n, self.devices_per_node))
+    def missing(self, n: int) -> list[str]:
+        """The tiers a collective over n ranks needs (its bandwidth's and its steps') that have no figures."""
+        if n < 2:
+            return []
+        steps = latency_steps("all_reduce", n, self.devices_per_node)
+        needed = {tier_of(n, self.devices_per_node), *(t for t, k in steps.items() if k)}
+        return [t for t in TIERS if t in needed and t not in self.tiers]
 
     def reaches(self, n: int) -> bool:
         """Whether a collective over n ranks can be predicted."""
-        return n < 2 or self.tier(n) is not None
+        return not self.missing(n)
+
+    def time_s(self, op: str, n: int, size_bytes: float) -> float:
+        """Predicted seconds of one collective: each step at its tier's α, the bytes at the slowest tier's β."""
+        if not self.reaches(n):
+            raise ValueError(f"dp={n}: the network has no figures for its tier ({', '.join(self.missing(n))})")
+        _, moved = ring_cost(op, n, size_bytes)
+        if n < 2:
+            return 0.0
+        latency = sum(k * self.tiers[t].alpha_s for t, k in latency_steps(op, n, self.devices_per_node).items() if k)
+        return latency + moved / self.tiers[tier_of(n, self.devices_per_node)].beta_bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -114,37 +137,57 @@ class NetworkEstimate:
     notes: tuple[str, ...] = field(default=())
 
 
-def fit(samples: Iterable[Mapping[str, Any]]) -> AlphaBeta:
-    """Least-squares α and β from samples {op, world_size, size_bytes, time_s}, in relative error.
+def fit(
+    samples: Iterable[Mapping[str, Any]], devices_per_node: Optional[int] = None, intra: Optional[AlphaBeta] = None
+) -> AlphaBeta:
+    """Least-squares α and β of the slowest tier the samples' rings cross, from samples {op, world_size, size_bytes,
+    time_s}, in relative error.
 
     Each equation is divided by its measured time, so 4 KiB and 64 MiB messages weigh alike and
-    α (set by small messages) is found as well as β (set by large ones).
+    α (set by small messages) is found as well as β (set by large ones). Rings that span nodes pay their steps
+    within a node at `intra`'s α (fitted on launches within one node), which is taken off their times first.
     """
-    rows, times = [], []
+    rows, times, known = [], [], []
     for s in samples:
-        steps, moved = ring_cost(s["op"], int(s["world_size"]), float(s["size_bytes"]))
-        if steps:
-            rows.append((steps, moved))
+        n = int(s["world_size"])
+        steps = latency_steps(s["op"], n, devices_per_node)
+        _, moved = ring_cost(s["op"], n, float(s["size_bytes"]))
+        tier = tier_of(n, devices_per_node)
+        within = steps[INTRA] if tier == INTER else 0
+        if within and intra is None:
+            raise ValueError(
+                f"fit: a ring over {n} ranks pays {within} of its steps within a node: fit the intra-node tier "
+                f"first, from launches of at most {devices_per_node} ranks"
+            )
+        if steps[tier]:
+            rows.append((steps[tier], moved))
             times.append(float(s["time_s"]))
-    a, t = np.asarray(rows, dtype=float), np.asarray(times, dtype=float)
+            known.append(within * intra.alpha_s if intra is not None else 0.0)
+    a, t, c = (np.asarray(v, dtype=float) for v in (rows, times, known))
     if len(t) < 2 or np.linalg.matrix_rank(a) < 2:
         raise ValueError(f"fit needs timings of at least two sizes at world_size >= 2; got {len(t)} usable samples")
     if (t <= 0).any():
         raise ValueError("fit: every time_s must be > 0")
-    (alpha, inv_beta), *_ = np.linalg.lstsq(a / t[:, None], np.ones_like(t), rcond=None)
+    x, y = a / t[:, None], 1 - c / t
+    (alpha, inv_beta), *_ = np.linalg.lstsq(x, y, rcond=None)
     if alpha < 0:  # pure-bandwidth fit: latency below what the data can resolve
-        alpha, inv_beta = 0.0, float(np.sum(a[:, 1] / t) / np.sum((a[:, 1] / t) ** 2))
+        alpha, inv_beta = 0.0, float(np.sum(x[:, 1] * y) / np.sum(x[:, 1] ** 2))
     if inv_beta <= 0:
         raise ValueError("fit: time does not grow with message size, β cannot be fitted; measure larger sizes")
     return AlphaBeta(float(alpha), float(1.0 / inv_beta))
 
 
 def fit_tiers(samples: Sequence[Mapping[str, Any]], devices_per_node: Optional[int]) -> dict[str, AlphaBeta]:
-    """α-β of each tier the samples cover: those of n <= devices_per_node ranks, and those of more."""
+    """α-β of each tier the samples cover: that within a node from launches of n <= devices_per_node ranks, then that
+    between nodes from the larger ones, their steps within a node at the first's α."""
     by_tier: dict[str, list[Mapping[str, Any]]] = {}
     for s in samples:
         by_tier.setdefault(tier_of(int(s["world_size"]), devices_per_node), []).append(s)
-    return {tier: fit(group) for tier, group in by_tier.items()}
+    tiers: dict[str, AlphaBeta] = {}
+    for tier in TIERS:
+        if tier in by_tier:
+            tiers[tier] = fit(by_tier[tier], devices_per_node, tiers.get(INTRA))
+    return tiers
 
 
 # --- (b) the profile measured by `scaling collectives` -------------------------------------------
