@@ -51,15 +51,17 @@ sysdeps:
 	bash scripts/install-system-deps.sh
 
 # The recipe of the demo: a global batch of 4,096 tokens (32 samples of 128) on 1 to 64 emulated GPUs, ZeRO-0 and
-# ZeRO-3, measured at dp 1 and 2 (at most 4 micro-steps a point), extrapolated past them.
-DEMO_RECIPE ?= --gbs-tokens 4096 --gpus 1,2,4,8,16,32,64 --zero 0,3 --recompute none --max-grad-acc 4 \
+# ZeRO-3, measured at dp 1 and 2 (at most 2 micro-steps a point, one run each), extrapolated past them under the
+# network the demo measured (its alpha_beta.json, copied into the recipe's directory).
+DEMO_RECIPE ?= --gbs-tokens 4096 --gpus 1,2,4,8,16,32,64 --zero 0,3 --recompute none --max-grad-acc 2 \
 	--sweep-dir runs/demo-recipe model=tiny train.seq_len=128 hardware.memory_gb=0.047 train.warmup_steps=2 \
-	train.steps=8 launch.repeats=2
+	train.steps=6 launch.repeats=1
 
 demo: setup
 	$(VENV)/bin/scaling sweep demo
 	$(VENV)/bin/scaling collectives --sweep-dir runs/demo parallel.dp=2
 	$(VENV)/bin/scaling report runs/demo
+	mkdir -p runs/demo-recipe && { [ -e runs/demo-recipe/alpha_beta.json ] || cp runs/demo/alpha_beta.json runs/demo-recipe/; }
 	$(VENV)/bin/scaling recipe $(DEMO_RECIPE)
 	$(VENV)/bin/scaling report runs/demo-recipe
 
