@@ -3,7 +3,10 @@
 Runs a named sweep (default: the demo grid) as a user would (`scaling sweep NAME`), then reads
 every record's `timing.torchrun_wall_s`:
 
-    driver time per point = (sweep wall time - sum of torchrun wall times) / points
+    driver time per point = (sweep wall time - sum of torchrun wall times - device waits) / points
+
+A device wait (`timing.device_wait_s`: the point waited for the host's device lease, which another sweep on the
+machine held) is not the driver's work either, and is printed apart.
 
 It covers Hydra's composition of each point, validation, the memory prediction, the record write
 and W&B logging, and, once, the driver's start-up (printed apart). Target: <= 0.5 s per point.
@@ -78,15 +81,19 @@ def main() -> None:
     records = list(iter_records(sweep_dir))
     torchrun = sum(r["timing"].get("torchrun_wall_s") or 0.0 for r in records)
     launched = sum(1 for r in records if r["timing"].get("torchrun_wall_s"))
+    waited = sum(r["timing"].get("device_wait_s") or 0.0 for r in records)
     start = startup_s()
     resume_wall = run_sweep(a.sweep, sweep_dir, a.overrides)
     n = len(records)
-    per_point = (wall - torchrun - start) / n
+    per_point = (wall - torchrun - waited - start) / n
     statuses = {s: sum(r["status"] == s for r in records) for s in sorted({r["status"] for r in records})}
     print(
         f"bench_sweep: sweep {a.sweep} {' '.join(a.overrides)} -> {n} points {statuses}, {launched} launched; {sweep_dir}"
     )
-    print(f"  sweep wall {wall:8.1f} s   in torchrun {torchrun:8.1f} s   driver start-up {start:5.2f} s")
+    print(
+        f"  sweep wall {wall:8.1f} s   in torchrun {torchrun:8.1f} s   waiting for a device {waited:6.1f} s   "
+        f"driver start-up {start:5.2f} s"
+    )
     print(f"  driver time per point {per_point:6.3f} s   (target <= 0.5)")
     print(f"  {device_time_line(records)}")
     print(

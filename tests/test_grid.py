@@ -79,7 +79,8 @@ def test_keys_equal_a_full_composition(sweep_file):
     assert [fast[tuple(p)] for p in checked] == full_keys(sweep_file, checked)
 
 
-def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
+def write_grid(tmp_path: Path) -> Path:
+    """A sweep file whose group files are package-global and whose values interpolate another group's."""
     (tmp_path / "case").mkdir()
     (tmp_path / "case" / "wide.yaml").write_text("# @package _global_\nparallel:\n  dp: 2\n")
     (tmp_path / "case" / "narrow.yaml").write_text("# @package _global_\nparallel:\n  dp: 1\n")
@@ -102,6 +103,11 @@ def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
               train.mbs: 1,2
         """)
     )
+    return tmp_path / "grid.yaml"
+
+
+def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
+    write_grid(tmp_path)
     with sweep_file_grid(tmp_path / "grid.yaml", ["++train.steps=2", "parallel.zero_stage=1,3"]) as (points, configs):
         surveyed = list(survey(points, configs))
         assert configs.compositions == 4  # model x case; ++ is part of every composition
@@ -116,6 +122,51 @@ def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
         surveyed = list(survey(points, configs))
         assert configs.compositions == 4 + len(points)
     assert [p.key for p in surveyed] == full_keys(tmp_path / "grid.yaml", points) and len(points) == 8
+
+
+def assert_jobs_composed_as_hydra(points: list[list[str]], configs) -> None:
+    """Each point's job config (hydra node included) equals the one Hydra's launcher composes for the job."""
+    for overrides in points:
+        job, hydras = configs.job_config(overrides), configs.loader.load_sweep_config(configs.master, list(overrides))
+        assert OmegaConf.to_container(job) == OmegaConf.to_container(hydras), overrides
+        resolved = [{k: OmegaConf.select(c, str(k)) for k in c if k != "hydra"} for c in (job, hydras)]
+        assert resolved[0] == resolved[1] and job.hydra.overrides.task == list(overrides)
+        assert job.hydra.job.override_dirname == hydras.hydra.job.override_dirname != ""
+
+
+@pytest.mark.parametrize("sweep_file", SWEEP_FILES, ids=lambda p: p.stem)
+def test_the_jobs_of_a_sweep_file_get_the_config_hydra_composes(sweep_file):
+    """What the grid sweeper hands Hydra's basic launcher (`PointConfigs.job_config`) for the points that show each
+    axis value under each group choice: the sweep file's defaults, values and interpolations, and the hydra node."""
+    with sweep_file_grid(sweep_file) as (points, configs):
+        checked = covering(points, configs.groups)
+        assert_jobs_composed_as_hydra(checked, configs)
+        choices = {tuple(o for o in p if o.split("=")[0] in configs.groups) for p in points}
+        assert configs.compositions == len(choices)  # one per group choice, none per job
+
+
+def test_jobs_with_group_files_force_adds_and_interpolations_get_the_config_hydra_composes(tmp_path):
+    grid = write_grid(tmp_path)
+    with sweep_file_grid(grid, ["++train.steps=2", "+launch.extra=1", "logger.project=${hydra.job.name}"]) as (
+        points,
+        configs,
+    ):
+        assert_jobs_composed_as_hydra(points, configs)
+        assert {configs.job_config(p).logger.project for p in points} == {configs.master.hydra.job.name}
+
+
+def test_a_job_with_a_hydra_override_is_composed_as_hydra_composes_it():
+    """Hydra files a point's `hydra.` overrides apart from the task's (hydra.overrides.hydra): such a job is composed
+    in full, a value (`hydra.job.chdir=true`) or an add (`+hydra.job.env_set.X=1`), under a group choice of its own."""
+    with sweep_file_grid(REPO / "sweeps" / "demo.yaml") as (points, configs):
+        small = next(p for p in points if "model=small" in p)
+        for hydra_override in ("hydra.job.chdir=true", "+hydra.job.env_set.X=1"):
+            overrides, before = [*small, hydra_override], configs.compositions
+            job = configs.job_config(overrides)
+            hydras = configs.loader.load_sweep_config(configs.master, overrides)
+            assert configs.compositions == before + 1 and OmegaConf.to_container(job) == OmegaConf.to_container(hydras)
+            assert hydra_override in job.hydra.overrides.hydra and job.hydra.overrides.task == small
+            assert hydra_override.lstrip("+") not in job.hydra.job.override_dirname and job.model.name == "small"
 
 
 def test_a_misspelt_key_fails_like_hydra_before_anything_runs(tmp_path):

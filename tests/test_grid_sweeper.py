@@ -6,12 +6,14 @@ when most points are skipped, and a dry run forecasts the grid without launching
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -142,6 +144,56 @@ def test_resume_runs_exactly_the_missing_points_and_counts_the_rest(tmp_path):
     assert Counter(json.loads(p.read_text())["status"] for p in sweep_dir.glob(f"*/{RESULT_FILE}")) == Counter(
         {Status.OK: 8, Status.OOM: 2, Status.PREDICTED_OOM: 1, Status.INVALID: 9}
     )
+
+
+def launch_in_process(master: Any, points: list[list[str]], compose_once: bool) -> tuple[list[Any], Any]:
+    """Each job's config and hydra node as the task function sees them, from the grid sweeper's launcher (Hydra's
+    basic one) launching `points` of `master`'s grid in this process; and the sweeper's compositions."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import HydraContext
+    from omegaconf import OmegaConf
+
+    from hydra_plugins.scaling_grid_sweeper._impl import GridSweep
+
+    seen: list[Any] = []
+
+    def task(cfg: Any) -> None:
+        seen.append((OmegaConf.to_container(cfg), OmegaConf.to_container(HydraConfig.get())))
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level  # the launcher configures logging as a Hydra run does
+    try:
+        sweep = GridSweep(max_batch_size=None, dry_run=False, params=None, compose_once=compose_once)
+        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=Callbacks())
+        sweep.setup(hydra_context=context, task_function=task, config=master)
+        sweep.launcher.launch(points, initial_job_idx=0)
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    return seen, sweep.configs
+
+
+def test_hydras_basic_launcher_runs_every_job_on_the_grids_compositions(tmp_path):
+    """The jobs of the grid sweeper's basic launcher get the config (hydra node included: task overrides,
+    override_dirname, choices, output_dir) that Hydra's own composition of each job gives (`compose_once=false`),
+    with one composition per group choice and none per job."""
+    from omegaconf import OmegaConf
+
+    from scaling.sweep.compose import sweep_file_grid
+
+    with sweep_file_grid(REPO / "sweeps" / "demo.yaml", [f"hydra.sweep.dir={tmp_path}"]) as (points, configs):
+        picked = [p for p in points if "parallel.dp=1" in p and "train.mbs=2" in p and "train.seq_len=128" in p]
+        assert len(picked) == 8 and {o for p in picked for o in p} >= {"model=tiny", "model=small"}
+        # `${now:...}` resolved (and cached) in the master once: both launches name each job's folder alike
+        OmegaConf.select(configs.master, "hydra.run.dir")
+        composed_once, grid = launch_in_process(configs.master, picked, compose_once=True)
+        by_hydra, _ = launch_in_process(configs.master, picked, compose_once=False)
+    assert grid.compositions == 2  # model=tiny and model=small
+    assert len(composed_once) == len(picked) and composed_once == by_hydra
+    assert [hydra["overrides"]["task"] for _, hydra in composed_once] == picked
+    assert [hydra["job"]["num"] for _, hydra in composed_once] == list(range(len(picked)))
 
 
 def test_sweep_dry_run_forecasts_as_predict_sweep_does_and_writes_nothing(tmp_path, capsys):

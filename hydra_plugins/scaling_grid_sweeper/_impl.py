@@ -5,7 +5,8 @@ choice, not per point), so a fully recorded grid of 10,000 points resumes in sec
 making 10,000 Hydra jobs that each find their record. A point a live job still holds (its running
 marker names a queued or running SLURM task, or a live process: see `scaling.store.inflight`) is not
 launched again. The points left go to the Hydra launcher, in one batch or in batches of
-`max_batch_size`; the driver's `scaling.sweep.progress.Progress` counts the answered ones and prints
+`max_batch_size`; Hydra's basic launcher composes each job from the compositions the survey made (`_loader`), not
+anew; the driver's `scaling.sweep.progress.Progress` counts the answered ones and prints
 each launched one as it ends. With `dry_run` it prints the forecast and launches nothing.
 """
 
@@ -13,13 +14,15 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
+from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.utils import JobReturn
-from omegaconf import OmegaConf
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
 
 from scaling.store import inflight
 from scaling.store.record import job_dir
@@ -32,6 +35,8 @@ from scaling.sweep.grid import (
     predict_new,
     survey,
 )
+
+from ._loader import GridConfigLoader
 
 log = logging.getLogger(__name__)
 
@@ -69,17 +74,33 @@ def _holder(marker: Mapping[str, Any]) -> str:
 class GridSweep(BasicSweeper):
     """Hydra's basic sweeper (its params, setup and batches), answering the store before it launches."""
 
-    def __init__(self, max_batch_size: Optional[int], dry_run: bool, params: Optional[Mapping[str, str]]) -> None:
+    def __init__(
+        self,
+        max_batch_size: Optional[int],
+        dry_run: bool,
+        params: Optional[Mapping[str, str]],
+        compose_once: bool = True,
+    ) -> None:
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"hydra.sweeper.max_batch_size={max_batch_size} must be >= 1 or null (one batch)")
         super().__init__(max_batch_size=max_batch_size, params=dict(params or {}))
         self.dry_run = dry_run
+        self.compose_once = compose_once
+        self.configs: Optional[PointConfigs] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        """Hydra's setup; Hydra's basic launcher (jobs in this process) then composes each job from the
+        compositions the grid's survey makes (`GridConfigLoader`), other launchers as Hydra does."""
+        super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self.configs = PointConfigs(hydra_context.config_loader, config)
+        if self.compose_once and type(self.launcher) is BasicLauncher:
+            composed = replace(hydra_context, config_loader=GridConfigLoader(self.configs))
+            self.launcher.setup(hydra_context=composed, task_function=task_function, config=config)
 
     def sweep(self, arguments: List[str]) -> list[list[JobReturn]]:
         """Answer, then launch, every point of the grid; returns the launched points' JobReturns per batch."""
-        assert self.config is not None and self.hydra_context is not None
-        points = expand(self.params, arguments)
-        configs = PointConfigs(self.hydra_context.config_loader, self.config)
+        assert self.config is not None and self.hydra_context is not None and self.configs is not None
+        points, configs = expand(self.params, arguments), self.configs
         plan = self._plan(points, configs)
         log.info(
             "Grid of %d points: %d Hydra compositions, %d answered by the store, %d held by live jobs, %d to run",

@@ -21,6 +21,9 @@ class ScalingGridSweeperConf:
     dry_run: bool = False
     """Print the grid's size, its new, recorded, predicted_oom and invalid points and an estimate of
     the wall time, and launch nothing (`scaling sweep NAME --dry-run`)."""
+    compose_once: bool = True
+    """Jobs of Hydra's basic launcher take their configs from the grid's compositions (one per config-group
+    choice) instead of a composition each; false: the launcher composes every job again (the same config)."""
     params: Optional[Dict[str, str]] = None
     """The grid: override key -> comma list (or range/choice); plain values are fixed overrides."""
 

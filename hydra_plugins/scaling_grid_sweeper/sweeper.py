@@ -12,13 +12,17 @@ from omegaconf import DictConfig
 class ScalingGridSweeper(Sweeper):
     """Grid sweep that answers recorded points from the store before any job is made."""
 
-    def __init__(self, max_batch_size: Optional[int], dry_run: bool, params: Optional[DictConfig]) -> None:
+    def __init__(
+        self, max_batch_size: Optional[int], dry_run: bool, params: Optional[DictConfig], compose_once: bool = True
+    ) -> None:
         from ._impl import GridSweep
 
-        self._sweep = GridSweep(max_batch_size=max_batch_size, dry_run=dry_run, params=params)
+        self._sweep = GridSweep(
+            max_batch_size=max_batch_size, dry_run=dry_run, params=params, compose_once=compose_once
+        )
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        """Instantiate the launcher the points go through."""
+        """Instantiate the launcher the points go through (Hydra's basic one composes from the grid's compositions)."""
         self._sweep.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: List[str]) -> Any:

@@ -9,7 +9,9 @@ cannot reproduce that way (`+key`, `~key`, `key@pkg`, a dict value, a config gro
 composition instead, and a point whose value interpolates the `hydra` node, or sets a key that is
 a config group under its own group choices, is composed in full. Either way the config, and so
 `job_key`, is the one the point's own job computes (tests/test_grid.py checks it for every point
-of every sweep file).
+of every sweep file). `PointConfigs.job_config` gives a point's whole config the same way, hydra node
+included, equal to what Hydra's `load_sweep_config` composes for the job: the grid sweeper hands it to
+Hydra's basic launcher so that the driver composes once per group choice, not once per job.
 
 `survey` walks a grid and says, for each point, its key, its stored record and whether the store
 already answers it (scaling.store.record.answers, which run_point asks too); `Forecast` counts what a run
@@ -64,10 +66,12 @@ def _as_run_main_resolves(cfg: DictConfig) -> dict[str, Any]:
 
 @dataclass
 class _Base:
-    """One composition of a group choice: its config (of the hydra node, the records' folder), and its config groups."""
+    """One composition of a group choice: its config (of the hydra node, the records' folder), its config groups,
+    and the composition whole (what a job of the group choice receives, before its value overrides)."""
 
     cfg: DictConfig
     groups: frozenset[str]
+    job: DictConfig
 
 
 class PointConfigs:
@@ -90,15 +94,45 @@ class PointConfigs:
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
         from omegaconf.errors import InterpolationResolutionError
 
-        parsed = [self._parse(o) for o in overrides]
-        values = [o for o in parsed if self._is_value(o)]
-        base = self._base(tuple(o.input_line for o in parsed if not self._is_value(o)))
-        if not any(v.key_or_group in base.groups for v in values):
+        base, values = self._split(overrides)
+        if base is not None:
             cfg = base.cfg.copy()
             ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
             with contextlib.suppress(InterpolationResolutionError):  # it reads the hydra node: compose in full
                 return _as_run_main_resolves(cfg)
         return _as_run_main_resolves(self._compose(list(overrides)))
+
+    def job_config(self, overrides: Sequence[str]) -> DictConfig:
+        """The point's config with its hydra node, equal to what Hydra's `load_sweep_config` composes for its job
+        (the task overrides, `hydra.job.override_dirname` and the master's resolver cache included)."""
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+        from omegaconf import OmegaConf
+
+        parsed = [self._parse(o) for o in overrides]
+        # a hydra.* override Hydra files under hydra.overrides.hydra, apart from the task's: the point is composed in full
+        base, values = (None, []) if any(o.is_hydra_override() for o in parsed) else self._split(overrides)
+        if base is None:
+            return self._compose(list(overrides))
+        cfg = base.job.copy()
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        dirname = cfg.hydra.job.config.override_dirname
+        cfg.hydra.overrides.task = list(overrides)
+        cfg.hydra.job.override_dirname = get_overrides_dirname(
+            overrides=parsed,
+            exclude_keys=dirname.exclude_keys,
+            item_sep=dirname.item_sep,
+            kv_sep=dirname.kv_sep,
+        )
+        OmegaConf.copy_cache(from_config=self.master, to_config=cfg)  # `${now:...}` as the master resolved it
+        return cfg
+
+    def _split(self, overrides: Sequence[str]) -> tuple[Optional[_Base], list[Any]]:
+        """The composition of the point's group choice and its value overrides; no composition (None) when a value
+        sets a key that is a config group under that choice (the point is composed in full)."""
+        parsed = [self._parse(o) for o in overrides]
+        values = [o for o in parsed if self._is_value(o)]
+        base = self._base(tuple(o.input_line for o in parsed if not self._is_value(o)))
+        return (None if any(v.key_or_group in base.groups for v in values) else base), values
 
     def _parse(self, override: str) -> Any:
         if override not in self._parsed:
@@ -121,6 +155,7 @@ class PointConfigs:
 
         if group_overrides not in self._bases:
             cfg = self._compose(list(group_overrides))
+            job = cfg.copy()
             hydra = cfg.hydra
             # Of the hydra node, only what says where the records go (scaling.store.record.output_dir): a copy per
             # point of the whole node would cost more than the point's own config.
@@ -132,7 +167,7 @@ class PointConfigs:
             groups = frozenset(hydra.runtime.choices)
             with open_dict(cfg):
                 cfg["hydra"] = kept
-            self._bases[group_overrides] = _Base(cfg, groups)
+            self._bases[group_overrides] = _Base(cfg, groups, job)
         return self._bases[group_overrides]
 
     def _compose(self, overrides: list[str]) -> DictConfig:
