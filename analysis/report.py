@@ -57,6 +57,16 @@ CSS = (
 )
 
 
+def _add_text(md: list[str], page: list[str], paragraphs: list[str], tables: list[pd.DataFrame]) -> None:
+    """Paragraphs, then tables, to the Markdown lines and the HTML page."""
+    for text in paragraphs:
+        md += [text, ""]
+        page.append(f"<p>{html.escape(text)}</p>")
+    for table in tables:
+        md += [_md_table(table), ""]
+        page.append(_html_table(table))
+
+
 def write_report(
     sweep_dir: str | os.PathLike,
     out_dir: Optional[str | os.PathLike] = None,
@@ -103,12 +113,7 @@ def write_report(
     for section in sections:
         md += [f"## {section.title}", ""]
         page.append(f"<h2>{html.escape(section.title)}</h2>")
-        for text in section.paragraphs:
-            md += [text, ""]
-            page.append(f"<p>{html.escape(text)}</p>")
-        for table in section.tables:
-            md += [_md_table(table), ""]
-            page.append(_html_table(table))
+        _add_text(md, page, section.paragraphs, section.tables)
         if section.code:
             md += ["```bash", *section.code, "```", ""]
             page.append(f"<pre><code>{html.escape(chr(10).join(section.code))}</code></pre>")
@@ -120,12 +125,7 @@ def write_report(
         if section.details or section.detail_tables:
             md += ["<details>", f"<summary>{html.escape(section.details_title)}</summary>", ""]
             page.append(f"<details><summary>{html.escape(section.details_title)}</summary>")
-            for text in section.details:
-                md += [text, ""]
-                page.append(f"<p>{html.escape(text)}</p>")
-            for table in section.detail_tables:
-                md += [_md_table(table), ""]
-                page.append(_html_table(table))
+            _add_text(md, page, section.details, section.detail_tables)
             md += ["</details>", ""]
             page.append("</details>")
     paths["markdown"] = out / "report.md"
