@@ -24,7 +24,15 @@ from scaling.store.record import RESULT_FILE, job_key
 from scaling.sweep.grid import format_duration
 from tests.compose import REPO, compose_point
 
-POINT = ["model=tiny", "train.seq_len=64", "train.warmup_steps=1", "train.steps=1", "launch.timeout_s=240"]
+POINT = [
+    "model=tiny",
+    "train.seq_len=64",
+    "train.warmup_steps=1",
+    "train.steps=1",
+    "launch.timeout_s=240",
+    "launch.reuse=true",
+]
+"""Warm ranks (launch.reuse): these tests are about what fits, not about start-up."""
 
 
 def scaling(*args) -> subprocess.CompletedProcess:

@@ -200,6 +200,25 @@ def _compose(overrides: list[str], sweep_dir: Path) -> dict[str, Any] | str:
         return text
 
 
+def network_sizes(cfg: dict[str, Any], candidates: list[Any], gbs_samples: int, n: int) -> list[int]:
+    """The message sizes worth timing: `scaling collectives`' defaults up to the first at or above the largest
+    message any candidate's step issues at dp=n (at least two sizes, so that α and β both show)."""
+    from analysis.recipe import workload_of
+    from analysis.step_model import step_collectives
+    from scaling.core.network import CPU_SIZES, CUDA_SIZES
+    from scaling.core.schema import ModelConfig
+
+    model = ModelConfig(**{k: v for k, v in cfg["model"].items() if k in ModelConfig.__dataclass_fields__})
+    largest = max(
+        call.bytes_per_call
+        for c in candidates
+        for call in step_collectives(workload_of(model, cfg, c, c.mbs_max, gbs_samples), n, 1)
+    )
+    defaults = CUDA_SIZES if cfg["hardware"]["device"] == "cuda" else CPU_SIZES
+    upto = next((i for i, size in enumerate(defaults) if size >= largest), len(defaults) - 1)
+    return list(defaults[: max(upto, 1) + 1])
+
+
 def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, gbs_samples: int, a: argparse.Namespace):
     """Phases (a)-(c) of the recipe, then the decision (analysis.recipe.decide)."""
     from analysis.extrapolate import sources
@@ -249,8 +268,15 @@ def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, gbs_s
     if not has_profile and at_hand >= 2 and any(p.get("status") == "ok" for p in launch.records):
         from scaling.cli.collectives import main as collectives
 
-        print(f"[recipe] measuring the network at up to {at_hand} ranks (scaling collectives)", flush=True)
-        collectives(["--sweep-dir", str(sweep_dir), *overrides, f"parallel.dp={at_hand}"])
+        sizes = network_sizes(cfg, candidates, gbs_samples, at_hand)
+        print(
+            f"[recipe] measuring the network at up to {at_hand} ranks (scaling collectives, messages up to "
+            f"{sizes[-1]:,} bytes: the candidates' largest)",
+            flush=True,
+        )
+        collectives(
+            ["--sweep-dir", str(sweep_dir), "--sizes", ",".join(map(str, sizes)), *overrides, f"parallel.dp={at_hand}"]
+        )
         found_sources, source_notes = sources(sweep_dir, hw["name"], dpn, a.draws)
     source = found_sources[1] if len(found_sources) > 1 else None
     if source is None:
