@@ -324,6 +324,10 @@ class Recipe:
             notes=list(doc.get("notes") or []),
         )
 
+    def command_lines(self) -> list[str]:
+        """Each row's `scaling run` command, with the GPU count it answers for."""
+        return [f"{r.command}  # {r.gpus} GPU{'s' if r.gpus != 1 else ''}" for r in self.rows if r.command]
+
     def caveats(self) -> list[str]:
         """How the answer was found: the network, the candidates and how their mbs is known, the bands, notes."""
         return [
@@ -578,7 +582,7 @@ def markdown(recipe: Recipe) -> str:
         "Reproduce or measure a row:",
         "",
         "```bash",
-        *(f"{r.command}  # {r.gpus} GPUs" for r in recipe.rows if r.command),
+        *recipe.command_lines(),
         "```",
         "",
         *(f"- {c}" for c in recipe.caveats()),

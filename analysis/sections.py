@@ -226,7 +226,7 @@ def recipe_section(sweep_dir: Path) -> Optional[Section]:
         f"{recipe.hardware}",
         headline(recipe),
         [pd.DataFrame(cells[1:], columns=cells[0])],
-        code=[f"{r.command}  # {r.gpus} GPUs" for r in recipe.rows if r.command],
+        code=recipe.command_lines(),
         details=recipe.caveats(),
         details_title="How the recipe was found",
     )
