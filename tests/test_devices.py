@@ -106,7 +106,8 @@ IN_JOB = textwrap.dedent("""\
     with hold(request(cfg, env), None, poll_s=0.05) as held:
         t = time.time()
         time.sleep(2.0)
-    print(json.dumps({"visible": held.visible, "start": t, "end": time.time(), "locks": str(lock_dir())}))
+    line = json.dumps({"visible": held.visible, "start": t, "end": time.time(), "locks": str(lock_dir())})
+    os.write(1, (line + "\\n").encode())  # one write, whole: the two processes share the pipe
     """)
 
 
