@@ -200,15 +200,13 @@ def _compose(overrides: list[str], sweep_dir: Path) -> dict[str, Any] | str:
         return text
 
 
-def network_sizes(cfg: dict[str, Any], candidates: list[Any], gbs_samples: int, n: int) -> list[int]:
+def network_sizes(model: Any, cfg: dict[str, Any], candidates: list[Any], gbs_samples: int, n: int) -> list[int]:
     """The message sizes worth timing: `scaling collectives`' defaults up to the first at or above the largest
     message any candidate's step issues at dp=n (at least two sizes, so that α and β both show)."""
     from analysis.recipe import workload_of
     from analysis.step_model import step_collectives
     from scaling.core.network import CPU_SIZES, CUDA_SIZES
-    from scaling.core.schema import ModelConfig
 
-    model = ModelConfig(**{k: v for k, v in cfg["model"].items() if k in ModelConfig.__dataclass_fields__})
     largest = max(
         call.bytes_per_call
         for c in candidates
@@ -230,6 +228,7 @@ def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, gbs_s
     from scaling.predictor.prescreen import capacity_bytes
 
     seq_len, hw = int(cfg["train"]["seq_len"]), cfg["hardware"]
+    model = ModelConfig(**cfg["model"])
     at_hand = devices_at_hand(cfg)
     launch = Launcher()
     notes: list[str] = []
@@ -268,7 +267,7 @@ def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, gbs_s
     if not has_profile and at_hand >= 2 and any(p.get("status") == "ok" for p in launch.records):
         from scaling.cli.collectives import main as collectives
 
-        sizes = network_sizes(cfg, candidates, gbs_samples, at_hand)
+        sizes = network_sizes(model, cfg, candidates, gbs_samples, at_hand)
         print(
             f"[recipe] measuring the network at up to {at_hand} ranks (scaling collectives, messages up to "
             f"{sizes[-1]:,} bytes: the candidates' largest)",
@@ -287,7 +286,6 @@ def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, gbs_s
         network = f"{source.label} (the hardware's published figures)"
     notes += [n for n in source_notes if "No measured profile" not in n or source is None]
 
-    model = ModelConfig(**{k: v for k, v in cfg["model"].items() if k in ModelConfig.__dataclass_fields__})
     estimate = FromRecords(
         launch.records, lambda c, mbs: workload_of(model, cfg, c, mbs, gbs_samples), dpn, source, a.draws
     )
