@@ -202,7 +202,8 @@ def _compose(overrides: list[str], sweep_dir: Path) -> dict[str, Any] | str:
 
 def network_sizes(model: Any, cfg: dict[str, Any], candidates: list[Any], gbs_samples: int, n: int) -> list[int]:
     """The message sizes worth timing: `scaling collectives`' defaults up to the first at or above the largest
-    message any candidate's step issues at dp=n (at least two sizes, so that α and β both show)."""
+    message any candidate's step issues at dp=n, and at least the first four (4 KiB to 4 MiB): with fewer, one
+    noisy small size can make time fall with size and β unfittable."""
     from analysis.recipe import workload_of
     from analysis.step_model import step_collectives
     from scaling.core.network import CPU_SIZES, CUDA_SIZES
@@ -214,7 +215,7 @@ def network_sizes(model: Any, cfg: dict[str, Any], candidates: list[Any], gbs_sa
     )
     defaults = CUDA_SIZES if cfg["hardware"]["device"] == "cuda" else CPU_SIZES
     upto = next((i for i, size in enumerate(defaults) if size >= largest), len(defaults) - 1)
-    return list(defaults[: max(upto, 1) + 1])
+    return list(defaults[: max(upto, 3) + 1])
 
 
 def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, gbs_samples: int, a: argparse.Namespace):
@@ -270,7 +271,7 @@ def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, gbs_s
         sizes = network_sizes(model, cfg, candidates, gbs_samples, at_hand)
         print(
             f"[recipe] measuring the network at up to {at_hand} ranks (scaling collectives, messages up to "
-            f"{sizes[-1]:,} bytes: the candidates' largest)",
+            f"{sizes[-1]:,} bytes: the candidates' largest, or more)",
             flush=True,
         )
         collectives(

@@ -19,7 +19,7 @@ from scaling.engine.jobfiles import (
     read_json,
     write_json_atomic,
 )
-from scaling.launch import devices, slurm, torchrun
+from scaling.launch import devices, slurm, torchrun, warm
 
 BENCH_DIR = "collectives"
 """`<sweep_dir>/collectives/n<ranks>/`: one benchmark launch (config.json, torchrun.log, collectives.json)."""
@@ -44,6 +44,7 @@ def _launch_one(
 
     hw, out = cfg["hardware"], launch_dir / BENCH_OUTPUT
     point = {**cfg, "parallel": {**cfg["parallel"], "dp": n}}
+    warm.close()  # an idle warm job of this process holds the devices' lease until it times out
     with devices.hold(devices.request(point, env), cfg["launch"]["devices"]) as held:
         outcome = torchrun.launch_torchrun(
             argv,
