@@ -22,12 +22,10 @@ BASE = [
     "train.precision=fp32",
     "launch.timeout_s=180",
     "launch.reuse=true",
-    "launch.reuse_idle_s=5",
 ]
 """A tiny point on CPU: two warm-up steps (the CPU floor: the second is memory-tracked) and three timed ones, run on
-the warm ranks of this test process (launch.reuse: not part of the job key), which end 5 s after their last point:
-an idle job holds the worker's device lease, and a later test's `scaling` process would wait for it. A test whose
-subject is a fresh launch (its start-up, its resident memory, its processes) adds `FRESH`."""
+the warm ranks of this test process (launch.reuse: not part of the job key). A test whose subject is a fresh
+launch (its start-up, its resident memory, its processes) adds `FRESH`."""
 FRESH = "launch.reuse=false"
 CLIP = "train.grad_clip=0.05"
 """Below the tiny model's gradient norms: every step clips. The DP-split points clip so; tests that look at other
