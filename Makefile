@@ -10,9 +10,9 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 LOCK := requirements.lock
 PYTEST_ARGS ?=
-# The tests run on two workers more than the host has cores: most of a test's time is processes starting and waiting
-# (on 2 cores, 3 workers left the CPU idle 8% of the suite's time).
-WORKERS ?= $(shell echo $$(( $$(nproc) + 2 )))
+# The tests run on one worker more than the host has cores: most of a test's time is processes starting and waiting.
+# (Two more, 4 workers on 2 cores, took CI from 10 min 40 s to 12 min 56 s: 3 min more CPU in contention.)
+WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 .PHONY: setup sysdeps demo test test-lowest lock bench gpu-check clean
 
