@@ -175,9 +175,8 @@ def _launch_repeats(
                 launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
                 outcome, points_before = job.run(point_dir / CONFIG_FILE, point_dir, c.launch.timeout_s, log_name)
         else:
-            warm.close()  # a warm job of this process holds devices this launch may need
             points_before = 0
-            with devices.hold(lease, c.launch.devices) as held:
+            with warm.fresh_lease(lease, c.launch.devices) as held:
                 # The CPU peak that MFU divides by is measured here, while this point holds the host.
                 peak = flops.resolve_peak_flops(
                     cfg["hardware"], c.train.precision, c.hardware.threads_per_device, c.hardware.device

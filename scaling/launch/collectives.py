@@ -44,8 +44,7 @@ def _launch_one(
 
     hw, out = cfg["hardware"], launch_dir / BENCH_OUTPUT
     point = {**cfg, "parallel": {**cfg["parallel"], "dp": n}}
-    warm.close()  # an idle warm job of this process holds the devices' lease until it times out
-    with devices.hold(devices.request(point, env), cfg["launch"]["devices"]) as held:
+    with warm.fresh_lease(devices.request(point, env), cfg["launch"]["devices"]) as held:
         outcome = torchrun.launch_torchrun(
             argv,
             launch_dir,

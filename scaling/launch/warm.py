@@ -248,6 +248,16 @@ atexit.register(close)
 
 
 @contextlib.contextmanager
+def fresh_lease(request: Optional[devices.Request], visible: Optional[str]) -> Iterator[devices.Held]:
+    """The devices for a launch that is not a turn of a warm job (a fresh point, the collectives benchmark): this
+    process's warm jobs end first, since an idle one holds the lease such a launch waits for until it times out
+    (launch.reuse_idle_s)."""
+    close()
+    with devices.hold(request, visible) as held:
+        yield held
+
+
+@contextlib.contextmanager
 def job_for(shape: Shape, idle_s: float) -> Iterator[WarmJob]:
     """The warm job for a point of `shape`: a running one of the same shape, else a new one.
 
