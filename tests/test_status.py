@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from records import make_record, write_sweep
@@ -163,6 +164,18 @@ def test_status_states_the_device_time_the_records_held_and_its_share_in_timed_s
     )
 
 
+def proc_state(pid: int) -> str:
+    """What a process is doing, from /proc: its state, the signals it blocks, ignores and catches, where it waits."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError as e:
+        return f"pid {pid}: {e}"
+    status = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+    fields = ("State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+    return ", ".join(f"{k} {status.get(k, '?').strip()}" for k in fields) + f", waiting in {wchan or '-'}"
+
+
 def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
     """Stand-in points (tests/standin_app: the project's sweeper, callback and records, no torch); the second
     is held in flight at the test gate while `scaling status` looks from other processes, then the driver is
@@ -201,8 +214,10 @@ def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
         stdin=subprocess.DEVNULL,
     )
     lines: list[str] = []  # the watch's output so far, read as it comes
+    errors: list[str] = []  # and its standard error: read too, so that a full pipe never blocks it
     reader = threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")), daemon=True)
     reader.start()
+    threading.Thread(target=lambda: errors.extend(iter(watch.stderr.readline, "")), daemon=True).start()
     try:
         wait_for(lambda: (gates / "job1.reached").exists() or driver.poll() is not None)
         assert driver.poll() is None, "the driver ended before its second point"
@@ -219,12 +234,18 @@ def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
         driver.send_signal(signal.SIGKILL)
         driver.wait()
         watch.send_signal(signal.SIGINT)
-        watch.wait(timeout=60)
+        try:
+            watch.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"the watch ignored Ctrl-C for 60 s: {proc_state(watch.pid)}; stderr: {''.join(errors)[-2000:]}"
+            )
         reader.join(timeout=60)
     finally:
         for proc in (driver, watch):
             proc.kill()
     watched = "".join(lines)
+    assert errors == [], errors
     assert watch.returncode == 0 and watched.count("(every 0.5 s, Ctrl-C to stop;") >= 2
     keys = json.loads((sweep_dir / "sweep.json").read_text())["runs"][0]["job_keys"]
     assert running["job_key"] in keys  # the running point the watch showed is one of the sweep's
