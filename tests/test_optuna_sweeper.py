@@ -488,6 +488,7 @@ ENGINE_POINT = [
     "train.warmup_steps=1",
     "hardware.memory_gb=0.02",
     "launch.prescreen=false",
+    "launch.reuse=true",  # the trials' subject is the search, not start-up: one warm job serves both
     "logger=none",
 ]
 
