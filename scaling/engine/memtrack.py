@@ -71,9 +71,10 @@ _TOOLS = "torch.distributed._tools"
 def _tools_package_without_its_init() -> None:
     """Make `torch.distributed._tools` importable without running its `__init__`, which imports every tool of the
     package (the runtime and activation-checkpointing estimators, which pull in the compiler and torch's testing
-    code) when a rank needs the two memory trackers only: about a second of every CPU rank's start-up (0.5 s at
-    ZeRO 0-1, whose DDP imports the compiler anyway; 1 s at ZeRO 2-3). Only the trackers' own modules then run. A
-    package already imported, or one that cannot be found this way, is left to the ordinary import."""
+    code) when a rank needs the two memory trackers only: 0.6 s of a ZeRO 2-3 rank's 3.2 s of imports on CPU
+    (benchmarks/bench_rank_imports.py; nothing at ZeRO 0-1, whose DDP imports the compiler and with it most of what
+    the package needs). Only the trackers' own modules then run. A package already imported, or one that cannot be
+    found this way, is left to the ordinary import."""
     if _TOOLS in sys.modules:
         return
     spec = importlib.util.find_spec(_TOOLS)
