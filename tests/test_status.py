@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import os
 import re
@@ -212,6 +213,9 @@ def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         stdin=subprocess.DEVNULL,
+        # Ctrl-C reaches it as it reaches a command in a terminal: a suite started in the background by a shell
+        # without job control (`make test &`) ignores SIGINT and SIGQUIT, and its children inherit that.
+        preexec_fn=functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL),
     )
     lines: list[str] = []  # the watch's output so far, read as it comes
     errors: list[str] = []  # and its standard error: read too, so that a full pipe never blocks it
