@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -65,29 +63,10 @@ def raise_if_exceeded(exceeded: Optional[str]) -> None:
         raise EmulatedOutOfMemoryError(f"rank {first[0]}: {first[1]}")
 
 
-_TOOLS = "torch.distributed._tools"
-
-
-def _tools_package_without_its_init() -> None:
-    """Make `torch.distributed._tools` importable without running its `__init__`, which imports every tool of the
-    package (the runtime and activation-checkpointing estimators, which pull in the compiler and torch's testing
-    code) when a rank needs the two memory trackers only: 0.6 s of a ZeRO 2-3 rank's 3.2 s of imports on CPU
-    (benchmarks/bench_rank_imports.py; nothing at ZeRO 0-1, whose DDP imports the compiler and with it most of what
-    the package needs). Only the trackers' own modules then run. A package already imported, or one that cannot be
-    found this way, is left to the ordinary import."""
-    if _TOOLS in sys.modules:
-        return
-    spec = importlib.util.find_spec(_TOOLS)
-    if spec is None or spec.submodule_search_locations is None:
-        return
-    sys.modules[_TOOLS] = importlib.util.module_from_spec(spec)
-
-
 @functools.cache
 def load_trackers() -> tuple[type, type]:
-    """torch's trackers with the capacity check; imported on first use (CUDA runs never need them), without the
-    rest of their package."""
-    _tools_package_without_its_init()
+    """torch's trackers with the capacity check; imported on first use, since importing
+    torch.distributed._tools pulls in the compiler stack (seconds) that CUDA runs never need."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
