@@ -219,9 +219,12 @@ def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
     )
     lines: list[str] = []  # the watch's output so far, read as it comes
     errors: list[str] = []  # and its standard error: read too, so that a full pipe never blocks it
-    reader = threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")), daemon=True)
-    reader.start()
-    threading.Thread(target=lambda: errors.extend(iter(watch.stderr.readline, "")), daemon=True).start()
+    readers = [
+        threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")), daemon=True),
+        threading.Thread(target=lambda: errors.extend(iter(watch.stderr.readline, "")), daemon=True),
+    ]
+    for reader in readers:
+        reader.start()
     try:
         wait_for(lambda: (gates / "job1.reached").exists() or driver.poll() is not None)
         assert driver.poll() is None, "the driver ended before its second point"
@@ -244,7 +247,8 @@ def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
             pytest.fail(
                 f"the watch ignored Ctrl-C for 60 s: {proc_state(watch.pid)}; stderr: {''.join(errors)[-2000:]}"
             )
-        reader.join(timeout=60)
+        for reader in readers:  # both pipes read to their end before what came through them is checked
+            reader.join(timeout=60)
     finally:
         for proc in (driver, watch):
             proc.kill()
