@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -33,6 +38,22 @@ def test_trace_leaves_the_process_as_it_found_it():
     assert not dist.is_initialized()
     assert (MemTracker._update_peak_stats, fsdp_param._chunk_with_empty) == patched
     assert not isinstance(torch.empty(1), torch._subclasses.fake_tensor.FakeTensor)
+
+
+def test_trace_leaves_the_environment_of_a_fresh_process_as_it_found_it():
+    """The sweep driver's first trace imports the parts of torch that set TORCHINDUCTOR_CACHE_DIR in the process's
+    environment; a changed environment would make the driver's next point another warm job (new ranks)."""
+    script = (
+        "import json, os; before = dict(os.environ)\n"
+        "from scaling.predictor.trace import trace_peak\n"
+        "from tests.compose import compose_point\n"
+        "trace_peak(compose_point(['model=tiny', 'parallel.dp=2', 'parallel.zero_stage=1']))\n"
+        "print(json.dumps(sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == []
 
 
 def test_trace_refuses_a_process_that_has_a_process_group(tmp_path):

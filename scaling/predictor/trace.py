@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -140,6 +141,19 @@ def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """Put `os.environ` back as it was: parts of torch set variables for this process when imported (inductor's
+    TORCHINDUCTOR_CACHE_DIR), and the sweep driver's environment decides which warm job a point joins."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(before):
+            del os.environ[name]
+        os.environ.update(before)
+
+
+@contextlib.contextmanager
 def _fake_world(dp: int) -> Iterator[Any]:
     """A fake process group of `dp` ranks (this process is rank 0) and a FakeTensorMode; on exit
     everything is undone. Adjusted torch internals, for this block only:
@@ -178,7 +192,13 @@ def _fake_world(dp: int) -> Iterator[Any]:
 
 
 def trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
-    """Peak live bytes per rank of a resolved point's training step, traced on fake tensors in this process."""
+    """Peak live bytes per rank of a resolved point's training step, traced on fake tensors in this process, whose
+    environment variables it leaves as it found them (the parts of torch it imports set some)."""
+    with _environment_kept():
+        return _trace_peak(cfg)
+
+
+def _trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
     from scaling.core.validate import validate
     from scaling.engine.data import GlobalBatch, step_batches
     from scaling.engine.memtrack import tracked_step
