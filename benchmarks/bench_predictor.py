@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from scaling.job.run import run_point  # noqa: E402
 from scaling.predictor.analytic import analytic_peak, predict_config  # noqa: E402
-from scaling.predictor.prescreen import TRACE_BAND  # noqa: E402
+from scaling.predictor.prescreen import TRACE_BANDS  # noqa: E402
 from scaling.predictor.trace import trace_peak  # noqa: E402
 from scaling.sweep.compose import compose_config  # noqa: E402
 
@@ -130,10 +130,11 @@ def rel(pred: float, meas: float) -> float:
 
 def accuracy(rows: list[dict], capacity: float) -> dict[str, float]:
     """Fraction of points whose predicted fit/OOM at `capacity` agrees with the measured one, per method;
-    `pre-screen` is the pre-screen's rule: analytic, traced where analytic / capacity is in TRACE_BAND."""
+    `pre-screen` is the pre-screen's rule: analytic, traced where analytic / capacity is in the CPU's band."""
+    low, high = TRACE_BANDS["cpu"]
 
     def prescreen(r: dict) -> float:
-        return r["traced"] if TRACE_BAND[0] <= r["analytic"] / capacity <= TRACE_BAND[1] else r["analytic"]
+        return r["traced"] if low <= r["analytic"] / capacity <= high else r["analytic"]
 
     methods = {"analytic": lambda r: r["analytic"], "traced": lambda r: r["traced"], "pre-screen": prescreen}
     return {

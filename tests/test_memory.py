@@ -167,6 +167,21 @@ def test_prescreen_traces_near_the_capacity_in_a_subprocess():
     assert out["analytic"]["peak_mem_bytes"] == analytic and out["skip"] is False
 
 
+def test_the_trace_band_is_the_devices():
+    """A point whose analytic peak is 15% under the pre-screen's threshold: on CPU, where the analytic model is within
+    4% of the tracker, it decides alone; on CUDA, where it was up to 16% off max_memory_allocated, the trace does."""
+
+    def at(point, *overrides):  # the same point with its capacity set so that analytic / threshold = 1 / 1.15
+        analytic = memory.predict_config(compose_point([*point, "hardware.memory_gb=80"])).total_bytes
+        reserve = compose_point(point)["hardware"]["reserve_gb"]
+        return compose_point([*point, f"hardware.memory_gb={analytic * 1.15 / 1.1 / GIB + reserve}"])
+
+    cpu = prescreen(at(["model=tiny", "train.mbs=2"]))
+    assert cpu["method"] == "analytic" and cpu["traced"] is None and cpu["fits"] and not cpu["skip"]
+    cuda = prescreen(at(["model=tiny", "train.mbs=2", "hardware=h100", "train.precision=bf16"]))
+    assert cuda["method"] == "traced" and cuda["traced"]["peak_mem_bytes"] == cuda["peak_mem_bytes"]
+
+
 @pytest.mark.parametrize("numels", [(3000, 1000, 500), (500, 1000, 3000), (2000, 2000, 10)])
 def test_adamw_scratch_is_what_single_tensor_adamw_holds(numels):
     """AdamW on CPU steps its tensors one by one: for each, the root of its second moment and that root's quotient,
