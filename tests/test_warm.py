@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from analysis.step_model import MODULE_GRADS, MODULE_PARAMS, Workload
+from scaling.engine.model_config import ModelConfig
 from scaling.launch import warm
 from scaling.store.record import RESULT_FILE
 from tests.points import BASE, CLIP, FRESH, point
@@ -27,6 +29,21 @@ SAME = ("losses", "grad_norms", "final_param_norm", "peak_mem_bytes_per_rank", "
 """What a point measures that must not depend on what the ranks ran before (tokens/s is timing: noise)."""
 
 
+def largest_fsdp_buffer_bytes(record: dict) -> int:
+    """The largest buffer one FSDP2 all-gather or reduce-scatter of this point moves (the step model's calls)."""
+    cfg, derived = record["config"], record["derived"]
+    w = Workload(
+        cfg["parallel"]["zero_stage"],
+        ModelConfig(**cfg["model"]),
+        cfg["train"]["precision"],
+        cfg["train"]["mbs"],
+        cfg["train"]["seq_len"],
+        None,
+        derived["grad_acc"],
+    )
+    return max(size for moves in (MODULE_PARAMS, MODULE_GRADS) for size, _ in w.calls_of(moves, derived["world_size"]))
+
+
 @pytest.fixture(autouse=True)
 def _end_warm_jobs():
     yield
@@ -35,7 +52,10 @@ def _end_warm_jobs():
 
 def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does(tmp_path):
     """ZeRO-3 on the ranks that have just run a ZeRO-0 point (DDP's reducer, another optimizer) equals its fresh
-    launch exactly; the record says which turn of the job it was, and the turn paid no start-up."""
+    launch: losses, gradient norms, weights and optimizer bytes exactly; the tracked peak within one FSDP2 collective
+    buffer, which is what two fresh launches differ by (gloo's worker thread drops the last reference to a finished
+    all-gather's or reduce-scatter's buffers at its own time, before or after the main thread's next allocation).
+    The record says which turn of the job it was, and the turn paid no start-up."""
     store, fresh_store = tmp_path / "warm", tmp_path / "fresh"
     store.mkdir()
     fresh_store.mkdir()
@@ -53,7 +73,11 @@ def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does(tmp_path):
     assert before["status"] == after["status"] == fresh["status"] == "ok", (after["error"], fresh["error"])
     assert after["job_key"] == fresh["job_key"]  # launch settings are not part of the key
     for name in SAME:
-        assert after["metrics"][name] == fresh["metrics"][name], name
+        if name != "peak_mem_bytes_per_rank":
+            assert after["metrics"][name] == fresh["metrics"][name], name
+    peaks = after["metrics"]["peak_mem_bytes_per_rank"], fresh["metrics"]["peak_mem_bytes_per_rank"]
+    race = largest_fsdp_buffer_bytes(fresh)
+    assert all(abs(w - f) <= race for w, f in zip(*peaks)), (peaks, race)
     turn = [r["repeats"][0]["timing"]["points_before"] for r in (before, after, fresh)]
     assert turn[1] == turn[0] + 1 and turn[2] == 0, turn
     # No interpreter, no torch import, no process group: the turn takes less than the fresh launch's start-up.
