@@ -3,7 +3,9 @@
 Part 1, per point: the same points (tiny model, dp=2, ZeRO 0-3, seq_len 128, mbs 2) run `--rounds` times as fresh
 launches and as turns of one warm job, rounds interleaved so both see the same machine. Per point it prints
 tokens/s per GPU (median [min-max] over the rounds) fresh and warm and their ratio, whether the tracked peak bytes
-of every rank and the losses are equal, and the seconds each point held its devices.
+of every rank and the losses are equal (where the peaks are not, the distinct per-rank peaks fresh and warm: at
+ZeRO-2/3 gloo's worker thread frees a finished collective's buffers at its own time, so fresh launches differ among
+themselves), and the seconds each point held its devices.
 
 Part 2 (`--sweep NAME`, e.g. demo): the named sweep run as a user would, once with launch.reuse=false and once
 with launch.reuse=true, in fresh directories: sweep wall time, device time held and its share in timed steps,
@@ -61,14 +63,16 @@ def per_point(rounds: int, root: Path) -> None:
             continue
         tf = [r["metrics"]["tokens_per_s_per_gpu"] for r in fresh]
         tw = [r["metrics"]["tokens_per_s_per_gpu"] for r in warm_runs]
-        peaks = {tuple(r["metrics"]["peak_mem_bytes_per_rank"]) for r in fresh + warm_runs}
+        peaks_f = {p for r in fresh for p in r["metrics"]["peak_mem_bytes_per_rank"]}
+        peaks_w = {p for r in warm_runs for p in r["metrics"]["peak_mem_bytes_per_rank"]}
+        peaks = "yes" if len(peaks_f | peaks_w) == 1 else f"fresh {sorted(peaks_f)} warm {sorted(peaks_w)}"
         losses = {tuple(r["metrics"]["losses"]) for r in fresh + warm_runs}
         held_f = statistics.median(r["timing"]["torchrun_wall_s"] for r in fresh)
         held_w = statistics.median(r["timing"]["torchrun_wall_s"] for r in warm_runs)
         turns = sorted({r["repeats"][0]["timing"]["points_before"] for r in warm_runs})
         print(
             f"  {name:6} {band(tf)}        {band(tw)}    {statistics.median(tw) / statistics.median(tf):5.2f}"
-            f"       {'yes' if len(peaks) == 1 else 'NO ' + str(peaks):16}  {'yes' if len(losses) == 1 else 'NO':12}"
+            f"       {peaks:16}  {'yes' if len(losses) == 1 else 'NO':12}"
             f"  {held_f:6.2f}       {held_w:5.2f}   (warm turn {turns})"
         )
 
