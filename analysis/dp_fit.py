@@ -55,11 +55,14 @@ class Column:
 
 
 COMPUTE, OPTIMIZER = Column(Term.COMPUTE), Column(Term.OPTIMIZER)
-COLUMNS = (COMPUTE, *(Column(term, tier) for tier in TIERS for term in (Term.INV_BETA, Term.ALPHA)), OPTIMIZER)
-"""The design's columns in order of priority: the compute per micro-step, each tier's 1/β before its α, then the
-optimizer per parameter updated. The optimizer comes last because a DP curve seldom tells it apart: at ZeRO-0
-it is a constant per step, which the compute (∝ 1/dp) and each tier's bandwidth term (∝ 1 − 1/dp) add up to;
-at ZeRO-2/3 it shrinks as 1/dp, as the compute does."""
+COLUMNS = (COMPUTE, *(Column(term, tier) for term in (Term.INV_BETA, Term.ALPHA) for tier in TIERS), OPTIMIZER)
+"""The design's columns in order of priority: the compute per micro-step, every tier's 1/β before any α (the bytes a
+data-parallel step moves are most of its communication; a ring's latency tells only at ring lengths and call counts
+the smallest sweeps do not reach), then the optimizer per parameter updated. With fewer measured dp than columns
+the points keep the bandwidths and leave the latencies at 0 (measured at dp 8, 16 and 32 alone: the compute and
+both tiers' 1/β, not an α within a node that would carry every byte the rings between nodes moved). The optimizer
+comes last because a DP curve seldom tells it apart: at ZeRO-0 it is a constant per step, which the compute (∝ 1/dp)
+and each tier's bandwidth term (∝ 1 − 1/dp) add up to; at ZeRO-2/3 it shrinks as 1/dp, as the compute does."""
 
 
 @dataclass(frozen=True)
@@ -325,8 +328,15 @@ def identification(
                 open_.append(f"{symbol} {name} ({notes[col]})")
             elif col in full:
                 found.append(f"{symbol} {name}")
-            else:
+            elif sum(tier_of(n, dpn) == tier for n in set(comm)) < 2:
                 open_.append(f"{symbol} {name} (one ring length measured: latency and bandwidth inseparable; set to 0)")
+            else:
+                open_.append(
+                    f"{symbol} {name} (not identified: {len({p.dp for p in points})} measured dp "
+                    "leave no degree of freedom for it after the compute and the bandwidths; set to 0, so past the "
+                    "measured dp the curve leaves out that latency: measure smaller dp or the network, "
+                    "`scaling collectives`)"
+                )
     text = (
         f"measured dp {', '.join(str(p.dp) for p in points)}: {len(comm)} point(s) with communication identify "
         f"{', '.join(found)}; the overlap cannot be told from the bandwidth, so it is 0 and the figures are those "

@@ -9,7 +9,7 @@ recomputation, NVLink-like and InfiniBand-like tiers on 8-GPU nodes, a fixed glo
 Its points are drawn with `--noise` relative noise on each of 5 timed steps, and fitted under each source:
 (a) the sweep alone, measured at dp 1-32 (both tiers); (b) a profile of the truth's network as
 `scaling collectives` would measure it (5% noise per call) with dp 1-8 (one node); (c) the published
-H100 figures with dp 1-8. Per truth and source, over the seeds: the median and largest relative error of
+H100 figures with dp 1-8; then the Playbook's case, dp 8-32 only, under (a) and (b). Per truth and source, over the seeds: the median and largest relative error of
 the nominal tokens/s per GPU at each held-out dp, how often the knee (first dp below 80%) is within one
 power of two and inside the stated knee range, how often the 95% band covers the truth at every held-out dp,
 and the optimizer's time per parameter, true and fitted (median over the seeds; 0 where the points leave it to
@@ -57,7 +57,11 @@ SOURCES = (
     ("(a) sweep, dp 1-32", (1, 2, 4, 8, 16, 32)),
     ("(b) profile, dp 1-8", (1, 2, 4, 8)),
     ("(c) published h100, dp 1-8", (1, 2, 4, 8)),
+    ("(a) sweep, dp 8-32", (8, 16, 32)),
+    ("(b) profile, dp 8-32", (8, 16, 32)),
 )
+"""The last two are the Playbook's case: fit on dp 8-32, predict dp 64-128, from the sweep alone and with the
+network measured as `scaling collectives` does (what `scaling recipe` measures beside its points)."""
 
 
 def run(truth: Truth, source: str, dps: tuple[int, ...], seed: int, draws: int, noise: float) -> Extrapolation:
