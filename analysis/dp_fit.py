@@ -334,7 +334,7 @@ def identification(
                 open_.append(
                     f"{symbol} {name} (not identified: {len({p.dp for p in points})} measured dp "
                     "leave no degree of freedom for it after the compute and the bandwidths; set to 0, so past the "
-                    "measured dp the curve leaves out that latency: measure smaller dp or the network, "
+                    "measured dp the curve and its band leave out that latency: measure smaller dp or the network, "
                     "`scaling collectives`)"
                 )
     text = (
