@@ -1,6 +1,7 @@
 """Warm ranks (launch.reuse): points of one shape measured one after another by the ranks of one torchrun job.
 
-Each point must come out as a fresh launch would measure it (the same losses, weights and tracked peak bytes), a
+Each point must come out as a fresh launch would measure it (the same losses and weights, and tracked peak bytes
+equal or, where gloo's thread frees collective buffers at its own time, within one such buffer), a
 point that fails must not take the points after it down, and a killed driver must leave no rank and exactly one
 record per finished point."""
 
