@@ -22,18 +22,23 @@ from scaling.store.record import iter_records
 FAST = ["logger=none", "model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
 
 # A process that leases `wanted` of `n` slots, stamps when it got them, holds them until the test creates
-# <out>.release, stamps the release.
+# <out>.release, stamps the release. Each stamp appears whole (written beside, then renamed): the test reads a
+# stamp as soon as its file exists.
 HOLDER = textwrap.dedent("""\
     import json, os, sys, time
     from scaling.launch.devices import lease
     out, wanted, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    def stamp_to(path, stamp):
+        with open(path + ".tmp", "w") as f:
+            f.write(json.dumps(stamp))
+        os.replace(path + ".tmp", path)
     with lease(wanted, [str(i) for i in range(n)], poll_s=0.05) as got:
         stamp = {"got": got, "acquired": time.time()}
-        open(out + ".acquired", "w").write(json.dumps(stamp))
+        stamp_to(out + ".acquired", stamp)
         while not os.path.exists(out + ".release"):
             time.sleep(0.01)
         stamp["released"] = time.time()
-    open(out, "w").write(json.dumps(stamp))
+    stamp_to(out, stamp)
     """)
 
 
