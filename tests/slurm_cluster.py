@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import re
 import shutil
 import signal
@@ -282,6 +283,10 @@ class SlurmCluster:
         return "\n".join(
             [
                 "ClusterName=scaling-test",
+                # Job ids that do not start again at 1 with every new cluster, as on a cluster that lives on: a
+                # point's c10d port is derived from its job id, and a process of an earlier run's job with the same
+                # id and port would otherwise be found listening there.
+                f"FirstJobId={random.SystemRandom().randrange(1_000, 1_000_000)}",
                 f"SlurmctldHost={host}(127.0.0.1)",
                 f"SlurmctldPort={free_port()}",
                 "SlurmUser=root",
