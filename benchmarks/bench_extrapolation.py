@@ -9,8 +9,8 @@ recomputation, NVLink-like and InfiniBand-like tiers on 8-GPU nodes, a fixed glo
 Its points are drawn with `--noise` relative noise on each of 5 timed steps, and fitted under each source:
 (a) the sweep alone, measured at dp 1-32 (both tiers); (b) a profile of the truth's network as
 `scaling collectives` would measure it (5% noise per call) with dp 1-8 (one node); (c) the published
-H100 figures with dp 1-8; then the Playbook's case, dp 8-32 only, under (a) and (b). Per truth and source, over the seeds: the median and largest relative error of
-the nominal tokens/s per GPU at each held-out dp, how often the knee (first dp below 80%) is within one
+H100 figures with dp 1-8; then the Playbook's case, dp 8-32 only, under (a) and (b). Per truth and source,
+over the seeds: the median and largest relative error of the nominal tokens/s per GPU at each held-out dp, how often the knee (first dp below 80%) is within one
 power of two and inside the stated knee range, how often the 95% band covers the truth at every held-out dp,
 and the optimizer's time per parameter, true and fitted (median over the seeds; 0 where the points leave it to
 the compute and the bandwidth terms). Then, per truth, the information limit of source (a): the standard deviation

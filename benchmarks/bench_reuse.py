@@ -4,8 +4,8 @@ Part 1, per point: the same points (tiny model, dp=2, ZeRO 0-3, seq_len 128, mbs
 launches and as turns of one warm job, rounds interleaved so both see the same machine. Per point it prints
 tokens/s per GPU (median [min-max] over the rounds) fresh and warm and their ratio, whether the tracked peak bytes
 of every rank and the losses are equal (where the peaks are not, the distinct per-rank peaks fresh and warm: at
-ZeRO-2/3 gloo's worker thread frees a finished collective's buffers at its own time, so fresh launches differ among
-themselves), and the seconds each point held its devices.
+ZeRO-1 to 3 gloo's worker thread frees a finished collective's buffers at its own time, so fresh launches differ
+among themselves), and the seconds each point held its devices.
 
 Part 2 (`--sweep NAME`, e.g. demo): the named sweep run as a user would, once with launch.reuse=false and once
 with launch.reuse=true, in fresh directories: sweep wall time, device time held and its share in timed steps,

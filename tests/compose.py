@@ -8,7 +8,8 @@ from typing import Any, Sequence
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from scaling.core.schema import CONF_DIR, register_configs
+from analysis.step_model import Workload
+from scaling.core.schema import CONF_DIR, ModelConfig, register_configs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,3 +21,21 @@ def compose_point(overrides: Sequence[str] = (), sweep_dir: str | Path | None = 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[*overrides, *extra])
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+def workload_of(cfg: dict[str, Any], grad_acc: int) -> Workload:
+    """The step model's workload of one resolved config (`config` of a record) at its grad_acc."""
+    train, parallel = cfg["train"], cfg["parallel"]
+    return Workload(
+        parallel["zero_stage"],
+        ModelConfig(**cfg["model"]),
+        train["precision"],
+        train["mbs"],
+        train["seq_len"],
+        None,
+        grad_acc,
+        parallel["fsdp_grad_reduce"],
+        train["recompute"],
+        train["grad_clip"],
+        parallel["bucket_mb"],
+    )

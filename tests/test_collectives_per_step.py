@@ -10,10 +10,9 @@ import sys
 from collections import Counter, defaultdict
 from typing import Any
 
-from analysis.step_model import EVERY, LAST, Workload, step_collectives
+from analysis.step_model import EVERY, LAST, step_collectives
 from scaling.core.validate import validate
-from scaling.engine.model_config import ModelConfig
-from tests.compose import REPO, compose_point
+from tests.compose import REPO, compose_point, workload_of
 
 DP = 2
 CASES = [
@@ -47,20 +46,8 @@ def _config(stage: int, reduce: str, grad_acc: int, precision: str) -> dict[str,
 
 def _assumed(cfg: dict[str, Any]) -> dict[str, list[int]]:
     """{op: sorted bytes of each call} of one step as the step model lists it for this config."""
-    train, parallel, grad_acc = cfg["train"], cfg["parallel"], cfg["derived"]["grad_acc"]
-    w = Workload(
-        parallel["zero_stage"],
-        ModelConfig(**cfg["model"]),
-        train["precision"],
-        train["mbs"],
-        train["seq_len"],
-        None,
-        grad_acc,
-        parallel["fsdp_grad_reduce"],
-        train["recompute"],
-        train["grad_clip"],
-        parallel["bucket_mb"],
-    )
+    grad_acc = cfg["derived"]["grad_acc"]
+    w = workload_of(cfg, grad_acc)
     calls: dict[str, list[int]] = defaultdict(list)
     for c in step_collectives(w, DP, grad_acc):
         calls[c.op] += [round(c.bytes_per_call)] * c.count

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.step_model import MODULE_GRADS, MODULE_PARAMS, Workload
-from scaling.engine.model_config import ModelConfig
+from analysis.step_model import MODULE_GRADS, MODULE_PARAMS
 from scaling.launch import warm
 from scaling.store.record import RESULT_FILE
+from tests.compose import workload_of
 from tests.points import BASE, CLIP, FRESH, point
 from tests.processes import processes_mentioning
 
@@ -32,17 +32,8 @@ SAME = ("losses", "grad_norms", "final_param_norm", "peak_mem_bytes_per_rank", "
 
 def largest_fsdp_buffer_bytes(record: dict) -> int:
     """The largest buffer one FSDP2 all-gather or reduce-scatter of this point moves (the step model's calls)."""
-    cfg, derived = record["config"], record["derived"]
-    w = Workload(
-        cfg["parallel"]["zero_stage"],
-        ModelConfig(**cfg["model"]),
-        cfg["train"]["precision"],
-        cfg["train"]["mbs"],
-        cfg["train"]["seq_len"],
-        None,
-        derived["grad_acc"],
-    )
-    return max(size for moves in (MODULE_PARAMS, MODULE_GRADS) for size, _ in w.calls_of(moves, derived["world_size"]))
+    w, n = workload_of(record["config"], record["derived"]["grad_acc"]), record["derived"]["world_size"]
+    return max(size for moves in (MODULE_PARAMS, MODULE_GRADS) for size, _ in w.calls_of(moves, n))
 
 
 @pytest.fixture(autouse=True)
