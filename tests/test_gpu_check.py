@@ -28,3 +28,19 @@ def test_gpu_check_without_cuda_says_so_and_fails(tmp_path):
     assert "composed and validated 12 planned points" in text
     assert "no CUDA device found" in text and "nothing was measured" in text
     assert not list((tmp_path / "gc").glob("*/result.json"))  # no point ran
+
+
+def test_the_page_states_the_predictors_error_on_eager_and_on_compiled_points_apart():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+
+    check = gpu_check.Check("h100", REPO / "unused", 0)
+    base = dict.fromkeys(("tokens_per_s_per_gpu", "mfu", "step_spread", "peak_reserved", "device_used", "build_peak"))
+    for compiled, predicted in ((0, 101), (0, 99), (0, 100), (1, 105), (1, 107)):
+        check.rows.append(
+            {**base, "part": "a", "seq": 4096, "mbs": 1, "zero": 0, "recompute": "none", "compile": compiled}
+            | {"status": "ok", "peak_alloc": 100, "predicted": predicted, "kernel": None, "compile_s": None}
+        )
+    page = "\n".join(gpu_check.summary(check, "NVIDIA H100"))
+    assert "on 3 eager points: median |error| 1.0%, largest 1.0%" in page and "largest <= 6%: met." in page
+    assert "on 2 compiled points: median |error| 6.0%, largest 7.0%" in page and "largest <= 6%: NOT met." in page

@@ -16,7 +16,7 @@ from scaling.predictor.analytic import (
 )
 from scaling.predictor.prescreen import predicted_oom, prescreen
 from scaling.predictor.trace import trace_peak
-from tests.compose import compose_point
+from tests.compose import REPO, compose_point
 
 PSI = 8_030_261_248  # llama_8b
 
@@ -105,6 +105,80 @@ def test_analytic_is_close_to_traced_on_small_points():
         cfg = compose_point(["model=tiny", "train.mbs=2", *overrides])
         analytic, traced = memory.predict_config(cfg).total_bytes, trace_peak(cfg).peak_mem_bytes
         assert abs(analytic - traced) / traced <= 0.05, (overrides, analytic, traced)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_keeps_on_cpu_what_the_analytic_model_takes_off_on_cuda(dtype):
+    """On CPU `F.rms_norm` decomposes, and its ops keep the fp32 input and the normalised fp32 result for backward; CUDA's
+    fused kernel keeps the input and the fp32 rstd (torch's derivative of aten._fused_rms_norm). The difference per
+    token is what the analytic model takes off per norm on CUDA: 4h (fp32 input), 6h (bf16 input: an fp32 upcast and
+    the result, less the bf16 input only the fused kernel keeps)."""
+    h, rows = 64, 10
+    norm = torch.nn.RMSNorm(h).to(dtype)
+    x = torch.randn(rows, h, dtype=dtype, requires_grad=True)
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        norm(x)
+    weight = norm.weight.untyped_storage()
+    composite = sum(saved.values()) - saved.pop(weight.data_ptr())  # the weight is held by the model either way
+    fused = x.untyped_storage().nbytes() + 4 * rows  # the input and the fp32 rstd
+    shapes = memory._Shapes(1, h, h, h, 1, h, 8, False, rows, 1)
+    assert composite - fused == memory._norm_saved_on_cpu_only(shapes, dtype == torch.bfloat16, fsdp=True)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["parallel.zero_stage=0"],
+        ["parallel.zero_stage=0", "train.recompute=full", "train.seq_len=256"],
+        ["parallel.zero_stage=2", "parallel.dp=2"],
+        ["parallel.zero_stage=3", "parallel.dp=2", "train.grad_acc=2"],
+        # large untied vocabulary, recomputed, one sample: the root's reduce-scatter at the end of backward is the peak
+        ["parallel.zero_stage=3", "train.recompute=full", "train.mbs=1", "model.vocab_size=4096", "model.hidden=128"],
+        ["parallel.zero_stage=2", "parallel.dp=2", "train.recompute=full", "train.mbs=1", "model.vocab_size=4096"],
+    ],
+)
+def test_a_cuda_points_analytic_peak_is_its_step_traced_with_cudas_kernels(overrides):
+    """A CUDA point's step traced with CUDA's fused RMSNorm and fused AdamW (scaling.predictor.trace._cuda_kernels)
+    against the analytic model with the same kernels: the norms' terms and the root's reduce-scatter phase agree."""
+    cfg = compose_point(["model=tiny", "hardware=h100", "train.precision=bf16", "train.mbs=2", *overrides])
+    analytic, traced = memory.predict_config(cfg), trace_peak(cfg).peak_mem_bytes
+    assert abs(analytic.total_bytes - traced) / traced <= 0.01, (
+        overrides,
+        analytic.phase,
+        analytic.total_bytes,
+        traced,
+    )
+
+
+H100_PAGE = REPO / "benchmarks" / "gpu" / "NVIDIA_H100_80GB_HBM3.md"
+
+
+def test_the_analytic_model_predicts_the_h100_pages_eager_points_within_one_and_a_half_percent():
+    """The H100 page's eager points (max_memory_allocated of real llama_1b steps, bf16, dp=1), predicted again: within
+    1.5% at ZeRO-0, 2 and 3 (CUDA's fused RMSNorm keeps less than the CPU's ops, and FSDP2's root reduce-scatters at
+    the end of backward; before both, up to 9.3% over and 8.7% under). ZeRO-1 is left out: its 4 bytes per parameter
+    over ZeRO-0 at dp=1 on CUDA are not explained yet (benchmarks/RESULTS.md)."""
+    rows = [
+        [c.strip() for c in line.split("|")[1:-1]]
+        for line in H100_PAGE.read_text().splitlines()
+        if line.startswith("| a ") or line.startswith("| b ")
+    ]
+    eager = [r for r in rows if r[6] == "ok" and r[5] == "0" and r[3] != "1"]
+    assert len(eager) >= 10
+    for part, seq, mbs, stage, recompute, *_rest in eager:
+        measured = float(_rest[5]) * GIB
+        cfg = compose_point(
+            ["model=llama_1b", "hardware=h100", "train.precision=bf16", "parallel.dp=1", f"train.seq_len={seq}"]
+            + [f"train.mbs={mbs}", f"parallel.zero_stage={stage}", f"train.recompute={recompute}"]
+        )
+        predicted = memory.predict_config(cfg).total_bytes
+        assert abs(predicted - measured) / measured <= 0.015, (part, seq, mbs, stage, recompute, predicted / GIB)
 
 
 def test_peak_grows_with_mbs_and_shrinks_with_recompute_and_sharding():

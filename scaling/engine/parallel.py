@@ -106,9 +106,9 @@ class Parallelized:
         return float(sq.sqrt())
 
 
-def _adamw(params: Iterator[nn.Parameter] | list[nn.Parameter], lr: float, weight_decay: float, device: torch.device):
-    """AdamW with the fastest implementation the device has."""
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=device.type == "cuda")
+def _adamw(params: Iterator[nn.Parameter] | list[nn.Parameter], lr: float, weight_decay: float, fused: bool):
+    """AdamW, fused (one kernel for every tensor: CUDA) or single-tensor (one tensor at a time: CPU)."""
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
 
 
 def load_wrappers(zero_stage: int) -> None:
@@ -135,13 +135,20 @@ def _shard(model: Transformer, zero_stage: int, bf16: bool) -> None:
 
 
 def parallelize(
-    args: ModelArgs, train: Mapping[str, Any], parallel: Mapping[str, Any], device: torch.device, on_meta: bool = True
+    args: ModelArgs,
+    train: Mapping[str, Any],
+    parallel: Mapping[str, Any],
+    device: torch.device,
+    on_meta: bool = True,
+    fused_optimizer: Optional[bool] = None,
 ) -> Parallelized:
     """Build this rank's model for its ZeRO stage in the order of the module docstring, with its optimizer.
 
     `on_meta=False` builds the shapes on `device` itself: for fake tensors (the traced predictor), which
-    hold no memory anyway and cannot be moved off meta.
+    hold no memory anyway and cannot be moved off meta. AdamW is fused on CUDA and single-tensor elsewhere, unless
+    `fused_optimizer` says otherwise (the traced predictor of a CUDA point, tracing on CPU).
     """
+    fused = device.type == "cuda" if fused_optimizer is None else fused_optimizer
     zero_stage, bf16 = parallel["zero_stage"], train["precision"] == Precision.BF16
     model = Transformer(args, device="meta" if on_meta else device)  # 1. shapes only
     model.set_recompute(train["recompute"] == Recompute.FULL)  # 2. recompute
@@ -157,7 +164,7 @@ def parallelize(
     if zero_stage >= 2:
         return Parallelized(
             model,
-            _adamw(model.parameters(), lr, weight_decay, device),
+            _adamw(model.parameters(), lr, weight_decay, fused),
             zero_stage,
             None,
             device,
@@ -171,7 +178,7 @@ def parallelize(
         gradient_as_bucket_view=True,  # gradients live in the buckets: no second copy
     )
     if zero_stage == 0:
-        optimizer = _adamw(ddp.parameters(), lr, weight_decay, device)
+        optimizer = _adamw(ddp.parameters(), lr, weight_decay, fused)
     else:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -180,7 +187,7 @@ def parallelize(
             optimizer_class=torch.optim.AdamW,
             lr=lr,
             weight_decay=weight_decay,
-            fused=device.type == "cuda",
+            fused=fused,
         )
     return Parallelized(
         ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device, grad_clip=train["grad_clip"]

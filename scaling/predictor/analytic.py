@@ -20,9 +20,10 @@ What the step holds, per rank, in this code base (see scaling/parallel.py):
   the buckets; FSDP2: unsharded gradients) from the first micro-step on.
 
 Activation bytes per token per block were read off the traced step (scaling.predictor.trace) for this block
-(RMSNorm, RoPE, GQA SDPA, SwiGLU) in eager mode. The peak is the largest of the step's phases: the
-loss, backward of the output layer, of the top block and, under FSDP2, its reduce-scatter and the
-next block's backward with its prefetch, the optimizer step (single-tensor AdamW's scratch on CPU, in the order the
+(RMSNorm, RoPE, GQA SDPA, SwiGLU) in eager mode on CPU; on CUDA, RMSNorm's fused kernel keeps less
+(`_norm_saved_on_cpu_only`). The peak is the largest of the step's phases: the
+loss, backward of the output layer, of the top block and, under FSDP2, its reduce-scatter, the
+next block's backward with its prefetch and the root's reduce-scatter at the end of backward, the optimizer step (single-tensor AdamW's scratch on CPU, in the order the
 rank steps its tensors; none for CUDA's fused AdamW) and, under DDP, the gradient buckets' one rebuild in the second
 step's forward (old and new buckets side by side). All of it is pure arithmetic on
 the config: no tensor is made, tens of microseconds per point. `prescreen` refines an analytic
@@ -117,8 +118,8 @@ class MemoryBreakdown:
     overhead_bytes: int
     """Small fixed tensors: RoPE tables, token ids, scalars."""
     phase: str
-    """Where the peak is: loss, output_backward, block_backward, reduce_scatter, next_block_backward, optimizer or
-    bucket_rebuild."""
+    """Where the peak is: loss, output_backward, block_backward, reduce_scatter, next_block_backward, root_reduce,
+    optimizer or bucket_rebuild."""
 
     @property
     def total_bytes(self) -> int:
@@ -242,7 +243,20 @@ def adamw_scratch(numels: Sequence[int]) -> int:
     return worst
 
 
-def _block_activation_bytes(s: _Shapes, bf16: bool, fsdp: bool) -> int:
+def _norm_saved_on_cpu_only(s: _Shapes, bf16: bool, fsdp: bool) -> int:
+    """Bytes one RMSNorm saves for backward on CPU beyond what it saves on CUDA, per micro-step.
+
+    `F.rms_norm` runs `aten._fused_rms_norm`. On CUDA that is one kernel, and its backward keeps only the input and
+    the fp32 rstd. Elsewhere it decomposes (pow, mean, rsqrt, two muls), and those ops keep the fp32 input and the
+    normalised fp32 result. With an fp32 input (fp32 training; autocast's fp32 residual stream) the extra is the
+    normalised result: 4h per token. With a bf16 input (FSDP2's bf16 parameters) it is an fp32 upcast of the input
+    and the normalised result (8h), less the bf16 input that only the fused kernel keeps (2h): 6h per token.
+    (The dtypes match in every case here, which the fused path requires.)
+    """
+    return s.t * (6 if bf16 and fsdp else 4) * s.h
+
+
+def _block_activation_bytes(s: _Shapes, bf16: bool, fsdp: bool, fused_norm: bool = False) -> int:
     """Bytes one block saves for backward, without recomputation.
 
     Per token, fp32: 9 h-wide tensors (two RMSNorm outputs each with its normalised input, RoPE'd
@@ -251,13 +265,16 @@ def _block_activation_bytes(s: _Shapes, bf16: bool, fsdp: bool) -> int:
     (nh) and two RMSNorm rstd: 4·(9h + 2kvd + 4f + nh + 2) bytes. bf16 autocast (DDP) keeps the
     norms and the residual stream in fp32 and saves the bf16 weight copies (2 bytes x matmul
     weights); FSDP2's bf16 keeps the residual stream in bf16 and saves an fp32 RoPE table per block.
+    These are the CPU's figures; `fused_norm` (CUDA) takes off what its two norms keep only on CPU.
     """
     t = s.t
+    cpu_only = 2 * _norm_saved_on_cpu_only(s, bf16, fsdp) if fused_norm else 0
     if not bf16:
-        return t * (36 * s.h + 8 * s.kvd + 16 * s.f + 4 * s.nh + 8)
+        return t * (36 * s.h + 8 * s.kvd + 16 * s.f + 4 * s.nh + 8) - cpu_only
     if not fsdp:
-        return t * (32 * s.h + 4 * s.kvd + 8 * s.f + 4 * s.nh + 8) + BF16 * s.block_matmul
-    return t * (26 * s.h + 4 * s.kvd + 8 * s.f + 4 * s.nh + 8) + FP32 * s.T * (s.hd // 2)  # a (T, hd/2) RoPE table
+        return t * (32 * s.h + 4 * s.kvd + 8 * s.f + 4 * s.nh + 8) + BF16 * s.block_matmul - cpu_only
+    # a (T, hd/2) RoPE table
+    return t * (26 * s.h + 4 * s.kvd + 8 * s.f + 4 * s.nh + 8) + FP32 * s.T * (s.hd // 2) - cpu_only
 
 
 @dataclass(frozen=True)
@@ -273,14 +290,22 @@ class _Phase:
 
 
 def _phases(
-    s: _Shapes, dp: int, zero_stage: int, bf16: bool, full: bool, grad_acc: int, accumulating: bool, head: float
+    s: _Shapes,
+    dp: int,
+    zero_stage: int,
+    bf16: bool,
+    full: bool,
+    grad_acc: int,
+    accumulating: bool,
+    head: float,
+    fused_norm: bool = False,
 ) -> dict[str, _Phase]:
     """The candidate peaks of forward and backward, each relative to the memory at the end of forward."""
     fsdp = zero_stage >= 2
     t, h, V, cu = s.t, s.h, s.V, (BF16 if bf16 else FP32)
     tf, hf, th = t * s.f, h * s.f, t * h
     logits = (BF16 if bf16 else FP32) * t * V
-    block_full = _block_activation_bytes(s, bf16, fsdp)
+    block_full = _block_activation_bytes(s, bf16, fsdp, fused_norm)
     top_saved = (BF16 if bf16 and fsdp else FP32) * th if full else block_full
     phases = {
         # Logits, fp32 log-probabilities and both their gradients (bf16: the logits are bf16 and
@@ -336,10 +361,12 @@ def analytic_peak(
     grad_acc: int = 1,
     fsdp_grad_reduce: str = FsdpGradReduce.EVERY_MICRO_STEP,
     fused_optimizer: bool = False,
+    fused_norm: bool = False,
 ) -> MemoryBreakdown:
     """Predicted peak bytes per rank of one training step of this project's model, by phase. `fused_optimizer`:
     AdamW steps every tensor in one fused kernel, with no scratch (the engine's choice on CUDA); else it steps
-    them one by one (CPU), see `adamw_scratch`."""
+    them one by one (CPU), see `adamw_scratch`. `fused_norm`: RMSNorm runs torch's fused kernel, which keeps less
+    for backward (CUDA), see `_norm_saved_on_cpu_only`. `predict_config` sets both from hardware.device."""
     a = model if isinstance(model, ModelArgs) else ModelArgs.from_dict(model)
     if precision not in tuple(Precision):
         raise ValueError(f"train.precision={precision!r} is not valid: choose {' or '.join(Precision)}")
@@ -383,14 +410,15 @@ def analytic_peak(
 
     # Saved activations at the end of forward: the embedding output, every block, the final norm.
     resid = BF16 if (bf16 and fsdp) else FP32  # dtype of the residual stream
-    block_saved = resid * t * h if full else _block_activation_bytes(s, bf16, fsdp)
+    block_saved = resid * t * h if full else _block_activation_bytes(s, bf16, fsdp, fused_norm)
     head = t * (8 * h + 4) if not bf16 else t * (4 * h + 4) + BF16 * t * h
+    head -= _norm_saved_on_cpu_only(s, bf16, fsdp) if fused_norm else 0  # the final norm
     head += BF16 * V * h if (bf16 and not fsdp) else 0  # autocast's bf16 copy of the output weight
     activations = resid * t * h + s.L * block_saved + head
     overhead = 8 * mbs * (seq_len + 1) + FP32 * seq_len * s.hd + 64  # token ids, RoPE tables, scalars
 
     name, ph = max(
-        _phases(s, dp, zero_stage, bf16, full, grad_acc, accumulate_unsharded, head).items(),
+        _phases(s, dp, zero_stage, bf16, full, grad_acc, accumulate_unsharded, head, fused_norm).items(),
         key=lambda kv: kv[1].logits + kv[1].temps + kv[1].comm + kv[1].grads - kv[1].freed,
     )
     peak = MemoryBreakdown(
@@ -418,6 +446,30 @@ def analytic_peak(
         peak = MemoryBreakdown(
             int(params), int(step_grads), int(optimizer), 0, 0, 0, int(scratch), int(overhead), "optimizer"
         )
+    # FSDP2, end of backward: the root (embedding, final norm, output projection) reduce-scatters its gradients last
+    # (`foreach_reduce`), once every block's activations are freed and every parameter is resharded: an fp32 input of
+    # the root's padded size beside the unsharded gradients it copies in, then the fp32 output of the shard beside
+    # it, when one (V, h) unsharded gradient is still referenced (the traced step shows it). The step still holds the
+    # last micro-step's logits. With fsdp_grad_reduce=last_micro_step and grad_acc > 1 the whole accumulated
+    # gradients are held instead, counted above.
+    if fsdp and not accumulate_unsharded:
+        block_sh, root_sh = _sharded_params(s, dp)
+        root_padded = dp * root_sh
+        reduce = max(cu * s.root_params + FP32 * root_padded, FP32 * (root_padded + root_sh) + cu * V * h)
+        end_grads = grads if grad_acc > 1 else FP32 * s.L * block_sh  # accumulated shards, or the blocks' new ones
+        logits = (BF16 if bf16 else FP32) * t * V
+        if params + end_grads + optimizer + logits + reduce + overhead > peak.total_bytes:
+            peak = MemoryBreakdown(
+                int(params),
+                int(end_grads),
+                int(optimizer),
+                0,
+                int(logits),
+                0,
+                int(reduce),
+                int(overhead),
+                "root_reduce",
+            )
     # DDP (stages 0-1) rebuilds its gradient buckets once, in the second step's forward, in the order the first
     # step's gradients came in: the new buckets are allocated while the gradients still live in the old ones.
     if not fsdp and params + 2 * grads + optimizer + overhead > peak.total_bytes:
@@ -445,4 +497,5 @@ def predict_config(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> Me
         grad_acc,
         p["fsdp_grad_reduce"],
         fused_optimizer=cfg["hardware"]["device"] == "cuda",
+        fused_norm=cfg["hardware"]["device"] == "cuda",
     )

@@ -22,9 +22,9 @@ def capacity_bytes(cfg: Mapping[str, Any]) -> Optional[int]:
 TRACE_BANDS = {"cpu": (0.9, 1.1), "cuda": (0.8, 1.25)}
 """The pre-screen asks the traced predictor when analytic / ((1 + margin) x capacity) falls in the device's band: a
 band a few times the analytic model's largest error measured on that device (benchmarks/RESULTS.md: on CPU, against
-the tracker, 3.9% in-sample and 0.6% held out; on an H100, against max_memory_allocated, 9.3% eager and 16%
-compiled). A trace of a CPU-sized point takes a second or two of the driver's time and agreed with the analytic
-figure to the byte on every demo point it ran on."""
+the tracker, 3.9% in-sample and 0.6% held out; on an H100, against max_memory_allocated, 0.3% eager at ZeRO-0, 2
+and 3, 7% at ZeRO-1 and 6% compiled, none of which the trace models either). A trace of a CPU-sized point takes a
+second or two of the driver's time and agreed with the analytic figure to the byte on every demo point it ran on."""
 
 
 def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None, trace: bool = True) -> dict[str, Any]:

@@ -11,7 +11,8 @@ allocated, so llama_8b at dp=512 is predicted on a laptop in seconds; the result
 Like the worker on CPU: one plain step (optimizer states created; later warm-up steps change no
 memory), then one tracked step. Micro-steps are capped at two (memory after the second repeats:
 gradients exist, activations are freed after every backward); `train.compile` is ignored (the
-prediction is for eager mode).
+prediction is for eager mode). A point for CUDA is traced on CPU with what decides memory there: RMSNorm's fused
+kernel (`_cuda_kernels`) and fused AdamW.
 
 Where it runs: `trace_peak(cfg)` runs in this process, which must have no process group of its own;
 it installs the fake group and a few adjustments of torch internals that fake tensors need (each
@@ -130,6 +131,43 @@ def _peak_only_update(self: Any, peak_state: Any) -> None:
             self._peak_mem_snap[dev] = deepcopy(snap)
 
 
+class _FusedRMSNormShapes(torch.autograd.Function):
+    """What CUDA's fused RMSNorm kernel (`aten._fused_rms_norm`, which `F.rms_norm` runs there) allocates and keeps,
+    for a trace on fake tensors: the output and a (rows, 1) fp32 rstd in forward, the input and rstd saved for
+    backward, the input's and the weight's gradients in backward. On CPU the op decomposes into pow, mean, rsqrt and
+    two muls that keep more (see scaling.predictor.analytic._norm_saved_on_cpu_only). Shapes and dtypes only: the
+    trace computes no values, and this is installed only while it runs (`_cuda_kernels`)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, dims: int) -> torch.Tensor:
+        rstd = x.new_empty((*x.shape[: x.dim() - dims], *([1] * dims)), dtype=torch.float32)
+        ctx.save_for_backward(x, weight, rstd)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        x, weight, _ = ctx.saved_tensors
+        return torch.empty_like(x), torch.empty_like(weight), None
+
+
+@contextlib.contextmanager
+def _cuda_kernels() -> Iterator[None]:
+    """Trace a CUDA point's step with what differs on CUDA in what tensors live: RMSNorm's fused kernel (where the
+    input's and the weight's dtypes match, as the fused path requires; otherwise torch's composite, as on CUDA).
+    AdamW's fused kernel is chosen at build (`parallelize(fused_optimizer=True)`)."""
+    import torch.nn.functional as F
+
+    composite = F.rms_norm
+
+    def rms_norm(x: torch.Tensor, normalized_shape: Any, weight: Any = None, eps: Any = None) -> torch.Tensor:
+        if weight is None or weight.dtype != x.dtype:
+            return composite(x, normalized_shape, weight, eps)
+        return _FusedRMSNormShapes.apply(x, weight, len(normalized_shape))
+
+    with _patched(F, "rms_norm", rms_norm):
+        yield
+
+
 @contextlib.contextmanager
 def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
     original = getattr(obj, name)
@@ -211,10 +249,10 @@ def _trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
     train, par = cfg["train"], cfg["parallel"]
     args = ModelArgs.from_dict(cfg["model"])
     micro_steps, mbs, dp = min(grad_acc, MAX_MICRO_STEPS), train["mbs"], par["dp"]
-    cpu = torch.device("cpu")
-    with _fake_world(dp):
+    cpu, cuda = torch.device("cpu"), cfg["hardware"]["device"] == "cuda"
+    with _fake_world(dp), _cuda_kernels() if cuda else contextlib.nullcontext():
         # The worker's build order; fake tensors hold no memory, so the shapes are made on the fake device.
-        wrapped = parallelize(args, {**train, "compile": False}, par, cpu, on_meta=False)
+        wrapped = parallelize(args, {**train, "compile": False}, par, cpu, on_meta=False, fused_optimizer=cuda)
         if par["zero_stage"] <= 1:
             wrapped.model.register_comm_hook(None, _completed_allreduce(dp))
             wrapped.model.reducer = _NoBucketRebuild(wrapped.model.reducer)
