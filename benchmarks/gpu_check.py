@@ -11,6 +11,8 @@
     be classified `oom`;
 (d) with two or more GPUs, the ZeRO equivalence check on NCCL (dp=2, grad_acc=2 against dp=1,
     grad_acc=4: the same losses for every stage);
+(f) llama_1b at seq 2048 at ZeRO-0 and ZeRO-1, dp=1, with `launch.memory_snapshot`: the allocation sites whose bytes
+    at the peak differ (ZeRO-1 held 4 bytes per parameter more on an H100, not on CPU);
 (e) `scaling recipe` for llama_1b at seq 4096 in bf16 on the devices at hand (a global batch of 1Mi tokens,
     ZeRO-0 and ZeRO-3, 1 to 512 GPUs): measured at dp=1 and at the GPUs this machine has, extrapolated past
     them; its recipe.md is appended to the page.
@@ -78,6 +80,7 @@ class Check:
         self.notes: list[str] = []
         self.failures: list[str] = []
         self.recipe: str = ""
+        self.snapshot: list[str] = []
 
     def config(self, *overrides: str) -> dict[str, Any]:
         """A resolved point of the check."""
@@ -120,6 +123,7 @@ class Check:
             "kernel": env.get("attention_kernel"),
             "compile_s": m.get("compile_s"),
             "recompiles": m.get("recompiles_after_warmup"),
+            "key": record.get("job_key"),
         }
         self.rows.append(row)
         print(_row_line(row), flush=True)
@@ -231,6 +235,81 @@ def part_d(check: Check, devices: int) -> None:
         check.notes.append(f"(d) ZeRO-{stage}: losses {'agree' if same else 'DIFFER'} within 1% (bf16)")
 
 
+SNAPSHOT_POINT = ["train.seq_len=2048", "train.mbs=1", "launch.memory_snapshot=true"]
+"""(f): llama_1b at seq 2048, mbs 1, bf16, dp=1, at ZeRO-0 and ZeRO-1, with the allocator's history recorded."""
+
+
+def _site(frames: list[dict[str, Any]]) -> str:
+    """Where an allocation was made: its innermost Python frame and its innermost frame in this project."""
+    py = [f for f in frames if str(f.get("filename", "")).endswith(".py")]
+    ours = [f for f in py if "/scaling/" in str(f["filename"])]
+
+    def name(f: dict[str, Any]) -> str:
+        path = str(f["filename"]).split("site-packages/")[-1]
+        path = "scaling/" + path.split("/scaling/")[-1] if "/scaling/" in path else path
+        return f"{path}:{f.get('line')} {f.get('name')}"
+
+    return " < ".join(dict.fromkeys(name(f) for f in (py[:1] + ours[:1]))) or "(no Python frame)"
+
+
+def snapshot_at_peak(snapshot: dict[str, Any]) -> tuple[int, dict[str, int]]:
+    """From a `torch.cuda.memory._snapshot()` (a launch.memory_snapshot pickle): the most bytes allocated at once over
+    the recorded events, and what was allocated then, summed by allocation site (`_site`)."""
+    live: dict[int, tuple[int, str]] = {}
+    total = peak = 0
+    at_peak: dict[int, tuple[int, str]] = {}
+    for trace in snapshot.get("device_traces", []):
+        for event in trace:
+            action, addr = event.get("action"), event.get("addr")
+            if action == "alloc":
+                live[addr] = (int(event.get("size", 0)), _site(event.get("frames") or []))
+                total += live[addr][0]
+                if total > peak:
+                    peak, at_peak = total, dict(live)
+            elif action in ("free_requested", "free_completed") and addr in live:
+                total -= live.pop(addr)[0]
+    sites: dict[str, int] = {}
+    for size, site in at_peak.values():
+        sites[site] = sites.get(site, 0) + size
+    return peak, sites
+
+
+def snapshot_difference(base: dict[str, int], other: dict[str, int], top: int = 6) -> list[tuple[str, int]]:
+    """The allocation sites whose bytes at the peak differ most between two `snapshot_at_peak` breakdowns."""
+    diff = {site: other.get(site, 0) - base.get(site, 0) for site in set(base) | set(other)}
+    return sorted(((s, d) for s, d in diff.items() if d), key=lambda sd: -abs(sd[1]))[:top]
+
+
+def part_f(check: Check) -> None:
+    """ZeRO-0 and ZeRO-1 at dp=1 with the allocator's history: what ZeRO-1 holds at its peak that ZeRO-0 does not."""
+    import pickle
+
+    from scaling.engine.jobfiles import MEMORY_SNAPSHOT_FILE
+    from scaling.job.run import run_point
+    from scaling.store.record import job_dir
+
+    breakdowns = {}
+    for stage in (0, 1):
+        if not check.time_left(60, f"(f) ZeRO-{stage} with the allocator's history"):
+            return
+        cfg = check.config(*SNAPSHOT_POINT, f"parallel.zero_stage={stage}")
+        row = check.add("f", run_point(cfg), cfg)
+        path = job_dir(check.sweep_dir, row["key"]) / MEMORY_SNAPSHOT_FILE
+        check.expect(path.exists(), f"(f) ZeRO-{stage}: no {MEMORY_SNAPSHOT_FILE} written ({row['status']})")
+        if path.exists():
+            breakdowns[stage] = snapshot_at_peak(pickle.loads(path.read_bytes()))
+            check.notes.append(f"(f) ZeRO-{stage}: allocator history in {path}")
+    if len(breakdowns) == 2:
+        (peak0, sites0), (peak1, sites1) = breakdowns[0], breakdowns[1]
+        check.snapshot = [
+            f"Most allocated at once over the build and warm-up: ZeRO-0 {peak0 / GIB:.2f} GiB, ZeRO-1 {peak1 / GIB:.2f} "
+            f"GiB ({(peak1 - peak0) / GIB:+.2f} GiB). Allocation sites whose bytes at the peak differ most "
+            "(ZeRO-1 minus ZeRO-0):",
+            "",
+            *[f"- {d / GIB:+.3f} GiB  `{site}`" for site, d in snapshot_difference(sites0, sites1)],
+        ]
+
+
 RECIPE = [
     "--gbs-tokens=1Mi",
     "--gpus=1,8,64,256,512",
@@ -315,6 +394,8 @@ def summary(check: Check, device: str) -> list[str]:
     lines += ["", "## Checks", ""] + [f"- FAILED: {f}" for f in check.failures] + [f"- {n}" for n in check.notes]
     if not check.failures:
         lines.append("- every correctness check passed (OOM points classified oom, every ok point ran).")
+    if check.snapshot:
+        lines += ["", "## (f) What ZeRO-1 holds over ZeRO-0 at dp=1 (the allocator's history)", "", *check.snapshot]
     if check.recipe:
         lines += ["", "## (e) The recipe of llama_1b on this machine", ""]
         lines += ["#" + line if line.startswith("# ") else line for line in check.recipe.splitlines()]
@@ -327,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock budget; later parts are skipped past it")
     p.add_argument("--out", type=Path, default=HERE / "gpu", help="folder of the <device>.md page")
     p.add_argument("--sweep-dir", type=Path, default=Path("runs/gpu-check"), help="where the points' records go")
-    p.add_argument("--parts", default="a,b,c,d,e", help="which parts to run, e.g. a,c")
+    p.add_argument("--parts", default="a,b,c,d,f,e", help="which parts to run, in this order, e.g. a,c")
     a = p.parse_args(argv)
     import torch
 
@@ -354,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         "c": lambda: part_c(check),
         "d": lambda: part_d(check, torch.cuda.device_count()),
         "e": lambda: part_e(check),
+        "f": lambda: part_f(check),
     }
     for name in a.parts.split(","):
         parts[name]()
@@ -366,12 +448,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _planned_configs() -> list[dict[str, Any]]:
-    """The points parts (a) and (b) start from, on the H100 profile (for the CPU dry run)."""
+    """The points parts (a), (b) and (f) start from, on the H100 profile (for the CPU dry run)."""
     check = Check("h100", Path("runs/gpu-check"), 0)
-    return [check.config(f"parallel.zero_stage={z}", "train.mbs=1") for z in STAGES] + [
-        check.config("train.seq_len=2048", f"train.mbs={m}", f"train.recompute={rc}", f"parallel.zero_stage={z}")
-        for m, rc, z in EXTRA
-    ]
+    return (
+        [check.config(f"parallel.zero_stage={z}", "train.mbs=1") for z in STAGES]
+        + [
+            check.config("train.seq_len=2048", f"train.mbs={m}", f"train.recompute={rc}", f"parallel.zero_stage={z}")
+            for m, rc, z in EXTRA
+        ]
+        + [check.config(*SNAPSHOT_POINT, f"parallel.zero_stage={z}") for z in (0, 1)]
+    )
 
 
 if __name__ == "__main__":

@@ -213,6 +213,11 @@ class LaunchConfig:
     then run on the same ranks too. Off: every launch is a fresh torchrun."""
     reuse_idle_s: float = 30.0
     """A warm job with no new point for this long ends and gives its devices back."""
+    memory_snapshot: bool = False
+    """On CUDA, rank 0 records the caching allocator's history (every allocation with its Python stack) from the
+    build to the end of the warm-up steps and writes it to <job_dir>/memory_snapshot.pickle, for
+    https://pytorch.org/memory_viz or `benchmarks/gpu_check.py --snapshots`. The timed steps run after the recording
+    stops; the build and the warm-up run slower. Nothing on CPU, where the record has the tracker's breakdown."""
 
 
 @dataclass

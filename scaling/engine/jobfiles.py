@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 CONFIG_FILE = "config.json"
+MEMORY_SNAPSHOT_FILE = "memory_snapshot.pickle"
+"""launch.memory_snapshot on CUDA: rank 0's allocator history of the build and the warm-up steps."""
 WORKER_OUTPUT = "worker.json"
 TORCHRUN_LOG = "torchrun.log"
 ELASTIC_LOGS = "elastic"

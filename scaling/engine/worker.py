@@ -47,11 +47,21 @@ from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, recor
 from scaling.engine import device as devices
 from scaling.engine import kernels, memtrack
 from scaling.engine.data import GlobalBatch, step_batches
-from scaling.engine.jobfiles import ELASTIC_LOGS, WORKER_OUTPUT, WorkerReport, warm_command, warm_done
+from scaling.engine.jobfiles import (
+    ELASTIC_LOGS,
+    MEMORY_SNAPSHOT_FILE,
+    WORKER_OUTPUT,
+    WorkerReport,
+    warm_command,
+    warm_done,
+)
 from scaling.engine.lifetime import gate
 from scaling.engine.model_config import ModelArgs
 from scaling.engine.parallel import load_wrappers, parallelize
 from scaling.engine.step import train_step
+
+MEMORY_HISTORY_ENTRIES = 2_000_000
+"""Allocator events kept for launch.memory_snapshot: a llama_1b step makes tens of thousands; the oldest go first."""
 
 
 def warmup_steps(cfg: dict[str, Any], device_type: str) -> int:
@@ -125,6 +135,9 @@ def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) ->
     gate("process_group")
 
     # Build: only what this rank owns is ever allocated (see scaling.engine.parallel).
+    snapshot = cuda and rank == 0 and bool(cfg["launch"].get("memory_snapshot"))
+    if snapshot:  # every allocation from here to the end of the warm-up, with its stack
+        torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
     args = ModelArgs.from_dict(cfg["model"])
     wrapped = parallelize(args, train, par, dev.device)
     build_peak_bytes = torch.cuda.max_memory_allocated(dev.device) if cuda else resident.peak_growth_bytes()
@@ -168,6 +181,9 @@ def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) ->
         tracked_peak, breakdown = peak.peak_bytes, peak.breakdown
         memtrack.raise_if_exceeded(peak.exceeded)
     warmup_times += [one_step(batches(len(losses))) for _ in range(n_warmup - len(warmup_times))]
+    if snapshot:
+        torch.cuda.memory._dump_snapshot(str(job_dir / MEMORY_SNAPSHOT_FILE))
+        torch.cuda.memory._record_memory_history(enabled=None)
     phases.end("warmup_s")
 
     # Every timed step's micro-batches exist before the window: no data work between two timed steps.
