@@ -137,7 +137,7 @@ def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) ->
     # Build: only what this rank owns is ever allocated (see scaling.engine.parallel).
     snapshot = cuda and rank == 0 and bool(cfg["launch"].get("memory_snapshot"))
     if snapshot:  # every allocation from here to the end of the warm-up, with its stack
-        torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
+        torch.cuda.memory._record_memory_history(stacks="python", max_entries=MEMORY_HISTORY_ENTRIES)
     args = ModelArgs.from_dict(cfg["model"])
     wrapped = parallelize(args, train, par, dev.device)
     build_peak_bytes = torch.cuda.max_memory_allocated(dev.device) if cuda else resident.peak_growth_bytes()
