@@ -15,6 +15,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from scaling.engine.model_config import ModelArgs, param_count
 from scaling.job.run import run_point
+from scaling.predictor import analytic as memory
 from scaling.predictor.trace import TraceError, trace_peak
 from tests.compose import compose_point
 from tests.points import BASE
@@ -30,6 +31,20 @@ def test_traced_matches_measured_run(point_store, stage):
     peak = measured["metrics"]["peak_mem_bytes"]
     assert abs(traced.peak_mem_bytes - peak) / peak <= 0.10, (traced.peak_mem_bytes, peak)
     assert sum(traced.breakdown.values()) == traced.peak_mem_bytes  # the categories at the peak add up
+
+
+def test_traced_ddp_step_holds_the_bucket_rebuild_a_real_run_holds(point_store):
+    """A point whose peak is DDP's one bucket rebuild (in the second step's first forward the new buckets are made while
+    the old ones hold the gradients): the trace makes the rebuild's bytes without the other ranks and meets the
+    tracker of a real two-rank run, and the analytic model names the phase."""
+    cfg = compose_point(
+        [*BASE, "parallel.dp=2", "train.seq_len=16", "train.mbs=1", "parallel.zero_stage=0"], point_store
+    )
+    measured = run_point(cfg)
+    assert measured["status"] == "ok", measured["error"]
+    peak = measured["metrics"]["peak_mem_bytes"]
+    assert memory.predict_config(cfg).phase == "bucket_rebuild"
+    assert abs(trace_peak(cfg).peak_mem_bytes - peak) / peak <= 0.001, (trace_peak(cfg).peak_mem_bytes, peak)
 
 
 def test_trace_leaves_the_process_as_it_found_it():

@@ -85,22 +85,28 @@ class _LazyChunks:
         return self.tensor.narrow(self.dim, start, min(self.chunk, self.size - start))
 
 
-class _NoBucketRebuild:
-    """DDP's reducer, except that the one-time bucket rebuild before the second forward is skipped.
+class _LocalBucketRebuild:
+    """DDP's reducer, with its one bucket rebuild (in the second step's first forward) made without the other ranks.
 
-    The rebuild exchanges bucket indices with the other ranks and reads them back, which fake
-    tensors cannot do. Skipping it keeps the gradient buckets of construction: the same bytes, in
-    construction order instead of backward order (the old buckets are freed before new ones are
-    made, so the rebuild has no transient either).
+    The real rebuild exchanges bucket indices with the other ranks and reads them back, which fake tensors cannot
+    do; this one keeps the buckets of construction (the same bytes, in construction order instead of backward
+    order). What the rebuild costs in memory it does make: once `armed`, the next forward allocates the new buckets
+    (the gradients' bytes) while the old ones still hold the gradients, then frees them, as the real rebuild frees
+    the old ones.
     """
 
-    def __init__(self, reducer: Any) -> None:
-        self._reducer = reducer
+    def __init__(self, reducer: Any, params: list[torch.Tensor]) -> None:
+        self._reducer, self._params, self.armed = reducer, params, False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._reducer, name)
 
     def _rebuild_buckets(self) -> bool:
+        if self.armed:
+            self.armed = False
+            numel = sum(p.numel() for p in self._params)
+            new_buckets = torch.empty(numel, dtype=self._params[0].dtype, device=self._params[0].device)
+            del new_buckets
         return False
 
 
@@ -255,10 +261,13 @@ def _trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
         wrapped = parallelize(args, {**train, "compile": False}, par, cpu, on_meta=False, fused_optimizer=cuda)
         if par["zero_stage"] <= 1:
             wrapped.model.register_comm_hook(None, _completed_allreduce(dp))
-            wrapped.model.reducer = _NoBucketRebuild(wrapped.model.reducer)
+            params = [p for p in wrapped.model.parameters() if p.requires_grad]
+            wrapped.model.reducer = _LocalBucketRebuild(wrapped.model.reducer, params)
         data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"])  # token values do not matter
         train_step(wrapped, step_batches(data, 0, 0, mbs, micro_steps))
         micro_batches = step_batches(data, 1, 0, mbs, micro_steps)  # built before the step, as the worker does
+        if par["zero_stage"] <= 1:
+            wrapped.model.reducer.armed = True  # DDP rebuilds its buckets in the second step's first forward
         with tracked_step(wrapped.model, wrapped.optimizer, par["zero_stage"] >= 2, None) as peak:
             train_step(wrapped, micro_batches, peak.new_micro_step)
     breakdown = {_category(k): v for k, v in peak.breakdown.items() if k != "Total" and v}
