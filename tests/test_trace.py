@@ -47,6 +47,23 @@ def test_traced_ddp_step_holds_the_bucket_rebuild_a_real_run_holds(point_store):
     assert abs(trace_peak(cfg).peak_mem_bytes - peak) / peak <= 0.001, (trace_peak(cfg).peak_mem_bytes, peak)
 
 
+def test_zero2_roots_reduce_scatter_on_gloo_is_predicted_as_a_real_run_holds_it(point_store):
+    """A point whose peak is FSDP2's root reducing its gradients at the end of a micro-step's backward (an untied 4096
+    vocabulary, recomputation, one sample): at ZeRO-2 with 4 micro-steps the parameters are still gathered and earlier
+    micro-steps' shards accumulated, and gloo's reduce-scatter reduces a copy of its whole input. Both predictors meet
+    the tracker of a real two-rank run."""
+    model = ["model.vocab_size=4096", "model.hidden=128", "model.tie_embeddings=false"]
+    point = ["parallel.dp=2", "parallel.zero_stage=2", "train.grad_acc=4", "train.mbs=1", "train.recompute=full"]
+    cfg = compose_point([*BASE, *model, *point], point_store)
+    measured = run_point(cfg)
+    assert measured["status"] == "ok", measured["error"]
+    peak = measured["metrics"]["peak_mem_bytes"]
+    analytic = memory.predict_config(cfg)
+    assert analytic.phase == "root_reduce"
+    assert abs(analytic.total_bytes - peak) / peak <= 0.001, (analytic.total_bytes, peak)
+    assert abs(trace_peak(cfg).peak_mem_bytes - peak) / peak <= 0.001, (trace_peak(cfg).peak_mem_bytes, peak)
+
+
 def test_trace_leaves_the_process_as_it_found_it():
     patched = (MemTracker._update_peak_stats, fsdp_param._chunk_with_empty)
     trace_peak(compose_point(["model=tiny", "parallel.dp=4", "parallel.zero_stage=3"]))

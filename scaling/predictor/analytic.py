@@ -362,11 +362,13 @@ def analytic_peak(
     fsdp_grad_reduce: str = FsdpGradReduce.EVERY_MICRO_STEP,
     fused_optimizer: bool = False,
     fused_norm: bool = False,
+    gloo: bool = False,
 ) -> MemoryBreakdown:
     """Predicted peak bytes per rank of one training step of this project's model, by phase. `fused_optimizer`:
     AdamW steps every tensor in one fused kernel, with no scratch (the engine's choice on CUDA); else it steps
     them one by one (CPU), see `adamw_scratch`. `fused_norm`: RMSNorm runs torch's fused kernel, which keeps less
-    for backward (CUDA), see `_norm_saved_on_cpu_only`. `predict_config` sets both from hardware.device."""
+    for backward (CUDA), see `_norm_saved_on_cpu_only`. `gloo`: the collectives run on gloo, whose reduce-scatter
+    works on a copy of its whole input. `predict_config` sets them from hardware.device and hardware.backend."""
     a = model if isinstance(model, ModelArgs) else ModelArgs.from_dict(model)
     if precision not in tuple(Precision):
         raise ValueError(f"train.precision={precision!r} is not valid: choose {' or '.join(Precision)}")
@@ -450,17 +452,23 @@ def analytic_peak(
     # (`foreach_reduce`), once every block's activations are freed and every parameter is resharded: an fp32 input of
     # the root's padded size beside the unsharded gradients it copies in, then the fp32 output of the shard beside
     # it, when one (V, h) unsharded gradient is still referenced (the traced step shows it). The step still holds the
-    # last micro-step's logits. With fsdp_grad_reduce=last_micro_step and grad_acc > 1 the whole accumulated
-    # gradients are held instead, counted above.
+    # last micro-step's logits. ZeRO-2 keeps every parameter gathered until the last micro-step's backward, so before
+    # it the root reduces beside them, and from the third micro-step on beside the shards accumulated so far. On gloo
+    # (dp > 1) the collective itself holds a copy of its whole input. With fsdp_grad_reduce=last_micro_step and
+    # grad_acc > 1 the whole accumulated gradients are held instead, counted above.
     if fsdp and not accumulate_unsharded:
         block_sh, root_sh = _sharded_params(s, dp)
         root_padded = dp * root_sh
-        reduce = max(cu * s.root_params + FP32 * root_padded, FP32 * (root_padded + root_sh) + cu * V * h)
-        end_grads = grads if grad_acc > 1 else FP32 * s.L * block_sh  # accumulated shards, or the blocks' new ones
+        gloo_copy = FP32 * root_padded if gloo and dp > 1 else 0
+        reduce = max(cu * s.root_params + FP32 * root_padded, FP32 * (root_padded + root_sh) + cu * V * h + gloo_copy)
+        new_shards = FP32 * s.L * block_sh  # the blocks' gradient shards of the micro-step
+        gathered = zero_stage == 2 and grad_acc > 1
+        held = cu * psi if gathered else 0
+        end_grads = grads if grad_acc > (2 if gathered else 1) else new_shards
         logits = (BF16 if bf16 else FP32) * t * V
-        if params + end_grads + optimizer + logits + reduce + overhead > peak.total_bytes:
+        if params + held + end_grads + optimizer + logits + reduce + overhead > peak.total_bytes:
             peak = MemoryBreakdown(
-                int(params),
+                int(params + held),
                 int(end_grads),
                 int(optimizer),
                 0,
@@ -498,4 +506,5 @@ def predict_config(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> Me
         p["fsdp_grad_reduce"],
         fused_optimizer=cfg["hardware"]["device"] == "cuda",
         fused_norm=cfg["hardware"]["device"] == "cuda",
+        gloo=cfg["hardware"]["backend"] == "gloo",
     )

@@ -10,9 +10,9 @@ allocated, so llama_8b at dp=512 is predicted on a laptop in seconds; the result
 
 Like the worker on CPU: one plain step (optimizer states created; later warm-up steps change no
 memory), then one tracked step. Micro-steps are capped at two (memory after the second repeats:
-gradients exist, activations are freed after every backward); `train.compile` is ignored (the
+gradients exist, activations are freed after every backward; three at ZeRO-2, `MAX_MICRO_STEPS`); `train.compile` is ignored (the
 prediction is for eager mode). A point for CUDA is traced on CPU with what decides memory there: RMSNorm's fused
-kernel (`_cuda_kernels`) and fused AdamW.
+kernel (`_cuda_kernels`) and fused AdamW; a point on gloo with the copy its reduce-scatter makes (`_gloo_collectives`).
 
 Where it runs: `trace_peak(cfg)` runs in this process, which must have no process group of its own;
 it installs the fake group and a few adjustments of torch internals that fake tensors need (each
@@ -37,7 +37,9 @@ import torch.distributed as dist
 
 TRACED = "traced"
 MAX_MICRO_STEPS = 2
-"""Micro-steps traced per step: the second one already holds accumulated gradients."""
+"""Micro-steps traced per step: the second one already holds accumulated gradients. ZeRO-2 traces one more, since
+its parameters stay gathered until the last micro-step: the second of three is one before the last with
+accumulated gradient shards, which the last one (its parameters resharded after its backward) is not."""
 
 
 class TraceError(RuntimeError):
@@ -175,6 +177,22 @@ def _cuda_kernels() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _gloo_collectives() -> Iterator[None]:
+    """Trace a gloo point's step with what gloo's reduce-scatter holds: it reduces a copy of its whole input (an
+    all-reduce of the copy, then the rank's chunk copied out), which the fake process group's collective does not."""
+    fake_reduce_scatter = dist.reduce_scatter_single
+
+    def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        copy = input.clone()  # gloo's buffer, alive while the collective runs
+        work = fake_reduce_scatter(output, input, *args, **kwargs)
+        del copy
+        return work
+
+    with _patched(dist, "reduce_scatter_single", reduce_scatter_single):
+        yield
+
+
+@contextlib.contextmanager
 def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
     original = getattr(obj, name)
     setattr(obj, name, value)
@@ -254,9 +272,11 @@ def _trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
     grad_acc = validate(cfg, host=False).grad_acc
     train, par = cfg["train"], cfg["parallel"]
     args = ModelArgs.from_dict(cfg["model"])
-    micro_steps, mbs, dp = min(grad_acc, MAX_MICRO_STEPS), train["mbs"], par["dp"]
+    micro_steps = min(grad_acc, MAX_MICRO_STEPS + (par["zero_stage"] == 2))
+    mbs, dp = train["mbs"], par["dp"]
     cpu, cuda = torch.device("cpu"), cfg["hardware"]["device"] == "cuda"
-    with _fake_world(dp), _cuda_kernels() if cuda else contextlib.nullcontext():
+    gloo = _gloo_collectives() if cfg["hardware"]["backend"] == "gloo" else contextlib.nullcontext()
+    with _fake_world(dp), _cuda_kernels() if cuda else contextlib.nullcontext(), gloo:
         # The worker's build order; fake tensors hold no memory, so the shapes are made on the fake device.
         wrapped = parallelize(args, {**train, "compile": False}, par, cpu, on_meta=False, fused_optimizer=cuda)
         if par["zero_stage"] <= 1:
