@@ -141,11 +141,17 @@ def test_rms_norm_keeps_on_cpu_what_the_analytic_model_takes_off_on_cuda(dtype):
         # large untied vocabulary, recomputed, one sample: the root's reduce-scatter at the end of backward is the peak
         ["parallel.zero_stage=3", "train.recompute=full", "train.mbs=1", "model.vocab_size=4096", "model.hidden=128"],
         ["parallel.zero_stage=2", "parallel.dp=2", "train.recompute=full", "train.mbs=1", "model.vocab_size=4096"],
+        # tied: the embedding's gradient added to the output projection's is the peak
+        ["parallel.zero_stage=3", "train.recompute=full", "train.mbs=1", "model.vocab_size=4096", "model.hidden=128"]
+        + ["model.tie_embeddings=true", "parallel.dp=2"],
+        # ZeRO-2, four micro-steps: the second ends with every parameter gathered and the first's shards accumulated
+        ["parallel.zero_stage=2", "parallel.dp=2", "train.recompute=full", "train.mbs=1", "model.vocab_size=4096"]
+        + ["model.hidden=128", "train.grad_acc=4"],
     ],
 )
 def test_a_cuda_points_analytic_peak_is_its_step_traced_with_cudas_kernels(overrides):
     """A CUDA point's step traced with CUDA's fused RMSNorm and fused AdamW (scaling.predictor.trace._cuda_kernels)
-    against the analytic model with the same kernels: the norms' terms and the root's reduce-scatter phase agree."""
+    against the analytic model with the same kernels: the norms' terms and the end of an FSDP2 backward agree."""
     cfg = compose_point(["model=tiny", "hardware=h100", "train.precision=bf16", "train.mbs=2", *overrides])
     analytic, traced = memory.predict_config(cfg), trace_peak(cfg).peak_mem_bytes
     assert abs(analytic.total_bytes - traced) / traced <= 0.01, (

@@ -118,8 +118,8 @@ class MemoryBreakdown:
     overhead_bytes: int
     """Small fixed tensors: RoPE tables, token ids, scalars."""
     phase: str
-    """Where the peak is: loss, output_backward, block_backward, reduce_scatter, next_block_backward, root_reduce,
-    optimizer or bucket_rebuild."""
+    """Where the peak is: loss, output_backward, block_backward, reduce_scatter, next_block_backward,
+    embedding_backward, root_reduce, optimizer or bucket_rebuild."""
 
     @property
     def total_bytes(self) -> int:
@@ -350,6 +350,60 @@ def _phases(
     return phases
 
 
+def _end_of_backward(
+    s: _Shapes,
+    dp: int,
+    zero_stage: int,
+    bf16: bool,
+    grad_acc: int,
+    gloo: bool,
+    psi: int,
+    params: float,
+    grads: float,
+    optimizer: float,
+    overhead: float,
+) -> list[MemoryBreakdown]:
+    """FSDP2's last moments of a micro-step's backward, when every activation is freed and the step still holds the
+    micro-step's logits:
+
+    - `embedding_backward` (tied embeddings): the embedding's gradient is added to the one the output projection
+      left on the shared weight, so both and their sum exist (3 x (V, h)), while the root is still gathered, the
+      blocks' gradient shards are out and the last block's fp32 reduce-scatter input is still held (FSDP2 lets it go
+      at the next reduce-scatter);
+    - `root_reduce`: the root (embedding, final norm, output projection) reduce-scatters its gradients last
+      (`foreach_reduce`), once resharded: an fp32 input of the root's padded size beside the unsharded gradients it
+      copies in, then the fp32 output of its shard beside it, while an untied root's other (V, h) gradient is still
+      referenced (the traced step shows it); on gloo (dp > 1) the collective reduces a copy of its whole input.
+
+    ZeRO-2 keeps every parameter gathered until the last micro-step's backward: a micro-step before it ends beside
+    them (from the third one on also beside the shards accumulated so far); the last one, and ZeRO-3's, beside the
+    root's parameters only while they are gathered.
+    """
+    cu = BF16 if bf16 else FP32
+    block_sh, root_sh = _sharded_params(s, dp)
+    root_padded, new_shards, vh = dp * root_sh, FP32 * s.L * block_sh, cu * s.V * s.h
+    logits = cu * s.t * s.V
+    gloo_copy = FP32 * root_padded if gloo and dp > 1 else 0
+    reduce = max(
+        cu * s.root_params + FP32 * root_padded,
+        FP32 * (root_padded + root_sh) + (0 if s.tied else vh) + gloo_copy,
+    )
+    embedding = 3 * vh + FP32 * s.block_params
+    variants = [(0, grads if grad_acc > 1 else new_shards)]  # the last micro-step: the blocks resharded
+    if zero_stage == 2 and grad_acc > 1:
+        variants.append((cu * psi, grads if grad_acc > 2 else new_shards))  # one before the last: all gathered
+    ends = []
+    for gathered, held_grads in variants:
+        state = (int(held_grads), int(optimizer), 0, int(logits), 0)
+        ends.append(MemoryBreakdown(int(params + gathered), *state, int(reduce), int(overhead), "root_reduce"))
+        if s.tied:
+            root = gathered or cu * s.root_params
+            ends.append(
+                MemoryBreakdown(int(params + root), *state, int(embedding), int(overhead), "embedding_backward")
+            )
+    return ends
+
+
 def analytic_peak(
     model: Mapping[str, Any] | ModelArgs,
     seq_len: int,
@@ -448,36 +502,9 @@ def analytic_peak(
         peak = MemoryBreakdown(
             int(params), int(step_grads), int(optimizer), 0, 0, 0, int(scratch), int(overhead), "optimizer"
         )
-    # FSDP2, end of backward: the root (embedding, final norm, output projection) reduce-scatters its gradients last
-    # (`foreach_reduce`), once every block's activations are freed and every parameter is resharded: an fp32 input of
-    # the root's padded size beside the unsharded gradients it copies in, then the fp32 output of the shard beside
-    # it, when one (V, h) unsharded gradient is still referenced (the traced step shows it). The step still holds the
-    # last micro-step's logits. ZeRO-2 keeps every parameter gathered until the last micro-step's backward, so before
-    # it the root reduces beside them, and from the third micro-step on beside the shards accumulated so far. On gloo
-    # (dp > 1) the collective itself holds a copy of its whole input. With fsdp_grad_reduce=last_micro_step and
-    # grad_acc > 1 the whole accumulated gradients are held instead, counted above.
-    if fsdp and not accumulate_unsharded:
-        block_sh, root_sh = _sharded_params(s, dp)
-        root_padded = dp * root_sh
-        gloo_copy = FP32 * root_padded if gloo and dp > 1 else 0
-        reduce = max(cu * s.root_params + FP32 * root_padded, FP32 * (root_padded + root_sh) + cu * V * h + gloo_copy)
-        new_shards = FP32 * s.L * block_sh  # the blocks' gradient shards of the micro-step
-        gathered = zero_stage == 2 and grad_acc > 1
-        held = cu * psi if gathered else 0
-        end_grads = grads if grad_acc > (2 if gathered else 1) else new_shards
-        logits = (BF16 if bf16 else FP32) * t * V
-        if params + held + end_grads + optimizer + logits + reduce + overhead > peak.total_bytes:
-            peak = MemoryBreakdown(
-                int(params + held),
-                int(end_grads),
-                int(optimizer),
-                0,
-                int(logits),
-                0,
-                int(reduce),
-                int(overhead),
-                "root_reduce",
-            )
+    if fsdp and not accumulate_unsharded:  # last_micro_step with grad_acc > 1 holds whole gradients, counted above
+        ends = _end_of_backward(s, dp, zero_stage, bf16, grad_acc, gloo, psi, params, grads, optimizer, overhead)
+        peak = max([peak, *ends], key=lambda b: b.total_bytes)
     # DDP (stages 0-1) rebuilds its gradient buckets once, in the second step's forward, in the order the first
     # step's gradients came in: the new buckets are allocated while the gradients still live in the old ones.
     if not fsdp and params + 2 * grads + optimizer + overhead > peak.total_bytes:
