@@ -109,10 +109,10 @@ def test_analytic_is_close_to_traced_on_small_points():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_keeps_on_cpu_what_the_analytic_model_takes_off_on_cuda(dtype):
-    """On CPU `F.rms_norm` decomposes, and its ops keep the fp32 input and the normalised fp32 result for backward; CUDA's
-    fused kernel keeps the input and the fp32 rstd (torch's derivative of aten._fused_rms_norm). The difference per
-    token is what the analytic model takes off per norm on CUDA: 4h (fp32 input), 6h (bf16 input: an fp32 upcast and
-    the result, less the bf16 input only the fused kernel keeps)."""
+    """On CPU `F.rms_norm` decomposes, and its ops keep the fp32 input and the normalised fp32 result for backward;
+    CUDA's fused kernel keeps the input and the fp32 rstd (torch's derivative of aten._fused_rms_norm). The difference
+    per token is what the analytic model takes off per norm on CUDA: 4h (fp32 input), 6h (bf16 input: an fp32 upcast
+    and the result, less the bf16 input only the fused kernel keeps)."""
     h, rows = 64, 10
     norm = torch.nn.RMSNorm(h).to(dtype)
     x = torch.randn(rows, h, dtype=dtype, requires_grad=True)

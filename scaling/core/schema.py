@@ -216,7 +216,7 @@ class LaunchConfig:
     memory_snapshot: bool = False
     """On CUDA, rank 0 records the caching allocator's history (every allocation with its Python stack) from the
     build to the end of the warm-up steps and writes it to <job_dir>/memory_snapshot.pickle, for
-    https://pytorch.org/memory_viz or `benchmarks/gpu_check.py --snapshots`. The timed steps run after the recording
+    https://pytorch.org/memory_viz or `make gpu-check`'s part (f). The timed steps run after the recording
     stops; the build and the warm-up run slower. Nothing on CPU, where the record has the tracker's breakdown."""
 
 

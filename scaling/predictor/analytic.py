@@ -21,14 +21,14 @@ What the step holds, per rank, in this code base (see scaling/parallel.py):
 
 Activation bytes per token per block were read off the traced step (scaling.predictor.trace) for this block
 (RMSNorm, RoPE, GQA SDPA, SwiGLU) in eager mode on CPU; on CUDA, RMSNorm's fused kernel keeps less
-(`_norm_saved_on_cpu_only`). The peak is the largest of the step's phases: the
-loss, backward of the output layer, of the top block and, under FSDP2, its reduce-scatter, the
-next block's backward with its prefetch and the root's reduce-scatter at the end of backward, the optimizer step (single-tensor AdamW's scratch on CPU, in the order the
-rank steps its tensors; none for CUDA's fused AdamW) and, under DDP, the gradient buckets' one rebuild in the second
-step's forward (old and new buckets side by side). All of it is pure arithmetic on
-the config: no tensor is made, tens of microseconds per point. `prescreen` refines an analytic
-prediction that lands near the capacity with the traced one (scaling.predictor.trace, in a subprocess), which
-measures live bytes with the worker's own tracker.
+(`_norm_saved_on_cpu_only`). The peak is the largest of the step's phases: the loss, backward of the output layer,
+of the top block and, under FSDP2, its reduce-scatter, the next block's backward with its prefetch and the end of
+backward (a tied embedding's gradient, the root's reduce-scatter: `_end_of_backward`), the optimizer step
+(single-tensor AdamW's scratch on CPU, in the order the rank steps its tensors; none for CUDA's fused AdamW) and,
+under DDP, the gradient buckets' one rebuild in the second step's forward (old and new buckets side by side). All
+of it is pure arithmetic on the config: no tensor is made, tens of microseconds per point. `prescreen` refines an
+analytic prediction that lands near the capacity with the traced one (scaling.predictor.trace, in a subprocess),
+which measures live bytes with the worker's own tracker.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ allocated, so llama_8b at dp=512 is predicted on a laptop in seconds; the result
 
 Like the worker on CPU: one plain step (optimizer states created; later warm-up steps change no
 memory), then one tracked step. Micro-steps are capped at two (memory after the second repeats:
-gradients exist, activations are freed after every backward; three at ZeRO-2, `MAX_MICRO_STEPS`); `train.compile` is ignored (the
-prediction is for eager mode). A point for CUDA is traced on CPU with what decides memory there: RMSNorm's fused
-kernel (`_cuda_kernels`) and fused AdamW; a point on gloo with the copy its reduce-scatter makes (`_gloo_collectives`).
+gradients exist, activations are freed after every backward; three at ZeRO-2, see `MAX_MICRO_STEPS`);
+`train.compile` is ignored (the prediction is for eager mode). A point for CUDA is traced on CPU with what decides
+memory there: RMSNorm's fused kernel (`_cuda_kernels`) and fused AdamW; a point on gloo with the copy its
+reduce-scatter makes (`_gloo_collectives`).
 
 Where it runs: `trace_peak(cfg)` runs in this process, which must have no process group of its own;
 it installs the fake group and a few adjustments of torch internals that fake tensors need (each
@@ -179,16 +180,28 @@ def _cuda_kernels() -> Iterator[None]:
 @contextlib.contextmanager
 def _gloo_collectives() -> Iterator[None]:
     """Trace a gloo point's step with what gloo's reduce-scatter holds: it reduces a copy of its whole input (an
-    all-reduce of the copy, then the rank's chunk copied out), which the fake process group's collective does not."""
-    fake_reduce_scatter = dist.reduce_scatter_single
+    all-reduce of the copy, then the rank's chunk copied out), which the fake process group's collective does not.
+    FSDP2 calls `reduce_scatter_single` (torch 2.13) or `reduce_scatter_tensor` (earlier), and one may call the
+    other: the outermost call makes the copy."""
+    depth = 0
 
-    def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        copy = input.clone()  # gloo's buffer, alive while the collective runs
-        work = fake_reduce_scatter(output, input, *args, **kwargs)
-        del copy
-        return work
+    def with_copy(collective: Any) -> Any:
+        def reduce_scatter(output: torch.Tensor, input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            nonlocal depth
+            copy = input.clone() if depth == 0 else None  # gloo's buffer, alive while the collective runs
+            depth += 1
+            try:
+                return collective(output, input, *args, **kwargs)
+            finally:
+                depth -= 1
+                del copy
 
-    with _patched(dist, "reduce_scatter_single", reduce_scatter_single):
+        return reduce_scatter
+
+    with contextlib.ExitStack() as stack:
+        for name in ("reduce_scatter_single", "reduce_scatter_tensor"):
+            if hasattr(dist, name):
+                stack.enter_context(_patched(dist, name, with_copy(getattr(dist, name))))
         yield
 
 
