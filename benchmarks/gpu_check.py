@@ -303,8 +303,8 @@ def part_f(check: Check) -> None:
         (peak0, sites0), (peak1, sites1) = breakdowns[0], breakdowns[1]
         check.snapshot = [
             f"Most allocated at once over the build and warm-up: ZeRO-0 {peak0 / GIB:.2f} GiB, "
-            f"ZeRO-1 {peak1 / GIB:.2f} GiB ({(peak1 - peak0) / GIB:+.2f} GiB). Allocation sites whose bytes at the peak differ most "
-            "(ZeRO-1 minus ZeRO-0):",
+            f"ZeRO-1 {peak1 / GIB:.2f} GiB ({(peak1 - peak0) / GIB:+.2f} GiB). Allocation sites whose bytes at the "
+            "peak differ most (ZeRO-1 minus ZeRO-0):",
             "",
             *[f"- {d / GIB:+.3f} GiB  `{site}`" for site, d in snapshot_difference(sites0, sites1)],
         ]
