@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
-import socket
 import sys
 from pathlib import Path
 
@@ -33,12 +31,6 @@ from scaling.engine.model_config import ModelArgs  # noqa: E402
 from scaling.engine.parallel import load_wrappers, parallelize  # noqa: E402
 from scaling.engine.step import train_step  # noqa: E402
 from scaling.sweep.compose import compose_config  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def peaks_per_step(cfg: dict, device: torch.device, fused: bool, steps: int) -> tuple[int, list[int]]:
@@ -82,8 +74,8 @@ def main() -> None:
     a = p.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1, device_id=device if cuda else None)
+    backend, store = ("nccl" if cuda else "gloo"), dist.HashStore()  # one rank: its store needs no port
+    dist.init_process_group(backend, store=store, rank=0, world_size=1, device_id=device if cuda else None)
     instrument = "max_memory_allocated" if cuda else "torch's memory tracker"
     print(f"{a.model}, seq_len {a.seq_len}, mbs {a.mbs}, dp 1, on {device.type} ({instrument}), {a.steps} steps")
     print(f"{'precision':<9} {'AdamW':<13} {'stage':<6} peak after each step, in Ψ (4 bytes per parameter = 4.0)")
