@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Optional
 import pandas as pd
 
 from analysis.usable import LeftOut, record_problem
-from scaling.core.schema import EXPERIMENT_GROUPS
+from scaling.core.schema import EXPERIMENT_GROUPS, config_fields
 from scaling.core.units import GIB, MIB
 from scaling.engine.enums import Status
 from scaling.store.record import iter_records
@@ -40,40 +40,16 @@ from scaling.store.wandb_runs import (
 STATUS_ORDER = [status.value for status in Status]
 """The `status` category's order (scaling.engine.enums.Status), as the plain strings records hold."""
 
+CONFIG_FIELDS = config_fields()
+"""The experiment config's fields (scaling.core.schema): one column each, a field added there is a column here."""
+
 # (column, path in the record). A later path wins when both exist: `derived` holds the values the
-# engine resolved (grad_acc: auto -> 4), `config` the values asked for; `target_gbs*` keep the
+# engine resolved (grad_acc: auto -> 4), `config` the values asked for; `target_gbs*` (train.gbs*) keep the
 # global batch a sweep fixed (null when grad_acc was given and the batch follows from dp).
 FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("model", ("config", "model", "name")),
-    ("n_layers", ("config", "model", "n_layers")),
-    ("hidden", ("config", "model", "hidden")),
-    ("n_heads", ("config", "model", "n_heads")),
-    ("n_kv_heads", ("config", "model", "n_kv_heads")),
-    ("ffn_hidden", ("config", "model", "ffn_hidden")),
-    ("vocab_size", ("config", "model", "vocab_size")),
-    ("tie_embeddings", ("config", "model", "tie_embeddings")),
-    ("seq_len", ("config", "train", "seq_len")),
-    ("mbs", ("config", "train", "mbs")),
-    ("grad_acc", ("config", "train", "grad_acc")),
+    *((c.column, ("config", *c.path)) for c in CONFIG_FIELDS),
     ("gbs", ("config", "train", "gbs")),
     ("gbs_tokens", ("config", "train", "gbs_tokens")),
-    ("target_gbs", ("config", "train", "gbs")),
-    ("target_gbs_tokens", ("config", "train", "gbs_tokens")),
-    ("precision", ("config", "train", "precision")),
-    ("recompute", ("config", "train", "recompute")),
-    ("grad_clip", ("config", "train", "grad_clip")),
-    ("compile", ("config", "train", "compile")),
-    ("steps", ("config", "train", "steps")),
-    ("dp", ("config", "parallel", "dp")),
-    ("zero_stage", ("config", "parallel", "zero_stage")),
-    ("bucket_mb", ("config", "parallel", "bucket_mb")),
-    ("fsdp_grad_reduce", ("config", "parallel", "fsdp_grad_reduce")),
-    ("hardware", ("config", "hardware", "name")),
-    ("device", ("config", "hardware", "device")),
-    ("memory_gb", ("config", "hardware", "memory_gb")),
-    ("devices_per_node", ("config", "hardware", "devices_per_node")),
-    ("threads_per_device", ("config", "hardware", "threads_per_device")),
-    ("oversubscribe", ("config", "hardware", "oversubscribe")),
     ("n_params", ("derived", "n_params")),
     ("flops_per_token", ("derived", "flops_per_token")),
     ("hw_flops_per_token", ("derived", "hw_flops_per_token")),
@@ -128,46 +104,17 @@ HEAD = ("sweep", "job_key", "status", "error", "schema_version")
 COLUMNS: tuple[str, ...] = HEAD + tuple(dict.fromkeys(name for name, _ in FIELDS))
 """Every column of `collect`'s DataFrame, in order."""
 
-CONFIG_AXES = (
-    "model",
-    "seq_len",
-    "mbs",
-    "grad_acc",
-    "dp",
-    "zero_stage",
-    "precision",
-    "recompute",
-    "hardware",
-    "memory_gb",
-    "threads_per_device",
-    "oversubscribe",
-    "bucket_mb",
-    "compile",
-    "gbs",
-    "gbs_tokens",
-    "target_gbs",
-    "target_gbs_tokens",
-)
-"""Columns that say which point was measured (heatmap axes, DP-scaling groups)."""
+CONFIG_AXES = (*(c.column for c in CONFIG_FIELDS if c.axis), "gbs", "gbs_tokens")
+"""Columns that say which point was measured (heatmap axes; less dp and grad_acc, the DP-scaling groups): every
+experiment field of the schema but the run-only ones, and the global batch dp and grad_acc give."""
+NEUTRAL_FILL = {c.column: c.neutral for c in CONFIG_FIELDS if c.neutral is not None}
+"""A config field a record lacks was measured at its neutral value (it did not exist yet): grad_clip 0."""
 
 INT_COLUMNS = (
-    "n_layers",
-    "hidden",
-    "n_heads",
-    "n_kv_heads",
-    "ffn_hidden",
-    "vocab_size",
-    "seq_len",
-    "mbs",
+    *(c.column for c in CONFIG_FIELDS if c.type in ("int", "Optional[int]")),
     "grad_acc",
     "gbs",
     "gbs_tokens",
-    "target_gbs",
-    "target_gbs_tokens",
-    "steps",
-    "dp",
-    "zero_stage",
-    "devices_per_node",
     "n_params",
     "flops_per_token",
     "hw_flops_per_token",
@@ -175,11 +122,29 @@ INT_COLUMNS = (
     "peak_mem_bytes",
     "peak_mem_reserved_bytes",
     "pred_peak_mem_bytes",
-    "threads_per_device",
     "repeats_ok",
     "peak_rss_growth_bytes",
     "pred_analytic_peak_mem_bytes",
     "pred_traced_peak_mem_bytes",
+)
+FLOAT_COLUMNS = (
+    *(c.column for c in CONFIG_FIELDS if c.type in ("float", "Optional[float]")),
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "hfu",
+    "step_time_s",
+    "peak_flops_per_s",
+    "wall_s",
+    "launch_overhead_s",
+    "torchrun_wall_s",
+    "device_s",
+    "timed_device_s",
+    "warmup_device_s",
+    "startup_device_s",
+    "step_time_spread_frac",
+    "repeat_spread_frac",
+    "noise_band_frac",
 )
 TIME_COLUMNS = ("started_at", "launched_at")
 """ISO-8601 strings in the record, UTC datetimes in the DataFrame."""
@@ -204,6 +169,9 @@ def record_to_row(record: Mapping[str, Any]) -> dict[str, Any]:
         value = _dig(record, path)
         if value is not None or name not in row:
             row[name] = value
+    for name, neutral in NEUTRAL_FILL.items():
+        if row[name] is None:
+            row[name] = neutral
     if row["grad_acc"] == "auto":  # an invalid point never got a derived grad_acc
         row["grad_acc"] = None
     return row
@@ -223,26 +191,7 @@ def to_frame(rows: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
     df = pd.DataFrame.from_records(list(rows), columns=list(COLUMNS))
     for column in INT_COLUMNS:
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("Int64")
-    for column in (
-        "tokens_per_s",
-        "tokens_per_s_per_gpu",
-        "mfu",
-        "hfu",
-        "step_time_s",
-        "peak_flops_per_s",
-        "memory_gb",
-        "bucket_mb",
-        "wall_s",
-        "launch_overhead_s",
-        "torchrun_wall_s",
-        "device_s",
-        "timed_device_s",
-        "warmup_device_s",
-        "startup_device_s",
-        "step_time_spread_frac",
-        "repeat_spread_frac",
-        "noise_band_frac",
-    ):
+    for column in FLOAT_COLUMNS:
         df[column] = pd.to_numeric(df[column], errors="coerce").astype("float64")
     df["status"] = pd.Categorical(df["status"], categories=STATUS_ORDER, ordered=True)
     df["model"] = pd.Categorical(df["model"], categories=model_order(df), ordered=True)

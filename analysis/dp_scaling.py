@@ -22,30 +22,21 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullLocator
 
+from analysis.collect import CONFIG_FIELDS
 from analysis.figures import new_figure, themed
 from analysis.heatmaps import facet_label
 from scaling.core.noise import NOISE_BAND_KEY
+from scaling.core.schema import BATCH_SPLIT
 from scaling.engine.enums import Status
 
+NAME_FIRST = ("model", "seq_len", "mbs", "zero_stage")
+"""The keys a configuration's name states first, in this order; the others follow in the schema's order."""
 GROUP_KEYS = (
-    "model",
-    "seq_len",
-    "mbs",
-    "zero_stage",
-    "precision",
-    "recompute",
-    "hardware",
-    "memory_gb",
-    "threads_per_device",
-    "oversubscribe",
-    "bucket_mb",
-    "fsdp_grad_reduce",
-    "compile",
-    "target_gbs",
-    "target_gbs_tokens",
+    *NAME_FIRST,
+    *(c.column for c in CONFIG_FIELDS if c.axis and c.column not in (*BATCH_SPLIT, *NAME_FIRST)),
 )
-"""What makes a configuration for DP scaling: the config axes except dp and grad_acc (and the global batch
-they give, unless the sweep fixed it: then each fixed batch is its own configuration)."""
+"""What makes a configuration for DP scaling: every axis of the schema except dp and grad_acc (the global batch they
+give is not one, unless the sweep fixed it: then each fixed batch, target_gbs*, is its own configuration)."""
 ALWAYS_NAMED = ("model", "seq_len", "zero_stage")
 DEFAULT_THRESHOLD = 0.8
 
@@ -67,12 +58,21 @@ def scaling_table(df: pd.DataFrame) -> pd.DataFrame:
     base_band = band.groupby([best[k] for k in keys], dropna=False, observed=True).transform("first")
     first = groups.cumcount() == 0  # the smallest dp is its own reference: efficiency 1, exactly
     best["efficiency_noise_frac"] = (band + base_band).where(~first, 0.0)
-    named = [k for k in keys if k in ALWAYS_NAMED or best[k].nunique(dropna=True) > 1]
+    named = naming_keys(best, keys)
     best["config"] = [
         ", ".join(d for k in named if pd.notna(row[k]) and (d := _describe(k, row[k])))
         for _, row in best[named].iterrows()
     ]
     return best
+
+
+def naming_keys(best: pd.DataFrame, keys: list[str]) -> list[str]:
+    """The keys a configuration's name states, in `keys` order: ALWAYS_NAMED, and each other key that tells
+    configurations apart beyond them (a model's shapes follow its name, a model's max_seq_len may follow seq_len:
+    then the name already says them)."""
+    always = [k for k in keys if k in ALWAYS_NAMED]
+    groups = best.groupby(always, dropna=False, observed=True)
+    return [k for k in keys if k in always or (groups[k].nunique(dropna=False) > 1).any()]
 
 
 def _describe(key: str, value: Any) -> str:

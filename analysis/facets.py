@@ -29,6 +29,7 @@ from analysis.heatmaps import (
     emulated_oom,
     facet_label,
     metric_of,
+    varying_axes,
 )
 from scaling.engine.enums import Status
 
@@ -146,9 +147,7 @@ def facet_grid(
     if filters:
         heading += " (" + ", ".join(facet_label(k, v) for k, v in filters.items()) + ")"
     if n_max > 1:
-        hidden = [
-            a for a in LAYOUT_AXES if a in df.columns and a not in (x, y, row, col) and df[a].nunique(dropna=True) > 1
-        ]
+        hidden = [a for a in varying_axes(df) if a not in (x, y, row, col)]
         heading += f"\nbest ok value of up to {n_max} records per cell" + (
             f" (over {', '.join(hidden)})" if hidden else ""
         )
@@ -158,7 +157,7 @@ def facet_grid(
 
 def default_layout(df: pd.DataFrame) -> dict[str, Optional[str]]:
     """Pick y, x, row and col from the axes that vary: seq_len × mbs per zero_stage × dp when all do."""
-    varying = [a for a in LAYOUT_AXES if a in df.columns and df[a].nunique(dropna=True) > 1]
+    varying = varying_axes(df)
     fixed = [a for a in LAYOUT_AXES if a in df.columns and a not in varying]
     roles = (varying + fixed)[:2] + varying[2:4]
     roles += [None] * (4 - len(roles))

@@ -80,7 +80,7 @@ STATUS_PRIORITY = {
 }
 """Which status a cell shows when its records differ: an ok value first, then the most telling failure."""
 
-LAYOUT_AXES = (
+LAYOUT_FIRST = (
     "seq_len",
     "mbs",
     "zero_stage",
@@ -94,7 +94,23 @@ LAYOUT_AXES = (
     "threads_per_device",
     "oversubscribe",
 )
-"""Axes in the order `default_layout` gives them the roles y, x, facet row, facet column."""
+LAYOUT_AXES = (*LAYOUT_FIRST, *(a for a in CONFIG_AXES if a not in LAYOUT_FIRST))
+"""Axes in the order `default_layout` gives them the roles y, x, facet row, facet column: LAYOUT_FIRST, then every
+other configuration axis (analysis.collect.CONFIG_AXES, from the schema), so none is merged into a cell unseen."""
+
+
+def varying_axes(df: pd.DataFrame) -> list[str]:
+    """The axes that vary in `df`, in LAYOUT_AXES order: each of LAYOUT_FIRST that takes several values, then each
+    other axis that still does once those are known (max_seq_len following seq_len, gbs following mbs × dp add
+    nothing)."""
+    first = [a for a in LAYOUT_FIRST if a in df.columns and df[a].nunique(dropna=True) > 1]
+    groups = df.groupby(first, dropna=False, observed=True) if first else None
+    rest = [
+        a
+        for a in LAYOUT_AXES[len(LAYOUT_FIRST) :]
+        if a in df.columns and (df[a].nunique(dropna=True) > 1 if groups is None else groups[a].nunique().max() > 1)
+    ]
+    return first + rest
 
 
 PRETTY = {"zero_stage": "ZeRO-{}", "dp": "dp={}", "seq_len": "seq {}", "mbs": "mbs={}", "grad_acc": "grad_acc={}"}

@@ -34,22 +34,16 @@ KNEES_IN_WORDS = 8
 """Knees stated in sentences (and drawn): those of the fastest configurations; the table lists all."""
 
 
-TOP_COLUMNS = (
-    "model",
-    "seq_len",
-    "mbs",
-    "grad_acc",
-    "dp",
-    "zero_stage",
-    "precision",
-    "recompute",
-    "tokens_per_s_per_gpu",
-    NOISE_BAND_KEY,
-    "repeats_ok",
-    "vs best",
-    "mfu",
-    "peak_mem_bytes",
-)
+TOP_LEAD = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage", "precision", "recompute")
+"""The top table's first columns: the axes every reader looks for."""
+TOP_FIGURES = ("tokens_per_s_per_gpu", NOISE_BAND_KEY, "repeats_ok", "vs best", "mfu", "peak_mem_bytes")
+
+
+def top_columns(ok: pd.DataFrame) -> list[str]:
+    """The top table's columns: TOP_LEAD, then every other configuration axis (dp_scaling.GROUP_KEYS, from the
+    schema) that tells these points apart, then the figures."""
+    named = dp_scaling.naming_keys(ok, [k for k in dp_scaling.GROUP_KEYS if k in ok.columns])
+    return [*TOP_LEAD, *(k for k in named if k not in TOP_LEAD), *TOP_FIGURES]
 
 
 @dataclass
@@ -78,7 +72,8 @@ def _fmt(df: pd.DataFrame) -> pd.DataFrame:
 
 def top_configurations(df: pd.DataFrame, n: int = 10) -> pd.DataFrame:
     """The n ok points with the most tokens/s per GPU; `vs best` marks the best and the ties within its noise."""
-    ok = df[df["status"] == Status.OK].nlargest(n, "tokens_per_s_per_gpu")
+    every_ok = df[df["status"] == Status.OK]
+    ok = every_ok.nlargest(n, "tokens_per_s_per_gpu")
     if len(ok):
         band = ok[NOISE_BAND_KEY].fillna(0.0)
         best, best_band = ok["tokens_per_s_per_gpu"].iloc[0], band.iloc[0]
@@ -90,7 +85,7 @@ def top_configurations(df: pd.DataFrame, n: int = 10) -> pd.DataFrame:
                 ]
             }
         )
-    return ok.reindex(columns=list(TOP_COLUMNS)).reset_index(drop=True)
+    return ok.reindex(columns=top_columns(every_ok)).reset_index(drop=True)
 
 
 def noise_paragraphs(df: pd.DataFrame) -> list[str]:

@@ -66,6 +66,11 @@ def searchpath_override() -> str:
 
 NEUTRAL = "neutral"
 """Field metadata key: the value at which a field changes nothing measured before it existed (job_key omits it)."""
+COLUMN = "column"
+"""Field metadata key: the analysis column of a field whose own name would not say what it is (model.name: `model`)."""
+RUN_ONLY = "run_only"
+"""Field metadata key (True): the field says how long or how a point is run (steps, seed, fault), not which
+configuration it is. It is part of the job key all the same; it is never a configuration axis."""
 
 
 @dataclass
@@ -90,14 +95,14 @@ class TrainConfig:
     """Micro-batch size: samples per rank per forward/backward."""
     grad_acc: Any = 1
     """Gradient-accumulation steps (an int >= 1) or `auto` to derive it from gbs or gbs_tokens."""
-    gbs: Optional[int] = None
+    gbs: Optional[int] = field(default=None, metadata={COLUMN: "target_gbs"})
     """Global batch in samples; fixes grad_acc when grad_acc is `auto`."""
-    gbs_tokens: Optional[int] = None
+    gbs_tokens: Optional[int] = field(default=None, metadata={COLUMN: "target_gbs_tokens"})
     """Global batch in tokens (gbs x seq_len); fixes grad_acc when grad_acc is `auto`."""
-    warmup_steps: int = 3
+    warmup_steps: int = field(default=3, metadata={RUN_ONLY: True})
     """Untimed optimizer steps before timing starts. On CPU at least 2: the last one is measured
     under the memory tracker, after a first step has created the optimizer states."""
-    steps: int = 8
+    steps: int = field(default=8, metadata={RUN_ONLY: True})
     """Optimizer steps that are timed (their median is the step time, their spread the within-run noise)."""
     precision: str = "fp32"
     """fp32, or bf16 mixed precision (bf16 compute, fp32 master weights and optimizer states)."""
@@ -113,11 +118,11 @@ class TrainConfig:
     """Clip the global gradient norm to this value before each optimizer step, as real runs do
     (`torch.nn.utils.clip_grad_norm_`, one all-reduce of the norm at ZeRO-2/3); 0 turns clipping off. Neutral at
     0 (the job key leaves it out): points recorded before the field existed ran without clipping."""
-    seed: int = 0
+    seed: int = field(default=0, metadata={RUN_ONLY: True})
     """Seeds the initial weights and the data: step t's global batch is a function of (seed, t)."""
     data: DataConfig = field(default_factory=DataConfig)
     """Token source."""
-    fault: str = "none"
+    fault: str = field(default="none", metadata={RUN_ONLY: True})
     """Fault injection for testing a sweep's resilience: none, crash, hang or oom (on the last rank, at its
     first step, while the other ranks go on into their first collective)."""
 
@@ -142,7 +147,7 @@ class ParallelConfig:
 class HardwareConfig:
     """The device a rank runs on and what it can do."""
 
-    name: str = "cpu"
+    name: str = field(default="cpu", metadata={COLUMN: "hardware"})
     """Profile name: cpu, a100, h100, h200."""
     device: str = "cpu"
     """`cpu` or `cuda`."""
@@ -271,3 +276,42 @@ def without_neutral(values: Mapping[str, Any], group: type) -> dict[str, Any]:
         elif is_dataclass(f.default_factory) and isinstance(out[f.name], dict):
             out[f.name] = without_neutral(out[f.name], f.default_factory)
     return out
+
+
+@dataclass(frozen=True)
+class ConfigField:
+    """One field of the experiment config as the analysis sees it: its column and where the record keeps it."""
+
+    column: str
+    """Column name: the field's name, a nested group's field prefixed (`data_source`), or its COLUMN metadata."""
+    path: tuple[str, ...]
+    """Keys under the record's `config`: (group, field) or (group, field, nested field)."""
+    type: str
+    """The annotation as written (`int`, `Optional[float]`, ...)."""
+    neutral: Any
+    """What a record without the field measured (its NEUTRAL metadata), else None."""
+    axis: bool
+    """A configuration axis: every field but the run-only ones (dp and grad_acc are axes that split a batch)."""
+
+
+def _fields_of(group: type, path: tuple[str, ...], prefix: str) -> list[ConfigField]:
+    out = []
+    for f in fields(group):
+        if is_dataclass(f.default_factory):
+            out += _fields_of(f.default_factory, (*path, f.name), f"{prefix}{f.name}_")
+            continue
+        column = f.metadata.get(COLUMN, prefix + f.name)
+        neutral = f.metadata.get(NEUTRAL)
+        out.append(ConfigField(column, (*path, f.name), str(f.type), neutral, not f.metadata.get(RUN_ONLY, False)))
+    return out
+
+
+def config_fields() -> tuple[ConfigField, ...]:
+    """Every field of the experiment groups (EXPERIMENT_GROUPS), in schema order: the one definition of what a
+    configuration is, from which the analysis takes its columns, axes and DP-scaling groups."""
+    groups = {f.name: f.default_factory for f in fields(ExperimentConfig)}
+    return tuple(c for group in EXPERIMENT_GROUPS for c in _fields_of(groups[group], (group,), ""))
+
+
+BATCH_SPLIT = ("dp", "grad_acc")
+"""The axes that split one global batch: what DP scaling varies inside a configuration."""

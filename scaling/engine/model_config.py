@@ -18,8 +18,8 @@ from typing import Any, Mapping
 class ModelConfig:
     """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
 
-    name: str = "tiny"
-    """Preset name, carried into records and plots."""
+    name: str = dataclasses.field(default="tiny", metadata={"column": "model"})
+    """Preset name, carried into records and plots (its analysis column is `model`: scaling.core.schema.COLUMN)."""
     n_layers: int = 2
     """Number of decoder blocks (L)."""
     hidden: int = 64
