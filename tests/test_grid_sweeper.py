@@ -149,13 +149,13 @@ def test_resume_runs_exactly_the_missing_points_and_counts_the_rest(tmp_path):
 def launch_in_process(master: Any, points: list[list[str]], compose_once: bool) -> tuple[list[Any], Any]:
     """Each job's config and hydra node as the task function sees them, from the grid sweeper's launcher (Hydra's
     basic one) launching `points` of `master`'s grid in this process; and the sweeper's compositions."""
-    from hydra._internal.callbacks import Callbacks
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import HydraContext
     from omegaconf import OmegaConf
 
     from hydra_plugins.scaling_grid_sweeper._impl import GridSweep
+    from scaling.sweep.hydra_adapter import Callbacks
 
     seen: list[Any] = []
 

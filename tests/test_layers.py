@@ -4,6 +4,7 @@ and `scaling report` load no torch."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -142,3 +143,25 @@ def test_status_and_report_load_no_torch(module: str, loads_torch: bool) -> None
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == str(loads_torch)
+
+
+def private_hydra_importers(root: Path) -> list[str]:
+    """The project's Python files under `root` that import `hydra._internal` (at any depth of the file)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if any(n == "hydra._internal" or n.startswith("hydra._internal.") for n in names):
+                found.append(str(path.relative_to(root)))
+                break
+    return found
+
+
+def test_one_module_imports_hydras_private_api(tmp_path: Path) -> None:
+    assert private_hydra_importers(REPO) == ["scaling/sweep/hydra_adapter.py"]
+    (tmp_path / "scaling").mkdir()
+    (tmp_path / "scaling" / "late.py").write_text("def f():\n    from hydra._internal.utils import _run_hydra\n")
+    assert private_hydra_importers(tmp_path) == ["scaling/late.py"]

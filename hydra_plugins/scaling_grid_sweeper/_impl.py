@@ -18,8 +18,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, List, Mapping, Optional
 
-from hydra._internal.core_plugins.basic_launcher import BasicLauncher
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
@@ -35,6 +33,7 @@ from scaling.sweep.grid import (
     predict_new,
     survey,
 )
+from scaling.sweep.hydra_adapter import BasicLauncher, BasicSweeper
 
 from ._loader import GridConfigLoader
 

@@ -34,12 +34,11 @@ def run_app(argv: Sequence[str], config: Sequence[str] = ()) -> None:
     """Run the Hydra app of scaling.job.run on `argv` (after `config`, e.g. --config-name) as its `@hydra.main`
     would on the command line, without reading or rewriting sys.argv; raise `PointsFailed` when a point failed
     or timed out."""
-    from hydra._internal.utils import _run_hydra, get_args_parser
-
     from scaling.core.schema import CONF_DIR, searchpath_override
     from scaling.job import run
     from scaling.launch.resolvers import register
     from scaling.sweep import progress
+    from scaling.sweep.hydra_adapter import get_args_parser, run_hydra
 
     register()
     parser = get_args_parser()
@@ -57,7 +56,7 @@ def run_app(argv: Sequence[str], config: Sequence[str] = ()) -> None:
             # Where the progress callback leaves the counts; not added where Hydra only prints or completes.
             args.overrides.append(f"hydra.callbacks.progress.outcome_file={outcome}")
         # What run.main's @hydra.main does with the parsed command line (its config path and name).
-        _run_hydra(
+        run_hydra(
             args=args, args_parser=parser, task_function=run.main, config_path=str(CONF_DIR), config_name="config"
         )
         progress.raise_for_failures(progress.read_outcome(outcome))

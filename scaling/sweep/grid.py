@@ -4,7 +4,7 @@ Hydra builds a job's config in two steps: the defaults list with the config-grou
 (`model=small`), then the value overrides (`train.mbs=4`) applied to the result, in the order
 given. A grid has a handful of distinct group choices and up to thousands of value combinations,
 so `PointConfigs` composes once per group choice and applies each point's value overrides to a
-copy with Hydra's own function (`ConfigLoaderImpl._apply_overrides_to_config`). An override it
+copy with Hydra's own function (`scaling.sweep.hydra_adapter.apply_overrides`). An override it
 cannot reproduce that way (`+key`, `~key`, `key@pkg`, a dict value, a config group) goes into the
 composition instead, and a point whose value interpolates the `hydra` node, or sets a key that is
 a config group under its own group choices, is composed in full. Either way the config, and so
@@ -42,8 +42,9 @@ LAUNCH = "launch"
 
 def expand(params: Mapping[str, Any], arguments: Sequence[str]) -> list[list[str]]:
     """Every point's overrides, in the order and form Hydra's basic sweeper gives its jobs."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from scaling.sweep.hydra_adapter import BasicSweeper
 
     parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()] + list(arguments))
     (points,) = BasicSweeper.split_arguments(parsed, None)
@@ -91,13 +92,14 @@ class PointConfigs:
 
     def resolved(self, overrides: Sequence[str]) -> dict[str, Any]:
         """The point's resolved config without the hydra node, as its job composes it."""
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
         from omegaconf.errors import InterpolationResolutionError
+
+        from scaling.sweep.hydra_adapter import apply_overrides
 
         base, values = self._split(overrides)
         if base is not None:
             cfg = base.cfg.copy()
-            ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+            apply_overrides(values, cfg)
             with contextlib.suppress(InterpolationResolutionError):  # it reads the hydra node: compose in full
                 return _as_run_main_resolves(cfg)
         return _as_run_main_resolves(self._compose(list(overrides)))
@@ -105,8 +107,9 @@ class PointConfigs:
     def job_config(self, overrides: Sequence[str]) -> DictConfig:
         """The point's config with its hydra node, equal to what Hydra's `load_sweep_config` composes for its job
         (the task overrides, `hydra.job.override_dirname` and the master's resolver cache included)."""
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
         from omegaconf import OmegaConf
+
+        from scaling.sweep.hydra_adapter import apply_overrides, get_overrides_dirname
 
         parsed = [self._parse(o) for o in overrides]
         # a hydra.* override Hydra files under hydra.overrides.hydra, apart from the task's: the point is composed in full
@@ -114,7 +117,7 @@ class PointConfigs:
         if base is None:
             return self._compose(list(overrides))
         cfg = base.job.copy()
-        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+        apply_overrides(values, cfg)
         dirname = cfg.hydra.job.config.override_dirname
         cfg.hydra.overrides.task = list(overrides)
         cfg.hydra.job.override_dirname = get_overrides_dirname(

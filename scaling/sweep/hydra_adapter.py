@@ -1,0 +1,49 @@
+"""The one module that imports Hydra's private API (`hydra._internal`): everything else imports it from here.
+
+Hydra's public API has no way to run an app on a parsed command line without `sys.argv`, to split a sweep's
+overrides into points as its basic sweeper does, to apply value overrides to a composed config, or to subclass its
+basic sweeper and launcher. These names are tested on hydra-core 1.3.0 (the lowest pyproject.toml allows, in
+`make test-lowest`) and 1.3.8 (requirements.lock); pyproject.toml caps hydra-core below 1.4, where they may move.
+Import it where it is used: `scaling status` never loads Hydra.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from hydra._internal.callbacks import Callbacks
+from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+from hydra._internal.utils import _run_hydra, get_args_parser
+
+__all__ = [
+    "Callbacks",
+    "apply_overrides",
+    "get_args_parser",
+    "get_overrides_dirname",
+    "run_hydra",
+]
+
+run_hydra = _run_hydra
+"""What an `@hydra.main` app does with its parsed command line (args, args_parser, task_function, config_path,
+config_name)."""
+
+
+def apply_overrides(overrides: list[Any], cfg: Any) -> None:
+    """Apply parsed value overrides (`train.mbs=4`) to a composed config in place, as Hydra's composition does."""
+    ConfigLoaderImpl._apply_overrides_to_config(overrides, cfg)
+
+
+_CORE_PLUGINS = {
+    "BasicLauncher": "hydra._internal.core_plugins.basic_launcher",
+    "BasicSweeper": "hydra._internal.core_plugins.basic_sweeper",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Hydra's core plugin classes, looked up at each access: Hydra's plugin scan executes the modules of
+    `hydra._internal.core_plugins` again, so a class bound before the scan is no longer the one its own methods
+    name (`super()` then fails)."""
+    if name in _CORE_PLUGINS:
+        return getattr(importlib.import_module(_CORE_PLUGINS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
