@@ -28,7 +28,7 @@ from analysis.dp_fit import (
 )
 from analysis.dp_scaling import DEFAULT_THRESHOLD, find_knee
 from analysis.step_model import Point, Workload
-from scaling.core.network import NetworkEstimate
+from scaling.store.network import NetworkEstimate
 
 MAX_DP = 1024
 BAND = (2.5, 97.5)

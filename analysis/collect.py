@@ -24,9 +24,9 @@ from typing import Any, Iterable, Mapping, Optional
 import pandas as pd
 
 from analysis.usable import LeftOut, record_problem
+from scaling.core.enums import Status
 from scaling.core.schema import EXPERIMENT_GROUPS, config_fields
 from scaling.core.units import GIB, MIB
-from scaling.engine.enums import Status
 from scaling.store.record import iter_records
 from scaling.store.wandb_runs import (
     MEMORY,
@@ -38,7 +38,7 @@ from scaling.store.wandb_runs import (
 )
 
 STATUS_ORDER = [status.value for status in Status]
-"""The `status` category's order (scaling.engine.enums.Status), as the plain strings records hold."""
+"""The `status` category's order (scaling.core.enums.Status), as the plain strings records hold."""
 
 CONFIG_FIELDS = config_fields()
 """The experiment config's fields (scaling.core.schema): one column each, a field added there is a column here."""

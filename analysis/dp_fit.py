@@ -12,7 +12,7 @@ With no overlap the step time is linear in (a)'s parameters,
         + Σ_calls (bytes moved per rank · 1/β_slowest tier + Σ_tier ring steps at that tier · α_tier)
 
 summed over the step's collectives (`step_collectives`; a ring spanning nodes pays α between nodes on its node
-crossings only, `scaling.core.network.latency_steps`): one named design column per parameter (COLUMNS), solved in
+crossings only, `scaling.store.network.latency_steps`): one named design column per parameter (COLUMNS), solved in
 relative error by scipy's `lsq_linear` with every coefficient bounded to [0, inf): a figure the points would put
 below 0 is held at 0 and the others refit around it. Nominal fit and bootstrap draws use one column set.
 """
@@ -27,7 +27,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from analysis.step_model import Point, Workload, comm_windows, step_collectives, step_time_s
-from scaling.core.network import INTER, INTRA, TIERS, AlphaBeta, Network, latency_steps, ring_cost, tier_of
+from scaling.store.network import INTER, INTRA, TIERS, AlphaBeta, Network, latency_steps, ring_cost, tier_of
 
 OVERLAP_GRID = np.linspace(0.0, 1.0, 101)
 CHI2_95 = 3.84

@@ -25,9 +25,9 @@ from matplotlib.ticker import FuncFormatter, NullLocator
 from analysis.collect import CONFIG_FIELDS
 from analysis.figures import new_figure, themed
 from analysis.heatmaps import facet_label
+from scaling.core.enums import Status
 from scaling.core.noise import NOISE_BAND_KEY
 from scaling.core.schema import BATCH_SPLIT
-from scaling.engine.enums import Status
 
 NAME_FIRST = ("model", "seq_len", "mbs", "zero_stage")
 """The keys a configuration's name states first, in this order; the others follow in the schema's order."""

@@ -20,7 +20,8 @@ from analysis.bands import BAND, MAX_DP, N_DRAWS, Extrapolation, extrapolate
 from analysis.dp_scaling import DEFAULT_THRESHOLD, dp_axis
 from analysis.figures import PALETTE, new_figure, themed
 from analysis.step_model import LAST, Point, Workload, param_tensors
-from scaling.core.network import (
+from scaling.core.schema import ModelConfig
+from scaling.store.network import (
     PROFILE_FILE,
     TIERS,
     NetworkEstimate,
@@ -29,7 +30,6 @@ from scaling.core.network import (
     published_estimate,
     with_fallback,
 )
-from scaling.core.schema import ModelConfig
 
 EXTRAPOLATED_CONFIGS = 3
 """Configurations the report extrapolates: the fastest measured at two or more dp."""

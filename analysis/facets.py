@@ -31,7 +31,7 @@ from analysis.heatmaps import (
     metric_of,
     varying_axes,
 )
-from scaling.engine.enums import Status
+from scaling.core.enums import Status
 
 CELL_IN = (0.85, 0.4)
 """Width and height of a heatmap cell in a facet grid, inches."""

@@ -24,9 +24,9 @@ from seaborn.utils import relative_luminance
 
 from analysis.collect import CONFIG_AXES
 from analysis.figures import new_figure
+from scaling.core.enums import Status
 from scaling.core.noise import NOISE_BAND_KEY, THROUGHPUT_KEYS, within_noise
 from scaling.core.units import GIB, memory_unit
-from scaling.engine.enums import Status
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from matplotlib.figure import Figure
 
 from analysis.figures import new_figure, themed
 from analysis.heatmaps import EMULATED_OOM_LABEL
+from scaling.core.enums import Status
 from scaling.core.units import memory_unit
-from scaling.engine.enums import Status
 from scaling.predictor.analytic import CALIBRATION_MODELS
 
 MEASUREMENTS = {

@@ -23,10 +23,10 @@ from analysis.bands import BAND, Extrapolation, extrapolate
 from analysis.dp_scaling import DEFAULT_THRESHOLD
 from analysis.step_model import Point, Workload
 from scaling.core.batch import plan
-from scaling.core.network import NetworkEstimate
+from scaling.core.enums import Status
 from scaling.core.schema import ModelConfig
 from scaling.core.units import format_bytes
-from scaling.engine.enums import Status
+from scaling.store.network import NetworkEstimate
 
 MEASURED, EXTRAPOLATED = "measured", "extrapolated"
 RECIPE_MD, RECIPE_JSON = "recipe.md", "recipe.json"

@@ -26,7 +26,7 @@ from analysis.collect import STATUS_ORDER, collect, to_parquet
 from analysis.figures import render_pngs
 from analysis.sections import Section, build_sections, left_out_section, top_configurations
 from analysis.usable import LeftOut
-from scaling.engine.enums import Status
+from scaling.core.enums import Status
 from scaling.store.record import SWEEP_INDEX
 
 

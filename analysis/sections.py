@@ -17,9 +17,9 @@ from analysis import dp_scaling, extrapolate, facets, heatmaps, memory
 from analysis.collect import STATUS_ORDER
 from analysis.figures import FigureSpec
 from analysis.usable import LeftOut
+from scaling.core.enums import Status
 from scaling.core.noise import NOISE_BAND_KEY, within_noise
 from scaling.core.units import format_bytes
-from scaling.engine.enums import Status
 from scaling.store import device_time
 from scaling.store.record import SEARCH_BEST
 

@@ -26,7 +26,7 @@ fp32 at every stage, parameters travel in bf16 only under FSDP2's mixed precisio
 A collective hides behind the compute of the phase it runs in: the forward (1/3 of a micro-step's compute; 1/4
 with `train.recompute=full`, whose backward runs the forward again) or the backward (2/3; 3/4). Each window is a
 budget the collectives running in it draw down together: an overlap fraction o hides min(o·Σ their seconds,
-window). Each collective costs what `scaling.core.network` says: its steps within a node and between nodes at
+window). Each collective costs what `scaling.store.network` says: its steps within a node and between nodes at
 each tier's α, its bytes at the slowest tier's β. The optimizer step (AdamW over the parameters a rank owns, and
 clipping's pass over its gradients) does not shrink with grad_acc: seconds per parameter updated by the busiest
 rank. Pure arithmetic: numpy and the standard library only.
@@ -42,9 +42,9 @@ from typing import Optional
 
 import numpy as np
 
-from scaling.core.network import Network
 from scaling.core.schema import ModelConfig
 from scaling.engine.model_config import param_shapes_of
+from scaling.store.network import Network
 
 BACKWARD_SHARE = {"none": 2 / 3, "full": 3 / 4}
 """Share of a micro-step's compute in backward, by `train.recompute`: twice the forward's FLOPs, and with full

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from scaling.core.enums import Status, ZeroStage
 from scaling.core.schema import EXPERIMENT_GROUPS
-from scaling.engine.enums import Status, ZeroStage
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from records import GIB, make_record, peak_mem_bytes
 from analysis.collect import collect
 from analysis.facets import default_layout, figure_specs
 from analysis.figures import render_pngs
+from scaling.core.enums import Status
 from scaling.core.host import usable_cores
-from scaling.engine.enums import Status
 from scaling.store.record import (
     RESULT_FILE,
 )

@@ -37,7 +37,7 @@ from analysis.bands import Extrapolation, extrapolate
 from analysis.dp_fit import COLUMNS, OPTIMIZER, design, identifiable
 from analysis.dp_scaling import find_knee
 from analysis.step_model import Point
-from scaling.core.network import NetworkEstimate, profile_estimate, published_estimate
+from scaling.store.network import NetworkEstimate, profile_estimate, published_estimate
 
 EXTRA = (
     Truth("1B ZeRO-2, overlap 0.8 (plateau near 80%)", llama_1b(2, gbs=1024, mbs=2), h100_network(), 0.15, 0.8),

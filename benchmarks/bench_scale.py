@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from bench_sweep import run_sweep, startup_s  # noqa: E402
 
-from scaling.engine.enums import Status  # noqa: E402
+from scaling.core.enums import Status  # noqa: E402
 from scaling.store.record import (  # noqa: E402
     RESULT_FILE,
     experiment_config,

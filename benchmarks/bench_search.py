@@ -42,7 +42,7 @@ from hydra_plugins.scaling_optuna_sweeper._outcome import (
 )
 from hydra_plugins.scaling_optuna_sweeper._space import format_value, parse_search_space
 from hydra_plugins.scaling_optuna_sweeper._study import make_sampler
-from scaling.engine.enums import Status
+from scaling.core.enums import Status
 from scaling.store.record import iter_records
 
 DEMO_DIR = Path("runs/demo")

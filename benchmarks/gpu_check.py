@@ -36,9 +36,9 @@ from typing import Any, Callable
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from scaling.core.enums import Status  # noqa: E402
 from scaling.core.units import GIB  # noqa: E402
 from scaling.core.validate import validate  # noqa: E402
-from scaling.engine.enums import Status  # noqa: E402
 from scaling.predictor.analytic import predict_config  # noqa: E402
 from scaling.sweep.compose import compose_config  # noqa: E402
 

@@ -9,7 +9,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from analysis.step_model import Workload
-from scaling.core.schema import CONF_DIR, ModelConfig, register_configs
+from scaling.core.schema import CONF_DIR, ModelConfig
+from scaling.launch.resolvers import register_configs
 
 REPO = Path(__file__).resolve().parents[1]
 

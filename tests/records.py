@@ -11,9 +11,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from scaling.core.enums import Status
+from scaling.core.files import write_json_atomic
 from scaling.core.schema import HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
-from scaling.engine.enums import Status
-from scaling.engine.jobfiles import write_json_atomic
 from scaling.store.record import (
     RESULT_FILE,
     SWEEP_INDEX,

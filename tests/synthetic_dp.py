@@ -15,8 +15,8 @@ import numpy as np
 import yaml
 
 from analysis.step_model import Point, Workload, step_time_s
-from scaling.core.network import INTER, INTRA, AlphaBeta, Network, Profile, fit_tiers
 from scaling.core.schema import CONF_DIR, ModelConfig
+from scaling.store.network import INTER, INTRA, AlphaBeta, Network, Profile, fit_tiers
 
 
 @dataclass(frozen=True)

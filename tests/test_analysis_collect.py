@@ -18,7 +18,7 @@ from analysis.collect import (
     to_parquet,
 )
 from analysis.usable import LeftOut, record_problem
-from scaling.engine.enums import Status
+from scaling.core.enums import Status
 
 
 @pytest.fixture(scope="module")

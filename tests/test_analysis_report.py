@@ -19,7 +19,7 @@ from analysis.collect import collect
 from analysis.report import write_report
 from analysis.sections import device_time_section
 from scaling.cli.report import main
-from scaling.core.network import PROFILE_FILE, save_profile
+from scaling.store.network import PROFILE_FILE, save_profile
 from scaling.store.record import job_key
 from scaling.store.wandb_runs import read_offline_run
 

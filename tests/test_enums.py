@@ -1,4 +1,4 @@
-"""The enums (scaling/engine/enums.py): members are their plain values wherever records, reports and
+"""The enums (scaling/core/enums.py): members are their plain values wherever records, reports and
 messages meet them, and the status sets partition the statuses as the resume rule and the forecast need."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pandas as pd
 
 from analysis.collect import STATUS_ORDER, to_frame
-from scaling.engine.enums import FINAL, LAUNCHED, FsdpGradReduce, Precision, Recompute, Status, ZeroStage
+from scaling.core.enums import FINAL, LAUNCHED, FsdpGradReduce, Precision, Recompute, Status, ZeroStage
 
 
 def test_members_format_and_serialise_as_their_plain_values():

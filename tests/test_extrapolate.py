@@ -46,7 +46,10 @@ from analysis.step_model import (
     step_collectives,
     step_time_s,
 )
-from scaling.core.network import (
+from scaling.core.schema import ModelConfig
+from scaling.engine.model import Transformer
+from scaling.engine.model_config import ModelArgs, param_count
+from scaling.store.network import (
     INTER,
     INTRA,
     AlphaBeta,
@@ -55,9 +58,6 @@ from scaling.core.network import (
     published_estimate,
     ring_cost,
 )
-from scaling.core.schema import ModelConfig
-from scaling.engine.model import Transformer
-from scaling.engine.model_config import ModelArgs, param_count
 
 NET = Network({INTRA: AlphaBeta(2e-6, 100e9), INTER: AlphaBeta(10e-6, 10e9)}, 4)
 SMALL = ModelConfig(name="small", n_layers=2, hidden=256, n_heads=4, n_kv_heads=2, ffn_hidden=512, vocab_size=1024)

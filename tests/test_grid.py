@@ -12,9 +12,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from scaling.core.enums import Status
 from scaling.core.sample import sampled
-from scaling.core.schema import CONF_DIR, EXPERIMENT_GROUPS, register_configs
-from scaling.engine.enums import Status
+from scaling.core.schema import CONF_DIR, EXPERIMENT_GROUPS
+from scaling.launch.resolvers import register_configs
 from scaling.store.record import answers, job_key
 from scaling.sweep.compose import sweep_file_grid
 from scaling.sweep.grid import (

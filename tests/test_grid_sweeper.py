@@ -18,8 +18,9 @@ from typing import Any
 import psutil
 
 from scaling.cli.predict import main as predict_main
-from scaling.engine.enums import Status
-from scaling.engine.jobfiles import RESULT_FILE, RUNNING_FILE, write_json_atomic
+from scaling.core.enums import Status
+from scaling.core.files import write_json_atomic
+from scaling.engine.jobfiles import RESULT_FILE, RUNNING_FILE
 from scaling.store.record import (
     SWEEP_INDEX,
     experiment_config,

@@ -9,6 +9,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from scaling.core.enums import Status
 from scaling.core.schema import (
     EXPERIMENT_GROUPS,
     NEUTRAL,
@@ -17,7 +18,6 @@ from scaling.core.schema import (
     ParallelConfig,
     TrainConfig,
 )
-from scaling.engine.enums import Status
 from scaling.job.run import run_point
 from scaling.store.record import (
     RESULT_FILE,

@@ -47,6 +47,7 @@ INJECTED = {
         "the engine imports torch and the standard library only",
         "scaling.engine.jobfiles -> numpy",
     ),
+    "scaling/core/batch.py": ("import torch", "core imports the standard library only", "scaling.core.batch -> torch"),
 }
 """One import across each contract, the contract it breaks and the import lint-imports names."""
 
@@ -85,7 +86,8 @@ def test_an_import_across_each_contract_breaks_it(tmp_path: Path) -> None:
 
 
 def test_engine_imports_with_the_driver_libraries_unimportable() -> None:
-    """Import every module of scaling.engine in a fresh interpreter where the driver's libraries cannot be found."""
+    """Import every module of scaling.engine and of scaling.core (below it) in a fresh interpreter where the driver's
+    libraries cannot be found."""
     script = textwrap.dedent(f"""
         import importlib, importlib.abc, pkgutil, sys
         BLOCKED = {DRIVER_ONLY!r}
@@ -96,8 +98,8 @@ def test_engine_imports_with_the_driver_libraries_unimportable() -> None:
                     raise ModuleNotFoundError(f"{{name}} is blocked: the engine must not need it", name=name)
 
         sys.meta_path.insert(0, Block())
-        import scaling.engine
-        names = [m.name for m in pkgutil.walk_packages(scaling.engine.__path__, "scaling.engine.")]
+        import scaling.core, scaling.engine
+        names = [m.name for p in (scaling.core, scaling.engine) for m in pkgutil.walk_packages(p.__path__, p.__name__ + ".")]
         for name in names:
             importlib.import_module(name)
         leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
@@ -114,6 +116,7 @@ def test_engine_imports_with_the_driver_libraries_unimportable() -> None:
         "scaling.engine.model",
         "scaling.engine.parallel",
         "scaling.engine.data",
+        "scaling.core.schema",
     } <= imported
 
 
@@ -146,11 +149,10 @@ def test_status_and_report_load_no_torch(module: str, loads_torch: bool) -> None
 
 
 def private_hydra_importers(root: Path) -> list[str]:
-    """The project's Python files under `root` that import `hydra._internal` (at any depth of the file)."""
+    """The project's Python files under `root` (its packages, tests and benchmarks) that import `hydra._internal`,
+    at any depth of the file."""
     found = []
-    for path in sorted(root.rglob("*.py")):
-        if any(part.startswith(".") for part in path.relative_to(root).parts):
-            continue
+    for path in sorted(p for folder in (*PACKAGES, "tests", "benchmarks") for p in (root / folder).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             names += [a.name for a in node.names] if isinstance(node, ast.Import) else []

@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 from scaling.cli.collectives import main
-from scaling.core.network import (
+from scaling.engine.collectives import OPS, bus_factor, parse_args
+from scaling.engine.jobfiles import CONFIG_FILE, TORCHRUN_LOG
+from scaling.launch.collectives import BENCH_DIR, BENCH_OUTPUT, world_sizes
+from scaling.store.network import (
     INTER,
     INTRA,
     PROFILE_FILE,
@@ -31,9 +34,6 @@ from scaling.core.network import (
     save_profile,
     with_fallback,
 )
-from scaling.engine.collectives import OPS, bus_factor, parse_args
-from scaling.engine.jobfiles import CONFIG_FILE, TORCHRUN_LOG
-from scaling.launch.collectives import BENCH_DIR, BENCH_OUTPUT, world_sizes
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scaling.core.network import published
+from scaling.store.network import published
 
 OWN = Path(__file__).resolve().parent / "own_project"
 

@@ -20,7 +20,7 @@ from synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measu
 
 from analysis.recipe import Candidate, FromRecords, decide, max_useful_gpus, split
 from analysis.step_model import Workload
-from scaling.core.network import profile_estimate
+from scaling.store.network import profile_estimate
 
 SEQ = 4096
 NETWORK = h100_network()
@@ -247,8 +247,8 @@ def test_the_network_is_timed_from_4_kib_up_to_the_largest_message_a_step_issues
     to the first default size at or above the candidates' largest message: the tiny model's messages need no 16 MiB
     timing, the small model's and a 1B model's take every CPU default size."""
     from scaling.cli.recipe import network_sizes
-    from scaling.core.network import CPU_SIZES
     from scaling.core.schema import ModelConfig
+    from scaling.store.network import CPU_SIZES
     from tests.compose import compose_point
 
     cfg = compose_point([f"model={model}", "train.seq_len=128"])

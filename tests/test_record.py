@@ -8,7 +8,7 @@ import json
 import pytest
 from records import make_record
 
-from scaling.engine.enums import Status
+from scaling.core.enums import Status
 from scaling.engine.jobfiles import WorkerReport
 from scaling.store.record import (
     SCHEMA_VERSION,

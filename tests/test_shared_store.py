@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 from records import make_record
 
-from scaling.engine.jobfiles import current_umask
+from scaling.core.files import current_umask
 from scaling.store.index import path_id, store_id, update_index
 from scaling.store.record import RESULT_FILE, SWEEP_INDEX, Record
 from scaling.store.wandb_runs import run_id

@@ -171,7 +171,7 @@ def test_launcher_config_asks_for_what_the_point_needs(overrides, nodes, gpus, c
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from scaling.core.schema import register_configs
+    from scaling.launch.resolvers import register_configs
 
     register_configs()
     slurm.register_resolvers()

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Sequence
 from optuna.study import Study, StudyDirection
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from scaling.engine.enums import Status
+from scaling.core.enums import Status
 
 CONSTRAINT = "oom"
 INFEASIBLE_STATUSES = frozenset({Status.OOM, Status.PREDICTED_OOM})

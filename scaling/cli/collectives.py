@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from scaling.core.network import (
+from scaling.launch.collectives import keep_earlier, measure
+from scaling.store.network import (
     CPU_SIZES,
     CUDA_SIZES,
     PROFILE_FILE,
     describe,
     save_profile,
 )
-from scaling.launch.collectives import keep_earlier, measure
 
 
 def main(argv: Optional[list[str]] = None) -> int:

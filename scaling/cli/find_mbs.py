@@ -19,8 +19,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional
 
+from scaling.core.enums import Status
 from scaling.core.validate import InvalidConfig, validate
-from scaling.engine.enums import Status
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
 

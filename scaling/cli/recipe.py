@@ -167,7 +167,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             "hardware=h100, or hardware.memory_gb=0.05 for an emulated device on CPU"
         )
     from analysis.recipe import RECIPE_JSON, RECIPE_MD, dumps, markdown, terminal
-    from scaling.engine.jobfiles import write_json_atomic
+    from scaling.core.files import write_json_atomic
 
     recipe = run_recipe(cfg, overrides, sweep_dir, gbs_samples, a)
     write_json_atomic(sweep_dir / RECIPE_JSON, recipe.to_json())
@@ -206,7 +206,7 @@ def network_sizes(model: Any, cfg: dict[str, Any], candidates: list[Any], gbs_sa
     noisy small size can make time fall with size and β unfittable."""
     from analysis.recipe import workload_of
     from analysis.step_model import step_collectives
-    from scaling.core.network import CPU_SIZES, CUDA_SIZES
+    from scaling.store.network import CPU_SIZES, CUDA_SIZES
 
     largest = max(
         call.bytes_per_call

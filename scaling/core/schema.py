@@ -1,12 +1,14 @@
-"""Typed configuration schema: one dataclass per config group, registered with Hydra's ConfigStore.
+"""Typed configuration schema: one dataclass per config group (scaling.launch.resolvers registers it with Hydra's
+ConfigStore). Standard library only: every layer takes these types, the ranks included, and JSON appears only where
+a config crosses a process or a file.
 
 The schema types every field, so a misspelt key or a wrong type fails when Hydra composes the
 config. Value checks that depend on several fields (does dp divide the batch?) live in
 `scaling.core.validate`, which turns them into `invalid` records instead of crashing a sweep.
 
 Only the groups model, train, parallel and hardware define an experiment (and its `job_key`);
-logger and launch say how it is run and logged. The `model` group's dataclass lives in the engine
-(scaling.engine.model_config), which builds the decoder from it and imports nothing above itself.
+logger and launch say how it is run and logged. `config_fields` lists the experiment fields: the one
+definition of what a configuration is (the analysis's columns, axes and DP-scaling groups come from it).
 
 A store outlives upgrades: `job_key` hashes the experiment groups but leaves out every field at its
 *neutral* value, the value at which it changes nothing that was measured before the field existed. A
@@ -16,8 +18,7 @@ so the default 1.0 makes new keys, while grad_clip=0 finds the points recorded b
     grad_clip: float = field(default=1.0, metadata={NEUTRAL: 0.0})  # 0: no clipping, as before it existed
 
 A field added with its neutral value as default leaves every existing key unchanged, so a store written
-before it resumes without launching. Fields that were part of the key from the start declare none. The
-`model` group's dataclass, in the engine, spells the key as the literal "neutral".
+before it resumes without launching. Fields that were part of the key from the start declare none.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ import importlib.util
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
-
-from scaling.engine.model_config import ModelConfig
 
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
 
@@ -71,6 +70,34 @@ COLUMN = "column"
 RUN_ONLY = "run_only"
 """Field metadata key (True): the field says how long or how a point is run (steps, seed, fault), not which
 configuration it is. It is part of the job key all the same; it is never a configuration axis."""
+
+
+@dataclass
+class ModelConfig:
+    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+
+    name: str = field(default="tiny", metadata={COLUMN: "model"})
+    """Preset name, carried into records and plots ."""
+    n_layers: int = 2
+    """Number of decoder blocks (L)."""
+    hidden: int = 64
+    """Model width (h)."""
+    n_heads: int = 4
+    """Attention query heads; must divide `hidden`."""
+    n_kv_heads: int = 2
+    """Key/value heads (GQA); must divide `n_heads`."""
+    ffn_hidden: int = 192
+    """Inner width of the SwiGLU MLP."""
+    vocab_size: int = 512
+    """Vocabulary size (v)."""
+    max_seq_len: int = 512
+    """Longest sequence the model is configured for; `train.seq_len` may not exceed it."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    tie_embeddings: bool = False
+    """Share the token embedding with the output projection (Llama 3.2 1B/3B do)."""
 
 
 @dataclass
@@ -255,13 +282,6 @@ class ExperimentConfig:
             sweep=cfg["sweep"],
             sweep_dir=cfg["sweep_dir"],
         )
-
-
-def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore; conf/config.yaml lists it first in its defaults."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="experiment_schema", node=ExperimentConfig)
 
 
 def without_neutral(values: Mapping[str, Any], group: type) -> dict[str, Any]:

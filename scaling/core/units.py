@@ -1,6 +1,6 @@
 """Byte units, named once: `GIB` and `MIB`, the unit a set of sizes reads best in (`memory_unit`), and
-one size as text (`format_bytes`). Standard library only, so the driver, the predictor and the analysis
-all use these (the engine, which imports nothing above itself, names its GIB in scaling.engine.device)."""
+one size as text (`format_bytes`). Standard library only, so every layer, the ranks
+included, uses these."""
 
 from __future__ import annotations
 

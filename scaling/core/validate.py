@@ -17,8 +17,8 @@ from scaling.core.batch import (
     nodes_needed,
     target_gbs_samples,
 )
+from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.core.host import usable_cores as host_cores
-from scaling.engine.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 
 DEVICES = ("cpu", "cuda")
 BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo")}

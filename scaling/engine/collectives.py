@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from scaling.engine.jobfiles import write_json_atomic
+from scaling.core.files import write_json_atomic
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

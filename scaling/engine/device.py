@@ -21,9 +21,8 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-GIB = 1024**3
-"""hardware.memory_gb counts these (scaling.core.units names the same unit for the driver, which the engine
-never imports)."""
+from scaling.core.units import GIB
+
 PROFILE_TOLERANCE = 0.005
 """Relative difference between hardware.memory_gb and the card's total that is worth a note (0.4 GiB on an
 80 GB card: the datasheet's 80 against the 79.18 GiB an H100 states is one)."""

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Optional
 
-from scaling.engine.enums import Precision
-from scaling.engine.jobfiles import write_json_atomic
+from scaling.core.enums import Precision
+from scaling.core.files import write_json_atomic
 from scaling.engine.model_config import ModelArgs, block_matmul_param_count, matmul_param_count
 
 PRECISION_DTYPES = {Precision.FP32: "float32", Precision.BF16: "bfloat16"}

@@ -1,5 +1,4 @@
-"""The files of one point's job directory, named once, the atomic JSON write both sides use, and the
-typed content of `worker.json` (`WorkerReport`), the contract between rank 0 and the driver.
+"""The files of one point's job directory, named once, and the typed content of `worker.json` (`WorkerReport`), the contract between rank 0 and the driver.
 
     <sweep_dir>/<job_key>/config.json     the resolved config the driver hands to the ranks
     <sweep_dir>/<job_key>/worker.json     what rank 0 measured
@@ -14,19 +13,19 @@ the driver hands out points and rank 0 answers:
     <pool_dir>/command-<n>.json           the driver: point n's config.json, or null to stop
     <pool_dir>/done-<n>                   rank 0: point n measured and freed on every rank
 
-Standard library only: the worker and the driver both import it.
+Standard library only (the atomic JSON write both sides use is scaling.core.files): the worker and the driver
+both import it.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+from scaling.core.files import read_json, write_json_atomic
 
 CONFIG_FILE = "config.json"
 MEMORY_SNAPSHOT_FILE = "memory_snapshot.pickle"
@@ -36,55 +35,6 @@ TORCHRUN_LOG = "torchrun.log"
 ELASTIC_LOGS = "elastic"
 RESULT_FILE = "result.json"
 RUNNING_FILE = "running.json"
-
-
-_UMASK_LOCK = threading.Lock()
-
-
-def current_umask() -> int:
-    """The process's umask, read without changing it where Linux shows it (`Umask:` in /proc/self/status).
-
-    Elsewhere it is set and restored under a lock: `os.umask` has no read-only form, and between the two
-    calls a file created by another thread would get mode 0666; the lock keeps this module's own writers
-    out of that window (a thread creating files by other means could still fall into it)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    with _UMASK_LOCK:
-        umask = os.umask(0o077)
-        os.umask(umask)
-    return umask
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON so that readers see the old file or the whole new one, never a part.
-
-    The file gets the mode `open` would give it (0666 less the umask), not mkstemp's 0600: a team sharing a
-    store on one file system reads each other's records."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def read_json(path: str | os.PathLike) -> Optional[Any]:
-    """The JSON in `path`, or None when it is missing or not (yet) whole JSON."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
 
 
 WARM_POLL_S = 0.02

@@ -1,7 +1,7 @@
-"""The `model` config group: the decoder's shapes as one plain dataclass, and their closed-form parameter counts.
+"""The decoder's shapes with their derived sizes (`ModelArgs`, of the `model` config group,
+scaling.core.schema.ModelConfig) and their closed-form parameter counts.
 
-It lives in the engine because a rank builds its model from it (`ModelArgs`, the shapes plus derived sizes); the
-schema (scaling.core.schema) types the `model` group with it. The counts (`param_count`, `matmul_param_count`) are
+A rank builds its model from `ModelArgs`. The counts (`param_count`, `matmul_param_count`) are
 what the FLOPs and memory arithmetic build on. Standard library only: the driver and the predictor use them without
 importing torch.
 """
@@ -10,36 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
 from typing import Any, Mapping
 
-
-@dataclass
-class ModelConfig:
-    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
-
-    name: str = dataclasses.field(default="tiny", metadata={"column": "model"})
-    """Preset name, carried into records and plots (its analysis column is `model`: scaling.core.schema.COLUMN)."""
-    n_layers: int = 2
-    """Number of decoder blocks (L)."""
-    hidden: int = 64
-    """Model width (h)."""
-    n_heads: int = 4
-    """Attention query heads; must divide `hidden`."""
-    n_kv_heads: int = 2
-    """Key/value heads (GQA); must divide `n_heads`."""
-    ffn_hidden: int = 192
-    """Inner width of the SwiGLU MLP."""
-    vocab_size: int = 512
-    """Vocabulary size (v)."""
-    max_seq_len: int = 512
-    """Longest sequence the model is configured for; `train.seq_len` may not exceed it."""
-    rope_theta: float = 10000.0
-    """RoPE base frequency."""
-    norm_eps: float = 1e-5
-    """RMSNorm epsilon."""
-    tie_embeddings: bool = False
-    """Share the token embedding with the output projection (Llama 3.2 1B/3B do)."""
+from scaling.core.schema import ModelConfig
 
 
 class ModelArgs(ModelConfig):

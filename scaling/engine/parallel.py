@@ -44,7 +44,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from scaling.engine.enums import FsdpGradReduce, Precision, Recompute
+from scaling.core.enums import FsdpGradReduce, Precision, Recompute
 from scaling.engine.model import Transformer
 from scaling.engine.model_config import ModelArgs
 

@@ -25,19 +25,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from scaling.core.enums import Status
+from scaling.core.files import write_json_atomic
 from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.units import format_bytes
 from scaling.core.validate import Derived, InvalidConfig, validate
 from scaling.engine import flops
-from scaling.engine.enums import Status
-from scaling.engine.jobfiles import (
-    CONFIG_FILE,
-    ELASTIC_LOGS,
-    TORCHRUN_LOG,
-    WORKER_OUTPUT,
-    WorkerReport,
-    write_json_atomic,
-)
+from scaling.engine.jobfiles import CONFIG_FILE, ELASTIC_LOGS, TORCHRUN_LOG, WORKER_OUTPUT, WorkerReport
 from scaling.engine.model_config import ModelArgs, param_count
 from scaling.job import wandb_log
 from scaling.job.metrics import repeats_metrics, throughput_metrics

@@ -1,6 +1,6 @@
 """`scaling collectives`' measurement: the collective benchmark (`scaling.engine.collectives`) launched
 through the same launchers as a point (torchrun here, srun + torchrun across nodes under SLURM) at each world
-size, its timings fitted per tier into a `Profile` (`scaling.core.network`)."""
+size, its timings fitted per tier into a `Profile` (`scaling.store.network`)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,11 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from scaling.core.batch import nodes_needed
-from scaling.core.network import Profile, fit_tiers
-from scaling.engine.enums import Status
-from scaling.engine.jobfiles import (
-    CONFIG_FILE,
-    ELASTIC_LOGS,
-    TORCHRUN_LOG,
-    read_json,
-    write_json_atomic,
-)
+from scaling.core.enums import Status
+from scaling.core.files import read_json, write_json_atomic
+from scaling.engine.jobfiles import CONFIG_FILE, ELASTIC_LOGS, TORCHRUN_LOG
 from scaling.launch import devices, slurm, torchrun, warm
+from scaling.store.network import Profile, fit_tiers
 
 BENCH_DIR = "collectives"
 """`<sweep_dir>/collectives/n<ranks>/`: one benchmark launch (config.json, torchrun.log, collectives.json)."""

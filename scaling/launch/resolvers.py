@@ -4,8 +4,15 @@ read (conf/hydra/launcher/slurm.yaml, parallel.yaml). Nothing registers itself o
 
 from __future__ import annotations
 
-from scaling.core.schema import register_configs
+from scaling.core.schema import ExperimentConfig
 from scaling.launch import devices, slurm
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore; conf/config.yaml lists it first in its defaults."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="experiment_schema", node=ExperimentConfig)
 
 
 def register() -> None:

@@ -23,7 +23,7 @@ from typing import Mapping, Optional, Sequence
 
 import psutil
 
-from scaling.engine.enums import Status
+from scaling.core.enums import Status
 from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG
 from scaling.engine.lifetime import die_with_parent
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
-from scaling.engine.enums import Status
+from scaling.core.enums import Status
 from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG, WARM_POLL_S, warm_is_done, warm_send
 from scaling.engine.lifetime import die_with_parent
 from scaling.launch import devices, torchrun

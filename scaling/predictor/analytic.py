@@ -39,7 +39,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Optional, Sequence
 
-from scaling.engine.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
+from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.engine.model_config import ModelArgs, param_count, param_shapes_of
 
 ANALYTIC = "analytic"

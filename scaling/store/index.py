@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from scaling.engine.jobfiles import read_json, write_json_atomic
+from scaling.core.files import read_json, write_json_atomic
 from scaling.store.record import SWEEP_INDEX
 
 INDEX_LOCK = f".{SWEEP_INDEX}.lock"

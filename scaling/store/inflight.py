@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 
 import psutil
 
-from scaling.engine.jobfiles import RUNNING_FILE, write_json_atomic
+from scaling.core.files import write_json_atomic
+from scaling.engine.jobfiles import RUNNING_FILE
 
 QUEUED, RUNNING = "queued", "running"
 SLURM_ACTIVE = frozenset(

@@ -4,7 +4,7 @@ Owns the record's type (`Record`, its launches `Launch` and its `Provenance` and
 `to_dict` is the JSON written), the job key (a stable hash of the experiment-defining config), the resume rule (`answers`: which
 stored records answer a point, and which of its launches a new run keeps), and the atomic write (temp file + `os.replace`), so a killed driver never leaves half a
 record behind. Readers that only look (analysis, status, the sweepers) read the JSON as dicts.
-The statuses are scaling.engine.enums.Status.
+The statuses are scaling.core.enums.Status.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
+from scaling.core.enums import FINAL, Status
+from scaling.core.files import read_json, write_json_atomic
 from scaling.core.sample import sampled
 from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, without_neutral
-from scaling.engine.enums import FINAL, Status
-from scaling.engine.jobfiles import RESULT_FILE, read_json, write_json_atomic
+from scaling.engine.jobfiles import RESULT_FILE
 
 SCHEMA_VERSION = 1
 """The record's file format; a field added with a default for older records keeps it."""
@@ -220,7 +221,7 @@ class Record:
     sweep: Optional[str] = None
     """The sweep's name."""
     status: Optional[str] = None
-    """A `Status` (scaling.engine.enums); None only while the point is being judged."""
+    """A `Status` (scaling.core.enums); None only while the point is being judged."""
     error: Optional[str] = None
     """Why the point is not ok, in one line; None when ok."""
     config: dict[str, Any] = field(default_factory=dict)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
-from scaling.engine.enums import LAUNCHED, Status
+from scaling.core.enums import LAUNCHED, Status
 from scaling.store.record import answers, job_key, output_dir, read_record
 
 if TYPE_CHECKING:  # OmegaConf is imported where it is used: `scaling status` reads records only
@@ -307,7 +307,7 @@ def wall_estimate_s(launches: int, at_once: int, launched_wall_s: Sequence[float
 
 
 def status_list(counts: Mapping[str, int]) -> str:
-    """'40 ok, 12 oom': the non-zero counts, in the order of scaling.engine.enums.Status."""
+    """'40 ok, 12 oom': the non-zero counts, in the order of scaling.core.enums.Status."""
     return ", ".join(f"{counts[s]} {s}" for s in Status if counts.get(s))
 
 

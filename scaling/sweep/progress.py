@@ -33,9 +33,9 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from scaling.core.enums import Status
+from scaling.core.files import read_json, write_json_atomic
 from scaling.core.units import format_bytes
-from scaling.engine.enums import Status
-from scaling.engine.jobfiles import read_json, write_json_atomic
 from scaling.store import inflight
 from scaling.store.index import update_index
 from scaling.store.record import iter_records

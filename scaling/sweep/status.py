@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from scaling.engine.jobfiles import RESULT_FILE, read_json
+from scaling.core.files import read_json
+from scaling.engine.jobfiles import RESULT_FILE
 from scaling.store import inflight
 from scaling.store.device_time import DeviceTime, total
 from scaling.store.record import SWEEP_INDEX, answers

@@ -21,12 +21,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from scaling.core.schema import CONF_DIR, register_configs
+from scaling.core.enums import Status
+from scaling.core.files import write_json_atomic
+from scaling.core.schema import CONF_DIR
 from scaling.core.validate import InvalidConfig, validate
-from scaling.engine.enums import Status
-from scaling.engine.jobfiles import RESULT_FILE, write_json_atomic
+from scaling.engine.jobfiles import RESULT_FILE
 from scaling.engine.lifetime import gate
 from scaling.launch import slurm
+from scaling.launch.resolvers import register_configs
 from scaling.store import inflight
 from scaling.store.record import experiment_config, job_dir, job_key
 

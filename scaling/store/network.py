@@ -33,8 +33,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import numpy as np
 import yaml
 
+from scaling.core.files import read_json, write_json_atomic
 from scaling.core.schema import config_dirs
-from scaling.engine.jobfiles import read_json, write_json_atomic
 
 PROFILE_FILE = "alpha_beta.json"
 """The measured profile inside a sweep directory; the report uses it when it is there."""

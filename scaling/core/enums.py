@@ -1,8 +1,8 @@
 """The project's closed vocabularies, one enum each: a point's status, train.precision, train.recompute,
 parallel.fsdp_grad_reduce and parallel.zero_stage.
 
-The standard library only, and nothing of the project: the engine is the bottom layer, so every other layer
-(core, store, predictor, launch, job, sweep, cli, analysis, the plugins) may import this module. The enums
+The standard library only, and nothing of the project: core is the bottom layer, so every other layer
+(engine, store, predictor, launch, job, sweep, cli, analysis, the plugins) may import this module. The enums
 are str-valued (ZeroStage int-valued): a member equals, hashes and formats as its plain value, so f-strings,
 json.dumps and pandas see `ok`, `bf16`, `2`, and records on disk hold plain strings and integers.
 """

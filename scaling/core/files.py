@@ -1,0 +1,59 @@
+"""Files every process writes and reads the same way: JSON written atomically under the user's umask, and read
+back as None while it is missing or not yet whole. Standard library only (the ranks use it too)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (`Umask:` in /proc/self/status).
+
+    Elsewhere it is set and restored under a lock: `os.umask` has no read-only form, and between the two
+    calls a file created by another thread would get mode 0666; the lock keeps this module's own writers
+    out of that window (a thread creating files by other means could still fall into it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        umask = os.umask(0o077)
+        os.umask(umask)
+    return umask
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON so that readers see the old file or the whole new one, never a part.
+
+    The file gets the mode `open` would give it (0666 less the umask), not mkstemp's 0600: a team sharing a
+    store on one file system reads each other's records."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=False, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: str | os.PathLike) -> Optional[Any]:
+    """The JSON in `path`, or None when it is missing or not (yet) whole JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
