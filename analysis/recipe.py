@@ -7,26 +7,19 @@ that fits one device, (4) take the GPUs you have: grad_acc = gbs / (mbs × dp); 
 more GPUs than the batch can use. Each `Candidate` (a ZeRO stage and a recompute setting with its largest mbs) is
 fitted on its measured records (analysis.bands, under the network source the sweep directory has), and each GPU
 count gets the candidate with the most tokens/s per GPU; candidates whose band reaches the winner's are its ties,
-listed, not ranked. This module decides and renders; `scaling recipe` (scaling.cli.recipe) measures what is missing.
+listed, not ranked. This module decides (inputs in, rows out); analysis.recipe_estimate says where each figure
+comes from, analysis.recipe_render writes it out, and scaling.recipe.measure measures what is missing.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-import numpy as np
-
-from analysis.bands import BAND, Extrapolation, extrapolate
+from analysis.bands import BAND
 from analysis.dp_scaling import DEFAULT_THRESHOLD
-from analysis.step_model import Point, Workload
 from scaling.core.batch import plan
-from scaling.core.enums import Status
-from scaling.core.schema import ModelConfig
-from scaling.core.units import format_bytes
-from scaling.store.network import NetworkEstimate
 
 MEASURED, EXTRAPOLATED = "measured", "extrapolated"
 RECIPE_MD, RECIPE_JSON = "recipe.md", "recipe.json"
@@ -99,130 +92,6 @@ class Estimate:
     """What measured it, or which network source the extrapolation used and from which measured dp."""
     peak_mem_bytes: Optional[int] = None
     """Measured peak per rank (None: not measured at this split)."""
-
-
-def _matches(record: Mapping[str, Any], c: Candidate, mbs: int) -> bool:
-    cfg = record["config"]
-    return (
-        record.get("status") == Status.OK
-        and cfg["parallel"]["zero_stage"] == c.zero_stage
-        and cfg["train"]["recompute"] == c.recompute
-        and cfg["train"]["mbs"] == mbs
-    )
-
-
-def measured_points(records: Sequence[Mapping[str, Any]], c: Candidate, mbs: int) -> list[Point]:
-    """The ok records of a candidate at `mbs` as the step model's points (one per dp and grad_acc)."""
-    points = {}
-    for r in records:
-        if _matches(r, c, mbs):
-            m = r["metrics"]
-            times = tuple(float(t) for t in (m.get("step_times_s") or [m["step_time_s"]]))
-            points[r["config"]["parallel"]["dp"], r["derived"]["grad_acc"]] = Point(
-                r["config"]["parallel"]["dp"], r["derived"]["grad_acc"], times
-            )
-    return [points[k] for k in sorted(points)]
-
-
-def measured_at(records: Sequence[Mapping[str, Any]], c: Candidate, s: Split) -> Optional[Estimate]:
-    """The record of a candidate at exactly this split, as an estimate (its band: the record's noise band)."""
-    for r in records:
-        if _matches(r, c, s.mbs) and r["config"]["parallel"]["dp"] == s.gpus and r["derived"]["grad_acc"] == s.grad_acc:
-            m = r["metrics"]
-            tps, band = float(m["tokens_per_s_per_gpu"]), float(m.get("noise_band_frac") or 0.0)
-            return Estimate(
-                tps,
-                tps * (1 - band),
-                tps * (1 + band),
-                float(m["step_time_s"]),
-                MEASURED,
-                f"record {r['job_key']}",
-                m.get("peak_mem_bytes"),
-            )
-    return None
-
-
-@dataclass
-class Model:
-    """The step model of one candidate at one mbs, fitted on its measured points under one network source."""
-
-    workload: Workload
-    extrapolation: Optional[Extrapolation]
-    source: str
-    """The network source's label, or why there is no fit."""
-
-    def estimate(self, gpus: int, grad_acc: int) -> Optional[Estimate]:
-        """Tokens/s per GPU at `gpus` and `grad_acc`, nominal and its band over the fit's draws (None: the source
-        has no figures for that many GPUs, or nothing was measured)."""
-        ex = self.extrapolation
-        if ex is None or not ex.fit.network.reaches(gpus):
-            return None
-        w = self.workload
-        tokens = w.mbs * w.seq_len * grad_acc
-        step = ex.fit.step_time_s(w, gpus, grad_acc)
-        draws = [tokens / f.step_time_s(w, gpus, grad_acc) for f in ex.draws if f.network.reaches(gpus)]
-        lo, hi = (float(v) for v in np.percentile(draws, BAND)) if draws else (tokens / step, tokens / step)
-        measured = ", ".join(str(d) for d in sorted(ex.measured))
-        return Estimate(tokens / step, lo, hi, step, EXTRAPOLATED, f"{self.source}; fitted on measured dp {measured}")
-
-
-def fit_model(
-    workload: Workload,
-    points: Sequence[Point],
-    devices_per_node: Optional[int],
-    source: Optional[NetworkEstimate],
-    n_draws: int,
-) -> Model:
-    """Fit one candidate's measured points under `source` ((a), the points alone, when None)."""
-    label = source.label if source is not None else "fitted to the measured DP curve alone"
-    if not points:
-        return Model(workload, None, "nothing measured")
-    ex = extrapolate("recipe", workload, points, devices_per_node, source, n_draws=n_draws)
-    return Model(workload, ex, label)
-
-
-def workload_of(model: ModelConfig, cfg: Mapping[str, Any], c: Candidate, mbs: int, gbs_samples: int) -> Workload:
-    """The step model's workload of a candidate at `mbs` under the resolved config `cfg` (precision, clipping, ...)."""
-    t, p = cfg["train"], cfg["parallel"]
-    return Workload(
-        c.zero_stage,
-        model,
-        str(t["precision"]),
-        mbs,
-        int(t["seq_len"]),
-        gbs_samples,
-        1,
-        str(p["fsdp_grad_reduce"]),
-        c.recompute,
-        float(t["grad_clip"]),
-        float(p["bucket_mb"]),
-    )
-
-
-@dataclass
-class FromRecords:
-    """The recipe's estimator: a candidate's record at exactly the split when the store has one, else its step model
-    fitted on its records at the split's mbs (one fit per candidate and mbs, under one network source)."""
-
-    records: Sequence[Mapping[str, Any]]
-    workload: Callable[[Candidate, int], Workload]
-    """The step model's workload of a candidate at an mbs."""
-    devices_per_node: Optional[int]
-    source: Optional[NetworkEstimate]
-    n_draws: int = 200
-    models: dict[tuple[int, str, int], Model] = field(default_factory=dict)
-
-    def __call__(self, c: Candidate, s: Split) -> Optional[Estimate]:
-        hit = measured_at(self.records, c, s)
-        if hit is not None:
-            return hit
-        key = (c.zero_stage, c.recompute, s.mbs)
-        if key not in self.models:
-            points = measured_points(self.records, c, s.mbs)
-            self.models[key] = fit_model(
-                self.workload(c, s.mbs), points, self.devices_per_node, self.source, self.n_draws
-            )
-        return self.models[key].estimate(s.gpus, s.grad_acc)
 
 
 @dataclass
@@ -476,128 +345,3 @@ def decide(
         )
     )
     return rows, first, band, baseline
-
-
-def _fmt_rate(v: Optional[float]) -> str:
-    if v is None:
-        return "–"
-    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
-
-
-def _fmt_duration(seconds: Optional[float]) -> str:
-    if seconds is None:
-        return "–"
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.3g} {unit}"
-    return f"{seconds:.3g} s"
-
-
-def table(recipe: Recipe) -> list[list[str]]:
-    """The rows as text cells, header first (the terminal table and recipe.md's)."""
-    head = ["GPUs", "run", "tokens/s per GPU [band]", "source", "efficiency", "step", "global batch"]
-    if recipe.tokens:
-        head += ["time to train", "GPU-hours"]
-    head += ["memory headroom", "ties within the band"]
-    out = [head]
-    for r in recipe.rows:
-        if r.reason is not None and r.dp is None:
-            out.append(
-                [str(r.gpus), "–", "–", "–", "–", "–", "–"] + (["–", "–"] if recipe.tokens else []) + ["–", r.reason]
-            )
-            continue
-        run = f"ZeRO-{r.zero_stage}, mbs {r.mbs}, grad_acc {r.grad_acc}, recompute {r.recompute}"
-        band = f"{_fmt_rate(r.tokens_per_s_per_gpu)} [{_fmt_rate(r.tokens_per_s_per_gpu_low)}, {_fmt_rate(r.tokens_per_s_per_gpu_high)}]"
-        batch = f"{r.gbs_tokens:,}" + (
-            "" if r.gbs_exact else f" ({100 * (r.gbs_tokens / recipe.gbs_tokens - 1):+.1f}%)"
-        )
-        cells = [
-            str(r.gpus),
-            run,
-            band,
-            r.source or "–",
-            "–" if r.efficiency is None else f"{r.efficiency:.0%}",
-            _fmt_duration(r.step_time_s),
-            batch,
-        ]
-        if recipe.tokens:
-            cells += [_fmt_duration(r.train_time_s), "–" if r.gpu_hours is None else f"{r.gpu_hours:,.3g}"]
-        headroom = (
-            "–"
-            if r.memory_headroom_frac is None
-            else f"{r.memory_headroom_frac:.0%} ({format_bytes(r.peak_mem_bytes)})"
-        )
-        ties = "; ".join(
-            f"ZeRO-{t['zero_stage']} mbs {t['mbs']} rc {t['recompute']}: {_fmt_rate(t['tokens_per_s_per_gpu'])}"
-            for t in r.ties
-        )
-        cells += [headroom, ties or "none"]
-        out.append(cells)
-    return out
-
-
-def headline(recipe: Recipe) -> list[str]:
-    """The answer in a few sentences: where DP stops paying off and how far the batch reaches."""
-    thr = f"{recipe.threshold:.0%}"
-    lo, hi = recipe.dp_stops_paying_off_range
-    if recipe.baseline_tokens_per_s_per_gpu is None:
-        stops = (
-            "Nothing says how fast one GPU goes (no candidate measured or extrapolated at 1 GPU), so where data "
-            "parallelism stops paying off is unknown: run the recipe where devices of this hardware are at hand."
-        )
-    elif recipe.dp_stops_paying_off_at is None:
-        stops = (
-            f"Efficiency stays at or above {thr} of the best single GPU up to {recipe.max_useful_gpus} GPUs, the most "
-            "this batch can use"
-            + ("" if hi is None and lo is None else f" (its band dips below {thr} from {lo} GPUs)")
-            + "."
-        )
-    else:
-        rng = f"{lo if lo is not None else '?'} to {hi if hi is not None else f'beyond {recipe.max_useful_gpus}'}"
-        stops = (
-            f"Data parallelism stops paying off at {recipe.dp_stops_paying_off_at} GPUs: the first count whose efficiency "
-            f"falls below {thr} of the best single GPU (within the band: {rng} GPUs)."
-        )
-    return [
-        stops,
-        f"The batch ({recipe.gbs_tokens:,} tokens = {recipe.gbs_samples:,} samples of {recipe.seq_len}) can use at "
-        f"most {recipe.max_useful_gpus} GPUs (mbs=1, grad_acc=1). Beyond that: fewer GPUs, a larger batch, or tensor "
-        "or pipeline parallelism (not measured here).",
-    ]
-
-
-def markdown(recipe: Recipe) -> str:
-    """recipe.md: the headline, the table, the commands, then the caveats."""
-    cells = table(recipe)
-    lines = [
-        f"# Recipe: {recipe.model} at seq_len {recipe.seq_len}, global batch {recipe.gbs_tokens:,} tokens, "
-        f"on {recipe.hardware}",
-        "",
-        *headline(recipe),
-        "",
-        "| " + " | ".join(cells[0]) + " |",
-        "|" + "---|" * len(cells[0]),
-        *("| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in cells[1:]),
-        "",
-        "Reproduce or measure a row:",
-        "",
-        "```bash",
-        *recipe.command_lines(),
-        "```",
-        "",
-        *(f"- {c}" for c in recipe.caveats()),
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def terminal(recipe: Recipe) -> str:
-    """The table for a terminal, columns aligned, with the headline above it."""
-    cells = table(recipe)
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    text = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join([*headline(recipe), "", *text])
-
-
-def dumps(recipe: Recipe) -> str:
-    """recipe.json's text."""
-    return json.dumps(recipe.to_json(), indent=2) + "\n"

@@ -188,7 +188,7 @@ def extrapolation_section(sweep_dir: Path, table: pd.DataFrame, threshold: float
     intro = (
         f"The fastest configurations measured at two or more dp (at most {extrapolate.EXTRAPOLATED_CONFIGS}), "
         "extrapolated at their global batch "
-        "with the step model of the README (grad_acc × compute per micro-step + the exposed communication of "
+        "with the step model of docs/dp-extrapolation.md (grad_acc × compute per micro-step + the exposed communication of "
         "their ZeRO stage, α-β per network tier, an overlap fraction), under each source of parameters: "
         "(a) fitted to this sweep's DP curve alone, (b) the network profile measured by `scaling collectives`, "
         "(c) the hardware's published network figures. Compute per micro-step (and the overlap, for b and c) "
@@ -207,7 +207,8 @@ def extrapolation_section(sweep_dir: Path, table: pd.DataFrame, threshold: float
 
 def recipe_section(sweep_dir: Path) -> Optional[Section]:
     """The directory's `scaling recipe` answer (recipe.json), first in the report; None when it has none."""
-    from analysis.recipe import RECIPE_JSON, Recipe, headline, table
+    from analysis.recipe import RECIPE_JSON, Recipe
+    from analysis.recipe_render import headline, table
 
     try:
         recipe = Recipe.from_json(json.loads((sweep_dir / RECIPE_JSON).read_text()))

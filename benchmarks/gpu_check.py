@@ -154,8 +154,8 @@ def _row_line(r: dict[str, Any]) -> str:
 
 def part_a(check: Check) -> None:
     """find-mbs per ZeRO stage (its mbs + 1 run is part (c)), then the found mbs with compile."""
-    from scaling.cli.find_mbs import find_mbs
     from scaling.job.run import run_point
+    from scaling.recipe.find_mbs import find_mbs
 
     for stage in STAGES:
         if not check.time_left(60, f"(a) ZeRO-{stage}"):

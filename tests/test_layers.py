@@ -47,6 +47,11 @@ INJECTED = {
         "the engine imports torch and the standard library only",
         "scaling.engine.jobfiles -> numpy",
     ),
+    "scaling/predictor/prescreen.py": (
+        "import analysis.collect",
+        "scaling and analysis",
+        "scaling.predictor.prescreen -> analysis.collect",
+    ),
     "scaling/core/batch.py": ("import torch", "core imports the standard library only", "scaling.core.batch -> torch"),
 }
 """One import across each contract, the contract it breaks and the import lint-imports names."""

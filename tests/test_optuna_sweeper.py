@@ -257,9 +257,9 @@ def test_journal_opens_in_optuna_dashboard(tpe_search: tuple[Path, str]) -> None
 
 
 def test_readme_opens_the_study_in_pandas(tpe_search: tuple[Path, str]) -> None:
-    """The README's recipe, run on a finished search: one row per trial with the record's status."""
+    """docs/search.md's recipe, run on a finished search: one row per trial with the record's status."""
     sweep_dir = tpe_search[0]
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "search.md").read_text()
     code = readme.split("The study in pandas", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     code = code.replace("runs/best_throughput/optuna.journal", str(sweep_dir / "optuna.journal"))
     code = code.replace('study_name="best_throughput"', f"study_name={sweep_dir.name!r}")

@@ -1,4 +1,4 @@
-"""README's "Your own project", run as a user would: a directory with its own model preset, GPU profile, network
+"""docs/own-project.md, run as a user would: a directory with its own model preset, GPU profile, network
 figures and sweep (tests/own_project), found beside the shipped configs by `scaling sweep` (by path and by name),
 `scaling predict` and the report's published network figures."""
 

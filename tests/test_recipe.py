@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of
 
-from analysis.recipe import Candidate, FromRecords, decide, max_useful_gpus, split
+from analysis.recipe import Candidate, decide, max_useful_gpus, split
+from analysis.recipe_estimate import FromRecords
 from analysis.step_model import Workload
 from scaling.store.network import profile_estimate
 
@@ -176,7 +177,7 @@ def test_split_states_the_effective_batch_when_it_is_not_exact() -> None:
         ),
         (["--gbs-tokens", "4k", "--gpus", "0,2", "train.seq_len=32"], ["--gpus", "0"]),
         (["--gbs-tokens", "4M", "--gpus", "1", "train.seq_len=100000"], ["seq_len", "100000", "max_seq_len"]),
-        (["--gbs-tokens", "4k", "--gpus", "1", "model=gpt5"], ["gpt5", "valid models are", "tiny"]),
+        (["--gbs-tokens", "4k", "--gpus", "1", "model=gpt5"], ["model=gpt5", "valid are", "tiny"]),
         (["--gbs-tokens", "4k", "--gpus", "1", "--zero", "5"], ["--zero", "'5'", "0, 1, 2, 3"]),
     ],
 )
@@ -246,8 +247,8 @@ def test_the_network_is_timed_from_4_kib_up_to_the_largest_message_a_step_issues
     """At least 4 KiB to 4 MiB (three sizes let one noisy small size make time fall with size: β unfittable), and up
     to the first default size at or above the candidates' largest message: the tiny model's messages need no 16 MiB
     timing, the small model's and a 1B model's take every CPU default size."""
-    from scaling.cli.recipe import network_sizes
     from scaling.core.schema import ModelConfig
+    from scaling.recipe.measure import network_sizes
     from scaling.store.network import CPU_SIZES
     from tests.compose import compose_point
 

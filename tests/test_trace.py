@@ -60,7 +60,7 @@ def test_the_end_of_an_fsdp_backward_is_predicted_as_a_real_run_holds_it(point_s
     the shards accumulated so far, through gloo's reduce-scatter, which reduces a copy of its whole input; tied, the
     embedding's gradient added to the output projection's on the shared weight. Both predictors meet the tracker of a
     real two-rank run, to within one block's fp32 reduce-scatter buffer: gloo's copy of it is freed on gloo's thread
-    at its own time, before or after the main thread's next allocation (README, "Warm ranks")."""
+    at its own time, before or after the main thread's next allocation (docs/concepts.md, "Warm ranks")."""
     model = ["model.vocab_size=4096", "model.hidden=128", f"model.tie_embeddings={tied}"]
     cfg = compose_point([*BASE, *model, "parallel.dp=2", "train.mbs=1", "train.recompute=full", *point], point_store)
     measured = run_point(cfg)

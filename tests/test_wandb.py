@@ -131,7 +131,7 @@ def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_col
     assert from_runs["wandb_run_id"].str.endswith("-2").sum() == 1
     pd.testing.assert_frame_equal(from_runs.drop(columns="wandb_run_id"), collect(sweep_dir))
 
-    # The README's recipe: the report run joins the same folder, and one `wandb sync` takes all of it.
+    # docs/sweeps.md's recipe: the report run joins the same folder, and one `wandb sync` takes all of it.
     report = scaling(["report", str(sweep_dir), "--wandb", "--jobs", "1"], tmp_path, env)
     assert report.returncode == 0, report.stderr[-2000:]
     folders = sorted(str(p) for p in (sweep_dir / "wandb").glob("offline-run-*"))

@@ -87,6 +87,7 @@ class OptunaSearch(Sweeper):
         study_name: Optional[str],
         storage: Optional[str],
         params: Optional[Mapping[str, str]],
+        dry_run: bool = False,
     ) -> None:
         objectives, directions = resolve_objectives(objectives, directions, direction)
         _check_settings(objectives, directions, n_trials, n_jobs, patience, noise_band, max_failure_rate)
@@ -105,6 +106,7 @@ class OptunaSearch(Sweeper):
         self.study_name = study_name
         self.storage = storage
         self.params = dict(params or {})
+        self.dry_run = dry_run
         self.hydra_context: Optional[HydraContext] = None
         self.config: Optional[DictConfig] = None
         self.launcher: Any = None
@@ -125,6 +127,15 @@ class OptunaSearch(Sweeper):
         if not space.distributions:
             raise HydraException("hydra.sweeper.params holds no sweep (choice, range, interval or a comma list)")
         sweep_dir = Path(self.config.hydra.sweep.dir)
+        if self.dry_run:
+            where = self.storage or sweep_dir / "optuna.journal"
+            print(
+                f"Dry run: study {self._study_name(sweep_dir)!r} in {where}, up to {self.n_trials} trials of "
+                + ", ".join(f"{name} in {_values(dist)}" for name, dist in space.distributions.items())
+                + f", objective {', '.join(f'{o} ({d})' for o, d in zip(self.objectives, self.directions))}"
+                + "; nothing launched"
+            )
+            return None
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
 
@@ -343,3 +354,12 @@ def _check_settings(
         )
     if not 0.0 <= max_failure_rate <= 1.0:
         raise ValueError(f"hydra.sweeper.max_failure_rate={max_failure_rate} must be in [0, 1]")
+
+
+def _values(dist: Any) -> str:
+    """A distribution's values in words: `{1, 2, 4}` or `[low, high]` (log-scaled or stepped when so)."""
+    if hasattr(dist, "choices"):
+        return "{" + ", ".join(map(str, dist.choices)) + "}"
+    scale = " log" if getattr(dist, "log", False) else ""
+    step = f" step {dist.step}" if getattr(dist, "step", None) not in (None, 1) else ""
+    return f"[{dist.low}, {dist.high}]{scale}{step}"

@@ -126,6 +126,9 @@ class ScalingOptunaSweeperConf:
     null: a journal file `optuna.journal` in hydra.sweep.dir."""
     params: Optional[Dict[str, str]] = None
     """Search space: override key -> Hydra sweep expression; plain values are fixed overrides."""
+    dry_run: bool = False
+    """Parse the search space and print it with the study's storage and trials (`scaling sweep NAME --dry-run`);
+    launch nothing and write nothing."""
 
 
 ConfigStore.instance().store(

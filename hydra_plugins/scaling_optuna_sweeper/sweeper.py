@@ -27,6 +27,7 @@ class ScalingOptunaSweeper(Sweeper):
         study_name: Optional[str],
         storage: Optional[str],
         params: Optional[DictConfig],
+        dry_run: bool = False,
     ) -> None:
         # Optuna is imported here, when a sweep starts, not when Hydra scans its plugins (it is an extra).
         try:
@@ -52,6 +53,7 @@ class ScalingOptunaSweeper(Sweeper):
             study_name=study_name,
             storage=storage,
             params=params,
+            dry_run=dry_run,
         )
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional
 
-from scaling.launch.collectives import keep_earlier, measure
+from scaling.launch.collectives import measure_and_save, plan_launches
 from scaling.store.network import (
     CPU_SIZES,
     CUDA_SIZES,
     PROFILE_FILE,
     describe,
-    save_profile,
 )
 
 
@@ -37,6 +37,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="message sizes, comma-separated, e.g. 4Ki,1Mi,16Mi (default: 4 KiB to 16 MiB on CPU, to 256 MiB on CUDA)",
     )
     p.add_argument("--iters", type=int, default=10, help="timed calls per collective and size (default 10)")
+    p.add_argument("--dry-run", action="store_true", help="print the launches it would make and launch nothing")
     p.add_argument("overrides", nargs="*", help="Hydra overrides of `scaling run`, e.g. hardware=h100 parallel.dp=16")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     if a.iters < 2:
@@ -45,15 +46,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         sizes = [parse_count(s) for s in a.sizes.split(",")] if a.sizes else None
     except argparse.ArgumentTypeError as e:
         p.error(f"--sizes={a.sizes!r}: {e}")
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from scaling.sweep.compose import compose_config
+    from scaling.sweep.compose import ComposeError, compose_config
 
     try:
         cfg = compose_config(a.overrides)
-    except (HydraException, OmegaConfBaseException) as e:
-        p.error(" ".join(str(e).split()))
+    except ComposeError as e:
+        p.error(str(e))
     if cfg["parallel"]["dp"] < 1:
         p.error(
             f"parallel.dp={cfg['parallel']['dp']} is the largest launch's ranks: give dp >= 1 (1 and 2 both measure 2)"
@@ -61,15 +59,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     sweep_dir = Path(a.sweep_dir or cfg["sweep_dir"]).resolve()
     sizes = sizes or list(CUDA_SIZES if cfg["hardware"]["device"] == "cuda" else CPU_SIZES)
     try:
-        profile = measure(cfg, sweep_dir, sizes, a.iters, os.environ)
+        if a.dry_run:
+            launches = plan_launches(cfg, sweep_dir, sizes, a.iters, os.environ)
+            print(f"Dry run: {len(launches)} launch(es), nothing launched")
+            for n, (_, argv) in launches.items():
+                print(f"  n={n}: {shlex.join(argv)}")
+            return 0
+        profile, path, kept = measure_and_save(cfg, sweep_dir, sizes, a.iters)
     except ValueError as e:
         print(f"scaling collectives: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:
         print(f"scaling collectives: {e}", file=sys.stderr)
         return 1
-    kept = keep_earlier(sweep_dir / PROFILE_FILE)
-    path = save_profile(sweep_dir / PROFILE_FILE, profile)
     print(f"{profile.name}:")
     for line in describe(profile):
         print(f"  {line}")

@@ -1,200 +1,24 @@
-"""`scaling find-mbs`: the largest micro-batch that fits, found by prediction and confirmed by at most two runs.
-
-    scaling find-mbs [overrides] [--max-mbs N] [--analytic] [--no-confirm] [--json]
-
-The Playbook's recipe "increase mbs until out of memory", without running out of memory a dozen
-times: the analytic predictor brackets the answer, the traced predictor settles it (both for
-model, seq_len, dp, ZeRO stage, precision and recompute as given), and then two real points
-(`scaling.job.run.run_point`, pre-screen off) confirm it: the predicted mbs must run, mbs + 1 must run
-out of memory. If a run contradicts the prediction, mbs is stepped once in the direction the run
-showed and that is the second run; the report says what was and was not confirmed.
-Needs a capacity: hardware.memory_gb (a real device's, or an emulated one on CPU).
-"""
+"""`scaling find-mbs [overrides] [--max-mbs N] [--analytic] [--no-confirm] [--json]`: the largest micro-batch that
+fits, found by prediction and confirmed by at most two runs (scaling.recipe.find_mbs)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from dataclasses import asdict
+from typing import Optional
 
-from scaling.core.enums import Status
-from scaling.core.validate import InvalidConfig, validate
-from scaling.predictor.analytic import predict_config
-from scaling.predictor.prescreen import capacity_bytes
-
-
-def largest_true(pred: Callable[[int], bool], start: int, limit: int) -> int:
-    """Largest m in [1, limit] with pred(m), for pred true up to some m and false above (0 if pred(1) is
-    false): gallops from `start` (a good guess saves calls), then bisects."""
-    start = min(max(start, 1), limit)
-    if pred(start):
-        lo, step = start, 1
-        while lo + step <= limit and pred(lo + step):
-            lo, step = lo + step, step * 2
-        hi = min(lo + step, limit + 1)  # pred(hi) is false or hi is past the limit
-    else:
-        hi, step = start, 1
-        while hi - step >= 1 and not pred(hi - step):
-            hi, step = hi - step, step * 2
-        lo = max(hi - step, 0)  # pred(lo) is true, or lo == 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if pred(mid) else (lo, mid)
-    return lo
-
-
-@dataclass
-class FindMbsResult:
-    """What find-mbs found and how sure it is."""
-
-    mbs: int
-    """The answer: the largest mbs that fits (0: not even mbs=1)."""
-    predicted_mbs: int
-    method: str
-    capacity_bytes: int
-    confirmed: bool
-    """True when a run at `mbs` was ok and a run at mbs + 1 ran out of memory."""
-    note: str
-    runs: list[dict[str, Any]] = field(default_factory=list)
-    """(mbs, status, measured peak bytes, job_key) of each real run, in order."""
-    predictions: dict[int, int] = field(default_factory=dict)
-    """mbs -> predicted peak bytes per rank, for every mbs the search looked at."""
-
-
-def _with_mbs(cfg: dict[str, Any], mbs: int) -> dict[str, Any]:
-    return {**cfg, "train": {**cfg["train"], "mbs": mbs}}
-
-
-def _search_point(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The point with a batch that any mbs can split: gbs targets dropped; grad_acc=auto becomes 2 (every
-    grad_acc >= 2 holds the same memory: one accumulated copy of the gradients)."""
-    train = dict(cfg["train"], gbs=None, gbs_tokens=None)
-    if train["grad_acc"] == "auto":
-        train["grad_acc"] = 2
-    return {**cfg, "train": train, "launch": {**cfg["launch"], "prescreen": False}}
-
-
-def find_mbs(
-    cfg: dict[str, Any],
-    max_mbs: int = 1024,
-    traced: bool = True,
-    confirm: bool = True,
-    launch_point: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None,
-) -> FindMbsResult:
-    """Largest mbs that fits `cfg`'s capacity: predicted (analytic, then traced), confirmed with <= 2 runs."""
-    cfg = _search_point(cfg)
-    capacity = capacity_bytes(cfg)
-    if capacity is None:
-        raise ValueError("hardware.memory_gb=null: find-mbs needs a capacity per rank, e.g. hardware.memory_gb=0.02")
-    validate(_with_mbs(cfg, 1))
-    predictions: dict[int, int] = {}
-
-    def analytic_fits(m: int) -> bool:
-        return predict_config(_with_mbs(cfg, m)).total_bytes <= capacity
-
-    guess = largest_true(analytic_fits, 1, max_mbs)
-    method = "analytic"
-    if traced:
-        from scaling.predictor.trace import trace_peak
-
-        def traced_fits(m: int) -> bool:
-            predictions[m] = trace_peak(_with_mbs(cfg, m)).peak_mem_bytes
-            return predictions[m] <= capacity
-
-        predicted, method = largest_true(traced_fits, guess, max_mbs), "traced"
-    else:
-        predicted = guess
-        predictions = {
-            m: predict_config(_with_mbs(cfg, m)).total_bytes for m in (guess, guess + 1) if 1 <= m <= max_mbs
-        }
-    result = FindMbsResult(
-        predicted,
-        predicted,
-        method,
-        capacity,
-        False,
-        "not confirmed (--no-confirm)",
-        predictions=dict(sorted(predictions.items())),
-    )
-    if confirm:
-        _confirm(result, cfg, max_mbs, launch_point)
-    return result
-
-
-def _confirm(
-    result: FindMbsResult,
-    cfg: dict[str, Any],
-    max_mbs: int,
-    launch_point: Optional[Callable[[dict[str, Any]], dict[str, Any]]],
-) -> None:
-    """At most two real runs around the prediction; updates result.mbs, confirmed and note."""
-    if launch_point is None:
-        from scaling.job.run import run_point as launch_point
-
-    def status(m: int) -> str:
-        rec = launch_point(_with_mbs(cfg, m))
-        if rec["status"] == Status.PREDICTED_OOM:  # a stored pre-screen verdict is no measurement: run it
-            rec = launch_point({**_with_mbs(cfg, m), "launch": {**cfg["launch"], "rerun": "all"}})
-        peak = (rec.get("metrics") or {}).get("peak_mem_bytes")
-        result.runs.append({"mbs": m, "status": rec["status"], "peak_mem_bytes": peak, "job_key": rec["job_key"]})
-        return rec["status"]
-
-    def unexpected(m: int, s: str) -> bool:
-        if s in (Status.OK, Status.OOM):
-            return False
-        result.note = f"mbs={m} ended {s} (neither ok nor oom): nothing confirmed"
-        return True
-
-    m = result.predicted_mbs
-    first = max(m, 1)
-    s1 = status(first)
-    if unexpected(first, s1):
-        return
-    if s1 == Status.OK:
-        above = first + 1
-        if above > max_mbs:
-            result.mbs, result.note = first, f"mbs={first} ran; --max-mbs={max_mbs} stops the search above it"
-            return
-        s2 = status(above)
-        if unexpected(above, s2):
-            return
-        if s2 == Status.OOM:
-            result.mbs, result.confirmed = first, True
-            result.note = (
-                f"confirmed: mbs={first} ok, mbs={above} oom"
-                if m >= 1
-                else "prediction said even mbs=1 does not fit, but mbs=1 ran and mbs=2 ran out of memory"
-            )
-        else:
-            result.mbs = above
-            result.note = (
-                f"contradiction: the prediction said mbs={above} does not fit but it ran; "
-                f"answer raised to {above}, the mbs above it is not confirmed (two-run budget spent)"
-            )
-        return
-    # The predicted mbs ran out of memory: step down once.
-    below = first - 1
-    if below < 1:
-        result.mbs, result.confirmed = 0, True
-        result.note = "confirmed: not even mbs=1 fits (it ran out of memory)"
-        return
-    s2 = status(below)
-    if unexpected(below, s2):
-        return
-    result.mbs = below if s2 == Status.OK else 0
-    result.confirmed = s2 == Status.OK
-    result.note = f"contradiction: the prediction said mbs={first} fits but it ran out of memory; " + (
-        f"mbs={below} ran: confirmed {below}"
-        if s2 == Status.OK
-        else f"mbs={below} ran out of memory too: the answer is below {below}, not found within two runs"
-    )
+from scaling.core.validate import InvalidConfig
+from scaling.recipe.find_mbs import find_mbs
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     """`scaling find-mbs`: print the largest mbs that fits; exit status 0 when one was found."""
-    p = argparse.ArgumentParser(prog="scaling find-mbs", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="scaling find-mbs",
+        description="The largest micro-batch that fits, found by prediction and confirmed by at most two runs.",
+    )
     p.add_argument("--max-mbs", type=int, default=1024, help="largest mbs considered (default 1024)")
     p.add_argument("--analytic", action="store_true", help="predict with the analytic model only (no tracing)")
     p.add_argument("--no-confirm", action="store_true", help="do not run the two confirming points")

@@ -25,7 +25,7 @@ from scaling.core.units import memory_unit
 from scaling.core.validate import InvalidConfig, validate
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
-from scaling.sweep.compose import compose_config
+from scaling.sweep.compose import ComposeError, compose_config
 
 
 def _fmt(n: Optional[float], divisor: int) -> str:
@@ -148,7 +148,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     if a.sweep:
         return _sweep(a.sweep, a.overrides, a.traced, a.json)
-    cfg = compose_config(a.overrides)
+    try:
+        cfg = compose_config(a.overrides)
+    except ComposeError as e:
+        print(f"scaling predict: {e}", file=sys.stderr)
+        return 2
     try:
         validate(cfg)
     except InvalidConfig as e:

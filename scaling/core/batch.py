@@ -45,6 +45,14 @@ def target_gbs_samples(seq_len: int, gbs: Optional[int], gbs_tokens: Optional[in
     return gbs_tokens // seq_len
 
 
+def nearest_whole_batch(gbs_tokens: int, seq_len: int) -> int:
+    """The global batch in samples nearest to `gbs_tokens` (halves round up): what the recipe runs when the batch
+    asked for is not a whole number of sequences. A batch below one sequence is refused."""
+    if gbs_tokens < seq_len:
+        raise BatchError(f"gbs_tokens={gbs_tokens} is smaller than train.seq_len={seq_len}: try gbs_tokens={seq_len}")
+    return (2 * gbs_tokens + seq_len) // (2 * seq_len)
+
+
 def derive_grad_acc(gbs: int, mbs: int, dp: int) -> int:
     """grad_acc = gbs / (mbs x dp), which must be a whole number >= 1; the error proposes choices."""
     per_step = mbs * dp

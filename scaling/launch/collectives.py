@@ -14,7 +14,7 @@ from scaling.core.enums import Status
 from scaling.core.files import read_json, write_json_atomic
 from scaling.engine.jobfiles import CONFIG_FILE, ELASTIC_LOGS, TORCHRUN_LOG
 from scaling.launch import devices, slurm, torchrun, warm
-from scaling.store.network import Profile, fit_tiers
+from scaling.store.network import PROFILE_FILE, Profile, fit_tiers, save_profile
 
 BENCH_DIR = "collectives"
 """`<sweep_dir>/collectives/n<ranks>/`: one benchmark launch (config.json, torchrun.log, collectives.json)."""
@@ -56,15 +56,12 @@ def _launch_one(
     return doc
 
 
-def measure(
+def plan_launches(
     cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int], iters: int, env: Mapping[str, str]
-) -> Profile:
-    """Benchmark the collectives at every world size up to parallel.dp and fit each tier.
-
-    Every launch's command line is made first (scaling.launch.slurm's placement: torchrun here, or one per node
-    through srun under SLURM), so a launch that cannot be placed fails before any process starts.
-    """
-
+) -> dict[int, tuple[Path, list[str]]]:
+    """Every launch of a measurement, by world size: its directory and its command line (scaling.launch.slurm's
+    placement: torchrun here, or one per node through srun under SLURM). A launch that cannot be placed raises
+    ValueError here, before any process starts."""
     hw = cfg["hardware"]
     dpn = hw["devices_per_node"]
     if int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
@@ -98,6 +95,17 @@ def measure(
                 launch_dir / ELASTIC_LOGS,
             ),
         )
+    return launches
+
+
+def measure(
+    cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int], iters: int, env: Mapping[str, str]
+) -> Profile:
+    """Benchmark the collectives at every world size up to parallel.dp and fit each tier (`plan_launches` first, so
+    a launch that cannot be placed fails before any process starts)."""
+    hw = cfg["hardware"]
+    dpn = hw["devices_per_node"]
+    launches = plan_launches(cfg, sweep_dir, sizes_bytes, iters, env)
     runs = []
     for n, (launch_dir, argv) in launches.items():
         for stale in (BENCH_OUTPUT, TORCHRUN_LOG):
@@ -105,7 +113,7 @@ def measure(
         write_json_atomic(launch_dir / CONFIG_FILE, {"hardware": dict(hw), "world_size": n, "argv": argv})
         runs.append(_launch_one(cfg, n, launch_dir, argv, env))
     samples = tuple(r for run in runs for r in run["results"])
-    name = f"{runs[0]['backend']} on {runs[0]['device']} at {runs[0]['hostname']}, n={','.join(map(str, plan))}"
+    name = f"{runs[0]['backend']} on {runs[0]['device']} at {runs[0]['hostname']}, n={','.join(map(str, launches))}"
     try:
         tiers = fit_tiers(samples, dpn)
     except ValueError as e:  # measured, but not fittable: not a bad request
@@ -121,3 +129,13 @@ def keep_earlier(path: Path) -> Optional[Path]:
     kept = path.with_name(f"{path.stem}.{str(stamp).replace(':', '-')}{path.suffix}")
     os.replace(path, kept)
     return kept
+
+
+def measure_and_save(
+    cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int], iters: int = 10
+) -> tuple[Profile, Path, Optional[Path]]:
+    """`measure` under this process's environment, then the profile saved as the sweep's `alpha_beta.json`, an earlier
+    one kept beside it: (profile, its path, the earlier one's new path or None)."""
+    profile = measure(cfg, sweep_dir, sizes_bytes, iters, os.environ)
+    kept = keep_earlier(sweep_dir / PROFILE_FILE)
+    return profile, save_profile(sweep_dir / PROFILE_FILE, profile), kept

@@ -210,8 +210,8 @@ def _total(values: Iterable[Optional[float]]) -> Optional[float]:
 class Record:
     """One experiment point's `result.json`: `to_dict()` is the file, field by field in this order.
 
-    The blocks that are open by design (config, derived, metrics, predicted, env) stay dicts; README's
-    "The record" lists their keys.
+    The blocks that are open by design (config, derived, metrics, predicted, env) stay dicts; docs/record.md
+    lists their keys.
     """
 
     schema_version: Optional[int] = SCHEMA_VERSION

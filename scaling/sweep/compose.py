@@ -4,17 +4,39 @@ and a sweep file's grid with its points' configs (`scaling predict --sweep`, the
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from scaling.core.schema import CONF_DIR, searchpath_override
+from scaling.core.schema import CONF_DIR, config_dirs, searchpath_override
 from scaling.launch.resolvers import register
 from scaling.sweep.grid import PointConfigs, expand
 
 
+class ComposeError(ValueError):
+    """Overrides that do not compose (an unknown config choice, key or type), said in one line."""
+
+
 def compose_config(overrides: Sequence[str] = (), sweep_file: Optional[Path] = None) -> dict[str, Any]:
-    """The resolved config of `scaling run <overrides>` (or of the sweep file's base point), as a plain dict."""
-    return _resolve(_compose(overrides, sweep_file))
+    """The resolved config of `scaling run <overrides>` (or of the sweep file's base point), as a plain dict; overrides
+    that do not compose raise ComposeError, which names the valid choices of an unknown one."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return _resolve(_compose(overrides, sweep_file))
+    except (HydraException, OmegaConfBaseException) as e:
+        text, inner = str(e).strip().splitlines()[0], e.__cause__
+        while inner is not None and inner.__cause__ is not None:
+            inner = inner.__cause__
+        if inner is not None:  # what OmegaConf said: the key the group lacks, the value its type refuses
+            text = f"{text.rstrip('.')}: {str(inner).strip().splitlines()[0]}"
+        missing = re.search(r"Could not find '(\w+)/([^']+)'", text)
+        if missing:
+            group = missing.group(1)
+            names = sorted({f.stem for d in config_dirs() for f in (d / group).glob("*.yaml")})
+            text = f"{group}={missing.group(2)} is not a config of group {group!r}: valid are {', '.join(names)}"
+        raise ComposeError(text) from e
 
 
 def _compose(overrides: Sequence[str], sweep_file: Optional[Path]) -> Any:

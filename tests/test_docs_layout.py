@@ -1,4 +1,4 @@
-"""The README's Layout section lists the modules of every package as the tree has them: none missing, none extra."""
+"""docs/architecture.md's Layout section lists the modules of every package as the tree has them: none missing, none extra."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def layout(readme: str) -> dict[str, set[str]]:
+def layout(page: str) -> dict[str, set[str]]:
     """Folder -> the entries its line lists in the Layout section's module list (its last code block; continuation
     lines included), each entry `name (what it is)` read as `name`."""
-    section = readme.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
+    section = page.split("\n## Layout", 1)[1].split("\n## ", 1)[0]
     block = section.split("```")[-2]
     lines: dict[str, str] = {}
     folder = None
@@ -42,28 +42,28 @@ def tree() -> dict[str, set[str]]:
 
 
 def mismatches(listed: dict[str, set[str]], want: dict[str, set[str]]) -> list[str]:
-    """Each folder the README lists differently from the tree, with what is missing and what does not exist."""
-    out = [f"{folder} has no line in the README" for folder in want if folder not in listed]
+    """Each folder the page lists differently from the tree, with what is missing and what does not exist."""
+    out = [f"{folder} has no line in the layout" for folder in want if folder not in listed]
     out += [f"{folder} is not a package of the tree" for folder in listed if folder not in want]
     for folder in sorted(set(listed) & set(want)):
         missing, extra = sorted(want[folder] - listed[folder]), sorted(listed[folder] - want[folder])
         if missing or extra:
-            out.append(f"{folder}: missing from the README {missing}, named but not in the tree {extra}")
+            out.append(f"{folder}: missing from the layout {missing}, named but not in the tree {extra}")
     return out
 
 
 def test_layout_lists_every_module_of_every_package_and_nothing_else():
-    assert mismatches(layout((REPO / "README.md").read_text()), tree()) == []
+    assert mismatches(layout((REPO / "docs" / "architecture.md").read_text()), tree()) == []
 
 
 def test_the_check_fails_for_a_missing_and_for_an_extra_module():
-    readme = (REPO / "README.md").read_text()
-    assert "inflight (running.json markers)," in readme and "trace (under FakeTensorMode)," in readme
-    without = readme.replace("inflight (running.json markers),", "")
+    page = (REPO / "docs" / "architecture.md").read_text()
+    assert "inflight (running.json markers)," in page and "trace (under FakeTensorMode)," in page
+    without = page.replace("inflight (running.json markers),", "")
     assert mismatches(layout(without), tree()) == [
-        "scaling/store/: missing from the README ['inflight'], named but not in the tree []"
+        "scaling/store/: missing from the layout ['inflight'], named but not in the tree []"
     ]
-    extra = readme.replace("trace (under FakeTensorMode),", "trace (under FakeTensorMode), cli,")
+    extra = page.replace("trace (under FakeTensorMode),", "trace (under FakeTensorMode), cli,")
     assert mismatches(layout(extra), tree()) == [
-        "scaling/predictor/: missing from the README [], named but not in the tree ['cli']"
+        "scaling/predictor/: missing from the layout [], named but not in the tree ['cli']"
     ]

@@ -1,0 +1,140 @@
+"""Where a recipe row's figure comes from: a record measured at exactly the split, else the step model of the
+candidate fitted on its measured points at the split's mbs (analysis.bands, under one network source)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from analysis.bands import BAND, Extrapolation, extrapolate
+from analysis.recipe import EXTRAPOLATED, MEASURED, Candidate, Estimate, Split
+from analysis.step_model import Point, Workload
+from scaling.core.enums import Status
+from scaling.core.schema import ModelConfig
+from scaling.store.network import NetworkEstimate
+
+
+def _matches(record: Mapping[str, Any], c: Candidate, mbs: int) -> bool:
+    cfg = record["config"]
+    return (
+        record.get("status") == Status.OK
+        and cfg["parallel"]["zero_stage"] == c.zero_stage
+        and cfg["train"]["recompute"] == c.recompute
+        and cfg["train"]["mbs"] == mbs
+    )
+
+
+def measured_points(records: Sequence[Mapping[str, Any]], c: Candidate, mbs: int) -> list[Point]:
+    """The ok records of a candidate at `mbs` as the step model's points (one per dp and grad_acc)."""
+    points = {}
+    for r in records:
+        if _matches(r, c, mbs):
+            m = r["metrics"]
+            times = tuple(float(t) for t in (m.get("step_times_s") or [m["step_time_s"]]))
+            points[r["config"]["parallel"]["dp"], r["derived"]["grad_acc"]] = Point(
+                r["config"]["parallel"]["dp"], r["derived"]["grad_acc"], times
+            )
+    return [points[k] for k in sorted(points)]
+
+
+def measured_at(records: Sequence[Mapping[str, Any]], c: Candidate, s: Split) -> Optional[Estimate]:
+    """The record of a candidate at exactly this split, as an estimate (its band: the record's noise band)."""
+    for r in records:
+        if _matches(r, c, s.mbs) and r["config"]["parallel"]["dp"] == s.gpus and r["derived"]["grad_acc"] == s.grad_acc:
+            m = r["metrics"]
+            tps, band = float(m["tokens_per_s_per_gpu"]), float(m.get("noise_band_frac") or 0.0)
+            return Estimate(
+                tps,
+                tps * (1 - band),
+                tps * (1 + band),
+                float(m["step_time_s"]),
+                MEASURED,
+                f"record {r['job_key']}",
+                m.get("peak_mem_bytes"),
+            )
+    return None
+
+
+@dataclass
+class Model:
+    """The step model of one candidate at one mbs, fitted on its measured points under one network source."""
+
+    workload: Workload
+    extrapolation: Optional[Extrapolation]
+    source: str
+    """The network source's label, or why there is no fit."""
+
+    def estimate(self, gpus: int, grad_acc: int) -> Optional[Estimate]:
+        """Tokens/s per GPU at `gpus` and `grad_acc`, nominal and its band over the fit's draws (None: the source
+        has no figures for that many GPUs, or nothing was measured)."""
+        ex = self.extrapolation
+        if ex is None or not ex.fit.network.reaches(gpus):
+            return None
+        w = self.workload
+        tokens = w.mbs * w.seq_len * grad_acc
+        step = ex.fit.step_time_s(w, gpus, grad_acc)
+        draws = [tokens / f.step_time_s(w, gpus, grad_acc) for f in ex.draws if f.network.reaches(gpus)]
+        lo, hi = (float(v) for v in np.percentile(draws, BAND)) if draws else (tokens / step, tokens / step)
+        measured = ", ".join(str(d) for d in sorted(ex.measured))
+        return Estimate(tokens / step, lo, hi, step, EXTRAPOLATED, f"{self.source}; fitted on measured dp {measured}")
+
+
+def fit_model(
+    workload: Workload,
+    points: Sequence[Point],
+    devices_per_node: Optional[int],
+    source: Optional[NetworkEstimate],
+    n_draws: int,
+) -> Model:
+    """Fit one candidate's measured points under `source` ((a), the points alone, when None)."""
+    label = source.label if source is not None else "fitted to the measured DP curve alone"
+    if not points:
+        return Model(workload, None, "nothing measured")
+    ex = extrapolate("recipe", workload, points, devices_per_node, source, n_draws=n_draws)
+    return Model(workload, ex, label)
+
+
+def workload_of(model: ModelConfig, cfg: Mapping[str, Any], c: Candidate, mbs: int, gbs_samples: int) -> Workload:
+    """The step model's workload of a candidate at `mbs` under the resolved config `cfg` (precision, clipping, ...)."""
+    t, p = cfg["train"], cfg["parallel"]
+    return Workload(
+        c.zero_stage,
+        model,
+        str(t["precision"]),
+        mbs,
+        int(t["seq_len"]),
+        gbs_samples,
+        1,
+        str(p["fsdp_grad_reduce"]),
+        c.recompute,
+        float(t["grad_clip"]),
+        float(p["bucket_mb"]),
+    )
+
+
+@dataclass
+class FromRecords:
+    """The recipe's estimator: a candidate's record at exactly the split when the store has one, else its step model
+    fitted on its records at the split's mbs (one fit per candidate and mbs, under one network source)."""
+
+    records: Sequence[Mapping[str, Any]]
+    workload: Callable[[Candidate, int], Workload]
+    """The step model's workload of a candidate at an mbs."""
+    devices_per_node: Optional[int]
+    source: Optional[NetworkEstimate]
+    n_draws: int = 200
+    models: dict[tuple[int, str, int], Model] = field(default_factory=dict)
+
+    def __call__(self, c: Candidate, s: Split) -> Optional[Estimate]:
+        hit = measured_at(self.records, c, s)
+        if hit is not None:
+            return hit
+        key = (c.zero_stage, c.recompute, s.mbs)
+        if key not in self.models:
+            points = measured_points(self.records, c, s.mbs)
+            self.models[key] = fit_model(
+                self.workload(c, s.mbs), points, self.devices_per_node, self.source, self.n_draws
+            )
+        return self.models[key].estimate(s.gpus, s.grad_acc)

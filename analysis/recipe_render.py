@@ -1,0 +1,134 @@
+"""The recipe's answer as text: the terminal table, recipe.md and recipe.json."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from analysis.recipe import Recipe
+from scaling.core.units import format_bytes
+
+
+def _fmt_rate(v: Optional[float]) -> str:
+    if v is None:
+        return "–"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def _fmt_duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "–"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def table(recipe: Recipe) -> list[list[str]]:
+    """The rows as text cells, header first (the terminal table and recipe.md's)."""
+    head = ["GPUs", "run", "tokens/s per GPU [band]", "source", "efficiency", "step", "global batch"]
+    if recipe.tokens:
+        head += ["time to train", "GPU-hours"]
+    head += ["memory headroom", "ties within the band"]
+    out = [head]
+    for r in recipe.rows:
+        if r.reason is not None and r.dp is None:
+            out.append(
+                [str(r.gpus), "–", "–", "–", "–", "–", "–"] + (["–", "–"] if recipe.tokens else []) + ["–", r.reason]
+            )
+            continue
+        run = f"ZeRO-{r.zero_stage}, mbs {r.mbs}, grad_acc {r.grad_acc}, recompute {r.recompute}"
+        band = f"{_fmt_rate(r.tokens_per_s_per_gpu)} [{_fmt_rate(r.tokens_per_s_per_gpu_low)}, {_fmt_rate(r.tokens_per_s_per_gpu_high)}]"
+        batch = f"{r.gbs_tokens:,}" + (
+            "" if r.gbs_exact else f" ({100 * (r.gbs_tokens / recipe.gbs_tokens - 1):+.1f}%)"
+        )
+        cells = [
+            str(r.gpus),
+            run,
+            band,
+            r.source or "–",
+            "–" if r.efficiency is None else f"{r.efficiency:.0%}",
+            _fmt_duration(r.step_time_s),
+            batch,
+        ]
+        if recipe.tokens:
+            cells += [_fmt_duration(r.train_time_s), "–" if r.gpu_hours is None else f"{r.gpu_hours:,.3g}"]
+        headroom = (
+            "–"
+            if r.memory_headroom_frac is None
+            else f"{r.memory_headroom_frac:.0%} ({format_bytes(r.peak_mem_bytes)})"
+        )
+        ties = "; ".join(
+            f"ZeRO-{t['zero_stage']} mbs {t['mbs']} rc {t['recompute']}: {_fmt_rate(t['tokens_per_s_per_gpu'])}"
+            for t in r.ties
+        )
+        cells += [headroom, ties or "none"]
+        out.append(cells)
+    return out
+
+
+def headline(recipe: Recipe) -> list[str]:
+    """The answer in a few sentences: where DP stops paying off and how far the batch reaches."""
+    thr = f"{recipe.threshold:.0%}"
+    lo, hi = recipe.dp_stops_paying_off_range
+    if recipe.baseline_tokens_per_s_per_gpu is None:
+        stops = (
+            "Nothing says how fast one GPU goes (no candidate measured or extrapolated at 1 GPU), so where data "
+            "parallelism stops paying off is unknown: run the recipe where devices of this hardware are at hand."
+        )
+    elif recipe.dp_stops_paying_off_at is None:
+        stops = (
+            f"Efficiency stays at or above {thr} of the best single GPU up to {recipe.max_useful_gpus} GPUs, the most "
+            "this batch can use"
+            + ("" if hi is None and lo is None else f" (its band dips below {thr} from {lo} GPUs)")
+            + "."
+        )
+    else:
+        rng = f"{lo if lo is not None else '?'} to {hi if hi is not None else f'beyond {recipe.max_useful_gpus}'}"
+        stops = (
+            f"Data parallelism stops paying off at {recipe.dp_stops_paying_off_at} GPUs: the first count whose efficiency "
+            f"falls below {thr} of the best single GPU (within the band: {rng} GPUs)."
+        )
+    return [
+        stops,
+        f"The batch ({recipe.gbs_tokens:,} tokens = {recipe.gbs_samples:,} samples of {recipe.seq_len}) can use at "
+        f"most {recipe.max_useful_gpus} GPUs (mbs=1, grad_acc=1). Beyond that: fewer GPUs, a larger batch, or tensor "
+        "or pipeline parallelism (not measured here).",
+    ]
+
+
+def markdown(recipe: Recipe) -> str:
+    """recipe.md: the headline, the table, the commands, then the caveats."""
+    cells = table(recipe)
+    lines = [
+        f"# Recipe: {recipe.model} at seq_len {recipe.seq_len}, global batch {recipe.gbs_tokens:,} tokens, "
+        f"on {recipe.hardware}",
+        "",
+        *headline(recipe),
+        "",
+        "| " + " | ".join(cells[0]) + " |",
+        "|" + "---|" * len(cells[0]),
+        *("| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in cells[1:]),
+        "",
+        "Reproduce or measure a row:",
+        "",
+        "```bash",
+        *recipe.command_lines(),
+        "```",
+        "",
+        *(f"- {c}" for c in recipe.caveats()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def terminal(recipe: Recipe) -> str:
+    """The table for a terminal, columns aligned, with the headline above it."""
+    cells = table(recipe)
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    text = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join([*headline(recipe), "", *text])
+
+
+def dumps(recipe: Recipe) -> str:
+    """recipe.json's text."""
+    return json.dumps(recipe.to_json(), indent=2) + "\n"

@@ -1,0 +1,233 @@
+"""The batch-size recipe end to end: measure what the sweep directory lacks, then decide (analysis.recipe).
+
+(1) the global batch in tokens and (2) seq_len are fixed (the nearest whole number of sequences when the batch is
+not one); (3) per ZeRO stage and recompute setting, the largest mbs that fits one device of the target hardware:
+predicted, and confirmed by two real runs (find_mbs) when the devices at hand are of its kind; (4) grad_acc = gbs /
+(mbs × GPUs). Each candidate is measured at dp=1 and at the largest dp the devices at hand allow (with
+launch.repeats); the network comes from the directory's `scaling collectives` profile (measured now when two or
+more devices are at hand and there is none), else the hardware's published figures. Every measurement is an
+ordinary record in the sweep directory, so a second call measures nothing new and a killed call resumes.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from analysis.extrapolate import sources
+from analysis.recipe import Candidate, Recipe, split
+from analysis.recipe import decide as decide_rows
+from analysis.recipe_estimate import FromRecords, workload_of
+from analysis.step_model import step_collectives
+from scaling.core.batch import nearest_whole_batch
+from scaling.core.host import usable_cores
+from scaling.core.schema import ModelConfig
+from scaling.job.run import run_point
+from scaling.launch.collectives import measure_and_save
+from scaling.predictor.analytic import predict_config
+from scaling.predictor.prescreen import capacity_bytes
+from scaling.recipe.find_mbs import find_mbs
+from scaling.store.network import CPU_SIZES, CUDA_SIZES
+from scaling.store.record import answers, job_key, read_record
+
+
+@dataclass(frozen=True)
+class RecipeRequest:
+    """What `scaling recipe` is asked: the batch, the GPU counts and the choices to weigh."""
+
+    gbs_tokens: int
+    """Target global batch in tokens (rounded to the nearest whole number of sequences)."""
+    gpus: list[int]
+    """GPU counts to answer for."""
+    zero: list[int]
+    """ZeRO stages to weigh."""
+    recompute: list[str]
+    """train.recompute settings to weigh."""
+    threshold: float = 0.8
+    """Efficiency below which DP stops paying off."""
+    tokens: Optional[int] = None
+    """Tokens to train on (the rows' time and GPU-hours), or None."""
+    max_grad_acc: int = 16
+    """A measured point runs at most this many micro-steps (a larger grad_acc is extrapolated)."""
+    draws: int = 200
+    """Bootstrap draws of each band."""
+
+
+def devices_at_hand(cfg: dict[str, Any]) -> int:
+    """Devices of the target's kind this host offers: CPU ranks of hardware.threads_per_device cores each, or the
+    GPUs CUDA_VISIBLE_DEVICES (else nvidia-smi) lists, at most devices_per_node; 0 when none."""
+    hw = cfg["hardware"]
+    if hw["device"] == "cpu":
+        return max(1, usable_cores() // int(hw["threads_per_device"]))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = len([d for d in visible.split(",") if d.strip()])
+    elif shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
+        count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    else:
+        count = 0
+    per_node = hw["devices_per_node"]
+    return min(count, per_node) if per_node else count
+
+
+@dataclass
+class Launcher:
+    """Runs points through scaling.job.run.run_point and counts which it launched and which the store answered."""
+
+    launched: int = 0
+    answered: int = 0
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def __call__(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        key = job_key(cfg)
+        if answers(read_record(Path(cfg["sweep_dir"]).resolve(), key), key, cfg["launch"]):
+            self.answered += 1
+        else:
+            self.launched += 1
+        record = run_point(cfg)
+        self.records.append(record)
+        return record
+
+
+def point_config(cfg: dict[str, Any], zero: int, recompute: str, mbs: int, dp: int, grad_acc: int) -> dict[str, Any]:
+    """The base config at one point of the recipe: ZeRO stage, recompute, mbs, dp and grad_acc set, no batch target."""
+    train = {**cfg["train"], "mbs": mbs, "grad_acc": grad_acc, "gbs": None, "gbs_tokens": None, "recompute": recompute}
+    return {**cfg, "train": train, "parallel": {**cfg["parallel"], "zero_stage": zero, "dp": dp}}
+
+
+def network_sizes(model: Any, cfg: dict[str, Any], candidates: list[Any], gbs_samples: int, n: int) -> list[int]:
+    """The message sizes worth timing: `scaling collectives`' defaults up to the first at or above the largest
+    message any candidate's step issues at dp=n, and at least the first four (4 KiB to 4 MiB): with fewer, one
+    noisy small size can make time fall with size and β unfittable."""
+    largest = max(
+        call.bytes_per_call
+        for c in candidates
+        for call in step_collectives(workload_of(model, cfg, c, c.mbs_max, gbs_samples), n, 1)
+    )
+    defaults = CUDA_SIZES if cfg["hardware"]["device"] == "cuda" else CPU_SIZES
+    upto = next((i for i, size in enumerate(defaults) if size >= largest), len(defaults) - 1)
+    return list(defaults[: max(upto, 3) + 1])
+
+
+def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, a: RecipeRequest) -> Recipe:
+    """Phases (a)-(c) of the recipe, then the decision (analysis.recipe.decide)."""
+
+    seq_len, hw = int(cfg["train"]["seq_len"]), cfg["hardware"]
+    model = ModelConfig(**cfg["model"])
+    at_hand = devices_at_hand(cfg)
+    launch = Launcher()
+    notes: list[str] = []
+    gbs_samples = nearest_whole_batch(a.gbs_tokens, seq_len)
+    if gbs_samples * seq_len != a.gbs_tokens:
+        notes.append(
+            f"--gbs-tokens {a.gbs_tokens:,} is not a whole number of {seq_len}-token sequences: the recipe runs "
+            f"the nearest, {gbs_samples:,} sequences = {gbs_samples * seq_len:,} tokens"
+        )
+    print(f"[recipe] {at_hand} {hw['device']} device(s) of {hw['name']} at hand; records in {sweep_dir}", flush=True)
+
+    # (a) the largest mbs per ZeRO stage and recompute setting
+    candidates: list[Candidate] = []
+    for zero in a.zero:
+        for recompute in a.recompute:
+            base = point_config(cfg, zero, recompute, 1, 1, 1)
+            found = find_mbs(base, max_mbs=gbs_samples, traced=False, confirm=at_hand >= 1, launch_point=launch)
+            how = found.note if at_hand >= 1 else f"predicted ({found.method}): no {hw['name']} device at hand"
+            if found.mbs < 1:
+                notes.append(f"ZeRO-{zero}, recompute {recompute}: not even mbs=1 fits one device ({how})")
+                continue
+            candidates.append(Candidate(zero, recompute, found.mbs, how))
+            print(f"[recipe] ZeRO-{zero}, recompute {recompute}: largest mbs {found.mbs} ({how})", flush=True)
+
+    # (b) throughput at dp=1 and at the largest dp at hand, for each mbs a requested GPU count needs
+    dps = sorted({1, at_hand}) if at_hand >= 1 else []
+    counts = sorted({1, *a.gpus})
+    for c in candidates:
+        for mbs in sorted({s.mbs for n in counts if (s := split(gbs_samples, seq_len, n, c.mbs_max))}):
+            for dp in dps:
+                s = split(gbs_samples, seq_len, dp, mbs)
+                if s is None or s.mbs != mbs:
+                    continue
+                launch(point_config(cfg, c.zero_stage, c.recompute, mbs, dp, min(s.grad_acc, a.max_grad_acc)))
+    if not dps:
+        notes.append(f"nothing measured: no {hw['name']} device at hand; run the recipe where it is")
+
+    # (c) the network: the directory's profile, measured now when two or more devices are at hand, else published
+    dpn = hw["devices_per_node"]
+    found_sources, source_notes = sources(sweep_dir, hw["name"], dpn, a.draws)
+    has_profile = len(found_sources) > 1 and found_sources[1].kind == "profile"
+    if not has_profile and at_hand >= 2 and any(p.get("status") == "ok" for p in launch.records):
+        sizes = network_sizes(model, cfg, candidates, gbs_samples, at_hand)
+        print(
+            f"[recipe] measuring the network at up to {at_hand} ranks (scaling collectives, messages up to "
+            f"{sizes[-1]:,} bytes: the candidates' largest, or more)",
+            flush=True,
+        )
+        measure_and_save({**cfg, "parallel": {**cfg["parallel"], "dp": at_hand}}, sweep_dir, sizes)
+        found_sources, source_notes = sources(sweep_dir, hw["name"], dpn, a.draws)
+    source = found_sources[1] if len(found_sources) > 1 else None
+    if source is None:
+        network = "fitted to the measured DP curve alone (no profile and no published figures)"
+    elif source.kind == "profile":
+        network = f"{source.label}, measured in this directory by `scaling collectives`"
+    else:
+        network = f"{source.label} (the hardware's published figures)"
+    notes += [n for n in source_notes if "No measured profile" not in n or source is None]
+
+    estimate = FromRecords(
+        launch.records, lambda c, mbs: workload_of(model, cfg, c, mbs, gbs_samples), dpn, source, a.draws
+    )
+
+    def predicted_peak(c: Candidate, s: Any) -> int:
+        return predict_config(
+            point_config(cfg, c.zero_stage, c.recompute, s.mbs, s.gpus, s.grad_acc), s.grad_acc
+        ).total_bytes
+
+    def command(c: Candidate, s: Any) -> str:
+        settings = [
+            f"train.mbs={s.mbs}",
+            f"train.grad_acc={s.grad_acc}",
+            f"parallel.dp={s.gpus}",
+            f"parallel.zero_stage={c.zero_stage}",
+            f"train.recompute={c.recompute}",
+            f"sweep_dir={sweep_dir}",
+        ]
+        keys = {o.split("=", 1)[0] for o in settings}
+        kept = [o for o in overrides if o.split("=", 1)[0] not in keys and not o.startswith("launch.reuse=")]
+        return "scaling run " + " ".join(shlex.quote(o) for o in [*kept, *settings])
+
+    rows, first, band, baseline = decide_rows(
+        candidates,
+        gbs_samples,
+        seq_len,
+        a.gpus,
+        estimate,
+        a.threshold,
+        a.tokens,
+        capacity_bytes(cfg),
+        predicted_peak,
+        command,
+    )
+    print(f"[recipe] {launch.launched} point(s) launched, {launch.answered} answered from the store", flush=True)
+    return Recipe(
+        model=str(cfg["model"]["name"]),
+        seq_len=seq_len,
+        gbs_tokens=gbs_samples * seq_len,
+        gbs_samples=gbs_samples,
+        hardware=str(hw["name"]),
+        threshold=a.threshold,
+        tokens=a.tokens,
+        candidates=candidates,
+        network=network,
+        rows=rows,
+        dp_stops_paying_off_at=first,
+        dp_stops_paying_off_range=band,
+        max_useful_gpus=gbs_samples,
+        baseline_tokens_per_s_per_gpu=baseline,
+        notes=notes,
+    )
