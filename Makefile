@@ -1,10 +1,10 @@
 # One entry for set-up: `make demo` runs the demo sweep, measures this host's collectives, writes the report, then
 # runs the batch-size recipe for the tiny model on the demo's emulated device (DEMO_RECIPE);
 # `make test` lints (ruff check and ruff format --check), checks the import layers (lint-imports, contracts in
-# pyproject.toml), then runs the tests.
+# pyproject.toml), then runs the tests; `make test-fast` runs the ones that start no process (about a minute).
 # Both create .venv and install what they need (torch==2.13.0, the CPU build, on this path) at the versions of
-# requirements.lock (`make lock` refreshes it); `make test-lowest` runs a fast part of the tests on the lowest
-# versions pyproject.toml allows.
+# requirements.lock (`make lock` refreshes it); `make test-lowest` runs the fast tests on the lowest versions
+# pyproject.toml allows.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # (Two more, 4 workers on 2 cores, took CI from 10 min 40 s to 12 min 56 s: 3 min more CPU in contention.)
 WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
-.PHONY: setup sysdeps demo test test-lowest lock bench gpu-check clean
+.PHONY: setup sysdeps demo test test-fast test-lowest lock bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -32,18 +32,20 @@ lock: $(VENV)/bin/uv
 	echo "$(TORCH)" | bash scripts/uv.sh $(PY) pip compile -q --python $(PY) --custom-compile-command "make lock" \
 		--extra dev pyproject.toml - -o $(LOCK)
 
+# The tests that start no process and take no more than a few seconds each, chosen by marker (pyproject.toml lists
+# the markers; tests/conftest.py fails a test that starts a process without the marker that says so).
+FAST := -m "not torchrun and not subprocess and not slurm and not browser and not slow"
+test-fast: setup
+	$(PY) -m pytest -n $(WORKERS) -p no:cacheprovider $(FAST) $(PYTEST_ARGS)
+
 # The lower bounds of pyproject.toml, checked: every direct dependency at the lowest version it allows (uv's
-# lowest-direct; what they pull in at their newest) in $(LOWEST), and the tests that need no torchrun, one process.
+# lowest-direct; what they pull in at their newest) in $(LOWEST), and the fast tests (FAST, above) on it.
 # torch is the +cpu build named in full: lowest-direct would take PyPI's plain 2.13.0, the CUDA build, over it.
-# Its bytecode is left to the one test process's imports (COMPILE_BYTECODE=0: a set-up of 19 s instead of 55 s,
-# 14 s more of tests). CI runs it after `make test`.
+# Its bytecode is left to the test processes' imports (COMPILE_BYTECODE=0: a set-up of 19 s instead of 55 s).
+# CI runs it after `make test`.
 LOWEST ?= .venv-lowest
-LOWEST_TESTS ?= tests/test_extras.py tests/test_validate.py tests/test_job_key.py tests/test_record.py \
-	tests/test_noise.py tests/test_enums.py tests/test_memory.py tests/test_analysis_collect.py \
-	tests/test_analysis_heatmaps.py tests/test_analysis_dp_scaling.py tests/test_slurm.py -m "not slurm" \
-	--deselect tests/test_memory.py::test_analytic_is_close_to_traced_on_small_points
 test-lowest: $(LOWEST)/.installed
-	$(LOWEST)/bin/python -m pytest -p no:cacheprovider -q $(LOWEST_TESTS)
+	$(LOWEST)/bin/python -m pytest -n $(WORKERS) -p no:cacheprovider -q $(FAST)
 
 $(LOWEST)/.installed: pyproject.toml
 	rm -rf $(LOWEST)

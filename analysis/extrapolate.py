@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -25,11 +25,15 @@ from scaling.store.network import (
     PROFILE_FILE,
     TIERS,
     NetworkEstimate,
-    load_profile,
+    Profile,
     profile_estimate,
     published_estimate,
+    read_profile,
     with_fallback,
 )
+
+if TYPE_CHECKING:
+    from analysis.sweep_data import SweepData
 
 EXTRAPOLATED_CONFIGS = 3
 """Configurations the report extrapolates: the fastest measured at two or more dp."""
@@ -95,21 +99,36 @@ def workload_and_points(group: pd.DataFrame) -> tuple[Workload, list[Point]]:
 def sources(
     sweep_dir: Path, hardware: str, dpn: Optional[int], n_draws: int = N_DRAWS, seed: int = 0
 ) -> tuple[list[Optional[NetworkEstimate]], list[str]]:
+    """`network_sources` of the profile the sweep directory holds now (`alpha_beta.json`, or none)."""
+    profile, problem = read_profile(sweep_dir)
+    return network_sources(profile, problem, sweep_dir, hardware, dpn, n_draws, seed)
+
+
+def network_sources(
+    profile: Optional[Profile],
+    problem: Optional[str],
+    sweep_dir: Path,
+    hardware: str,
+    dpn: Optional[int],
+    n_draws: int = N_DRAWS,
+    seed: int = 0,
+) -> tuple[list[Optional[NetworkEstimate]], list[str]]:
     """The sources for a sweep's hardware: (a) always (None), (b) when the sweep has a profile (the tiers it lacks
     from (c)), (c) when the hardware profile has published figures; and notes on what could not be used."""
     rng = np.random.default_rng(seed)
     found: list[Optional[NetworkEstimate]] = [None]
     notes = []
     pub = published_estimate(hardware, dpn, n_draws, rng)
-    path = sweep_dir / PROFILE_FILE
-    if path.exists():
+    if problem is not None:
+        notes.append(f"The measured profile could not be used: {problem}.")
+    elif profile is None:
+        notes.append(f"No measured profile: `scaling collectives --sweep-dir {sweep_dir}` writes one ({PROFILE_FILE}).")
+    else:
         try:
-            prof = profile_estimate(load_profile(path), dpn, n_draws, rng)
+            prof = profile_estimate(profile, dpn, n_draws, rng)
             found.append(with_fallback(prof, pub) if pub else prof)
         except (ValueError, KeyError, TypeError) as e:
             notes.append(f"The measured profile could not be used: {e}.")
-    else:
-        notes.append(f"No measured profile: `scaling collectives --sweep-dir {sweep_dir}` writes one ({PROFILE_FILE}).")
     if pub:
         found.append(pub)
     else:
@@ -118,7 +137,7 @@ def sources(
 
 
 def sweep_extrapolations(
-    sweep_dir: Path,
+    data: SweepData,
     table: pd.DataFrame,
     threshold: float = DEFAULT_THRESHOLD,
     n_configs: int = EXTRAPOLATED_CONFIGS,
@@ -144,7 +163,9 @@ def sweep_extrapolations(
         dpn = group["devices_per_node"].iloc[0] if "devices_per_node" in group else None
         dpn = None if pd.isna(dpn) else int(dpn)
         if (hardware, dpn) not in cache:
-            cache[hardware, dpn] = sources(sweep_dir, hardware, dpn, n_draws)
+            cache[hardware, dpn] = network_sources(
+                data.profile, data.profile_problem, data.sweep_dir, hardware, dpn, n_draws
+            )
             notes += [n for n in cache[hardware, dpn][1] if n not in notes]
         w, points = workload_and_points(group)
         recorded = int(group["n_params"].iloc[-1])
@@ -160,6 +181,7 @@ def sweep_extrapolations(
 
 
 LETTERS = {"sweep": "(a)", "profile": "(b)", "published": "(c)"}
+SOURCE_WORDS = {"sweep": "the sweep alone", "profile": "measured network", "published": "published network"}
 PREFERENCE = ("sweep", "published", "profile")
 """The sources from least to best informed: the summary states the knee under the best the sweep has."""
 
@@ -200,12 +222,42 @@ def summary_table(found: dict[str, list[Extrapolation]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def best_informed(results: Sequence[Extrapolation]) -> Extrapolation:
+    """The result of the best-informed source: a measured profile, else published figures, else the sweep alone."""
+    return max(results, key=lambda x: PREFERENCE.index(x.kind))
+
+
+def curve_table(found: dict[str, list[Extrapolation]]) -> pd.DataFrame:
+    """What the extrapolation plots draw, as figures: per configuration, under its best-informed source, tokens/s
+    per GPU with its band and the efficiency (against the smallest measured dp) at each power of two from the
+    largest measured dp to the last dp the curve reaches; a measured figure beside its dp where there is one."""
+    rows = []
+    for config, results in found.items():
+        r = best_informed(results)
+        for dp, v, lo, hi, eff in zip(r.dps, r.tokens_per_s_per_gpu, r.low, r.high, r.efficiency):
+            if dp < r.max_measured_dp or dp & (dp - 1):
+                continue
+            rows.append(
+                {
+                    "configuration": config,
+                    "source": f"{LETTERS[r.kind]} {SOURCE_WORDS[r.kind]}",
+                    "dp": dp,
+                    "tokens/s per GPU": f"{v:,.0f}",
+                    "band": f"[{lo:,.0f}, {hi:,.0f}]",
+                    "efficiency": f"{eff:.0%}",
+                    "measured": f"{r.measured[dp]:,.0f}" if dp in r.measured else "",
+                }
+            )
+    columns = ["configuration", "source", "dp", "tokens/s per GPU", "band", "efficiency", "measured"]
+    return pd.DataFrame(rows, columns=columns)
+
+
 def summary_words(found: dict[str, list[Extrapolation]]) -> list[str]:
     """Per configuration, one sentence: where DP stops paying off under its best-informed source (a measured
     profile, else published figures, else the sweep alone), with its band."""
     out = []
     for config, results in found.items():
-        r = max(results, key=lambda x: PREFERENCE.index(x.kind))
+        r = best_informed(results)
         out.append(f"{config} ({LETTERS[r.kind]} {r.kind}): {r.knee_sentence()}.")
     if out:
         out.append("How each source was fitted and what it could identify is folded below.")

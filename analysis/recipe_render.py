@@ -1,11 +1,17 @@
-"""The recipe's answer as text: the terminal table, recipe.md and recipe.json."""
+"""The recipe's answer as text (the terminal table, recipe.md and recipe.json) and as a figure."""
 
 from __future__ import annotations
 
 import json
 from typing import Optional
 
-from analysis.recipe import Recipe
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import PercentFormatter
+
+from analysis.dp_scaling import dp_axis
+from analysis.figures import PALETTE, new_figure, themed
+from analysis.recipe import EXTRAPOLATED, MEASURED, Recipe
 from scaling.core.units import format_bytes
 
 
@@ -132,3 +138,51 @@ def terminal(recipe: Recipe) -> str:
 def dumps(recipe: Recipe) -> str:
     """recipe.json's text."""
     return json.dumps(recipe.to_json(), indent=2) + "\n"
+
+
+@themed
+def figure(recipe: Recipe) -> Optional[Figure]:
+    """Tokens/s per GPU (its band shaded) and efficiency against GPU count: measured rows filled, extrapolated ones
+    hollow, the count where DP stops paying off and the most GPUs the batch can use drawn. None when
+    no row has a figure."""
+    rows = [r for r in recipe.rows if r.tokens_per_s_per_gpu is not None]
+    if not rows:
+        return None
+    gpus = [r.gpus for r in rows]
+    fig = new_figure((10.0, 4.2))
+    speed, eff = fig.subplots(1, 2)
+    speed.fill_between(
+        gpus,
+        [r.tokens_per_s_per_gpu_low for r in rows],
+        [r.tokens_per_s_per_gpu_high for r in rows],
+        color=PALETTE[0],
+        alpha=0.2,
+        label="band",
+    )
+    speed.plot(gpus, [r.tokens_per_s_per_gpu for r in rows], color=PALETTE[0], lw=1.5)
+    eff.plot(gpus, [r.efficiency for r in rows], color=PALETTE[0], lw=1.5)
+    for ax, values in ((speed, [r.tokens_per_s_per_gpu for r in rows]), (eff, [r.efficiency for r in rows])):
+        for source in (MEASURED, EXTRAPOLATED):
+            at = [(g, v) for g, v, r in zip(gpus, values, rows) if r.source == source]
+            if at:
+                ax.scatter(
+                    *zip(*at),
+                    s=36,
+                    zorder=3,
+                    facecolor=PALETTE[0] if source == MEASURED else "white",
+                    edgecolor=PALETTE[0],
+                    label=source,
+                )
+        if recipe.dp_stops_paying_off_at is not None:
+            ax.axvline(recipe.dp_stops_paying_off_at, color=PALETTE[3], ls="--", lw=1, label="DP stops paying off")
+        if recipe.max_useful_gpus <= 2 * max(gpus):
+            ax.axvline(recipe.max_useful_gpus, color="0.3", ls=":", lw=1, label="most GPUs the batch can use")
+        dp_axis(ax, pd.Series(sorted({*gpus, *(r.gpus for r in recipe.rows)})))
+        ax.set_xlabel("GPUs")
+    eff.axhline(recipe.threshold, color="0.5", lw=0.8)
+    eff.yaxis.set_major_formatter(PercentFormatter(1.0))
+    speed.set_ylabel("tokens/s per GPU")
+    eff.set_ylabel("efficiency vs the best single GPU")
+    speed.legend(fontsize=8, loc="best")
+    fig.suptitle(f"Recipe: {recipe.model} at seq_len {recipe.seq_len}, {recipe.gbs_tokens:,}-token batch")
+    return fig

@@ -13,28 +13,20 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import pandas as pd
 
 from analysis import dp_scaling
-from analysis.collect import STATUS_ORDER, collect, to_parquet
+from analysis.collect import STATUS_ORDER, to_parquet
 from analysis.figures import render_pngs
 from analysis.sections import Section, build_sections, left_out_section, top_configurations
-from analysis.usable import LeftOut
+from analysis.sweep_data import SweepData
 from scaling.core.enums import Status
-from scaling.store.record import SWEEP_INDEX
-
-
-def _sweep_meta(sweep_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((sweep_dir / SWEEP_INDEX).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {"name": sweep_dir.name}
 
 
 def _md_table(df: pd.DataFrame) -> str:
@@ -44,15 +36,26 @@ def _md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+NUMBER = re.compile(r"[-+±≈]?\s?[\d,.]+\s?(%|[KMGT]?i?B|s|pts)?|\[[\d,. ]+\]|")
+"""A cell that reads as a figure (right-aligned): a number with its unit or sign, a [low, high] band, or empty."""
+
+
 def _html_table(df: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in df.to_numpy())
+    """A table whose text columns are left-aligned and whose figures are right-aligned."""
+    text = [not all(NUMBER.fullmatch(str(v).strip()) for v in df[c]) for c in df.columns]
+    cls = [' class="text"' if t else "" for t in text]
+    head = "".join(f"<th{k}>{html.escape(str(c))}</th>" for c, k in zip(df.columns, cls))
+    body = "".join(
+        "<tr>" + "".join(f"<td{k}>{html.escape(str(v))}</td>" for v, k in zip(row, cls)) + "</tr>"
+        for row in df.to_numpy()
+    )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 CSS = (
     "body{font-family:sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;color:#222}"
     "table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+    "th.text,td.text{text-align:left}"
     "th{background:#f0f0f0}img{max-width:100%;display:block;margin:1em 0}code{background:#f4f4f4}"
 )
 
@@ -84,12 +87,11 @@ def write_report(
     """
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep_dir / "report"
-    left_out: list[LeftOut] = []
-    df = collect(sweep_dir, left_out=left_out)
+    data = SweepData.load(sweep_dir)
+    df, left_out, meta = data.df, data.left_out, data.meta
     for one in left_out:
         print(f"[scaling report] {one.line()}", file=sys.stderr)
-    meta = _sweep_meta(sweep_dir)
-    sections = build_sections(sweep_dir, df, threshold)
+    sections = build_sections(data, threshold)
     if left_out:
         after = next(i for i, section in enumerate(sections) if section.title == "Status counts") + 1
         sections.insert(after, left_out_section(left_out))
@@ -100,7 +102,7 @@ def write_report(
     pngs = render_pngs(
         {name: fig for section in sections for name, fig in section.figures.items()}, out / "figures", jobs
     )
-    title = f"Sweep report: {meta.get('name', sweep_dir.name)}"
+    title = f"Sweep report: {data.name}"
     intro = f"{len(df)} records in <code>{html.escape(str(sweep_dir))}</code>"
     if left_out:
         intro += f" ({len(left_out)} more left out: see Records left out)"
@@ -120,8 +122,8 @@ def write_report(
         for name in section.figures:
             png = paths[f"figure:{name}"] = pngs[name]
             md += [f"![{name}](figures/{png.name})", ""]
-            data = base64.b64encode(png.read_bytes()).decode()
-            page.append(f'<img alt="{html.escape(name)}" src="data:image/png;base64,{data}">')
+            encoded = base64.b64encode(png.read_bytes()).decode()
+            page.append(f'<img alt="{html.escape(name)}" src="data:image/png;base64,{encoded}">')
         if section.details or section.detail_tables:
             md += ["<details>", f"<summary>{html.escape(section.details_title)}</summary>", ""]
             page.append(f"<details><summary>{html.escape(section.details_title)}</summary>")
@@ -137,7 +139,7 @@ def write_report(
     )
     if wandb:
         paths["wandb_run_dir"] = log_to_wandb(
-            df, sections, paths, meta.get("name", sweep_dir.name), sweep_dir, wandb_project, wandb_entity, wandb_mode
+            df, sections, paths, data.name, sweep_dir, wandb_project, wandb_entity, wandb_mode
         )
     return paths
 

@@ -4,24 +4,21 @@ device time and the records left out. `analysis.report` writes them as Markdown,
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pandas as pd
-import yaml
 from matplotlib.figure import Figure
 
 from analysis import dp_scaling, extrapolate, facets, heatmaps, memory
 from analysis.collect import STATUS_ORDER
 from analysis.figures import FigureSpec
+from analysis.sweep_data import SweepData
 from analysis.usable import LeftOut
 from scaling.core.enums import Status
 from scaling.core.noise import NOISE_BAND_KEY, within_noise
 from scaling.core.units import format_bytes
 from scaling.store import device_time
-from scaling.store.record import SEARCH_BEST
 
 FORMATS: dict[str, Callable[[Any], str]] = {
     "tokens_per_s_per_gpu": "{:,.0f}".format,
@@ -149,8 +146,9 @@ def knee_table(found: list[dp_scaling.Knee]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
+def dp_sections(data: SweepData, threshold: float) -> list[Section]:
     """The DP knees in words, their table and curve; the extrapolation beyond the measured dp."""
+    df = data.df
     found = dp_scaling.knees(df, threshold)
     if not found:
         return [Section("Data-parallel scaling", ["No configuration was measured ok at two or more dp."])]
@@ -177,14 +175,14 @@ def dp_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Sec
             {"dp_scaling": dp_scaling.plot_dp_scaling(df, threshold, max_configs=KNEES_IN_WORDS)},
         )
     ]
-    sections.append(extrapolation_section(sweep_dir, table, threshold))
+    sections.append(extrapolation_section(data, table, threshold))
     return sections
 
 
-def extrapolation_section(sweep_dir: Path, table: pd.DataFrame, threshold: float) -> Section:
+def extrapolation_section(data: SweepData, table: pd.DataFrame, threshold: float) -> Section:
     """Beyond the measured dp: per configuration, where DP stops paying off under the best-informed parameter
     source, in a sentence each; the sources, the parameters and the caveats folded below."""
-    found, notes = extrapolate.sweep_extrapolations(sweep_dir, table, threshold)
+    found, notes = extrapolate.sweep_extrapolations(data, table, threshold)
     intro = (
         f"The fastest configurations measured at two or more dp (at most {extrapolate.EXTRAPOLATED_CONFIGS}), "
         "extrapolated at their global batch "
@@ -195,9 +193,11 @@ def extrapolation_section(sweep_dir: Path, table: pd.DataFrame, threshold: float
         "is always fitted to the measured points. Bands span the 2.5th-97.5th percentile of bootstrap draws "
         "(95%)."
     )
+    curves = extrapolate.curve_table(found)
     return Section(
         "DP extrapolation beyond the measured dp",
         extrapolate.summary_words(found),
+        [curves] if len(curves) else [],
         figures={f"dp_extrapolation_{i}": extrapolate.plot(results) for i, results in enumerate(found.values())},
         details=[intro, *notes, *extrapolate.report_text(found)],
         detail_tables=[extrapolate.summary_table(found)],
@@ -205,42 +205,36 @@ def extrapolation_section(sweep_dir: Path, table: pd.DataFrame, threshold: float
     )
 
 
-def recipe_section(sweep_dir: Path) -> Optional[Section]:
+def recipe_section(data: SweepData) -> Optional[Section]:
     """The directory's `scaling recipe` answer (recipe.json), first in the report; None when it has none."""
-    from analysis.recipe import RECIPE_JSON, Recipe
-    from analysis.recipe_render import headline, table
+    from analysis.recipe import RECIPE_JSON
+    from analysis.recipe_render import figure, headline, table
 
-    try:
-        recipe = Recipe.from_json(json.loads((sweep_dir / RECIPE_JSON).read_text()))
-    except FileNotFoundError:
+    if data.recipe_problem is not None:
+        return Section(
+            "Recipe", [f"{RECIPE_JSON} could not be read ({data.recipe_problem}): run `scaling recipe` again."]
+        )
+    recipe = data.recipe
+    if recipe is None:
         return None
-    except (ValueError, KeyError, TypeError) as e:
-        return Section("Recipe", [f"{RECIPE_JSON} could not be read ({e}): run `scaling recipe` again."])
     cells = table(recipe)
+    fig = figure(recipe)
     return Section(
         f"Recipe: {recipe.model} at seq_len {recipe.seq_len}, global batch {recipe.gbs_tokens:,} tokens, on "
         f"{recipe.hardware}",
         headline(recipe),
         [pd.DataFrame(cells[1:], columns=cells[0])],
         code=recipe.command_lines(),
+        figures={"recipe": fig} if fig is not None else {},
         details=recipe.caveats(),
         details_title="How the recipe was found",
     )
 
 
-def search_best_key(sweep_dir: Path) -> Optional[str]:
-    """The job key of a search's best point (its best.yaml); None for a sweep that is not a search, or a search
-    with no feasible point yet."""
-    try:
-        doc = yaml.safe_load((sweep_dir / SEARCH_BEST).read_text())
-    except (FileNotFoundError, yaml.YAMLError):
-        return None
-    return ((doc or {}).get("best") or {}).get("job_key")
-
-
-def device_time_section(sweep_dir: Path, df: pd.DataFrame) -> Optional[Section]:
+def device_time_section(data: SweepData) -> Optional[Section]:
     """Device-hours the records held and their shares (timed steps, warm-up, start-up, launches not ok); for a
     search, the device-hours spent until its best point was recorded. None when no record ran torchrun."""
+    df = data.df
     columns = ["torchrun_wall_s", "device_s", *device_time.SPLIT]
     spent = device_time.total(df[columns].astype(object).where(df[columns].notna(), None).to_dict("records"))
     if not spent.records:
@@ -257,7 +251,7 @@ def device_time_section(sweep_dir: Path, df: pd.DataFrame) -> Optional[Section]:
     ]
     if spent.unknown:
         words.append(f"{spent.unknown} points recorded before device time was kept are not counted.")
-    best = search_best_key(sweep_dir)
+    best = data.search_best_key
     if best is not None and best in set(df["job_key"]):
         ordered = df.sort_values(["started_at", "launched_at"], na_position="last", kind="stable")
         until = ordered["device_s"].iloc[: list(ordered["job_key"]).index(best) + 1].sum()
@@ -268,10 +262,11 @@ def device_time_section(sweep_dir: Path, df: pd.DataFrame) -> Optional[Section]:
     return Section("Device time", words)
 
 
-def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[Section]:
+def build_sections(data: SweepData, threshold: float) -> list[Section]:
     """Everything the report shows, in order: small figures drawn, the heatmaps still to be drawn."""
+    df = data.df
     counts = df["status"].value_counts().reindex(STATUS_ORDER, fill_value=0)
-    recipe = recipe_section(sweep_dir)
+    recipe = recipe_section(data)
     sections = [recipe] if recipe is not None else []
     sections += [Section("Status counts", tables=[counts.rename_axis("status").reset_index(name="records")])]
     if df.empty:
@@ -313,7 +308,7 @@ def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[
         )
     )
     if df.loc[df["status"] == Status.OK, "dp"].nunique() > 1:
-        sections += dp_sections(sweep_dir, df, threshold)
+        sections += dp_sections(data, threshold)
     if memory.has_memory_checks(df):
         fig = memory.memory_figure(df)
         sections.append(
@@ -333,7 +328,7 @@ def build_sections(sweep_dir: Path, df: pd.DataFrame, threshold: float) -> list[
                 tables=[_fmt(failures[cols].head(20).reset_index(drop=True))],
             )
         )
-    spent = device_time_section(sweep_dir, df)
+    spent = device_time_section(data)
     if spent is not None:
         sections.append(spent)
     return sections

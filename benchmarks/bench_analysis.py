@@ -17,9 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from records import GIB, make_record, peak_mem_bytes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.collect import collect
 from analysis.facets import default_layout, figure_specs
@@ -29,6 +27,7 @@ from scaling.core.host import usable_cores
 from scaling.store.record import (
     RESULT_FILE,
 )
+from tests.helpers.records import GIB, make_record, peak_mem_bytes
 
 MODELS = ("tiny", "small", "llama_1b", "llama_3b")
 SEQ_LENS = (256, 512, 1024, 2048, 4096)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from scaling.core.host import usable_cores  # noqa: E402
 from scaling.job.run import run_point  # noqa: E402
-from tests.compose import compose_point  # noqa: E402
+from tests.helpers.compose import compose_point  # noqa: E402
 
 
 def torchrun(script: str, nproc: int, *args: str, threads: int) -> float:

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_extrapolation.py [--seeds 10] [--draws 200] [--noise 0.02]
 
-Each truth is a step model with known parameters (tests/synthetic_dp.py: Llama 1B/8B at seq 4096-8192,
+Each truth is a step model with known parameters (tests/helpers/synthetic_dp.py: Llama 1B/8B at seq 4096-8192,
 ZeRO 0-3 with the collectives the engine issues (a bucketed all-reduce, a broadcast per tensor, gathers behind
 the first forward or every forward), overlap 0-0.8, the optimizer step of a fused or a foreach AdamW, clipping,
 recomputation, NVLink-like and InfiniBand-like tiers on 8-GPU nodes, a fixed global batch).
@@ -29,15 +29,14 @@ from typing import Optional
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.bands import Extrapolation, extrapolate
 from analysis.dp_fit import COLUMNS, OPTIMIZER, design, identifiable
 from analysis.dp_scaling import find_knee
 from analysis.step_model import Point
 from scaling.store.network import NetworkEstimate, profile_estimate, published_estimate
+from tests.helpers.synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
 
 EXTRA = (
     Truth("1B ZeRO-2, overlap 0.8 (plateau near 80%)", llama_1b(2, gbs=1024, mbs=2), h100_network(), 0.15, 0.8),

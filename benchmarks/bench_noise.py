@@ -36,7 +36,7 @@ sys.path.insert(0, str(HERE.parent))
 from scaling.core.host import usable_cores  # noqa: E402
 from scaling.core.noise import relative_spread  # noqa: E402
 from scaling.job.run import run_point  # noqa: E402
-from tests.compose import compose_point  # noqa: E402
+from tests.helpers.compose import compose_point  # noqa: E402
 
 DEFAULT_POINTS = ",".join(f"{m}:{dp}:{z}" for m, dp, z in itertools.product(("tiny", "small"), (1, 2), (0, 2)))
 FIRST_STEPS = 4

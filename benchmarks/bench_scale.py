@@ -3,7 +3,7 @@ driver's own cost per launched point.
 
 Builds a sweep file over a grid of `--points` points (5 models x ZeRO 0-3 x dp 1-16 x mbs 1-16 x
 `train.seed`, on H100s) and a synthetic record store of every point of it: records shaped as the engine
-writes them (tests/records.py), each under the job key of its point, in every status (ok 70 %, oom 10 %,
+writes them (tests/helpers/records.py), each under the job key of its point, in every status (ok 70 %, oom 10 %,
 predicted_oom 8 %, timeout 5 %, failed 4 %, invalid 3 %, by key). Then, each timed as a user runs it:
 
     resume   scaling sweep <grid> sweep_dir=<store>     every point answered by the store, none launched
@@ -15,7 +15,7 @@ driver time per launched point = (sweep wall - torchrun wall - driver start-up) 
 Targets: resume of 10,000 recorded points < 60 s; driver time per launched point <= 0.398 s (bench_sweep, before).
 
 With `--slurm N` (root, Debian's slurmctld/slurmd/munge) it also starts the test SLURM cluster
-(tests/slurm_cluster.py) and sends N stand-in points (tests/standin_app: the project's config and plugins,
+(tests/helpers/slurm_cluster.py) and sends N stand-in points (tests/standin_app: the project's config and plugins,
 a job that only writes its record) through hydra-submitit's own launcher and through `hydra/launcher=slurm`,
 4 at a time: the driver's peak resident memory, the bytes each point leaves in the submitit folder, and the
 wall time.
@@ -50,7 +50,7 @@ from scaling.store.record import (  # noqa: E402
 )
 from scaling.sweep.compose import sweep_file_grid  # noqa: E402
 from scaling.sweep.grid import survey  # noqa: E402
-from tests.records import make_record  # noqa: E402
+from tests.helpers.records import make_record  # noqa: E402
 
 BLOCK = 500
 """Points per value of train.seed: 5 models x 4 ZeRO stages x 5 dp x 5 mbs."""
@@ -130,8 +130,7 @@ def timed(argv: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProces
 
 def slurm_footprint(root: Path, points: int) -> None:
     """Stand-in points through hydra-submitit's launcher and ours, on the test cluster: memory, bytes, wall."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from slurm_cluster import SlurmCluster
+    from tests.helpers.slurm_cluster import SlurmCluster
 
     cluster = SlurmCluster(nodes=2)
     cluster.start()

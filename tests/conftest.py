@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
+import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
 
 if TYPE_CHECKING:
-    from slurm_cluster import SlurmCluster
+    from tests.helpers.slurm_cluster import SlurmCluster
 
 
 @pytest.fixture(scope="session")
 def point_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One record store for the session's real points (tests/points.py): a point several tests look at runs once.
+    """One record store for the session's real points (tests/helpers/points.py): a point several tests look at runs once.
     Under pytest-xdist the workers' temporary roots are siblings: the store sits beside them, one for the run."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -24,11 +27,11 @@ def point_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("points")
 
 
-# --- SLURM: a real cluster on loopback (see tests/slurm_cluster.py) ---------------------------
+# --- SLURM: a real cluster on loopback (see tests/helpers/slurm_cluster.py) ---------------------------
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[SlurmCluster]:
     """A SLURM cluster on loopback for the session (two slurmd, so multi-node jobs run); SLURM_CONF points at it."""
-    from slurm_cluster import APT_HINT, SlurmCluster, missing_binaries
+    from tests.helpers.slurm_cluster import APT_HINT, SlurmCluster, missing_binaries
 
     missing = missing_binaries()
     if missing:
@@ -74,9 +77,60 @@ def _device_locks_per_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(autouse=True)
 def _warm_ranks_only_for_shared_points(request: pytest.FixtureRequest) -> None:
-    """The real points of tests/points.py run on this worker's warm ranks, which hold its device lease while they
+    """The real points of tests/helpers/points.py run on this worker's warm ranks, which hold its device lease while they
     wait; any other test first ends them, so that a driver it starts takes the lease at once."""
     if "point_store" not in request.fixturenames:
         from scaling.launch import warm
 
         warm.close()
+
+
+# --- Markers that say which tests start processes (pyproject.toml lists them) --------------------------------------
+PROCESS_MARKERS = ("torchrun", "slurm", "browser", "subprocess")
+"""`make test-fast` and `make test-lowest` run the tests that carry none of these: the ones that start no process."""
+
+
+def _starts_ranks(args: object) -> bool:
+    words = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+    return any(w in ("torch.distributed.run", "torchrun") or w.endswith("/torchrun") for w in words)
+
+
+@contextlib.contextmanager
+def _processes_marked(item: pytest.Item) -> Iterator[None]:
+    """Within it, a process the test starts (in its fixtures' setup too) must be allowed by its markers: torchrun
+    ranks need `torchrun` (or `slurm`), any other process one of PROCESS_MARKERS. So the subsets chosen by marker
+    are what they say. With SCALING_PROCESS_AUDIT=FILE the offenders are listed there instead of failed."""
+    marks = {m.name for m in item.iter_markers()}
+    unmarked: list[tuple[str, str]] = []
+    real_init = subprocess.Popen.__init__
+
+    def gated(self: subprocess.Popen, args: Any, *a: Any, **kw: Any) -> None:
+        kind = "torchrun" if _starts_ranks(args) else "subprocess"
+        if not marks & ({"torchrun", "slurm"} if kind == "torchrun" else set(PROCESS_MARKERS)):
+            unmarked.append((kind, shlex.join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)))
+        real_init(self, args, *a, **kw)
+
+    subprocess.Popen.__init__ = gated  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        subprocess.Popen.__init__ = real_init  # type: ignore[method-assign]
+    if unmarked:
+        kind, command = unmarked[0]
+        audit = os.environ.get("SCALING_PROCESS_AUDIT")
+        if not audit:
+            pytest.fail(f"starts a process without its marker (@pytest.mark.{kind}): {command[:200]}")
+        with open(audit, "a") as f:
+            f.write(f"{item.nodeid}\t{kind}\n")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with _processes_marked(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with _processes_marked(item):
+        return (yield)

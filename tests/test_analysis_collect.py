@@ -6,7 +6,6 @@ import json
 
 import pandas as pd
 import pytest
-from records import grid_records, make_record, write_sweep
 
 from analysis.collect import (
     COLUMNS,
@@ -19,6 +18,7 @@ from analysis.collect import (
 )
 from analysis.usable import LeftOut, record_problem
 from scaling.core.enums import Status
+from tests.helpers.records import grid_records, make_record, write_sweep
 
 
 @pytest.fixture(scope="module")

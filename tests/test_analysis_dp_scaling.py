@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from records import DP_EFFICIENCY, grid_records, make_record, write_sweep
 
 from analysis.collect import collect, record_to_row, to_frame
 from analysis.dp_scaling import (
@@ -14,6 +13,7 @@ from analysis.dp_scaling import (
     plot_dp_scaling,
     scaling_table,
 )
+from tests.helpers.records import DP_EFFICIENCY, grid_records, make_record, write_sweep
 
 
 @pytest.fixture(scope="module")

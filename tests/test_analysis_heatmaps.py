@@ -7,12 +7,12 @@ from functools import partial
 
 import pandas as pd
 import pytest
-from records import FAILURES, grid_records, make_record, write_sweep
 
 from analysis.collect import collect
 from analysis.facets import default_layout, draw_all, facet_grid, figure_specs
 from analysis.figures import render_pngs, save_png
 from analysis.heatmaps import cells, heatmap
+from tests.helpers.records import FAILURES, grid_records, make_record, write_sweep
 
 
 @pytest.fixture(scope="module")

@@ -6,22 +6,24 @@ import base64
 import dataclasses
 import json
 import re
+import shutil
 import time
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from records import grid_records, make_record, write_sweep
-from synthetic_dp import TRUTHS, profile_of
 
 from analysis.collect import collect
 from analysis.report import write_report
-from analysis.sections import device_time_section
+from analysis.sections import build_sections, device_time_section
+from analysis.sweep_data import SweepData
 from scaling.cli.report import main
 from scaling.store.network import PROFILE_FILE, save_profile
 from scaling.store.record import job_key
 from scaling.store.wandb_runs import read_offline_run
+from tests.helpers.records import grid_records, make_record, write_sweep
+from tests.helpers.synthetic_dp import TRUTHS, profile_of
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +32,7 @@ def report(tmp_path_factory):
     return sweep, write_report(sweep)
 
 
+@pytest.mark.slow
 def test_report_files_and_sections(report):
     sweep, paths = report
     assert paths["html"] == sweep / "report" / "report.html"
@@ -92,6 +95,7 @@ def _truth_sweep(path, truth, dps, rng):
     return write_sweep(path, records, name="truth")
 
 
+@pytest.mark.slow
 def test_extrapolation_names_each_source_its_knee_range_and_reach(tmp_path):
     """Measured on one node (dp 1-8): the sweep alone stops at the node and says why; the measured profile and
     the published H100 figures extrapolate to dp=512 (the batch's limit), each with its knee as a range."""
@@ -133,7 +137,7 @@ def test_device_time_section_states_the_shares_and_what_a_search_spent_until_its
     sweep = write_sweep(tmp_path / "search", records)
     best = records[1]["job_key"]  # started third
     (sweep / "best.yaml").write_text(yaml.safe_dump({"best": {"trial": 2, "job_key": best}}))
-    section = device_time_section(sweep, collect(sweep))
+    section = device_time_section(SweepData.load(sweep))
     assert section.title == "Device time"
     assert section.paragraphs[0].startswith(
         "The launches of 4 points held 0.0333 device-h (torchrun's wall time × the devices of each launch): "
@@ -145,6 +149,7 @@ def test_device_time_section_states_the_shares_and_what_a_search_spent_until_its
     )
 
 
+@pytest.mark.slow
 def test_html_is_self_contained_with_embedded_pngs(report):
     _, paths = report
     page = paths["html"].read_text()
@@ -232,6 +237,7 @@ def test_records_the_analysis_cannot_use_are_named_and_left_out_and_the_report_i
     )
 
 
+@pytest.mark.subprocess
 def test_wandb_report_run_offline_typed_tables_and_artifacts(tmp_path, monkeypatch):
     sweep = write_sweep(tmp_path / "s", grid_records(seq_lens=(256,), mbss=(1, 2), dps=(1, 2, 4)), name="grid")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -321,7 +327,6 @@ def test_memory_section_compares_independent_measures_and_never_the_tracker_with
 
 
 def test_memory_figure_draws_each_prediction_and_the_rss_beside_the_tracker(tmp_path):
-    from analysis.collect import collect
     from analysis.memory import memory_figure
 
     records = [_cpu_record(256, 1), _cpu_record(256, 2)]
@@ -357,3 +362,33 @@ def test_ties_noise_knee_uncertainty_and_oversubscription_in_words(tmp_path):
         "Oversubscribed (hardware.oversubscribe=true, ranks sharing cores): tiny, seq 256, mbs=2, ZeRO-0, "
         "oversubscription allowed at dp=1, 2."
     ) in md
+
+
+@pytest.mark.slow
+def test_the_extrapolation_writes_out_what_it_draws_past_the_measured_dp(tmp_path):
+    """Records at dp 8, 16 and 32 and a measured network: the report's table gives tokens/s per GPU with its band
+    and the efficiency at dp 32 (measured beside it), 64, 128 and on to the batch's limit."""
+    truth, rng = TRUTHS[0], np.random.default_rng(0)
+    sweep = _truth_sweep(tmp_path / "s", truth, (8, 16, 32), rng)
+    save_profile(sweep / PROFILE_FILE, profile_of(truth, rng, world_sizes=(2, 8, 16, 32)))
+    md = write_report(sweep, jobs=1)["markdown"].read_text()
+    summary = md[md.index("## DP extrapolation beyond the measured dp") :].split("<details>", 1)[0]
+    rows = [line.split(" | ") for line in summary.splitlines() if line.startswith("| llama_1b")]
+    assert [int(r[2]) for r in rows] == [32, 64, 128, 256, 512]
+    assert {r[1] for r in rows} == {"(b) measured network"}
+    for r in rows:
+        value, (low, high) = float(r[3].replace(",", "")), (float(v.replace(",", "")) for v in r[4][1:-1].split(", "))
+        assert low <= value <= high and r[5].endswith("%")
+    assert rows[0][6].strip(" |") != "" and all(r[6].strip(" |") == "" for r in rows[1:])  # dp 32 was measured
+
+
+def test_the_sections_are_built_from_one_read_of_the_store(tmp_path):
+    """SweepData reads the directory once: with the directory gone, every section is still built from it."""
+    truth, rng = TRUTHS[0], np.random.default_rng(0)
+    sweep = _truth_sweep(tmp_path / "s", truth, (1, 2, 4), rng)
+    save_profile(sweep / PROFILE_FILE, profile_of(truth, rng, world_sizes=(2, 4)))
+    data = SweepData.load(sweep)
+    shutil.rmtree(sweep)
+    titles = [s.title for s in build_sections(data, 0.8)]
+    assert {"Status counts", "Top configurations", "Data-parallel scaling"} <= set(titles)
+    assert "DP extrapolation beyond the measured dp" in titles

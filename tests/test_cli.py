@@ -33,6 +33,7 @@ def command(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "entry", [["scaling", "run"], ["python", "-m", "scaling", "run"]], ids=["scaling-run", "module"]
 )
+@pytest.mark.subprocess
 def test_a_multirun_with_a_timed_out_point_exits_1_after_every_point(entry, tmp_path):
     exe = [str(BIN / "scaling"), *entry[1:]] if entry[0] == "scaling" else [sys.executable, *entry[1:]]
     out = command([*exe, "-m", *TIMEOUT_AND_INVALID, f"sweep_dir={tmp_path / 'runs'}"], tmp_path)
@@ -47,6 +48,7 @@ def test_a_multirun_with_a_timed_out_point_exits_1_after_every_point(entry, tmp_
     assert invalid_only.returncode == 0, invalid_only.stderr[-2000:]
 
 
+@pytest.mark.subprocess
 def test_a_single_timed_out_point_exits_1(tmp_path):
     out = command(
         [sys.executable, "-m", "scaling", "run", *TIMEOUT_AND_INVALID[:-1], f"sweep_dir={tmp_path}"], tmp_path
@@ -61,6 +63,7 @@ def test_scaling_run_hands_hydra_its_arguments_and_leaves_sys_argv_alone(monkeyp
     assert "name: small" in capsys.readouterr().out
 
 
+@pytest.mark.subprocess
 def test_sweep_help_says_what_each_sweep_does_and_unknown_sweeps_exit_2(tmp_path):
     out = command([sys.executable, "-m", "scaling", "sweep", "--help"], REPO)
     assert out.returncode == 0
@@ -100,6 +103,7 @@ comp "scaling sweep demo parallel.z"
 """
 
 
+@pytest.mark.subprocess
 def test_bash_completion_of_scaling_run_and_scaling_sweep(tmp_path):
     install = command([str(BIN / "scaling"), "run", "-sc", "install=bash"], tmp_path)
     assert install.stdout.rstrip().endswith("-F hydra_bash_completion scaling"), install.stdout[-300:]

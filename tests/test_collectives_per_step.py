@@ -1,5 +1,5 @@
 """The step model against the engine: the collectives one optimizer step issues at dp=2 (op, calls, bytes of each),
-counted by torch's profiler (tests/collective_counts.py), are those `analysis.step_model.step_collectives` lists, for
+counted by torch's profiler (tests/helpers/collective_counts.py), are those `analysis.step_model.step_collectives` lists, for
 every ZeRO stage, fsdp_grad_reduce and grad_acc, with clipping, in one torchrun launch."""
 
 from __future__ import annotations
@@ -10,9 +10,13 @@ import sys
 from collections import Counter, defaultdict
 from typing import Any
 
+import pytest
+
 from analysis.step_model import EVERY, LAST, step_collectives
 from scaling.core.validate import validate
-from tests.compose import REPO, compose_point, workload_of
+from tests.helpers.compose import REPO, compose_point, workload_of
+
+pytestmark = pytest.mark.torchrun  # its points run on torchrun ranks (the session's point store)
 
 DP = 2
 CASES = [
@@ -74,7 +78,7 @@ def test_each_step_issues_what_the_step_model_lists(tmp_path):
             "--standalone",
             f"--nproc-per-node={DP}",
             "-m",
-            "tests.collective_counts",
+            "tests.helpers.collective_counts",
             str(cases),
             str(counted),
         ],

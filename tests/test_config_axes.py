@@ -9,13 +9,13 @@ import sys
 import textwrap
 
 import pytest
-from records import make_record, write_sweep
 
 from analysis.collect import COLUMNS, CONFIG_AXES, collect
 from analysis.dp_scaling import GROUP_KEYS, scaling_table
 from analysis.heatmaps import LAYOUT_AXES
 from scaling.core.schema import BATCH_SPLIT, EXPERIMENT_GROUPS, ExperimentConfig, config_fields
 from scaling.store.record import job_key
+from tests.helpers.records import make_record, write_sweep
 
 FIELDS = config_fields()
 
@@ -53,6 +53,7 @@ def test_every_field_changes_the_job_key(field):
     assert job_key(cfg) != before
 
 
+@pytest.mark.subprocess
 def test_a_field_added_to_the_schema_is_an_axis_everywhere():
     """A new train field, added the way a maintainer adds one (a dataclass field with a docstring), before the
     analysis is imported: it is a column, a heatmap axis and a DP-scaling group key without another edit."""

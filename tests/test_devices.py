@@ -136,6 +136,7 @@ def test_points_inside_one_slurm_allocation_lease_disjoint_gpus(slurm_cluster, t
     assert a["locks"] == b["locks"] and "/slurm-" in a["locks"]
 
 
+@pytest.mark.subprocess
 def test_concurrent_leases_get_disjoint_slots_and_a_third_waits(tmp_path, lock_env):
     a = start_holder(tmp_path / "a", 2, 4, lock_env)
     b = start_holder(tmp_path / "b", 2, 4, lock_env)
@@ -154,6 +155,7 @@ def test_concurrent_leases_get_disjoint_slots_and_a_third_waits(tmp_path, lock_e
     assert done["c"]["got"] in (done["a"]["got"], done["b"]["got"])
 
 
+@pytest.mark.subprocess
 def test_a_killed_holder_releases_its_slots(tmp_path, lock_env):
     holder = start_holder(tmp_path / "h", 4, 4, lock_env)
     wait_for(tmp_path / "h.acquired")
@@ -180,6 +182,7 @@ def run_sweep(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Com
     )
 
 
+@pytest.mark.subprocess
 def test_parallel_launcher_runs_jobs_at_once_but_cpu_launches_one_at_a_time(tmp_path, lock_env):
     sweep_dir = tmp_path / "runs"
     out = run_sweep(
@@ -206,6 +209,7 @@ def test_parallel_launcher_runs_jobs_at_once_but_cpu_launches_one_at_a_time(tmp_
     assert out.stdout.strip().splitlines()[-1].startswith("sweep adhoc: 2 points: 2 ok")
 
 
+@pytest.mark.subprocess
 def test_killing_a_parallel_sweep_leaves_no_point_running(tmp_path, lock_env):
     sweep_dir = tmp_path / "killed"
     driver = subprocess.Popen(

@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from records import grid_records, write_sweep
+
+from tests.helpers.cli import scaling
+from tests.helpers.records import grid_records, write_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -79,6 +79,7 @@ def test_the_pages_hold_the_commands_a_reader_runs():
     ]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(("page", "command", "salloc", "cwd"), COMMANDS, ids=[f"{p}: {c}" for p, c, _, _ in COMMANDS])
 def test_each_command_runs_from_a_fresh_directory(tmp_path: Path, page: str, command: str, salloc: bool, cwd: str):
     if cwd:
@@ -96,9 +97,7 @@ def test_each_command_runs_from_a_fresh_directory(tmp_path: Path, page: str, com
             ["hydra.sweeper.dry_run=true", "-m"] if "-m" in argv else ["--cfg", "job"]
         )
     argv += DRY_RUN.get(sub, [])
-    out = subprocess.run(
-        [sys.executable, "-m", "scaling", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=180
-    )
+    out = scaling(*argv, cwd=tmp_path, timeout=180)
     if salloc:
         assert out.returncode == 2 and "inside a SLURM allocation" in out.stderr, out.stdout + out.stderr
         return

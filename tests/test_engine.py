@@ -8,15 +8,17 @@ import pytest
 
 from scaling.job.run import run_point
 from scaling.store.record import RESULT_FILE, job_key
-from tests.compose import compose_point
-from tests.points import CLIP, FRESH, point
-from tests.processes import processes_mentioning
+from tests.helpers.compose import compose_point
+from tests.helpers.points import CLIP, FRESH, point
+from tests.helpers.processes import processes_mentioning
 from tests.test_validate import INVALID
+
+pytestmark = pytest.mark.torchrun  # its points run on torchrun ranks (the session's point store)
 
 
 @pytest.fixture
 def sweep_dir(point_store):
-    """The session's store of real points (tests/points.py): the DP-split points serve several tests."""
+    """The session's store of real points (tests/helpers/points.py): the DP-split points serve several tests."""
     return point_store
 
 

@@ -11,10 +11,13 @@ from scaling.engine import kernels
 from scaling.engine.device import PROFILE_TOLERANCE, profile_note, rank_cores
 from scaling.engine.memtrack import ResidentMemory
 from scaling.engine.model_config import ModelArgs, param_count
-from scaling.predictor.analytic import _Shapes, predict_config, zero1_worst_rank
+from scaling.predictor.analytic import predict_config
+from scaling.predictor.model_state import Shapes, zero1_worst_rank
 from scaling.predictor.prescreen import capacity_bytes
-from tests.compose import compose_point
-from tests.points import CLIP, FRESH, point
+from tests.helpers.compose import compose_point
+from tests.helpers.points import CLIP, FRESH, point
+
+pytestmark = pytest.mark.torchrun  # its points run on torchrun ranks (the session's point store)
 
 MIB = 2**20
 # 142M parameters (570 MB in fp32) in many tensors of at most 16 MB: ZeRO-3 over 2 ranks must never
@@ -36,7 +39,7 @@ FAT = [
 
 @pytest.fixture
 def sweep_dir(point_store):
-    """The session's store of real points (tests/points.py): test_engine.py's DP-split points serve here too."""
+    """The session's store of real points (tests/helpers/points.py): test_engine.py's DP-split points serve here too."""
     return point_store
 
 
@@ -94,7 +97,7 @@ def test_zero1_worst_rank_is_predicted_from_torchs_partition(sweep_dir):
     assert rec["status"] == "ok", rec["error"]
     measured = rec["metrics"]["optimizer_state_bytes_per_rank"]
     args = ModelArgs.from_dict(rec["config"]["model"])
-    shapes = _Shapes(
+    shapes = Shapes(
         args.n_layers,
         args.hidden,
         args.n_kv_heads * args.head_dim,

@@ -11,7 +11,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch.distributed as dist
-from synthetic_dp import LLAMA_1B, TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
 
 from analysis.bands import extrapolate
 from analysis.dp_fit import (
@@ -58,6 +57,7 @@ from scaling.store.network import (
     published_estimate,
     ring_cost,
 )
+from tests.helpers.synthetic_dp import LLAMA_1B, TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
 
 NET = Network({INTRA: AlphaBeta(2e-6, 100e9), INTER: AlphaBeta(10e-6, 10e9)}, 4)
 SMALL = ModelConfig(name="small", n_layers=2, hidden=256, n_heads=4, n_kv_heads=2, ffn_hidden=512, vocab_size=1024)

@@ -55,6 +55,7 @@ def toy_multirun(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess
     ("choice", "extra"),
     [("hydra/launcher=scaling_slurm", "slurm"), ("hydra/sweeper=scaling_optuna", "search")],
 )
+@pytest.mark.subprocess
 def test_selecting_a_plugin_without_its_extra_names_the_extra(tmp_path: Path, choice: str, extra: str) -> None:
     done = toy_multirun(tmp_path, choice)
     assert done.returncode != 0, done.stdout[-2000:]
@@ -62,6 +63,7 @@ def test_selecting_a_plugin_without_its_extra_names_the_extra(tmp_path: Path, ch
     assert "Error importing" not in done.stderr, done.stderr[-3000:]
 
 
+@pytest.mark.subprocess
 def test_a_sweep_without_the_extras_runs_and_the_plugin_scan_is_quiet(tmp_path: Path) -> None:
     done = toy_multirun(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -92,6 +92,7 @@ def test_bad_precision_and_unmeasurable_device_are_rejected():
         flops.resolve_peak_flops({"peak_tflops_bf16": None}, "bf16", threads=1, device="cuda")
 
 
+@pytest.mark.slow
 def test_cpu_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALING_CACHE_DIR", str(tmp_path))
     cpu = load("hardware", "cpu")

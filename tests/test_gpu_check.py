@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-from tests.compose import REPO
+from tests.helpers.compose import REPO
 
 
+@pytest.mark.subprocess
 def test_gpu_check_without_cuda_says_so_and_fails(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

@@ -29,7 +29,7 @@ from scaling.sweep.grid import (
     wall_estimate_s,
 )
 from scaling.sweep.progress import count_grid
-from tests.compose import REPO, compose_point
+from tests.helpers.compose import REPO, compose_point
 
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
 
@@ -67,6 +67,7 @@ def covering(points: list[list[str]], groups: frozenset[str]) -> list[list[str]]
     return chosen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sweep_file", SWEEP_FILES, ids=lambda p: p.stem)
 def test_keys_equal_a_full_composition(sweep_file):
     """Of every sweep file, the points that show each axis value under each group choice (a full composition
@@ -107,6 +108,7 @@ def write_grid(tmp_path: Path) -> Path:
     return tmp_path / "grid.yaml"
 
 
+@pytest.mark.slow
 def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
     write_grid(tmp_path)
     with sweep_file_grid(tmp_path / "grid.yaml", ["++train.steps=2", "parallel.zero_stage=1,3"]) as (points, configs):
@@ -135,6 +137,7 @@ def assert_jobs_composed_as_hydra(points: list[list[str]], configs) -> None:
         assert job.hydra.job.override_dirname == hydras.hydra.job.override_dirname != ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sweep_file", SWEEP_FILES, ids=lambda p: p.stem)
 def test_the_jobs_of_a_sweep_file_get_the_config_hydra_composes(sweep_file):
     """What the grid sweeper hands Hydra's basic launcher (`PointConfigs.job_config`) for the points that show each

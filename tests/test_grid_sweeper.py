@@ -10,12 +10,12 @@ import logging
 import os
 import re
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from scaling.cli.predict import main as predict_main
 from scaling.core.enums import Status
@@ -26,7 +26,8 @@ from scaling.store.record import (
     experiment_config,
     job_key,
 )
-from tests.compose import REPO, compose_point
+from tests.helpers.cli import scaling
+from tests.helpers.compose import REPO, compose_point
 
 POINT = ["logger=none", "model=tiny", "train.seq_len=32", "train.warmup_steps=0", "train.steps=1"]
 ZEROS, MBSS = (0, 1, 5, 6), (1, 2, 3, 4, 5)
@@ -43,17 +44,6 @@ SEEDED = {  # (zero_stage, mbs) -> status of a record already in the store; zero
     (6, 1): Status.PREDICTED_OOM,
 }
 PROGRESS = re.compile(r"^\[(\d+)/20\] ([0-9a-f]{12}) (\w+) ")
-
-
-def scaling(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "scaling", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=400,
-    )
 
 
 def seed(sweep_dir: Path) -> dict[tuple[int, int], str]:
@@ -85,6 +75,7 @@ def launched(out: str) -> list[str]:
     return [line.split()[1] for line in out.splitlines() if line.startswith("[scaling] ")]
 
 
+@pytest.mark.subprocess
 def test_resume_runs_exactly_the_missing_points_and_counts_the_rest(tmp_path):
     sweep_dir = tmp_path / "runs"
     keys = seed(sweep_dir)
@@ -176,6 +167,7 @@ def launch_in_process(master: Any, points: list[list[str]], compose_once: bool) 
     return seen, sweep.configs
 
 
+@pytest.mark.slow
 def test_hydras_basic_launcher_runs_every_job_on_the_grids_compositions(tmp_path):
     """The jobs of the grid sweeper's basic launcher get the config (hydra node included: task overrides,
     override_dirname, choices, output_dir) that Hydra's own composition of each job gives (`compose_once=false`),
@@ -197,6 +189,7 @@ def test_hydras_basic_launcher_runs_every_job_on_the_grids_compositions(tmp_path
     assert [hydra["job"]["num"] for _, hydra in composed_once] == list(range(len(picked)))
 
 
+@pytest.mark.subprocess
 def test_sweep_dry_run_forecasts_as_predict_sweep_does_and_writes_nothing(tmp_path, capsys):
     sweep_dir = tmp_path / "runs"
     dry = scaling("sweep", "dp_scaling", "--dry-run", f"sweep_dir={sweep_dir}")
@@ -206,6 +199,7 @@ def test_sweep_dry_run_forecasts_as_predict_sweep_does_and_writes_nothing(tmp_pa
     assert dry.stdout.splitlines()[-2].startswith("sweep dp_scaling: ") and not sweep_dir.exists()
 
 
+@pytest.mark.subprocess
 def test_bad_sweeper_and_launcher_settings_fail_before_any_point(tmp_path):
     for setting, message in [
         ("hydra.sweeper.max_batch_size=0", "hydra.sweeper.max_batch_size=0 must be >= 1"),

@@ -46,6 +46,7 @@ def test_is_live_asks_slurm_for_slurm_jobs_and_this_host_for_its_processes(marke
     assert inflight.is_live(marker, states, socket.gethostname()) is live
 
 
+@pytest.mark.subprocess
 def test_a_dead_or_reused_pid_is_stale():
     host = socket.gethostname()
     done = subprocess.Popen(["true"])
@@ -57,6 +58,7 @@ def test_a_dead_or_reused_pid_is_stale():
     assert inflight.is_live({"host": host, "pid": me.pid, "pid_started_at": me.create_time() - 3600}, {}, host) is False
 
 
+@pytest.mark.subprocess
 def test_slurm_states_is_none_without_squeue(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert inflight.slurm_states(["12_4"]) is None

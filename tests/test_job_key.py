@@ -29,7 +29,7 @@ from scaling.store.record import (
     job_key,
     read_record,
 )
-from tests.compose import compose_point
+from tests.helpers.compose import compose_point
 
 GOLDEN = {
     "054b0b1e21f8": (),

@@ -68,12 +68,14 @@ def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.subprocess
 def test_the_tree_keeps_every_import_contract() -> None:
     out = lint_imports(REPO)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert " 0 broken" in out.stdout
 
 
+@pytest.mark.subprocess
 def test_an_import_across_each_contract_breaks_it(tmp_path: Path) -> None:
     """A copy of the packages with one forbidden import per contract: every contract is reported broken, by name,
     with the import that breaks it."""
@@ -90,6 +92,7 @@ def test_an_import_across_each_contract_breaks_it(tmp_path: Path) -> None:
     assert "0 kept" in text and " KEPT" not in text
 
 
+@pytest.mark.subprocess
 def test_engine_imports_with_the_driver_libraries_unimportable() -> None:
     """Import every module of scaling.engine and of scaling.core (below it) in a fresh interpreter where the driver's
     libraries cannot be found."""
@@ -125,6 +128,7 @@ def test_engine_imports_with_the_driver_libraries_unimportable() -> None:
     } <= imported
 
 
+@pytest.mark.subprocess
 def test_the_boundary_check_catches_a_driver_import() -> None:
     """The same blocker makes an import of a driver library fail, so the check above can fail."""
     script = textwrap.dedent(f"""
@@ -144,6 +148,7 @@ def test_the_boundary_check_catches_a_driver_import() -> None:
     ("module", "loads_torch"),
     [("scaling.cli.status", False), ("scaling.cli.report", False), ("scaling.engine.model", True)],
 )
+@pytest.mark.subprocess
 def test_status_and_report_load_no_torch(module: str, loads_torch: bool) -> None:
     """`scaling status` and `scaling report` read records: importing their commands in a fresh interpreter loads
     no torch (the engine's model, which does, shows the probe sees it)."""

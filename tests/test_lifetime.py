@@ -16,7 +16,7 @@ from typing import Sequence
 import pytest
 
 from scaling.engine.lifetime import GATE_ENV, GATE_PHASES
-from tests.processes import processes_mentioning
+from tests.helpers.processes import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
 DP = 2
@@ -44,6 +44,7 @@ def _left_after(sweep_dir: Path, settle_s: float = 10.0) -> list[str]:
     return [" ".join(p.info["cmdline"] or [])[:120] for p in left]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("moment", MOMENTS)
 def test_killing_the_driver_at_any_phase_of_start_up_leaves_no_process(tmp_path, moment):
     sweep_dir, gates = tmp_path / "sweep", tmp_path / "gates"

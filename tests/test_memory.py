@@ -8,15 +8,12 @@ import torch
 from scaling.core.units import GIB
 from scaling.engine.model_config import ModelArgs, param_count
 from scaling.predictor import analytic as memory
-from scaling.predictor.analytic import (
-    PLAYBOOK_FP32,
-    PLAYBOOK_MIXED,
-    analytic_peak,
-    model_state_bytes,
-)
+from scaling.predictor import model_state
+from scaling.predictor.analytic import analytic_peak
+from scaling.predictor.model_state import PLAYBOOK_FP32, PLAYBOOK_MIXED, model_state_bytes
 from scaling.predictor.prescreen import predicted_oom, prescreen
 from scaling.predictor.trace import trace_peak
-from tests.compose import REPO, compose_point
+from tests.helpers.compose import REPO, compose_point
 
 PSI = 8_030_261_248  # llama_8b
 
@@ -49,9 +46,9 @@ def test_analytic_state_is_this_code_bases_accounting(precision):
         b = analytic_peak(model, 64, 2, dp, stage, precision, grad_acc=4)  # accumulation adds into the buckets
         assert b.params_bytes == fp32(stage).params_bytes == 4 * psi
         assert b.grads_bytes == fp32(stage).grads_bytes == 4 * psi
-        numel, tensors = (psi, n_tensors) if stage == 0 else memory.zero1_worst_rank(_shapes(args), dp)
+        numel, tensors = (psi, n_tensors) if stage == 0 else model_state.zero1_worst_rank(_shapes(args), dp)
         assert b.optimizer_bytes == 8 * numel + 4 * tensors
-    assert fp32(1).optimizer_bytes < 8 * memory.zero1_worst_rank(_shapes(args), dp)[0]  # whole tensors: never Ψ/dp
+    assert fp32(1).optimizer_bytes < 8 * model_state.zero1_worst_rank(_shapes(args), dp)[0]  # whole tensors: never Ψ/dp
     compute = 2 if precision == "bf16" else 4
     root = 2 * args.vocab_size * args.hidden + args.hidden  # embedding, output projection, final norm
     for stage in (2, 3):  # small's shapes divide by dp=4: no padding
@@ -64,8 +61,8 @@ def test_analytic_state_is_this_code_bases_accounting(precision):
             assert unsharded == compute * root
 
 
-def _shapes(args: ModelArgs, seq_len: int = 64, mbs: int = 1) -> memory._Shapes:
-    return memory._Shapes(
+def _shapes(args: ModelArgs, seq_len: int = 64, mbs: int = 1) -> model_state.Shapes:
+    return model_state.Shapes(
         args.n_layers,
         args.hidden,
         args.n_kv_heads * args.head_dim,
@@ -82,12 +79,13 @@ def _shapes(args: ModelArgs, seq_len: int = 64, mbs: int = 1) -> memory._Shapes:
 def test_zero1_partition_is_torchs_greedy_whole_tensor_partition():
     """llama_8b at dp=64: the embedding (525M elements) alone sits on one rank, 4.2x a fair share of Ψ/64."""
     args = ModelArgs.from_dict(compose_point(["model=llama_8b"])["model"])
-    numel, tensors = memory.zero1_worst_rank(_shapes(args), 64)
+    numel, tensors = model_state.zero1_worst_rank(_shapes(args), 64)
     assert numel == args.vocab_size * args.hidden and tensors == 1
     assert 8 * numel / 1e9 == pytest.approx(4.2, abs=0.05)  # GB of AdamW m and v on the worst rank
     assert numel / (PSI / 64) == pytest.approx(4.19, abs=0.01)
 
 
+@pytest.mark.slow
 def test_analytic_is_close_to_traced_on_small_points():
     """The traced step is exact for the tracker; the analytic model is its arithmetic summary."""
     cases = [
@@ -127,7 +125,7 @@ def test_rms_norm_keeps_on_cpu_what_the_analytic_model_takes_off_on_cuda(dtype):
     weight = norm.weight.untyped_storage()
     composite = sum(saved.values()) - saved.pop(weight.data_ptr())  # the weight is held by the model either way
     fused = x.untyped_storage().nbytes() + 4 * rows  # the input and the fp32 rstd
-    shapes = memory._Shapes(1, h, h, h, 1, h, 8, False, rows, 1)
+    shapes = model_state.Shapes(1, h, h, h, 1, h, 8, False, rows, 1)
     assert composite - fused == memory._norm_saved_on_cpu_only(shapes, dtype == torch.bfloat16, fsdp=True)
 
 
@@ -279,4 +277,4 @@ def test_adamw_scratch_is_what_single_tensor_adamw_holds(numels):
         opt.step()
     peak = max(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
     state = 4 * 4 * sum(numels) + 4 * len(numels)  # weights, gradients, m, v; a step per tensor
-    assert peak == state + 4 * memory.adamw_scratch(numels), (peak, state)
+    assert peak == state + 4 * model_state.adamw_scratch(numels), (peak, state)

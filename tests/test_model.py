@@ -152,6 +152,7 @@ def _sharded_init_rank(rank: int, world_size: int, store_path: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_fsdp2_sharded_init_equals_unsharded_init():
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_sharded_init_rank, args=(2, str(Path(tmp) / "store")), nprocs=2)

@@ -194,6 +194,7 @@ def test_world_sizes_of_the_benchmark(dp, dpn, sizes):
     assert world_sizes(dp, dpn) == sizes
 
 
+@pytest.mark.torchrun
 def test_scaling_collectives_measures_through_torchrun_into_the_sweep_dir(tmp_path, capsys):
     """The real command: 2 ranks over gloo, JSON back in the job directory, the profile fitted and written;
     a second measurement keeps the first."""

@@ -10,11 +10,13 @@ import nbformat
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
-from records import grid_records, write_sweep
+
+from tests.helpers.records import grid_records, write_sweep
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "analysis" / "notebooks" / "explore.ipynb"
 
 
+@pytest.mark.subprocess
 def test_notebook_executes_and_shows_heatmaps_and_dp_curve(tmp_path, monkeypatch):
     spec = KernelSpecManager().get_kernel_spec("python3")
     if spec.argv[0] not in {"python", "python3", sys.executable}:

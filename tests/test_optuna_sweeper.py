@@ -36,7 +36,7 @@ from hydra_plugins.scaling_optuna_sweeper._study import (
 )
 from scaling.engine.lifetime import GATE_ENV
 from scaling.store.record import job_key, read_record
-from tests.compose import compose_point
+from tests.helpers.compose import compose_point
 
 REPO = Path(__file__).resolve().parents[1]
 TOY_APP = REPO / "tests" / "toy_app" / "toy_app.py"
@@ -198,6 +198,7 @@ def tpe_search(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return sweep_dir, stdout
 
 
+@pytest.mark.subprocess
 def test_toy_search_writes_best_yaml_that_reproduces(tpe_search: tuple[Path, str], tmp_path: Path) -> None:
     sweep_dir, stdout = tpe_search
     best = yaml.safe_load((sweep_dir / "best.yaml").read_text())
@@ -223,6 +224,7 @@ def test_toy_search_writes_best_yaml_that_reproduces(tpe_search: tuple[Path, str
     )
 
 
+@pytest.mark.subprocess
 def test_oom_trials_are_stored_infeasible(tpe_search: tuple[Path, str]) -> None:
     study = load_study(tpe_search[0])
     ooms = [t for t in study.trials if t.params["mbs"] > 4]
@@ -236,6 +238,7 @@ def test_oom_trials_are_stored_infeasible(tpe_search: tuple[Path, str]) -> None:
     assert study.best_trial.params["mbs"] <= 4
 
 
+@pytest.mark.subprocess
 def test_journal_opens_in_optuna_dashboard(tpe_search: tuple[Path, str]) -> None:
     import optuna_dashboard
 
@@ -256,6 +259,7 @@ def test_journal_opens_in_optuna_dashboard(tpe_search: tuple[Path, str]) -> None
     assert len(detail["trials"]) == 12 and detail["objective_names"] == ["metrics.score"]
 
 
+@pytest.mark.subprocess
 def test_readme_opens_the_study_in_pandas(tpe_search: tuple[Path, str]) -> None:
     """docs/search.md's recipe, run on a finished search: one row per trial with the record's status."""
     sweep_dir = tpe_search[0]
@@ -272,6 +276,7 @@ def test_readme_opens_the_study_in_pandas(tpe_search: tuple[Path, str]) -> None:
     assert set(trials["user_attrs_status"]) == {"ok", "oom"}
 
 
+@pytest.mark.subprocess
 def test_failures_are_tolerated_up_to_max_failure_rate(tmp_path: Path) -> None:
     toy_sweep(tmp_path / "tolerant", "x=0.3", "kind=a,b", "mbs=1,2", "fail_kind=b", "hydra.sweeper.n_trials=6")
     study = load_study(tmp_path / "tolerant")
@@ -290,6 +295,7 @@ def test_failures_are_tolerated_up_to_max_failure_rate(tmp_path: Path) -> None:
     assert "1 of 1 trials failed (100%), above hydra.sweeper.max_failure_rate=0.5" in err
 
 
+@pytest.mark.subprocess
 def test_patience_stops_and_repeated_points_are_not_run_again(tmp_path: Path) -> None:
     stdout = toy_sweep(
         tmp_path,
@@ -306,6 +312,7 @@ def test_patience_stops_and_repeated_points_are_not_run_again(tmp_path: Path) ->
     assert [t.user_attrs.get("answered_from") for t in study.trials] == [None, "trial 0", "trial 0", "trial 0"]
 
 
+@pytest.mark.subprocess
 def test_patience_with_a_noise_band_stops_when_nothing_beats_the_first_point_beyond_it(tmp_path: Path) -> None:
     # scores 1.1 ... 1.6 (mbs 1 ... 6): within a ±20% band of one another, so no trial moves the best
     stdout = toy_sweep(
@@ -327,6 +334,7 @@ def test_patience_with_a_noise_band_stops_when_nothing_beats_the_first_point_bey
     assert "hydra.sweeper.noise_band=1.5 must be a fraction in [0, 1)" in err
 
 
+@pytest.mark.subprocess
 def test_grid_sampler_visits_each_point_once(tmp_path: Path) -> None:
     stdout = toy_sweep(
         tmp_path,
@@ -343,6 +351,7 @@ def test_grid_sampler_visits_each_point_once(tmp_path: Path) -> None:
     assert "the grid sampler visited every point" in stdout
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("sampler", ["tpe", "random"])
 def test_tpe_and_random_propose_untried_points_until_the_space_is_used_up(tmp_path: Path, sampler: str) -> None:
     toy_sweep(
@@ -399,6 +408,7 @@ def test_untried_first_knows_a_float_step_point_however_optuna_rounds_it() -> No
     assert len({(round(t.params["lr"], 9), t.params["b"]) for t in study.trials}) == 8
 
 
+@pytest.mark.subprocess
 def test_two_objectives_give_a_feasible_pareto_front_in_sqlite(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'study.db'}"
     toy_sweep(
@@ -423,6 +433,7 @@ def test_two_objectives_give_a_feasible_pareto_front_in_sqlite(tmp_path: Path) -
         assert not any(t.values[0] > score and t.values[1] < mem for t in ok)  # nothing dominates it
 
 
+@pytest.mark.subprocess
 def test_cmaes_sampler_runs(tmp_path: Path) -> None:
     pytest.importorskip("cmaes")
     toy_sweep(
@@ -437,6 +448,7 @@ def test_cmaes_sampler_runs(tmp_path: Path) -> None:
     assert yaml.safe_load((tmp_path / "best.yaml").read_text())["best"]["status"] == "ok"
 
 
+@pytest.mark.subprocess
 def test_sigkilled_search_resumes_without_repeating_finished_trials(tmp_path: Path) -> None:
     gates = tmp_path / "gates"
     gates.mkdir()
@@ -520,6 +532,7 @@ def engine_search(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return sweep_dir
 
 
+@pytest.mark.subprocess
 def test_engine_search_stores_oom_infeasible(engine_search: Path) -> None:
     trials = {t.params["train.mbs"]: t for t in load_study(engine_search).trials}
     assert sorted(trials) == [2, 64]
@@ -533,6 +546,7 @@ def test_engine_search_stores_oom_infeasible(engine_search: Path) -> None:
     assert "train.mbs=2" in record["provenance"]["overrides"]
 
 
+@pytest.mark.subprocess
 def test_engine_best_point_runs_with_scaling_run(engine_search: Path) -> None:
     """best.yaml's command names the best point itself: `scaling run` with its overrides is answered by the
     best point's record (a re-run of a best point is test_toy_search_writes_best_yaml_that_reproduces)."""
@@ -544,6 +558,7 @@ def test_engine_best_point_runs_with_scaling_run(engine_search: Path) -> None:
     assert f"[scaling] {best['job_key']} already recorded as ok: skipped" in stdout
 
 
+@pytest.mark.subprocess
 def test_recorded_points_are_answered_from_the_store(engine_search: Path) -> None:
     stdout = engine_sweep(engine_search, "hydra.sweeper.n_trials=2", "hydra.sweeper.study_name=replay")
     assert "Launching" not in stdout
@@ -553,6 +568,7 @@ def test_recorded_points_are_answered_from_the_store(engine_search: Path) -> Non
     assert sorted(t.user_attrs["status"] for t in replay) == ["ok", "oom"]
 
 
+@pytest.mark.subprocess
 def test_sweep_file_search_names_a_point_the_default_config_reproduces(tmp_path: Path) -> None:
     """sweeps/best_throughput.yaml for one (shrunk) trial; its winner, run from conf/config.yaml (no
     fixed batch, no memory cap), composes to the same job_key."""

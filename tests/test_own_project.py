@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from scaling.store.network import published
+from tests.helpers.cli import scaling
 
 OWN = Path(__file__).resolve().parent / "own_project"
 
@@ -23,30 +24,25 @@ def project(tmp_path):
     return tmp_path / "project"
 
 
-def scaling(project: Path, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "scaling", *args],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+def scaling_ok(project: Path, *args: str) -> str:
+    """`scaling ARGS` in the project directory, which must succeed; its output."""
+    done = scaling(*args, cwd=project, timeout=300)
     assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
     return done.stdout
 
 
+@pytest.mark.subprocess
 def test_a_project_runs_its_own_sweep_model_and_profiles(project, monkeypatch):
     store = project / "runs" / "mine"
-    out = scaling(project, "sweep", "sweeps/my_sweep.yaml", f"sweep_dir={store}")  # by path
+    out = scaling_ok(project, "sweep", "sweeps/my_sweep.yaml", f"sweep_dir={store}")  # by path
     assert "sweep my_sweep: 2 points: 2 ok" in out, out[-2000:]
     records = [json.loads(p.read_text()) for p in store.glob("*/result.json")]
     assert {r["config"]["model"]["name"] for r in records} == {"my_model"}
     assert {r["config"]["model"]["hidden"] for r in records} == {48}
     # by name from the project's sweeps/: the same points, answered by the store
-    assert "0 new" in scaling(project, "sweep", "my_sweep", "--dry-run", f"sweep_dir={store}")
+    assert "0 new" in scaling_ok(project, "sweep", "my_sweep", "--dry-run", f"sweep_dir={store}")
     predicted = json.loads(
-        scaling(
+        scaling_ok(
             project,
             "predict",
             "--json",
@@ -58,11 +54,12 @@ def test_a_project_runs_its_own_sweep_model_and_profiles(project, monkeypatch):
         )
     )
     assert predicted["capacity_bytes"] == int((40.0 - 1.5) * 2**30)  # the project's profile: memory_gb - reserve_gb
-    assert "report:" in scaling(project, "report", str(store))
+    assert "report:" in scaling_ok(project, "report", str(store))
     monkeypatch.chdir(project)  # what the report's extrapolation reads for hardware=my_gpu
     assert published("my_gpu")["inter_node"].alpha_s == (1.0e-5, 3.0e-5)
 
 
+@pytest.mark.subprocess
 def test_a_sweep_path_that_is_not_there_is_a_clear_error(project):
     done = subprocess.run(
         [sys.executable, "-m", "scaling", "sweep", "sweeps/nope.yaml"], cwd=project, capture_output=True, text=True

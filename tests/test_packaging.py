@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from setuptools import find_namespace_packages
 from setuptools.config.pyprojecttoml import read_configuration
 
@@ -28,6 +29,7 @@ def test_every_package_of_the_tree_is_listed_for_the_wheel():
     assert sorted(listed) == sorted({*code, *data} - {"tests"})
 
 
+@pytest.mark.subprocess
 def test_the_wheel_runs_from_an_empty_directory(tmp_path):
     """Build the wheel, install it beside the CPU torch into a clean virtual environment, and from an empty
     directory run a point, the demo's dry run, the report and the status: the configs come from the installed

@@ -7,8 +7,6 @@ loop, the direct search and find-mbs's confirmation together launch three real t
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -22,7 +20,8 @@ from scaling.predictor.trace import trace_peak
 from scaling.recipe.find_mbs import largest_true
 from scaling.store.record import RESULT_FILE, job_key
 from scaling.sweep.grid import format_duration
-from tests.compose import REPO, compose_point
+from tests.helpers.cli import scaling
+from tests.helpers.compose import compose_point
 
 POINT = [
     "model=tiny",
@@ -33,18 +32,6 @@ POINT = [
     "launch.reuse=true",
 ]
 """Warm ranks (launch.reuse): these tests are about what fits, not about start-up."""
-
-
-def scaling(*args) -> subprocess.CompletedProcess:
-    """The `scaling` command as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "scaling", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=600,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +49,7 @@ def point(store, capacity_gb, mbs, *extra):
     return compose_point([*POINT, f"train.mbs={mbs}", f"hardware.memory_gb={capacity_gb}", *extra], store)
 
 
+@pytest.mark.torchrun
 def test_prescreen_skips_exactly_the_points_predicted_not_to_fit(store, capacity_gb):
     launched = {}
     for mbs in (1, 3, 5, 12):
@@ -84,6 +72,7 @@ def test_prescreen_skips_exactly_the_points_predicted_not_to_fit(store, capacity
     )
 
 
+@pytest.mark.torchrun
 def test_a_sample_of_predicted_oom_points_runs_anyway_to_measure_the_prescreen(store, capacity_gb):
     """launch.prescreen_sample=1 launches what the pre-screen would skip; the record says it was a sample."""
     sampled = run_point(point(store, capacity_gb, 12, "launch.prescreen_sample=1.0"))
@@ -99,6 +88,7 @@ def test_a_sample_of_predicted_oom_points_runs_anyway_to_measure_the_prescreen(s
     assert 0.07 < share < 0.13 and [in_sample(k, 0.1) for k in keys] == [in_sample(k, 0.1) for k in keys]
 
 
+@pytest.mark.torchrun
 def test_find_mbs_returns_what_a_direct_search_finds(store, capacity_gb):
     direct = 0
     for mbs in range(1, 6):  # the Playbook's recipe: increase mbs until out of memory
@@ -108,7 +98,13 @@ def test_find_mbs_returns_what_a_direct_search_finds(store, capacity_gb):
             break
         direct = mbs
     out = scaling(
-        "find-mbs", "--json", "--max-mbs=16", *POINT, f"hardware.memory_gb={capacity_gb}", f"sweep_dir={store}"
+        "find-mbs",
+        "--json",
+        "--max-mbs=16",
+        *POINT,
+        f"hardware.memory_gb={capacity_gb}",
+        f"sweep_dir={store}",
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout[out.stdout.index("{") :])

@@ -1,6 +1,6 @@
 """`scaling recipe`'s decision on synthetic records from a known step model, and its refusals of bad input.
 
-The records are what a sweep would write of candidates whose true step times come from `tests.synthetic_dp`
+The records are what a sweep would write of candidates whose true step times come from `tests.helpers.synthetic_dp`
 truths (noise of 2% per step), measured at dp 1 and 8 as the recipe measures at dp 1 and at the devices of one
 node; the network is the truth's, as `scaling collectives` would measure it. The recommendation per GPU count must
 be the truly fastest candidate, or list it as a tie within the band.
@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of
 
 from analysis.recipe import Candidate, decide, max_useful_gpus, split
 from analysis.recipe_estimate import FromRecords
 from analysis.step_model import Workload
 from scaling.store.network import profile_estimate
+from tests.helpers.synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of
 
 SEQ = 4096
 NETWORK = h100_network()
@@ -181,6 +181,7 @@ def test_split_states_the_effective_batch_when_it_is_not_exact() -> None:
         (["--gbs-tokens", "4k", "--gpus", "1", "--zero", "5"], ["--zero", "'5'", "0, 1, 2, 3"]),
     ],
 )
+@pytest.mark.subprocess
 def test_bad_input_is_refused_before_any_launch(tmp_path, args: list[str], words: list[str]) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "scaling.cli.main", "recipe", "--sweep-dir", str(tmp_path / "r"), *args],
@@ -194,6 +195,7 @@ def test_bad_input_is_refused_before_any_launch(tmp_path, args: list[str], words
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("result.json"))
 
 
+@pytest.mark.subprocess
 def test_a_tiny_recipe_measures_once_and_answers_from_its_store(tmp_path) -> None:
     """From an empty directory: find-mbs runs, the points at dp 1 and 2 and the network measured; the second call
     launches nothing and answers the same."""
@@ -250,7 +252,7 @@ def test_the_network_is_timed_from_4_kib_up_to_the_largest_message_a_step_issues
     from scaling.core.schema import ModelConfig
     from scaling.recipe.measure import network_sizes
     from scaling.store.network import CPU_SIZES
-    from tests.compose import compose_point
+    from tests.helpers.compose import compose_point
 
     cfg = compose_point([f"model={model}", "train.seq_len=128"])
     assert network_sizes(ModelConfig(**cfg["model"]), cfg, [Candidate(0, "none", 4, "")], 64, 2) == list(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from records import make_record
 
 from scaling.core.enums import Status
 from scaling.engine.jobfiles import WorkerReport
@@ -19,6 +18,7 @@ from scaling.store.record import (
     Timing,
     ok_launches,
 )
+from tests.helpers.records import make_record
 
 WORKER_KEYS = [
     "warmup_steps_run",

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from matplotlib.image import imread
-from records import grid_records, write_sweep
 
 from analysis.report import write_report
+from tests.helpers.records import grid_records, write_sweep
 
 pytestmark = pytest.mark.browser
 

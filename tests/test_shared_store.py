@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-from records import make_record
 
 from scaling.core.files import current_umask
 from scaling.store.index import path_id, store_id, update_index
 from scaling.store.record import RESULT_FILE, SWEEP_INDEX, Record
 from scaling.store.wandb_runs import run_id
 from scaling.sweep.progress import SweepProgress
+from tests.helpers.records import make_record
 
 
 @contextlib.contextmanager
@@ -74,6 +74,7 @@ for i in range(n):
 """
 
 
+@pytest.mark.subprocess
 def test_two_drivers_updating_the_index_at_once_lose_no_entry(tmp_path):
     n = 150
     writers = [

@@ -195,7 +195,7 @@ def test_launcher_config_asks_for_what_the_point_needs(overrides, nodes, gpus, c
 @pytest.mark.slurm
 def test_one_node_cluster_runs_a_job_and_stops_without_leftovers(slurm_cluster):
     """A cluster of this host alone: a job runs; stopping it mid-job leaves no process and no state."""
-    from slurm_cluster import SlurmCluster, _pids_of
+    from tests.helpers.slurm_cluster import SlurmCluster, _pids_of
 
     cluster = SlurmCluster(nodes=1)
     cluster.start()
@@ -267,7 +267,7 @@ def _assert_allreduce_spanned_two_nodes(out: Path, cluster) -> None:
 
 _LAUNCH = (
     "import os, subprocess, sys; from scaling.launch.slurm import torchrun_here; "
-    "sys.exit(subprocess.run(torchrun_here('tests.slurm_allreduce', sys.argv[1:], 2, 1, os.environ, 'allreduce'))"
+    "sys.exit(subprocess.run(torchrun_here('tests.helpers.slurm_allreduce', sys.argv[1:], 2, 1, os.environ, 'allreduce'))"
     ".returncode)"
 )
 

@@ -18,7 +18,7 @@ import pytest
 
 from scaling.engine.jobfiles import RESULT_FILE
 from scaling.engine.lifetime import GATE_ENV
-from tests.compose import REPO
+from tests.helpers.compose import REPO
 
 STANDIN = REPO / "tests" / "standin_app" / "standin_app.py"
 

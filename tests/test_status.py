@@ -19,11 +19,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from records import make_record, write_sweep
 
 from scaling.engine.lifetime import GATE_ENV
 from scaling.sweep.status import render, summarize
-from tests.compose import REPO
+from tests.helpers.cli import scaling
+from tests.helpers.compose import REPO
+from tests.helpers.records import make_record, write_sweep
 
 STANDIN = REPO / "tests" / "standin_app" / "standin_app.py"
 
@@ -97,18 +98,6 @@ def test_summarize_without_a_grid_counts_every_record():
     assert "no grid" in lines[0] and not any("not in the current grid" in line for line in lines)
 
 
-def scaling(*args, **kw):
-    return subprocess.run(
-        [sys.executable, "-m", "scaling", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=400,
-        **kw,
-    )
-
-
 def status_json(sweep_dir) -> dict:
     """`scaling status --json`; {} before the sweep has written anything."""
     out = scaling("status", str(sweep_dir), "--json")
@@ -126,6 +115,7 @@ def wait_for(ready, timeout_s=120.0):
     pytest.fail("timed out")
 
 
+@pytest.mark.subprocess
 def test_status_counts_the_records_it_cannot_place_in_the_current_grid(tmp_path):
     """Records of an earlier grid (or an older schema's keys) are counted apart, in the text and the JSON alike."""
     grid, elsewhere = ["aaaaaaaaaaa1", "aaaaaaaaaaa2", "aaaaaaaaaaa3"], ["bbbbbbbbbbb1", "bbbbbbbbbbb2"]
@@ -140,6 +130,7 @@ def test_status_counts_the_records_it_cannot_place_in_the_current_grid(tmp_path)
     assert "  not in the current grid: 2 (records of another grid or key; `scaling report` reads them)" in text
 
 
+@pytest.mark.subprocess
 def test_status_states_the_device_time_the_records_held_and_its_share_in_timed_steps(tmp_path):
     """Each synthetic launch held dp devices for 12 s; an ok one spent 9 s timed and 1 s warming up."""
     old = make_record("ok", mbs=4)  # recorded before device time was kept
@@ -177,6 +168,7 @@ def proc_state(pid: int) -> str:
     return ", ".join(f"{k} {status.get(k, '?').strip()}" for k in fields) + f", waiting in {wchan or '-'}"
 
 
+@pytest.mark.subprocess
 def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
     """Stand-in points (tests/standin_app: the project's sweeper, callback and records, no torch); the second
     is held in flight at the test gate while `scaling status` looks from other processes, then the driver is

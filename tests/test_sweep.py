@@ -14,7 +14,8 @@ import pytest
 
 from scaling.job.run import run_point
 from scaling.store.record import iter_records
-from tests.compose import REPO, compose_point
+from tests.helpers.cli import scaling
+from tests.helpers.compose import REPO, compose_point
 
 STANDIN = REPO / "tests" / "standin_app" / "standin_app.py"
 
@@ -29,18 +30,6 @@ FAULT_CASES = {
     "invalid": {"parallel": {"zero_stage": 5}},
 }
 """One point per status; the stand-in records what a launch of it ends in (tests/standin_app)."""
-
-
-def scaling(args, cwd, **kw) -> subprocess.CompletedProcess:
-    """Run the `scaling` command as a user would."""
-    return subprocess.run(
-        [sys.executable, "-m", "scaling", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        **kw,
-    )
 
 
 def write_fault_sweep(root: Path) -> Path:
@@ -68,6 +57,7 @@ def write_fault_sweep(root: Path) -> Path:
     return root / "sweeps"
 
 
+@pytest.mark.subprocess
 def test_sweep_with_faults_records_every_point_and_counts(tmp_path):
     """Every status in one sweep (stand-in points: what is tested is the sweep's accounting; each status of a real
     launch is tested in test_engine.py, predicted_oom in test_predict_cli.py): the sweep goes on past each, prints
@@ -129,12 +119,13 @@ def test_sweep_with_faults_records_every_point_and_counts(tmp_path):
     assert len(list(iter_records(tmp_path / "runs"))) == 6
 
 
+@pytest.mark.subprocess
 def test_wandb_failure_never_fails_the_point(tmp_path):
     # Online mode with no API key and no network: wandb.init raises; the point must not care.
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env["HOME"] = str(tmp_path)  # no ~/.netrc credentials either
     out = scaling(
-        ["run", "logger=wandb", "logger.mode=online", *FAST, f"sweep_dir={tmp_path / 'x'}"],
+        *["run", "logger=wandb", "logger.mode=online", *FAST, f"sweep_dir={tmp_path / 'x'}"],
         cwd=tmp_path,
         timeout=300,
         env=env,
@@ -145,6 +136,7 @@ def test_wandb_failure_never_fails_the_point(tmp_path):
     assert [r["status"] for r in iter_records(tmp_path / "x")] == ["ok"]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("search", [False, True], ids=["grid", "optuna"])
 @pytest.mark.parametrize("override", ["hydra.sweep.dir", "sweep_dir"])
 def test_one_output_directory_whichever_is_overridden(override, search, tmp_path):
@@ -153,7 +145,7 @@ def test_one_output_directory_whichever_is_overridden(override, search, tmp_path
     grid = ["parallel.zero_stage=5,6"]  # rejected before launch: fast, and counted
     if search:
         grid += ["hydra/sweeper=scaling_optuna", "hydra.sweeper.sampler.name=grid", "hydra.sweeper.n_trials=2"]
-    out = scaling(["run", "-m", "logger=none", *grid, f"{override}={out_dir}"], cwd=tmp_path, timeout=300)
+    out = scaling(*["run", "-m", "logger=none", *grid, f"{override}={out_dir}"], cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert [r["status"] for r in iter_records(out_dir)] == ["invalid", "invalid"]
     assert (out_dir / "sweep.json").is_file()
@@ -162,13 +154,14 @@ def test_one_output_directory_whichever_is_overridden(override, search, tmp_path
         assert (out_dir / "optuna.journal").is_file() and (out_dir / "best.yaml").is_file()
     assert not (tmp_path / "runs").exists()
     if not search:  # the store is that folder: a re-run answers every point from it
-        again = scaling(["run", "-m", "logger=none", *grid, f"{override}={out_dir}"], cwd=tmp_path, timeout=300)
+        again = scaling(*["run", "-m", "logger=none", *grid, f"{override}={out_dir}"], cwd=tmp_path, timeout=300)
         assert "[2/2] 2 points already recorded (2 invalid): not launched again" in again.stdout, again.stdout[-2000:]
 
 
+@pytest.mark.subprocess
 def test_records_keep_the_hydra_job_and_overrides_that_made_them_and_count_attempts(tmp_path):
     grid = ["run", "-m", "logger=none", "parallel.zero_stage=5,6", "train.mbs=3", f"sweep_dir={tmp_path}"]
-    assert scaling(grid, cwd=tmp_path, timeout=300).returncode == 0
+    assert scaling(*grid, cwd=tmp_path, timeout=300).returncode == 0
     by_stage = {r["config"]["parallel"]["zero_stage"]: r["provenance"] for r in iter_records(tmp_path)}
     assert by_stage[5] == {
         "hydra_job_num": 0,
@@ -180,7 +173,7 @@ def test_records_keep_the_hydra_job_and_overrides_that_made_them_and_count_attem
     assert by_stage[6]["hydra_job_num"] == 1 and "parallel.zero_stage=6" in by_stage[6]["overrides"]
     # launch.rerun=all records a second attempt of each point; a single run has no job number
     scaling(
-        ["run", "logger=none", "parallel.zero_stage=6", "train.mbs=3", "launch.rerun=all", f"sweep_dir={tmp_path}"],
+        *["run", "logger=none", "parallel.zero_stage=6", "train.mbs=3", "launch.rerun=all", f"sweep_dir={tmp_path}"],
         cwd=tmp_path,
         timeout=300,
     )
@@ -188,6 +181,7 @@ def test_records_keep_the_hydra_job_and_overrides_that_made_them_and_count_attem
     assert (by_stage[6]["attempt"], by_stage[6]["hydra_job_num"], by_stage[5]["attempt"]) == (2, None, 1)
 
 
+@pytest.mark.torchrun
 def test_repeats_are_fresh_launches_kept_in_one_record_and_resume_launches_only_the_missing(tmp_path, capsys):
     sweep_dir = tmp_path / "rep"
 

@@ -11,7 +11,7 @@ import pytest
 
 from scaling.cli.predict import main as predict_main
 from scaling.store.record import iter_records
-from tests.compose import REPO
+from tests.helpers.compose import REPO
 
 GRIDS = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml") if "scaling_optuna" not in p.read_text())
 ONE_CPU_POINT = [
@@ -35,6 +35,7 @@ def test_grid_sweeps_are_found():
     assert {"demo", "dp_scaling", "playbook_grid"} <= set(GRIDS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GRIDS)
 def test_every_point_of_the_grid_composes_and_validates(name, capsys):
     assert predict_main(["--sweep", name]) == 0
@@ -42,6 +43,7 @@ def test_every_point_of_the_grid_composes_and_validates(name, capsys):
     assert " 0 invalid), " in out.splitlines()[-2], out[-2000:]  # the grid's summary line
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("name", GRIDS)
 def test_the_sweep_runs_one_cpu_point(name, tmp_path):
     out = subprocess.run(

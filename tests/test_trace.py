@@ -17,8 +17,10 @@ from scaling.engine.model_config import ModelArgs, param_count, param_shapes
 from scaling.job.run import run_point
 from scaling.predictor import analytic as memory
 from scaling.predictor.trace import TraceError, trace_peak
-from tests.compose import compose_point
-from tests.points import BASE
+from tests.helpers.compose import compose_point
+from tests.helpers.points import BASE
+
+pytestmark = pytest.mark.torchrun  # its points run on torchrun ranks (the session's point store)
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
@@ -89,7 +91,7 @@ def test_trace_leaves_the_environment_of_a_fresh_process_as_it_found_it():
     script = (
         "import json, os; before = dict(os.environ)\n"
         "from scaling.predictor.trace import trace_peak\n"
-        "from tests.compose import compose_point\n"
+        "from tests.helpers.compose import compose_point\n"
         "trace_peak(compose_point(['model=tiny', 'parallel.dp=2', 'parallel.zero_stage=1']))\n"
         "print(json.dumps(sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))))"
     )

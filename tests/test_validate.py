@@ -7,7 +7,7 @@ import pytest
 from scaling.cli.main import main as cli_main
 from scaling.core.batch import BatchError, derive_grad_acc, plan
 from scaling.core.validate import InvalidConfig, validate
-from tests.compose import compose_point
+from tests.helpers.compose import compose_point
 
 INVALID = [
     (["parallel.dp=3", "train.grad_acc=auto", "train.gbs=8", "train.mbs=2"], "try parallel.dp in {1, 2, 4}"),

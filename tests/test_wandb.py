@@ -11,28 +11,18 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from analysis.collect import collect, from_wandb_offline
 from scaling.job.wandb_log import init_kwargs, log_point
 from scaling.store.index import store_id
 from scaling.store.record import iter_records
 from scaling.store.wandb_runs import read_offline_run
-from tests.compose import compose_point
-from tests.records import make_record
+from tests.helpers.cli import scaling
+from tests.helpers.compose import compose_point
+from tests.helpers.records import make_record
 
 FAST = ["model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=2"]
-
-
-def scaling(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "scaling", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=400,
-    )
 
 
 def offline_runs(sweep_dir: Path) -> list[dict]:
@@ -64,6 +54,7 @@ def test_init_respects_wandb_dir_console_and_silent_and_is_quiet_otherwise(tmp_p
     assert init_kwargs(record, {**logger, "dir": "/l"}, store, {"WANDB_DIR": "/w"})["dir"] == "/l"
 
 
+@pytest.mark.subprocess
 def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_collect(tmp_path):
     sweep_dir = tmp_path / "wb"
     env = {**os.environ, "WANDB_SILENT": "true", "WANDB_PROJECT": "from-env"}
@@ -77,11 +68,11 @@ def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_col
         "sweep=wbtest",
         f"sweep_dir={sweep_dir}",
     ]
-    out = scaling(["run", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *grid], tmp_path, env)
+    out = scaling(*["run", "-m", "hydra/launcher=parallel", "hydra.launcher.n_jobs=2", *grid], cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     # a second attempt of one point (launch.rerun=all) is a second run; the first stays
     again = scaling(
-        [
+        *[
             "run",
             "logger=wandb",
             *FAST,
@@ -91,8 +82,8 @@ def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_col
             "sweep=wbtest",
             f"sweep_dir={sweep_dir}",
         ],
-        tmp_path,
-        env,
+        cwd=tmp_path,
+        env=env,
     )
     assert again.returncode == 0, again.stderr[-3000:]
 
@@ -132,7 +123,7 @@ def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_col
     pd.testing.assert_frame_equal(from_runs.drop(columns="wandb_run_id"), collect(sweep_dir))
 
     # docs/sweeps.md's recipe: the report run joins the same folder, and one `wandb sync` takes all of it.
-    report = scaling(["report", str(sweep_dir), "--wandb", "--jobs", "1"], tmp_path, env)
+    report = scaling(*["report", str(sweep_dir), "--wandb", "--jobs", "1"], cwd=tmp_path, env=env)
     assert report.returncode == 0, report.stderr[-2000:]
     folders = sorted(str(p) for p in (sweep_dir / "wandb").glob("offline-run-*"))
     dry = subprocess.run(

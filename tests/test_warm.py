@@ -20,9 +20,11 @@ import pytest
 from analysis.step_model import MODULE_GRADS, MODULE_PARAMS
 from scaling.launch import warm
 from scaling.store.record import RESULT_FILE
-from tests.compose import workload_of
-from tests.points import BASE, CLIP, FRESH, point
-from tests.processes import processes_mentioning
+from tests.helpers.compose import workload_of
+from tests.helpers.points import BASE, CLIP, FRESH, point
+from tests.helpers.processes import processes_mentioning
+
+pytestmark = pytest.mark.torchrun  # its points run on torchrun ranks (the session's point store)
 
 REPO = Path(__file__).resolve().parents[1]
 WARM = ["launch.reuse=true", "launch.reuse_idle_s=60"]

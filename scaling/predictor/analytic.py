@@ -1,12 +1,11 @@
 """Analytic memory prediction: peak bytes per rank of one training step, by arithmetic alone.
 
-Owns the model-state formulas of the Ultra-Scale Playbook (`model_state_bytes`), the per-rank
-breakdown of this project's training step (`analytic_peak`: parameters, gradients, optimizer
-states, activations of the Llama block, logits and loss buffers, communication buffers and
-temporaries), and the pre-screen that the Hydra job runs before launching (`prescreen`, with the one rule
-that records a point as predicted_oom instead of launching it: `predicted_oom`).
+Owns the per-rank breakdown of this project's training step (`analytic_peak`: parameters, gradients, optimizer
+states, activations of the Llama block, logits and loss buffers, communication buffers and temporaries) on the
+model-state arithmetic of scaling.predictor.model_state (the Playbook's formulas, shards, ZeRO-1's partition); the
+pre-screen that uses it lives in scaling.predictor.prescreen.
 
-What the step holds, per rank, in this code base (see scaling/parallel.py):
+What the step holds, per rank, in this code base (see scaling/engine/parallel.py):
 
 - ZeRO 0/1 (DDP, gradient_as_bucket_view): fp32 weights 4Ψ, fp32 gradient buckets 4Ψ (allocated
   once, whatever the precision), AdamW m and v 8Ψ (ZeRO-1: 8Ψ/dp) and one fp32 `step` per tensor.
@@ -33,67 +32,25 @@ which measures live bytes with the worker's own tracker.
 
 from __future__ import annotations
 
-import functools
-import heapq
-import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
-from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
-from scaling.engine.model_config import ModelArgs, param_count, param_shapes_of
+from scaling.core.enums import FsdpGradReduce, Precision, Recompute
+from scaling.engine.model_config import ModelArgs, param_count
+from scaling.predictor.model_state import (
+    BF16,
+    FP32,
+    Shapes,
+    model_order_scratch,
+    sharded_params,
+    zero1_step_state,
+    zero1_worst_rank,
+)
 
 ANALYTIC = "analytic"
 CALIBRATION_MODELS = ("tiny", "small")
 """The model presets whose traced steps the activation coefficients below were read off: the analytic
 model's agreement on them is in-sample (benchmarks/bench_predictor.py reports held-out shapes apart)."""
-FP32, BF16 = 4, 2
-
-
-@dataclass(frozen=True)
-class StateBytes:
-    """Bytes per parameter of the model state: the Playbook's Ψ coefficients."""
-
-    weights: int
-    """The compute copy of the weights (bf16: 2, fp32: 4)."""
-    grads: int
-    """Gradients (bf16: 2, fp32: 4)."""
-    k: int
-    """fp32 master weights and AdamW m, v (mixed precision: 4 + 8 = 12; fp32 training: 8, no master)."""
-
-
-PLAYBOOK_MIXED = StateBytes(weights=2, grads=2, k=12)
-PLAYBOOK_FP32 = StateBytes(weights=4, grads=4, k=8)
-
-
-@dataclass(frozen=True)
-class ModelState:
-    """Model-state bytes per rank."""
-
-    params_bytes: float
-    grads_bytes: float
-    optimizer_bytes: float
-
-    @property
-    def total_bytes(self) -> float:
-        """Sum of the three."""
-        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
-
-
-def model_state_bytes(n_params: int, zero_stage: int, dp: int, per_param: StateBytes = PLAYBOOK_MIXED) -> ModelState:
-    """The Playbook's per-rank model state: ZeRO-1 2Ψ + 2Ψ + kΨ/dp, ZeRO-2 2Ψ + (2Ψ + kΨ)/dp,
-    ZeRO-3 (4Ψ + kΨ)/dp (mixed precision; PLAYBOOK_FP32 gives the fp32 version)."""
-    if zero_stage not in tuple(ZeroStage):
-        raise ValueError(
-            f"parallel.zero_stage={zero_stage!r} is not valid: choose one of {', '.join(map(str, ZeroStage))}"
-        )
-    if dp < 1:
-        raise ValueError(f"parallel.dp={dp!r} must be a positive integer")
-    psi = float(n_params)
-    return ModelState(
-        params_bytes=per_param.weights * psi / (dp if zero_stage >= 3 else 1),
-        grads_bytes=per_param.grads * psi / (dp if zero_stage >= 2 else 1),
-        optimizer_bytes=per_param.k * psi / (dp if zero_stage >= 1 else 1),
-    )
 
 
 @dataclass(frozen=True)
@@ -131,119 +88,7 @@ class MemoryBreakdown:
         return {"method": ANALYTIC, "peak_mem_bytes": self.total_bytes, **asdict(self)}
 
 
-@dataclass(frozen=True)
-class _Shapes:
-    """Sizes of one point that the formulas use (t = mbs x seq_len tokens per micro-step)."""
-
-    L: int
-    h: int
-    kvd: int
-    f: int
-    nh: int
-    hd: int
-    V: int
-    tied: bool
-    T: int
-    mbs: int
-
-    @property
-    def t(self) -> int:
-        return self.mbs * self.T
-
-    @property
-    def block_matmul(self) -> int:
-        """Matmul weights of one block: 2h² + 2·h·kvd + 3·h·f."""
-        return 2 * self.h * self.h + 2 * self.h * self.kvd + 3 * self.h * self.f
-
-    @property
-    def block_params(self) -> int:
-        return self.block_matmul + 2 * self.h
-
-    @property
-    def root_params(self) -> int:
-        """Embedding, output projection unless tied, final norm: what FSDP2's root module holds."""
-        return self.V * self.h * (1 if self.tied else 2) + self.h
-
-    @property
-    def param_shapes(self) -> tuple[tuple[str, bool, int, int], ...]:
-        """The parameter tensors in model order (scaling.engine.model_config.param_shapes)."""
-        return param_shapes_of(self.L, self.h, self.kvd, self.f, self.V, self.tied)
-
-    @property
-    def n_tensors(self) -> int:
-        return len(self.param_shapes)
-
-
-def _shard(rows: int, cols: int, dp: int) -> int:
-    """Elements of one rank's FSDP2 shard of a (rows, cols) parameter: dim 0 padded to a multiple of dp."""
-    return math.ceil(rows / dp) * cols
-
-
-def _sharded_params(s: _Shapes, dp: int) -> tuple[int, int]:
-    """Elements per rank of one block's shards and of the root's shards."""
-    block = (
-        2 * _shard(s.h, s.h, dp)
-        + 2 * _shard(s.kvd, s.h, dp)
-        + 2 * _shard(s.f, s.h, dp)
-        + _shard(s.h, s.f, dp)
-        + 2 * _shard(s.h, 1, dp)
-    )
-    root = _shard(s.V, s.h, dp) * (1 if s.tied else 2) + _shard(s.h, 1, dp)
-    return block, root
-
-
-def zero1_worst_rank(s: _Shapes, dp: int) -> tuple[int, int]:
-    """(elements, tensors) of AdamW state on the busiest rank of ZeroRedundancyOptimizer's partition.
-
-    torch assigns whole parameters, largest first, each to the rank with the fewest elements so far, so
-    the embedding and the output projection land on a rank each: at large dp the worst rank holds far
-    more than Ψ/dp (llama_8b at dp=64: 525M elements, not 125M).
-    """
-    numels = max(_zero1_partition(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp), key=sum)
-    return sum(numels), len(numels)
-
-
-@functools.lru_cache(maxsize=4096)
-def _zero1_partition(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int) -> tuple[tuple[int, ...], ...]:
-    """Per rank, the elements of each tensor ZeroRedundancyOptimizer gives it, in the order its inner optimizer
-    steps them (largest first): the greedy partition of `zero1_worst_rank` (a sweep asks for few distinct ones)."""
-    ranks: list[list[int]] = [[] for _ in range(dp)]
-    heap = [(0, rank) for rank in range(dp)]  # (elements so far, rank): the least loaded, lowest rank first
-    for numel in sorted((rows * cols for _, _, rows, cols in param_shapes_of(L, h, kvd, f, V, tied)), reverse=True):
-        total, rank = heapq.heappop(heap)
-        ranks[rank].append(numel)
-        heapq.heappush(heap, (total + numel, rank))
-    return tuple(map(tuple, ranks))
-
-
-@functools.lru_cache(maxsize=4096)
-def _zero1_step_state(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int, fused: bool) -> int:
-    """Bytes of AdamW state and scratch while ZeroRedundancyOptimizer steps, on the rank where they are largest."""
-    return max(
-        2 * FP32 * sum(numels) + FP32 * len(numels) + (0 if fused else FP32 * adamw_scratch(numels))
-        for numels in _zero1_partition(L, h, kvd, f, V, tied, dp)
-    )
-
-
-@functools.lru_cache(maxsize=4096)
-def _model_order_scratch(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int) -> int:
-    """`adamw_scratch` of AdamW over the model's parameters (dp 1) or its FSDP2 shards (dp > 1), in model order."""
-    return adamw_scratch([_shard(rows, cols, dp) for _, _, rows, cols in param_shapes_of(L, h, kvd, f, V, tied)])
-
-
-def adamw_scratch(numels: Sequence[int]) -> int:
-    """Elements of single-tensor AdamW's scratch at its largest, over tensors stepped in this order: for tensor i,
-    the square root of its second moment and that root's quotient by the bias correction (2·numel_i), while the
-    previous tensor's denominator is still held by the loop variable it is about to replace (numel_{i-1}). Adjacent
-    large tensors (ZeroRedundancyOptimizer's largest-first order puts the embedding and the output projection
-    together) make it up to three times the largest tensor."""
-    worst, previous = 0, 0
-    for numel in numels:
-        worst, previous = max(worst, previous + 2 * numel), numel
-    return worst
-
-
-def _norm_saved_on_cpu_only(s: _Shapes, bf16: bool, fsdp: bool) -> int:
+def _norm_saved_on_cpu_only(s: Shapes, bf16: bool, fsdp: bool) -> int:
     """Bytes one RMSNorm saves for backward on CPU beyond what it saves on CUDA, per micro-step.
 
     `F.rms_norm` runs `aten._fused_rms_norm`. On CUDA that is one kernel, and its backward keeps only the input and
@@ -256,7 +101,7 @@ def _norm_saved_on_cpu_only(s: _Shapes, bf16: bool, fsdp: bool) -> int:
     return s.t * (6 if bf16 and fsdp else 4) * s.h
 
 
-def _block_activation_bytes(s: _Shapes, bf16: bool, fsdp: bool, fused_norm: bool = False) -> int:
+def _block_activation_bytes(s: Shapes, bf16: bool, fsdp: bool, fused_norm: bool = False) -> int:
     """Bytes one block saves for backward, without recomputation.
 
     Per token, fp32: 9 h-wide tensors (two RMSNorm outputs each with its normalised input, RoPE'd
@@ -290,7 +135,7 @@ class _Phase:
 
 
 def _phases(
-    s: _Shapes,
+    s: Shapes,
     dp: int,
     zero_stage: int,
     bf16: bool,
@@ -339,7 +184,7 @@ def _phases(
     if zero_stage == 3 and s.L > 1:
         # The next block down: the one above is reduced (its gradient shard out, its
         # reduce-scatter buffer not yet released) while the one below is prefetched (none below block 0).
-        block_sh, _ = _sharded_params(s, dp)
+        block_sh, _ = sharded_params(s, dp)
         phases["next_block_backward"] = _Phase(
             logits,
             temps=scratch,
@@ -351,7 +196,7 @@ def _phases(
 
 
 def _end_of_backward(
-    s: _Shapes,
+    s: Shapes,
     dp: int,
     zero_stage: int,
     bf16: bool,
@@ -380,7 +225,7 @@ def _end_of_backward(
     root's parameters only while they are gathered.
     """
     cu = BF16 if bf16 else FP32
-    block_sh, root_sh = _sharded_params(s, dp)
+    block_sh, root_sh = sharded_params(s, dp)
     root_padded, new_shards, vh = dp * root_sh, FP32 * s.L * block_sh, cu * s.V * s.h
     logits = cu * s.t * s.V
     gloo_copy = FP32 * root_padded if gloo and dp > 1 else 0
@@ -428,7 +273,7 @@ def analytic_peak(
         raise ValueError(f"train.precision={precision!r} is not valid: choose {' or '.join(Precision)}")
     if recompute not in tuple(Recompute):
         raise ValueError(f"train.recompute={recompute!r} is not valid: choose {' or '.join(Recompute)}")
-    s = _Shapes(
+    s = Shapes(
         a.n_layers,
         a.hidden,
         a.n_kv_heads * a.head_dim,
@@ -454,7 +299,7 @@ def analytic_peak(
         unsharded = 0
         step_grads = FP32 * psi
     else:
-        block_sh, root_sh = _sharded_params(s, dp)
+        block_sh, root_sh = sharded_params(s, dp)
         sharded = s.L * block_sh + root_sh
         params = FP32 * sharded
         # Accumulation: fp32 gradient shards from the first micro-step on (reduce-scatter every micro-step),
@@ -492,11 +337,11 @@ def analytic_peak(
     # steps its tensors; the activations are gone. ZeroRedundancyOptimizer: the rank whose states and scratch
     # are largest together.
     if zero_stage == 1:
-        step_state = _zero1_step_state(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp, fused_optimizer)
+        step_state = zero1_step_state(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp, fused_optimizer)
         scratch = step_state - optimizer  # the worst rank by elements is among them: never negative
     else:
         scratch = (
-            0 if fused_optimizer else FP32 * _model_order_scratch(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp if fsdp else 1)
+            0 if fused_optimizer else FP32 * model_order_scratch(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp if fsdp else 1)
         )
     if params + step_grads + optimizer + scratch + overhead > peak.total_bytes:
         peak = MemoryBreakdown(

@@ -371,3 +371,14 @@ def describe(profile: Profile) -> list[str]:
         f"{','.join(str(n) for n in ranks if tier_of(n, profile.devices_per_node) == tier)})"
         for tier, ab in profile.tiers.items()
     ]
+
+
+def read_profile(sweep_dir: Path) -> tuple[Optional[Profile], Optional[str]]:
+    """The sweep directory's measured network profile, or None and why it cannot be used (None: there is none)."""
+    path = sweep_dir / PROFILE_FILE
+    if not path.exists():
+        return None, None
+    try:
+        return load_profile(path), None
+    except (ValueError, KeyError, TypeError) as e:
+        return None, str(e)

@@ -1,6 +1,6 @@
 """A torchrun script for the engine tests: the collectives one optimizer step issues, per case, from torch's profiler.
 
-    python -m torch.distributed.run --standalone --nproc-per-node=2 -m tests.collective_counts IN.json OUT.json
+    python -m torch.distributed.run --standalone --nproc-per-node=2 -m tests.helpers.collective_counts IN.json OUT.json
 
 IN.json lists cases, each {"name": ..., "config": a resolved experiment config with its `derived` block}. For each,
 every rank builds the model with `parallelize`, runs two untimed steps (the first makes the optimizer states; DDP

@@ -12,7 +12,7 @@ from analysis.step_model import Workload
 from scaling.core.schema import CONF_DIR, ModelConfig
 from scaling.launch.resolvers import register_configs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def compose_point(overrides: Sequence[str] = (), sweep_dir: str | Path | None = None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from scaling.job.run import run_point
 from scaling.store.record import job_key
-from tests.compose import compose_point
+from tests.helpers.compose import compose_point
 
 BASE = [
     "logger=none",

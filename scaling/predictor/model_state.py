@@ -1,0 +1,175 @@
+"""The model state a rank holds, by arithmetic: the Playbook's per-rank formulas (`model_state_bytes`), the point's
+sizes (`Shapes`), FSDP2's dim-0 padded shards, ZeroRedundancyOptimizer's largest-first partition and single-tensor
+AdamW's scratch. The step's peak (scaling.predictor.analytic) builds on these."""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from scaling.core.enums import ZeroStage
+from scaling.engine.model_config import param_shapes_of
+
+FP32, BF16 = 4, 2
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of the model state: the Playbook's Ψ coefficients."""
+
+    weights: int
+    """The compute copy of the weights (bf16: 2, fp32: 4)."""
+    grads: int
+    """Gradients (bf16: 2, fp32: 4)."""
+    k: int
+    """fp32 master weights and AdamW m, v (mixed precision: 4 + 8 = 12; fp32 training: 8, no master)."""
+
+
+PLAYBOOK_MIXED = StateBytes(weights=2, grads=2, k=12)
+PLAYBOOK_FP32 = StateBytes(weights=4, grads=4, k=8)
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """Model-state bytes per rank."""
+
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of the three."""
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+def model_state_bytes(n_params: int, zero_stage: int, dp: int, per_param: StateBytes = PLAYBOOK_MIXED) -> ModelState:
+    """The Playbook's per-rank model state: ZeRO-1 2Ψ + 2Ψ + kΨ/dp, ZeRO-2 2Ψ + (2Ψ + kΨ)/dp,
+    ZeRO-3 (4Ψ + kΨ)/dp (mixed precision; PLAYBOOK_FP32 gives the fp32 version)."""
+    if zero_stage not in tuple(ZeroStage):
+        raise ValueError(
+            f"parallel.zero_stage={zero_stage!r} is not valid: choose one of {', '.join(map(str, ZeroStage))}"
+        )
+    if dp < 1:
+        raise ValueError(f"parallel.dp={dp!r} must be a positive integer")
+    psi = float(n_params)
+    return ModelState(
+        params_bytes=per_param.weights * psi / (dp if zero_stage >= 3 else 1),
+        grads_bytes=per_param.grads * psi / (dp if zero_stage >= 2 else 1),
+        optimizer_bytes=per_param.k * psi / (dp if zero_stage >= 1 else 1),
+    )
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Sizes of one point that the formulas use (t = mbs x seq_len tokens per micro-step)."""
+
+    L: int
+    h: int
+    kvd: int
+    f: int
+    nh: int
+    hd: int
+    V: int
+    tied: bool
+    T: int
+    mbs: int
+
+    @property
+    def t(self) -> int:
+        return self.mbs * self.T
+
+    @property
+    def block_matmul(self) -> int:
+        """Matmul weights of one block: 2h² + 2·h·kvd + 3·h·f."""
+        return 2 * self.h * self.h + 2 * self.h * self.kvd + 3 * self.h * self.f
+
+    @property
+    def block_params(self) -> int:
+        return self.block_matmul + 2 * self.h
+
+    @property
+    def root_params(self) -> int:
+        """Embedding, output projection unless tied, final norm: what FSDP2's root module holds."""
+        return self.V * self.h * (1 if self.tied else 2) + self.h
+
+    @property
+    def param_shapes(self) -> tuple[tuple[str, bool, int, int], ...]:
+        """The parameter tensors in model order (scaling.engine.model_config.param_shapes)."""
+        return param_shapes_of(self.L, self.h, self.kvd, self.f, self.V, self.tied)
+
+    @property
+    def n_tensors(self) -> int:
+        return len(self.param_shapes)
+
+
+def shard(rows: int, cols: int, dp: int) -> int:
+    """Elements of one rank's FSDP2 shard of a (rows, cols) parameter: dim 0 padded to a multiple of dp."""
+    return math.ceil(rows / dp) * cols
+
+
+def sharded_params(s: Shapes, dp: int) -> tuple[int, int]:
+    """Elements per rank of one block's shards and of the root's shards."""
+    block = (
+        2 * shard(s.h, s.h, dp)
+        + 2 * shard(s.kvd, s.h, dp)
+        + 2 * shard(s.f, s.h, dp)
+        + shard(s.h, s.f, dp)
+        + 2 * shard(s.h, 1, dp)
+    )
+    root = shard(s.V, s.h, dp) * (1 if s.tied else 2) + shard(s.h, 1, dp)
+    return block, root
+
+
+def zero1_worst_rank(s: Shapes, dp: int) -> tuple[int, int]:
+    """(elements, tensors) of AdamW state on the busiest rank of ZeroRedundancyOptimizer's partition.
+
+    torch assigns whole parameters, largest first, each to the rank with the fewest elements so far, so
+    the embedding and the output projection land on a rank each: at large dp the worst rank holds far
+    more than Ψ/dp (llama_8b at dp=64: 525M elements, not 125M).
+    """
+    numels = max(_zero1_partition(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp), key=sum)
+    return sum(numels), len(numels)
+
+
+@functools.lru_cache(maxsize=4096)
+def _zero1_partition(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int) -> tuple[tuple[int, ...], ...]:
+    """Per rank, the elements of each tensor ZeroRedundancyOptimizer gives it, in the order its inner optimizer
+    steps them (largest first): the greedy partition of `zero1_worst_rank` (a sweep asks for few distinct ones)."""
+    ranks: list[list[int]] = [[] for _ in range(dp)]
+    heap = [(0, rank) for rank in range(dp)]  # (elements so far, rank): the least loaded, lowest rank first
+    for numel in sorted((rows * cols for _, _, rows, cols in param_shapes_of(L, h, kvd, f, V, tied)), reverse=True):
+        total, rank = heapq.heappop(heap)
+        ranks[rank].append(numel)
+        heapq.heappush(heap, (total + numel, rank))
+    return tuple(map(tuple, ranks))
+
+
+@functools.lru_cache(maxsize=4096)
+def zero1_step_state(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int, fused: bool) -> int:
+    """Bytes of AdamW state and scratch while ZeroRedundancyOptimizer steps, on the rank where they are largest."""
+    return max(
+        2 * FP32 * sum(numels) + FP32 * len(numels) + (0 if fused else FP32 * adamw_scratch(numels))
+        for numels in _zero1_partition(L, h, kvd, f, V, tied, dp)
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def model_order_scratch(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int) -> int:
+    """`adamw_scratch` of AdamW over the model's parameters (dp 1) or its FSDP2 shards (dp > 1), in model order."""
+    return adamw_scratch([shard(rows, cols, dp) for _, _, rows, cols in param_shapes_of(L, h, kvd, f, V, tied)])
+
+
+def adamw_scratch(numels: Sequence[int]) -> int:
+    """Elements of single-tensor AdamW's scratch at its largest, over tensors stepped in this order: for tensor i,
+    the square root of its second moment and that root's quotient by the bias correction (2·numel_i), while the
+    previous tensor's denominator is still held by the loop variable it is about to replace (numel_{i-1}). Adjacent
+    large tensors (ZeroRedundancyOptimizer's largest-first order puts the embedding and the output projection
+    together) make it up to three times the largest tensor."""
+    worst, previous = 0, 0
+    for numel in numels:
+        worst, previous = max(worst, previous + 2 * numel), numel
+    return worst

@@ -1,0 +1,1 @@
+"""What the tests share: composed configs, synthetic records and DP truths, real points, the SLURM cluster, processes."""
