@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from scaling.core.schema import ExperimentConfig  # noqa: E402
 from scaling.core.validate import validate  # noqa: E402
 from scaling.engine.data import GlobalBatch, step_batches  # noqa: E402
 from scaling.engine.memtrack import load_trackers  # noqa: E402
@@ -38,7 +39,8 @@ def peaks_per_step(cfg: dict, device: torch.device, fused: bool, steps: int) -> 
     train, parallel, grad_acc = cfg["train"], cfg["parallel"], validate(cfg, host=False).grad_acc
     load_wrappers(parallel["zero_stage"])
     args = ModelArgs.from_dict(cfg["model"])
-    wrapped = parallelize(args, train, parallel, device, fused_optimizer=fused)
+    typed = ExperimentConfig.from_dict(cfg)
+    wrapped = parallelize(args, typed.train, typed.parallel, device, fused_optimizer=fused)
     psi = sum(p.numel() for p in wrapped.model.parameters())
     data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"], **train["data"])
     batches = [step_batches(data, step, 0, train["mbs"], grad_acc) for step in range(steps)]

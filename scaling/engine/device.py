@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import torch
 
+from scaling.core.schema import HardwareConfig
 from scaling.core.units import GIB
 
 PROFILE_TOLERANCE = 0.005
@@ -65,12 +66,12 @@ _STARTING_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffin
 """The cores this process could use when it started: a warm rank pins itself again for each point, from these."""
 
 
-def setup(hw: Mapping[str, Any], local_rank: int) -> Device:
+def setup(hw: HardwareConfig, local_rank: int) -> Device:
     """Take this rank's device: pin CPU threads to their cores, or select and cap the CUDA device."""
-    capacity = None if hw["memory_gb"] is None else int(hw["memory_gb"] * GIB)
-    threads = int(hw["threads_per_device"])
+    capacity = None if hw.memory_gb is None else int(hw.memory_gb * GIB)
+    threads = int(hw.threads_per_device)
     torch.set_num_threads(threads)
-    if hw["device"] == "cuda":
+    if hw.device == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         props = torch.cuda.get_device_properties(device)
@@ -84,7 +85,7 @@ def setup(hw: Mapping[str, Any], local_rank: int) -> Device:
             "threads_per_device": threads,
         }
         if capacity is not None:
-            env["memory_profile_note"] = profile_note(hw["memory_gb"], props.name, props.total_memory)
+            env["memory_profile_note"] = profile_note(hw.memory_gb, props.name, props.total_memory)
             if capacity < props.total_memory:
                 torch.cuda.set_per_process_memory_fraction(capacity / props.total_memory, device)
         return Device(device, "real", capacity, env)

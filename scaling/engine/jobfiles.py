@@ -19,6 +19,7 @@ both import it.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from scaling.core.files import read_json, write_json_atomic
+from scaling.core.schema import ExperimentConfig
 
 CONFIG_FILE = "config.json"
 MEMORY_SNAPSHOT_FILE = "memory_snapshot.pickle"
@@ -62,6 +64,23 @@ def warm_done(pool_dir: Path, n: int) -> None:
 def warm_is_done(pool_dir: Path, n: int) -> bool:
     """The driver: whether point `n` of a warm job is done."""
     return (pool_dir / f"done-{n}").exists()
+
+
+@dataclass(frozen=True)
+class PointJob:
+    """What a rank is told to measure, read from the job directory's config.json: the typed experiment config, the
+    grad_acc the driver derived, and the process group's timeout (below the point's, so that a rank left waiting for
+    a dead peer fails with its own error before the driver ends it)."""
+
+    config: ExperimentConfig
+    grad_acc: int
+    pg_timeout_s: float
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> PointJob:
+        """The job in a config.json the driver wrote (its `derived` and `runtime` beside the experiment groups)."""
+        data = json.loads(Path(path).read_text())
+        return cls(ExperimentConfig.from_dict(data), int(data["derived"]["grad_acc"]), data["runtime"]["pg_timeout_s"])
 
 
 @dataclass(kw_only=True)

@@ -24,6 +24,11 @@ class ModelArgs(ModelConfig):
         return self.hidden // self.n_heads
 
     @classmethod
+    def of(cls, model: ModelConfig) -> ModelArgs:
+        """The shapes of a typed model config."""
+        return cls(**dataclasses.asdict(model))
+
+    @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelArgs:
         """Build from a model config mapping (dict or DictConfig); keys that are not fields are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, ContextManager, Iterator, Mapping, Optional
+from typing import ContextManager, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute
+from scaling.core.schema import ParallelConfig, TrainConfig
 from scaling.engine.model import Transformer
 from scaling.engine.model_config import ModelArgs
 
@@ -136,8 +137,8 @@ def _shard(model: Transformer, zero_stage: int, bf16: bool) -> None:
 
 def parallelize(
     args: ModelArgs,
-    train: Mapping[str, Any],
-    parallel: Mapping[str, Any],
+    train: TrainConfig,
+    parallel: ParallelConfig,
     device: torch.device,
     on_meta: bool = True,
     fused_optimizer: Optional[bool] = None,
@@ -149,18 +150,18 @@ def parallelize(
     `fused_optimizer` says otherwise (the traced predictor of a CUDA point, tracing on CPU).
     """
     fused = device.type == "cuda" if fused_optimizer is None else fused_optimizer
-    zero_stage, bf16 = parallel["zero_stage"], train["precision"] == Precision.BF16
+    zero_stage, bf16 = parallel.zero_stage, train.precision == Precision.BF16
     model = Transformer(args, device="meta" if on_meta else device)  # 1. shapes only
-    model.set_recompute(train["recompute"] == Recompute.FULL)  # 2. recompute
-    if train["compile"]:  # 3. compile
+    model.set_recompute(train.recompute == Recompute.FULL)  # 2. recompute
+    if train.compile:  # 3. compile
         for block in model.layers:
             block.compile()
     if zero_stage >= 2:  # 4. shard
         _shard(model, zero_stage, bf16)
     if on_meta:  # 5. materialise what this rank owns
         model.to_empty(device=device)
-    model.init_weights(train["seed"])
-    lr, weight_decay = train["lr"], train["weight_decay"]
+    model.init_weights(train.seed)
+    lr, weight_decay = train.lr, train.weight_decay
     if zero_stage >= 2:
         return Parallelized(
             model,
@@ -168,13 +169,13 @@ def parallelize(
             zero_stage,
             None,
             device,
-            parallel["fsdp_grad_reduce"],
-            train["grad_clip"],
+            parallel.fsdp_grad_reduce,
+            train.grad_clip,
         )
     ddp = DDP(  # 6. wrap
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=parallel["bucket_mb"],
+        bucket_cap_mb=parallel.bucket_mb,
         gradient_as_bucket_view=True,  # gradients live in the buckets: no second copy
     )
     if zero_stage == 0:
@@ -189,6 +190,4 @@ def parallelize(
             weight_decay=weight_decay,
             fused=fused,
         )
-    return Parallelized(
-        ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device, grad_clip=train["grad_clip"]
-    )
+    return Parallelized(ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device, grad_clip=train.grad_clip)

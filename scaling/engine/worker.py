@@ -31,12 +31,12 @@ if __name__ == "__main__":  # a rank: first of all, before `import torch` (secon
 import ctypes
 import datetime as dt
 import gc
-import json
 import os
 import platform
 import socket
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
+from scaling.core.schema import TrainConfig
 from scaling.engine import device as devices
 from scaling.engine import kernels, memtrack
 from scaling.engine.data import GlobalBatch, step_batches
@@ -51,6 +52,7 @@ from scaling.engine.jobfiles import (
     ELASTIC_LOGS,
     MEMORY_SNAPSHOT_FILE,
     WORKER_OUTPUT,
+    PointJob,
     WorkerReport,
     warm_command,
     warm_done,
@@ -64,13 +66,12 @@ MEMORY_HISTORY_ENTRIES = 2_000_000
 """Allocator events kept for launch.memory_snapshot: a llama_1b step makes tens of thousands; the oldest go first."""
 
 
-def warmup_steps(cfg: dict[str, Any], device_type: str) -> int:
+def warmup_steps(train: TrainConfig, device_type: str) -> int:
     """Untimed steps before timing: as configured, but on CPU at least 2 (the second is memory-tracked: the first
     made the optimizer states, and DDP rebuilds its gradient buckets in the second, a one-off peak that a device
     would have to hold too) and on CUDA at least 2, 3 with compile (lazy init, autotuning)."""
-    train = cfg["train"]
-    floor = (3 if train["compile"] else 2) if device_type == "cuda" else 2
-    return max(train["warmup_steps"], floor)
+    floor = (3 if train.compile else 2) if device_type == "cuda" else 2
+    return max(train.warmup_steps, floor)
 
 
 def _inject_fault(kind: str, rank: int, world: int) -> None:
@@ -108,11 +109,12 @@ def _gather_floats(values: list[float], device: torch.device) -> list[list[float
     return [t.tolist() for t in out]
 
 
-def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) -> None:
+def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     """Train and measure one experiment point as this rank; rank 0 writes worker.json. `points_before`: the
     points these ranks measured before this one (warm ranks)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    hw, train, par = cfg["hardware"], cfg["train"], cfg["parallel"]
+    cfg = job.config
+    hw, train, par = cfg.hardware, cfg.train, cfg.parallel
     phases = Phases()
 
     # The device, and the process group with a timeout below the point's, so that a rank left waiting
@@ -123,11 +125,11 @@ def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) ->
         kernels.forbid_math_attention()
     if not dist.is_initialized():  # a warm rank joined it for its first point
         dist.init_process_group(
-            hw["backend"],
+            hw.backend,
             device_id=dev.device if cuda else None,
-            timeout=dt.timedelta(seconds=cfg["runtime"]["pg_timeout_s"]),
+            timeout=dt.timedelta(seconds=job.pg_timeout_s),
         )
-    load_wrappers(par["zero_stage"])  # imported now, so that their memory is part of the baseline
+    load_wrappers(par.zero_stage)  # imported now, so that their memory is part of the baseline
     if not cuda:
         memtrack.load_trackers()
     resident = memtrack.ResidentMemory()  # baseline: this rank after its imports
@@ -135,10 +137,10 @@ def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) ->
     gate("process_group")
 
     # Build: only what this rank owns is ever allocated (see scaling.engine.parallel).
-    snapshot = cuda and rank == 0 and bool(cfg["launch"].get("memory_snapshot"))
+    snapshot = cuda and rank == 0 and cfg.launch.memory_snapshot
     if snapshot:  # every allocation from here to the end of the warm-up, with its stack
         torch.cuda.memory._record_memory_history(stacks="python", max_entries=MEMORY_HISTORY_ENTRIES)
-    args = ModelArgs.from_dict(cfg["model"])
+    args = ModelArgs.of(cfg.model)
     wrapped = parallelize(args, train, par, dev.device)
     build_peak_bytes = torch.cuda.max_memory_allocated(dev.device) if cuda else resident.peak_growth_bytes()
     if cuda:
@@ -147,8 +149,8 @@ def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) ->
     phases.end("build_s")
     gate("model_built")
 
-    data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"], **train["data"])
-    mbs, grad_acc = train["mbs"], cfg["derived"]["grad_acc"]
+    data = GlobalBatch(args.vocab_size, train.seq_len, train.seed, **asdict(train.data))
+    mbs, grad_acc = train.mbs, job.grad_acc
     losses: list[torch.Tensor] = []
     grad_norms: list[torch.Tensor] = []
 
@@ -166,17 +168,15 @@ def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) ->
         return time.perf_counter() - t0
 
     gate("first_step")
-    _inject_fault(train["fault"], rank, world)
-    n_warmup = warmup_steps(cfg, dev.device.type)
+    _inject_fault(train.fault, rank, world)
+    n_warmup = warmup_steps(train, dev.device.type)
     with kernels.AttentionWatch() as attention:  # the kernel the training step runs, compiled or not
         warmup_times = [one_step(batches(0))]
     dev.env["attention_kernel"] = attention.kernel
     tracked_peak, breakdown = None, {}
     if not cuda:  # the second step: live tensor bytes under torch's tracker, against the capacity
         micro_batches = batches(len(losses))
-        with memtrack.tracked_step(
-            wrapped.model, wrapped.optimizer, par["zero_stage"] >= 2, dev.capacity_bytes
-        ) as peak:
+        with memtrack.tracked_step(wrapped.model, wrapped.optimizer, par.zero_stage >= 2, dev.capacity_bytes) as peak:
             warmup_times.append(one_step(micro_batches, peak.new_micro_step))
         tracked_peak, breakdown = peak.peak_bytes, peak.breakdown
         memtrack.raise_if_exceeded(peak.exceeded)
@@ -187,7 +187,7 @@ def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) ->
     phases.end("warmup_s")
 
     # Every timed step's micro-batches exist before the window: no data work between two timed steps.
-    timed_batches = [batches(len(losses) + i) for i in range(train["steps"])]
+    timed_batches = [batches(len(losses) + i) for i in range(train.steps)]
     graphs_after_warmup = kernels.compiled_graphs()
     rows_before_window = data.rows_built
     dist.barrier()
@@ -214,7 +214,7 @@ def measure_point(cfg: dict[str, Any], job_dir: Path, points_before: int = 0) ->
     report = WorkerReport(
         warmup_steps_run=n_warmup,
         warmup_step_times_s=warmup_times,
-        compile=bool(train["compile"]),
+        compile=train.compile,
         recompiles_after_warmup=recompiles,
         phases_s=phases.seconds,
         measured_window_s=window_s,
@@ -275,7 +275,7 @@ def _env(cfg: dict[str, Any], dev: devices.Device) -> dict[str, Any]:
     env = {
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "backend": cfg["hardware"]["backend"],
+        "backend": cfg.hardware.backend,
         "hostname": socket.gethostname(),
         "memory_capacity": dev.memory_capacity,
         "world_size": world,
@@ -330,10 +330,10 @@ def serve(pool_dir: Path) -> None:
     n = 0
     cuda = False
     while (config_path := warm_command(pool_dir, n)) is not None:
-        cfg = json.loads(config_path.read_text())
-        cuda = cfg["hardware"]["device"] == "cuda"
+        job = PointJob.read(config_path)
+        cuda = job.config.hardware.device == "cuda"
         try:
-            measure_point(cfg, config_path.parent, points_before=n)
+            measure_point(job, config_path.parent, points_before=n)
         except memtrack.EmulatedOutOfMemoryError as e:  # every rank raised it together, outside any collective
             _record_error(config_path.parent, e)
         release(cuda)
@@ -370,9 +370,9 @@ def main(argv: list[str] | None = None) -> None:
         serve(Path(argv[1]))
         return
     config_path = Path(argv[0])
-    cfg = json.loads(config_path.read_text())
-    measure_point(cfg, config_path.parent)
-    _leave(cfg["hardware"]["device"] == "cuda")
+    job = PointJob.read(config_path)
+    measure_point(job, config_path.parent)
+    _leave(job.config.hardware.device == "cuda")
 
 
 if __name__ == "__main__":

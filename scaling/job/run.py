@@ -243,7 +243,7 @@ def _host_env(c: ExperimentConfig) -> dict[str, Any]:
 
 def _derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
     """The record's `derived`: the batch arithmetic, the parameter count and the FLOPs per token."""
-    args = ModelArgs.from_dict(dataclasses.asdict(c.model))
+    args = ModelArgs.of(c.model)
     seq = c.train.seq_len
     return {
         **derived.as_dict(),

@@ -25,6 +25,7 @@ uses: a job process stays free of process groups and patched torch internals.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -274,6 +275,7 @@ def trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
 
 
 def _trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
+    from scaling.core.schema import ExperimentConfig
     from scaling.core.validate import validate
     from scaling.engine.data import GlobalBatch, step_batches
     from scaling.engine.memtrack import tracked_step
@@ -291,7 +293,9 @@ def _trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
     gloo = _gloo_collectives() if cfg["hardware"]["backend"] == "gloo" else contextlib.nullcontext()
     with _fake_world(dp), _cuda_kernels() if cuda else contextlib.nullcontext(), gloo:
         # The worker's build order; fake tensors hold no memory, so the shapes are made on the fake device.
-        wrapped = parallelize(args, {**train, "compile": False}, par, cpu, on_meta=False, fused_optimizer=cuda)
+        typed = ExperimentConfig.from_dict(cfg)
+        no_compile = dataclasses.replace(typed.train, compile=False)
+        wrapped = parallelize(args, no_compile, typed.parallel, cpu, on_meta=False, fused_optimizer=cuda)
         if par["zero_stage"] <= 1:
             wrapped.model.register_comm_hook(None, _completed_allreduce(dp))
             params = [p for p in wrapped.model.parameters() if p.requires_grad]

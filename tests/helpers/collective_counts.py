@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
+from scaling.core.schema import ExperimentConfig
 from scaling.engine.data import GlobalBatch, step_batches
 from scaling.engine.model_config import ModelArgs
 from scaling.engine.parallel import parallelize
@@ -64,7 +65,8 @@ def count_step(cfg: dict[str, Any], rank: int) -> dict[str, list[int]]:
     """The collectives of one warm optimizer step of this case."""
     args = ModelArgs.from_dict(cfg["model"])
     train, grad_acc = cfg["train"], cfg["derived"]["grad_acc"]
-    wrapped = parallelize(args, train, cfg["parallel"], torch.device("cpu"))
+    typed = ExperimentConfig.from_dict(cfg)
+    wrapped = parallelize(args, typed.train, typed.parallel, torch.device("cpu"))
     data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"])
     for step in range(2):
         train_step(wrapped, step_batches(data, step, rank, train["mbs"], grad_acc))
