@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from scaling.core.schema import HardwareConfig, ModelConfig, ParallelConfig, TrainConfig  # noqa: E402
 from scaling.job.run import run_point  # noqa: E402
 from scaling.predictor.analytic import analytic_peak, predict_config  # noqa: E402
 from scaling.predictor.prescreen import TRACE_BANDS  # noqa: E402
@@ -162,8 +163,18 @@ def speed_analytic(n: int = 10_000) -> float:
         )
         for _ in range(n)
     ]
+    typed = [
+        (
+            ModelConfig(**model),
+            TrainConfig(seq_len=seq, mbs=mbs, precision=precision, recompute=recompute),
+            ParallelConfig(dp=dp, zero_stage=stage),
+            HardwareConfig(),
+            grad_acc,
+        )
+        for model, seq, mbs, dp, stage, precision, recompute, grad_acc in configs
+    ]
     t0 = time.perf_counter()
-    for c in configs:
+    for c in typed:
         analytic_peak(*c)
     return time.perf_counter() - t0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from scaling.core.schema import HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
 from scaling.core.units import GIB
 from scaling.engine.model_config import ModelArgs, param_count
 from scaling.predictor import analytic as memory
@@ -16,6 +17,18 @@ from scaling.predictor.trace import trace_peak
 from tests.helpers.compose import REPO, compose_point
 
 PSI = 8_030_261_248  # llama_8b
+
+
+def peak(model, seq_len, mbs, dp=1, zero_stage=0, precision="fp32", recompute="none", grad_acc=1):
+    """`analytic_peak` of a model config (a dict, as composed) on a CPU rank without gloo's copy: the accounting
+    these tests check, a point given by its few numbers."""
+    return analytic_peak(
+        ModelConfig(**model),
+        TrainConfig(seq_len=seq_len, mbs=mbs, precision=precision, recompute=recompute),
+        ParallelConfig(dp=dp, zero_stage=zero_stage),
+        HardwareConfig(backend="nccl"),
+        grad_acc,
+    )
 
 
 @pytest.mark.parametrize("dp", [1, 8, 512])
@@ -43,7 +56,7 @@ def test_analytic_state_is_this_code_bases_accounting(precision):
     psi, dp, n_tensors = param_count(args), 4, 9 * args.n_layers + 3
     fp32 = lambda stage: model_state_bytes(psi, stage, dp, PLAYBOOK_FP32)  # noqa: E731
     for stage in (0, 1):
-        b = analytic_peak(model, 64, 2, dp, stage, precision, grad_acc=4)  # accumulation adds into the buckets
+        b = peak(model, 64, 2, dp, stage, precision, grad_acc=4)  # accumulation adds into the buckets
         assert b.params_bytes == fp32(stage).params_bytes == 4 * psi
         assert b.grads_bytes == fp32(stage).grads_bytes == 4 * psi
         numel, tensors = (psi, n_tensors) if stage == 0 else model_state.zero1_worst_rank(_shapes(args), dp)
@@ -52,7 +65,7 @@ def test_analytic_state_is_this_code_bases_accounting(precision):
     compute = 2 if precision == "bf16" else 4
     root = 2 * args.vocab_size * args.hidden + args.hidden  # embedding, output projection, final norm
     for stage in (2, 3):  # small's shapes divide by dp=4: no padding
-        b = analytic_peak(model, 64, 2, dp, stage, precision)
+        b = peak(model, 64, 2, dp, stage, precision)
         assert b.optimizer_bytes == fp32(3).optimizer_bytes + 4 * n_tensors
         unsharded = b.params_bytes - 4 * psi / dp
         if stage == 2:  # the whole model's compute copy lives from forward to the end of backward
@@ -187,17 +200,17 @@ def test_the_analytic_model_predicts_the_h100_pages_eager_points_within_one_and_
 
 def test_peak_grows_with_mbs_and_shrinks_with_recompute_and_sharding():
     model = compose_point(["model=llama_8b"])["model"]
-    peaks = [analytic_peak(model, 4096, mbs, 8, 3, "bf16").total_bytes for mbs in (1, 2, 4)]
+    peaks = [peak(model, 4096, mbs, 8, 3, "bf16").total_bytes for mbs in (1, 2, 4)]
     assert peaks[0] < peaks[1] < peaks[2]
-    assert analytic_peak(model, 4096, 4, 8, 3, "bf16", "full").total_bytes < peaks[2]
-    by_stage = [analytic_peak(model, 4096, 1, 8, stage, "bf16").total_bytes for stage in range(4)]
+    assert peak(model, 4096, 4, 8, 3, "bf16", "full").total_bytes < peaks[2]
+    by_stage = [peak(model, 4096, 1, 8, stage, "bf16").total_bytes for stage in range(4)]
     assert by_stage[0] > by_stage[1] > by_stage[2] > by_stage[3]
 
 
 def test_bad_input_names_the_field():
     model = compose_point(["model=tiny"])["model"]
     with pytest.raises(ValueError, match=r"train.precision='fp16' is not valid: choose fp32 or bf16"):
-        analytic_peak(model, 64, 2, precision="fp16")
+        peak(model, 64, 2, precision="fp16")
     with pytest.raises(ValueError, match=r"parallel.zero_stage=5 is not valid: choose one of 0, 1, 2, 3"):
         model_state_bytes(PSI, 5, 8)
 

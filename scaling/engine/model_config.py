@@ -26,7 +26,7 @@ class ModelArgs(ModelConfig):
     @classmethod
     def of(cls, model: ModelConfig) -> ModelArgs:
         """The shapes of a typed model config."""
-        return cls(**dataclasses.asdict(model))
+        return cls(**{f.name: getattr(model, f.name) for f in dataclasses.fields(ModelConfig)})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelArgs:

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Optional
 
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute
+from scaling.core.schema import ExperimentConfig, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
 from scaling.engine.model_config import ModelArgs, param_count
 from scaling.predictor.model_state import (
     BF16,
@@ -250,25 +251,23 @@ def _end_of_backward(
 
 
 def analytic_peak(
-    model: Mapping[str, Any] | ModelArgs,
-    seq_len: int,
-    mbs: int,
-    dp: int = 1,
-    zero_stage: int = 0,
-    precision: str = Precision.FP32,
-    recompute: str = Recompute.NONE,
+    model: ModelConfig,
+    train: TrainConfig,
+    parallel: ParallelConfig,
+    hardware: HardwareConfig,
     grad_acc: int = 1,
-    fsdp_grad_reduce: str = FsdpGradReduce.EVERY_MICRO_STEP,
-    fused_optimizer: bool = False,
-    fused_norm: bool = False,
-    gloo: bool = False,
 ) -> MemoryBreakdown:
-    """Predicted peak bytes per rank of one training step of this project's model, by phase. `fused_optimizer`:
-    AdamW steps every tensor in one fused kernel, with no scratch (the engine's choice on CUDA); else it steps
-    them one by one (CPU), see `adamw_scratch`. `fused_norm`: RMSNorm runs torch's fused kernel, which keeps less
-    for backward (CUDA), see `_norm_saved_on_cpu_only`. `gloo`: the collectives run on gloo, whose reduce-scatter
-    works on a copy of its whole input. `predict_config` sets them from hardware.device and hardware.backend."""
-    a = model if isinstance(model, ModelArgs) else ModelArgs.from_dict(model)
+    """Predicted peak bytes per rank of one training step of this project's model, by phase, at `grad_acc` micro-steps.
+
+    The hardware decides three things: on CUDA AdamW steps every tensor in one fused kernel, with no scratch (the
+    engine's choice), elsewhere one by one (see `adamw_scratch`); on CUDA RMSNorm runs torch's fused kernel, which
+    keeps less for backward (see `_norm_saved_on_cpu_only`); on gloo the reduce-scatter works on a copy of its whole
+    input."""
+    a = model if isinstance(model, ModelArgs) else ModelArgs.of(model)
+    seq_len, mbs, precision, recompute = train.seq_len, train.mbs, train.precision, train.recompute
+    dp, zero_stage, fsdp_grad_reduce = parallel.dp, parallel.zero_stage, parallel.fsdp_grad_reduce
+    fused_optimizer = fused_norm = hardware.device == "cuda"
+    gloo = hardware.backend == "gloo"
     if precision not in tuple(Precision):
         raise ValueError(f"train.precision={precision!r} is not valid: choose {' or '.join(Precision)}")
     if recompute not in tuple(Recompute):
@@ -360,23 +359,11 @@ def analytic_peak(
 
 
 def predict_config(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> MemoryBreakdown:
-    """`analytic_peak` of a resolved config (plain dict); grad_acc from scaling.core.validate unless given."""
+    """`analytic_peak` of a resolved config (the driver's plain dict, typed here); grad_acc from scaling.core.validate
+    unless given."""
     if grad_acc is None:
         from scaling.core.validate import validate
 
         grad_acc = validate(cfg, host=False).grad_acc
-    t, p = cfg["train"], cfg["parallel"]
-    return analytic_peak(
-        cfg["model"],
-        t["seq_len"],
-        t["mbs"],
-        p["dp"],
-        p["zero_stage"],
-        t["precision"],
-        t["recompute"],
-        grad_acc,
-        p["fsdp_grad_reduce"],
-        fused_optimizer=cfg["hardware"]["device"] == "cuda",
-        fused_norm=cfg["hardware"]["device"] == "cuda",
-        gloo=cfg["hardware"]["backend"] == "gloo",
-    )
+    c = ExperimentConfig.from_dict(cfg)
+    return analytic_peak(c.model, c.train, c.parallel, c.hardware, grad_acc)
