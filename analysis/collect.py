@@ -27,6 +27,7 @@ from analysis.usable import LeftOut, record_problem
 from scaling.core.enums import Status
 from scaling.core.schema import EXPERIMENT_GROUPS, config_fields
 from scaling.core.units import GIB, MIB
+from scaling.store.metrics import metric_columns
 from scaling.store.record import iter_records
 from scaling.store.wandb_runs import (
     MEMORY,
@@ -42,6 +43,8 @@ STATUS_ORDER = [status.value for status in Status]
 
 CONFIG_FIELDS = config_fields()
 """The experiment config's fields (scaling.core.schema): one column each, a field added there is a column here."""
+METRIC_COLUMNS = metric_columns()
+"""The record's metrics the table has (scaling.store.metrics.Metrics), with their annotations."""
 
 # (column, path in the record). A later path wins when both exist: `derived` holds the values the
 # engine resolved (grad_acc: auto -> 4), `config` the values asked for; `target_gbs*` (train.gbs*) keep the
@@ -57,27 +60,7 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gbs", ("derived", "gbs")),
     ("gbs_tokens", ("derived", "gbs_tokens")),
     ("world_size", ("derived", "world_size")),
-    ("tokens_per_s", ("metrics", "tokens_per_s")),
-    ("tokens_per_s_per_gpu", ("metrics", "tokens_per_s_per_gpu")),
-    ("mfu", ("metrics", "mfu")),
-    ("hfu", ("metrics", "hfu")),
-    ("step_time_s", ("metrics", "step_time_s")),
-    ("step_times_s", ("metrics", "step_times_s")),
-    ("step_time_spread_frac", ("metrics", "step_time_spread_frac")),
-    ("repeat_spread_frac", ("metrics", "repeat_spread_frac")),
-    ("noise_band_frac", ("metrics", "noise_band_frac")),
-    ("repeats_ok", ("metrics", "repeats_ok")),
-    ("tokens_per_s_per_gpu_repeats", ("metrics", "tokens_per_s_per_gpu_repeats")),
-    ("peak_mem_bytes", ("metrics", "peak_mem_bytes")),
-    ("peak_mem_bytes_per_rank", ("metrics", "peak_mem_bytes_per_rank")),
-    ("peak_mem_reserved_bytes", ("metrics", "peak_mem_reserved_bytes")),
-    ("peak_mem_source", ("metrics", "peak_mem_source")),
-    ("peak_rss_growth_bytes", ("metrics", "peak_rss_growth_bytes")),
-    ("peak_rss_growth_bytes_per_rank", ("metrics", "peak_rss_growth_bytes_per_rank")),
-    ("peak_flops_per_s", ("metrics", "peak_flops_per_s")),
-    ("peak_flops_source", ("metrics", "peak_flops_source")),
-    ("peak_flops_measured_at", ("metrics", "peak_flops_measured_at")),
-    ("losses", ("metrics", "losses")),
+    *((name, ("metrics", name)) for name, _ in METRIC_COLUMNS),
     ("pred_peak_mem_bytes", ("predicted", "peak_mem_bytes")),
     ("pred_method", ("predicted", "method")),
     ("pred_fits", ("predicted", "fits")),
@@ -112,6 +95,7 @@ NEUTRAL_FILL = {c.column: c.neutral for c in CONFIG_FIELDS if c.neutral is not N
 
 INT_COLUMNS = (
     *(c.column for c in CONFIG_FIELDS if c.type in ("int", "Optional[int]")),
+    *(name for name, kind in METRIC_COLUMNS if kind in ("int", "Optional[int]")),
     "grad_acc",
     "gbs",
     "gbs_tokens",
@@ -119,22 +103,13 @@ INT_COLUMNS = (
     "flops_per_token",
     "hw_flops_per_token",
     "world_size",
-    "peak_mem_bytes",
-    "peak_mem_reserved_bytes",
     "pred_peak_mem_bytes",
-    "repeats_ok",
-    "peak_rss_growth_bytes",
     "pred_analytic_peak_mem_bytes",
     "pred_traced_peak_mem_bytes",
 )
 FLOAT_COLUMNS = (
     *(c.column for c in CONFIG_FIELDS if c.type in ("float", "Optional[float]")),
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "mfu",
-    "hfu",
-    "step_time_s",
-    "peak_flops_per_s",
+    *(name for name, kind in METRIC_COLUMNS if kind in ("float", "Optional[float]")),
     "wall_s",
     "launch_overhead_s",
     "torchrun_wall_s",
@@ -142,9 +117,6 @@ FLOAT_COLUMNS = (
     "timed_device_s",
     "warmup_device_s",
     "startup_device_s",
-    "step_time_spread_frac",
-    "repeat_spread_frac",
-    "noise_band_frac",
 )
 TIME_COLUMNS = ("started_at", "launched_at")
 """ISO-8601 strings in the record, UTC datetimes in the DataFrame."""

@@ -98,3 +98,20 @@ def test_a_clipped_and_an_unclipped_run_are_two_configurations(tmp_path):
         "tiny, seq 256, ZeRO-0, grad_clip=1.0": [1.0, 0.8],
         "tiny, seq 256, ZeRO-0, grad_clip=0.0": [1.0, round(1050 / 1100, 3), 0.9],
     }
+
+
+def test_the_metrics_block_is_one_definition():
+    """The job writes the fields of scaling.store.metrics.Metrics, and the analysis's columns are its fields (less
+    those marked as no column), with their dtypes."""
+    from dataclasses import fields
+
+    from analysis.collect import FLOAT_COLUMNS, INT_COLUMNS
+    from scaling.store.metrics import Metrics, metric_columns
+    from tests.test_noise import launch_metrics
+
+    written = launch_metrics([1.0, 1.1, 0.9], [5, 6])
+    assert list(written) == [f.name for f in fields(Metrics)]
+    columns = [name for name, _ in metric_columns()]
+    assert set(columns) <= set(COLUMNS) and {"tokens_per_s_per_gpu", "noise_band_frac", "losses"} <= set(columns)
+    assert "peak_mem_breakdown_rank0" not in COLUMNS  # a dict: kept in the record, not a column
+    assert {"peak_mem_bytes", "repeats_ok"} <= set(INT_COLUMNS) and {"mfu", "step_time_s"} <= set(FLOAT_COLUMNS)

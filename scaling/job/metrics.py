@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from scaling.core.noise import relative_spread
 from scaling.engine.jobfiles import WorkerReport
+from scaling.store.metrics import Metrics
 
 if TYPE_CHECKING:
     from scaling.engine.flops import PeakFlops
@@ -43,7 +44,8 @@ def _max(values: Optional[list[int]]) -> Optional[int]:
 
 
 def throughput_metrics(worker: WorkerReport, derived: Mapping[str, Any], peak: PeakFlops) -> dict[str, Any]:
-    """The `metrics` block of one launch that finished, from what its rank 0 reported."""
+    """The `metrics` block (scaling.store.metrics.Metrics) of one launch that finished, from what its rank 0
+    reported."""
     from scaling.engine import (
         flops,  # torch: the driver has it; readers of tokens_per_s need not
     )
@@ -53,47 +55,47 @@ def throughput_metrics(worker: WorkerReport, derived: Mapping[str, Any], peak: P
     total, per_gpu = tokens_per_s(derived, step_time_s)
     warmup = list(worker.warmup_step_times_s)
     spread = relative_spread(step_times)
-    return {
-        "tokens_per_s": total,
-        "tokens_per_s_per_gpu": per_gpu,
-        "mfu": flops.mfu(derived["flops_per_token"], per_gpu, peak.flops_per_s),
-        "hfu": flops.hfu(derived["hw_flops_per_token"], per_gpu, peak.flops_per_s),
-        "peak_flops_per_s": peak.flops_per_s,
-        "peak_flops_source": peak.source,
-        "peak_flops_measured_at": peak.measured_at,
-        "peak_flops_spread": peak.spread,
-        "step_time_s": step_time_s,
-        "step_times_s": step_times,
-        "step_time_spread_frac": spread,
-        "repeat_spread_frac": None,
-        "noise_band_frac": spread,
-        "repeats_ok": 1,
-        "tokens_per_s_per_gpu_repeats": [per_gpu],
-        "warmup_step_times_s": warmup,
+    return Metrics(
+        tokens_per_s=total,
+        tokens_per_s_per_gpu=per_gpu,
+        mfu=flops.mfu(derived["flops_per_token"], per_gpu, peak.flops_per_s),
+        hfu=flops.hfu(derived["hw_flops_per_token"], per_gpu, peak.flops_per_s),
+        peak_flops_per_s=peak.flops_per_s,
+        peak_flops_source=peak.source,
+        peak_flops_measured_at=peak.measured_at,
+        peak_flops_spread=peak.spread,
+        step_time_s=step_time_s,
+        step_times_s=step_times,
+        step_time_spread_frac=spread,
+        repeat_spread_frac=None,
+        noise_band_frac=spread,
+        repeats_ok=1,
+        tokens_per_s_per_gpu_repeats=[per_gpu],
+        warmup_step_times_s=warmup,
         # With compile the first warm-up step compiles: its excess over a timed step is the compile time.
-        "compile_s": max(0.0, warmup[0] - step_time_s) if worker.compile and warmup else None,
-        "recompiles_after_warmup": worker.recompiles_after_warmup,
-        "measured_window_s": worker.measured_window_s,
-        "peak_mem_bytes": max(worker.peak_mem_bytes_per_rank),
-        "peak_mem_bytes_per_rank": list(worker.peak_mem_bytes_per_rank),
-        "peak_mem_source": worker.peak_mem_source,
-        "peak_mem_reserved_bytes": _max(worker.peak_mem_reserved_bytes_per_rank),
-        "peak_mem_reserved_bytes_per_rank": worker.peak_mem_reserved_bytes_per_rank,
-        "device_used_bytes": _max(worker.device_used_bytes_per_rank),
-        "device_used_bytes_per_rank": worker.device_used_bytes_per_rank,
-        "build_peak_mem_bytes": _max(worker.build_peak_mem_bytes_per_rank),
-        "build_peak_mem_bytes_per_rank": worker.build_peak_mem_bytes_per_rank,
-        "peak_rss_growth_bytes": _max(worker.peak_rss_growth_bytes_per_rank),
-        "peak_rss_growth_bytes_per_rank": worker.peak_rss_growth_bytes_per_rank,
-        "optimizer_state_bytes_per_rank": worker.optimizer_state_bytes_per_rank,
-        "num_ooms": worker.num_ooms,
-        "num_alloc_retries": worker.num_alloc_retries,
-        "peak_mem_breakdown_rank0": worker.peak_mem_breakdown_rank0,
-        "losses": list(worker.losses),
-        "grad_norms": worker.grad_norms,  # before clipping, one per optimizer step; None: clipping off
-        "rows_built_in_timed_window": worker.rows_built_in_timed_window,
-        "final_param_norm": worker.final_param_norm,
-    }
+        compile_s=max(0.0, warmup[0] - step_time_s) if worker.compile and warmup else None,
+        recompiles_after_warmup=worker.recompiles_after_warmup,
+        measured_window_s=worker.measured_window_s,
+        peak_mem_bytes=max(worker.peak_mem_bytes_per_rank),
+        peak_mem_bytes_per_rank=list(worker.peak_mem_bytes_per_rank),
+        peak_mem_source=worker.peak_mem_source,
+        peak_mem_reserved_bytes=_max(worker.peak_mem_reserved_bytes_per_rank),
+        peak_mem_reserved_bytes_per_rank=worker.peak_mem_reserved_bytes_per_rank,
+        device_used_bytes=_max(worker.device_used_bytes_per_rank),
+        device_used_bytes_per_rank=worker.device_used_bytes_per_rank,
+        build_peak_mem_bytes=_max(worker.build_peak_mem_bytes_per_rank),
+        build_peak_mem_bytes_per_rank=worker.build_peak_mem_bytes_per_rank,
+        peak_rss_growth_bytes=_max(worker.peak_rss_growth_bytes_per_rank),
+        peak_rss_growth_bytes_per_rank=worker.peak_rss_growth_bytes_per_rank,
+        optimizer_state_bytes_per_rank=worker.optimizer_state_bytes_per_rank,
+        num_ooms=worker.num_ooms,
+        num_alloc_retries=worker.num_alloc_retries,
+        peak_mem_breakdown_rank0=worker.peak_mem_breakdown_rank0,
+        losses=list(worker.losses),
+        grad_norms=worker.grad_norms,  # before clipping, one per optimizer step; None: clipping off
+        rows_built_in_timed_window=worker.rows_built_in_timed_window,
+        final_param_norm=worker.final_param_norm,
+    ).to_dict()
 
 
 def _peaks(launches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -129,21 +131,23 @@ def repeats_metrics(launches: Sequence[Mapping[str, Any]], derived: Mapping[str,
     by_launch = [m["tokens_per_s_per_gpu"] for m in launches]
     within = statistics.median(relative_spread(m["step_times_s"]) for m in launches)
     across = relative_spread(by_launch)
-    return {
-        **first,
-        "tokens_per_s": total,
-        "tokens_per_s_per_gpu": per_gpu,
-        "mfu": flops.mfu(derived["flops_per_token"], per_gpu, first["peak_flops_per_s"]),
-        "hfu": flops.hfu(derived["hw_flops_per_token"], per_gpu, first["peak_flops_per_s"]),
-        "step_time_s": step_time_s,
-        "step_times_s": [t for m in launches for t in m["step_times_s"]],
-        "step_time_spread_frac": within,
-        "repeat_spread_frac": across,
-        "noise_band_frac": max(within, across),
-        "repeats_ok": len(launches),
-        "tokens_per_s_per_gpu_repeats": by_launch,
-        "measured_window_s": sum(m["measured_window_s"] for m in launches),
-        **_peaks(launches),
-        "num_ooms": sum(m.get("num_ooms", 0) for m in launches),
-        "num_alloc_retries": sum(m.get("num_alloc_retries", 0) for m in launches),
-    }
+    return Metrics.from_dict(
+        {
+            **first,
+            "tokens_per_s": total,
+            "tokens_per_s_per_gpu": per_gpu,
+            "mfu": flops.mfu(derived["flops_per_token"], per_gpu, first["peak_flops_per_s"]),
+            "hfu": flops.hfu(derived["hw_flops_per_token"], per_gpu, first["peak_flops_per_s"]),
+            "step_time_s": step_time_s,
+            "step_times_s": [t for m in launches for t in m["step_times_s"]],
+            "step_time_spread_frac": within,
+            "repeat_spread_frac": across,
+            "noise_band_frac": max(within, across),
+            "repeats_ok": len(launches),
+            "tokens_per_s_per_gpu_repeats": by_launch,
+            "measured_window_s": sum(m["measured_window_s"] for m in launches),
+            **_peaks(launches),
+            "num_ooms": sum(m.get("num_ooms", 0) for m in launches),
+            "num_alloc_retries": sum(m.get("num_alloc_retries", 0) for m in launches),
+        }
+    ).to_dict()

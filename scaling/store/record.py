@@ -210,8 +210,8 @@ def _total(values: Iterable[Optional[float]]) -> Optional[float]:
 class Record:
     """One experiment point's `result.json`: `to_dict()` is the file, field by field in this order.
 
-    The blocks that are open by design (config, derived, metrics, predicted, env) stay dicts; docs/record.md
-    lists their keys.
+    The blocks stay dicts as JSON holds them: `metrics` is written from scaling.store.metrics.Metrics, `config` from
+    the schema; derived, predicted and env are open by design (docs/record.md lists their keys).
     """
 
     schema_version: Optional[int] = SCHEMA_VERSION
