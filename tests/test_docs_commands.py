@@ -57,12 +57,20 @@ def inline_commands(text: str) -> list[tuple[str, bool, str]]:
     ]
 
 
-COMMANDS = list(
-    dict.fromkeys(
+def _distinct(found: list[tuple[str, str, bool, str]]) -> list[tuple[str, str, bool, str]]:
+    """Each command once (the first page that has it), whichever pages repeat it."""
+    seen: dict[tuple[str, bool, str], str] = {}
+    for page, *command in found:
+        seen.setdefault(tuple(command), page)
+    return [(page, *command) for command, page in seen.items()]
+
+
+COMMANDS = _distinct(
+    [
         (page.relative_to(REPO).as_posix(), *c)
         for page in PAGES
         for c in shell_commands(page.read_text()) + inline_commands(page.read_text())
-    )
+    ]
 )
 
 

@@ -268,8 +268,9 @@ class ExperimentConfig:
     """Where this sweep's records go: <sweep_dir>/<job_key>/result.json."""
 
     @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> ExperimentConfig:
-        """The typed config of a resolved plain one (what the driver reads); a key the schema lacks raises."""
+    def from_dict(cls, cfg: Mapping[str, Any]) -> ExperimentConfig:
+        """The typed config of a resolved plain one (what the driver reads, or a record's experiment groups: the
+        logger, launch and sweep settings it lacks take their defaults); a key the schema lacks raises."""
         train = dict(cfg["train"])
         train["data"] = DataConfig(**train.get("data", {}))
         return cls(
@@ -277,10 +278,10 @@ class ExperimentConfig:
             train=TrainConfig(**train),
             parallel=ParallelConfig(**cfg["parallel"]),
             hardware=HardwareConfig(**cfg["hardware"]),
-            logger=LoggerConfig(**cfg["logger"]),
-            launch=LaunchConfig(**cfg["launch"]),
-            sweep=cfg["sweep"],
-            sweep_dir=cfg["sweep_dir"],
+            logger=LoggerConfig(**cfg.get("logger", {})),
+            launch=LaunchConfig(**cfg.get("launch", {})),
+            sweep=cfg.get("sweep", cls.sweep),
+            sweep_dir=cfg.get("sweep_dir", cls.sweep_dir),
         )
 
 
