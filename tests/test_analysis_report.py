@@ -183,6 +183,7 @@ def test_empty_sweep_says_so(tmp_path):
     assert "No records yet." in md
 
 
+@pytest.mark.slow
 def test_main_prints_where_the_report_is(tmp_path, capsys):
     sweep = write_sweep(tmp_path / "s", [make_record(dp=d) for d in (1, 2)])
     assert main([str(sweep), "--out", str(tmp_path / "r")]) == 0
@@ -198,6 +199,7 @@ def test_main_prints_where_the_report_is(tmp_path, capsys):
     assert main([str(sweep), "--out", str(tmp_path / "r"), "--jobs", "1"]) == 0
 
 
+@pytest.mark.slow
 def test_records_the_analysis_cannot_use_are_named_and_left_out_and_the_report_is_written(tmp_path, capsys):
     """One bad record used to take the report down (a ValueError from the extrapolation); now each is named once,
     on stderr and in the Markdown, and the report covers the good ones."""
@@ -339,6 +341,7 @@ def test_memory_figure_draws_each_prediction_and_the_rss_beside_the_tracker(tmp_
     assert [c.get_gid() for c in rss.collections] == ["rss"] and rss.get_ylabel().startswith("peak RSS growth")
 
 
+@pytest.mark.slow
 def test_ties_noise_knee_uncertainty_and_oversubscription_in_words(tmp_path):
     fast = [make_record(dp=dp, grad_acc=max(8 // dp, 1), noise_band_frac=0.05) for dp in (1, 2, 4, 8, 16)]
     over = [
@@ -382,6 +385,7 @@ def test_the_extrapolation_writes_out_what_it_draws_past_the_measured_dp(tmp_pat
     assert rows[0][6].strip(" |") != "" and all(r[6].strip(" |") == "" for r in rows[1:])  # dp 32 was measured
 
 
+@pytest.mark.slow
 def test_the_sections_are_built_from_one_read_of_the_store(tmp_path):
     """SweepData reads the directory once: with the directory gone, every section is still built from it."""
     truth, rng = TRUTHS[0], np.random.default_rng(0)

@@ -149,6 +149,7 @@ def test_the_jobs_of_a_sweep_file_get_the_config_hydra_composes(sweep_file):
         assert configs.compositions == len(choices)  # one per group choice, none per job
 
 
+@pytest.mark.slow
 def test_jobs_with_group_files_force_adds_and_interpolations_get_the_config_hydra_composes(tmp_path):
     grid = write_grid(tmp_path)
     with sweep_file_grid(grid, ["++train.steps=2", "+launch.extra=1", "logger.project=${hydra.job.name}"]) as (

@@ -160,6 +160,7 @@ def test_rms_norm_keeps_on_cpu_what_the_analytic_model_takes_off_on_cuda(dtype):
         + ["model.hidden=128", "train.grad_acc=4"],
     ],
 )
+@pytest.mark.slow
 def test_a_cuda_points_analytic_peak_is_its_step_traced_with_cudas_kernels(overrides):
     """A CUDA point's step traced with CUDA's fused RMSNorm and fused AdamW (scaling.predictor.trace._cuda_kernels)
     against the analytic model with the same kernels: the norms' terms and the end of an FSDP2 backward agree."""

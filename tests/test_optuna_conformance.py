@@ -55,6 +55,7 @@ def test_launch_jobs(hydra_sweep_runner: TSweepRunner, tmp_path: Path) -> None:
         assert {t.params["group1"] for t in trials} == {"file1", "file2"}
 
 
+@pytest.mark.slow
 def test_hydra_optuna_sweeper_keys_on_a_task_outside_the_project(
     hydra_sweep_runner: TSweepRunner, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -93,6 +94,7 @@ def test_hydra_optuna_sweeper_keys_on_a_task_outside_the_project(
     assert sweep.returns == best and any(o.startswith("mbs=") for o in best["overrides"])
 
 
+@pytest.mark.slow
 def test_a_task_returning_a_list_of_values_with_a_list_of_directions(
     hydra_sweep_runner: TSweepRunner, tmp_path: Path
 ) -> None:
