@@ -52,18 +52,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that share a fixture wider than one test stay on one worker, where it is made once: a module's fixture
     keeps its module together, and every test on the SLURM cluster shares one worker (one cluster for the run).
-    The rest go to whichever worker is free. Modules whose tests start processes go first, the heaviest first, so
-    that the last minutes are short tests spread over every worker rather than one long one (collection order is
-    kept within a module, and among modules of one weight)."""
-    by_module: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        by_module.setdefault(item.module.__name__, []).append(item)
-    weight = {"torchrun": 3, "slurm": 3, "browser": 3, "subprocess": 1}
-
-    def heaviness(group: list[pytest.Item]) -> int:
-        return -sum(max((weight.get(m.name, 0) for m in item.iter_markers()), default=0) for item in group)
-
-    items[:] = [item for group in sorted(by_module.values(), key=heaviness) for item in group]
+    The rest go to whichever worker is free."""
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
