@@ -57,6 +57,7 @@ CSS = (
     "table{border-collapse:collapse;margin:1em 0}th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}"
     "th.text,td.text{text-align:left}"
     "th{background:#f0f0f0}img{max-width:100%;display:block;margin:1em 0}code{background:#f4f4f4}"
+    "pre{white-space:pre-wrap;overflow-wrap:anywhere}"
 )
 
 
