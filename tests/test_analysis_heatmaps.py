@@ -137,6 +137,7 @@ def test_draw_all_splits_a_further_varying_axis_into_figures(df):
     assert "OOM" in labels  # not hidden under the other model's values
 
 
+@pytest.mark.subprocess
 def test_render_pngs_draws_each_figure_in_a_forked_worker_as_drawn_here(df, tmp_path):
     specs = figure_specs(df, metrics=("mfu", "tokens_per_s_per_gpu", "peak_mem_bytes"))
     paths = render_pngs(specs, tmp_path / "figures", jobs=2)

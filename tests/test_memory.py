@@ -177,6 +177,7 @@ def test_a_cuda_points_analytic_peak_is_its_step_traced_with_cudas_kernels(overr
 H100_PAGE = REPO / "benchmarks" / "gpu" / "NVIDIA_H100_80GB_HBM3.md"
 
 
+@pytest.mark.slow
 def test_the_analytic_model_predicts_the_h100_pages_eager_points_within_one_and_a_half_percent():
     """The H100 page's eager points (max_memory_allocated of real llama_1b steps, bf16, dp=1), predicted again: within
     1.5% at ZeRO-0, 2 and 3 (CUDA's fused RMSNorm keeps less than the CPU's ops, and FSDP2's root reduce-scatters at
@@ -250,6 +251,7 @@ def test_prescreen_without_trace_decides_on_the_analytic_figure():
     assert over["skip"] and over["method"] == "analytic" and "predicted peak" in over["reason"]
 
 
+@pytest.mark.subprocess
 def test_prescreen_traces_near_the_capacity_in_a_subprocess():
     cfg = _point(1.0)
     analytic = memory.predict_config(cfg).total_bytes
@@ -259,6 +261,7 @@ def test_prescreen_traces_near_the_capacity_in_a_subprocess():
     assert out["analytic"]["peak_mem_bytes"] == analytic and out["skip"] is False
 
 
+@pytest.mark.slow
 def test_the_trace_band_is_the_devices():
     """A point whose analytic peak is 15% under the pre-screen's threshold: on CPU, where the analytic model is within
     4% of the tracker, it decides alone; on CUDA, where it was up to 16% off max_memory_allocated, the trace does."""

@@ -31,6 +31,7 @@ def study_in(sweep_dir: Path) -> optuna.Study:
     return optuna.load_study(study_name=sweep_dir.name, storage=storage)
 
 
+@pytest.mark.slow
 def test_launch_jobs(hydra_sweep_runner: TSweepRunner, tmp_path: Path) -> None:
     """hydra-optuna-sweeper's own launch test: Hydra's test app, whose task returns 100."""
     sweep = hydra_sweep_runner(

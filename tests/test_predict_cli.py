@@ -113,6 +113,7 @@ def test_find_mbs_returns_what_a_direct_search_finds(store, capacity_gb):
     assert "confirmed: mbs=2 ok, mbs=3 oom" in found["note"]
 
 
+@pytest.mark.slow
 def test_predict_point_json_has_both_methods(capsys):
     assert (
         predict_main(["--json", "model=tiny", "parallel.dp=2", "parallel.zero_stage=3", "hardware.memory_gb=0.1"]) == 0

@@ -66,6 +66,7 @@ def synthetic_records(gbs: int, counts: list[int], rng: np.random.Generator) -> 
     return records
 
 
+@pytest.mark.slow
 def test_recommends_the_true_best_or_a_tie_with_it() -> None:
     gbs, counts = 512, [1, 8, 32, 128, 256, 512, 1024]
     rng = np.random.default_rng(7)
