@@ -2,8 +2,9 @@
 
 Hydra's public API has no way to run an app on a parsed command line without `sys.argv`, to split a sweep's
 overrides into points as its basic sweeper does, to apply value overrides to a composed config, or to subclass its
-basic sweeper and launcher. These names are tested on hydra-core 1.3.0 (the lowest pyproject.toml allows, in
-`make test-lowest`, which runs the grid tests that use it) and 1.3.8 (requirements.lock); pyproject.toml caps hydra-core below 1.4, where they may move.
+basic sweeper and launcher. The override split and application run on hydra-core 1.3.0, the lowest pyproject.toml
+allows (the grid tests of `make test-lowest`), and everything here on 1.3.8 (requirements.lock, `make test`);
+pyproject.toml caps hydra-core below 1.4, where these may move.
 Import it where it is used: `scaling status` never loads Hydra.
 """
 
