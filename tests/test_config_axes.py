@@ -107,7 +107,7 @@ def test_the_metrics_block_is_one_definition():
 
     from analysis.collect import FLOAT_COLUMNS, INT_COLUMNS
     from scaling.store.metrics import Metrics, metric_columns
-    from tests.test_noise import launch_metrics
+    from tests.helpers.launches import launch_metrics
 
     written = launch_metrics([1.0, 1.1, 0.9], [5, 6])
     assert list(written) == [f.name for f in fields(Metrics)]
