@@ -12,7 +12,7 @@ from analysis.bands import BAND, Extrapolation, extrapolate
 from analysis.recipe import EXTRAPOLATED, MEASURED, Candidate, Estimate, Split
 from analysis.step_model import Point, Workload
 from scaling.core.enums import Status
-from scaling.core.schema import ModelConfig
+from scaling.core.schema import ExperimentConfig
 from scaling.store.network import NetworkEstimate
 
 
@@ -96,21 +96,21 @@ def fit_model(
     return Model(workload, ex, label)
 
 
-def workload_of(model: ModelConfig, cfg: Mapping[str, Any], c: Candidate, mbs: int, gbs_samples: int) -> Workload:
-    """The step model's workload of a candidate at `mbs` under the resolved config `cfg` (precision, clipping, ...)."""
-    t, p = cfg["train"], cfg["parallel"]
+def workload_of(cfg: ExperimentConfig, c: Candidate, mbs: int, gbs_samples: int) -> Workload:
+    """The step model's workload of a candidate at `mbs` under the config `cfg` (model, precision, clipping, ...)."""
+    t, p = cfg.train, cfg.parallel
     return Workload(
         c.zero_stage,
-        model,
-        str(t["precision"]),
+        cfg.model,
+        str(t.precision),
         mbs,
-        int(t["seq_len"]),
+        t.seq_len,
         gbs_samples,
         1,
-        str(p["fsdp_grad_reduce"]),
+        str(p.fsdp_grad_reduce),
         c.recompute,
-        float(t["grad_clip"]),
-        float(p["bucket_mb"]),
+        float(t.grad_clip),
+        float(p.bucket_mb),
     )
 
 

@@ -12,6 +12,7 @@ Runs alternate A/B so that drift in the machine's load hits both.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -69,7 +70,7 @@ def main() -> None:
         f"hardware.threads_per_device={threads}",
     ]
     cfg = compose_point(overrides, work / "runs")
-    model_json = json.dumps(cfg["model"])
+    model_json = json.dumps(dataclasses.asdict(cfg.model))
     tokens_per_step = a.mbs * a.seq
 
     ours, bare, overhead, bare_wall = [], [], [], []

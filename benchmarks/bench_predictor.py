@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scaling.core.schema import HardwareConfig, ModelConfig, ParallelConfig, TrainConfig  # noqa: E402
+from scaling.core.schema import HardwareConfig, ParallelConfig, TrainConfig  # noqa: E402
 from scaling.job.run import run_point  # noqa: E402
 from scaling.predictor.analytic import analytic_peak, predict_config  # noqa: E402
 from scaling.predictor.prescreen import TRACE_BANDS  # noqa: E402
@@ -147,8 +147,7 @@ def speed_analytic(n: int = 10_000) -> float:
     """Seconds for `n` analytic predictions over random models and settings."""
     rng = random.Random(0)
     models = [
-        compose_config([f"model={m}"])["model"]
-        for m in ("tiny", "small", "llama_1b", "llama_3b", "llama_8b", "llama_70b")
+        compose_config([f"model={m}"]).model for m in ("tiny", "small", "llama_1b", "llama_3b", "llama_8b", "llama_70b")
     ]
     configs = [
         (
@@ -165,7 +164,7 @@ def speed_analytic(n: int = 10_000) -> float:
     ]
     typed = [
         (
-            ModelConfig(**model),
+            model,
             TrainConfig(seq_len=seq, mbs=mbs, precision=precision, recompute=recompute),
             ParallelConfig(dp=dp, zero_stage=stage),
             HardwareConfig(),
@@ -211,7 +210,7 @@ def main() -> None:
         shown = [f"model={name}"] + [o for o in overrides if not o.startswith("model")] if name else overrides
         row = {
             "point": " ".join(o.split(".")[-1] for o in shown),
-            "stage": cfg["parallel"]["zero_stage"],
+            "stage": cfg.parallel.zero_stage,
             "measured": measured,
             "analytic": analytic.total_bytes,
             "traced": traced.peak_mem_bytes,

@@ -45,7 +45,6 @@ from bench_sweep import run_sweep, startup_s  # noqa: E402
 from scaling.core.enums import Status  # noqa: E402
 from scaling.store.record import (  # noqa: E402
     RESULT_FILE,
-    experiment_config,
     iter_records,
 )
 from scaling.sweep.compose import sweep_file_grid  # noqa: E402
@@ -105,14 +104,14 @@ def write_store(sweep_file: Path, sweep_dir: Path) -> int:
             c = point.cfg
             record = make_record(
                 status,
-                model=c["model"]["name"],
-                seq_len=c["train"]["seq_len"],
-                mbs=c["train"]["mbs"],
-                dp=c["parallel"]["dp"],
-                zero_stage=c["parallel"]["zero_stage"],
+                model=c.model.name,
+                seq_len=c.train.seq_len,
+                mbs=c.train.mbs,
+                dp=c.parallel.dp,
+                zero_stage=c.parallel.zero_stage,
                 sweep="scale",
             )
-            record.update(job_key=point.key, config=experiment_config(c))
+            record.update(job_key=point.key, config=c.experiment())
             (sweep_dir / point.key).mkdir(parents=True, exist_ok=True)
             (sweep_dir / point.key / RESULT_FILE).write_text(json.dumps(record))  # no fsync: 10,000 files
             n += 1

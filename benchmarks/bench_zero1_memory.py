@@ -14,6 +14,7 @@ stage's peak after each step in units of Ψ and ZeRO-1's excess over ZeRO-0 (in 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import sys
 from pathlib import Path
@@ -34,16 +35,15 @@ from scaling.engine.step import train_step  # noqa: E402
 from scaling.sweep.compose import compose_config  # noqa: E402
 
 
-def peaks_per_step(cfg: dict, device: torch.device, fused: bool, steps: int) -> tuple[int, list[int]]:
+def peaks_per_step(cfg: ExperimentConfig, device: torch.device, fused: bool, steps: int) -> tuple[int, list[int]]:
     """Ψ and the peak bytes from the end of the build to the end of each step (a running maximum)."""
-    train, parallel, grad_acc = cfg["train"], cfg["parallel"], validate(cfg, host=False).grad_acc
-    load_wrappers(parallel["zero_stage"])
-    args = ModelArgs.from_dict(cfg["model"])
-    typed = ExperimentConfig.from_dict(cfg)
-    wrapped = parallelize(args, typed.train, typed.parallel, device, fused_optimizer=fused)
+    train, parallel, grad_acc = cfg.train, cfg.parallel, validate(cfg, host=False).grad_acc
+    load_wrappers(parallel.zero_stage)
+    args = ModelArgs.of(cfg.model)
+    wrapped = parallelize(args, train, parallel, device, fused_optimizer=fused)
     psi = sum(p.numel() for p in wrapped.model.parameters())
-    data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"], **train["data"])
-    batches = [step_batches(data, step, 0, train["mbs"], grad_acc) for step in range(steps)]
+    data = GlobalBatch(args.vocab_size, train.seq_len, train.seed, **dataclasses.asdict(train.data))
+    batches = [step_batches(data, step, 0, train.mbs, grad_acc) for step in range(steps)]
     peaks: list[int] = []
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from scaling.core.enums import Status  # noqa: E402
+from scaling.core.schema import ExperimentConfig  # noqa: E402
 from scaling.core.units import GIB  # noqa: E402
 from scaling.core.validate import validate  # noqa: E402
 from scaling.predictor.analytic import predict_config  # noqa: E402
@@ -82,7 +83,7 @@ class Check:
         self.recipe: str = ""
         self.snapshot: list[str] = []
 
-    def config(self, *overrides: str) -> dict[str, Any]:
+    def config(self, *overrides: str) -> ExperimentConfig:
         """A resolved point of the check."""
         return compose_config([*BASE, f"hardware={self.hardware}", f"sweep_dir={self.sweep_dir}", *overrides])
 
@@ -98,18 +99,18 @@ class Check:
         if not ok:
             self.failures.append(what)
 
-    def add(self, part: str, record: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    def add(self, part: str, record: dict[str, Any], cfg: ExperimentConfig) -> dict[str, Any]:
         """One measured point as a table row."""
         m, env = record.get("metrics") or {}, record.get("env") or {}
-        t, p = cfg["train"], cfg["parallel"]
+        t, p = cfg.train, cfg.parallel
         times = m.get("step_times_s") or []
         row = {
             "part": part,
-            "seq": t["seq_len"],
-            "mbs": t["mbs"],
-            "zero": p["zero_stage"],
-            "recompute": t["recompute"],
-            "compile": t["compile"],
+            "seq": t.seq_len,
+            "mbs": t.mbs,
+            "zero": p.zero_stage,
+            "recompute": t.recompute,
+            "compile": t.compile,
             "status": record["status"],
             "error": record.get("error"),
             "tokens_per_s_per_gpu": m.get("tokens_per_s_per_gpu"),
@@ -165,7 +166,7 @@ def part_a(check: Check) -> None:
         print(f"(a) ZeRO-{stage}: largest mbs {found.mbs} (predicted {found.predicted_mbs}; {found.note})", flush=True)
         for run in found.runs:
             run_cfg = check.config(f"parallel.zero_stage={stage}", f"train.mbs={run['mbs']}", "launch.prescreen=false")
-            record = run_point({**run_cfg, "launch": {**run_cfg["launch"], "rerun": "none"}})  # the stored run
+            record = run_point(run_cfg.changed(launch={"rerun": "none"}))  # the stored run
             row = check.add("a", record, run_cfg)
             if run["mbs"] > found.mbs:
                 check.expect(

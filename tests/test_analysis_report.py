@@ -20,9 +20,8 @@ from analysis.sections import build_sections, device_time_section
 from analysis.sweep_data import SweepData
 from scaling.cli.report import main
 from scaling.store.network import PROFILE_FILE, save_profile
-from scaling.store.record import job_key
 from scaling.store.wandb_runs import read_offline_run
-from tests.helpers.records import grid_records, make_record, write_sweep
+from tests.helpers.records import grid_records, key_of, make_record, write_sweep
 from tests.helpers.synthetic_dp import TRUTHS, profile_of
 
 
@@ -85,7 +84,7 @@ def _truth_sweep(path, truth, dps, rng):
         )
         r["config"]["hardware"]["devices_per_node"] = 8
         r["config"]["model"].update(dataclasses.asdict(w.model))
-        r["job_key"] = job_key(r["config"])
+        r["job_key"] = key_of(r["config"])
         r["derived"]["n_params"] = w.n_params
         step = float(np.median(times))
         r["metrics"].update(
@@ -214,7 +213,7 @@ def test_records_the_analysis_cannot_use_are_named_and_left_out_and_the_report_i
     # an older schema, whose parallel group named the data-parallel degree otherwise
     older = make_record(dp=4, mbs=2)
     older["config"]["parallel"]["data_parallel"] = older["config"]["parallel"].pop("dp")
-    older["job_key"] = job_key(older["config"])
+    older["job_key"] = key_of(older["config"])
     # merged from a store whose writer kept no metrics
     bare = make_record(dp=2, mbs=4)
     bare["metrics"] = None

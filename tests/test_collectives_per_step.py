@@ -8,11 +8,11 @@ import json
 import subprocess
 import sys
 from collections import Counter, defaultdict
-from typing import Any
 
 import pytest
 
 from analysis.step_model import EVERY, LAST, step_collectives
+from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import validate
 from tests.helpers.compose import REPO, compose_point, workload_of
 
@@ -29,8 +29,8 @@ CASES = [
 broadcasts stay fp32, FSDP2 gathers bf16 parameters and reduce-scatters fp32 gradients."""
 
 
-def _config(stage: int, reduce: str, grad_acc: int, precision: str) -> dict[str, Any]:
-    """The tiny model at dp=2, mbs 1, seq_len 16, clipped (train.grad_clip's default), with its derived block."""
+def _config(stage: int, reduce: str, grad_acc: int, precision: str) -> ExperimentConfig:
+    """The tiny model at dp=2, mbs 1, seq_len 16, clipped (train.grad_clip's default)."""
     cfg = compose_point(
         [
             "model=tiny",
@@ -44,13 +44,12 @@ def _config(stage: int, reduce: str, grad_acc: int, precision: str) -> dict[str,
             f"train.precision={precision}",
         ]
     )
-    cfg["derived"] = validate(cfg, host=False).as_dict()
     return cfg
 
 
-def _assumed(cfg: dict[str, Any]) -> dict[str, list[int]]:
+def _assumed(cfg: ExperimentConfig) -> dict[str, list[int]]:
     """{op: sorted bytes of each call} of one step as the step model lists it for this config."""
-    grad_acc = cfg["derived"]["grad_acc"]
+    grad_acc = validate(cfg, host=False).grad_acc
     w = workload_of(cfg, grad_acc)
     calls: dict[str, list[int]] = defaultdict(list)
     for c in step_collectives(w, DP, grad_acc):
@@ -69,7 +68,7 @@ def _show(calls: dict[str, list[int]]) -> str:
 def test_each_step_issues_what_the_step_model_lists(tmp_path):
     configs = {f"zero{s}{'' if s <= 1 else '/' + r}/grad_acc={g}/{p}": _config(s, r, g, p) for s, r, g, p in CASES}
     cases, counted = tmp_path / "cases.json", tmp_path / "counted.json"
-    cases.write_text(json.dumps([{"name": name, "config": cfg} for name, cfg in configs.items()]))
+    cases.write_text(json.dumps([{"name": name, "config": cfg.to_dict()} for name, cfg in configs.items()]))
     run = subprocess.run(
         [
             sys.executable,

@@ -14,8 +14,7 @@ from analysis.collect import COLUMNS, CONFIG_AXES, collect
 from analysis.dp_scaling import GROUP_KEYS, scaling_table
 from analysis.heatmaps import LAYOUT_AXES
 from scaling.core.schema import BATCH_SPLIT, EXPERIMENT_GROUPS, ExperimentConfig, config_fields
-from scaling.store.record import job_key
-from tests.helpers.records import make_record, write_sweep
+from tests.helpers.records import key_of, make_record, write_sweep
 
 FIELDS = config_fields()
 
@@ -48,9 +47,9 @@ def test_every_field_changes_the_job_key(field):
     node = cfg
     for key in field.path[:-1]:
         node = node[key]
-    before = job_key(cfg)
+    before = key_of(cfg)
     node[field.path[-1]] = _changed(node[field.path[-1]], field.type)
-    assert job_key(cfg) != before
+    assert key_of(cfg) != before
 
 
 @pytest.mark.subprocess
@@ -83,7 +82,7 @@ def _clip(record: dict, grad_clip) -> dict:
         del record["config"]["train"]["grad_clip"]
     else:
         record["config"]["train"]["grad_clip"] = grad_clip
-    record["job_key"] = job_key(record["config"])
+    record["job_key"] = key_of(record["config"])
     return record
 
 

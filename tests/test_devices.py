@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from scaling.core.schema import ExperimentConfig
 from scaling.launch.devices import LOCK_DIR_ENV, Request, lock_dir, pick, request
 from scaling.store.record import iter_records
 
@@ -82,14 +83,14 @@ def test_pick_prefers_aligned_then_contiguous_blocks():
 
 
 def test_request_says_what_a_point_leases():
-    cfg = {"hardware": {"device": "cuda", "devices_per_node": 4}, "parallel": {"dp": 2}, "launch": {"devices": None}}
+    cfg = ExperimentConfig().changed(hardware={"device": "cuda", "devices_per_node": 4}, parallel={"dp": 2})
     assert request(cfg, {}) == Request("cuda", 2, ("0", "1", "2", "3"))
     assert request(cfg, {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}) == Request("cuda", 2, ("4", "5", "6", "7"))
     # Inside a SLURM allocation the point leases among the GPUs SLURM gave the job.
     assert request(cfg, {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1"}) == Request("cuda", 2, ("0", "1"))
-    assert request({**cfg, "parallel": {"dp": 8}}, {"SLURM_JOB_ID": "7"}) is None  # its nodes are its own
-    assert request({**cfg, "launch": {"devices": "2,3"}}, {}) is None  # fixed by hand
-    cpu = {"hardware": {"device": "cpu", "devices_per_node": None}, "parallel": {"dp": 4}, "launch": {"devices": None}}
+    assert request(cfg.changed(parallel={"dp": 8}), {"SLURM_JOB_ID": "7"}) is None  # its nodes are its own
+    assert request(cfg.changed(launch={"devices": "2,3"}), {}) is None  # fixed by hand
+    cpu = ExperimentConfig().changed(parallel={"dp": 4})
     assert request(cpu, {}) == Request("cpu", 1, ("host",))  # CPU points take the whole host
     with pytest.raises(ValueError, match=r"parallel.dp=2 needs 2 GPUs .* CUDA_VISIBLE_DEVICES='5' lists 1"):
         request(cfg, {"CUDA_VISIBLE_DEVICES": "5"})
@@ -105,8 +106,9 @@ def test_each_slurm_job_has_locks_of_its_own(tmp_path):
 # Two points of one interactive allocation (salloc), each leasing 2 of the job's 4 GPUs for a moment.
 IN_JOB = textwrap.dedent("""\
     import json, os, sys, time
+    from scaling.core.schema import ExperimentConfig
     from scaling.launch.devices import hold, lock_dir, request
-    cfg = {"hardware": {"device": "cuda", "devices_per_node": 4}, "parallel": {"dp": 2}, "launch": {"devices": None}}
+    cfg = ExperimentConfig().changed(hardware={"device": "cuda", "devices_per_node": 4}, parallel={"dp": 2})
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
     with hold(request(cfg, env), None, poll_s=0.05) as held:
         t = time.time()

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from scaling.core.schema import ExperimentConfig
 from scaling.engine import kernels
 from scaling.engine.device import PROFILE_TOLERANCE, profile_note, rank_cores
 from scaling.engine.memtrack import ResidentMemory
@@ -78,7 +79,7 @@ def test_zero23_accumulate_gradients_in_shards(sweep_dir, stage):
     # seq_len 64, mbs 2; clipping at 0.05 (real runs clip too, at 1.0: the same buffers) makes "sharded" the
     # DP-split point of test_engine.py, run once for both
     common = ["parallel.dp=2", f"parallel.zero_stage={stage}", CLIP]
-    psi = param_count(ModelArgs.from_dict(compose_point(["model=tiny"])["model"]))
+    psi = param_count(ModelArgs.of(compose_point(["model=tiny"]).model))
     peaks = {}
     for label, extra in {
         "ga1": ["train.grad_acc=1"],
@@ -120,7 +121,7 @@ def test_ddp_bucket_rebuild_in_the_second_step_is_predicted(sweep_dir):
     the analytic prediction says so to the byte's order (it was 4Ψ short before it knew)."""
     rec = point(sweep_dir, "parallel.dp=2", "train.seq_len=16", "train.mbs=1", "parallel.zero_stage=1")
     assert rec["status"] == "ok", rec["error"]
-    predicted = predict_config(rec["config"], grad_acc=rec["derived"]["grad_acc"])
+    predicted = predict_config(ExperimentConfig.from_dict(rec["config"]), grad_acc=rec["derived"]["grad_acc"])
     assert predicted.phase == "bucket_rebuild"
     assert abs(predicted.total_bytes / max(rec["metrics"]["peak_mem_bytes_per_rank"]) - 1) < 0.001
     psi = param_count(ModelArgs.from_dict(rec["config"]["model"]))
@@ -151,11 +152,9 @@ def test_record_says_which_attention_kernel_ran(sweep_dir):
 
 def test_capacity_is_what_the_device_states_less_a_reserve():
     h100 = compose_point(["hardware=h100", "train.precision=bf16"])
-    assert capacity_bytes(h100) == int((h100["hardware"]["memory_gb"] - h100["hardware"]["reserve_gb"]) * 2**30)
+    assert capacity_bytes(h100.hardware) == int((h100.hardware.memory_gb - h100.hardware.reserve_gb) * 2**30)
     total = 85_017_493_504  # what torch reports for an "80 GB" H100 (79.18 GiB)
-    assert (
-        profile_note(h100["hardware"]["memory_gb"], "NVIDIA H100 80GB HBM3", total) is None
-    )  # the profile is the card
+    assert profile_note(h100.hardware.memory_gb, "NVIDIA H100 80GB HBM3", total) is None  # the profile is the card
     datasheet = profile_note(80.0, "NVIDIA H100 80GB HBM3", total)  # 1% over what the card has
     assert datasheet and "hardware.memory_gb=80 GiB" in datasheet and "79.18 GiB" in datasheet
     note = profile_note(141.0, "NVIDIA H100 80GB HBM3", total)

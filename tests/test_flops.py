@@ -22,6 +22,7 @@ import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from scaling.core.schema import HardwareConfig
 from scaling.engine import flops
 from scaling.engine.model import Transformer
 from scaling.engine.model_config import ModelArgs
@@ -81,25 +82,25 @@ def test_mfu_and_hfu_arithmetic():
     "hardware, precision, expected", [("h100", "bf16", 989e12), ("h100", "fp32", 67e12), ("a100", "bf16", 312e12)]
 )
 def test_peak_flops_come_from_the_hardware_config(hardware, precision, expected):
-    peak = flops.resolve_peak_flops(load("hardware", hardware), precision, threads=1, device="cuda")
+    peak = flops.resolve_peak_flops(HardwareConfig(**load("hardware", hardware)), precision)
     assert peak == flops.PeakFlops(expected, "config")
 
 
 def test_bad_precision_and_unmeasurable_device_are_rejected():
     with pytest.raises(ValueError, match=r"train.precision='fp16'.*\['bf16', 'fp32'\]"):
-        flops.resolve_peak_flops(load("hardware", "h100"), "fp16", threads=1, device="cuda")
+        flops.resolve_peak_flops(HardwareConfig(**load("hardware", "h100")), "fp16")
     with pytest.raises(ValueError, match="hardware.peak_tflops_bf16 is null for device='cuda'"):
-        flops.resolve_peak_flops({"peak_tflops_bf16": None}, "bf16", threads=1, device="cuda")
+        flops.resolve_peak_flops(HardwareConfig(device="cuda", peak_tflops_bf16=None), "bf16")
 
 
 @pytest.mark.slow
 def test_cpu_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALING_CACHE_DIR", str(tmp_path))
-    cpu = load("hardware", "cpu")
+    cpu = HardwareConfig(**load("hardware", "cpu"))
     threads_before = torch.get_num_threads()
 
     cores_before = os.sched_getaffinity(0)
-    first = flops.resolve_peak_flops(cpu, "fp32", threads=1, device="cpu")
+    first = flops.resolve_peak_flops(cpu, "fp32")
     assert first.source == "measured" and first.flops_per_s > 1e8
     assert first.measured_at and 0 <= first.spread < 1  # when, and how far the median repeat fell below the best
     assert torch.get_num_threads() == threads_before and os.sched_getaffinity(0) == cores_before
@@ -107,14 +108,14 @@ def test_cpu_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatc
     key = flops.cache_key("fp32", 1)
     assert entries[key]["flops_per_s"] == first.flops_per_s
 
-    second = flops.resolve_peak_flops(cpu, "fp32", threads=1, device="cpu")
+    second = flops.resolve_peak_flops(cpu, "fp32")
     assert second == flops.PeakFlops(first.flops_per_s, "cache", first.measured_at, first.spread)
 
     # The cache file is what answers: a value written there is returned as is.
     entries[key]["flops_per_s"] = 1234.0
     (tmp_path / flops.CACHE_FILE).write_text(json.dumps(entries))
-    assert flops.resolve_peak_flops(cpu, "fp32", threads=1, device="cpu").flops_per_s == 1234.0
+    assert flops.resolve_peak_flops(cpu, "fp32").flops_per_s == 1234.0
 
     # Another dtype is another measurement, added beside the first.
-    assert flops.resolve_peak_flops(cpu, "bf16", threads=1, device="cpu").source == "measured"
+    assert flops.resolve_peak_flops(cpu, "bf16").source == "measured"
     assert set(json.loads((tmp_path / flops.CACHE_FILE).read_text())) == {key, flops.cache_key("bf16", 1)}

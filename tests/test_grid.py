@@ -4,6 +4,7 @@ the overrides that take the slower paths (package-global group files, `++`, inte
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -14,9 +15,9 @@ from omegaconf import OmegaConf
 
 from scaling.core.enums import Status
 from scaling.core.sample import sampled
-from scaling.core.schema import CONF_DIR, EXPERIMENT_GROUPS
+from scaling.core.schema import CONF_DIR, EXPERIMENT_GROUPS, ExperimentConfig, LaunchConfig
 from scaling.launch.resolvers import register_configs
-from scaling.store.record import answers, job_key
+from scaling.store.record import answers
 from scaling.sweep.compose import sweep_file_grid
 from scaling.sweep.grid import (
     LAUNCH,
@@ -30,6 +31,7 @@ from scaling.sweep.grid import (
 )
 from scaling.sweep.progress import count_grid
 from tests.helpers.compose import REPO, compose_point
+from tests.helpers.records import key_of
 
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
 
@@ -46,7 +48,7 @@ def full_keys(sweep_file: Path, points: list[list[str]]) -> list[str]:
                 return_hydra_config=True,
             )
             keys.append(
-                job_key({group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS})
+                key_of({group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS})
             )
     return keys
 
@@ -115,10 +117,10 @@ def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
         surveyed = list(survey(points, configs))
         assert configs.compositions == 4  # model x case; ++ is part of every composition
     assert len(points) == 16 and [p.key for p in surveyed] == full_keys(tmp_path / "grid.yaml", points)
-    by_model = {p.cfg["model"]["name"]: p.cfg["train"] for p in surveyed}
-    assert by_model["small"]["seq_len"] != by_model["tiny"]["seq_len"]  # the interpolation follows the group
-    assert {p.cfg["train"]["gbs_tokens"] == p.cfg["train"]["seq_len"] for p in surveyed} == {True}
-    assert {(p.cfg["parallel"]["dp"], "case=wide" in p.overrides) for p in surveyed} == {(2, True), (1, False)}
+    by_model = {p.cfg.model.name: p.cfg.train for p in surveyed}
+    assert by_model["small"].seq_len != by_model["tiny"].seq_len  # the interpolation follows the group
+    assert {p.cfg.train.gbs_tokens == p.cfg.train.seq_len for p in surveyed} == {True}
+    assert {(p.cfg.parallel.dp, "case=wide" in p.overrides) for p in surveyed} == {(2, True), (1, False)}
 
     # A value that reads the hydra node cannot be resolved without it: such points are composed in full.
     with sweep_file_grid(tmp_path / "grid.yaml", ["logger.project=${hydra.job.name}"]) as (points, configs):
@@ -186,7 +188,7 @@ def test_a_misspelt_key_fails_like_hydra_before_anything_runs(tmp_path):
 
 def _point(status, wall_s=10.0, done=True):
     record = None if status is None else {"status": status, "timing": {"wall_s": wall_s}}
-    return GridPoint(0, [], {"launch": {"timeout_s": 300.0}}, "k", Path("."), record, done)
+    return GridPoint(0, [], ExperimentConfig(launch=LaunchConfig(timeout_s=300.0)), "k", Path("."), record, done)
 
 
 def test_forecast_counts_and_estimates_from_recorded_wall_times():
@@ -266,11 +268,11 @@ def test_predict_new_follows_validation_and_the_prescreen():
 def test_the_store_answers_a_point_by_one_rule(status, rerun, sample, answered):
     """run_point, the grid and Optuna sweepers and `scaling status` all ask `answers`."""
     record = {"status": status, "repeats": [{"status": status}]}
-    assert answers(record, "0" * 12, {"rerun": rerun, "repeats": 1, "prescreen_sample": sample}) is answered
+    assert answers(record, "0" * 12, LaunchConfig(rerun=rerun, repeats=1, prescreen_sample=sample)) is answered
 
 
 def test_the_sample_that_runs_predicted_oom_points_is_chosen_by_job_key():
-    launch = {"rerun": "none", "repeats": 1, "prescreen_sample": 0.5}
+    launch = LaunchConfig(rerun="none", repeats=1, prescreen_sample=0.5)
     keys = [f"{i * 7919:012x}" for i in range(200)]
     inside = [k for k in keys if sampled(k, 0.5)]
     assert 0 < len(inside) < len(keys)
@@ -278,4 +280,4 @@ def test_the_sample_that_runs_predicted_oom_points_is_chosen_by_job_key():
     assert not answers(None, keys[0], launch)
     one_launch = {"status": Status.OK, "repeats": [{"status": Status.OK, "metrics": {}}]}
     assert answers(one_launch, keys[0], launch)
-    assert not answers(one_launch, keys[0], {**launch, "repeats": 2})  # the missing repeat is launched
+    assert not answers(one_launch, keys[0], dataclasses.replace(launch, repeats=2))  # the missing repeat is launched

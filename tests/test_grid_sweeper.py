@@ -21,11 +21,7 @@ from scaling.cli.predict import main as predict_main
 from scaling.core.enums import Status
 from scaling.core.files import write_json_atomic
 from scaling.engine.jobfiles import RESULT_FILE, RUNNING_FILE
-from scaling.store.record import (
-    SWEEP_INDEX,
-    experiment_config,
-    job_key,
-)
+from scaling.store.record import SWEEP_INDEX, job_key
 from tests.helpers.cli import scaling
 from tests.helpers.compose import REPO, compose_point
 
@@ -60,7 +56,7 @@ def seed(sweep_dir: Path) -> dict[tuple[int, int], str]:
                         "job_key": keys[z, m],
                         "status": SEEDED[z, m],
                         "error": None,
-                        "config": experiment_config(cfg),
+                        "config": cfg.experiment(),
                         "metrics": None,
                         "predicted": None,
                         "timing": {"wall_s": 8.0},

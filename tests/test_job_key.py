@@ -24,7 +24,6 @@ from scaling.store.record import (
     Launch,
     Record,
     answers,
-    experiment_config,
     job_dir,
     job_key,
     read_record,
@@ -85,22 +84,24 @@ def upgraded(group: str, base: type, name: str, kind: type, default: Any, neutra
     )
 
 
-def with_value(cfg: dict[str, Any], group: str, name: str, value: Any) -> dict[str, Any]:
-    return {**cfg, group: {**cfg[group], name: value}}
+def with_value(cfg: ExperimentConfig, group: str, name: str, value: Any, schema: type) -> Any:
+    """`cfg` read into the upgraded `schema`, with the added field `group.name` set to `value`."""
+    plain = cfg.to_dict()
+    return schema.from_dict({**plain, group: {**plain[group], name: value}})
 
 
 @pytest.mark.parametrize("key", GOLDEN)
 def test_a_field_added_at_its_neutral_value_keeps_every_key_and_any_other_value_makes_a_new_one(key):
     cfg = compose_point([*GOLDEN[key], *neutral_overrides()])
     schema = upgraded("parallel", ParallelConfig, "overlap_optimizer", str, "off", neutral="off")
-    assert job_key(with_value(cfg, "parallel", "overlap_optimizer", "off"), schema) == key
-    assert job_key(with_value(cfg, "parallel", "overlap_optimizer", "on"), schema) != key
+    assert job_key(with_value(cfg, "parallel", "overlap_optimizer", "off", schema)) == key
+    assert job_key(with_value(cfg, "parallel", "overlap_optimizer", "on", schema)) != key
     # clipping changes the step: a default other than the neutral value makes new keys, and the neutral one finds
     # what was measured before it existed
     clipped = upgraded("train", TrainConfig, "clip_at", float, 1.0, neutral=0.0)
-    assert job_key(with_value(cfg, "train", "clip_at", 1.0), clipped) != key
-    assert job_key(with_value(cfg, "train", "clip_at", 0.0), clipped) == key
-    assert job_key(with_value(cfg, "train", "clip_at", 0), clipped) == key  # as YAML may spell it
+    assert job_key(with_value(cfg, "train", "clip_at", 1.0, clipped)) != key
+    assert job_key(with_value(cfg, "train", "clip_at", 0.0, clipped)) == key
+    assert job_key(with_value(cfg, "train", "clip_at", 0, clipped)) == key  # as YAML may spell it
 
 
 def test_a_field_added_to_a_nested_group_at_its_neutral_value_keeps_the_key():
@@ -117,18 +118,18 @@ def test_a_field_added_to_a_nested_group_at_its_neutral_value_keeps_the_key():
         "ExperimentConfig", [("train", train, dataclasses.field(default_factory=train))], bases=(ExperimentConfig,)
     )
     for shuffle, same in ((False, True), (True, False)):
-        upgraded_cfg = with_value(cfg, "train", "data", {**cfg["train"]["data"], "shuffle": shuffle})
-        assert (job_key(upgraded_cfg, schema) == job_key(cfg)) is same
+        upgraded_cfg = with_value(cfg, "train", "data", {**cfg.to_dict()["train"]["data"], "shuffle": shuffle}, schema)
+        assert (job_key(upgraded_cfg) == job_key(cfg)) is same
 
 
-def ok_record(cfg: dict[str, Any], key: str) -> Record:
+def ok_record(cfg: ExperimentConfig, key: str) -> Record:
     """An ok record of one launch, as run_point writes it."""
     metrics = {"tokens_per_s": 1000.0, "tokens_per_s_per_gpu": 1000.0, "step_time_s": 0.128}
     return Record(
         job_key=key,
-        sweep=cfg["sweep"],
+        sweep=cfg.sweep,
         status=Status.OK,
-        config=experiment_config(cfg),
+        config=cfg.experiment(),
         metrics=metrics,
         repeats=[Launch(status=Status.OK, metrics=metrics)],
     )
@@ -138,12 +139,12 @@ def test_a_store_written_before_a_field_was_added_answers_the_point_after_it(tmp
     before = compose_point(GOLDEN["fae2dc172e68"], sweep_dir=tmp_path)
     ok_record(before, job_key(before)).write(job_dir(tmp_path, job_key(before)) / RESULT_FILE)
     schema = upgraded("parallel", ParallelConfig, "overlap_optimizer", str, "off", neutral="off")
-    after = with_value(before, "parallel", "overlap_optimizer", "off")
-    key = job_key(after, schema)
+    after = with_value(before, "parallel", "overlap_optimizer", "off", schema)
+    key = job_key(after)
     record = read_record(tmp_path, key)
-    assert record is not None and answers(record, key, after["launch"])
+    assert record is not None and answers(record, key, after.launch)
     # a new value of the field is a new point: the store has nothing for it
-    assert read_record(tmp_path, job_key(with_value(before, "parallel", "overlap_optimizer", "on"), schema)) is None
+    assert read_record(tmp_path, job_key(with_value(before, "parallel", "overlap_optimizer", "on", schema))) is None
 
 
 def test_run_point_answers_a_point_of_a_store_written_before_from_the_store(tmp_path, capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scaling.core.schema import HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
+from scaling.core.schema import HardwareConfig, ParallelConfig, TrainConfig
 from scaling.core.units import GIB
 from scaling.engine.model_config import ModelArgs, param_count
 from scaling.predictor import analytic as memory
@@ -20,10 +20,10 @@ PSI = 8_030_261_248  # llama_8b
 
 
 def peak(model, seq_len, mbs, dp=1, zero_stage=0, precision="fp32", recompute="none", grad_acc=1):
-    """`analytic_peak` of a model config (a dict, as composed) on a CPU rank without gloo's copy: the accounting
+    """`analytic_peak` of a model config on a CPU rank without gloo's copy: the accounting
     these tests check, a point given by its few numbers."""
     return analytic_peak(
-        ModelConfig(**model),
+        model,
         TrainConfig(seq_len=seq_len, mbs=mbs, precision=precision, recompute=recompute),
         ParallelConfig(dp=dp, zero_stage=zero_stage),
         HardwareConfig(backend="nccl"),
@@ -51,8 +51,8 @@ def test_model_state_matches_playbook_formulas(dp):
 def test_analytic_state_is_this_code_bases_accounting(precision):
     """DDP keeps fp32 weights and gradient buckets whatever the precision (autocast); FSDP2 keeps fp32
     shards (weights, gradients, Adam) plus its unsharded compute copies. Adam adds a 4-byte step per tensor."""
-    model = compose_point(["model=small"])["model"]
-    args = ModelArgs.from_dict(model)
+    model = compose_point(["model=small"]).model
+    args = ModelArgs.of(model)
     psi, dp, n_tensors = param_count(args), 4, 9 * args.n_layers + 3
     fp32 = lambda stage: model_state_bytes(psi, stage, dp, PLAYBOOK_FP32)  # noqa: E731
     for stage in (0, 1):
@@ -91,7 +91,7 @@ def _shapes(args: ModelArgs, seq_len: int = 64, mbs: int = 1) -> model_state.Sha
 
 def test_zero1_partition_is_torchs_greedy_whole_tensor_partition():
     """llama_8b at dp=64: the embedding (525M elements) alone sits on one rank, 4.2x a fair share of Ψ/64."""
-    args = ModelArgs.from_dict(compose_point(["model=llama_8b"])["model"])
+    args = ModelArgs.of(compose_point(["model=llama_8b"]).model)
     numel, tensors = model_state.zero1_worst_rank(_shapes(args), 64)
     assert numel == args.vocab_size * args.hidden and tensors == 1
     assert 8 * numel / 1e9 == pytest.approx(4.2, abs=0.05)  # GB of AdamW m and v on the worst rank
@@ -201,7 +201,7 @@ def test_the_analytic_model_predicts_the_h100_pages_eager_points_within_one_and_
 
 
 def test_peak_grows_with_mbs_and_shrinks_with_recompute_and_sharding():
-    model = compose_point(["model=llama_8b"])["model"]
+    model = compose_point(["model=llama_8b"]).model
     peaks = [peak(model, 4096, mbs, 8, 3, "bf16").total_bytes for mbs in (1, 2, 4)]
     assert peaks[0] < peaks[1] < peaks[2]
     assert peak(model, 4096, 4, 8, 3, "bf16", "full").total_bytes < peaks[2]
@@ -210,7 +210,7 @@ def test_peak_grows_with_mbs_and_shrinks_with_recompute_and_sharding():
 
 
 def test_bad_input_names_the_field():
-    model = compose_point(["model=tiny"])["model"]
+    model = compose_point(["model=tiny"]).model
     with pytest.raises(ValueError, match=r"train.precision='fp16' is not valid: choose fp32 or bf16"):
         peak(model, 64, 2, precision="fp16")
     with pytest.raises(ValueError, match=r"parallel.zero_stage=5 is not valid: choose one of 0, 1, 2, 3"):
@@ -268,7 +268,7 @@ def test_the_trace_band_is_the_devices():
 
     def at(point, *overrides):  # the same point with its capacity set so that analytic / threshold = 1 / 1.15
         analytic = memory.predict_config(compose_point([*point, "hardware.memory_gb=80"])).total_bytes
-        reserve = compose_point(point)["hardware"]["reserve_gb"]
+        reserve = compose_point(point).hardware.reserve_gb
         return compose_point([*point, f"hardware.memory_gb={analytic * 1.15 / 1.1 / GIB + reserve}"])
 
     cpu = prescreen(at(["model=tiny", "train.mbs=2"]))

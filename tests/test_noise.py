@@ -8,6 +8,7 @@ import statistics
 import pytest
 
 from scaling.core.noise import relative_spread, within_noise
+from scaling.core.schema import LaunchConfig
 from scaling.job.metrics import repeats_metrics
 from scaling.store.record import (
     Launch,
@@ -23,9 +24,9 @@ KEY = "0" * 12
 """A job key outside any pre-screen sample but the whole one."""
 
 
-def asked(rerun: str = "none", repeats: int = 1) -> dict:
+def asked(rerun: str = "none", repeats: int = 1) -> LaunchConfig:
     """The launch settings `answers` reads."""
-    return {"rerun": rerun, "repeats": repeats, "prescreen_sample": 0.0}
+    return LaunchConfig(rerun=rerun, repeats=repeats, prescreen_sample=0.0)
 
 
 def launch(status: str, metrics: dict | None = None, launched_at: str = "t0", wait_s: float = 0.0) -> Launch:

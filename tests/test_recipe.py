@@ -250,12 +250,9 @@ def test_the_network_is_timed_from_4_kib_up_to_the_largest_message_a_step_issues
     """At least 4 KiB to 4 MiB (three sizes let one noisy small size make time fall with size: β unfittable), and up
     to the first default size at or above the candidates' largest message: the tiny model's messages need no 16 MiB
     timing, the small model's and a 1B model's take every CPU default size."""
-    from scaling.core.schema import ModelConfig
     from scaling.recipe.measure import network_sizes
     from scaling.store.network import CPU_SIZES
     from tests.helpers.compose import compose_point
 
     cfg = compose_point([f"model={model}", "train.seq_len=128"])
-    assert network_sizes(ModelConfig(**cfg["model"]), cfg, [Candidate(0, "none", 4, "")], 64, 2) == list(
-        CPU_SIZES[:count]
-    )
+    assert network_sizes(cfg, [Candidate(0, "none", 4, "")], 64, 2) == list(CPU_SIZES[:count])

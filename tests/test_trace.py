@@ -68,7 +68,7 @@ def test_the_end_of_an_fsdp_backward_is_predicted_as_a_real_run_holds_it(point_s
     measured = run_point(cfg)
     assert measured["status"] == "ok", measured["error"]
     peak = measured["metrics"]["peak_mem_bytes"]
-    args = ModelArgs.from_dict(cfg["model"])
+    args = ModelArgs.of(cfg.model)
     block = sum(rows * cols for _, in_block, rows, cols in param_shapes(args) if in_block) // args.n_layers
     race = 4 * block  # one block's fp32 reduce-scatter buffer
     analytic, traced = memory.predict_config(cfg), trace_peak(cfg).peak_mem_bytes
@@ -124,6 +124,6 @@ def test_large_model_is_traced_without_allocating_it():
         ]
     )
     traced = trace_peak(cfg)
-    psi = param_count(ModelArgs.from_dict(cfg["model"]))
+    psi = param_count(ModelArgs.of(cfg.model))
     assert traced.breakdown["opt"] >= 8 * psi // 8  # AdamW m and v of this rank's shard
     assert 1 * 2**30 < traced.peak_mem_bytes < 40 * 2**30

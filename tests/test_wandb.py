@@ -4,6 +4,7 @@ readable names and axis tags, sectioned summaries, WANDB_* defaults, and the run
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pandas as pd
 import pytest
 
 from analysis.collect import collect, from_wandb_offline
+from scaling.core.schema import LoggerConfig
 from scaling.job.wandb_log import init_kwargs, log_point
 from scaling.store.index import store_id
 from scaling.store.record import iter_records
@@ -33,25 +35,25 @@ def test_logger_defaults_come_from_wandb_environment_variables_and_overrides_win
     monkeypatch.setenv("WANDB_PROJECT", "from-env")
     monkeypatch.setenv("WANDB_ENTITY", "team")
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    logger = compose_point(["logger=wandb"])["logger"]
-    assert (logger["project"], logger["entity"], logger["mode"]) == ("from-env", "team", "disabled")
-    logger = compose_point(["logger=wandb", "logger.project=cli", "logger.mode=offline"])["logger"]
-    assert (logger["project"], logger["entity"], logger["mode"]) == ("cli", "team", "offline")
+    logger = compose_point(["logger=wandb"]).logger
+    assert (logger.project, logger.entity, logger.mode) == ("from-env", "team", "disabled")
+    logger = compose_point(["logger=wandb", "logger.project=cli", "logger.mode=offline"]).logger
+    assert (logger.project, logger.entity, logger.mode) == ("cli", "team", "offline")
     for name in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_MODE"):
         monkeypatch.delenv(name)
-    logger = compose_point(["logger=wandb"])["logger"]
-    assert (logger["project"], logger["entity"], logger["mode"]) == ("scaling", None, "offline")
+    logger = compose_point(["logger=wandb"]).logger
+    assert (logger.project, logger.entity, logger.mode) == ("scaling", None, "offline")
 
 
 def test_init_respects_wandb_dir_console_and_silent_and_is_quiet_otherwise(tmp_path):
-    logger = {"name": "wandb", "project": "p", "entity": None, "mode": "offline", "dir": None}
+    logger = LoggerConfig(name="wandb", project="p")
     record, store = make_record(sweep="s"), str(tmp_path)
     quiet = init_kwargs(record, logger, store, {})
     assert quiet["dir"] == store and quiet["settings"]["silent"] is True and quiet["settings"]["console"] == "off"
     assert quiet["id"] == f"s-{store_id(store)}-{record['job_key']}-1"
     user = init_kwargs(record, logger, store, {"WANDB_DIR": "/w", "WANDB_CONSOLE": "wrap", "WANDB_SILENT": "false"})
     assert user["dir"] == "/w" and "silent" not in user["settings"] and "console" not in user["settings"]
-    assert init_kwargs(record, {**logger, "dir": "/l"}, store, {"WANDB_DIR": "/w"})["dir"] == "/l"
+    assert init_kwargs(record, dataclasses.replace(logger, dir="/l"), store, {"WANDB_DIR": "/w"})["dir"] == "/l"
 
 
 @pytest.mark.subprocess
@@ -111,7 +113,7 @@ def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_col
     assert by_status["predicted_oom"]["config"]["hardware.memory_gb"] == 0.0005
 
     # Logging the same attempt again resumes its run (same id), it never adds a point.
-    logger = {"name": "wandb", "project": "from-env", "entity": None, "mode": "offline", "dir": None}
+    logger = LoggerConfig(name="wandb", project="from-env")
     assert log_point(ok_record, logger, str(sweep_dir)) is None  # no failure
     deadline = time.monotonic() + 30  # wandb-core finishes writing the log after finish() returns
     while sum(r["id"] == ok["id"] and "status" in r["summary"] for r in offline_runs(sweep_dir)) < 2:

@@ -33,7 +33,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import Trial, TrialState
 
-from scaling.core.schema import EXPERIMENT_GROUPS
+from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, LaunchConfig
 from scaling.store.record import answers, job_key, output_dir, read_record
 
 from . import _report
@@ -269,14 +269,14 @@ class OptunaSearch(Sweeper):
         sweep_dir = output_dir(cfg.sweep_dir, cfg.hydra)
         # The whole experiment, so the point runs the same from the default primary config too.
         run_overrides = leaf_overrides({**experiment, "sweep": cfg.sweep, "sweep_dir": sweep_dir})
-        key = job_key(experiment)
+        key = job_key(ExperimentConfig.from_dict(experiment))
         record = read_record(sweep_dir, key)
-        launch = {
-            "rerun": OmegaConf.select(cfg, "launch.rerun", default="none"),
-            "repeats": OmegaConf.select(cfg, "launch.repeats", default=1),
-            "prescreen_sample": OmegaConf.select(cfg, "launch.prescreen_sample", default=0.0),
-        }
-        return ExperimentPoint(run_overrides, record if answers(record, key, launch) else None, launch["repeats"])
+        launch = LaunchConfig(
+            rerun=OmegaConf.select(cfg, "launch.rerun", default="none"),
+            repeats=OmegaConf.select(cfg, "launch.repeats", default=1),
+            prescreen_sample=OmegaConf.select(cfg, "launch.prescreen_sample", default=0.0),
+        )
+        return ExperimentPoint(run_overrides, record if answers(record, key, launch) else None, launch.repeats)
 
     def _check_failures(self, study: Study) -> None:
         counted = counted_trials(study)

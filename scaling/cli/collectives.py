@@ -52,12 +52,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = compose_config(a.overrides)
     except ComposeError as e:
         p.error(str(e))
-    if cfg["parallel"]["dp"] < 1:
-        p.error(
-            f"parallel.dp={cfg['parallel']['dp']} is the largest launch's ranks: give dp >= 1 (1 and 2 both measure 2)"
-        )
-    sweep_dir = Path(a.sweep_dir or cfg["sweep_dir"]).resolve()
-    sizes = sizes or list(CUDA_SIZES if cfg["hardware"]["device"] == "cuda" else CPU_SIZES)
+    if cfg.parallel.dp < 1:
+        p.error(f"parallel.dp={cfg.parallel.dp} is the largest launch's ranks: give dp >= 1 (1 and 2 both measure 2)")
+    sweep_dir = Path(a.sweep_dir or cfg.sweep_dir).resolve()
+    sizes = sizes or list(CUDA_SIZES if cfg.hardware.device == "cuda" else CPU_SIZES)
     try:
         if a.dry_run:
             launches = plan_launches(cfg, sweep_dir, sizes, a.iters, os.environ)

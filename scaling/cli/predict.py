@@ -21,6 +21,7 @@ import json
 import sys
 from typing import Any, Optional
 
+from scaling.core.schema import ExperimentConfig
 from scaling.core.units import memory_unit
 from scaling.core.validate import InvalidConfig, validate
 from scaling.predictor.analytic import predict_config
@@ -47,18 +48,22 @@ def _breakdown_rows(analytic: dict[str, Any], traced: Optional[dict[str, Any]]) 
     return rows
 
 
-def _point_line(cfg: dict[str, Any]) -> str:
-    m, t, p, hw = cfg["model"], cfg["train"], cfg["parallel"], cfg["hardware"]
+def _point_line(cfg: ExperimentConfig) -> str:
+    m, t, p, hw = cfg.model, cfg.train, cfg.parallel, cfg.hardware
     return (
-        f"model={m['name']} seq_len={t['seq_len']} mbs={t['mbs']} dp={p['dp']} zero_stage={p['zero_stage']} "
-        f"precision={t['precision']} recompute={t['recompute']} hardware={hw['name']}"
+        f"model={m.name} seq_len={t.seq_len} mbs={t.mbs} dp={p.dp} zero_stage={p.zero_stage} "
+        f"precision={t.precision} recompute={t.recompute} hardware={hw.name}"
     )
 
 
-def predict_point(cfg: dict[str, Any], traced: bool = True) -> dict[str, Any]:
-    """Both predictions of one resolved point: {capacity_bytes, analytic: {...}, traced: {...} or None}."""
+def predict_point(cfg: ExperimentConfig, traced: bool = True) -> dict[str, Any]:
+    """Both predictions of one point: {capacity_bytes, analytic: {...}, traced: {...} or None}."""
     analytic = predict_config(cfg)
-    out: dict[str, Any] = {"capacity_bytes": capacity_bytes(cfg), "analytic": analytic.as_dict(), "traced": None}
+    out: dict[str, Any] = {
+        "capacity_bytes": capacity_bytes(cfg.hardware),
+        "analytic": analytic.as_dict(),
+        "traced": None,
+    }
     if traced:
         from scaling.predictor.trace import trace_peak
 
@@ -98,7 +103,7 @@ def _sweep(name: str, overrides: list[str], traced: bool, as_json: bool) -> int:
             if pred is None:
                 rows.append({**choice, "status": "invalid", "error": new["error"]})
                 continue
-            margin = point.cfg["launch"]["prescreen_margin"]
+            margin = point.cfg.launch.prescreen_margin
             rows.append(
                 {
                     **choice,
@@ -170,7 +175,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         unit, div = memory_unit(cap)
         print(
             f"capacity {_fmt(cap, div)} {unit} per rank (hardware.memory_gb): "
-            f"{_verdict(peak, cap, cfg['launch']['prescreen_margin'])}"
+            f"{_verdict(peak, cap, cfg.launch.prescreen_margin)}"
         )
     return 0
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from scaling.cli.args import parse_count
 from scaling.core.batch import BatchError, nearest_whole_batch
+from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import InvalidConfig, validate
 from scaling.recipe.measure import point_config
 
@@ -102,7 +103,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     cfg = _compose(overrides, sweep_dir)
     if isinstance(cfg, str):
         return _refuse(cfg)
-    seq_len = int(cfg["train"]["seq_len"])
+    seq_len = cfg.train.seq_len
     try:
         gbs_samples = nearest_whole_batch(a.gbs_tokens, seq_len)
     except BatchError as e:
@@ -113,7 +114,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _refuse(str(e))
     from scaling.predictor.prescreen import capacity_bytes
 
-    capacity = capacity_bytes(cfg)
+    capacity = capacity_bytes(cfg.hardware)
     if capacity is None:
         return _refuse(
             "hardware.memory_gb=null: the recipe needs a device capacity to find the largest mbs, e.g. "
@@ -121,7 +122,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         )
     if a.dry_run:
         print(
-            f"scaling recipe: {cfg['model']['name']} at seq_len {seq_len} on {cfg['hardware']['name']}, a global batch "
+            f"scaling recipe: {cfg.model.name} at seq_len {seq_len} on {cfg.hardware.name}, a global batch "
             f"of {gbs_samples:,} sequences ({gbs_samples * seq_len:,} tokens"
             + (f", the nearest to --gbs-tokens {a.gbs_tokens:,}" if gbs_samples * seq_len != a.gbs_tokens else "")
             + f"), GPU counts {', '.join(map(str, a.gpus))}, ZeRO {', '.join(map(str, a.zero))}, recompute "
@@ -145,8 +146,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
-def _compose(overrides: list[str], sweep_dir: Path) -> dict[str, Any] | str:
-    """The resolved base config (warm ranks unless the overrides say otherwise), or why it cannot be composed."""
+def _compose(overrides: list[str], sweep_dir: Path) -> ExperimentConfig | str:
+    """The base config (warm ranks unless the overrides say otherwise), or why it cannot be composed."""
     from scaling.sweep.compose import ComposeError, compose_config
 
     reuse = [] if any(o.startswith("launch.reuse=") for o in overrides) else ["launch.reuse=true"]

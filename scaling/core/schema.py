@@ -24,7 +24,7 @@ before it resumes without launching. Fields that were part of the key from the s
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -269,20 +269,35 @@ class ExperimentConfig:
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> ExperimentConfig:
-        """The typed config of a resolved plain one (what the driver reads, or a record's experiment groups: the
-        logger, launch and sweep settings it lacks take their defaults); a key the schema lacks raises."""
-        train = dict(cfg["train"])
-        train["data"] = DataConfig(**train.get("data", {}))
-        return cls(
-            model=ModelConfig(**cfg["model"]),
-            train=TrainConfig(**train),
-            parallel=ParallelConfig(**cfg["parallel"]),
-            hardware=HardwareConfig(**cfg["hardware"]),
-            logger=LoggerConfig(**cfg.get("logger", {})),
-            launch=LaunchConfig(**cfg.get("launch", {})),
-            sweep=cfg.get("sweep", cls.sweep),
-            sweep_dir=cfg.get("sweep_dir", cls.sweep_dir),
-        )
+        """The typed config of a resolved plain one (what Hydra composes, a job's config.json, or a record's
+        experiment groups: the groups and fields it lacks take their defaults); a key the schema lacks raises
+        TypeError. A subclass (a schema with a field added) reads its own fields."""
+        return _build(cls, cfg)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain config, for a file or another process (`from_dict` reads it back to an equal config)."""
+        return asdict(self)
+
+    def experiment(self) -> dict[str, dict[str, Any]]:
+        """The groups that define what is measured (model, train, parallel, hardware), as plain dicts: the
+        record's `config` and what `job_key` hashes."""
+        return {group: asdict(getattr(self, group)) for group in EXPERIMENT_GROUPS}
+
+    def changed(self, **groups: Mapping[str, Any]) -> ExperimentConfig:
+        """A copy with some fields of some groups set, e.g. `c.changed(train={"mbs": 2}, parallel={"dp": 4})`;
+        a field the group lacks raises TypeError."""
+        return replace(self, **{group: replace(getattr(self, group), **values) for group, values in groups.items()})
+
+
+def _build(kind: type, values: Mapping[str, Any]) -> Any:
+    """The dataclass `kind` of a plain dict, its nested groups (fields made by a dataclass default_factory) built too."""
+    nested = {f.name: f.default_factory for f in fields(kind) if is_dataclass(f.default_factory)}
+    return kind(
+        **{
+            name: _build(nested[name], value) if name in nested and isinstance(value, Mapping) else value
+            for name, value in values.items()
+        }
+    )
 
 
 def without_neutral(values: Mapping[str, Any], group: type) -> dict[str, Any]:

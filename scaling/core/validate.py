@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from scaling.core.batch import (
     BatchError,
@@ -19,6 +19,7 @@ from scaling.core.batch import (
 )
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.core.host import usable_cores as host_cores
+from scaling.core.schema import ExperimentConfig, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
 
 DEVICES = ("cpu", "cuda")
 BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo")}
@@ -81,18 +82,18 @@ class _Checker:
         )
 
 
-def _check_model(c: _Checker, m: Mapping[str, Any]) -> None:
+def _check_model(c: _Checker, m: ModelConfig) -> None:
     sizes_ok = all(
         [
-            c.positive(f"model.{k}", m[k])
+            c.positive(f"model.{k}", getattr(m, k))
             for k in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "max_seq_len")
         ]
     )
-    c.positive("model.rope_theta", m["rope_theta"], integer=False)
-    c.positive("model.norm_eps", m["norm_eps"], integer=False)
+    c.positive("model.rope_theta", m.rope_theta, integer=False)
+    c.positive("model.norm_eps", m.norm_eps, integer=False)
     if not sizes_ok:
         return
-    h, heads, kv = m["hidden"], m["n_heads"], m["n_kv_heads"]
+    h, heads, kv = m.hidden, m.n_heads, m.n_kv_heads
     if c.require(
         h % heads == 0,
         f"model.n_heads={heads} does not divide model.hidden={h}: try n_heads in "
@@ -106,86 +107,86 @@ def _check_model(c: _Checker, m: Mapping[str, Any]) -> None:
     )
 
 
-def _check_train(c: _Checker, t: Mapping[str, Any], max_seq_len: Any) -> None:
-    if c.positive("train.seq_len", t["seq_len"]) and _is_int(max_seq_len):
+def _check_train(c: _Checker, t: TrainConfig, max_seq_len: Any) -> None:
+    if c.positive("train.seq_len", t.seq_len) and _is_int(max_seq_len):
         c.require(
-            t["seq_len"] <= max_seq_len,
-            f"train.seq_len={t['seq_len']} exceeds model.max_seq_len={max_seq_len}: use seq_len <= {max_seq_len}",
+            t.seq_len <= max_seq_len,
+            f"train.seq_len={t.seq_len} exceeds model.max_seq_len={max_seq_len}: use seq_len <= {max_seq_len}",
         )
-    c.positive("train.mbs", t["mbs"])
-    ga = t["grad_acc"]
+    c.positive("train.mbs", t.mbs)
+    ga = t.grad_acc
     c.require(ga == "auto" or (_is_int(ga) and ga >= 1), f"train.grad_acc={ga!r} must be an integer >= 1 or 'auto'")
-    c.positive("train.gbs", t["gbs"], allow_none=True)
-    c.positive("train.gbs_tokens", t["gbs_tokens"], allow_none=True)
+    c.positive("train.gbs", t.gbs, allow_none=True)
+    c.positive("train.gbs_tokens", t.gbs_tokens, allow_none=True)
     c.require(
-        _is_int(t["warmup_steps"]) and t["warmup_steps"] >= 0,
-        f"train.warmup_steps={t['warmup_steps']!r} must be an integer >= 0",
+        _is_int(t.warmup_steps) and t.warmup_steps >= 0,
+        f"train.warmup_steps={t.warmup_steps!r} must be an integer >= 0",
     )
-    c.positive("train.steps", t["steps"])
-    c.choice("train.precision", t["precision"], tuple(Precision))
-    c.choice("train.recompute", t["recompute"], tuple(Recompute))
-    c.positive("train.lr", t["lr"], integer=False)
-    c.require(t["weight_decay"] >= 0, f"train.weight_decay={t['weight_decay']!r} must be >= 0")
+    c.positive("train.steps", t.steps)
+    c.choice("train.precision", t.precision, tuple(Precision))
+    c.choice("train.recompute", t.recompute, tuple(Recompute))
+    c.positive("train.lr", t.lr, integer=False)
+    c.require(t.weight_decay >= 0, f"train.weight_decay={t.weight_decay!r} must be >= 0")
     c.require(
-        t["grad_clip"] >= 0,
-        f"train.grad_clip={t['grad_clip']!r} must be >= 0 (the largest gradient norm "
+        t.grad_clip >= 0,
+        f"train.grad_clip={t.grad_clip!r} must be >= 0 (the largest gradient norm "
         "an optimizer step keeps; 0 turns clipping off)",
     )
-    c.choice("train.fault", t["fault"], FAULTS)
-    data = t["data"]
-    if c.choice("train.data.source", data["source"], DATA_SOURCES) and data["source"] == "file":
-        path = data["path"]
+    c.choice("train.fault", t.fault, FAULTS)
+    data = t.data
+    if c.choice("train.data.source", data.source, DATA_SOURCES) and data.source == "file":
+        path = data.path
         c.require(
             bool(path) and os.path.isfile(str(path)),
             f"train.data.path={path!r} is not a readable file: give a flat binary token file for source=file",
         )
-        c.choice("train.data.dtype", data["dtype"], TOKEN_DTYPES)
+        c.choice("train.data.dtype", data.dtype, TOKEN_DTYPES)
 
 
-def _check_parallel(c: _Checker, p: Mapping[str, Any]) -> None:
-    c.positive("parallel.dp", p["dp"])
-    c.choice("parallel.zero_stage", p["zero_stage"], tuple(ZeroStage))
-    c.positive("parallel.bucket_mb", p["bucket_mb"], integer=False)
-    c.choice("parallel.fsdp_grad_reduce", p["fsdp_grad_reduce"], tuple(FsdpGradReduce))
+def _check_parallel(c: _Checker, p: ParallelConfig) -> None:
+    c.positive("parallel.dp", p.dp)
+    c.choice("parallel.zero_stage", p.zero_stage, tuple(ZeroStage))
+    c.positive("parallel.bucket_mb", p.bucket_mb, integer=False)
+    c.choice("parallel.fsdp_grad_reduce", p.fsdp_grad_reduce, tuple(FsdpGradReduce))
 
 
-def _check_hardware(c: _Checker, hw: Mapping[str, Any], precision: Any) -> None:
-    if c.choice("hardware.device", hw["device"], DEVICES):
-        c.choice("hardware.backend", hw["backend"], BACKENDS[hw["device"]])
-    if c.positive("hardware.memory_gb", hw["memory_gb"], allow_none=True, integer=False) and hw["memory_gb"]:
+def _check_hardware(c: _Checker, hw: HardwareConfig, precision: Any) -> None:
+    if c.choice("hardware.device", hw.device, DEVICES):
+        c.choice("hardware.backend", hw.backend, BACKENDS[hw.device])
+    if c.positive("hardware.memory_gb", hw.memory_gb, allow_none=True, integer=False) and hw.memory_gb:
         c.require(
-            0 <= hw["reserve_gb"] < hw["memory_gb"],
-            f"hardware.reserve_gb={hw['reserve_gb']!r} must be >= 0 and below hardware.memory_gb={hw['memory_gb']!r}",
+            0 <= hw.reserve_gb < hw.memory_gb,
+            f"hardware.reserve_gb={hw.reserve_gb!r} must be >= 0 and below hardware.memory_gb={hw.memory_gb!r}",
         )
-    c.positive("hardware.devices_per_node", hw["devices_per_node"], allow_none=True)
-    c.positive("hardware.threads_per_device", hw["threads_per_device"])
+    c.positive("hardware.devices_per_node", hw.devices_per_node, allow_none=True)
+    c.positive("hardware.threads_per_device", hw.threads_per_device)
     for key in ("peak_tflops_bf16", "peak_tflops_fp32"):
-        c.positive(f"hardware.{key}", hw[key], allow_none=True, integer=False)
-    if hw["device"] == "cuda" and precision in tuple(Precision):
+        c.positive(f"hardware.{key}", getattr(hw, key), allow_none=True, integer=False)
+    if hw.device == "cuda" and precision in tuple(Precision):
         key = f"peak_tflops_{precision}"
-        c.require(hw[key] is not None, f"hardware.{key}=null: a CUDA profile needs its peak TFLOP/s for MFU")
+        c.require(getattr(hw, key) is not None, f"hardware.{key}=null: a CUDA profile needs its peak TFLOP/s for MFU")
 
 
-def _check_kernels(c: _Checker, cfg: Mapping[str, Any]) -> None:
+def _check_kernels(c: _Checker, cfg: ExperimentConfig) -> None:
     """CUDA runs attention only on fused kernels (scaling.engine.kernels): refuse what none of them runs."""
-    m, precision = cfg["model"], cfg["train"]["precision"]
-    if cfg["hardware"]["device"] == "cuda" and precision == Precision.FP32 and m["n_kv_heads"] != m["n_heads"]:
+    m, precision = cfg.model, cfg.train.precision
+    if cfg.hardware.device == "cuda" and precision == Precision.FP32 and m.n_kv_heads != m.n_heads:
         c.errors.append(
             f"train.precision=fp32 on hardware.device=cuda with grouped-query attention (model.n_kv_heads="
-            f"{m['n_kv_heads']} < model.n_heads={m['n_heads']}): no fused attention kernel runs it in fp32 (flash "
+            f"{m.n_kv_heads} < model.n_heads={m.n_heads}): no fused attention kernel runs it in fp32 (flash "
             "and cuDNN need bf16, memory-efficient attention has no GQA), and the math kernel would hold a "
             "seq_len x seq_len matrix per head: use train.precision=bf16"
         )
 
 
-def _check_cores(c: _Checker, cfg: Mapping[str, Any], usable_cores: int) -> None:
+def _check_cores(c: _Checker, cfg: ExperimentConfig, usable_cores: int) -> None:
     """On CPU every rank of a node is a device of threads_per_device cores of its own."""
-    hw, dp = cfg["hardware"], cfg["parallel"]["dp"]
-    if hw["device"] != "cpu" or hw["oversubscribe"]:
+    hw, dp = cfg.hardware, cfg.parallel.dp
+    if hw.device != "cpu" or hw.oversubscribe:
         return
-    per_node = hw["devices_per_node"]
+    per_node = hw.devices_per_node
     ranks = min(dp, per_node) if per_node else dp
-    threads = hw["threads_per_device"]
+    threads = hw.threads_per_device
     c.require(
         ranks * threads <= usable_cores,
         f"parallel.dp={dp} x hardware.threads_per_device={threads} = {ranks * threads} threads on one host "
@@ -195,35 +196,35 @@ def _check_cores(c: _Checker, cfg: Mapping[str, Any], usable_cores: int) -> None
     )
 
 
-def _check_run(c: _Checker, cfg: Mapping[str, Any]) -> None:
-    log, launch = cfg["logger"], cfg["launch"]
-    c.choice("logger.name", log["name"], LOGGERS)
-    c.choice("logger.mode", log["mode"], WANDB_MODES)
-    c.positive("launch.timeout_s", launch["timeout_s"], integer=False)
-    c.choice("launch.rerun", launch["rerun"], RERUN)
+def _check_run(c: _Checker, cfg: ExperimentConfig) -> None:
+    log, launch = cfg.logger, cfg.launch
+    c.choice("logger.name", log.name, LOGGERS)
+    c.choice("logger.mode", log.mode, WANDB_MODES)
+    c.positive("launch.timeout_s", launch.timeout_s, integer=False)
+    c.choice("launch.rerun", launch.rerun, RERUN)
     c.require(
-        0 <= launch["prescreen_sample"] <= 1,
-        f"launch.prescreen_sample={launch['prescreen_sample']!r} must be a fraction in [0, 1]",
+        0 <= launch.prescreen_sample <= 1,
+        f"launch.prescreen_sample={launch.prescreen_sample!r} must be a fraction in [0, 1]",
     )
-    c.positive("launch.repeats", launch["repeats"])
-    c.positive("launch.reuse_idle_s", launch["reuse_idle_s"], integer=False)
+    c.positive("launch.repeats", launch.repeats)
+    c.positive("launch.reuse_idle_s", launch.reuse_idle_s, integer=False)
     c.require(
-        0 <= launch["prescreen_margin"] < 10,
-        f"launch.prescreen_margin={launch['prescreen_margin']!r} must be in [0, 10)",
+        0 <= launch.prescreen_margin < 10,
+        f"launch.prescreen_margin={launch.prescreen_margin!r} must be in [0, 10)",
     )
 
 
-def _derive(c: _Checker, cfg: Mapping[str, Any]) -> Derived | None:
-    t, p, hw = cfg["train"], cfg["parallel"], cfg["hardware"]
-    seq, mbs, dp, ga = t["seq_len"], t["mbs"], p["dp"], t["grad_acc"]
+def _derive(c: _Checker, cfg: ExperimentConfig) -> Derived | None:
+    t, p, hw = cfg.train, cfg.parallel, cfg.hardware
+    seq, mbs, dp, ga = t.seq_len, t.mbs, p.dp, t.grad_acc
     try:
         if ga == "auto":
-            gbs = target_gbs_samples(seq, t["gbs"], t["gbs_tokens"])
+            gbs = target_gbs_samples(seq, t.gbs, t.gbs_tokens)
             ga = derive_grad_acc(gbs, mbs, dp)
         else:
             gbs = mbs * ga * dp
-            if t["gbs"] is not None or t["gbs_tokens"] is not None:
-                target = target_gbs_samples(seq, t["gbs"], t["gbs_tokens"])
+            if t.gbs is not None or t.gbs_tokens is not None:
+                target = target_gbs_samples(seq, t.gbs, t.gbs_tokens)
                 c.require(
                     target == gbs,
                     f"train.grad_acc={ga} gives gbs = mbs x grad_acc x dp = {mbs} x {ga} x {dp} = "
@@ -233,25 +234,25 @@ def _derive(c: _Checker, cfg: Mapping[str, Any]) -> Derived | None:
         c.errors.append(str(e))
         return None
     try:
-        nnodes = nodes_needed(dp, hw["devices_per_node"])
+        nnodes = nodes_needed(dp, hw.devices_per_node)
     except ValueError as e:
         c.errors.append(str(e))
         return None
     return Derived(gbs=gbs, gbs_tokens=gbs * seq, grad_acc=ga, world_size=dp, nnodes=nnodes)
 
 
-def validate(cfg: Mapping[str, Any], usable_cores: Optional[int] = None, host: bool = True) -> Derived:
-    """Check a resolved config (plain dict); return its derived layout or raise InvalidConfig.
+def validate(cfg: ExperimentConfig, usable_cores: Optional[int] = None, host: bool = True) -> Derived:
+    """Check a config; return its derived layout or raise InvalidConfig.
 
     With `host`, a CPU point must also fit this host: `usable_cores` (default: this process's CPU
     affinity) hold dp x threads_per_device. The memory predictors, which need only the batch layout of
     a point that may run elsewhere, pass host=False.
     """
     c = _Checker()
-    _check_model(c, cfg["model"])
-    _check_train(c, cfg["train"], cfg["model"]["max_seq_len"])
-    _check_parallel(c, cfg["parallel"])
-    _check_hardware(c, cfg["hardware"], cfg["train"]["precision"])
+    _check_model(c, cfg.model)
+    _check_train(c, cfg.train, cfg.model.max_seq_len)
+    _check_parallel(c, cfg.parallel)
+    _check_hardware(c, cfg.hardware, cfg.train.precision)
     _check_run(c, cfg)
     if c.errors:
         raise InvalidConfig(c.errors)

@@ -23,10 +23,11 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Optional
+from typing import Iterator, Optional
 
 from scaling.core.enums import Precision
 from scaling.core.files import write_json_atomic
+from scaling.core.schema import HardwareConfig
 from scaling.engine.model_config import ModelArgs, block_matmul_param_count, matmul_param_count
 
 PRECISION_DTYPES = {Precision.FP32: "float32", Precision.BF16: "bfloat16"}
@@ -96,7 +97,7 @@ class PeakFlops:
     """Of a measured peak: (best − median) / best over its timed repeats."""
 
 
-def resolve_peak_flops(hardware: Mapping, precision: str, threads: int, device: str) -> PeakFlops:
+def resolve_peak_flops(hardware: HardwareConfig, precision: str) -> PeakFlops:
     """Peak FLOP/s of one device at the run's precision: configured, or measured on cpu and cached; with where
     the figure came from and, for a measured one, when it was taken and the spread of its repeats."""
     if precision not in PRECISION_DTYPES:
@@ -104,7 +105,7 @@ def resolve_peak_flops(hardware: Mapping, precision: str, threads: int, device: 
             f"train.precision={precision!r} is invalid: expected one of {sorted(map(str, PRECISION_DTYPES))}"
         )
     key = f"peak_tflops_{precision}"
-    tflops = hardware.get(key)
+    tflops, device, threads = getattr(hardware, key), hardware.device, hardware.threads_per_device
     if tflops is not None:
         if tflops <= 0:
             raise ValueError(f"hardware.{key}={tflops} is invalid: it must be > 0 TFLOP/s (or null to measure on cpu)")

@@ -80,7 +80,8 @@ class PointJob:
     def read(cls, path: str | os.PathLike) -> PointJob:
         """The job in a config.json the driver wrote (its `derived` and `runtime` beside the experiment groups)."""
         data = json.loads(Path(path).read_text())
-        return cls(ExperimentConfig.from_dict(data), int(data["derived"]["grad_acc"]), data["runtime"]["pg_timeout_s"])
+        derived, runtime = data.pop("derived"), data.pop("runtime")
+        return cls(ExperimentConfig.from_dict(data), int(derived["grad_acc"]), runtime["pg_timeout_s"])
 
 
 @dataclass(kw_only=True)

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
-from scaling.core.schema import TrainConfig
+from scaling.core.schema import HardwareConfig, TrainConfig
 from scaling.engine import device as devices
 from scaling.engine import kernels, memtrack
 from scaling.engine.data import GlobalBatch, step_batches
@@ -231,7 +231,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
         optimizer_state_bytes_per_rank=memory["optimizer_state_bytes"],
         num_ooms=sum(memory["num_ooms"] or [0]),
         num_alloc_retries=sum(memory["num_alloc_retries"] or [0]),
-        env=_env(cfg, dev),
+        env=_env(cfg.hardware, dev),
         rows_built_in_timed_window=rows_built_in_window,
         grad_norms=[float(n) for n in grad_norms] if grad_norms else None,
         points_before=points_before,
@@ -268,14 +268,14 @@ def _mean_over_ranks(losses: list[torch.Tensor]) -> list[float]:
     return (summed / dist.get_world_size()).tolist()
 
 
-def _env(cfg: dict[str, Any], dev: devices.Device) -> dict[str, Any]:
+def _env(hardware: HardwareConfig, dev: devices.Device) -> dict[str, Any]:
     """Where the point ran, for the record's `env`; on CPU which cores each rank ran on (shared ones mean the
     point was oversubscribed)."""
     world = dist.get_world_size()
     env = {
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "backend": cfg.hardware.backend,
+        "backend": hardware.backend,
         "hostname": socket.gethostname(),
         "memory_capacity": dev.memory_capacity,
         "world_size": world,

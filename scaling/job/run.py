@@ -46,7 +46,6 @@ from scaling.store.record import (
     Record,
     Timing,
     answers,
-    experiment_config,
     job_dir,
     job_key,
     kept_launches,
@@ -60,36 +59,35 @@ OPTUNA_SWEEPER = "hydra_plugins.scaling_optuna_sweeper.sweeper.ScalingOptunaSwee
 numbered by trial."""
 
 
-def run_point(cfg: dict[str, Any], provenance: Optional[Provenance] = None) -> dict[str, Any]:
-    """Run one resolved experiment config (plain dict) to its record (`Record.to_dict()`, what the sweepers
-    receive); never raises for a bad point.
+def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> dict[str, Any]:
+    """Run one experiment point to its record (`Record.to_dict()`, what the sweepers receive); never raises for
+    a bad point.
 
     `provenance` says what made the point (see `hydra_provenance`); the record adds its attempt number and
     the SLURM job id. A point the store answers is not run again (its stored record is returned); a point
     recorded with fewer ok launches than launch.repeats launches only the missing ones."""
-    c = ExperimentConfig.from_dict(cfg)
     sweep_dir = Path(c.sweep_dir).resolve()
-    key = job_key(cfg)
+    key = job_key(c)
     existing = read_record(sweep_dir, key)
-    if answers(existing, key, cfg["launch"]):  # a predicted_oom point in the pre-screen's sample runs anyway
+    if answers(existing, key, c.launch):  # a predicted_oom point in the pre-screen's sample runs anyway
         print(f"[scaling] {key} already recorded as {existing['status']}: skipped", flush=True)
         return existing
 
     t0 = time.perf_counter()
-    record = _new_record(cfg, key, existing, provenance)
+    record = _new_record(c, key, existing, provenance)
     point_dir = job_dir(sweep_dir, key)
     try:
-        derived = validate(cfg)
+        derived = validate(c)
     except InvalidConfig as e:
-        return _finish(_ended(record, Status.INVALID, str(e), c), point_dir, t0, cfg)
+        return _finish(_ended(record, Status.INVALID, str(e), c), point_dir, t0, c)
     record.derived = _derived_block(c, derived)
-    record.predicted = prediction = prescreen(cfg, derived.grad_acc)
+    record.predicted = prediction = prescreen(c, derived.grad_acc)
     if predicted_oom(prediction):  # predicted > (1 + prescreen_margin) x capacity, and not in the sample
-        return _finish(_ended(record, Status.PREDICTED_OOM, prediction["reason"], c), point_dir, t0, cfg)
+        return _finish(_ended(record, Status.PREDICTED_OOM, prediction["reason"], c), point_dir, t0, c)
 
     point_dir.mkdir(parents=True, exist_ok=True)
     runtime = {"job_key": key, "pg_timeout_s": torchrun.process_group_timeout_s(c.launch.timeout_s)}
-    write_json_atomic(point_dir / CONFIG_FILE, {**cfg, "derived": record.derived, "runtime": runtime})
+    write_json_atomic(point_dir / CONFIG_FILE, {**c.to_dict(), "derived": record.derived, "runtime": runtime})
     try:
         # Under SLURM the allocation decides how torchrun starts (one node, or one torchrun per node joined by
         # a c10d rendezvous); elsewhere it is `torchrun --standalone`. This node must hold its ranks.
@@ -101,26 +99,26 @@ def run_point(cfg: dict[str, Any], provenance: Optional[Provenance] = None) -> d
             os.environ,
             c.launch.master_port,
         )
-        lease = devices.request(cfg, os.environ)
+        lease = devices.request(c, os.environ)
     except ValueError as e:
-        return _finish(_ended(record, Status.FAILED, str(e), c), point_dir, t0, cfg)
+        return _finish(_ended(record, Status.FAILED, str(e), c), point_dir, t0, c)
 
     lead = slurm.is_lead_task(os.environ)  # the task that writes the record (the only one outside multi-node SLURM)
     if lead:  # until _finish writes the record: `scaling status` and a re-run see the point in flight
         inflight.mark_running(point_dir, os.environ)
     resumed = [Launch.from_dict(launch) for launch in kept_launches(existing, c.launch.rerun)]
-    _launch_repeats(c, cfg, record, resumed, point_dir, argv, lease, lead)
-    return _finish(record, point_dir, t0, cfg) if lead else record.to_dict()
+    _launch_repeats(c, record, resumed, point_dir, argv, lease, lead)
+    return _finish(record, point_dir, t0, c) if lead else record.to_dict()
 
 
 def _new_record(
-    cfg: dict[str, Any], key: str, existing: Optional[dict[str, Any]], provenance: Optional[Provenance]
+    c: ExperimentConfig, key: str, existing: Optional[dict[str, Any]], provenance: Optional[Provenance]
 ) -> Record:
     """The record of a point about to be judged: its config and what made it, nothing measured yet."""
     return Record(
         job_key=key,
-        sweep=cfg["sweep"],
-        config=experiment_config(cfg),
+        sweep=c.sweep,
+        config=c.experiment(),
         provenance=dataclasses.replace(
             provenance or Provenance(), slurm_job_id=inflight.slurm_job_id(os.environ), attempt=next_attempt(existing)
         ),
@@ -136,7 +134,6 @@ def _ended(record: Record, status: str, error: str, c: ExperimentConfig) -> Reco
 
 def _launch_repeats(
     c: ExperimentConfig,
-    cfg: dict[str, Any],
     record: Record,
     launches: list[Launch],
     point_dir: Path,
@@ -161,20 +158,16 @@ def _launch_repeats(
                 (point_dir / stale).unlink(missing_ok=True)
             shutil.rmtree(point_dir / ELASTIC_LOGS, ignore_errors=True)  # an earlier launch's errors are not this one's
         if warm_ranks:
-            with warm.job_for(warm.shape_of(cfg, lease, os.environ), c.launch.reuse_idle_s) as job:
+            with warm.job_for(warm.shape_of(c, lease, os.environ), c.launch.reuse_idle_s) as job:
                 held = job.held
-                peak = flops.resolve_peak_flops(
-                    cfg["hardware"], c.train.precision, c.hardware.threads_per_device, c.hardware.device
-                )
+                peak = flops.resolve_peak_flops(c.hardware, c.train.precision)
                 launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
                 outcome, points_before = job.run(point_dir / CONFIG_FILE, point_dir, c.launch.timeout_s, log_name)
         else:
             points_before = 0
             with warm.fresh_lease(lease, c.launch.devices) as held:
                 # The CPU peak that MFU divides by is measured here, while this point holds the host.
-                peak = flops.resolve_peak_flops(
-                    cfg["hardware"], c.train.precision, c.hardware.threads_per_device, c.hardware.device
-                )
+                peak = flops.resolve_peak_flops(c.hardware, c.train.precision)
                 launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
                 env = torchrun.job_env(c.hardware.threads_per_device, held.visible, c.hardware.device == "cuda")
                 outcome = torchrun.launch_torchrun(argv, point_dir, c.launch.timeout_s, env, log_name)
@@ -253,13 +246,13 @@ def _derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
     }
 
 
-def _finish(record: Record, point_dir: Path, t0: float, cfg: dict[str, Any]) -> dict[str, Any]:
+def _finish(record: Record, point_dir: Path, t0: float, c: ExperimentConfig) -> dict[str, Any]:
     """Time, write atomically, log the record to W&B (which may fail harmlessly), then announce it."""
     record.timing.wall_s = time.perf_counter() - t0
     record.write(point_dir / RESULT_FILE)
     inflight.clear(point_dir)
     written = record.to_dict()
-    wandb_failure = wandb_log.log_point(written, cfg["logger"], cfg["sweep_dir"])
+    wandb_failure = wandb_log.log_point(written, c.logger, c.sweep_dir)
     print(_summary_line(record) + (f"; {wandb_failure}" if wandb_failure else ""), flush=True)
     return written
 
@@ -296,4 +289,4 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     devices.start_sweep_watcher()  # a worker of the parallel launcher dies with a killed sweep
     hydra_cfg = HydraConfig.get()
     cfg.sweep_dir = output_dir(cfg.sweep_dir, hydra_cfg)
-    return run_point(OmegaConf.to_container(cfg, resolve=True), hydra_provenance(hydra_cfg))
+    return run_point(ExperimentConfig.from_dict(OmegaConf.to_container(cfg, resolve=True)), hydra_provenance(hydra_cfg))

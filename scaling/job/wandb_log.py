@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping, Optional
 
+from scaling.core.schema import LoggerConfig
 from scaling.job.metrics import tokens_per_s
 from scaling.store.index import store_id
 from scaling.store.wandb_runs import run_config, run_dir, run_id, run_name, run_settings, run_tags, summary_of
@@ -44,13 +45,13 @@ def history_of(record: Mapping[str, Any]) -> list[dict[str, float]]:
 
 
 def init_kwargs(
-    record: Mapping[str, Any], logger: Mapping[str, Any], sweep_dir: str, environ: Mapping[str, str]
+    record: Mapping[str, Any], logger: LoggerConfig, sweep_dir: str, environ: Mapping[str, str]
 ) -> dict[str, Any]:
     """The arguments of `wandb.init` for a point of the store `sweep_dir` (`settings` as a dict of
     `wandb.Settings` fields), given the process's environment."""
     return {
-        "project": logger["project"],
-        "entity": logger["entity"],
+        "project": logger.project,
+        "entity": logger.entity,
         "id": run_id(record, store_id(sweep_dir)),
         "resume": "allow",
         "group": record["sweep"],
@@ -58,17 +59,17 @@ def init_kwargs(
         "name": run_name(record),
         "tags": run_tags(record),
         "config": run_config(record),
-        "dir": run_dir(logger["dir"], sweep_dir, environ),
-        "mode": logger["mode"],
+        "dir": run_dir(logger.dir, sweep_dir, environ),
+        "mode": logger.mode,
         "reinit": "finish_previous",
         "settings": run_settings(environ),
     }
 
 
-def log_point(record: Mapping[str, Any], logger: Mapping[str, Any], sweep_dir: str) -> Optional[str]:
+def log_point(record: Mapping[str, Any], logger: LoggerConfig, sweep_dir: str) -> Optional[str]:
     """Log a point of the store `sweep_dir` as one W&B run (per attempt); returns why logging failed (one
     line), or None when it was logged or W&B is off."""
-    if logger["name"] != "wandb":
+    if logger.name != "wandb":
         return None
     try:
         import wandb

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from scaling.core.batch import nodes_needed
 from scaling.core.enums import Status
 from scaling.core.files import read_json, write_json_atomic
+from scaling.core.schema import ExperimentConfig
 from scaling.engine.jobfiles import CONFIG_FILE, ELASTIC_LOGS, TORCHRUN_LOG
 from scaling.launch import devices, slurm, torchrun, warm
 from scaling.store.network import PROFILE_FILE, Profile, fit_tiers, save_profile
@@ -33,18 +35,17 @@ def world_sizes(dp: int, devices_per_node: Optional[int]) -> list[int]:
 
 
 def _launch_one(
-    cfg: Mapping[str, Any], n: int, launch_dir: Path, argv: list[str], env: Mapping[str, str]
+    cfg: ExperimentConfig, n: int, launch_dir: Path, argv: list[str], env: Mapping[str, str]
 ) -> dict[str, Any]:
     """One benchmark launch of n ranks in its job directory, holding its devices as a point does; the worker's JSON."""
 
-    hw, out = cfg["hardware"], launch_dir / BENCH_OUTPUT
-    point = {**cfg, "parallel": {**cfg["parallel"], "dp": n}}
-    with warm.fresh_lease(devices.request(point, env), cfg["launch"]["devices"]) as held:
+    hw, out = cfg.hardware, launch_dir / BENCH_OUTPUT
+    with warm.fresh_lease(devices.request(cfg.changed(parallel={"dp": n}), env), cfg.launch.devices) as held:
         outcome = torchrun.launch_torchrun(
             argv,
             launch_dir,
-            cfg["launch"]["timeout_s"],
-            torchrun.job_env(hw["threads_per_device"], held.visible, hw["device"] == "cuda"),
+            cfg.launch.timeout_s,
+            torchrun.job_env(hw.threads_per_device, held.visible, hw.device == "cuda"),
         )
         torchrun.end_point_processes(out)  # every rank names its output file on its command line
     doc = read_json(out)
@@ -57,19 +58,19 @@ def _launch_one(
 
 
 def plan_launches(
-    cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int], iters: int, env: Mapping[str, str]
+    cfg: ExperimentConfig, sweep_dir: Path, sizes_bytes: Sequence[int], iters: int, env: Mapping[str, str]
 ) -> dict[int, tuple[Path, list[str]]]:
     """Every launch of a measurement, by world size: its directory and its command line (scaling.launch.slurm's
     placement: torchrun here, or one per node through srun under SLURM). A launch that cannot be placed raises
     ValueError here, before any process starts."""
-    hw = cfg["hardware"]
-    dpn = hw["devices_per_node"]
+    hw = cfg.hardware
+    dpn = hw.devices_per_node
     if int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
         raise ValueError(
             "scaling collectives runs as one process that starts every launch: run it with salloc or "
             "in a batch script, not as one of several srun tasks"
         )
-    plan = world_sizes(int(cfg["parallel"]["dp"]), dpn)
+    plan = world_sizes(cfg.parallel.dp, dpn)
     if "SLURM_JOB_ID" not in env and plan[-1] > (dpn or plan[-1]):
         nodes = nodes_needed(plan[-1], dpn)
         raise ValueError(
@@ -77,7 +78,7 @@ def plan_launches(
             f"scaling collectives inside a SLURM allocation of them (salloc --nodes={nodes} scaling "
             f"collectives ...) or lower parallel.dp to {dpn}"
         )
-    args = ["--sizes", ",".join(map(str, sizes_bytes)), "--iters", str(iters), "--backend", hw["backend"]]
+    args = ["--sizes", ",".join(map(str, sizes_bytes)), "--iters", str(iters), "--backend", hw.backend]
     launches = {}
     for n in plan:
         launch_dir = sweep_dir / BENCH_DIR / f"n{n}"
@@ -91,7 +92,7 @@ def plan_launches(
                 dpn,
                 env,
                 f"collectives-n{n}",
-                cfg["launch"]["master_port"],
+                cfg.launch.master_port,
                 launch_dir / ELASTIC_LOGS,
             ),
         )
@@ -99,18 +100,18 @@ def plan_launches(
 
 
 def measure(
-    cfg: Mapping[str, Any], sweep_dir: Path, sizes_bytes: Sequence[int], iters: int, env: Mapping[str, str]
+    cfg: ExperimentConfig, sweep_dir: Path, sizes_bytes: Sequence[int], iters: int, env: Mapping[str, str]
 ) -> Profile:
     """Benchmark the collectives at every world size up to parallel.dp and fit each tier (`plan_launches` first, so
     a launch that cannot be placed fails before any process starts)."""
-    hw = cfg["hardware"]
-    dpn = hw["devices_per_node"]
+    hw = cfg.hardware
+    dpn = hw.devices_per_node
     launches = plan_launches(cfg, sweep_dir, sizes_bytes, iters, env)
     runs = []
     for n, (launch_dir, argv) in launches.items():
         for stale in (BENCH_OUTPUT, TORCHRUN_LOG):
             (launch_dir / stale).unlink(missing_ok=True)
-        write_json_atomic(launch_dir / CONFIG_FILE, {"hardware": dict(hw), "world_size": n, "argv": argv})
+        write_json_atomic(launch_dir / CONFIG_FILE, {"hardware": asdict(hw), "world_size": n, "argv": argv})
         runs.append(_launch_one(cfg, n, launch_dir, argv, env))
     samples = tuple(r for run in runs for r in run["results"])
     name = f"{runs[0]['backend']} on {runs[0]['device']} at {runs[0]['hostname']}, n={','.join(map(str, launches))}"

@@ -26,7 +26,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
+
+from scaling.core.schema import ExperimentConfig
 
 LOCK_DIR_ENV = "SCALING_DEVICE_LOCK_DIR"
 POLL_S = 0.25
@@ -125,19 +127,19 @@ def lease(wanted: int, slots: Sequence[str], *, kind: str = "cuda", poll_s: floa
             os.close(taken[i])
 
 
-def request(cfg: Mapping[str, Any], environ: Mapping[str, str]) -> Optional[Request]:
-    """What a resolved point must lease before it launches; None when it leases nothing.
+def request(cfg: ExperimentConfig, environ: Mapping[str, str]) -> Optional[Request]:
+    """What a point must lease before it launches; None when it leases nothing.
 
     CPU: the host's one slot. CUDA: dp GPUs of this node (the entries of an inherited
     CUDA_VISIBLE_DEVICES, which SLURM sets to the GPUs of its allocation, else 0..devices_per_node-1),
     unless `launch.devices` fixes them or devices_per_node is unknown. A point spanning several nodes
     leases nothing: under SLURM those nodes are its own.
     """
-    hw, dp = cfg["hardware"], cfg["parallel"]["dp"]
-    if hw["device"] == "cpu":
+    hw, dp = cfg.hardware, cfg.parallel.dp
+    if hw.device == "cpu":
         return Request("cpu", 1, (CPU_SLOT,))
-    per_node = hw["devices_per_node"]
-    if cfg["launch"]["devices"] is not None or per_node is None or dp > per_node:
+    per_node = hw.devices_per_node
+    if cfg.launch.devices is not None or per_node is None or dp > per_node:
         return None
     inherited = environ.get("CUDA_VISIBLE_DEVICES")
     slots = (

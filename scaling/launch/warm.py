@@ -30,11 +30,12 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
 from scaling.core.enums import Status
+from scaling.core.schema import ExperimentConfig, HardwareConfig
 from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG, WARM_POLL_S, warm_is_done, warm_send
 from scaling.engine.lifetime import die_with_parent
 from scaling.launch import devices, torchrun
@@ -73,19 +74,19 @@ class Shape:
     """launch.devices: CUDA_VISIBLE_DEVICES fixed by the point (None: leased or inherited)."""
     env: tuple[tuple[str, str], ...]
 
-    def hardware_block(self) -> dict[str, Any]:
-        """The points' `hardware` block."""
-        return json.loads(self.hardware)
+    def hardware_block(self) -> HardwareConfig:
+        """The points' `hardware` group."""
+        return HardwareConfig(**json.loads(self.hardware))
 
 
-def shape_of(cfg: Mapping[str, Any], request: Optional[devices.Request], environ: Mapping[str, str]) -> Shape:
-    """The shape of a resolved point about to launch on this node (pure)."""
+def shape_of(cfg: ExperimentConfig, request: Optional[devices.Request], environ: Mapping[str, str]) -> Shape:
+    """The shape of a point about to launch on this node (pure)."""
     return Shape(
-        nproc=int(cfg["parallel"]["dp"]),
-        hardware=json.dumps(cfg["hardware"], sort_keys=True),
-        pg_timeout_s=torchrun.process_group_timeout_s(cfg["launch"]["timeout_s"]),
+        nproc=cfg.parallel.dp,
+        hardware=json.dumps(asdict(cfg.hardware), sort_keys=True),
+        pg_timeout_s=torchrun.process_group_timeout_s(cfg.launch.timeout_s),
         request=request,
-        visible=cfg["launch"]["devices"],
+        visible=cfg.launch.devices,
         env=tuple(sorted((k, v) for k, v in environ.items() if k.startswith(RANK_ENV_PREFIXES))),
     )
 
@@ -133,7 +134,7 @@ class WarmJob:
             self.shape.nproc,
             log_dir=self.pool_dir / ELASTIC_LOGS,
         )
-        env = torchrun.job_env(hw["threads_per_device"], self.held.visible, hw["device"] == "cuda")
+        env = torchrun.job_env(hw.threads_per_device, self.held.visible, hw.device == "cuda")
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 argv,
@@ -273,7 +274,7 @@ def job_for(shape: Shape, idle_s: float) -> Iterator[WarmJob]:
                 _end(job)
                 job = None
         if job is None:
-            cuda = shape.hardware_block()["device"] == "cuda"
+            cuda = shape.hardware_block().device == "cuda"
             while _jobs and (cuda or len(_jobs) >= MAX_CPU_JOBS):
                 _end(min(_jobs.values(), key=lambda j: j.last_used))
             job = _jobs[shape] = WarmJob(shape)

@@ -33,7 +33,7 @@ which measures live bytes with the worker's own tracker.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute
 from scaling.core.schema import ExperimentConfig, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
@@ -358,12 +358,10 @@ def analytic_peak(
     return peak
 
 
-def predict_config(cfg: Mapping[str, Any], grad_acc: Optional[int] = None) -> MemoryBreakdown:
-    """`analytic_peak` of a resolved config (the driver's plain dict, typed here); grad_acc from scaling.core.validate
-    unless given."""
+def predict_config(cfg: ExperimentConfig, grad_acc: Optional[int] = None) -> MemoryBreakdown:
+    """`analytic_peak` of a point; grad_acc from scaling.core.validate unless given."""
     if grad_acc is None:
         from scaling.core.validate import validate
 
         grad_acc = validate(cfg, host=False).grad_acc
-    c = ExperimentConfig.from_dict(cfg)
-    return analytic_peak(c.model, c.train, c.parallel, c.hardware, grad_acc)
+    return analytic_peak(cfg.model, cfg.train, cfg.parallel, cfg.hardware, grad_acc)

@@ -7,16 +7,16 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from scaling.core.sample import sampled
+from scaling.core.schema import ExperimentConfig, HardwareConfig
 from scaling.core.units import GIB
 from scaling.predictor.analytic import ANALYTIC, predict_config
 from scaling.store.record import job_key
 
 
-def capacity_bytes(cfg: Mapping[str, Any]) -> Optional[int]:
+def capacity_bytes(hw: HardwareConfig) -> Optional[int]:
     """What tensors may use per rank: hardware.memory_gb less hardware.reserve_gb (the CUDA context, NCCL's
     buffers, the allocator's slack), or None for no limit."""
-    hw = cfg["hardware"]
-    return None if hw["memory_gb"] is None else int((hw["memory_gb"] - hw["reserve_gb"]) * GIB)
+    return None if hw.memory_gb is None else int((hw.memory_gb - hw.reserve_gb) * GIB)
 
 
 TRACE_BANDS = {"cpu": (0.9, 1.1), "cuda": (0.8, 1.25)}
@@ -27,7 +27,7 @@ and 3, 7% at ZeRO-1 and 6% compiled, none of which the trace models either). A t
 second or two of the driver's time and agreed with the analytic figure to the byte on every demo point it ran on."""
 
 
-def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None, trace: bool = True) -> dict[str, Any]:
+def prescreen(cfg: ExperimentConfig, grad_acc: Optional[int] = None, trace: bool = True) -> dict[str, Any]:
     """The record's `predicted` block: predicted peak bytes per rank, method, fits, and whether to skip.
 
     `fits` is predicted <= capacity (None without a capacity); `skip` is predicted >
@@ -38,8 +38,8 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None, trace: boo
     figure and says so.
     """
     analytic = predict_config(cfg, grad_acc)
-    capacity = capacity_bytes(cfg)
-    margin = float(cfg["launch"]["prescreen_margin"])
+    capacity = capacity_bytes(cfg.hardware)
+    margin = float(cfg.launch.prescreen_margin)
     out: dict[str, Any] = {
         "peak_mem_bytes": analytic.total_bytes,
         "method": ANALYTIC,
@@ -48,7 +48,7 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None, trace: boo
         "sampled": False,
         "reason": None,
         "capacity_bytes": capacity,
-        "reserve_bytes": int(cfg["hardware"]["reserve_gb"] * GIB),
+        "reserve_bytes": int(cfg.hardware.reserve_gb * GIB),
         "margin": margin,
         "analytic": analytic.as_dict(),
         "traced": None,
@@ -56,8 +56,8 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None, trace: boo
     if capacity is None:
         return out
     threshold = (1.0 + margin) * capacity
-    low, high = TRACE_BANDS.get(cfg["hardware"]["device"], TRACE_BANDS["cuda"])
-    if trace and cfg["launch"]["prescreen"] and low <= analytic.total_bytes / threshold <= high:
+    low, high = TRACE_BANDS.get(cfg.hardware.device, TRACE_BANDS["cuda"])
+    if trace and cfg.launch.prescreen and low <= analytic.total_bytes / threshold <= high:
         import torch.distributed as dist
 
         from scaling.predictor.trace import trace_peak, trace_peak_isolated
@@ -66,7 +66,7 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None, trace: boo
             # The sweep driver has no process group of its own, so the trace runs here (under a
             # second for CPU-sized points); a process that has one traces in a fresh interpreter.
             if dist.is_initialized():
-                traced = trace_peak_isolated(cfg, timeout_s=min(float(cfg["launch"]["timeout_s"]), 300.0))
+                traced = trace_peak_isolated(cfg, timeout_s=min(float(cfg.launch.timeout_s), 300.0))
             else:
                 traced = trace_peak(cfg)
             out.update(peak_mem_bytes=traced.peak_mem_bytes, method=traced.as_dict()["method"], traced=traced.as_dict())
@@ -74,14 +74,14 @@ def prescreen(cfg: Mapping[str, Any], grad_acc: Optional[int] = None, trace: boo
             out["trace_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
     peak = out["peak_mem_bytes"]
     out["fits"] = peak <= capacity
-    if cfg["launch"]["prescreen"] and peak > threshold:
+    if cfg.launch.prescreen and peak > threshold:
         out["skip"] = True
         out["reason"] = (
             f"predicted peak {peak} bytes per rank ({peak / GIB:.3f} GiB, {out['method']}) > "
             f"(1 + launch.prescreen_margin={margin:g}) x the capacity of {capacity} bytes "
             "(hardware.memory_gb - reserve_gb): not launched (launch.prescreen=false runs it anyway)"
         )
-        out["sampled"] = sampled(job_key(cfg), float(cfg["launch"]["prescreen_sample"]))
+        out["sampled"] = sampled(job_key(cfg), float(cfg.launch.prescreen_sample))
     return out
 
 

@@ -32,10 +32,12 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
+
+from scaling.core.schema import ExperimentConfig
 
 TRACED = "traced"
 MAX_MICRO_STEPS = 2
@@ -267,15 +269,14 @@ def _fake_world(dp: int) -> Iterator[Any]:
         yield stack.enter_context(FakeTensorMode())
 
 
-def trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
+def trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
     """Peak live bytes per rank of a resolved point's training step, traced on fake tensors in this process, whose
     environment variables it leaves as it found them (the parts of torch it imports set some)."""
     with _environment_kept():
         return _trace_peak(cfg)
 
 
-def _trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
-    from scaling.core.schema import ExperimentConfig
+def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
     from scaling.core.validate import validate
     from scaling.engine.data import GlobalBatch, step_batches
     from scaling.engine.memtrack import tracked_step
@@ -285,38 +286,37 @@ def _trace_peak(cfg: Mapping[str, Any]) -> TracedPrediction:
 
     t0 = time.perf_counter()
     grad_acc = validate(cfg, host=False).grad_acc
-    train, par = cfg["train"], cfg["parallel"]
-    args = ModelArgs.from_dict(cfg["model"])
-    micro_steps = min(grad_acc, MAX_MICRO_STEPS + (par["zero_stage"] == 2))
-    mbs, dp = train["mbs"], par["dp"]
-    cpu, cuda = torch.device("cpu"), cfg["hardware"]["device"] == "cuda"
-    gloo = _gloo_collectives() if cfg["hardware"]["backend"] == "gloo" else contextlib.nullcontext()
+    train, par = cfg.train, cfg.parallel
+    args = ModelArgs.of(cfg.model)
+    micro_steps = min(grad_acc, MAX_MICRO_STEPS + (par.zero_stage == 2))
+    mbs, dp = train.mbs, par.dp
+    cpu, cuda = torch.device("cpu"), cfg.hardware.device == "cuda"
+    gloo = _gloo_collectives() if cfg.hardware.backend == "gloo" else contextlib.nullcontext()
     with _fake_world(dp), _cuda_kernels() if cuda else contextlib.nullcontext(), gloo:
         # The worker's build order; fake tensors hold no memory, so the shapes are made on the fake device.
-        typed = ExperimentConfig.from_dict(cfg)
-        no_compile = dataclasses.replace(typed.train, compile=False)
-        wrapped = parallelize(args, no_compile, typed.parallel, cpu, on_meta=False, fused_optimizer=cuda)
-        if par["zero_stage"] <= 1:
+        no_compile = dataclasses.replace(train, compile=False)
+        wrapped = parallelize(args, no_compile, par, cpu, on_meta=False, fused_optimizer=cuda)
+        if par.zero_stage <= 1:
             wrapped.model.register_comm_hook(None, _completed_allreduce(dp))
             params = [p for p in wrapped.model.parameters() if p.requires_grad]
             wrapped.model.reducer = _LocalBucketRebuild(wrapped.model.reducer, params)
-        data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"])  # token values do not matter
+        data = GlobalBatch(args.vocab_size, train.seq_len, train.seed)  # token values do not matter
         train_step(wrapped, step_batches(data, 0, 0, mbs, micro_steps))
         micro_batches = step_batches(data, 1, 0, mbs, micro_steps)  # built before the step, as the worker does
-        if par["zero_stage"] <= 1:
+        if par.zero_stage <= 1:
             wrapped.model.reducer.armed = True  # DDP rebuilds its buckets in the second step's first forward
-        with tracked_step(wrapped.model, wrapped.optimizer, par["zero_stage"] >= 2, None) as peak:
+        with tracked_step(wrapped.model, wrapped.optimizer, par.zero_stage >= 2, None) as peak:
             train_step(wrapped, micro_batches, peak.new_micro_step)
     breakdown = {_category(k): v for k, v in peak.breakdown.items() if k != "Total" and v}
     return TracedPrediction(int(peak.peak_bytes), breakdown, time.perf_counter() - t0)
 
 
-def trace_peak_isolated(cfg: Mapping[str, Any], timeout_s: float = 300.0) -> TracedPrediction:
+def trace_peak_isolated(cfg: ExperimentConfig, timeout_s: float = 300.0) -> TracedPrediction:
     """`trace_peak` in a fresh interpreter (`python -m scaling.predictor.trace`): no process group or patch leaks here."""
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "scaling.predictor.trace"],
-            input=json.dumps(dict(cfg), default=str),
+            input=json.dumps(cfg.to_dict()),
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -333,7 +333,9 @@ def trace_peak_isolated(cfg: Mapping[str, Any], timeout_s: float = 300.0) -> Tra
 
 def main() -> None:
     """`python -m scaling.predictor.trace`: a resolved config as JSON on stdin -> the prediction as JSON on stdout."""
-    cfg = json.loads(sys.stdin.read())
+    from scaling.core.schema import ExperimentConfig
+
+    cfg = ExperimentConfig.from_dict(json.loads(sys.stdin.read()))
     print(json.dumps(trace_peak(cfg).as_dict()))
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from scaling.core.enums import Status
+from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import validate
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
@@ -59,29 +60,27 @@ class FindMbsResult:
     """mbs -> predicted peak bytes per rank, for every mbs the search looked at."""
 
 
-def _with_mbs(cfg: dict[str, Any], mbs: int) -> dict[str, Any]:
-    return {**cfg, "train": {**cfg["train"], "mbs": mbs}}
+def _with_mbs(cfg: ExperimentConfig, mbs: int) -> ExperimentConfig:
+    return cfg.changed(train={"mbs": mbs})
 
 
-def _search_point(cfg: dict[str, Any]) -> dict[str, Any]:
+def _search_point(cfg: ExperimentConfig) -> ExperimentConfig:
     """The point with a batch that any mbs can split: gbs targets dropped; grad_acc=auto becomes 2 (every
     grad_acc >= 2 holds the same memory: one accumulated copy of the gradients)."""
-    train = dict(cfg["train"], gbs=None, gbs_tokens=None)
-    if train["grad_acc"] == "auto":
-        train["grad_acc"] = 2
-    return {**cfg, "train": train, "launch": {**cfg["launch"], "prescreen": False}}
+    grad_acc = 2 if cfg.train.grad_acc == "auto" else cfg.train.grad_acc
+    return cfg.changed(train={"gbs": None, "gbs_tokens": None, "grad_acc": grad_acc}, launch={"prescreen": False})
 
 
 def find_mbs(
-    cfg: dict[str, Any],
+    cfg: ExperimentConfig,
     max_mbs: int = 1024,
     traced: bool = True,
     confirm: bool = True,
-    launch_point: Optional[Callable[[dict[str, Any]], dict[str, Any]]] = None,
+    launch_point: Optional[Callable[[ExperimentConfig], dict[str, Any]]] = None,
 ) -> FindMbsResult:
     """Largest mbs that fits `cfg`'s capacity: predicted (analytic, then traced), confirmed with <= 2 runs."""
     cfg = _search_point(cfg)
-    capacity = capacity_bytes(cfg)
+    capacity = capacity_bytes(cfg.hardware)
     if capacity is None:
         raise ValueError("hardware.memory_gb=null: find-mbs needs a capacity per rank, e.g. hardware.memory_gb=0.02")
     validate(_with_mbs(cfg, 1))
@@ -121,9 +120,9 @@ def find_mbs(
 
 def _confirm(
     result: FindMbsResult,
-    cfg: dict[str, Any],
+    cfg: ExperimentConfig,
     max_mbs: int,
-    launch_point: Optional[Callable[[dict[str, Any]], dict[str, Any]]],
+    launch_point: Optional[Callable[[ExperimentConfig], dict[str, Any]]],
 ) -> None:
     """At most two real runs around the prediction; updates result.mbs, confirmed and note."""
     if launch_point is None:
@@ -132,7 +131,7 @@ def _confirm(
     def status(m: int) -> str:
         rec = launch_point(_with_mbs(cfg, m))
         if rec["status"] == Status.PREDICTED_OOM:  # a stored pre-screen verdict is no measurement: run it
-            rec = launch_point({**_with_mbs(cfg, m), "launch": {**cfg["launch"], "rerun": "all"}})
+            rec = launch_point(_with_mbs(cfg, m).changed(launch={"rerun": "all"}))
         peak = (rec.get("metrics") or {}).get("peak_mem_bytes")
         result.runs.append({"mbs": m, "status": rec["status"], "peak_mem_bytes": peak, "job_key": rec["job_key"]})
         return rec["status"]

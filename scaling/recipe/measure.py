@@ -26,7 +26,7 @@ from analysis.recipe_estimate import FromRecords, workload_of
 from analysis.step_model import step_collectives
 from scaling.core.batch import nearest_whole_batch
 from scaling.core.host import usable_cores
-from scaling.core.schema import ModelConfig
+from scaling.core.schema import ExperimentConfig, HardwareConfig
 from scaling.job.run import run_point
 from scaling.launch.collectives import measure_and_save
 from scaling.predictor.analytic import predict_config
@@ -58,12 +58,11 @@ class RecipeRequest:
     """Bootstrap draws of each band."""
 
 
-def devices_at_hand(cfg: dict[str, Any]) -> int:
+def devices_at_hand(hw: HardwareConfig) -> int:
     """Devices of the target's kind this host offers: CPU ranks of hardware.threads_per_device cores each, or the
     GPUs CUDA_VISIBLE_DEVICES (else nvidia-smi) lists, at most devices_per_node; 0 when none."""
-    hw = cfg["hardware"]
-    if hw["device"] == "cpu":
-        return max(1, usable_cores() // int(hw["threads_per_device"]))
+    if hw.device == "cpu":
+        return max(1, usable_cores() // hw.threads_per_device)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         count = len([d for d in visible.split(",") if d.strip()])
@@ -72,7 +71,7 @@ def devices_at_hand(cfg: dict[str, Any]) -> int:
         count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
     else:
         count = 0
-    per_node = hw["devices_per_node"]
+    per_node = hw.devices_per_node
     return min(count, per_node) if per_node else count
 
 
@@ -84,9 +83,9 @@ class Launcher:
     answered: int = 0
     records: list[dict[str, Any]] = field(default_factory=list)
 
-    def __call__(self, cfg: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, cfg: ExperimentConfig) -> dict[str, Any]:
         key = job_key(cfg)
-        if answers(read_record(Path(cfg["sweep_dir"]).resolve(), key), key, cfg["launch"]):
+        if answers(read_record(Path(cfg.sweep_dir).resolve(), key), key, cfg.launch):
             self.answered += 1
         else:
             self.launched += 1
@@ -95,32 +94,33 @@ class Launcher:
         return record
 
 
-def point_config(cfg: dict[str, Any], zero: int, recompute: str, mbs: int, dp: int, grad_acc: int) -> dict[str, Any]:
+def point_config(
+    cfg: ExperimentConfig, zero: int, recompute: str, mbs: int, dp: int, grad_acc: int
+) -> ExperimentConfig:
     """The base config at one point of the recipe: ZeRO stage, recompute, mbs, dp and grad_acc set, no batch target."""
-    train = {**cfg["train"], "mbs": mbs, "grad_acc": grad_acc, "gbs": None, "gbs_tokens": None, "recompute": recompute}
-    return {**cfg, "train": train, "parallel": {**cfg["parallel"], "zero_stage": zero, "dp": dp}}
+    train = {"mbs": mbs, "grad_acc": grad_acc, "gbs": None, "gbs_tokens": None, "recompute": recompute}
+    return cfg.changed(train=train, parallel={"zero_stage": zero, "dp": dp})
 
 
-def network_sizes(model: Any, cfg: dict[str, Any], candidates: list[Any], gbs_samples: int, n: int) -> list[int]:
+def network_sizes(cfg: ExperimentConfig, candidates: list[Any], gbs_samples: int, n: int) -> list[int]:
     """The message sizes worth timing: `scaling collectives`' defaults up to the first at or above the largest
     message any candidate's step issues at dp=n, and at least the first four (4 KiB to 4 MiB): with fewer, one
     noisy small size can make time fall with size and β unfittable."""
     largest = max(
         call.bytes_per_call
         for c in candidates
-        for call in step_collectives(workload_of(model, cfg, c, c.mbs_max, gbs_samples), n, 1)
+        for call in step_collectives(workload_of(cfg, c, c.mbs_max, gbs_samples), n, 1)
     )
-    defaults = CUDA_SIZES if cfg["hardware"]["device"] == "cuda" else CPU_SIZES
+    defaults = CUDA_SIZES if cfg.hardware.device == "cuda" else CPU_SIZES
     upto = next((i for i, size in enumerate(defaults) if size >= largest), len(defaults) - 1)
     return list(defaults[: max(upto, 3) + 1])
 
 
-def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, a: RecipeRequest) -> Recipe:
+def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: RecipeRequest) -> Recipe:
     """Phases (a)-(c) of the recipe, then the decision (analysis.recipe.decide)."""
 
-    seq_len, hw = int(cfg["train"]["seq_len"]), cfg["hardware"]
-    model = ModelConfig(**cfg["model"])
-    at_hand = devices_at_hand(cfg)
+    seq_len, hw, model = cfg.train.seq_len, cfg.hardware, cfg.model
+    at_hand = devices_at_hand(hw)
     launch = Launcher()
     notes: list[str] = []
     gbs_samples = nearest_whole_batch(a.gbs_tokens, seq_len)
@@ -129,7 +129,7 @@ def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, a: Re
             f"--gbs-tokens {a.gbs_tokens:,} is not a whole number of {seq_len}-token sequences: the recipe runs "
             f"the nearest, {gbs_samples:,} sequences = {gbs_samples * seq_len:,} tokens"
         )
-    print(f"[recipe] {at_hand} {hw['device']} device(s) of {hw['name']} at hand; records in {sweep_dir}", flush=True)
+    print(f"[recipe] {at_hand} {hw.device} device(s) of {hw.name} at hand; records in {sweep_dir}", flush=True)
 
     # (a) the largest mbs per ZeRO stage and recompute setting
     candidates: list[Candidate] = []
@@ -137,7 +137,7 @@ def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, a: Re
         for recompute in a.recompute:
             base = point_config(cfg, zero, recompute, 1, 1, 1)
             found = find_mbs(base, max_mbs=gbs_samples, traced=False, confirm=at_hand >= 1, launch_point=launch)
-            how = found.note if at_hand >= 1 else f"predicted ({found.method}): no {hw['name']} device at hand"
+            how = found.note if at_hand >= 1 else f"predicted ({found.method}): no {hw.name} device at hand"
             if found.mbs < 1:
                 notes.append(f"ZeRO-{zero}, recompute {recompute}: not even mbs=1 fits one device ({how})")
                 continue
@@ -155,21 +155,21 @@ def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, a: Re
                     continue
                 launch(point_config(cfg, c.zero_stage, c.recompute, mbs, dp, min(s.grad_acc, a.max_grad_acc)))
     if not dps:
-        notes.append(f"nothing measured: no {hw['name']} device at hand; run the recipe where it is")
+        notes.append(f"nothing measured: no {hw.name} device at hand; run the recipe where it is")
 
     # (c) the network: the directory's profile, measured now when two or more devices are at hand, else published
-    dpn = hw["devices_per_node"]
-    found_sources, source_notes = sources(sweep_dir, hw["name"], dpn, a.draws)
+    dpn = hw.devices_per_node
+    found_sources, source_notes = sources(sweep_dir, hw.name, dpn, a.draws)
     has_profile = len(found_sources) > 1 and found_sources[1].kind == "profile"
     if not has_profile and at_hand >= 2 and any(p.get("status") == "ok" for p in launch.records):
-        sizes = network_sizes(model, cfg, candidates, gbs_samples, at_hand)
+        sizes = network_sizes(cfg, candidates, gbs_samples, at_hand)
         print(
             f"[recipe] measuring the network at up to {at_hand} ranks (scaling collectives, messages up to "
             f"{sizes[-1]:,} bytes: the candidates' largest, or more)",
             flush=True,
         )
-        measure_and_save({**cfg, "parallel": {**cfg["parallel"], "dp": at_hand}}, sweep_dir, sizes)
-        found_sources, source_notes = sources(sweep_dir, hw["name"], dpn, a.draws)
+        measure_and_save(cfg.changed(parallel={"dp": at_hand}), sweep_dir, sizes)
+        found_sources, source_notes = sources(sweep_dir, hw.name, dpn, a.draws)
     source = found_sources[1] if len(found_sources) > 1 else None
     if source is None:
         network = "fitted to the measured DP curve alone (no profile and no published figures)"
@@ -179,9 +179,7 @@ def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, a: Re
         network = f"{source.label} (the hardware's published figures)"
     notes += [n for n in source_notes if "No measured profile" not in n or source is None]
 
-    estimate = FromRecords(
-        launch.records, lambda c, mbs: workload_of(model, cfg, c, mbs, gbs_samples), dpn, source, a.draws
-    )
+    estimate = FromRecords(launch.records, lambda c, mbs: workload_of(cfg, c, mbs, gbs_samples), dpn, source, a.draws)
 
     def predicted_peak(c: Candidate, s: Any) -> int:
         return predict_config(
@@ -209,17 +207,17 @@ def run_recipe(cfg: dict[str, Any], overrides: list[str], sweep_dir: Path, a: Re
         estimate,
         a.threshold,
         a.tokens,
-        capacity_bytes(cfg),
+        capacity_bytes(hw),
         predicted_peak,
         command,
     )
     print(f"[recipe] {launch.launched} point(s) launched, {launch.answered} answered from the store", flush=True)
     return Recipe(
-        model=str(cfg["model"]["name"]),
+        model=model.name,
         seq_len=seq_len,
         gbs_tokens=gbs_samples * seq_len,
         gbs_samples=gbs_samples,
-        hardware=str(hw["name"]),
+        hardware=hw.name,
         threshold=a.threshold,
         tokens=a.tokens,
         candidates=candidates,

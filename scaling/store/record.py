@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 from scaling.core.enums import FINAL, Status
 from scaling.core.files import read_json, write_json_atomic
 from scaling.core.sample import sampled
-from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, without_neutral
+from scaling.core.schema import ExperimentConfig, LaunchConfig, without_neutral
 from scaling.engine.jobfiles import RESULT_FILE
 
 SCHEMA_VERSION = 1
@@ -270,18 +270,13 @@ class Record:
         write_json_atomic(path, self.to_dict())
 
 
-def experiment_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a resolved config that defines what is measured (model, train, parallel, hardware)."""
-    return {group: dict(cfg[group]) for group in EXPERIMENT_GROUPS}
-
-
-def job_key(cfg: Mapping[str, Any], schema: type = ExperimentConfig) -> str:
+def job_key(config: ExperimentConfig) -> str:
     """Short stable hash of the experiment-defining config; logging and launch settings do not count.
 
-    Nor does a field at the neutral value its `schema` field declares (scaling.core.schema.NEUTRAL): a field
+    Nor does a field at the neutral value its schema field declares (scaling.core.schema.NEUTRAL): a field
     added with a neutral default leaves every key of a store written before it as it was."""
-    groups = {f.name: f.default_factory for f in dataclasses.fields(schema)}
-    measured = {group: without_neutral(values, groups[group]) for group, values in experiment_config(cfg).items()}
+    groups = {f.name: f.default_factory for f in dataclasses.fields(type(config))}
+    measured = {group: without_neutral(values, groups[group]) for group, values in config.experiment().items()}
     canonical = json.dumps(measured, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
@@ -347,17 +342,17 @@ def kept_launches(record: Optional[Mapping[str, Any]], rerun: str) -> list[dict[
     return [] if rerun == "all" else ok_launches(record)
 
 
-def answers(record: Optional[Mapping[str, Any]], key: str, launch: Mapping[str, Any]) -> bool:
+def answers(record: Optional[Mapping[str, Any]], key: str, launch: LaunchConfig) -> bool:
     """Whether a stored record answers its point, so that it is not run again: ok with at least
     launch.repeats ok launches (an ok point with fewer launches the missing ones), predicted_oom unless the
     pre-screen's sample (launch.prescreen_sample) runs the point anyway, invalid and oom always, failed and
     timeout unless launch.rerun=failed; none with launch.rerun=all. run_point, the grid and Optuna sweepers
     and `scaling status` all decide by it."""
-    if record is None or launch["rerun"] == "all":
+    if record is None or launch.rerun == "all":
         return False
     status = record.get("status")
     if status == Status.OK:
-        return len(ok_launches(record)) >= launch["repeats"]
-    if status == Status.PREDICTED_OOM and sampled(key, float(launch["prescreen_sample"])):
+        return len(ok_launches(record)) >= launch.repeats
+    if status == Status.PREDICTED_OOM and sampled(key, float(launch.prescreen_sample)):
         return False
-    return status in FINAL or (launch["rerun"] != "failed" and status in (Status.FAILED, Status.TIMEOUT))
+    return status in FINAL or (launch.rerun != "failed" and status in (Status.FAILED, Status.TIMEOUT))

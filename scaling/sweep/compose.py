@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from scaling.core.schema import CONF_DIR, config_dirs, searchpath_override
+from scaling.core.schema import CONF_DIR, ExperimentConfig, config_dirs, searchpath_override
 from scaling.launch.resolvers import register
 from scaling.sweep.grid import PointConfigs, expand
 
@@ -17,14 +17,14 @@ class ComposeError(ValueError):
     """Overrides that do not compose (an unknown config choice, key or type), said in one line."""
 
 
-def compose_config(overrides: Sequence[str] = (), sweep_file: Optional[Path] = None) -> dict[str, Any]:
-    """The resolved config of `scaling run <overrides>` (or of the sweep file's base point), as a plain dict; overrides
-    that do not compose raise ComposeError, which names the valid choices of an unknown one."""
+def compose_config(overrides: Sequence[str] = (), sweep_file: Optional[Path] = None) -> ExperimentConfig:
+    """The config of `scaling run <overrides>` (or of the sweep file's base point); overrides that do not compose
+    raise ComposeError, which names the valid choices of an unknown one."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        return _resolve(_compose(overrides, sweep_file))
+        return ExperimentConfig.from_dict(_resolve(_compose(overrides, sweep_file)))
     except (HydraException, OmegaConfBaseException) as e:
         text, inner = str(e).strip().splitlines()[0], e.__cause__
         while inner is not None and inner.__cause__ is not None:

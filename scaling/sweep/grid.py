@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
 from scaling.core.enums import LAUNCHED, Status
+from scaling.core.schema import ExperimentConfig
 from scaling.store.record import answers, job_key, output_dir, read_record
 
 if TYPE_CHECKING:  # OmegaConf is imported where it is used: `scaling status` reads records only
@@ -185,8 +186,8 @@ class GridPoint:
     num: int
     """Position in the grid (0-based, the basic sweeper's job order)."""
     overrides: list[str]
-    cfg: dict[str, Any]
-    """The resolved config (no hydra node)."""
+    cfg: ExperimentConfig
+    """The point's config."""
     key: str
     sweep_dir: Path
     record: Optional[dict[str, Any]]
@@ -197,14 +198,14 @@ class GridPoint:
 def survey(points: Sequence[Sequence[str]], configs: PointConfigs) -> Iterator[GridPoint]:
     """Each point of the grid with its job key, its record and whether the store answers it."""
     for num, overrides in enumerate(points):
-        cfg = configs.resolved(overrides)
+        cfg = ExperimentConfig.from_dict(configs.resolved(overrides))
         key = job_key(cfg)
-        sweep_dir = Path(cfg["sweep_dir"])
+        sweep_dir = Path(cfg.sweep_dir)
         record = read_record(sweep_dir, key)
-        yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, answers(record, key, cfg["launch"]))
+        yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, answers(record, key, cfg.launch))
 
 
-def predict_new(cfg: Mapping[str, Any], traced: bool = False) -> dict[str, Any]:
+def predict_new(cfg: ExperimentConfig, traced: bool = False) -> dict[str, Any]:
     """What run_point will do with a point it has to run: `invalid`, `predicted_oom` or `launch`, with
     the prediction (`predicted`) or the error, by run_point's own rules. Analytic unless `traced` (the
     pre-screen traces near-capacity points at launch)."""
@@ -252,7 +253,7 @@ class Forecast:
         else:
             self.new[forecast] += 1
             if forecast == LAUNCH:
-                self.timeout_s = max(self.timeout_s, float(point.cfg["launch"]["timeout_s"]))
+                self.timeout_s = max(self.timeout_s, point.cfg.launch.timeout_s)
 
     def wall_s(self, at_once: int) -> Optional[float]:
         """Estimated wall time of the launches (`wall_estimate_s`)."""

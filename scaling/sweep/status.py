@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from scaling.core.files import read_json
+from scaling.core.schema import LaunchConfig
 from scaling.engine.jobfiles import RESULT_FILE
 from scaling.store import inflight
 from scaling.store.device_time import DeviceTime, total
@@ -93,7 +94,7 @@ def _time(iso: Optional[str]) -> Optional[dt.datetime]:
     return dt.datetime.fromisoformat(iso) if iso else None
 
 
-def _done(record: Mapping[str, Any], key: str, launch: Mapping[str, Any], run_started: Optional[dt.datetime]) -> bool:
+def _done(record: Mapping[str, Any], key: str, launch: LaunchConfig, run_started: Optional[dt.datetime]) -> bool:
     """Whether a record answers its point in this run: the store answered it, or this run wrote it."""
     started = _time((record.get("timing") or {}).get("started_at"))
     return answers(record, key, launch) or (run_started is not None and started is not None and started >= run_started)
@@ -120,11 +121,11 @@ def summarize(
         status.not_in_grid = len(set(records) - grid)
     # The launch settings the run recorded (scaling.sweep.progress.Progress.record_grid); a run recorded before
     # prescreen_sample was kept ran none of its predicted_oom points as a sample.
-    launch = {
-        "rerun": last.get("rerun", "none"),
-        "repeats": last.get("repeats", 1),
-        "prescreen_sample": last.get("prescreen_sample", 0.0),
-    }
+    launch = LaunchConfig(
+        rerun=last.get("rerun", "none"),
+        repeats=last.get("repeats", 1),
+        prescreen_sample=last.get("prescreen_sample", 0.0),
+    )
     done = {k for k in grid if k in records and _done(records[k], k, launch, run_started)}
     status.done = dict(Counter(records[k].get("status") for k in done))
     for key, marker in sorted(

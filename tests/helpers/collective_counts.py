@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 from scaling.core.schema import ExperimentConfig
+from scaling.core.validate import validate
 from scaling.engine.data import GlobalBatch, step_batches
 from scaling.engine.model_config import ModelArgs
 from scaling.engine.parallel import parallelize
@@ -61,16 +62,15 @@ def _collectives(prof: profile) -> dict[str, list[int]]:
     return {op: sorted(sizes) for op, sizes in sorted(calls.items())}
 
 
-def count_step(cfg: dict[str, Any], rank: int) -> dict[str, list[int]]:
+def count_step(cfg: ExperimentConfig, rank: int) -> dict[str, list[int]]:
     """The collectives of one warm optimizer step of this case."""
-    args = ModelArgs.from_dict(cfg["model"])
-    train, grad_acc = cfg["train"], cfg["derived"]["grad_acc"]
-    typed = ExperimentConfig.from_dict(cfg)
-    wrapped = parallelize(args, typed.train, typed.parallel, torch.device("cpu"))
-    data = GlobalBatch(args.vocab_size, train["seq_len"], train["seed"])
+    args, train = ModelArgs.of(cfg.model), cfg.train
+    grad_acc = validate(cfg, host=False).grad_acc
+    wrapped = parallelize(args, train, cfg.parallel, torch.device("cpu"))
+    data = GlobalBatch(args.vocab_size, train.seq_len, train.seed)
     for step in range(2):
-        train_step(wrapped, step_batches(data, step, rank, train["mbs"], grad_acc))
-    batches = step_batches(data, 2, rank, train["mbs"], grad_acc)
+        train_step(wrapped, step_batches(data, step, rank, train.mbs, grad_acc))
+    batches = step_batches(data, 2, rank, train.mbs, grad_acc)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         train_step(wrapped, batches)
     return _collectives(prof)
@@ -82,7 +82,7 @@ if __name__ == "__main__":
     rank = dist.get_rank()
     with open(sys.argv[1]) as f:
         cases = json.load(f)
-    counts = {case["name"]: count_step(case["config"], rank) for case in cases}
+    counts = {case["name"]: count_step(ExperimentConfig.from_dict(case["config"]), rank) for case in cases}
     if rank == 0:
         with open(sys.argv[2], "w") as f:
             json.dump(counts, f)

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Optional
 
 from scaling.core.enums import Status
 from scaling.core.files import write_json_atomic
-from scaling.core.schema import HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
+from scaling.core.schema import ExperimentConfig, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
 from scaling.store.record import (
     RESULT_FILE,
     SWEEP_INDEX,
@@ -30,6 +30,11 @@ DP_EFFICIENCY = {1: 1.0, 2: 0.97, 4: 0.92, 8: 0.85, 16: 0.62, 32: 0.40}
 """Efficiency vs dp of the synthetic throughput model: stays >= 0.8 up to dp=8, the knee."""
 
 GIB = 1024**3
+
+
+def key_of(config: dict[str, Any]) -> str:
+    """The job key of a record's `config` (its experiment groups as the file holds them)."""
+    return job_key(ExperimentConfig.from_dict(config))
 
 
 def tokens_per_s_per_gpu(seq_len: int, mbs: int, dp: int, zero_stage: int) -> float:
@@ -145,7 +150,7 @@ def make_record(
         ]
     )
     return Record(
-        job_key=job_key(config),
+        job_key=key_of(config),
         sweep=sweep,
         status=status,
         error=errors[status],

@@ -23,23 +23,23 @@ from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.enums import Status
 from scaling.core.files import write_json_atomic
-from scaling.core.schema import CONF_DIR
+from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.validate import InvalidConfig, validate
 from scaling.engine.jobfiles import RESULT_FILE
 from scaling.engine.lifetime import gate
 from scaling.launch import slurm
 from scaling.launch.resolvers import register_configs
 from scaling.store import inflight
-from scaling.store.record import experiment_config, job_dir, job_key
+from scaling.store.record import job_dir, job_key
 
 STANDIN_SLEEP_S = 0.15
 FAULT_STATUS = {"none": Status.OK, "oom": Status.OOM, "crash": Status.FAILED, "hang": Status.TIMEOUT}
 """The status a launch ends in when its last rank does what `train.fault` asks (see test_engine.py)."""
 
 
-def judged(c: dict[str, Any]) -> Optional[tuple[str, str]]:
+def judged(c: ExperimentConfig) -> Optional[tuple[str, str]]:
     """What run_point records without launching (invalid, predicted_oom) with the reason; None to launch."""
-    if c["hardware"]["memory_gb"] is None:  # nothing to pre-screen: validation alone, no torch import
+    if c.hardware.memory_gb is None:  # nothing to pre-screen: validation alone, no torch import
         try:
             validate(c)
         except InvalidConfig as e:
@@ -54,13 +54,13 @@ def judged(c: dict[str, Any]) -> Optional[tuple[str, str]]:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
     """Record the point as its launch would end, after a short sleep, as if it had run."""
-    c = OmegaConf.to_container(cfg, resolve=True)
+    c = ExperimentConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))
     key = job_key(c)
-    jd = job_dir(os.path.abspath(c["sweep_dir"]), key)
+    jd = job_dir(os.path.abspath(c.sweep_dir), key)
     jd.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {
         "job_key": key,
-        "config": experiment_config(c),
+        "config": c.experiment(),
         "metrics": None,
         "predicted": None,
         "repeats": [],
@@ -71,8 +71,8 @@ def main(cfg: DictConfig) -> dict[str, Any]:
         inflight.mark_running(jd, os.environ)
         gate(f"job{HydraConfig.get().job.get('num')}")
         time.sleep(STANDIN_SLEEP_S)
-        status = FAULT_STATUS[c["train"]["fault"]]
-        error = None if status == Status.OK else f"stand-in: train.fault={c['train']['fault']}"
+        status = FAULT_STATUS[c.train.fault]
+        error = None if status == Status.OK else f"stand-in: train.fault={c.train.fault}"
     else:
         status, error = before_launch
     record.update(
