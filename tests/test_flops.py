@@ -31,7 +31,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def load(group: str, name: str) -> dict:
-    return yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
+    return {k: v for k, v in yaml.safe_load((CONF / group / f"{name}.yaml").read_text()).items() if k != "defaults"}
 
 
 def counted_flops_per_token(args: ModelArgs, seq_len: int, recompute: bool) -> float:

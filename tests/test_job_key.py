@@ -17,6 +17,7 @@ from scaling.core.schema import (
     ExperimentConfig,
     ParallelConfig,
     TrainConfig,
+    group_types,
 )
 from scaling.job.run import run_point
 from scaling.store.record import (
@@ -60,7 +61,7 @@ def _neutral_fields(group: type, prefix: str) -> Iterator[tuple[str, Any]]:
 def neutral_overrides() -> list[str]:
     """Every field of today's schema that declares a neutral value, set to it: the point as it was measured
     before those fields existed."""
-    groups = {f.name: f.default_factory for f in dataclasses.fields(ExperimentConfig)}
+    groups = group_types()
     return [
         f"{path}={'null' if value is None else str(value).lower() if isinstance(value, bool) else value}"
         for group in EXPERIMENT_GROUPS

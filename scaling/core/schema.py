@@ -23,7 +23,9 @@ before it resumes without launching. Fields that were part of the key from the s
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -67,6 +69,10 @@ NEUTRAL = "neutral"
 """Field metadata key: the value at which a field changes nothing measured before it existed (job_key omits it)."""
 COLUMN = "column"
 """Field metadata key: the analysis column of a field whose own name would not say what it is (model.name: `model`)."""
+GROUP = "group"
+"""Field metadata key (a dataclass) of a group field whose default is not a default_factory: the `model` group, which
+holds either the built-in family (ModelConfig) or a model the user brings (CustomModel)."""
+
 RUN_ONLY = "run_only"
 """Field metadata key (True): the field says how long or how a point is run (steps, seed, fault), not which
 configuration it is. It is part of the job key all the same; it is never a configuration axis."""
@@ -98,6 +104,107 @@ class ModelConfig:
     """RMSNorm epsilon."""
     tie_embeddings: bool = False
     """Share the token embedding with the output projection (Llama 3.2 1B/3B do)."""
+
+
+TARGET_KEY = "_target_"
+"""The key of a model config that names the user's module (a class or factory), as Hydra's `instantiate` spells it."""
+HF_KEY = "hf_config"
+"""The key of a model config that names a Hugging Face causal LM's config.json."""
+
+
+@dataclass
+class CustomModel:
+    """A model the user brings: their own `nn.Module` (`_target_`: a class or a factory, imported from their project)
+    or a Hugging Face causal LM built from its config alone (`hf_config`: a local config.json, no weights). Every other
+    key of the file but `name` and `blocks` is a keyword argument of the target (for `hf_config`, a field of the config
+    it overrides). The data and the validation need `vocab_size` and `max_seq_len`: keyword arguments of a target, the
+    config's `vocab_size` and `max_position_embeddings` for an HF model."""
+
+    name: str = field(default="custom", metadata={COLUMN: "model"})
+    target: Optional[str] = None
+    """Dotted path of the class or factory (`my_pkg.models.GPT`); the file's `_target_`."""
+    hf_config: Optional[str] = None
+    """Path of a Hugging Face config.json (relative to the working directory)."""
+    blocks: Optional[str] = None
+    """Dotted path of the block class to shard and recompute; null: found (HF: `_no_split_modules`; else the class of
+    the repeated children of the module's largest nn.ModuleList)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """The target's keyword arguments (an HF model: the config fields it overrides)."""
+    hf_config_sha256: Optional[str] = None
+    """The HF config file's content hash, read when the config is made (part of the job key: an edited file is a new
+    model)."""
+
+    def __post_init__(self) -> None:
+        if self.hf_config is not None and self.hf_config_sha256 is None and Path(self.hf_config).is_file():
+            self.hf_config_sha256 = hashlib.sha256(Path(self.hf_config).read_bytes()).hexdigest()[:16]
+
+    @property
+    def source(self) -> str:
+        """What builds it: the target's dotted path, or `hf_config=<path>`."""
+        return self.target if self.target is not None else f"{HF_KEY}={self.hf_config}"
+
+    def hf_fields(self) -> dict[str, Any]:
+        """The HF config file's fields with this config's overrides ({} for a target, or an unreadable file)."""
+        if self.hf_config is None:
+            return {}
+        try:
+            loaded = json.loads(Path(self.hf_config).read_text())
+        except (OSError, ValueError):
+            return dict(self.kwargs)
+        return {**loaded, **self.kwargs} if isinstance(loaded, dict) else dict(self.kwargs)
+
+    @property
+    def vocab_size(self) -> Any:
+        """The vocabulary the data draws tokens from."""
+        return (self.hf_fields() if self.hf_config is not None else self.kwargs).get("vocab_size")
+
+    @property
+    def max_seq_len(self) -> Any:
+        """The longest sequence the model takes (`max_seq_len`; an HF config's `max_position_embeddings`)."""
+        if self.hf_config is not None:
+            return self.hf_fields().get("max_position_embeddings")
+        return self.kwargs.get("max_seq_len")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The model as its file says it (the record's `config.model`)."""
+        out: dict[str, Any] = {"name": self.name}
+        if self.target is not None:
+            out[TARGET_KEY] = self.target
+        if self.hf_config is not None:
+            out[HF_KEY] = self.hf_config
+            out["hf_config_sha256"] = self.hf_config_sha256
+        if self.blocks is not None:
+            out["blocks"] = self.blocks
+        return {**out, **self.kwargs}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> CustomModel:
+        """The model of a file (or a record's `config.model`) that has `_target_` or `hf_config`."""
+        own = {"name", TARGET_KEY, HF_KEY, "blocks", "hf_config_sha256"}
+        return cls(
+            name=values.get("name", cls.name),
+            target=values.get(TARGET_KEY),
+            hf_config=values.get(HF_KEY),
+            blocks=values.get("blocks"),
+            kwargs={k: v for k, v in values.items() if k not in own},
+            hf_config_sha256=values.get("hf_config_sha256"),
+        )
+
+
+def is_custom(values: Mapping[str, Any]) -> bool:
+    """Whether a model config's plain form is a model the user brings (it names a target or an HF config)."""
+    return TARGET_KEY in values or HF_KEY in values
+
+
+def model_dict(model: ModelConfig | CustomModel) -> dict[str, Any]:
+    """The plain form of either kind of model config."""
+    return model.to_dict() if isinstance(model, CustomModel) else asdict(model)
+
+
+def model_hash(model: ModelConfig | CustomModel) -> str:
+    """A short hash of a model config (what the record names it by beside its name: two models of one name differ)."""
+    canonical = json.dumps(model_dict(model), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
 @dataclass
@@ -256,7 +363,10 @@ class LaunchConfig:
 class ExperimentConfig:
     """The primary config: one experiment point and how to run it."""
 
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: Any = field(default=None, metadata={GROUP: ModelConfig})
+    """ModelConfig (the built-in family) or CustomModel (the user's module or an HF config); None: ModelConfig().
+    Typed Any for Hydra, so that a model file with `_target_` and its own keys composes; the built-in presets
+    take ModelConfig's schema in their defaults list (`model/llama_schema`)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -274,14 +384,28 @@ class ExperimentConfig:
         TypeError. A subclass (a schema with a field added) reads its own fields."""
         return _build(cls, cfg)
 
+    def __post_init__(self) -> None:
+        if self.model is None:
+            self.model = ModelConfig()
+        elif isinstance(self.model, Mapping):
+            self.model = CustomModel.from_dict(self.model) if is_custom(self.model) else ModelConfig(**self.model)
+
     def to_dict(self) -> dict[str, Any]:
         """The plain config, for a file or another process (`from_dict` reads it back to an equal config)."""
-        return asdict(self)
+        return {**asdict(self), "model": model_dict(self.model)}
 
     def experiment(self) -> dict[str, dict[str, Any]]:
         """The groups that define what is measured (model, train, parallel, hardware), as plain dicts: the
         record's `config` and what `job_key` hashes."""
-        return {group: asdict(getattr(self, group)) for group in EXPERIMENT_GROUPS}
+        return {
+            group: model_dict(self.model) if group == "model" else asdict(getattr(self, group))
+            for group in EXPERIMENT_GROUPS
+        }
+
+    @property
+    def custom(self) -> bool:
+        """Whether the model is one the user brings (not the built-in family)."""
+        return isinstance(self.model, CustomModel)
 
     def changed(self, **groups: Mapping[str, Any]) -> ExperimentConfig:
         """A copy with some fields of some groups set, e.g. `c.changed(train={"mbs": 2}, parallel={"dp": 4})`;
@@ -292,6 +416,7 @@ class ExperimentConfig:
 def _build(kind: type, values: Mapping[str, Any]) -> Any:
     """The dataclass `kind` of a plain dict, its nested groups (fields made by a dataclass default_factory) built too."""
     nested = {f.name: f.default_factory for f in fields(kind) if is_dataclass(f.default_factory)}
+    # the model group: a mapping that __post_init__ turns into the kind its keys say (ModelConfig or CustomModel)
     return kind(
         **{
             name: _build(nested[name], value) if name in nested and isinstance(value, Mapping) else value
@@ -345,8 +470,17 @@ def _fields_of(group: type, path: tuple[str, ...], prefix: str) -> list[ConfigFi
 def config_fields() -> tuple[ConfigField, ...]:
     """Every field of the experiment groups (EXPERIMENT_GROUPS), in schema order: the one definition of what a
     configuration is, from which the analysis takes its columns, axes and DP-scaling groups."""
-    groups = {f.name: f.default_factory for f in fields(ExperimentConfig)}
-    return tuple(c for group in EXPERIMENT_GROUPS for c in _fields_of(groups[group], (group,), ""))
+    return tuple(c for group in EXPERIMENT_GROUPS for c in _fields_of(group_types()[group], (group,), ""))
+
+
+def group_types(schema: type | None = None) -> dict[str, type]:
+    """The dataclass of each group of `schema` (default ExperimentConfig): its default_factory, or its GROUP metadata
+    (the model group: the built-in family's ModelConfig)."""
+    return {
+        f.name: f.metadata.get(GROUP, f.default_factory)
+        for f in fields(schema or ExperimentConfig)
+        if GROUP in f.metadata or is_dataclass(f.default_factory)
+    }
 
 
 BATCH_SPLIT = ("dp", "grad_acc")

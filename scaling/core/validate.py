@@ -19,7 +19,14 @@ from scaling.core.batch import (
 )
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.core.host import usable_cores as host_cores
-from scaling.core.schema import ExperimentConfig, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
+from scaling.core.schema import (
+    CustomModel,
+    ExperimentConfig,
+    HardwareConfig,
+    ModelConfig,
+    ParallelConfig,
+    TrainConfig,
+)
 
 DEVICES = ("cpu", "cuda")
 BACKENDS = {"cpu": ("gloo",), "cuda": ("nccl", "gloo")}
@@ -107,6 +114,31 @@ def _check_model(c: _Checker, m: ModelConfig) -> None:
     )
 
 
+def _check_custom_model(c: _Checker, m: CustomModel) -> None:
+    """What the driver can check without torch: the model names one source, and the sizes the data needs."""
+    if m.target is not None and m.hf_config is not None:
+        c.errors.append(f"model._target_={m.target!r} and model.hf_config={m.hf_config!r}: a model is one or the other")
+    if m.target is not None:
+        c.require(
+            isinstance(m.target, str) and "." in m.target,
+            f"model._target_={m.target!r} must be a dotted path to a class or factory, e.g. my_pkg.models.GPT",
+        )
+        for key in ("vocab_size", "max_seq_len"):
+            c.require(
+                key in m.kwargs,
+                f"model.{key} is missing: a model's _target_ ({m.target}) takes vocab_size and max_seq_len among its "
+                "keyword arguments (the data and the validation need both)",
+            )
+    if m.hf_config is not None:
+        c.require(
+            os.path.isfile(str(m.hf_config)),
+            f"model.hf_config={m.hf_config!r} is not a readable file: give the path of a Hugging Face config.json",
+        )
+    if not c.errors:
+        c.positive("model.vocab_size", m.vocab_size)
+        c.positive("model.max_seq_len" if m.target else "model.max_position_embeddings", m.max_seq_len)
+
+
 def _check_train(c: _Checker, t: TrainConfig, max_seq_len: Any) -> None:
     if c.positive("train.seq_len", t.seq_len) and _is_int(max_seq_len):
         c.require(
@@ -170,6 +202,8 @@ def _check_hardware(c: _Checker, hw: HardwareConfig, precision: Any) -> None:
 def _check_kernels(c: _Checker, cfg: ExperimentConfig) -> None:
     """CUDA runs attention only on fused kernels (scaling.engine.kernels): refuse what none of them runs."""
     m, precision = cfg.model, cfg.train.precision
+    if isinstance(m, CustomModel):  # its attention is its own: what runs it is the model's choice
+        return
     if cfg.hardware.device == "cuda" and precision == Precision.FP32 and m.n_kv_heads != m.n_heads:
         c.errors.append(
             f"train.precision=fp32 on hardware.device=cuda with grouped-query attention (model.n_kv_heads="
@@ -249,7 +283,10 @@ def validate(cfg: ExperimentConfig, usable_cores: Optional[int] = None, host: bo
     a point that may run elsewhere, pass host=False.
     """
     c = _Checker()
-    _check_model(c, cfg.model)
+    if isinstance(cfg.model, CustomModel):
+        _check_custom_model(c, cfg.model)
+    else:
+        _check_model(c, cfg.model)
     _check_train(c, cfg.train, cfg.model.max_seq_len)
     _check_parallel(c, cfg.parallel)
     _check_hardware(c, cfg.hardware, cfg.train.precision)

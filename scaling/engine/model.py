@@ -178,3 +178,9 @@ class Transformer(nn.Module):
 
                 shard = distribute_tensor(target, param.device_mesh, param.placements, src_data_rank=None)
                 param.to_local().copy_(shard.to_local())
+
+
+def decoder(**fields: Any) -> Transformer:
+    """The built-in decoder from the model group's fields, as a model the user brings names it
+    (`_target_: scaling.engine.model.decoder`): the same module through the other path."""
+    return Transformer(ModelArgs(**fields))

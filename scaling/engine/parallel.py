@@ -45,7 +45,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute
-from scaling.core.schema import ParallelConfig, TrainConfig
+from scaling.core.schema import CustomModel, ModelConfig, ParallelConfig, TrainConfig
 from scaling.engine.model import Transformer
 from scaling.engine.model_config import ModelArgs
 
@@ -122,21 +122,21 @@ def load_wrappers(zero_stage: int) -> None:
         import torch.distributed.optim  # noqa: F401
 
 
-def _shard(model: Transformer, zero_stage: int, bf16: bool) -> None:
+def _shard(model: nn.Module, blocks: list[nn.Module], zero_stage: int, bf16: bool) -> None:
     """fully_shard every block, then the root (embedding, final norm, output projection)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     )
-    for block in model.layers:
+    for block in blocks:
         fully_shard(block, reshard_after_forward=zero_stage == 3, mp_policy=mp)
     # The root's parameters are needed again by backward right after forward: never resharded in between.
     fully_shard(model, reshard_after_forward=False, mp_policy=mp)
 
 
 def parallelize(
-    args: ModelArgs,
+    args: ModelConfig | CustomModel,
     train: TrainConfig,
     parallel: ParallelConfig,
     device: torch.device,
@@ -145,22 +145,38 @@ def parallelize(
 ) -> Parallelized:
     """Build this rank's model for its ZeRO stage in the order of the module docstring, with its optimizer.
 
-    `on_meta=False` builds the shapes on `device` itself: for fake tensors (the traced predictor), which
-    hold no memory anyway and cannot be moved off meta. AdamW is fused on CUDA and single-tensor elsewhere, unless
-    `fused_optimizer` says otherwise (the traced predictor of a CUDA point, tracing on CPU).
+    `args` is the built-in family's config (its Transformer) or a model the user brings (scaling.engine.custom_model:
+    built, blocks found, initialised by its own convention). `on_meta=False` builds the shapes on `device` itself: for
+    fake tensors (the traced predictor), which hold no memory anyway and cannot be moved off meta. AdamW is fused on
+    CUDA and single-tensor elsewhere, unless `fused_optimizer` says otherwise (the traced predictor of a CUDA point,
+    tracing on CPU).
     """
     fused = device.type == "cuda" if fused_optimizer is None else fused_optimizer
     zero_stage, bf16 = parallel.zero_stage, train.precision == Precision.BF16
-    model = Transformer(args, device="meta" if on_meta else device)  # 1. shapes only
-    model.set_recompute(train.recompute == Recompute.FULL)  # 2. recompute
+    recompute = train.recompute == Recompute.FULL
+    where = "meta" if on_meta else device
+    if isinstance(args, CustomModel):
+        from scaling.engine import custom_model
+
+        model = custom_model.build(args, where)  # 1. shapes only
+        blocks = custom_model.blocks(args, model)
+        if recompute:  # 2. recompute
+            blocks = custom_model.wrap_recompute(model, type(blocks[0]))
+    else:
+        model = Transformer(args if isinstance(args, ModelArgs) else ModelArgs.of(args), device=where)  # 1.
+        model.set_recompute(recompute)  # 2. recompute
+        blocks = list(model.layers)
     if train.compile:  # 3. compile
-        for block in model.layers:
+        for block in blocks:
             block.compile()
     if zero_stage >= 2:  # 4. shard
-        _shard(model, zero_stage, bf16)
+        _shard(model, blocks, zero_stage, bf16)
     if on_meta:  # 5. materialise what this rank owns
         model.to_empty(device=device)
-    model.init_weights(train.seed)
+    if isinstance(args, CustomModel):
+        custom_model.initialise(model, train.seed)
+    else:
+        model.init_weights(train.seed)
     lr, weight_decay = train.lr, train.weight_decay
     if zero_stage >= 2:
         return Parallelized(

@@ -32,7 +32,8 @@ def train_step(
         inputs, targets = to_device(rows, wrapped.device)  # (mbs, T) each
         with wrapped.micro_step(micro, grad_acc):
             with wrapped.autocast():
-                logits = wrapped.model(inputs)  # (mbs, T, V)
+                out = wrapped.model(inputs)
+            logits = out if isinstance(out, torch.Tensor) else out.logits  # (mbs, T, V); an HF model's output
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) / grad_acc
             loss.backward()
         step_loss += loss.detach()

@@ -58,7 +58,6 @@ from scaling.engine.jobfiles import (
     warm_done,
 )
 from scaling.engine.lifetime import gate
-from scaling.engine.model_config import ModelArgs
 from scaling.engine.parallel import load_wrappers, parallelize
 from scaling.engine.step import train_step
 
@@ -140,8 +139,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     snapshot = cuda and rank == 0 and cfg.launch.memory_snapshot
     if snapshot:  # every allocation from here to the end of the warm-up, with its stack
         torch.cuda.memory._record_memory_history(stacks="python", max_entries=MEMORY_HISTORY_ENTRIES)
-    args = ModelArgs.of(cfg.model)
-    wrapped = parallelize(args, train, par, dev.device)
+    wrapped = parallelize(cfg.model, train, par, dev.device)
     build_peak_bytes = torch.cuda.max_memory_allocated(dev.device) if cuda else resident.peak_growth_bytes()
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev.device)  # from here on: the training steps' peak
@@ -149,7 +147,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     phases.end("build_s")
     gate("model_built")
 
-    data = GlobalBatch(args.vocab_size, train.seq_len, train.seed, **asdict(train.data))
+    data = GlobalBatch(int(cfg.model.vocab_size), train.seq_len, train.seed, **asdict(train.data))
     mbs, grad_acc = train.mbs, job.grad_acc
     losses: list[torch.Tensor] = []
     grad_norms: list[torch.Tensor] = []

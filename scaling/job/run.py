@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.enums import Status
 from scaling.core.files import write_json_atomic
-from scaling.core.schema import CONF_DIR, ExperimentConfig
+from scaling.core.schema import CONF_DIR, ExperimentConfig, model_hash
 from scaling.core.units import format_bytes
 from scaling.core.validate import Derived, InvalidConfig, validate
 from scaling.engine import flops
@@ -78,9 +78,9 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
     point_dir = job_dir(sweep_dir, key)
     try:
         derived = validate(c)
-    except InvalidConfig as e:
+        record.derived = _derived_block(c, derived)  # a model the user brings is built and checked on meta here
+    except (InvalidConfig, ValueError) as e:  # scaling.engine.custom_model.ModelError is a ValueError
         return _finish(_ended(record, Status.INVALID, str(e), c), point_dir, t0, c)
-    record.derived = _derived_block(c, derived)
     record.predicted = prediction = prescreen(c, derived.grad_acc)
     if predicted_oom(prediction):  # predicted > (1 + prescreen_margin) x capacity, and not in the sample
         return _finish(_ended(record, Status.PREDICTED_OOM, prediction["reason"], c), point_dir, t0, c)
@@ -235,7 +235,10 @@ def _host_env(c: ExperimentConfig) -> dict[str, Any]:
 
 
 def _derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
-    """The record's `derived`: the batch arithmetic, the parameter count and the FLOPs per token."""
+    """The record's `derived`: the batch arithmetic, the parameter count and the FLOPs per token (the built-in
+    family's closed form; a model the user brings, counted by torch's FlopCounterMode and named in `model`)."""
+    if c.custom:
+        return {**derived.as_dict(), **_custom_model_block(c)}
     args = ModelArgs.of(c.model)
     seq = c.train.seq_len
     return {
@@ -243,6 +246,30 @@ def _derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
         "n_params": param_count(args),
         "flops_per_token": flops.flops_per_token(args, seq),
         "hw_flops_per_token": flops.hardware_flops_per_token(args, seq, c.train.recompute == "full"),
+    }
+
+
+def _custom_model_block(c: ExperimentConfig) -> dict[str, Any]:
+    """A user's model, built on the meta device in this process (once per model and seq_len): its size, its counted
+    FLOPs, what the counter could not see, and what it is (ModelError, a ValueError, when it breaks the contract)."""
+    from scaling.engine import custom_model
+
+    counted = custom_model.count(c.model, c.train.seq_len)
+    recomputed = counted.forward_flops_per_token if c.train.recompute == "full" else 0.0
+    return {
+        "n_params": counted.n_params,
+        "flops_per_token": counted.flops_per_token,
+        "hw_flops_per_token": counted.flops_per_token + recomputed,
+        "flops_source": "counted",
+        "uncounted_ops": list(counted.uncounted_ops),
+        "model": {
+            "name": c.model.name,
+            "source": c.model.source,
+            "model_type": counted.model_type,
+            "block": counted.block,
+            "n_blocks": counted.n_blocks,
+            "config_hash": model_hash(c.model),
+        },
     }
 
 

@@ -4,15 +4,22 @@ read (conf/hydra/launcher/slurm.yaml, parallel.yaml). Nothing registers itself o
 
 from __future__ import annotations
 
-from scaling.core.schema import ExperimentConfig
+from scaling.core.schema import ExperimentConfig, ModelConfig
 from scaling.launch import devices, slurm
+
+LLAMA_SCHEMA = "llama_schema"
+"""The built-in family's schema in the model group."""
 
 
 def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore; conf/config.yaml lists it first in its defaults."""
+    """Register the schema with Hydra's ConfigStore: `experiment_schema` (conf/config.yaml lists it first in its
+    defaults) and `model/llama_schema`, the built-in family's (each preset in conf/model/ lists it first: a misspelt
+    key or a wrong type fails when Hydra composes; a model file without it, a user's `_target_` one, is open)."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="experiment_schema", node=ExperimentConfig)
+    store = ConfigStore.instance()
+    store.store(name="experiment_schema", node=ExperimentConfig)
+    store.store(group="model", name=LLAMA_SCHEMA, node=ModelConfig)
 
 
 def register() -> None:

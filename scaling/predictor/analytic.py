@@ -359,7 +359,13 @@ def analytic_peak(
 
 
 def predict_config(cfg: ExperimentConfig, grad_acc: Optional[int] = None) -> MemoryBreakdown:
-    """`analytic_peak` of a point; grad_acc from scaling.core.validate unless given."""
+    """`analytic_peak` of a point of the built-in family; grad_acc from scaling.core.validate unless given. A model
+    the user brings has no closed form here: ValueError (scaling.predictor.trace predicts any model)."""
+    if cfg.custom:
+        raise ValueError(
+            f"model {cfg.model.name!r} ({cfg.model.source}) is not of the built-in family: the analytic predictor "
+            "knows only its shapes; the traced predictor (scaling predict without --analytic) predicts any model"
+        )
     if grad_acc is None:
         from scaling.core.validate import validate
 

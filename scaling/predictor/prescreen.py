@@ -37,9 +37,11 @@ def prescreen(cfg: ExperimentConfig, grad_acc: Optional[int] = None, trace: bool
     forecast of a whole grid may not). Never raises for a valid point: a failed trace leaves the analytic
     figure and says so.
     """
-    analytic = predict_config(cfg, grad_acc)
     capacity = capacity_bytes(cfg.hardware)
     margin = float(cfg.launch.prescreen_margin)
+    if cfg.custom:  # a model the user brings: the analytic model is the built-in family's; the trace decides
+        return _traced_only(cfg, capacity, margin, trace)
+    analytic = predict_config(cfg, grad_acc)
     out: dict[str, Any] = {
         "peak_mem_bytes": analytic.total_bytes,
         "method": ANALYTIC,
@@ -72,6 +74,46 @@ def prescreen(cfg: ExperimentConfig, grad_acc: Optional[int] = None, trace: bool
             out.update(peak_mem_bytes=traced.peak_mem_bytes, method=traced.as_dict()["method"], traced=traced.as_dict())
         except Exception as e:
             out["trace_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    return _decide(out, cfg, capacity, margin)
+
+
+def _traced_only(cfg: ExperimentConfig, capacity: Optional[int], margin: float, trace: bool) -> dict[str, Any]:
+    """The pre-screen of a model the user brings: its traced peak (the same tracker the measurement uses), or no
+    prediction when `trace` is off or the trace fails (the point then runs and is measured)."""
+    out: dict[str, Any] = {
+        "peak_mem_bytes": None,
+        "method": None,
+        "fits": None,
+        "skip": False,
+        "sampled": False,
+        "reason": None,
+        "capacity_bytes": capacity,
+        "reserve_bytes": int(cfg.hardware.reserve_gb * GIB),
+        "margin": margin,
+        "analytic": None,
+        "traced": None,
+    }
+    if not trace:
+        return out
+    import torch.distributed as dist
+
+    from scaling.predictor.trace import trace_peak, trace_peak_isolated
+
+    try:
+        if dist.is_initialized():
+            traced = trace_peak_isolated(cfg, timeout_s=min(float(cfg.launch.timeout_s), 300.0))
+        else:
+            traced = trace_peak(cfg)
+        out.update(peak_mem_bytes=traced.peak_mem_bytes, method=traced.as_dict()["method"], traced=traced.as_dict())
+    except Exception as e:
+        out["trace_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+        return out
+    return out if capacity is None else _decide(out, cfg, capacity, margin)
+
+
+def _decide(out: dict[str, Any], cfg: ExperimentConfig, capacity: int, margin: float) -> dict[str, Any]:
+    """Fits, and whether the pre-screen skips the point (and why), from the block's predicted peak."""
+    threshold = (1.0 + margin) * capacity
     peak = out["peak_mem_bytes"]
     out["fits"] = peak <= capacity
     if cfg.launch.prescreen and peak > threshold:

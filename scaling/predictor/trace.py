@@ -280,14 +280,12 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
     from scaling.core.validate import validate
     from scaling.engine.data import GlobalBatch, step_batches
     from scaling.engine.memtrack import tracked_step
-    from scaling.engine.model_config import ModelArgs
     from scaling.engine.parallel import parallelize
     from scaling.engine.step import train_step
 
     t0 = time.perf_counter()
     grad_acc = validate(cfg, host=False).grad_acc
     train, par = cfg.train, cfg.parallel
-    args = ModelArgs.of(cfg.model)
     micro_steps = min(grad_acc, MAX_MICRO_STEPS + (par.zero_stage == 2))
     mbs, dp = train.mbs, par.dp
     cpu, cuda = torch.device("cpu"), cfg.hardware.device == "cuda"
@@ -295,12 +293,12 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
     with _fake_world(dp), _cuda_kernels() if cuda else contextlib.nullcontext(), gloo:
         # The worker's build order; fake tensors hold no memory, so the shapes are made on the fake device.
         no_compile = dataclasses.replace(train, compile=False)
-        wrapped = parallelize(args, no_compile, par, cpu, on_meta=False, fused_optimizer=cuda)
+        wrapped = parallelize(cfg.model, no_compile, par, cpu, on_meta=False, fused_optimizer=cuda)
         if par.zero_stage <= 1:
             wrapped.model.register_comm_hook(None, _completed_allreduce(dp))
             params = [p for p in wrapped.model.parameters() if p.requires_grad]
             wrapped.model.reducer = _LocalBucketRebuild(wrapped.model.reducer, params)
-        data = GlobalBatch(args.vocab_size, train.seq_len, train.seed)  # token values do not matter
+        data = GlobalBatch(int(cfg.model.vocab_size), train.seq_len, train.seed)  # token values do not matter
         train_step(wrapped, step_batches(data, 0, 0, mbs, micro_steps))
         micro_batches = step_batches(data, 1, 0, mbs, micro_steps)  # built before the step, as the worker does
         if par.zero_stage <= 1:

@@ -78,7 +78,13 @@ def h100_network(
 
 def preset(name: str) -> ModelConfig:
     """A model preset of the `model` config group (conf/model/<name>.yaml)."""
-    return ModelConfig(**yaml.safe_load((CONF_DIR / "model" / f"{name}.yaml").read_text()))
+    return ModelConfig(
+        **{
+            k: v
+            for k, v in yaml.safe_load((CONF_DIR / "model" / f"{name}.yaml").read_text()).items()
+            if k != "defaults"
+        }
+    )
 
 
 LLAMA_1B, LLAMA_8B = preset("llama_1b"), preset("llama_8b")

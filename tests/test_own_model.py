@@ -1,0 +1,158 @@
+"""A model the user brings (`_target_`): its FLOPs counted, its contract checked before any process, and the engine's
+promises kept on it (every ZeRO stage trains the same as the dp/grad_acc split it replaces, recompute per block,
+the traced prediction against the tracked peak)."""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scaling.core.schema import CONF_DIR, CustomModel, ExperimentConfig
+from scaling.engine import custom_model, flops
+from scaling.engine.model_config import ModelArgs
+from scaling.job.run import run_point
+from scaling.store.record import job_dir, job_key
+from tests.helpers.compose import REPO
+from tests.helpers.points import CLIP
+
+PROJECT = REPO / "tests" / "own_project"
+
+
+def preset(name: str) -> dict:
+    return {
+        k: v for k, v in yaml.safe_load((CONF_DIR / "model" / f"{name}.yaml").read_text()).items() if k != "defaults"
+    }
+
+
+@pytest.mark.parametrize("name, seq_len", [("tiny", 64), ("small", 128), ("llama_1b", 2048), ("llama_8b", 4096)])
+def test_flops_counted_on_the_meta_device_equal_the_closed_form_on_the_presets(name, seq_len):
+    """The built-in decoder brought as a user's model (`_target_: scaling.engine.model.decoder`): FlopCounterMode's
+    count of one forward and backward on meta tensors against the closed form the built-in family keeps."""
+    fields = preset(name)
+    model = CustomModel(
+        name=name, target="scaling.engine.model.decoder", kwargs={k: v for k, v in fields.items() if k != "name"}
+    )
+    counted = custom_model.count(model, seq_len)
+    closed = flops.flops_per_token(ModelArgs(**fields), seq_len)
+    assert abs(counted.flops_per_token / closed - 1) <= 0.01, (counted.flops_per_token, closed)
+    assert counted.uncounted_ops == () and counted.block == "Block" and counted.n_blocks == fields["n_layers"]
+
+
+BROKEN = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+    def raises(**kwargs):
+        raise RuntimeError("no GPU budget for this model")
+
+    def not_a_module(**kwargs):
+        return 42
+
+    class Flat(nn.Module):  # no repeated blocks
+        def __init__(self, vocab_size, max_seq_len):
+            super().__init__()
+            self.emb, self.out = nn.Embedding(vocab_size, 8), nn.Linear(8, vocab_size)
+
+        def forward(self, ids):
+            return self.out(self.emb(ids))
+
+    class Pooled(Flat):  # one vector per sequence, not logits per token
+        def __init__(self, vocab_size, max_seq_len):
+            super().__init__(vocab_size, max_seq_len)
+            self.h = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+        def forward(self, ids):
+            return self.out(self.emb(ids).mean(dim=1))
+""")
+
+SIZES = {"vocab_size": 64, "max_seq_len": 64}
+
+
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        ({"_target_": "nowhere.GPT", **SIZES}, "model._target_='nowhere.GPT' does not import: ModuleNotFoundError"),
+        ({"_target_": "broken.raises", **SIZES}, "model._target_='broken.raises' raised RuntimeError: no GPU budget"),
+        ({"_target_": "broken.not_a_module", **SIZES}, "returned int, not an nn.Module"),
+        ({"_target_": "broken.Flat", **SIZES}, "no blocks found (no nn.ModuleList of one class): name the block class"),
+        ({"_target_": "broken.Pooled", **SIZES}, "returned (1, 64); logits of shape (B, T, vocab_size) = (1, 32, 64)"),
+        ({"_target_": "broken.Flat", "max_seq_len": 64}, "model.vocab_size is missing"),
+        ({"_target_": "broken.Pooled", "blocks": "torch.nn.GELU", **SIZES}, "the model has no submodule of that class"),
+        ({"hf_config": "missing/config.json", **SIZES}, "model.hf_config='missing/config.json' is not a readable file"),
+    ],
+    ids=["no-import", "raises", "not-a-module", "no-blocks", "wrong-shape", "no-vocab", "no-such-block", "no-hf-file"],
+)
+def test_a_model_that_breaks_the_contract_is_invalid_before_any_process(tmp_path, monkeypatch, model, expected):
+    """Checked once in the driver on the meta device: the record says `invalid` with the field and the value, and
+    the point's directory holds nothing but it (no config.json: no rank was started)."""
+    (tmp_path / "broken.py").write_text(BROKEN)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    cfg = ExperimentConfig.from_dict({"model": {"name": "mine", **model}}).changed(
+        train={"seq_len": 32, "mbs": 1}, logger={"name": "none"}
+    )
+    cfg.sweep_dir = str(tmp_path / "runs")
+    record = run_point(cfg)
+    assert record["status"] == "invalid" and expected in record["error"], record["error"]
+    assert [p.name for p in job_dir(tmp_path / "runs", job_key(cfg)).iterdir()] == ["result.json"]
+
+
+def test_two_user_models_of_one_name_never_share_a_key():
+    one = ExperimentConfig.from_dict({"model": {"name": "gpt", "_target_": "gpt.GPT", **SIZES, "n_layer": 2}})
+    other = ExperimentConfig.from_dict({"model": {"name": "gpt", "_target_": "gpt.GPT", **SIZES, "n_layer": 3}})
+    assert job_key(one) != job_key(other)
+    assert one.experiment()["model"] == {"name": "gpt", "_target_": "gpt.GPT", **SIZES, "n_layer": 2}
+    assert ExperimentConfig.from_dict(one.to_dict()) == one  # what config.json carries to the ranks reads back equal
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    """The worked example (tests/own_project: gpt.py beside conf/) copied outside the repository, as the cwd."""
+    root = tmp_path / "project"
+    shutil.copytree(PROJECT, root)
+    monkeypatch.chdir(root)
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("PYTHONPATH", str(root))
+    return root
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(a), abs(b))
+
+
+@pytest.mark.torchrun
+def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predicted(project):
+    """gpt.py's GPT-2-style model (LayerNorm, learned positions, biases, untied head): dp=2 at ZeRO 0-3 against
+    dp=1 x grad_acc=2, clipped; recompute per block; the traced prediction against the tracked peak."""
+    from scaling.sweep.compose import compose_config
+
+    base = [
+        "model=gpt2_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2", "train.steps=2",
+        "launch.reuse=true", CLIP, f"sweep_dir={project / 'runs'}",
+    ]  # fmt: skip
+    one = run_point(compose_config([*base, "parallel.dp=1", "train.grad_acc=2"]))
+    assert one["status"] == "ok", one["error"]
+    assert one["derived"]["flops_source"] == "counted" and one["derived"]["model"]["source"] == "gpt.GPT"
+    assert one["derived"]["n_params"] == 182016 and one["metrics"]["mfu"] > 0
+    for stage in (0, 1, 2, 3):
+        two = run_point(compose_config([*base, "parallel.dp=2", "train.grad_acc=1", f"parallel.zero_stage={stage}"]))
+        assert two["status"] == "ok", two["error"]
+        l2, l1 = two["metrics"]["losses"], one["metrics"]["losses"]
+        assert len(l2) == len(l1) == 4 and max(rel(a, b) for a, b in zip(l2, l1)) <= 1e-5, (stage, l2, l1)
+        assert rel(two["metrics"]["final_param_norm"], one["metrics"]["final_param_norm"]) <= 1e-5, stage
+        predicted, measured = two["predicted"]["peak_mem_bytes"], two["metrics"]["peak_mem_bytes"]
+        assert two["predicted"]["method"] == "traced" and abs(predicted / measured - 1) <= 0.05, (
+            stage,
+            predicted,
+            measured,
+        )
+    recomputed = run_point(compose_config([*base, "parallel.dp=1", "train.grad_acc=2", "train.recompute=full"]))
+    assert recomputed["status"] == "ok", recomputed["error"]
+    assert max(rel(a, b) for a, b in zip(recomputed["metrics"]["losses"], one["metrics"]["losses"])) <= 1e-5
+    assert recomputed["derived"]["hw_flops_per_token"] > recomputed["derived"]["flops_per_token"]
+    assert recomputed["metrics"]["peak_mem_bytes"] < one["metrics"]["peak_mem_bytes"]
