@@ -159,6 +159,12 @@ def sweep_extrapolations(
     cache: dict[tuple[str, Optional[int]], tuple[list[Optional[NetworkEstimate]], list[str]]] = {}
     for config in fastest:
         group = table[table["config"] == config]
+        if any(k not in group or group[k].isna().any() for k in SHAPE):
+            notes.append(
+                f"{config}: a model the user brings (no config.model {', '.join(SHAPE)}): the step model takes the "
+                "built-in family's shapes, so its throughput is not extrapolated past the measured dp"
+            )
+            continue
         hardware = str(group["hardware"].iloc[0])
         dpn = group["devices_per_node"].iloc[0] if "devices_per_node" in group else None
         dpn = None if pd.isna(dpn) else int(dpn)

@@ -57,12 +57,23 @@ def inline_commands(text: str) -> list[tuple[str, bool, str]]:
     ]
 
 
+def as_run(command: str) -> list[str]:
+    """The argv the test runs for a command: its dry run where it would launch (the module docstring)."""
+    argv = shlex.split(command)[1:]
+    if argv[0] == "run":
+        argv = [a for a in argv if a != "-m"] + (
+            ["hydra.sweeper.dry_run=true", "-m"] if "-m" in argv else ["--cfg", "job"]
+        )
+    return argv + [a for a in DRY_RUN.get(argv[0], []) if a not in argv]
+
+
 def _distinct(found: list[tuple[str, str, bool, str]]) -> list[tuple[str, str, bool, str]]:
-    """Each command once (the first page that has it), whichever pages repeat it."""
-    seen: dict[tuple[str, bool, str], str] = {}
-    for page, *command in found:
-        seen.setdefault(tuple(command), page)
-    return [(page, *command) for command, page in seen.items()]
+    """Each command once (the first page that has it), whichever pages repeat it; a command that runs as another's
+    dry run (`scaling sweep demo` and `scaling sweep demo --dry-run`) is that one."""
+    seen: dict[tuple[tuple[str, ...], bool, str], tuple[str, str]] = {}
+    for page, command, salloc, cwd in found:
+        seen.setdefault((tuple(as_run(command)), salloc, cwd), (page, command))
+    return [(page, command, salloc, cwd) for (_, salloc, cwd), (page, command) in seen.items()]
 
 
 COMMANDS = _distinct(
@@ -96,15 +107,10 @@ def test_each_command_runs_from_a_fresh_directory(tmp_path: Path, page: str, com
         tmp_path = tmp_path / cwd
     else:  # `--config-dir sweeps`, as from the repository
         shutil.copytree(REPO / "sweeps", tmp_path / "sweeps")
-    argv = shlex.split(command)[1:]
+    argv = as_run(command)
     sub = argv[0]
     if sub in ("report", "status"):  # they read a store: a small one where the command looks
         write_sweep(tmp_path / argv[1], grid_records(seq_lens=(256,), mbss=(1, 2), dps=(1, 2), zero_stages=(0,)))
-    if sub == "run":
-        argv = [a for a in argv if a != "-m"] + (
-            ["hydra.sweeper.dry_run=true", "-m"] if "-m" in argv else ["--cfg", "job"]
-        )
-    argv += DRY_RUN.get(sub, [])
     out = scaling(*argv, cwd=tmp_path, timeout=180)
     if salloc:
         assert out.returncode == 2 and "inside a SLURM allocation" in out.stderr, out.stdout + out.stderr

@@ -449,6 +449,11 @@ def _next(truth: Truth, dps) -> int:
     return find_knee(list(dps), truth.efficiency(list(dps)), 0.8)[1]
 
 
+FIRST_FAST = [pytest.param(t, marks=() if i == 0 else pytest.mark.slow) for i, t in enumerate(TRUTHS)]
+"""The truths of the fits that take a second or more each: the first in the fast subset (`make test-fast` and the
+lowest versions: one exercises the libraries as well as seven), every one in `make test`."""
+
+
 @pytest.mark.parametrize("truth", TRUTHS, ids=lambda t: t.name)
 def test_fitted_on_the_smallest_dp_the_held_out_dp_and_the_knee_are_recovered(truth):
     """(a) the sweep alone, measured at dp 1-32 (both tiers, 2% noise per timed step): dp 64 and 128 within 10%,
@@ -465,7 +470,7 @@ def test_fitted_on_the_smallest_dp_the_held_out_dp_and_the_knee_are_recovered(tr
             assert r.low[i] <= truth.tokens_per_s_per_gpu(n) <= r.high[i], n
 
 
-@pytest.mark.parametrize("truth", TRUTHS, ids=lambda t: t.name)
+@pytest.mark.parametrize("truth", FIRST_FAST, ids=lambda t: t.name)
 def test_the_playbook_case_fitted_on_dp_8_to_32_with_the_measured_network_predicts_dp_64_and_128(truth):
     """Fit on dp 8-32 (one node, two and four nodes) with the network as `scaling collectives` measures it (what
     `scaling recipe` measures beside its points): dp 64 and 128 within 10%, the knee within one power of two."""
@@ -490,7 +495,7 @@ def test_a_sweep_of_dp_8_to_32_alone_fits_both_bandwidths_and_leaves_the_latency
     assert r.tokens_per_s_per_gpu[r.dps.index(64)] == pytest.approx(truth.tokens_per_s_per_gpu(64), rel=0.10)
 
 
-@pytest.mark.parametrize("truth", TRUTHS, ids=lambda t: t.name)
+@pytest.mark.parametrize("truth", FIRST_FAST, ids=lambda t: t.name)
 def test_a_measured_profile_and_one_node_find_the_knee_past_the_node(truth):
     """(b) the network measured by the collectives benchmark (5% noise per call) and dp 1-8 on one node: the knee
     within one power of two and inside its band; where the truth's overlap lies inside the draws' overlap range,

@@ -35,10 +35,12 @@ def scaling_ok(project: Path, *args: str) -> str:
 def test_a_project_runs_its_own_sweep_model_and_profiles(project, monkeypatch):
     store = project / "runs" / "mine"
     out = scaling_ok(project, "sweep", "sweeps/my_sweep.yaml", f"sweep_dir={store}")  # by path
-    assert "sweep my_sweep: 2 points: 2 ok" in out, out[-2000:]
+    assert "sweep my_sweep: 4 points: 4 ok" in out, out[-2000:]
     records = [json.loads(p.read_text()) for p in store.glob("*/result.json")]
-    assert {r["config"]["model"]["name"] for r in records} == {"my_model"}
-    assert {r["config"]["model"]["hidden"] for r in records} == {48}
+    assert {r["config"]["model"]["name"] for r in records} == {"my_model", "gpt2_tiny"}
+    assert {r["config"]["model"].get("hidden") for r in records} == {48, None}  # gpt.GPT's own keys: n_embd, ...
+    mine = [r for r in records if r["config"]["model"]["name"] == "gpt2_tiny"]
+    assert {r["derived"]["flops_source"] for r in mine} == {"counted"} and all(r["metrics"]["mfu"] > 0 for r in mine)
     # by name from the project's sweeps/: the same points, answered by the store
     assert "0 new" in scaling_ok(project, "sweep", "my_sweep", "--dry-run", f"sweep_dir={store}")
     predicted = json.loads(

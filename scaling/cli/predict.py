@@ -33,13 +33,15 @@ def _fmt(n: Optional[float], divisor: int) -> str:
     return "-" if n is None else f"{n / divisor:.3f}"
 
 
-def _breakdown_rows(analytic: dict[str, Any], traced: Optional[dict[str, Any]]) -> list[str]:
-    unit, div = memory_unit(analytic["peak_mem_bytes"])
-    rows = [f"{'analytic (peak at: ' + analytic['phase'] + ')':<44} {unit:>10}"]
-    for name, value in analytic.items():
-        if name.endswith("_bytes") and name != "peak_mem_bytes":
-            rows.append(f"  {name:<42} {_fmt(value, div):>10}")
-    rows.append(f"  {'total':<42} {_fmt(analytic['peak_mem_bytes'], div):>10}")
+def _breakdown_rows(analytic: Optional[dict[str, Any]], traced: Optional[dict[str, Any]]) -> list[str]:
+    unit, div = memory_unit((analytic or traced or {}).get("peak_mem_bytes") or 0)
+    rows = []
+    if analytic is not None:  # none for a model the user brings: the analytic model is the built-in family's
+        rows.append(f"{'analytic (peak at: ' + analytic['phase'] + ')':<44} {unit:>10}")
+        for name, value in analytic.items():
+            if name.endswith("_bytes") and name != "peak_mem_bytes":
+                rows.append(f"  {name:<42} {_fmt(value, div):>10}")
+        rows.append(f"  {'total':<42} {_fmt(analytic['peak_mem_bytes'], div):>10}")
     if traced is not None:
         rows.append(f"{'traced (torch memory tracker, fake tensors)':<44} {unit:>10}")
         for name, value in sorted(traced["breakdown"].items(), key=lambda kv: -kv[1]):
@@ -57,22 +59,22 @@ def _point_line(cfg: ExperimentConfig) -> str:
 
 
 def predict_point(cfg: ExperimentConfig, traced: bool = True) -> dict[str, Any]:
-    """Both predictions of one point: {capacity_bytes, analytic: {...}, traced: {...} or None}."""
-    analytic = predict_config(cfg)
+    """Both predictions of one point: {capacity_bytes, analytic: {...}, traced: {...} or None}. A model the user
+    brings has the traced one only (analytic None), whatever `traced` says."""
     out: dict[str, Any] = {
         "capacity_bytes": capacity_bytes(cfg.hardware),
-        "analytic": analytic.as_dict(),
+        "analytic": None if cfg.custom else predict_config(cfg).as_dict(),
         "traced": None,
     }
-    if traced:
+    if traced or cfg.custom:
         from scaling.predictor.trace import trace_peak
 
         out["traced"] = trace_peak(cfg).as_dict()
     return out
 
 
-def _verdict(peak: int, capacity: Optional[int], margin: float) -> str:
-    if capacity is None:
+def _verdict(peak: Optional[int], capacity: Optional[int], margin: float) -> str:
+    if capacity is None or peak is None:
         return "-"
     if peak <= capacity:
         return "fits"
@@ -111,7 +113,7 @@ def _sweep(name: str, overrides: list[str], traced: bool, as_json: bool) -> int:
                     "peak_mem_bytes": pred["peak_mem_bytes"],
                     "method": pred["method"],
                     "capacity_bytes": pred["capacity_bytes"],
-                    "phase": pred["analytic"]["phase"],
+                    "phase": pred["analytic"]["phase"] if pred["analytic"] else None,
                     "recorded": point.record["status"] if point.done else None,
                 }
             )

@@ -366,7 +366,7 @@ class ExperimentConfig:
     model: Any = field(default=None, metadata={GROUP: ModelConfig})
     """ModelConfig (the built-in family) or CustomModel (the user's module or an HF config); None: ModelConfig().
     Typed Any for Hydra, so that a model file with `_target_` and its own keys composes; the built-in presets
-    take ModelConfig's schema in their defaults list (`model/llama_schema`)."""
+    take ModelConfig's schema in their defaults list (`/llama_schema@_here_`)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)

@@ -13,13 +13,14 @@ LLAMA_SCHEMA = "llama_schema"
 
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore: `experiment_schema` (conf/config.yaml lists it first in its
-    defaults) and `model/llama_schema`, the built-in family's (each preset in conf/model/ lists it first: a misspelt
-    key or a wrong type fails when Hydra composes; a model file without it, a user's `_target_` one, is open)."""
+    defaults) and `llama_schema`, the built-in family's, outside the model group so that no one picks it (each preset in
+    conf/model/ lists `/llama_schema@_here_` first: a misspelt key or a wrong type fails when Hydra composes; a model
+    file without it, a user's `_target_` one, is open)."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
     store.store(name="experiment_schema", node=ExperimentConfig)
-    store.store(group="model", name=LLAMA_SCHEMA, node=ModelConfig)
+    store.store(name=LLAMA_SCHEMA, node=ModelConfig)
 
 
 def register() -> None:

@@ -89,9 +89,10 @@ def find_mbs(
     def analytic_fits(m: int) -> bool:
         return predict_config(_with_mbs(cfg, m)).total_bytes <= capacity
 
-    guess = largest_true(analytic_fits, 1, max_mbs)
+    # a model the user brings has no analytic model: the trace searches from mbs=1
+    guess = 1 if cfg.custom else largest_true(analytic_fits, 1, max_mbs)
     method = "analytic"
-    if traced:
+    if traced or cfg.custom:
         from scaling.predictor.trace import trace_peak
 
         def traced_fits(m: int) -> bool:
