@@ -29,9 +29,9 @@ def preset(name: str) -> dict:
 
 
 @pytest.mark.parametrize("name, seq_len", [("tiny", 64), ("small", 128), ("llama_1b", 2048), ("llama_8b", 4096)])
-def test_flops_counted_on_the_meta_device_equal_the_closed_form_on_the_presets(name, seq_len):
+def test_flops_counted_on_fake_tensors_equal_the_closed_form_on_the_presets(name, seq_len):
     """The built-in decoder brought as a user's model (`_target_: scaling.engine.model.decoder`): FlopCounterMode's
-    count of one forward and backward on meta tensors against the closed form the built-in family keeps."""
+    count of one forward and backward on fake tensors against the closed form the built-in family keeps."""
     fields = preset(name)
     model = CustomModel(
         name=name, target="scaling.engine.model.decoder", kwargs={k: v for k, v in fields.items() if k != "name"}
@@ -60,6 +60,21 @@ BROKEN = textwrap.dedent("""\
         def forward(self, ids):
             return self.out(self.emb(ids))
 
+    class Output:  # what a Hugging Face model returns: an object with .logits
+        def __init__(self, logits):
+            self.logits = logits
+
+    class Wrapped(Flat):  # a valid model whose forward returns such an object
+        def __init__(self, vocab_size, max_seq_len):
+            super().__init__(vocab_size, max_seq_len)
+            self.h = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            for layer in self.h:
+                x = layer(x)
+            return Output(self.out(x))
+
     class Pooled(Flat):  # one vector per sequence, not logits per token
         def __init__(self, vocab_size, max_seq_len):
             super().__init__(vocab_size, max_seq_len)
@@ -82,12 +97,11 @@ SIZES = {"vocab_size": 64, "max_seq_len": 64}
         ({"_target_": "broken.Pooled", **SIZES}, "returned (1, 64); logits of shape (B, T, vocab_size) = (1, 32, 64)"),
         ({"_target_": "broken.Flat", "max_seq_len": 64}, "model.vocab_size is missing"),
         ({"_target_": "broken.Pooled", "blocks": "torch.nn.GELU", **SIZES}, "the model has no submodule of that class"),
-        ({"hf_config": "missing/config.json", **SIZES}, "model.hf_config='missing/config.json' is not a readable file"),
     ],
-    ids=["no-import", "raises", "not-a-module", "no-blocks", "wrong-shape", "no-vocab", "no-such-block", "no-hf-file"],
+    ids=["no-import", "raises", "not-a-module", "no-blocks", "wrong-shape", "no-vocab", "no-such-block"],
 )
 def test_a_model_that_breaks_the_contract_is_invalid_before_any_process(tmp_path, monkeypatch, model, expected):
-    """Checked once in the driver on the meta device: the record says `invalid` with the field and the value, and
+    """Checked once in the driver on fake tensors: the record says `invalid` with the field and the value, and
     the point's directory holds nothing but it (no config.json: no rank was started)."""
     (tmp_path / "broken.py").write_text(BROKEN)
     monkeypatch.chdir(tmp_path)
@@ -100,6 +114,21 @@ def test_a_model_that_breaks_the_contract_is_invalid_before_any_process(tmp_path
     record = run_point(cfg)
     assert record["status"] == "invalid" and expected in record["error"], record["error"]
     assert [p.name for p in job_dir(tmp_path / "runs", job_key(cfg)).iterdir()] == ["result.json"]
+
+
+def test_a_forward_that_returns_an_object_with_logits_keeps_the_contract(tmp_path, monkeypatch):
+    (tmp_path / "broken.py").write_text(BROKEN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    counted = custom_model.count(CustomModel(name="wrapped", target="broken.Wrapped", kwargs=SIZES), 16)
+    assert counted.block == "Linear" and counted.n_blocks == 2 + 1  # the two in its ModuleList, and its head
+    assert counted.flops_per_token == 6 * (2 * 8 * 8 + 8 * 64)  # forward and backward of its matmuls
+
+
+def test_a_model_file_without_a_target_is_the_built_in_family_and_a_stray_key_is_named():
+    with pytest.raises(
+        ValueError, match=r"model.n_layer is not a field of the built-in decoder \(model 'gpt'\).*_target_"
+    ):
+        ExperimentConfig.from_dict({"model": {"name": "gpt", "n_layer": 2}})
 
 
 def test_two_user_models_of_one_name_never_share_a_key():
@@ -156,3 +185,25 @@ def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predi
     assert max(rel(a, b) for a, b in zip(recomputed["metrics"]["losses"], one["metrics"]["losses"])) <= 1e-5
     assert recomputed["derived"]["hw_flops_per_token"] > recomputed["derived"]["flops_per_token"]
     assert recomputed["metrics"]["peak_mem_bytes"] < one["metrics"]["peak_mem_bytes"]
+
+
+@pytest.mark.torchrun
+def test_a_hugging_face_llama_from_its_config_trains_at_zero_3_like_its_dp_split_and_is_counted(tmp_path):
+    """conf/model/hf_llama_tiny.yaml (`hf_config:`, transformers, no weights): the tiny model's shapes, so its counted
+    FLOPs are the built-in tiny's closed form; ZeRO-3 at dp=2 trains as dp=1 x grad_acc=2; its memory is traced."""
+    from scaling.sweep.compose import compose_config
+
+    base = [
+        "model=hf_llama_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2",
+        "train.steps=2", "launch.reuse=true", CLIP, f"sweep_dir={tmp_path}",
+    ]  # fmt: skip
+    one = run_point(compose_config([*base, "parallel.dp=1", "train.grad_acc=2"]))
+    two = run_point(compose_config([*base, "parallel.dp=2", "parallel.zero_stage=3"]))
+    assert one["status"] == two["status"] == "ok", (one["error"], two["error"])
+    tiny = ModelArgs(**preset("tiny"))
+    assert two["derived"]["n_params"] == 164160 and two["derived"]["model"]["block"] == "LlamaDecoderLayer"
+    assert two["derived"]["flops_per_token"] == flops.flops_per_token(tiny, 32)
+    l2, l1 = two["metrics"]["losses"], one["metrics"]["losses"]
+    assert max(rel(a, b) for a, b in zip(l2, l1)) <= 1e-5, (l2, l1)
+    predicted, measured = two["predicted"]["peak_mem_bytes"], two["metrics"]["peak_mem_bytes"]
+    assert two["predicted"]["method"] == "traced" and abs(predicted / measured - 1) <= 0.05, (predicted, measured)

@@ -23,12 +23,12 @@ before it resumes without launching. Fields that were part of the key from the s
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
+
+from scaling.core.models import COLUMN, GROUP, NEUTRAL, RUN_ONLY, CustomModel, ModelConfig, is_custom, model_dict
 
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
 
@@ -63,148 +63,6 @@ def searchpath_override() -> str:
     """`hydra.searchpath=[...]` of `config_dirs` (Hydra looks in the primary config's directory first, then in these,
     in order)."""
     return "hydra.searchpath=[" + ",".join(f"file://{d}" for d in config_dirs()) + "]"
-
-
-NEUTRAL = "neutral"
-"""Field metadata key: the value at which a field changes nothing measured before it existed (job_key omits it)."""
-COLUMN = "column"
-"""Field metadata key: the analysis column of a field whose own name would not say what it is (model.name: `model`)."""
-GROUP = "group"
-"""Field metadata key (a dataclass) of a group field whose default is not a default_factory: the `model` group, which
-holds either the built-in family (ModelConfig) or a model the user brings (CustomModel)."""
-
-RUN_ONLY = "run_only"
-"""Field metadata key (True): the field says how long or how a point is run (steps, seed, fault), not which
-configuration it is. It is part of the job key all the same; it is never a configuration axis."""
-
-
-@dataclass
-class ModelConfig:
-    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
-
-    name: str = field(default="tiny", metadata={COLUMN: "model"})
-    """Preset name, carried into records and plots ."""
-    n_layers: int = 2
-    """Number of decoder blocks (L)."""
-    hidden: int = 64
-    """Model width (h)."""
-    n_heads: int = 4
-    """Attention query heads; must divide `hidden`."""
-    n_kv_heads: int = 2
-    """Key/value heads (GQA); must divide `n_heads`."""
-    ffn_hidden: int = 192
-    """Inner width of the SwiGLU MLP."""
-    vocab_size: int = 512
-    """Vocabulary size (v)."""
-    max_seq_len: int = 512
-    """Longest sequence the model is configured for; `train.seq_len` may not exceed it."""
-    rope_theta: float = 10000.0
-    """RoPE base frequency."""
-    norm_eps: float = 1e-5
-    """RMSNorm epsilon."""
-    tie_embeddings: bool = False
-    """Share the token embedding with the output projection (Llama 3.2 1B/3B do)."""
-
-
-TARGET_KEY = "_target_"
-"""The key of a model config that names the user's module (a class or factory), as Hydra's `instantiate` spells it."""
-HF_KEY = "hf_config"
-"""The key of a model config that names a Hugging Face causal LM's config.json."""
-
-
-@dataclass
-class CustomModel:
-    """A model the user brings: their own `nn.Module` (`_target_`: a class or a factory, imported from their project)
-    or a Hugging Face causal LM built from its config alone (`hf_config`: a local config.json, no weights). Every other
-    key of the file but `name` and `blocks` is a keyword argument of the target (for `hf_config`, a field of the config
-    it overrides). The data and the validation need `vocab_size` and `max_seq_len`: keyword arguments of a target, the
-    config's `vocab_size` and `max_position_embeddings` for an HF model."""
-
-    name: str = field(default="custom", metadata={COLUMN: "model"})
-    target: Optional[str] = None
-    """Dotted path of the class or factory (`my_pkg.models.GPT`); the file's `_target_`."""
-    hf_config: Optional[str] = None
-    """Path of a Hugging Face config.json (relative to the working directory)."""
-    blocks: Optional[str] = None
-    """Dotted path of the block class to shard and recompute; null: found (HF: `_no_split_modules`; else the class of
-    the repeated children of the module's largest nn.ModuleList)."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """The target's keyword arguments (an HF model: the config fields it overrides)."""
-    hf_config_sha256: Optional[str] = None
-    """The HF config file's content hash, read when the config is made (part of the job key: an edited file is a new
-    model)."""
-
-    def __post_init__(self) -> None:
-        if self.hf_config is not None and self.hf_config_sha256 is None and Path(self.hf_config).is_file():
-            self.hf_config_sha256 = hashlib.sha256(Path(self.hf_config).read_bytes()).hexdigest()[:16]
-
-    @property
-    def source(self) -> str:
-        """What builds it: the target's dotted path, or `hf_config=<path>`."""
-        return self.target if self.target is not None else f"{HF_KEY}={self.hf_config}"
-
-    def hf_fields(self) -> dict[str, Any]:
-        """The HF config file's fields with this config's overrides ({} for a target, or an unreadable file)."""
-        if self.hf_config is None:
-            return {}
-        try:
-            loaded = json.loads(Path(self.hf_config).read_text())
-        except (OSError, ValueError):
-            return dict(self.kwargs)
-        return {**loaded, **self.kwargs} if isinstance(loaded, dict) else dict(self.kwargs)
-
-    @property
-    def vocab_size(self) -> Any:
-        """The vocabulary the data draws tokens from."""
-        return (self.hf_fields() if self.hf_config is not None else self.kwargs).get("vocab_size")
-
-    @property
-    def max_seq_len(self) -> Any:
-        """The longest sequence the model takes (`max_seq_len`; an HF config's `max_position_embeddings`)."""
-        if self.hf_config is not None:
-            return self.hf_fields().get("max_position_embeddings")
-        return self.kwargs.get("max_seq_len")
-
-    def to_dict(self) -> dict[str, Any]:
-        """The model as its file says it (the record's `config.model`)."""
-        out: dict[str, Any] = {"name": self.name}
-        if self.target is not None:
-            out[TARGET_KEY] = self.target
-        if self.hf_config is not None:
-            out[HF_KEY] = self.hf_config
-            out["hf_config_sha256"] = self.hf_config_sha256
-        if self.blocks is not None:
-            out["blocks"] = self.blocks
-        return {**out, **self.kwargs}
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> CustomModel:
-        """The model of a file (or a record's `config.model`) that has `_target_` or `hf_config`."""
-        own = {"name", TARGET_KEY, HF_KEY, "blocks", "hf_config_sha256"}
-        return cls(
-            name=values.get("name", cls.name),
-            target=values.get(TARGET_KEY),
-            hf_config=values.get(HF_KEY),
-            blocks=values.get("blocks"),
-            kwargs={k: v for k, v in values.items() if k not in own},
-            hf_config_sha256=values.get("hf_config_sha256"),
-        )
-
-
-def is_custom(values: Mapping[str, Any]) -> bool:
-    """Whether a model config's plain form is a model the user brings (it names a target or an HF config)."""
-    return TARGET_KEY in values or HF_KEY in values
-
-
-def model_dict(model: ModelConfig | CustomModel) -> dict[str, Any]:
-    """The plain form of either kind of model config."""
-    return model.to_dict() if isinstance(model, CustomModel) else asdict(model)
-
-
-def model_hash(model: ModelConfig | CustomModel) -> str:
-    """A short hash of a model config (what the record names it by beside its name: two models of one name differ)."""
-    canonical = json.dumps(model_dict(model), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
 @dataclass
@@ -388,7 +246,7 @@ class ExperimentConfig:
         if self.model is None:
             self.model = ModelConfig()
         elif isinstance(self.model, Mapping):
-            self.model = CustomModel.from_dict(self.model) if is_custom(self.model) else ModelConfig(**self.model)
+            self.model = CustomModel.from_dict(self.model) if is_custom(self.model) else _built_in(self.model)
 
     def to_dict(self) -> dict[str, Any]:
         """The plain config, for a file or another process (`from_dict` reads it back to an equal config)."""
@@ -411,6 +269,19 @@ class ExperimentConfig:
         """A copy with some fields of some groups set, e.g. `c.changed(train={"mbs": 2}, parallel={"dp": 4})`;
         a field the group lacks raises TypeError."""
         return replace(self, **{group: replace(getattr(self, group), **values) for group, values in groups.items()})
+
+
+def _built_in(values: Mapping[str, Any]) -> ModelConfig:
+    """The built-in family's model config; a key it lacks is named, with the fields it has (a model of the user's own
+    names a `_target_`)."""
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(
+            f"model.{unknown[0]} is not a field of the built-in decoder (model {values.get('name')!r}): its fields are "
+            f"{', '.join(sorted(known))}; a model of your own names its class or factory with _target_"
+        )
+    return ModelConfig(**values)
 
 
 def _build(kind: type, values: Mapping[str, Any]) -> Any:

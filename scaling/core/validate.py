@@ -115,28 +115,19 @@ def _check_model(c: _Checker, m: ModelConfig) -> None:
 
 
 def _check_custom_model(c: _Checker, m: CustomModel) -> None:
-    """What the driver can check without torch: the model names one source, and the sizes the data needs."""
-    if m.target is not None and m.hf_config is not None:
-        c.errors.append(f"model._target_={m.target!r} and model.hf_config={m.hf_config!r}: a model is one or the other")
-    if m.target is not None:
-        c.require(
-            isinstance(m.target, str) and "." in m.target,
-            f"model._target_={m.target!r} must be a dotted path to a class or factory, e.g. my_pkg.models.GPT",
-        )
-        for key in ("vocab_size", "max_seq_len"):
-            c.require(
-                key in m.kwargs,
-                f"model.{key} is missing: a model's _target_ ({m.target}) takes vocab_size and max_seq_len among its "
-                "keyword arguments (the data and the validation need both)",
-            )
-    if m.hf_config is not None:
-        c.require(
-            os.path.isfile(str(m.hf_config)),
-            f"model.hf_config={m.hf_config!r} is not a readable file: give the path of a Hugging Face config.json",
-        )
-    if not c.errors:
-        c.positive("model.vocab_size", m.vocab_size)
-        c.positive("model.max_seq_len" if m.target else "model.max_position_embeddings", m.max_seq_len)
+    """What the driver can check without torch: a dotted target, and the sizes the data needs (the rest is checked on
+    the meta device: scaling.engine.custom_model.count)."""
+    c.require(
+        isinstance(m.target, str) and "." in m.target,
+        f"model._target_={m.target!r} must be a dotted path to a class or factory, e.g. my_pkg.models.GPT",
+    )
+    for key in ("vocab_size", "max_seq_len"):
+        if c.require(
+            key in m.kwargs,
+            f"model.{key} is missing: a model's _target_ ({m.target}) takes vocab_size and max_seq_len among its "
+            "keyword arguments (the data and the validation need both)",
+        ):
+            c.positive(f"model.{key}", m.kwargs[key])
 
 
 def _check_train(c: _Checker, t: TrainConfig, max_seq_len: Any) -> None:

@@ -1,20 +1,19 @@
-"""A model the user brings (scaling.core.schema.CustomModel), built, checked, initialised and counted the way the
-engine needs it: their own `nn.Module` (`_target_`, a class or a factory imported from their project) or a Hugging
-Face causal LM made from its config alone (`hf_config`; `transformers` is the `[hf]` extra).
+"""A model the user brings (scaling.core.models.CustomModel), built, checked, initialised and counted the way the
+engine needs it: their own `nn.Module` (`_target_`, a class or a factory imported from their project).
 
 The contract (docs/own-project.md): the target returns an `nn.Module` whose `forward(input_ids)` takes a (B, T)
-LongTensor and returns (B, T, vocab_size) logits, or an object with `.logits` (HF models). The engine builds it on
-the meta device, shards it per block, materialises it, then initialises it: the module's `init_weights()` if it has
-one, else every submodule's `reset_parameters()` (torch's convention). The blocks (what is sharded and recomputed)
-are the class `blocks:` names, else HF's `_no_split_modules`, else the class of the repeated children of the
-module's largest `nn.ModuleList`.
+LongTensor and returns (B, T, vocab_size) logits, or an object with `.logits`. The engine builds it on the meta
+device, shards it per block, materialises it, then initialises it: the module's `init_weights()` if it has one, else
+every submodule's `reset_parameters()` (torch's convention; a buffer that holds values is filled there too: built on
+meta, it holds none). The blocks (what is sharded and recomputed) are the class `blocks:` names, else the class of the
+repeated children of the module's largest `nn.ModuleList`.
 
-FLOPs are counted, not assumed: torch's FlopCounterMode runs one forward and backward of a micro-batch on the meta
-device. Operators that look like compute but that the counter has no formula for are named, so that a model whose
+FLOPs are counted, not assumed: torch's FlopCounterMode runs one forward and backward of a sequence on fake tensors.
+Operators that look like compute but that the counter has no formula for are named, so that a model whose
 attention the counter cannot see is said to have a low MFU for that reason.
 
-torch and the standard library only (and the user's code, and transformers for an HF model); runs in the ranks, the
-traced predictor and the driver's check of a point.
+torch and the standard library only (and the user's code); runs in the ranks, the traced predictor and the driver's
+check of a point.
 """
 
 from __future__ import annotations
@@ -32,10 +31,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from scaling.core.schema import CustomModel
-
-HF_EXTRA = "pip install 'scaling[hf]'"
-"""What to install for a model made from a Hugging Face config."""
+from scaling.core.models import CustomModel
 
 COMPUTE_OP_WORDS = ("mm", "conv", "attention", "einsum", "matmul", "linear", "bmm", "flash", "efficient")
 """Substrings of an aten operator's name that say it multiplies matrices: one of them that FlopCounterMode has no
@@ -76,37 +72,8 @@ def _import(dotted: str, field: str) -> Any:
         raise ModelError(f"{field}={dotted!r}: module {module_name!r} has no attribute {attr!r}") from None
 
 
-def hf_config(model: CustomModel) -> Any:
-    """The transformers config of an HF model: the file's fields with the model config's overrides."""
-    try:
-        from transformers import AutoConfig
-    except ImportError:
-        raise ModelError(f"model.hf_config={model.hf_config!r} needs transformers: {HF_EXTRA}") from None
-    try:
-        with open(str(model.hf_config)) as f:
-            fields = {**json.load(f), **model.kwargs}
-    except (OSError, ValueError) as e:
-        raise ModelError(f"model.hf_config={model.hf_config!r} is not a readable JSON config: {e}") from None
-    model_type = fields.pop("model_type", None)
-    if model_type is None:
-        raise ModelError(f"model.hf_config={model.hf_config!r} has no model_type: not a transformers config")
-    try:
-        return AutoConfig.for_model(model_type, **fields)
-    except Exception as e:
-        raise ModelError(f"model.hf_config={model.hf_config!r}: transformers cannot read it: {e}") from None
-
-
 def build(model: CustomModel, device: torch.device | str) -> nn.Module:
     """The user's module with its parameters on `device` ("meta": shapes only)."""
-    if model.hf_config is not None:
-        config = hf_config(model)
-        from transformers import AutoModelForCausalLM
-
-        try:
-            with torch.device(device):
-                return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", torch_dtype=torch.float32)
-        except ValueError as e:
-            raise ModelError(f"model.hf_config={model.hf_config!r} is not a causal LM: {e}".splitlines()[0]) from None
     factory: Callable[..., Any] = _import(str(model.target), "model._target_")
     try:
         with torch.device(device):
@@ -125,11 +92,6 @@ def block_class(model: CustomModel, module: nn.Module) -> type:
         if not (isinstance(kind, type) and issubclass(kind, nn.Module)):
             raise ModelError(f"model.blocks={model.blocks!r} is not an nn.Module class")
         return kind
-    names = getattr(module, "_no_split_modules", None)
-    if names:
-        for sub in module.modules():
-            if type(sub).__name__ in names:
-                return type(sub)
     lists = [m for m in module.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
     if lists:
         largest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
@@ -152,7 +114,7 @@ def blocks(model: CustomModel, module: nn.Module) -> list[nn.Module]:
 
 
 def logits_of(out: Any) -> torch.Tensor:
-    """The logits of a forward: the tensor itself, or an HF output's `.logits`."""
+    """The logits of a forward: the tensor itself, or an output object's `.logits` (as Hugging Face models return)."""
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
@@ -212,8 +174,6 @@ def initialise(module: nn.Module, seed: int) -> None:
             if callable(getattr(sub, "reset_parameters", None)):
                 with _full_parameters(sub, recurse=False):
                     sub.reset_parameters()
-    if callable(getattr(module, "tie_weights", None)):
-        module.tie_weights()  # an HF model: materialising replaced its tied parameters one by one
 
 
 @dataclass(frozen=True)
@@ -232,8 +192,6 @@ class Counted:
     """The block class's name."""
     n_blocks: int
     vocab_size: int
-    model_type: str | None
-    """An HF model's `model_type`; None for a target."""
 
 
 class _OpsSeen(torch.utils._python_dispatch.TorchDispatchMode):
@@ -248,38 +206,43 @@ class _OpsSeen(torch.utils._python_dispatch.TorchDispatchMode):
 
 @functools.lru_cache(maxsize=64)
 def _count(model_json: str, seq_len: int) -> Counted:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
     model = CustomModel.from_dict(json.loads(model_json))
-    module = build(model, "meta")
-    found = blocks(model, module)
-    vocab = model.vocab_size
-    ids = torch.zeros((1, seq_len), dtype=torch.long, device="meta")
-    seen = _OpsSeen()
-    with FlopCounterMode(display=False) as counter, seen:
-        try:
-            out = logits_of(module(ids))
-        except Exception as e:
-            raise ModelError(
-                f"model {model.name!r} ({model.source}): forward(input_ids) on a (1, {seq_len}) LongTensor raised "
-                f"{type(e).__name__}: {e}".splitlines()[0]
-            ) from e
-        if tuple(out.shape) != (1, seq_len, vocab):
-            raise ModelError(
-                f"model {model.name!r} ({model.source}): forward(input_ids) of shape (1, {seq_len}) returned "
-                f"{tuple(out.shape)}; logits of shape (B, T, vocab_size) = (1, {seq_len}, {vocab}) are expected"
-            )
-        forward = counter.get_total_flops()
-        out.float().sum().backward()
-    total = counter.get_total_flops()
+    # Fake tensors, not meta ones: a model may branch on its inputs' values where it is not being traced, and
+    # libraries skip such checks for fake tensors (transformers' masks do). The math kernel of SDPA runs attention as
+    # the matmuls the counter has formulas for (the fused CPU kernel has none): the PaLM convention, as the closed form.
+    with FakeTensorMode(), sdpa_kernel(SDPBackend.MATH):
+        module = build(model, "cpu")
+        found = blocks(model, module)
+        vocab = model.vocab_size
+        ids = torch.zeros((1, seq_len), dtype=torch.long)
+        seen = _OpsSeen()
+        with FlopCounterMode(display=False) as counter, seen:
+            try:
+                out = logits_of(module(ids))
+            except Exception as e:
+                raise ModelError(
+                    f"model {model.name!r} ({model.source}): forward(input_ids) on a (1, {seq_len}) LongTensor raised "
+                    f"{type(e).__name__}: {e}".splitlines()[0]
+                ) from e
+            if tuple(out.shape) != (1, seq_len, vocab):
+                raise ModelError(
+                    f"model {model.name!r} ({model.source}): forward(input_ids) of shape (1, {seq_len}) returned "
+                    f"{tuple(out.shape)}; logits of shape (B, T, vocab_size) = (1, {seq_len}, {vocab}) are expected"
+                )
+            forward = counter.get_total_flops()
+            out.float().sum().backward()
+        total = counter.get_total_flops()
+        n_params = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
     known = {getattr(op, "overloadpacket", op) for op in flop_registry}
     uncounted = sorted(
         str(op)
         for op in seen.ops
         if op not in known and any(word in str(op).split(".")[-1] for word in COMPUTE_OP_WORDS)
     )
-    n_params = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
-    model_type = getattr(getattr(module, "config", None), "model_type", None) if model.hf_config else None
     return Counted(
         n_params,
         total / seq_len,
@@ -288,7 +251,6 @@ def _count(model_json: str, seq_len: int) -> Counted:
         type(found[0]).__name__,
         len(found),
         vocab,
-        model_type,
     )
 
 

@@ -45,7 +45,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute
-from scaling.core.schema import CustomModel, ModelConfig, ParallelConfig, TrainConfig
+from scaling.core.models import CustomModel, ModelConfig
+from scaling.core.schema import ParallelConfig, TrainConfig
 from scaling.engine.model import Transformer
 from scaling.engine.model_config import ModelArgs
 

@@ -27,7 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.enums import Status
 from scaling.core.files import write_json_atomic
-from scaling.core.schema import CONF_DIR, ExperimentConfig, model_hash
+from scaling.core.models import model_hash
+from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.units import format_bytes
 from scaling.core.validate import Derived, InvalidConfig, validate
 from scaling.engine import flops
@@ -265,7 +266,6 @@ def _custom_model_block(c: ExperimentConfig) -> dict[str, Any]:
         "model": {
             "name": c.model.name,
             "source": c.model.source,
-            "model_type": counted.model_type,
             "block": counted.block,
             "n_blocks": counted.n_blocks,
             "config_hash": model_hash(c.model),

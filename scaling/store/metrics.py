@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping, Optional
 
-from scaling.core.schema import COLUMN
+from scaling.core.models import COLUMN
 
 NOT_A_COLUMN = {COLUMN: None}
 

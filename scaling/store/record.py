@@ -273,7 +273,7 @@ class Record:
 def job_key(config: ExperimentConfig) -> str:
     """Short stable hash of the experiment-defining config; logging and launch settings do not count.
 
-    Nor does a field at the neutral value its schema field declares (scaling.core.schema.NEUTRAL): a field
+    Nor does a field at the neutral value its schema field declares (scaling.core.models.NEUTRAL): a field
     added with a neutral default leaves every key of a store written before it as it was."""
     groups = group_types(type(config))
     measured = {

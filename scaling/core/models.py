@@ -1,0 +1,156 @@
+"""The model group's two kinds: the built-in decoder family (ModelConfig) and a model the user brings (CustomModel:
+their module by `_target_`, or a Hugging Face config by `hf_config`), with the field metadata keys every group of the
+schema uses.
+Standard library only (scaling.core.schema builds the rest of the config on it)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+NEUTRAL = "neutral"
+"""Field metadata key: the value at which a field changes nothing measured before it existed (job_key omits it)."""
+COLUMN = "column"
+"""Field metadata key: the analysis column of a field whose own name would not say what it is (model.name: `model`)."""
+GROUP = "group"
+"""Field metadata key (a dataclass) of a group field whose default is not a default_factory: the `model` group, which
+holds either the built-in family (ModelConfig) or a model the user brings (CustomModel)."""
+
+RUN_ONLY = "run_only"
+"""Field metadata key (True): the field says how long or how a point is run (steps, seed, fault), not which
+configuration it is. It is part of the job key all the same; it is never a configuration axis."""
+
+
+@dataclass
+class ModelConfig:
+    """A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+
+    name: str = field(default="tiny", metadata={COLUMN: "model"})
+    """Preset name, carried into records and plots ."""
+    n_layers: int = 2
+    """Number of decoder blocks (L)."""
+    hidden: int = 64
+    """Model width (h)."""
+    n_heads: int = 4
+    """Attention query heads; must divide `hidden`."""
+    n_kv_heads: int = 2
+    """Key/value heads (GQA); must divide `n_heads`."""
+    ffn_hidden: int = 192
+    """Inner width of the SwiGLU MLP."""
+    vocab_size: int = 512
+    """Vocabulary size (v)."""
+    max_seq_len: int = 512
+    """Longest sequence the model is configured for; `train.seq_len` may not exceed it."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    tie_embeddings: bool = False
+    """Share the token embedding with the output projection (Llama 3.2 1B/3B do)."""
+
+
+TARGET_KEY = "_target_"
+"""The key of a model config that names the user's module (a class or factory), as Hydra's `instantiate` spells it."""
+HF_KEY = "hf_config"
+"""The key of a model config that names a Hugging Face causal LM's config.json (no weights): shorthand for the target
+HF_TARGET with the file's path, its vocabulary, its longest sequence and its content hash as arguments."""
+HF_TARGET = "scaling.engine.hf_model.causal_lm"
+"""The factory that builds a Hugging Face causal LM from its config alone (transformers: `pip install 'scaling[hf]'`)."""
+
+
+@dataclass
+class CustomModel:
+    """A model the user brings: their own `nn.Module` (`_target_`: a class or a factory, imported from their project).
+    Every other key of the file but `name` and `blocks` is a keyword argument of the target; the data and the
+    validation need `vocab_size` and `max_seq_len` among them."""
+
+    name: str = field(default="custom", metadata={COLUMN: "model"})
+    target: Optional[str] = None
+    """Dotted path of the class or factory (`my_pkg.models.GPT`); the file's `_target_`."""
+    blocks: Optional[str] = None
+    """Dotted path of the block class to shard and recompute; null: found (the class of the repeated children of the
+    module's largest nn.ModuleList)."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """The target's keyword arguments."""
+
+    @property
+    def source(self) -> str:
+        """What builds it: the target's dotted path."""
+        return str(self.target)
+
+    @property
+    def vocab_size(self) -> Any:
+        """The vocabulary the data draws tokens from."""
+        return self.kwargs.get("vocab_size")
+
+    @property
+    def max_seq_len(self) -> Any:
+        """The longest sequence the model takes."""
+        return self.kwargs.get("max_seq_len")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The model as its file says it (the record's `config.model`)."""
+        out: dict[str, Any] = {"name": self.name, TARGET_KEY: self.target}
+        if self.blocks is not None:
+            out["blocks"] = self.blocks
+        return {**out, **self.kwargs}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> CustomModel:
+        """The model of a file (or a record's `config.model`) that has `_target_`, or `hf_config` (expanded to
+        HF_TARGET's arguments: the path, `vocab_size` and `max_seq_len` from the file unless given, its hash)."""
+        if HF_KEY in values and TARGET_KEY not in values:
+            values = _hf_arguments(values)
+        own = {"name", TARGET_KEY, "blocks"}
+        return cls(
+            name=values.get("name", cls.name),
+            target=values.get(TARGET_KEY),
+            blocks=values.get("blocks"),
+            kwargs={k: v for k, v in values.items() if k not in own},
+        )
+
+
+def hf_config_path(given: str) -> Path:
+    """A Hugging Face config file: as given (absolute, or relative to the working directory), else relative to the
+    shipped configs (`model/hf_llama_tiny.json` is scaling.conf's)."""
+    from scaling.core.schema import CONF_DIR  # the model group is part of the schema: imported by the time this runs
+
+    path = Path(given)
+    return CONF_DIR / path if not path.is_file() and not path.is_absolute() and (CONF_DIR / path).is_file() else path
+
+
+def _hf_arguments(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A model file's `hf_config: path` as HF_TARGET's arguments; an unreadable file leaves them to the validation
+    (vocab_size and max_seq_len missing) and the factory (which names the file)."""
+    out = {k: v for k, v in values.items() if k != HF_KEY}
+    path = hf_config_path(str(values[HF_KEY]))
+    out[TARGET_KEY], out["config"] = HF_TARGET, str(values[HF_KEY])
+    try:
+        text = path.read_bytes()
+        fields = json.loads(text)
+    except (OSError, ValueError):
+        return out
+    if isinstance(fields, dict):
+        out.setdefault("vocab_size", fields.get("vocab_size"))
+        out.setdefault("max_seq_len", fields.get("max_position_embeddings"))
+        out["config_sha256"] = hashlib.sha256(text).hexdigest()[:16]  # an edited file is another model: another key
+    return out
+
+
+def is_custom(values: Mapping[str, Any]) -> bool:
+    """Whether a model config's plain form is a model the user brings (it names a target or an HF config)."""
+    return TARGET_KEY in values or HF_KEY in values
+
+
+def model_dict(model: ModelConfig | CustomModel) -> dict[str, Any]:
+    """The plain form of either kind of model config."""
+    return model.to_dict() if isinstance(model, CustomModel) else asdict(model)
+
+
+def model_hash(model: ModelConfig | CustomModel) -> str:
+    """A short hash of a model config (what the record names it by beside its name: two models of one name differ)."""
+    canonical = json.dumps(model_dict(model), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]

@@ -1,0 +1,41 @@
+"""A Hugging Face causal LM from its config alone, as a model the user brings: the factory a model file's
+`hf_config: path/config.json` stands for (scaling.core.models.HF_TARGET). No weights and no network: transformers
+builds the architecture (on the meta device in the engine), the engine shards, materialises and initialises it
+(`init_weights`, which in transformers fills the rotary tables too). `transformers` is the `[hf]` extra."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from torch import nn
+
+from scaling.core.models import hf_config_path
+
+HF_EXTRA = "pip install 'scaling[hf]'"
+"""What to install for a model made from a Hugging Face config."""
+
+
+def causal_lm(
+    config: str, vocab_size: int, max_seq_len: int, config_sha256: Optional[str] = None, **overrides: Any
+) -> nn.Module:
+    """`AutoModelForCausalLM.from_config` of the file's fields with `overrides` (its vocabulary and longest sequence
+    as the model file gives them), SDPA attention, no KV cache. `config_sha256` only keys the file's content."""
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError:
+        raise ValueError(f"model.hf_config={config!r} needs transformers: {HF_EXTRA}") from None
+    try:
+        fields = json.loads(hf_config_path(config).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"model.hf_config={config!r} is not a readable JSON config: {e}") from None
+    fields = {**fields, **overrides, "vocab_size": vocab_size, "max_position_embeddings": max_seq_len}
+    model_type = fields.pop("model_type", None)
+    if model_type is None:
+        raise ValueError(f"model.hf_config={config!r} has no model_type: not a transformers config")
+    fields["use_cache"] = False  # training: no KV cache
+    try:
+        hf = AutoConfig.for_model(model_type, **fields)
+        return AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa")
+    except ValueError as e:
+        raise ValueError(f"model.hf_config={config!r} ({model_type}) is not a causal LM: {e}".splitlines()[0]) from None
