@@ -40,49 +40,24 @@ def prescreen(cfg: ExperimentConfig, grad_acc: Optional[int] = None, trace: bool
     capacity = capacity_bytes(cfg.hardware)
     margin = float(cfg.launch.prescreen_margin)
     if cfg.custom:  # a model the user brings: the analytic model is the built-in family's; the trace decides
-        return _traced_only(cfg, capacity, margin, trace)
+        out = _block(cfg, capacity, margin, None)
+        traced = trace and _trace_into(out, cfg)
+        return _decide(out, cfg, capacity, margin) if traced and capacity is not None else out
     analytic = predict_config(cfg, grad_acc)
-    out: dict[str, Any] = {
-        "peak_mem_bytes": analytic.total_bytes,
-        "method": ANALYTIC,
-        "fits": None,
-        "skip": False,
-        "sampled": False,
-        "reason": None,
-        "capacity_bytes": capacity,
-        "reserve_bytes": int(cfg.hardware.reserve_gb * GIB),
-        "margin": margin,
-        "analytic": analytic.as_dict(),
-        "traced": None,
-    }
+    out = _block(cfg, capacity, margin, analytic)
     if capacity is None:
         return out
-    threshold = (1.0 + margin) * capacity
     low, high = TRACE_BANDS.get(cfg.hardware.device, TRACE_BANDS["cuda"])
-    if trace and cfg.launch.prescreen and low <= analytic.total_bytes / threshold <= high:
-        import torch.distributed as dist
-
-        from scaling.predictor.trace import trace_peak, trace_peak_isolated
-
-        try:
-            # The sweep driver has no process group of its own, so the trace runs here (under a
-            # second for CPU-sized points); a process that has one traces in a fresh interpreter.
-            if dist.is_initialized():
-                traced = trace_peak_isolated(cfg, timeout_s=min(float(cfg.launch.timeout_s), 300.0))
-            else:
-                traced = trace_peak(cfg)
-            out.update(peak_mem_bytes=traced.peak_mem_bytes, method=traced.as_dict()["method"], traced=traced.as_dict())
-        except Exception as e:
-            out["trace_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+    if trace and cfg.launch.prescreen and low <= analytic.total_bytes / ((1.0 + margin) * capacity) <= high:
+        _trace_into(out, cfg)
     return _decide(out, cfg, capacity, margin)
 
 
-def _traced_only(cfg: ExperimentConfig, capacity: Optional[int], margin: float, trace: bool) -> dict[str, Any]:
-    """The pre-screen of a model the user brings: its traced peak (the same tracker the measurement uses), or no
-    prediction when `trace` is off or the trace fails (the point then runs and is measured)."""
-    out: dict[str, Any] = {
-        "peak_mem_bytes": None,
-        "method": None,
+def _block(cfg: ExperimentConfig, capacity: Optional[int], margin: float, analytic: Any) -> dict[str, Any]:
+    """The block before any trace: the analytic figure (none for a model the user brings), nothing decided yet."""
+    return {
+        "peak_mem_bytes": None if analytic is None else analytic.total_bytes,
+        "method": None if analytic is None else ANALYTIC,
         "fits": None,
         "skip": False,
         "sampled": False,
@@ -90,25 +65,29 @@ def _traced_only(cfg: ExperimentConfig, capacity: Optional[int], margin: float, 
         "capacity_bytes": capacity,
         "reserve_bytes": int(cfg.hardware.reserve_gb * GIB),
         "margin": margin,
-        "analytic": None,
+        "analytic": None if analytic is None else analytic.as_dict(),
         "traced": None,
     }
-    if not trace:
-        return out
+
+
+def _trace_into(out: dict[str, Any], cfg: ExperimentConfig) -> bool:
+    """Replace the block's figure by the traced one; False (and `trace_error`) when the trace fails."""
     import torch.distributed as dist
 
     from scaling.predictor.trace import trace_peak, trace_peak_isolated
 
     try:
+        # The sweep driver has no process group of its own, so the trace runs here (under a second for CPU-sized
+        # points); a process that has one traces in a fresh interpreter.
         if dist.is_initialized():
             traced = trace_peak_isolated(cfg, timeout_s=min(float(cfg.launch.timeout_s), 300.0))
         else:
             traced = trace_peak(cfg)
-        out.update(peak_mem_bytes=traced.peak_mem_bytes, method=traced.as_dict()["method"], traced=traced.as_dict())
     except Exception as e:
         out["trace_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-        return out
-    return out if capacity is None else _decide(out, cfg, capacity, margin)
+        return False
+    out.update(peak_mem_bytes=traced.peak_mem_bytes, method=traced.as_dict()["method"], traced=traced.as_dict())
+    return True
 
 
 def _decide(out: dict[str, Any], cfg: ExperimentConfig, capacity: int, margin: float) -> dict[str, Any]:
