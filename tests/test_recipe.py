@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -194,6 +195,19 @@ def test_bad_input_is_refused_before_any_launch(tmp_path, args: list[str], words
     for w in words:
         assert w in out.stderr, (w, out.stderr)
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("result.json"))
+
+
+def test_a_model_of_ones_own_is_refused_with_what_runs_it(tmp_path, monkeypatch, capsys) -> None:
+    import shutil
+
+    from scaling.cli.recipe import main
+
+    shutil.copytree(Path(__file__).resolve().parent / "own_project", tmp_path / "project")
+    monkeypatch.chdir(tmp_path / "project")
+    assert main(["--gbs-tokens", "4k", "--gpus", "1", "--sweep-dir", str(tmp_path / "r"), "model=gpt2_tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "model=gpt2_tiny is a model of your own (gpt.GPT)" in err and "scaling sweep" in err, err
+    assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.subprocess

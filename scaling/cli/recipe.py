@@ -103,6 +103,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     cfg = _compose(overrides, sweep_dir)
     if isinstance(cfg, str):
         return _refuse(cfg)
+    if cfg.custom:
+        return _refuse(
+            f"model={cfg.model.name} is a model of your own ({cfg.model.source}): the recipe extrapolates with the "
+            "built-in family's step model, which does not know its shapes yet; run its points with scaling sweep, "
+            "scaling find-mbs and scaling predict"
+        )
     seq_len = cfg.train.seq_len
     try:
         gbs_samples = nearest_whole_batch(a.gbs_tokens, seq_len)
