@@ -341,7 +341,8 @@ def _fields_of(group: type, path: tuple[str, ...], prefix: str) -> list[ConfigFi
 def config_fields() -> tuple[ConfigField, ...]:
     """Every field of the experiment groups (EXPERIMENT_GROUPS), in schema order: the one definition of what a
     configuration is, from which the analysis takes its columns, axes and DP-scaling groups."""
-    return tuple(c for group in EXPERIMENT_GROUPS for c in _fields_of(group_types()[group], (group,), ""))
+    types = group_types()
+    return tuple(c for group in EXPERIMENT_GROUPS for c in _fields_of(types[group], (group,), ""))
 
 
 def group_types(schema: type | None = None) -> dict[str, type]:

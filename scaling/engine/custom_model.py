@@ -178,7 +178,7 @@ def initialise(module: nn.Module, seed: int) -> None:
 
 @dataclass(frozen=True)
 class Counted:
-    """What one forward and backward of a micro-batch on the meta device says about a model."""
+    """What one forward and backward of a sequence on fake tensors says about a model."""
 
     n_params: int
     """Distinct parameters."""
@@ -191,7 +191,6 @@ class Counted:
     block: str
     """The block class's name."""
     n_blocks: int
-    vocab_size: int
 
 
 class _OpsSeen(torch.utils._python_dispatch.TorchDispatchMode):
@@ -250,7 +249,6 @@ def _count(model_json: str, seq_len: int) -> Counted:
         tuple(uncounted),
         type(found[0]).__name__,
         len(found),
-        vocab,
     )
 
 

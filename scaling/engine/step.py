@@ -11,6 +11,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
+from scaling.engine.custom_model import logits_of
 from scaling.engine.data import to_device
 from scaling.engine.parallel import Parallelized
 
@@ -33,7 +34,7 @@ def train_step(
         with wrapped.micro_step(micro, grad_acc):
             with wrapped.autocast():
                 out = wrapped.model(inputs)
-            logits = out if isinstance(out, torch.Tensor) else out.logits  # (mbs, T, V); an HF model's output
+            logits = logits_of(out)  # (mbs, T, V)
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()) / grad_acc
             loss.backward()
         step_loss += loss.detach()

@@ -79,8 +79,8 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
     point_dir = job_dir(sweep_dir, key)
     try:
         derived = validate(c)
-        record.derived = _derived_block(c, derived)  # a model the user brings is built and checked on meta here
-    except (InvalidConfig, ValueError) as e:  # scaling.engine.custom_model.ModelError is a ValueError
+        record.derived = _derived_block(c, derived)  # a model the user brings is built and checked here
+    except InvalidConfig as e:
         return _finish(_ended(record, Status.INVALID, str(e), c), point_dir, t0, c)
     record.predicted = prediction = prescreen(c, derived.grad_acc)
     if predicted_oom(prediction):  # predicted > (1 + prescreen_margin) x capacity, and not in the sample
@@ -251,11 +251,14 @@ def _derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
 
 
 def _custom_model_block(c: ExperimentConfig) -> dict[str, Any]:
-    """A user's model, built on the meta device in this process (once per model and seq_len): its size, its counted
-    FLOPs, what the counter could not see, and what it is (ModelError, a ValueError, when it breaks the contract)."""
+    """A user's model, built on fake tensors in this process (once per model and seq_len): its size, its counted
+    FLOPs, what the counter could not see, and what it is; InvalidConfig when it breaks the contract."""
     from scaling.engine import custom_model
 
-    counted = custom_model.count(c.model, c.train.seq_len)
+    try:
+        counted = custom_model.count(c.model, c.train.seq_len)
+    except custom_model.ModelError as e:
+        raise InvalidConfig([str(e)]) from e
     recomputed = counted.forward_flops_per_token if c.train.recompute == "full" else 0.0
     return {
         "n_params": counted.n_params,

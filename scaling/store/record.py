@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 from scaling.core.enums import FINAL, Status
 from scaling.core.files import read_json, write_json_atomic
 from scaling.core.sample import sampled
-from scaling.core.schema import ExperimentConfig, LaunchConfig, group_types, without_neutral
+from scaling.core.schema import ExperimentConfig, LaunchConfig, without_neutral
 from scaling.engine.jobfiles import RESULT_FILE
 
 SCHEMA_VERSION = 1
@@ -275,10 +275,8 @@ def job_key(config: ExperimentConfig) -> str:
 
     Nor does a field at the neutral value its schema field declares (scaling.core.models.NEUTRAL): a field
     added with a neutral default leaves every key of a store written before it as it was."""
-    groups = group_types(type(config))
     measured = {
-        group: values if group == "model" and config.custom else without_neutral(values, groups[group])
-        for group, values in config.experiment().items()
+        group: without_neutral(values, type(getattr(config, group))) for group, values in config.experiment().items()
     }
     canonical = json.dumps(measured, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
