@@ -1,21 +1,34 @@
 """One configuration's DP curve extrapolated past its measured dp under one source, with its band and knee range.
 
-The uncertainty comes from bootstrap draws: each point's timed steps resampled (and the points themselves,
-where more were measured than parameters fitted), refitted (analysis.dp_fit) with the model of the nominal
-curve, with the source's network draws: (a)'s draws refit the nominal fit's columns (an α the noise leaves
-unresolved among them), (b)'s and (c)'s draw the overlap among the values that fit within the noise. The band is the
-2.5th-97.5th percentile of the draws, the knee's range the same percentiles of their knees.
+The uncertainty comes from bootstrap draws, each of which carries two kinds of doubt:
+- the fit's: each point's timed steps resampled (and the points themselves, where more were measured than
+  parameters fitted), each point's step time moved by a run-to-run factor its own timed steps cannot show
+  (`RUN_TO_RUN`), refitted (analysis.dp_fit) with the model of the nominal curve, with the source's network draws:
+  (a)'s draws refit the nominal fit's columns (an α the noise leaves unresolved among them), (b)'s and (c)'s draw
+  the overlap among the values that fit within the noise;
+- the model's form (`ModelForm`): what no fit of the measured dp can identify, because it costs nothing at the
+  measured dp. Past the largest measured dp each draw multiplies the step model's communication and optimizer
+  time by (1 + κ) per doubling (congestion that grows with the ring, a network tier the measured rings have not
+  crossed, an optimizer step that does not shrink with the shard count) and slows the compute by the slowest of
+  n ranks (a straggler), κ and the straggler's spread drawn from the stated priors (`OVERHEAD_PER_DOUBLING`,
+  `STRAGGLER`). It is zero at the measured dp and grows with the distance past them.
+The band is the 2.5th-97.5th percentile of the draws, the knee's range the same percentiles of their knees.
+Past the horizon (`HORIZON` times the largest dp that measured points or a measured network profile reach) no
+figure is given: the row says so (docs/dp-extrapolation.md).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from analysis.dp_fit import (
+    Column,
     Fit,
+    Term,
     design,
     fit_given,
     fit_sweep,
@@ -27,8 +40,8 @@ from analysis.dp_fit import (
     resolved_columns,
 )
 from analysis.dp_scaling import DEFAULT_THRESHOLD, find_knee
-from analysis.step_model import Point, Workload
-from scaling.store.network import NetworkEstimate
+from analysis.step_model import Point, Workload, step_time_s
+from scaling.store.network import INTER, INTRA, AlphaBeta, Network, NetworkEstimate
 
 MAX_DP = 1024
 BAND = (2.5, 97.5)
@@ -36,6 +49,78 @@ BAND = (2.5, 97.5)
 N_DRAWS = 200
 MISFIT_WARNING = 0.10
 """A source whose nominal model misses a measured step time by more than this is flagged in the report."""
+RUN_TO_RUN = 0.02
+"""Relative standard deviation of a point's step time between launches (another allocation, another day) that the
+timed steps of one launch cannot show: drawn once per point into every bootstrap draw. A published figure has no
+timed steps at all; this is its only spread."""
+OVERHEAD_PER_DOUBLING = (-0.15, 0.5)
+"""Prior of κ (uniform): per doubling past the largest measured dp, the step model's communication and optimizer
+time is off by a factor (1 + κ). Up to +50%: a third network tier at half the bandwidth crossed within two
+doublings, or congestion that costs 10-20% more per doubling of the ring; down to -15%: a network that scales
+better than its measured tiers (the bandwidth of the largest measured rings was not yet the asymptotic one)."""
+STRAGGLER = (0.0, 0.03)
+"""Prior of the straggler spread s (uniform): each rank's compute per step varies by s relative, so a step of n
+ranks waits for the slowest, √(2 ln n)·s above the mean; past the largest measured dp the compute grows by the
+difference."""
+ALPHA_PRIOR = {INTRA: (0.0, 5e-6), INTER: (0.0, 20e-6)}
+"""Prior (uniform) of a ring step's latency in seconds where the measured dp leave it open (source (a) sets it to 0
+in the curve): the span of the published ranges, NVLink or PCIe within a node, InfiniBand or RoCE between nodes
+(conf/network/*.yaml)."""
+HORIZON = 4
+"""No figure past this many times the largest dp the measured points (or a measured network profile) reach."""
+
+
+def _max_of(n: int) -> float:
+    """Expected maximum of n standard normal draws (≈ √(2 ln n)), 0 at n=1."""
+    return math.sqrt(2 * math.log(n)) if n > 1 else 0.0
+
+
+@dataclass(frozen=True)
+class ModelForm:
+    """What the measured points cannot identify, as one draw: 0 at every dp up to `measured`, growing past it."""
+
+    measured: int
+    """The largest measured dp."""
+    kappa: float = 0.0
+    """Communication and optimizer time × (1 + κ) per doubling past `measured`."""
+    straggler: float = 0.0
+    """Relative spread of a rank's compute: the slowest of n ranks sets the step."""
+
+    def scale(self, n: int) -> tuple[float, float]:
+        """(factor on the communication and optimizer time, factor on the compute) at dp=n."""
+        if n <= self.measured:
+            return 1.0, 1.0
+        doublings = math.log2(n / self.measured)
+        return (1 + self.kappa) ** doublings, 1 + self.straggler * (_max_of(n) - _max_of(self.measured))
+
+
+def _scaled(net: Network, k: float) -> Network:
+    """Every collective k times slower: each tier's α × k, β / k."""
+    return Network(
+        {t: AlphaBeta(ab.alpha_s * k, ab.beta_bytes_per_s / k) for t, ab in net.tiers.items()}, net.devices_per_node
+    )
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One bootstrap draw: a fit of resampled points and a draw of the model's form."""
+
+    fit: Fit
+    form: ModelForm
+
+    @property
+    def network(self) -> Network:
+        """The draw's network figures."""
+        return self.fit.network
+
+    def step_time_s(self, w: Workload, n: int, grad_acc: Optional[int] = None) -> float:
+        """The draw's seconds per step at dp=n: its fit's step model with the form's factors past the measured dp."""
+        comm, compute = self.form.scale(n)
+        if comm == compute == 1.0:
+            return self.fit.step_time_s(w, n, grad_acc)
+        f = self.fit
+        net = _scaled(f.network, comm)
+        return step_time_s(w, net, n, f.compute_s * compute, f.overlap, f.optimizer_s_per_param * comm, grad_acc)
 
 
 @dataclass(frozen=True)
@@ -66,32 +151,47 @@ class Extrapolation:
     """Largest relative error of the nominal model's step time at the measured dps."""
     batch: str
     """How the global batch splits over dp (`Workload.batch`)."""
+    horizon: int = MAX_DP
+    """The largest dp given a figure (HORIZON × the largest dp the measurements reach)."""
+    horizon_reason: str = ""
+    """Why there is no figure past the horizon, in words."""
     notes: tuple[str, ...] = field(default=())
-    draws: tuple[Fit, ...] = field(default=(), repr=False)
-    """The bootstrap draws' fits, whose percentiles make the band: the same band at any (dp, grad_acc)."""
+    draws: tuple[Draw, ...] = field(default=(), repr=False)
+    """The bootstrap draws, whose percentiles make the band: the same band at any (dp, grad_acc)."""
 
     @property
     def max_measured_dp(self) -> int:
         """The largest measured dp."""
         return max(self.measured)
 
+    def within(self, dp: int) -> bool:
+        """Whether dp lies within the horizon (a figure is given)."""
+        return dp <= self.horizon
+
+    @property
+    def last_dp(self) -> int:
+        """The last dp given a figure."""
+        return max(d for d in self.dps if self.within(d))
+
     def knee_sentence(self) -> str:
         """The knee as a range in words, with its band and how far past the measured range it lies."""
         thr = f"{self.threshold:.0%}"
+        last = self.last_dp
         if self.next_dp is None:
-            head = f"efficiency stays ≥ {thr} up to dp={self.dps[-1]}, the last dp it predicts"
+            head = f"efficiency stays ≥ {thr} up to dp={last}, the last dp it predicts"
+            if last < self.dps[-1]:
+                head += f" ({self.horizon_reason})"
         else:
             head = f"efficiency falls below {thr} between dp={self.knee_dp} and dp={self.next_dp}"
-        lo, hi = (f"dp={d}" if d is not None else f"beyond dp={self.dps[-1]}" for d in self.next_dp_band)
+        lo, hi = (f"dp={d}" if d is not None else f"beyond dp={last}" for d in self.next_dp_band)
         band = (
             f"in {BAND[1] - BAND[0]:.0f}% of the draws the first dp below {thr} is {lo}"
             if lo == hi
             else f"in {BAND[1] - BAND[0]:.0f}% of the draws the first dp below {thr} lies between {lo} and {hi}"
         )
-        past = self.dps[-1] / self.max_measured_dp
+        past = last / self.max_measured_dp
         reach = (
-            f"extrapolated from dp ≤ {self.max_measured_dp} to dp={self.dps[-1]}, {past:g}× past the largest "
-            f"measured dp"
+            f"extrapolated from dp ≤ {self.max_measured_dp} to dp={last}, {past:g}× past the largest measured dp"
             if past > 1
             else f"no dp beyond the measured {self.max_measured_dp} can be predicted"
         )
@@ -130,8 +230,40 @@ def _resample(points: Sequence[Point], rng: np.random.Generator, by_point: bool)
     return [Point(p.dp, p.grad_acc, tuple(rng.choice(p.step_times_s, len(p.step_times_s)))) for p in chosen]
 
 
-def _curve(w: Workload, f: Fit, dps: Sequence[int]) -> np.ndarray:
+def _curve(w: Workload, f: Fit | Draw, dps: Sequence[int]) -> np.ndarray:
     return np.array([w.tokens_per_rank(n) / f.step_time_s(w, n) for n in dps])
+
+
+def _jittered(points: Sequence[Point], rng: np.random.Generator, spread: float) -> list[Point]:
+    """Each point's timed steps moved together by one run-to-run factor."""
+    return [Point(p.dp, p.grad_acc, tuple(t * (1 + rng.normal(0, spread)) for t in p.step_times_s)) for p in points]
+
+
+def _with_latency(f: Fit, alpha_s: dict[str, float]) -> Fit:
+    """The fit with the latency of the tiers the points left open drawn in (their bandwidth as fitted)."""
+    tiers = {t: AlphaBeta(alpha_s[t], ab.beta_bytes_per_s) if t in alpha_s else ab for t, ab in f.network.tiers.items()}
+    return replace(f, network=Network(tiers, f.network.devices_per_node))
+
+
+def model_form(measured: int, rng: np.random.Generator) -> ModelForm:
+    """A draw of what the measured points cannot identify, from the stated priors."""
+    return ModelForm(measured, float(rng.uniform(*OVERHEAD_PER_DOUBLING)), float(rng.uniform(*STRAGGLER)))
+
+
+def horizon(measured: int, source: Optional[NetworkEstimate]) -> tuple[int, str]:
+    """The largest dp given a figure, and why none past it: HORIZON × the largest dp the measured points or the
+    source's measured network profile reach."""
+    reach = max(measured, source.measured_up_to or 0) if source is not None else measured
+    what = (
+        f"the largest ring its network profile measured, {reach}"
+        if reach > measured
+        else f"the largest measured dp, {measured}"
+    )
+    limit = HORIZON * reach
+    return limit, (
+        f"past dp={limit}, {HORIZON}× {what}, the rings cross what nothing measured (another network tier, "
+        "congestion): no figure is given"
+    )
 
 
 def _params(f: Fit) -> dict[str, float]:
@@ -152,10 +284,16 @@ def extrapolate(
     max_dp: int = MAX_DP,
     n_draws: int = N_DRAWS,
     seed: int = 0,
+    run_to_run: float = RUN_TO_RUN,
+    model_form_doubt: bool = True,
 ) -> Extrapolation:
-    """Fit one configuration's points under a source ((a) when `source` is None) and extrapolate to max_dp."""
+    """Fit one configuration's points under a source ((a) when `source` is None) and extrapolate to max_dp.
+    `run_to_run=0` and `model_form_doubt=False` leave the band to the bootstrap of the timed steps alone (the band
+    before model-form uncertainty, kept for the benchmark's comparison)."""
     points = sorted(points, key=lambda p: p.dp)
     rng = np.random.default_rng(seed)
+    form_rng = np.random.default_rng([seed, 1])  # its own stream: the fit's draws stay what they were
+    top = max(p.dp for p in points)
     notes: list[str] = []
     if source is None:
         d = design(w, points, dpn)
@@ -167,6 +305,7 @@ def extrapolate(
         by_point = len(points) > len(free) + 1
         needed = full  # a draw that loses a measured tier or a parameter cannot be fitted with the nominal's columns
         label, kind = "fitted to this sweep's DP curve", "sweep"
+        unknown = [t for t in nominal.network.tiers if Column(Term.ALPHA, t) not in free]
     else:
         free = given_columns(w, points, source.nominal)
         nominal = fit_given(w, points, source.nominal, free)
@@ -174,29 +313,36 @@ def extrapolate(
         by_point = len(points) > len(free) + 2  # the overlap too
         needed = free
         label, kind = source.label, source.kind
+        unknown = []
         notes += list(source.notes)
         if any(p.dp >= 2 and reaches(p.dp) for p in points):
             notes.append(overlap_words(nominal))
     dps = grid(w, [p.dp for p in points], reaches, max_dp)
-    curves, firsts, params, fits = [], [], [], []
+    limit, limit_reason = horizon(top, source)
+    shown = [d for d in dps if d <= limit]
+    curves, firsts, params, draws = [], [], [], []
     for i in range(n_draws):
         data = _resample(points, rng, by_point)
         if by_point and not set(needed) <= set(identifiable(design(w, data, dpn))):
             data = _resample(points, rng, False)  # these points lose a tier or a parameter: keep every point
+        data = _jittered(data, form_rng, run_to_run)
         f = fit_sweep(w, data, dpn, free) if source is None else fit_given(w, data, source.draws[i], free, rng)
-        fits.append(f)
-        tps = _curve(w, f, dps)
+        if model_form_doubt and unknown:
+            f = _with_latency(f, {t: float(form_rng.uniform(*ALPHA_PRIOR[t])) for t in unknown})
+        d = Draw(f, model_form(top, form_rng) if model_form_doubt else ModelForm(top))
+        draws.append(d)
+        tps = _curve(w, d, dps)
         curves.append(tps)
-        firsts.append(_first_below(dps, tps / tps[0], threshold))
+        firsts.append(_first_below(shown, tps[: len(shown)] / tps[0], threshold))
         params.append(_params(f))
     curves_arr = np.array(curves)
     tps = _curve(w, nominal, dps)
     eff = tps / tps[0]
-    knee_dp, next_dp = find_knee(dps, list(eff), threshold)
+    knee_dp, next_dp = find_knee(shown, list(eff[: len(shown)]), threshold)
     low, high = np.nanpercentile(curves_arr, BAND, axis=0)
     spread = {k: (v, *_quantiles(np.array([p[k] for p in params]))) for k, v in _params(nominal).items()}
     measured = {p.dp: w.mbs * w.seq_len * p.grad_acc / p.step_time_s for p in points}
-    if dps[-1] < max_dp:
+    if dps[-1] < max_dp and dps[-1] <= limit:
         notes.append(_why_it_stops(w, dps[-1], reaches, max_dp))
     misfit = max(abs(nominal.step_time_s(w, p.dp, p.grad_acc) / p.step_time_s - 1) for p in points if reaches(p.dp))
     if misfit > MISFIT_WARNING:
@@ -224,8 +370,10 @@ def extrapolate(
         spread,
         misfit,
         w.batch(),
+        limit,
+        limit_reason,
         tuple(notes),
-        tuple(fits),
+        tuple(draws),
     )
 
 

@@ -329,13 +329,15 @@ def identification(
             elif col in full:
                 found.append(f"{symbol} {name}")
             elif sum(tier_of(n, dpn) == tier for n in set(comm)) < 2:
-                open_.append(f"{symbol} {name} (one ring length measured: latency and bandwidth inseparable; set to 0)")
+                open_.append(
+                    f"{symbol} {name} (one ring length measured: latency and bandwidth inseparable; set to 0 in the "
+                    "curve, drawn from its prior in the band)"
+                )
             else:
                 open_.append(
                     f"{symbol} {name} (not identified: {len({p.dp for p in points})} measured dp "
-                    "leave no degree of freedom for it after the compute and the bandwidths; set to 0, so past the "
-                    "measured dp the curve and its band leave out that latency: measure smaller dp or the network, "
-                    "`scaling collectives`)"
+                    "leave no degree of freedom for it after the compute and the bandwidths; set to 0 in the curve, "
+                    "drawn from its prior in the band: measure smaller dp or the network, `scaling collectives`)"
                 )
     text = (
         f"measured dp {', '.join(str(p.dp) for p in points)}: {len(comm)} point(s) with communication identify "

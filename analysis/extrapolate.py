@@ -205,13 +205,13 @@ def summary_table(found: dict[str, list[Extrapolation]]) -> pd.DataFrame:
     rows = []
     for results in found.values():
         for r in results:
-            band = "–".join(f"{d}" if d is not None else f">{r.dps[-1]}" for d in r.next_dp_band)
+            band = "–".join(f"{d}" if d is not None else f">{r.last_dp}" for d in r.next_dp_band)
             row = {
                 "configuration": r.config,
                 "source": f"{LETTERS[r.kind]} {r.kind}",
                 "measured dp": ", ".join(map(str, r.measured)),
-                "extrapolated to": r.dps[-1],
-                f"first dp < {r.threshold:.0%}": r.next_dp if r.next_dp is not None else f">{r.dps[-1]}",
+                "extrapolated to": r.last_dp,
+                f"first dp < {r.threshold:.0%}": r.next_dp if r.next_dp is not None else f">{r.last_dp}",
                 "its band": band,
                 "compute per micro-step": _interval(r.params["compute_s"], 1e-3, "ms"),
                 "optimizer per 10⁹ parameters updated": _interval(r.params["optimizer_s_per_param"], 1e-12, "ms"),
@@ -243,17 +243,20 @@ def curve_table(found: dict[str, list[Extrapolation]]) -> pd.DataFrame:
         for dp, v, lo, hi, eff in zip(r.dps, r.tokens_per_s_per_gpu, r.low, r.high, r.efficiency):
             if dp < r.max_measured_dp or dp & (dp - 1):
                 continue
-            rows.append(
-                {
-                    "configuration": config,
-                    "source": f"{LETTERS[r.kind]} {SOURCE_WORDS[r.kind]}",
-                    "dp": dp,
-                    "tokens/s per GPU": f"{v:,.0f}",
-                    "band": f"[{lo:,.0f}, {hi:,.0f}]",
-                    "efficiency": f"{eff:.0%}",
-                    "measured": f"{r.measured[dp]:,.0f}" if dp in r.measured else "",
-                }
-            )
+            row = {
+                "configuration": config,
+                "source": f"{LETTERS[r.kind]} {SOURCE_WORDS[r.kind]}",
+                "dp": dp,
+                "tokens/s per GPU": f"{v:,.0f}",
+                "band": f"[{lo:,.0f}, {hi:,.0f}]",
+                "efficiency": f"{eff:.0%}",
+                "measured": f"{r.measured[dp]:,.0f}" if dp in r.measured else "",
+            }
+            if not r.within(dp):
+                row.update({"tokens/s per GPU": "beyond the horizon", "band": r.horizon_reason, "efficiency": ""})
+            rows.append(row)
+            if not r.within(dp):
+                break
     columns = ["configuration", "source", "dp", "tokens/s per GPU", "band", "efficiency", "measured"]
     return pd.DataFrame(rows, columns=columns)
 
@@ -291,8 +294,11 @@ def plot(results: Sequence[Extrapolation]) -> Figure:
     colors = {"sweep": PALETTE[0], "profile": PALETTE[2], "published": PALETTE[1]}
     for r in results:
         color = colors[r.kind]
-        ax.fill_between(r.dps, r.low, r.high, color=color, alpha=0.18, linewidth=0, gid=f"band:{r.kind}")
-        ax.plot(r.dps, r.tokens_per_s_per_gpu, color=color, linestyle="--", label=f"{LETTERS[r.kind]} {r.source}")
+        k = sum(1 for d in r.dps if r.within(d))  # the curve stops at the horizon
+        ax.fill_between(r.dps[:k], r.low[:k], r.high[:k], color=color, alpha=0.18, linewidth=0, gid=f"band:{r.kind}")
+        ax.plot(
+            r.dps[:k], r.tokens_per_s_per_gpu[:k], color=color, linestyle="--", label=f"{LETTERS[r.kind]} {r.source}"
+        )
         at = r.dps.index(r.knee_dp)
         ax.plot(
             [r.knee_dp],
@@ -320,8 +326,8 @@ def plot(results: Sequence[Extrapolation]) -> Figure:
     ax.legend(fontsize=7, loc="best")
     thr = f"{results[0].threshold:.0%}"
     ax.set_title(
-        f"{results[0].config}: measured (grey span) and extrapolated; bands = {BAND[0]:g}-{BAND[1]:g}% of "
-        f"the draws,\n★ = last dp with efficiency ≥ {thr}",
+        f"{results[0].config}: measured (grey span) and extrapolated up to the horizon; bands = "
+        f"{BAND[0]:g}-{BAND[1]:g}% of the draws\n(fit and model form), ★ = last dp with efficiency ≥ {thr}",
         fontsize=9,
     )
     fig.tight_layout()

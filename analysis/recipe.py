@@ -21,7 +21,7 @@ from analysis.bands import BAND
 from analysis.dp_scaling import DEFAULT_THRESHOLD
 from scaling.core.batch import plan
 
-MEASURED, EXTRAPOLATED = "measured", "extrapolated"
+MEASURED, EXTRAPOLATED, BEYOND_HORIZON = "measured", "extrapolated", "beyond_horizon"
 RECIPE_MD, RECIPE_JSON = "recipe.md", "recipe.json"
 """The recipe's files in the sweep directory (`scaling report` opens with the first)."""
 
@@ -92,6 +92,13 @@ class Estimate:
     """What measured it, or which network source the extrapolation used and from which measured dp."""
     peak_mem_bytes: Optional[int] = None
     """Measured peak per rank (None: not measured at this split)."""
+
+
+@dataclass(frozen=True)
+class Beyond:
+    """No figure: the split's GPU count lies past the horizon of the candidate's extrapolation (analysis.bands)."""
+
+    reason: str
 
 
 @dataclass
@@ -206,33 +213,42 @@ class Recipe:
             + ".",
             "Efficiency is tokens/s per GPU against the best configuration on 1 GPU. Bands: measured rows carry their "
             f"record's noise band, extrapolated ones the {BAND[0]:g}-{BAND[1]:g}% percentiles of the step model's "
-            "bootstrap draws (fitted on each candidate's measured points at that mbs, under the network above). "
+            "bootstrap draws (fitted on each candidate's measured points at that mbs, under the network above, with "
+            "the run-to-run spread and the model-form terms past the measured dp: docs/dp-extrapolation.md); past "
+            "the horizon a row gives no figure and says why (beyond_horizon). "
             "Ties are configurations whose band reaches the recommended one's figure: equally good within the noise.",
             *self.notes,
         ]
 
 
-Estimator = Callable[[Candidate, Split], Optional[Estimate]]
-"""A candidate's estimate at a split: the record at that split if there is one, else its fitted model's."""
+Estimator = Callable[[Candidate, Split], "Optional[Estimate | Beyond]"]
+"""A candidate's estimate at a split: the record at that split if there is one, else its fitted model's (Beyond
+past the model's horizon)."""
 
 
 def best_option(
     candidates: Sequence[Candidate], gbs_samples: int, seq_len: int, gpus: int, estimate: Estimator
-) -> tuple[Optional[Option], list[Option], list[str]]:
+) -> tuple[Optional[Option], list[Option], list[str], Optional[str]]:
     """The fastest candidate at `gpus` (most tokens/s per GPU, nominal), the others whose band reaches its nominal
-    figure or whose nominal figure lies in its band (ties), and why each other candidate has no figure."""
+    figure or whose nominal figure lies in its band (ties), why each other candidate has no figure, and the reason
+    of the horizon where a candidate's figure lies past it."""
     options, why = [], []
+    beyond: Optional[str] = None
     for c in candidates:
         s = split(gbs_samples, seq_len, gpus, c.mbs_max)
         if s is None:
             continue
         e = estimate(c, s)
+        if isinstance(e, Beyond):
+            beyond = beyond or e.reason
+            why.append(f"ZeRO-{c.zero_stage} {c.recompute} past its horizon")
+            continue
         if e is None:
             why.append(f"ZeRO-{c.zero_stage} {c.recompute}")
             continue
         options.append(Option(c, s, e))
     if not options:
-        return None, [], why
+        return None, [], why, beyond
     best = max(options, key=lambda o: o.estimate.tokens_per_s_per_gpu)
     b = best.estimate
     ties = [
@@ -240,7 +256,7 @@ def best_option(
         for o in options
         if o is not best and (o.estimate.high >= b.tokens_per_s_per_gpu or b.low <= o.estimate.tokens_per_s_per_gpu)
     ]
-    return best, ties, why
+    return best, ties, why, beyond
 
 
 def knee(
@@ -256,7 +272,7 @@ def knee(
     `threshold`, and its range: the first count whose band's high end is below it, and whose low end is."""
     first = earliest = latest = None
     for n in sorted(counts):
-        best, _, _ = best_option(candidates, gbs_samples, seq_len, n, estimate)
+        best, _, _, _ = best_option(candidates, gbs_samples, seq_len, n, estimate)
         if best is None:
             continue
         e = best.estimate
@@ -284,18 +300,20 @@ def decide(
     """The rows for the requested GPU counts, the first GPU count below `threshold` with its range, and the baseline
     (the best tokens/s per GPU at 1 GPU). Pure: every figure comes from `estimate`."""
     top = max_useful_gpus(gbs_samples)
-    base, _, _ = best_option(candidates, gbs_samples, seq_len, 1, estimate)
+    base, _, _, _ = best_option(candidates, gbs_samples, seq_len, 1, estimate)
     baseline = base.estimate.tokens_per_s_per_gpu if base is not None else None
     rows = []
     for n in gpus:
         row = Row(gpus=n)
-        best, ties, why = best_option(candidates, gbs_samples, seq_len, n, estimate)
+        best, ties, why, beyond = best_option(candidates, gbs_samples, seq_len, n, estimate)
         if n > top:
             row.reason = (
                 f"more GPUs than the batch can use: {gbs_samples} samples split over at most {top} GPUs "
                 f"(mbs=1, grad_acc=1); use at most {top} GPUs, a larger global batch (at least {n * seq_len:,} "
                 "tokens), or tensor or pipeline parallelism to use the rest"
             )
+        elif best is None and beyond is not None:
+            row.source, row.reason = BEYOND_HORIZON, beyond
         elif best is None:
             row.reason = (
                 "no measured or extrapolated figure for this many GPUs"

@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from analysis.bands import BAND, Extrapolation, extrapolate
-from analysis.recipe import EXTRAPOLATED, MEASURED, Candidate, Estimate, Split
+from analysis.recipe import EXTRAPOLATED, MEASURED, Beyond, Candidate, Estimate, Split
 from analysis.step_model import Point, Workload
 from scaling.core.enums import Status
 from scaling.core.schema import ExperimentConfig
@@ -66,12 +66,14 @@ class Model:
     source: str
     """The network source's label, or why there is no fit."""
 
-    def estimate(self, gpus: int, grad_acc: int) -> Optional[Estimate]:
-        """Tokens/s per GPU at `gpus` and `grad_acc`, nominal and its band over the fit's draws (None: the source
-        has no figures for that many GPUs, or nothing was measured)."""
+    def estimate(self, gpus: int, grad_acc: int) -> Optional[Estimate | Beyond]:
+        """Tokens/s per GPU at `gpus` and `grad_acc`, nominal and its band over the draws (None: the source has no
+        figures for that many GPUs, or nothing was measured; Beyond: past the extrapolation's horizon)."""
         ex = self.extrapolation
         if ex is None or not ex.fit.network.reaches(gpus):
             return None
+        if not ex.within(gpus):
+            return Beyond(ex.horizon_reason)
         w = self.workload
         tokens = w.mbs * w.seq_len * grad_acc
         step = ex.fit.step_time_s(w, gpus, grad_acc)
@@ -127,7 +129,7 @@ class FromRecords:
     n_draws: int = 200
     models: dict[tuple[int, str, int], Model] = field(default_factory=dict)
 
-    def __call__(self, c: Candidate, s: Split) -> Optional[Estimate]:
+    def __call__(self, c: Candidate, s: Split) -> Optional[Estimate | Beyond]:
         hit = measured_at(self.records, c, s)
         if hit is not None:
             return hit

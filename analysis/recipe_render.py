@@ -40,7 +40,9 @@ def table(recipe: Recipe) -> list[list[str]]:
     for r in recipe.rows:
         if r.reason is not None and r.dp is None:
             out.append(
-                [str(r.gpus), "–", "–", "–", "–", "–", "–"] + (["–", "–"] if recipe.tokens else []) + ["–", r.reason]
+                [str(r.gpus), "–", "–", r.source or "–", "–", "–", "–"]
+                + (["–", "–"] if recipe.tokens else [])
+                + ["–", r.reason]
             )
             continue
         run = f"ZeRO-{r.zero_stage}, mbs {r.mbs}, grad_acc {r.grad_acc}, recompute {r.recompute}"

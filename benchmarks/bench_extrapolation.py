@@ -16,6 +16,14 @@ and the optimizer's time per parameter, true and fitted (median over the seeds; 
 the compute and the bandwidth terms). Then, per truth, the information limit of source (a): the standard deviation
 of the extrapolated step time that its points allow at all (`--limits` prints only that). No timing: the figures
 depend on the seeds only. Prints Markdown; asserts nothing.
+
+`--coverage` prints the calibration of the bands instead: over the truths above and over truths with effects
+the step model does not contain (tests/helpers/synthetic_dp.py `MISMATCHED`: a third network tier, congestion
+that grows with the ring, a straggler rank, an optimizer step that grows with the shard count), the share of
+held-out points 2× and 4× past the largest measured dp whose truth lies inside the band, and the median and
+largest error of the nominal curve, with the band of the bootstrap alone ("before") and with the model-form
+uncertainty (analysis.bands, "after"); then the same over published DP tables (tests/helpers/published_dp.py),
+fitted on their dp up to 32 through the report's own functions and held out above.
 """
 
 from __future__ import annotations
@@ -34,9 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from analysis.bands import Extrapolation, extrapolate
 from analysis.dp_fit import COLUMNS, OPTIMIZER, design, identifiable
 from analysis.dp_scaling import find_knee
+from analysis.extrapolate import network_sources, workload_and_points
 from analysis.step_model import Point
 from scaling.store.network import NetworkEstimate, profile_estimate, published_estimate
-from tests.helpers.synthetic_dp import TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
+from tests.helpers.published_dp import SOURCE as PUBLISHED_SOURCE
+from tests.helpers.published_dp import TABLES
+from tests.helpers.synthetic_dp import MISMATCHED, TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
 
 EXTRA = (
     Truth("1B ZeRO-2, overlap 0.8 (plateau near 80%)", llama_1b(2, gbs=1024, mbs=2), h100_network(), 0.15, 0.8),
@@ -63,8 +74,10 @@ SOURCES = (
 network measured as `scaling collectives` does (what `scaling recipe` measures beside its points)."""
 
 
-def run(truth: Truth, source: str, dps: tuple[int, ...], seed: int, draws: int, noise: float) -> Extrapolation:
-    """One fit of one truth's drawn points under one source."""
+def run(
+    truth: Truth, source: str, dps: tuple[int, ...], seed: int, draws: int, noise: float, doubt: bool = True
+) -> Extrapolation:
+    """One fit of one truth's drawn points under one source (`doubt=False`: the band of the bootstrap alone)."""
     rng = np.random.default_rng(seed)
     points = measure(truth, dps, rng, noise=noise)
     net: Optional[NetworkEstimate] = None
@@ -72,7 +85,109 @@ def run(truth: Truth, source: str, dps: tuple[int, ...], seed: int, draws: int, 
         net = profile_estimate(profile_of(truth, rng), 8, draws, rng)
     elif source.startswith("(c)"):
         net = published_estimate("h100", 8, draws, rng)
-    return extrapolate(truth.name, truth.workload, points, 8, net, n_draws=draws, seed=seed)
+    return extrapolate(
+        truth.name,
+        truth.workload,
+        points,
+        8,
+        net,
+        n_draws=draws,
+        seed=seed,
+        run_to_run=0.02 if doubt else 0.0,
+        model_form_doubt=doubt,
+    )
+
+
+def _inside(r: Extrapolation, n: int, truth: float) -> bool:
+    i = r.dps.index(n)
+    return r.low[i] <= truth <= r.high[i]
+
+
+def coverage_rows(truths: tuple[Truth, ...], seeds: int, draws: int, noise: float) -> list[str]:
+    """Markdown rows: per source, over the truths and seeds, the band's coverage at 2× and 4× past the largest
+    measured dp and the nominal's median/largest error there, before and after the model-form uncertainty."""
+    rows = []
+    for source, dps in SOURCES:
+        top = max(dps)
+        cells = []
+        for doubt in (False, True):
+            hits = {2: [], 4: []}
+            errors = {2: [], 4: []}
+            for truth in truths:
+                for seed in range(seeds):
+                    r = run(truth, source, dps, seed, draws, noise, doubt)
+                    for k in (2, 4):
+                        n = k * top
+                        if n in r.dps:
+                            t = truth.tokens_per_s_per_gpu(n)
+                            hits[k].append(_inside(r, n, t))
+                            errors[k].append(abs(r.tokens_per_s_per_gpu[r.dps.index(n)] / t - 1))
+            for k in (2, 4):
+                if hits[k]:
+                    cells.append(
+                        f"{sum(hits[k])}/{len(hits[k])} ({100 * sum(hits[k]) / len(hits[k]):.0f}%) · "
+                        f"{100 * statistics.median(errors[k]):.1f}/{100 * max(errors[k]):.1f}"
+                    )
+                else:
+                    cells.append("–")
+        rows.append(f"| {source} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def published_rows(draws: int) -> list[str]:
+    """Markdown rows: each published table fitted on its dp up to 32 under (a) and (c), every held-out dp."""
+    rows = []
+    for table in TABLES:
+        fitted = tuple(d for d in table.tokens_per_s_per_gpu if d <= 32)
+        held = [d for d in table.tokens_per_s_per_gpu if d > 32]
+        w, points = workload_and_points(table.frame(fitted))
+        found, _ = network_sources(None, None, Path("."), table.hardware, 8, draws)
+        for src in found:
+            for doubt in (False, True):
+                r = extrapolate(
+                    table.name,
+                    w,
+                    points,
+                    8,
+                    src,
+                    n_draws=draws,
+                    run_to_run=0.02 if doubt else 0.0,
+                    model_form_doubt=doubt,
+                )
+                cells = []
+                for n in (*held, 256):
+                    truth = table.tokens_per_s_per_gpu.get(n, (None, None))[1]
+                    if n not in r.dps:
+                        cells.append(f"{n}: not reached")
+                        continue
+                    i = r.dps.index(n)
+                    where = "" if r.within(n) else " (past the horizon)"
+                    fig = f"{r.tokens_per_s_per_gpu[i]:,.0f} [{r.low[i]:,.0f}, {r.high[i]:,.0f}]{where}"
+                    if truth is not None:
+                        fig += f" vs {truth:,.0f}: {'in' if r.low[i] <= truth <= r.high[i] else 'OUT'}"
+                    cells.append(f"{n}: {fig}")
+                kind = "(a) sweep" if src is None else f"(c) {table.hardware}"
+                rows.append(
+                    f"| {table.name} | {', '.join(map(str, fitted))} | {kind} | "
+                    f"{'after' if doubt else 'before'} | {'; '.join(cells)} |"
+                )
+    return rows
+
+
+def coverage(seeds: int, draws: int, noise: float) -> None:
+    """Markdown: the bands' calibration on synthetic truths (with and without model mismatch) and published tables."""
+    head = (
+        "| source (measured dp) | before: 2× past, covered · median/largest error % | before: 4× past | "
+        "after: 2× past | after: 4× past |\n|---|---|---|---|---|"
+    )
+    print(f"{seeds} seeds, {draws} draws, {noise:.0%} noise per timed step\n")
+    print("Truths the step model contains (TRUTHS and EXTRA):\n\n" + head)
+    print("\n".join(coverage_rows((*TRUTHS, *EXTRA), seeds, draws, noise)), flush=True)
+    print("\nTruths with effects it does not contain (MISMATCHED):\n\n" + head)
+    print("\n".join(coverage_rows(MISMATCHED, seeds, draws, noise)), flush=True)
+    print(f"\nPublished tables ({PUBLISHED_SOURCE}), fitted on dp ≤ 32:\n")
+    print("| table | fitted dp | source | band | held-out dp: nominal [band] vs published |\n|---|---|---|---|---|")
+    print("\n".join(published_rows(draws)))
 
 
 def summarise(truth: Truth, source: str, results: list[Extrapolation]) -> list[str]:
@@ -145,9 +260,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--draws", type=int, default=200)
     p.add_argument("--noise", type=float, default=0.02, help="relative noise of each timed step")
     p.add_argument("--limits", action="store_true", help="print only the information limit of source (a)")
+    p.add_argument("--coverage", action="store_true", help="print only the bands' calibration")
     a = p.parse_args(argv)
     if a.limits:
         limits(a.noise)
+        return 0
+    if a.coverage:
+        coverage(a.seeds, a.draws, a.noise)
         return 0
     print(f"{a.seeds} seeds, {a.draws} draws, {a.noise:.0%} noise per timed step, 5 timed steps per point\n")
     print(

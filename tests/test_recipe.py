@@ -1,8 +1,8 @@
 """`scaling recipe`'s decision on synthetic records from a known step model, and its refusals of bad input.
 
 The records are what a sweep would write of candidates whose true step times come from `tests.helpers.synthetic_dp`
-truths (noise of 2% per step), measured at dp 1 and 8 as the recipe measures at dp 1 and at the devices of one
-node; the network is the truth's, as `scaling collectives` would measure it. The recommendation per GPU count must
+truths (noise of 2% per step), measured at dp 1, 8 and 32 (one GPU, one node, four nodes); the network is the
+truth's, as `scaling collectives` would measure it on up to 16 ranks. The recommendation per GPU count must
 be the truly fastest candidate, or list it as a tie within the band.
 """
 
@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.recipe import Candidate, decide, max_useful_gpus, split
+from analysis.recipe import Beyond, Candidate, Estimate, Recipe, Split, decide, max_useful_gpus, split
 from analysis.recipe_estimate import FromRecords
+from analysis.recipe_render import table
 from analysis.step_model import Workload
 from scaling.store.network import profile_estimate
 from tests.helpers.synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of
@@ -58,18 +59,18 @@ def record(c: Candidate, mbs: int, dp: int, grad_acc: int, times: tuple[float, .
 
 
 def synthetic_records(gbs: int, counts: list[int], rng: np.random.Generator) -> list[dict[str, Any]]:
-    """Records at dp 1 and 8 of every candidate at every mbs a requested GPU count needs."""
+    """Records at dp 1, 8 and 32 of every candidate at every mbs a requested GPU count needs."""
     records = []
     for c in CANDIDATES:
         for mbs in sorted({s.mbs for n in counts if (s := split(gbs, SEQ, n, c.mbs_max))}):
-            for p in measure(truth(c, mbs, gbs), [1, 8], rng, steps=8):
+            for p in measure(truth(c, mbs, gbs), [1, 8, 32], rng, steps=8):
                 records.append(record(c, mbs, p.dp, p.grad_acc, p.step_times_s))
     return records
 
 
 @pytest.mark.slow
 def test_recommends_the_true_best_or_a_tie_with_it() -> None:
-    gbs, counts = 512, [1, 8, 32, 128, 256, 512, 1024]
+    gbs, counts = 512, [1, 8, 16, 32, 64, 128, 256, 512, 1024]
     rng = np.random.default_rng(7)
     records = synthetic_records(gbs, counts, rng)
     source = profile_estimate(profile_of(truth(CANDIDATES[0], 1, gbs), rng), 8, 100, rng)
@@ -80,6 +81,10 @@ def test_recommends_the_true_best_or_a_tie_with_it() -> None:
     for row in rows:
         if row.gpus > gbs:
             assert row.dp is None and row.command is None and "more GPUs than the batch can use" in row.reason
+            continue
+        if row.gpus > 128:  # 4× the largest measured dp (32): no figure, and the row says why
+            assert row.dp is None and row.source == "beyond_horizon" and row.tokens_per_s_per_gpu is None
+            assert row.reason.startswith("past dp=128, 4× the largest measured dp, 32"), row
             continue
         true = {
             c.zero_stage: truth(c, s.mbs, gbs).tokens_per_s_per_gpu(row.gpus)
@@ -92,7 +97,7 @@ def test_recommends_the_true_best_or_a_tie_with_it() -> None:
         assert row.zero_stage == best or best in tied, (row.gpus, row.zero_stage, tied, true)
         assert row.dp * row.mbs * row.grad_acc * SEQ == row.gbs_tokens == gbs * SEQ
         assert row.tokens_per_s_per_gpu_low <= row.tokens_per_s_per_gpu <= row.tokens_per_s_per_gpu_high
-        assert row.source == ("measured" if row.gpus in (1, 8) else "extrapolated")
+        assert row.source == ("measured" if row.gpus in (1, 8, 32) else "extrapolated")
         if row.zero_stage == best and not tied:  # a clear call: the truth inside its band
             assert row.tokens_per_s_per_gpu_low * 0.9 <= true[best] <= row.tokens_per_s_per_gpu_high * 1.1
     assert winners == {0, 3}, "the truths must make the answer change with the GPU count"
@@ -103,8 +108,11 @@ def test_recommends_the_true_best_or_a_tie_with_it() -> None:
         for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
     }
     true_first = next(n for n, v in true_best.items() if v / true_best[1] < 0.8)
-    assert first is not None and earliest <= true_first <= (latest or 1024)
-    assert abs(np.log2(first) - np.log2(true_first)) <= 1
+    if true_first <= 128:
+        assert first is not None and earliest <= true_first <= (latest or 1024)
+        assert abs(np.log2(first) - np.log2(true_first)) <= 1
+    else:  # past the horizon: no knee is claimed before it
+        assert first is None or abs(np.log2(first) - np.log2(true_first)) <= 1, (first, true_first)
 
 
 def test_the_report_opens_with_the_recipe(tmp_path) -> None:
@@ -113,7 +121,7 @@ def test_the_report_opens_with_the_recipe(tmp_path) -> None:
     from analysis.recipe import RECIPE_JSON, Recipe
     from analysis.report import write_report
 
-    gbs, counts = 512, [1, 8, 128, 1024]
+    gbs, counts = 512, [1, 8, 128, 512, 1024]
     rng = np.random.default_rng(3)
     records = synthetic_records(gbs, counts, rng)
     estimate = FromRecords(records, lambda c, mbs: workload(c, mbs, gbs), 8, None, n_draws=50)
@@ -135,7 +143,8 @@ def test_the_report_opens_with_the_recipe(tmp_path) -> None:
     assert "| GPUs | run | tokens/s per GPU [band] |" in head and "| 1024 | – |" in head
     assert (
         "scaling run parallel.dp=8  # 8 GPUs" in head
-        and "no measured or extrapolated figure for this many GPUs" in head
+        and "| 512 | – | – | beyond_horizon |" in head
+        and "past dp=128, 4× the largest measured dp, 32" in head
     )
     assert head.index("can use at most 512 GPUs") < head.index("<details>") < head.index("Network: fitted.")
 
@@ -270,3 +279,41 @@ def test_the_network_is_timed_from_4_kib_up_to_the_largest_message_a_step_issues
 
     cfg = compose_point([f"model={model}", "train.seq_len=128"])
     assert network_sizes(cfg, [Candidate(0, "none", 4, "")], 64, 2) == list(CPU_SIZES[:count])
+
+
+def test_a_count_past_the_horizon_is_a_row_that_says_so_in_the_json_and_the_table() -> None:
+    """An estimator that answers Beyond (the candidate's extrapolation ends at its horizon) gives a row with no
+    figure, `source: beyond_horizon` and the reason, in recipe.json and in the recipe's table; the counts within
+    the horizon keep their figures."""
+    reason = "past dp=16, 4× the largest measured dp, 4, the rings cross what nothing measured"
+
+    def estimate(c: Candidate, s: Split) -> Estimate | Beyond:
+        if s.gpus > 16:
+            return Beyond(reason)
+        tps = 1000.0 * (1 + c.zero_stage) / s.gpus**0.1
+        return Estimate(tps, 0.9 * tps, 1.1 * tps, s.mbs * SEQ * s.grad_acc / tps, "extrapolated", "synthetic")
+
+    rows, *_ = decide(CANDIDATES, 512, SEQ, [8, 16, 32], estimate)
+    recipe = Recipe(
+        "llama_1b",
+        SEQ,
+        512 * SEQ,
+        512,
+        "h100",
+        0.8,
+        None,
+        list(CANDIDATES),
+        "synthetic",
+        rows,
+        None,
+        (None, None),
+        512,
+        1000.0,
+    )
+    doc = json.loads(json.dumps(recipe.to_json()))
+    by_gpus = {r["gpus"]: r for r in doc["rows"]}
+    assert by_gpus[16]["source"] == "extrapolated" and by_gpus[16]["tokens_per_s_per_gpu"] > 0
+    assert by_gpus[32]["source"] == "beyond_horizon" and by_gpus[32]["reason"] == reason
+    assert by_gpus[32]["tokens_per_s_per_gpu"] is None and by_gpus[32]["command"] is None
+    cells = table(Recipe.from_json(doc))[3]
+    assert cells[0] == "32" and cells[3] == "beyond_horizon" and cells[-1] == reason

@@ -135,6 +135,8 @@ class NetworkEstimate:
     nominal: Network
     draws: tuple[Network, ...]
     notes: tuple[str, ...] = field(default=())
+    measured_up_to: Optional[int] = None
+    """The largest ring its figures were measured on (a profile's largest world size; None: published figures)."""
 
 
 def fit(
@@ -275,6 +277,7 @@ def profile_estimate(
         Network(dict(profile.tiers), devices_per_node),
         tuple(Network(d, devices_per_node) for d in draws),
         tuple(notes),
+        max((int(s["world_size"]) for s in profile.samples), default=None),
     )
 
 
@@ -360,6 +363,7 @@ def with_fallback(primary: NetworkEstimate, fallback: NetworkEstimate) -> Networ
         merge(primary.nominal, fallback.nominal),
         tuple(merge(a, b) for a, b in zip(primary.draws, fallback.draws)),
         primary.notes,
+        primary.measured_up_to,
     )
 
 

@@ -8,6 +8,7 @@ and `profile_of` the collective timings `scaling collectives` would record of it
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -29,6 +30,10 @@ class Truth:
     compute_s: float
     overlap: float
     optimizer_s_per_param: float = 0.0
+
+    def network_at(self, n: int) -> Network:
+        """The network a ring of n ranks runs on."""
+        return self.network
 
     def step_time_s(self, n: int) -> float:
         """The true (noise-free) step time at dp=n."""
@@ -61,7 +66,7 @@ def profile_of(
     for n in world_sizes:
         for op in ("all_reduce", "reduce_scatter", "all_gather"):
             for size in (4096, 2**20, 2**24, 2**28):
-                times = [truth.network.time_s(op, n, size) * (1 + e) for e in rng.normal(0, noise, 5)]
+                times = [truth.network_at(n).time_s(op, n, size) * (1 + e) for e in rng.normal(0, noise, 5)]
                 samples.append(
                     {"op": op, "world_size": n, "size_bytes": size, "time_s": float(np.median(times)), "times_s": times}
                 )
@@ -150,3 +155,90 @@ TRUTHS = (
 )
 """Truths with a knee between dp=16 and dp=512 on 8-GPU nodes: each stage, overlap from none to most, the
 optimizer step of a fused AdamW, clipping, recomputation."""
+
+
+@dataclass(frozen=True)
+class Mismatch(Truth):
+    """A truth with effects the step model does not contain (each 0 by default)."""
+
+    third_tier_past: Optional[int] = None
+    """Rings of more ranks cross a third tier (a spine): the bandwidth between nodes halves, its latency doubles."""
+    congestion: float = 0.0
+    """The bandwidth between nodes falls by 1 / (1 + congestion · log2(nodes)) as the ring grows."""
+    straggler: float = 0.0
+    """Each rank's compute varies by this much (relative): the step waits for the slowest, √(2 ln n) of it above."""
+    optimizer_per_shard_s: float = 0.0
+    """Seconds the optimizer step adds per rank it is sharded over (gathering the shards' norms, a launch per
+    shard): it grows with the shard count instead of shrinking."""
+
+    def network_at(self, n: int) -> Network:
+        """The two-tier network, slowed between nodes by congestion and, past `third_tier_past`, by the spine."""
+        dpn = self.network.devices_per_node or n
+        inter = self.network.tiers[INTER]
+        nodes = -(-n // dpn)
+        slow = 1 + self.congestion * math.log2(nodes) if nodes > 1 else 1.0
+        if self.third_tier_past is not None and n > self.third_tier_past:
+            slow *= 2
+        tiers = {**self.network.tiers, INTER: AlphaBeta(inter.alpha_s * slow, inter.beta_bytes_per_s / slow)}
+        return Network(tiers, self.network.devices_per_node)
+
+    def step_time_s(self, n: int) -> float:
+        """The true step time: the step model on the network at n, the slowest rank's compute, the optimizer's
+        per-shard cost."""
+        compute = self.compute_s * (1 + self.straggler * (math.sqrt(2 * math.log(n)) if n > 1 else 0.0))
+        t = step_time_s(self.workload, self.network_at(n), n, compute, self.overlap, self.optimizer_s_per_param)
+        return t + (self.optimizer_per_shard_s * n if self.workload.zero_stage >= 1 else 0.0)
+
+
+MISMATCHED = (
+    Mismatch(
+        "1B ZeRO-0 + a third tier past 64 ranks",
+        llama_1b(0),
+        h100_network(),
+        0.075,
+        0.5,
+        ADAMW_S_PER_PARAM,
+        third_tier_past=64,
+    ),
+    Mismatch(
+        "1B ZeRO-3 clipped + congestion 15% per doubling of the nodes",
+        llama_1b(3, gbs=2048, mbs=2, grad_clip=1.0),
+        h100_network(),
+        0.15,
+        0.6,
+        ADAMW_S_PER_PARAM,
+        congestion=0.15,
+    ),
+    Mismatch(
+        "1B ZeRO-2 + a straggler (2% compute spread)",
+        llama_1b(2, gbs=1024, mbs=2),
+        h100_network(),
+        0.15,
+        0.5,
+        ADAMW_S_PER_PARAM,
+        straggler=0.02,
+    ),
+    Mismatch(
+        "1B ZeRO-1 + an optimizer step growing 0.3 ms per shard",
+        llama_1b(1),
+        h100_network(),
+        0.075,
+        0.0,
+        ADAMW_S_PER_PARAM,
+        optimizer_per_shard_s=3e-4,
+    ),
+    Mismatch(
+        "8B ZeRO-1 + all four",
+        Workload(1, LLAMA_8B, "bf16", 1, 8192, 1024),
+        h100_network(),
+        0.95,
+        0.3,
+        ADAMW_S_PER_PARAM,
+        third_tier_past=64,
+        congestion=0.1,
+        straggler=0.02,
+        optimizer_per_shard_s=3e-4,
+    ),
+)
+"""Truths with effects the step model does not contain: a third network tier, congestion that grows with the ring,
+a straggler rank, an optimizer step that grows with the shard count; each alone, then all four."""
