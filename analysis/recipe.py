@@ -21,7 +21,7 @@ from analysis.bands import BAND
 from analysis.dp_scaling import DEFAULT_THRESHOLD
 from scaling.core.batch import plan
 
-MEASURED, EXTRAPOLATED, BEYOND_HORIZON = "measured", "extrapolated", "beyond_horizon"
+MEASURED, EXTRAPOLATED, PREDICTED, BEYOND_HORIZON = "measured", "extrapolated", "predicted", "beyond_horizon"
 RECIPE_MD, RECIPE_JSON = "recipe.md", "recipe.json"
 """The recipe's files in the sweep directory (`scaling report` opens with the first)."""
 
@@ -87,7 +87,8 @@ class Estimate:
     high: float
     step_time_s: float
     source: str
-    """MEASURED (a record at exactly this split) or EXTRAPOLATED (the step model fitted on the measured points)."""
+    """MEASURED (a record at exactly this split), EXTRAPOLATED (the step model fitted on the measured points) or
+    PREDICTED (nothing measured: the step model with the compute from FLOPs and a measured MFU, analysis.recipe_plan)."""
     detail: str
     """What measured it, or which network source the extrapolation used and from which measured dp."""
     peak_mem_bytes: Optional[int] = None

@@ -1,5 +1,6 @@
 """Where a recipe row's figure comes from: a record measured at exactly the split, else the step model of the
-candidate fitted on its measured points at the split's mbs (analysis.bands, under one network source)."""
+candidate fitted on its measured points at the split's mbs (analysis.bands, under one network source), else, with
+nothing measured at that mbs, a predicted figure (analysis.recipe_plan)."""
 
 from __future__ import annotations
 
@@ -127,6 +128,8 @@ class FromRecords:
     devices_per_node: Optional[int]
     source: Optional[NetworkEstimate]
     n_draws: int = 200
+    fallback: Optional[Callable[[Candidate, Split], Optional[Estimate]]] = None
+    """The figure of a candidate with no record at the split's mbs (analysis.recipe_plan.Predicted), or None."""
     models: dict[tuple[int, str, int], Model] = field(default_factory=dict)
 
     def __call__(self, c: Candidate, s: Split) -> Optional[Estimate | Beyond]:
@@ -139,4 +142,7 @@ class FromRecords:
             self.models[key] = fit_model(
                 self.workload(c, s.mbs), points, self.devices_per_node, self.source, self.n_draws
             )
-        return self.models[key].estimate(s.gpus, s.grad_acc)
+        model = self.models[key]
+        if model.extrapolation is None and self.fallback is not None:
+            return self.fallback(c, s)
+        return model.estimate(s.gpus, s.grad_acc)

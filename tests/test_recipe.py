@@ -30,6 +30,7 @@ NETWORK = h100_network()
 COMPUTE_S_PER_SAMPLE = {0: 0.075, 3: 0.078}
 """Compute of one sample's forward and backward: ZeRO-3's a little slower (its gathers' copies)."""
 CANDIDATES = (Candidate(0, "none", 1, "synthetic"), Candidate(3, "none", 2, "synthetic"))
+LLAMA_1B_PARAMS = 1_235_814_400
 
 
 def workload(c: Candidate, mbs: int, gbs: int) -> Workload:
@@ -317,3 +318,46 @@ def test_a_count_past_the_horizon_is_a_row_that_says_so_in_the_json_and_the_tabl
     assert by_gpus[32]["tokens_per_s_per_gpu"] is None and by_gpus[32]["command"] is None
     cells = table(Recipe.from_json(doc))[3]
     assert cells[0] == "32" and cells[3] == "beyond_horizon" and cells[-1] == reason
+
+
+def test_with_nothing_measured_every_row_is_predicted_from_flops_and_a_measured_mfu(tmp_path, capsys) -> None:
+    """On this CPU machine, no H100 at hand: `scaling recipe` for llama_1b on hardware=h100 launches nothing and
+    still plans every GPU count: each row `predicted`, with its band and where its MFU came from (the H100 points of
+    conf/mfu/h100.yaml), the communication from the published network figures."""
+    from scaling.cli.recipe import main
+
+    sweep_dir = tmp_path / "plan"
+    argv = ["--gbs-tokens", "4Mi", "--gpus", "8,32,128,512", "--zero", "0,3", "--draws", "50"]
+    overrides = ["model=llama_1b", "train.seq_len=4096", "train.precision=bf16", "hardware=h100", "logger=none"]
+    assert main([*argv, "--sweep-dir", str(sweep_dir), *overrides]) == 0
+    assert "0 point(s) launched" in capsys.readouterr().out
+    recipe = json.loads((sweep_dir / "recipe.json").read_text())
+    assert not list(sweep_dir.rglob("result.json"))  # nothing launched
+    for r in recipe["rows"]:
+        assert r["source"] == "predicted", r
+        assert r["tokens_per_s_per_gpu_low"] <= r["tokens_per_s_per_gpu"] <= r["tokens_per_s_per_gpu_high"]
+        assert "conf/mfu/h100.yaml" in r["source_detail"] and "published h100 figures" in r["source_detail"]
+        assert r["command"].startswith("scaling run ")
+    rates = [r["tokens_per_s_per_gpu"] for r in recipe["rows"]]
+    assert rates == sorted(rates, reverse=True) and recipe["dp_stops_paying_off_at"] is not None
+    # one GPU communicates nothing: MFU x peak / FLOPs per token, the nominal MFU the median of the H100 points
+    assert recipe["baseline_tokens_per_s_per_gpu"] == pytest.approx(0.418 * 989e12 / 9.025e9, rel=0.01)
+
+
+def test_an_assumed_mfu_sets_the_compute_and_keeps_the_measured_points_spread() -> None:
+    from analysis.recipe_plan import Predicted, assumed_mfu, measured_mfu
+    from scaling.store.network import published_estimate
+
+    measured = measured_mfu("h100", LLAMA_1B_PARAMS, 4096, "none", False)
+    assert (measured.nominal, measured.low, measured.high) == pytest.approx((0.4175, 0.397, 0.443))
+    prior = assumed_mfu(0.3, measured)
+    assert prior.low == pytest.approx(0.3 * 0.397 / 0.4175) and "--assume-mfu 0.3" in prior.source
+    net = published_estimate("h100", 8, 50, np.random.default_rng(0))
+    c = CANDIDATES[0]
+    flops = 9.025e9
+    predict = Predicted(lambda c, mbs: workload(c, mbs, 512), flops, 989e12, prior, net, 50)
+    one = predict(c, split(512, SEQ, 1, 1))
+    assert one.source == "predicted" and one.tokens_per_s_per_gpu == pytest.approx(0.3 * 989e12 / flops)
+    assert one.low == pytest.approx(prior.low * 989e12 / flops, rel=0.02)
+    many = predict(c, split(512, SEQ, 256, 1))
+    assert many.tokens_per_s_per_gpu < one.tokens_per_s_per_gpu and many.low < many.tokens_per_s_per_gpu

@@ -78,6 +78,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--draws", type=int, default=200, help="bootstrap draws of each band (default 200)")
     p.add_argument(
+        "--assume-mfu",
+        type=float,
+        default=None,
+        help="MFU to plan with where nothing is measured on the hardware, e.g. 0.4 (default: conf/mfu/<hardware>.yaml)",
+    )
+    p.add_argument(
         "overrides", nargs="*", help="Hydra overrides, e.g. model=small train.seq_len=256 hardware.memory_gb=0.05"
     )
     return p
@@ -98,6 +104,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(f"--max-grad-acc={a.max_grad_acc} must be >= 1")
     if a.draws < 10:
         p.error(f"--draws={a.draws} must be >= 10")
+    if a.assume_mfu is not None and not 0 < a.assume_mfu <= 1:
+        p.error(f"--assume-mfu={a.assume_mfu} must lie in (0, 1], a fraction of the peak, e.g. 0.4")
     sweep_dir = Path(a.sweep_dir or DEFAULT_DIR)
     overrides = [o for o in a.overrides if not o.startswith(("sweep_dir=", "sweep="))]
     cfg = _compose(overrides, sweep_dir)
@@ -140,7 +148,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     from scaling.core.files import write_json_atomic
     from scaling.recipe.measure import RecipeRequest, run_recipe
 
-    request = RecipeRequest(a.gbs_tokens, a.gpus, a.zero, a.recompute, a.threshold, a.tokens, a.max_grad_acc, a.draws)
+    request = RecipeRequest(
+        a.gbs_tokens, a.gpus, a.zero, a.recompute, a.threshold, a.tokens, a.max_grad_acc, a.draws, a.assume_mfu
+    )
     recipe = run_recipe(cfg, overrides, sweep_dir, request)
     write_json_atomic(sweep_dir / RECIPE_JSON, recipe.to_json())
     (sweep_dir / RECIPE_MD).write_text(markdown(recipe))

@@ -17,22 +17,25 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from analysis.extrapolate import sources
-from analysis.recipe import Candidate, Recipe, split
+from analysis.recipe import Candidate, Estimate, Recipe, Split, split
 from analysis.recipe import decide as decide_rows
 from analysis.recipe_estimate import FromRecords, workload_of
+from analysis.recipe_plan import Predicted, assumed_mfu, measured_mfu
 from analysis.step_model import step_collectives
 from scaling.core.batch import nearest_whole_batch
 from scaling.core.host import usable_cores
 from scaling.core.schema import ExperimentConfig, HardwareConfig
+from scaling.engine.flops import flops_per_token
+from scaling.engine.model_config import ModelArgs, param_count
 from scaling.job.run import run_point
 from scaling.launch.collectives import measure_and_save
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
 from scaling.recipe.find_mbs import find_mbs
-from scaling.store.network import CPU_SIZES, CUDA_SIZES
+from scaling.store.network import CPU_SIZES, CUDA_SIZES, NetworkEstimate
 from scaling.store.record import answers, job_key, read_record
 
 
@@ -56,6 +59,8 @@ class RecipeRequest:
     """A measured point runs at most this many micro-steps (a larger grad_acc is extrapolated)."""
     draws: int = 200
     """Bootstrap draws of each band."""
+    assume_mfu: Optional[float] = None
+    """MFU to plan with where nothing is measured on the hardware (None: its measured points, conf/mfu/)."""
 
 
 def devices_at_hand(hw: HardwareConfig) -> int:
@@ -114,6 +119,32 @@ def network_sizes(cfg: ExperimentConfig, candidates: list[Any], gbs_samples: int
     defaults = CUDA_SIZES if cfg.hardware.device == "cuda" else CPU_SIZES
     upto = next((i for i, size in enumerate(defaults) if size >= largest), len(defaults) - 1)
     return list(defaults[: max(upto, 3) + 1])
+
+
+def plan(
+    cfg: ExperimentConfig, workload: Any, source: Optional[NetworkEstimate], a: RecipeRequest
+) -> tuple[Optional[Callable[[Candidate, Split], Optional[Estimate]]], Optional[str]]:
+    """The predicted figures for candidates with nothing measured (analysis.recipe_plan), and a note when there are
+    none: no network figures, no peak FLOP/s, or no MFU measured on the hardware and none assumed."""
+    hw, t = cfg.hardware, cfg.train
+    peak = hw.peak_tflops_bf16 if t.precision == "bf16" else hw.peak_tflops_fp32
+    if source is None or not peak:
+        return None, None
+    args = ModelArgs.of(cfg.model)
+    measured = measured_mfu(hw.name, param_count(args), t.seq_len, "none", bool(t.compile))
+    by_recompute = {r: measured_mfu(hw.name, param_count(args), t.seq_len, r, bool(t.compile)) for r in a.recompute}
+    if a.assume_mfu is None and not all(by_recompute.values()):
+        missing = [r for r, m in by_recompute.items() if m is None]
+        return None, (
+            f"no MFU measured on {hw.name} for recompute {', '.join(missing)} (conf/mfu/{hw.name}.yaml): pass "
+            "--assume-mfu to plan the GPU counts nothing was measured for"
+        )
+    priors = {
+        r: assumed_mfu(a.assume_mfu, m or measured) if a.assume_mfu is not None else m for r, m in by_recompute.items()
+    }
+    flops = flops_per_token(args, t.seq_len)
+    per = {r: Predicted(workload, flops, peak * 1e12, p, source, a.draws) for r, p in priors.items() if p}
+    return (lambda c, s: per[c.recompute](c, s)), None
 
 
 def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: RecipeRequest) -> Recipe:
@@ -179,7 +210,11 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         network = f"{source.label} (the hardware's published figures)"
     notes += [n for n in source_notes if "No measured profile" not in n or source is None]
 
-    estimate = FromRecords(launch.records, lambda c, mbs: workload_of(cfg, c, mbs, gbs_samples), dpn, source, a.draws)
+    workload = lambda c, mbs: workload_of(cfg, c, mbs, gbs_samples)  # noqa: E731
+    planned, plan_note = plan(cfg, workload, source, a)
+    if plan_note:
+        notes.append(plan_note)
+    estimate = FromRecords(launch.records, workload, dpn, source, a.draws, planned)
 
     def predicted_peak(c: Candidate, s: Any) -> int:
         return predict_config(
