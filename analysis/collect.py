@@ -28,7 +28,7 @@ from scaling.core.enums import Status
 from scaling.core.schema import EXPERIMENT_GROUPS, config_fields
 from scaling.core.units import GIB, MIB
 from scaling.store.metrics import metric_columns
-from scaling.store.record import iter_records
+from scaling.store.record import RecordError, iter_records
 from scaling.store.wandb_runs import (
     MEMORY,
     RECORD_BLOCKS,
@@ -188,13 +188,15 @@ def collect(*sweep_dirs: str | os.PathLike, left_out: Optional[list[LeftOut]] = 
             raise ValueError(
                 f"sweep_dir={str(sweep_dir)!r} is not a directory: pass a folder holding <job_key>/result.json records"
             )
-        for record in iter_records(sweep_dir):
+        unreadable: list[RecordError] = []
+        for record in iter_records(sweep_dir, unreadable):
             problem = record_problem(record)
             if problem is None:
                 rows.append(record_to_row(record))
             else:
                 key = record.get("job_key") if isinstance(record, dict) else None
                 unusable.append(LeftOut(str(key or "?"), problem))
+        unusable += [LeftOut(e.path.parent.name, f"{e.path}: {e.reason}") for e in unreadable]
     if left_out is not None:
         left_out.extend(unusable)
     else:

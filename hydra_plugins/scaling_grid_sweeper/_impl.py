@@ -61,6 +61,8 @@ class _Plan:
     held: list[str] = field(default_factory=list)
     """Who holds each point a live job still runs (not launched again)."""
     forecast: Forecast = field(default_factory=Forecast)
+    unreadable: list[str] = field(default_factory=list)
+    """Points whose record cannot be read: not run, the file left as it is."""
 
 
 def _holder(marker: Mapping[str, Any]) -> str:
@@ -109,6 +111,8 @@ class GridSweep(BasicSweeper):
             len(plan.held),
             len(plan.to_run),
         )
+        for problem in plan.unreadable:
+            print(f"[scaling] not run, its record cannot be read: {problem}", flush=True)
         if self.dry_run:
             lines = plan.forecast.lines(str(self.config.get("sweep", "grid")), points_at_once(self.config))
             print("\n".join(lines), flush=True)
@@ -130,8 +134,11 @@ class GridSweep(BasicSweeper):
     def _plan(self, points: list[list[str]], configs: PointConfigs) -> _Plan:
         """Sort the grid's points into answered by the store, held by a live job, and to run."""
         plan, marked = _Plan(), []
-        for point in survey(points, configs):
+        for point in survey(points, configs, set_aside=not self.dry_run):
             plan.keys.append(point.key)
+            if point.problem is not None:
+                plan.unreadable.append(str(point.problem))
+                continue
             verdict = predict_new(point.cfg)["status"] if self.dry_run and not point.done else None
             if point.done:
                 plan.answered[point.record["status"]] += 1

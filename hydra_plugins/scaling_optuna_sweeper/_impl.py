@@ -34,7 +34,7 @@ from optuna.study import Study
 from optuna.trial import Trial, TrialState
 
 from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, LaunchConfig
-from scaling.store.record import answers, job_key, output_dir, read_record
+from scaling.store.record import NewerRecord, RecordError, answers, job_key, output_dir, read_record
 
 from . import _report
 from ._outcome import Outcome, failure, judge, repeat_outcome, tell, worst_values
@@ -270,7 +270,13 @@ class OptunaSearch(Sweeper):
         # The whole experiment, so the point runs the same from the default primary config too.
         run_overrides = leaf_overrides({**experiment, "sweep": cfg.sweep, "sweep_dir": sweep_dir})
         key = job_key(ExperimentConfig.from_dict(experiment))
-        record = read_record(sweep_dir, key)
+        try:
+            record = read_record(sweep_dir, key, set_aside_corrupt=True)
+        except NewerRecord:
+            raise
+        except RecordError as e:  # run_point will not run it either: the trial fails with the reason
+            print(f"[scaling] {e}", flush=True)
+            record = None
         launch = LaunchConfig(
             rerun=OmegaConf.select(cfg, "launch.rerun", default="none"),
             repeats=OmegaConf.select(cfg, "launch.repeats", default=1),

@@ -149,6 +149,7 @@ def _complete(line: str) -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Dispatch `scaling <command> ...`; turn the library's exceptions into exit statuses."""
+    from scaling.store.record import NewerRecord
     from scaling.sweep.named import SweepNotFound
     from scaling.sweep.progress import PointsFailed
 
@@ -167,7 +168,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except PointsFailed as e:
         print(f"scaling {argv[0]}: {e}", file=sys.stderr)
         return 1
-    except SweepNotFound as e:
+    except (SweepNotFound, NewerRecord) as e:
         print(f"scaling {argv[0]}: {e}", file=sys.stderr)
         return 2
 

@@ -17,6 +17,7 @@ import os
 import platform
 import shutil
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -43,8 +44,10 @@ from scaling.store.record import (
     RESULT_FILE,
     Launch,
     LaunchTiming,
+    NewerRecord,
     Provenance,
     Record,
+    RecordError,
     Timing,
     answers,
     job_dir,
@@ -69,7 +72,13 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
     recorded with fewer ok launches than launch.repeats launches only the missing ones."""
     sweep_dir = Path(c.sweep_dir).resolve()
     key = job_key(c)
-    existing = read_record(sweep_dir, key)
+    try:
+        existing = read_record(sweep_dir, key, set_aside_corrupt=True)
+    except NewerRecord:
+        raise  # never rewritten at this scaling's version: the command stops with the reason
+    except RecordError as e:  # another user's 0600 record, a directory: left as it is, the point not run
+        print(f"[scaling] {key}: not run, its record cannot be read: {e}", file=sys.stderr, flush=True)
+        return {"job_key": key, "status": Status.FAILED, "error": f"not run, its record cannot be read: {e}"}
     if answers(existing, key, c.launch):  # a predicted_oom point in the pre-screen's sample runs anyway
         print(f"[scaling] {key} already recorded as {existing['status']}: skipped", flush=True)
         return existing

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
 from scaling.core.enums import LAUNCHED, Status
 from scaling.core.schema import ExperimentConfig
-from scaling.store.record import answers, job_key, output_dir, read_record
+from scaling.store.record import NewerRecord, RecordError, answers, job_key, output_dir, read_record
 
 if TYPE_CHECKING:  # OmegaConf is imported where it is used: `scaling status` reads records only
     from omegaconf import DictConfig
@@ -193,16 +193,27 @@ class GridPoint:
     record: Optional[dict[str, Any]]
     done: bool
     """The stored record answers it (scaling.store.record.answers under the point's launch settings)."""
+    problem: Optional[RecordError] = None
+    """Its record file cannot be read (the point is not run: the file is left as it is)."""
 
 
-def survey(points: Sequence[Sequence[str]], configs: PointConfigs) -> Iterator[GridPoint]:
-    """Each point of the grid with its job key, its record and whether the store answers it."""
+def survey(points: Sequence[Sequence[str]], configs: PointConfigs, set_aside: bool = False) -> Iterator[GridPoint]:
+    """Each point of the grid with its job key, its record and whether the store answers it; with `set_aside`
+    (a run, not a dry run) a corrupt record is set aside and its point runs again. A record of a newer scaling
+    raises NewerRecord."""
     for num, overrides in enumerate(points):
         cfg = ExperimentConfig.from_dict(configs.resolved(overrides))
         key = job_key(cfg)
         sweep_dir = Path(cfg.sweep_dir)
-        record = read_record(sweep_dir, key)
-        yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, answers(record, key, cfg.launch))
+        problem = None
+        try:
+            record = read_record(sweep_dir, key, set_aside_corrupt=set_aside)
+        except NewerRecord:
+            raise
+        except RecordError as e:
+            record, problem = None, e
+        done = answers(record, key, cfg.launch)
+        yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, done, problem)
 
 
 def predict_new(cfg: ExperimentConfig, traced: bool = False) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from scaling.core.schema import LaunchConfig
 from scaling.engine.jobfiles import RESULT_FILE
 from scaling.store import inflight
 from scaling.store.device_time import DeviceTime, total
-from scaling.store.record import SWEEP_INDEX, answers
+from scaling.store.record import SET_ASIDE, SWEEP_INDEX, NewerRecord, RecordError, answers, load_record
 from scaling.sweep.grid import format_duration, launch_wall_s, status_list, wall_estimate_s
 
 SHOWN = 8
@@ -88,6 +88,8 @@ class Status:
     """Estimated time left: waves of `at_once` points of the median wall time."""
     device_time: DeviceTime = field(default_factory=DeviceTime)
     """Device-seconds held by the directory's records, and what they went to (timed_frac: in timed steps)."""
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Record files that cannot be read, and those set aside, by path: why (scaling.store.record.load_record)."""
 
 
 def _time(iso: Optional[str]) -> Optional[dt.datetime]:
@@ -211,6 +213,9 @@ def render(s: Status, now: dt.datetime) -> list[str]:
         lines.append(
             f"  not in the current grid: {s.not_in_grid} (records of another grid or key; `scaling report` reads them)"
         )
+    for i, (path, why) in enumerate(sorted(s.unreadable.items())[:SHOWN]):
+        head = f"  unreadable {len(s.unreadable):3d}  " if i == 0 else " " * 18
+        lines.append(f"{head}{path}: {why}")
     if s.median_wall_s is None:
         lines.append("  time     no launched point recorded yet")
     else:
@@ -236,10 +241,16 @@ class Store:
     def __init__(self, sweep_dir: Path) -> None:
         self.sweep_dir = sweep_dir
         self._records: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.problems: dict[str, str] = {}
+        """Records that cannot be read, and those set aside, by file: why."""
 
     def records(self) -> dict[str, dict[str, Any]]:
-        """Status and timing of each record, by job key."""
+        """Status and timing of each record, by job key (those that cannot be read in `problems`)."""
         fresh = {}
+        self.problems = {
+            str(p.relative_to(self.sweep_dir)): "set aside: a record that could not be read (its point ran again)"
+            for p in sorted(self.sweep_dir.glob(f"*/{RESULT_FILE}{SET_ASIDE}*"))
+        }
         for path in self.sweep_dir.glob(f"*/{RESULT_FILE}"):
             try:
                 mtime = path.stat().st_mtime_ns
@@ -247,8 +258,14 @@ class Store:
                 continue
             key = path.parent.name
             if key not in self._records or self._records[key][0] != mtime:
-                record = read_json(path)
-                if not isinstance(record, dict):
+                try:
+                    record = load_record(path)
+                except FileNotFoundError:
+                    continue
+                except NewerRecord:
+                    raise
+                except RecordError as e:
+                    self.problems[str(path.relative_to(self.sweep_dir))] = e.reason
                     continue
                 # What the counting reads: the status, the timing and how many launches were ok (launch.repeats).
                 launches = (
@@ -273,7 +290,9 @@ class Store:
         """The sweep's status now; None when the directory holds no sweep (no sweep.json, records or markers)."""
         index = read_json(self.sweep_dir / SWEEP_INDEX)
         records, markers = self.records(), inflight.read_markers(self.sweep_dir)
-        if index is None and not records and not markers:
+        if index is None and not records and not markers and not self.problems:
             return None
         states = inflight.marker_states(markers)
-        return summarize(str(self.sweep_dir), index, records, markers, inflight.live_markers(markers, states), states)
+        status = summarize(str(self.sweep_dir), index, records, markers, inflight.live_markers(markers, states), states)
+        status.unreadable = dict(self.problems)
+        return status
