@@ -372,15 +372,18 @@ def test_ties_noise_knee_uncertainty_and_oversubscription_in_words(tmp_path):
 @pytest.mark.slow
 def test_the_extrapolation_writes_out_what_it_draws_past_the_measured_dp(tmp_path):
     """Records at dp 8, 16 and 32 and a measured network: the report's table gives tokens/s per GPU with its band
-    and the efficiency at dp 32 (measured beside it), 64, 128 and on to the batch's limit."""
+    and the efficiency at dp 32 (measured beside it), 64 and 128, the horizon (4× the largest measured dp), then one
+    row that says why nothing past it is given."""
     truth, rng = TRUTHS[0], np.random.default_rng(0)
     sweep = _truth_sweep(tmp_path / "s", truth, (8, 16, 32), rng)
     save_profile(sweep / PROFILE_FILE, profile_of(truth, rng, world_sizes=(2, 8, 16, 32)))
     md = write_report(sweep, jobs=1)["markdown"].read_text()
     summary = md[md.index("## DP extrapolation beyond the measured dp") :].split("<details>", 1)[0]
     rows = [line.split(" | ") for line in summary.splitlines() if line.startswith("| llama_1b")]
-    assert [int(r[2]) for r in rows] == [32, 64, 128, 256, 512]
+    assert [int(r[2]) for r in rows] == [32, 64, 128, 256]
     assert {r[1] for r in rows} == {"(b) measured network"}
+    assert rows[-1][3] == "beyond the horizon" and rows[-1][4].startswith("past dp=128, 4× the largest measured dp")
+    rows = rows[:-1]
     for r in rows:
         value, (low, high) = float(r[3].replace(",", "")), (float(v.replace(",", "")) for v in r[4][1:-1].split(", "))
         assert low <= value <= high and r[5].endswith("%")
