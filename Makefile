@@ -62,7 +62,7 @@ sysdeps:
 # The recipe of the demo: a global batch of 2,048 tokens (16 samples of 128) on 1, 2, 8, 16 and 64 emulated GPUs
 # (each count needs its own mbs, measured at dp 1 and 2), ZeRO-0 and ZeRO-3, at most 2 micro-steps a point, one run
 # each, extrapolated past dp 2 under the network the demo measured (its alpha_beta.json, copied into the recipe's
-# directory); 64 GPUs is more than the batch can use.
+# directory) up to the horizon, 8 (4x the largest measured dp): 16 GPUs is past it, 64 more than the batch can use.
 DEMO_RECIPE ?= --gbs-tokens 2048 --gpus 1,2,8,16,64 --zero 0,3 --recompute none --max-grad-acc 2 \
 	--sweep-dir runs/demo-recipe model=tiny train.seq_len=128 hardware.memory_gb=0.047 train.warmup_steps=2 \
 	train.steps=6 launch.repeats=1

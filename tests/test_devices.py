@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -17,8 +18,18 @@ import psutil
 import pytest
 
 from scaling.core.schema import ExperimentConfig
-from scaling.launch.devices import LOCK_DIR_ENV, Request, lock_dir, pick, request
+from scaling.launch.devices import (
+    LOCK_DIR_ENV,
+    LockDirError,
+    Request,
+    checked_lock_dir,
+    lease,
+    lock_dir,
+    pick,
+    request,
+)
 from scaling.store.record import iter_records
+from tests.helpers.compose import compose_point
 
 FAST = ["logger=none", "model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
 
@@ -248,3 +259,41 @@ def test_killing_a_parallel_sweep_leaves_no_point_running(tmp_path, lock_env):
     gone, alive = psutil.wait_procs(family, timeout=15)
     assert alive == [], f"outlived the killed sweep: {[' '.join(p.cmdline())[:120] for p in alive]}"
     assert list(sweep_dir.glob("*/result.json")) == []  # the hung point never finished, the other never ran
+
+
+def test_a_planted_lock_file_or_a_lock_directory_others_control_is_refused(tmp_path, monkeypatch):
+    """A lock file planted as a symbolic link (it would truncate what it points to), a lock directory that is a
+    symbolic link, one of another owner, one others can write: each refused with a clear error naming it, before a
+    lock is taken, and the file a planted link points to untouched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    locks = tmp_path / "locks"
+    locks.mkdir(mode=0o700)
+    (locks / "cpu-host.lock").symlink_to(victim)
+    monkeypatch.setenv(LOCK_DIR_ENV, str(locks))
+    held = lease(1, ["host"], kind="cpu")
+    with pytest.raises(LockDirError, match=rf"device lock file {locks}/cpu-host.lock is a symbolic link \(to "):
+        held.__enter__()
+    assert victim.read_text() == "precious"
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "linked").symlink_to(elsewhere)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)  # as root here; for a user, a directory another user made first
+    for path, words in (
+        (tmp_path / "linked", "is a symbolic link (to "),
+        (shared, "has mode 1777: group or others can write or read its locks; chmod 700"),
+        (theirs, f"belongs to uid 65534, not to this user (uid {os.getuid()}): another user made it"),
+    ):
+        with pytest.raises(LockDirError, match=re.escape(f"device lock directory {path} {words}")):
+            checked_lock_dir({LOCK_DIR_ENV: str(path)})
+    cfg = compose_point(["hardware.device=cpu"])
+    with pytest.raises(LockDirError):  # a point is refused before anything starts
+        request(cfg, {LOCK_DIR_ENV: str(theirs)})
+    own = checked_lock_dir({"XDG_RUNTIME_DIR": str(elsewhere)})
+    assert own == elsewhere / "scaling-devices" and stat.S_IMODE(own.stat().st_mode) == 0o700

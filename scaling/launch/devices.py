@@ -2,7 +2,9 @@
 
 Points that run at once on one machine (`hydra/launcher=parallel`, or sweeps started in several
 shells) share the devices through `fcntl.flock` locks, one file per slot in a lock directory
-(`$SCALING_DEVICE_LOCK_DIR`, default `/tmp/scaling-devices-<uid>`): `cuda-<id>.lock` per GPU and
+(`$SCALING_DEVICE_LOCK_DIR`, default `$XDG_RUNTIME_DIR/scaling-devices`, else `/tmp/scaling-devices-<uid>`;
+mode 0700, checked before use: a directory of this user's, not a symbolic link, closed to others; lock files are
+opened without following symbolic links): `cuda-<id>.lock` per GPU and
 `cpu-host.lock` for the whole host, since CPU points that ran side by side would measure each other.
 A lease holds its slots for the length of one launch; the kernel drops the locks when the holder
 exits, however it exits, so a killed point never leaves a device taken. Each lock file names the pid
@@ -17,10 +19,12 @@ leaves no point running and no slot taken.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import multiprocessing
 import os
 import signal
+import stat
 import threading
 import time
 from contextlib import contextmanager
@@ -57,11 +61,52 @@ class Held:
     """Seconds spent waiting for the slots."""
 
 
+class LockDirError(ValueError):
+    """A lock directory or lock file that another user could have planted or can write: refused, never used."""
+
+
 def lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """The host's lock directory: $SCALING_DEVICE_LOCK_DIR, else /tmp/scaling-devices-<uid>; inside a SLURM
-    allocation a folder of its own under it, since the GPU ids SLURM shows a job are that job's alone."""
-    root = Path(environ.get(LOCK_DIR_ENV) or f"/tmp/scaling-devices-{os.getuid()}")
+    """The host's lock directory: $SCALING_DEVICE_LOCK_DIR, else $XDG_RUNTIME_DIR/scaling-devices (the user's own
+    runtime directory), else /tmp/scaling-devices-<uid>; inside a SLURM allocation a folder of its own under it,
+    since the GPU ids SLURM shows a job are that job's alone."""
+    if environ.get(LOCK_DIR_ENV):
+        root = Path(environ[LOCK_DIR_ENV])
+    elif environ.get("XDG_RUNTIME_DIR"):
+        root = Path(environ["XDG_RUNTIME_DIR"]) / "scaling-devices"
+    else:
+        root = Path(f"/tmp/scaling-devices-{os.getuid()}")
     return root / f"slurm-{environ['SLURM_JOB_ID']}" if "SLURM_JOB_ID" in environ else root
+
+
+def checked_lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """`lock_dir`, made (mode 0700) where missing and checked before any lock in it is opened: a directory, not a
+    symbolic link, owned by this user, closed to group and others (in /tmp anyone could have made it first, and
+    a file planted in it could point a lock at the user's own files). LockDirError naming what is wrong otherwise."""
+    root = lock_dir(environ)
+    fix = f"remove it, or set {LOCK_DIR_ENV} to a directory of your own with mode 0700"
+    for d in [root.parent, root] if "SLURM_JOB_ID" in environ else [root]:
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(d)
+        if stat.S_ISLNK(st.st_mode):
+            raise LockDirError(f"device lock directory {d} is a symbolic link (to {os.readlink(d)}): {fix}")
+        if not stat.S_ISDIR(st.st_mode):
+            raise LockDirError(f"device lock directory {d} is not a directory: {fix}")
+        if st.st_uid != os.getuid():
+            raise LockDirError(
+                f"device lock directory {d} belongs to uid {st.st_uid}, not to this user (uid {os.getuid()}): "
+                f"another user made it; {fix}"
+            )
+        if st.st_mode & 0o077:
+            raise LockDirError(
+                f"device lock directory {d} has mode {stat.S_IMODE(st.st_mode):o}: group or others can write or read "
+                f"its locks; chmod 700 {d}, or {fix}"
+            )
+    return root
 
 
 def pick(free: set[int], wanted: int) -> Optional[list[int]]:
@@ -81,7 +126,15 @@ def pick(free: set[int], wanted: int) -> Optional[list[int]]:
 
 def _open_lock(path: Path, blocking: bool) -> Optional[int]:
     """A descriptor holding an exclusive flock on `path`, or None if another holds it (non-blocking)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:  # never through a symbolic link: a planted one would truncate the file it points to
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise LockDirError(f"device lock file {path} is a symbolic link (to {os.readlink(path)}): remove it") from e
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstat(fd).st_uid != os.getuid():
+        os.close(fd)
+        raise LockDirError(f"device lock file {path} is not a regular file of this user's: remove it")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
     except BlockingIOError:
@@ -104,8 +157,7 @@ def lease(wanted: int, slots: Sequence[str], *, kind: str = "cuda", poll_s: floa
     """Block until `wanted` of `slots` are free, hold them for the body, release them on exit."""
     if not 1 <= wanted <= len(slots):
         raise ValueError(f"cannot lease {wanted} of the {len(slots)} {kind} slot(s) {list(slots)}")
-    root = lock_dir()
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    root = checked_lock_dir()
     queue = _open_lock(root / f"{kind}.queue.lock", blocking=True)
     try:
         while True:
@@ -137,6 +189,7 @@ def request(cfg: ExperimentConfig, environ: Mapping[str, str]) -> Optional[Reque
     """
     hw, dp = cfg.hardware, cfg.parallel.dp
     if hw.device == "cpu":
+        checked_lock_dir(environ)  # refused before anything starts
         return Request("cpu", 1, (CPU_SLOT,))
     per_node = hw.devices_per_node
     if cfg.launch.devices is not None or per_node is None or dp > per_node:
@@ -158,6 +211,7 @@ def request(cfg: ExperimentConfig, environ: Mapping[str, str]) -> Optional[Reque
             f"parallel.dp={dp} needs {dp} GPUs on this node but {where}: widen CUDA_VISIBLE_DEVICES "
             f"(under SLURM: ask for more GPUs) or lower dp to {len(slots)}"
         )
+    checked_lock_dir(environ)
     return Request("cuda", dp, slots)
 
 
