@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 
@@ -208,3 +209,17 @@ def test_a_hugging_face_llama_from_its_config_trains_at_zero_3_and_is_counted_an
     assert len(losses) == 4 and all(abs(loss - math.log(512)) < 0.05 for loss in losses), losses  # random tokens
     predicted, measured = record["predicted"]["peak_mem_bytes"], record["metrics"]["peak_mem_bytes"]
     assert record["predicted"]["method"] == "traced" and abs(predicted / measured - 1) <= 0.05, (predicted, measured)
+
+
+def test_a_hugging_face_model_without_the_extra_is_invalid_and_says_what_to_install(tmp_path, monkeypatch):
+    """Without transformers (the `[hf]` extra) a model made from a Hugging Face config is `invalid` before any
+    process, with the file it names and the install command; nothing else of the point is written."""
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` now raises ImportError
+    cfg = ExperimentConfig.from_dict(
+        {"model": {"name": "hf_without_extra", "hf_config": "model/hf_llama_tiny.json", "num_hidden_layers": 3}}
+    ).changed(train={"seq_len": 32, "mbs": 1}, logger={"name": "none"})
+    cfg.sweep_dir = str(tmp_path / "runs")
+    record = run_point(cfg)
+    assert record["status"] == "invalid", record
+    assert "model.hf_config='model/hf_llama_tiny.json' needs transformers: pip install 'scaling[hf]'" in record["error"]
+    assert [p.name for p in job_dir(tmp_path / "runs", job_key(cfg)).iterdir()] == ["result.json"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,7 @@ def test_the_wheel_runs_from_an_empty_directory(tmp_path):
         capture_output=True,
         text=True,
     ).stdout.strip()
-    ours = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    ours = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})  # this environment's, not sys.path
     (Path(purelib) / "dependencies.pth").write_text("\n".join(ours) + "\n")
     subprocess.run(
         [
@@ -78,14 +79,15 @@ def test_the_wheel_runs_from_an_empty_directory(tmp_path):
         assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-2000:])
         return done.stdout
 
-    where = subprocess.run(
+    found = subprocess.run(
         [str(venv / "bin" / "python"), "-c", "import scaling.core.schema as s; print(s.CONF_DIR)"],
         cwd=work,
         env=env,
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout.strip()
+    )
+    assert found.returncode == 0, (ours, found.stderr[-3000:])
+    where = found.stdout.strip()
     assert Path(where).is_relative_to(venv), where  # the installed package's configs, not the checkout's
     store = work / "runs" / "wheel"
     point = scaling("run", "logger=none", "model=tiny", "train.seq_len=32", "train.steps=1", f"sweep_dir={store}")
