@@ -6,6 +6,7 @@ import json
 import os
 import re
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -345,6 +346,7 @@ def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp
     # resource shape, each asking for the CPUs its points' ranks need (one thread per rank: dp CPUs).
     task_logs = sorted(sweep_dir.glob(".submitit/*_*/*_0_log.out"))
     assert len(task_logs) == 4 and all("Job completed successfully" in p.read_text() for p in task_logs)
+    assert stat.S_IMODE((sweep_dir / ".submitit").stat().st_mode) == 0o700  # its pickles: nobody else writes there
     asked = {}
     for script in sweep_dir.glob(".submitit/*/*_submission.sh"):
         (cpus,) = re.findall(r"^#SBATCH --cpus-per-task=(\d+)$", script.read_text(), re.M)
@@ -355,3 +357,27 @@ def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp
     runs = list((sweep_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 4
     pd.testing.assert_frame_equal(from_wandb_offline(sweep_dir).drop(columns="wandb_run_id"), collect(sweep_dir))
+
+
+def test_the_submitit_folder_is_private_whatever_the_umask(tmp_path):
+    """The driver and every task load pickles from the submitit folder: it is made 0700 (an existing one of this
+    user's is closed), and a symbolic link or another user's folder is refused by name before anything is submitted."""
+    from hydra_plugins.scaling_slurm_launcher._impl import private_folder
+
+    old = os.umask(0o002)
+    try:
+        made = private_folder(str(tmp_path / "sweep" / ".submitit" / "%j"))
+    finally:
+        os.umask(old)
+    assert made == tmp_path / "sweep" / ".submitit" and stat.S_IMODE(made.stat().st_mode) == 0o700
+    made.chmod(0o775)
+    assert stat.S_IMODE(private_folder(str(made / "%j")).stat().st_mode) == 0o700
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "linked").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match=r"submitit_folder: .*linked is not a directory of its own"):
+        private_folder(str(tmp_path / "linked" / "%j"))
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)  # as root here; for a user, a folder another user made
+    with pytest.raises(ValueError, match=r"belongs to uid 65534, not to this user"):
+        private_folder(str(theirs / "%j"))

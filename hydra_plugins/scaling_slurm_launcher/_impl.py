@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import time
 import uuid
@@ -75,11 +76,31 @@ def _result(job: Any) -> JobReturn:
     return JobReturn(status=JobStatus.FAILED, _return_value=FailedJobError(f"SLURM job {job.job_id} failed:\n{value}"))
 
 
+def private_folder(template: str) -> Path:
+    """The submitit folder's fixed part (`<sweep>/.submitit` of `<sweep>/.submitit/%j`), made 0700 whatever the
+    umask: the driver and every task load pickles from it, so nobody else may write there. A symbolic link, or a
+    folder of another user, is refused (ValueError naming it) before anything is submitted."""
+    parts = Path(template).parts
+    fixed = Path(*parts[: next((i for i, p in enumerate(parts) if "%" in p), len(parts))])
+    fixed.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = fixed.lstat()
+    if fixed.is_symlink() or not fixed.is_dir():
+        raise ValueError(f"hydra.launcher.submitit_folder: {fixed} is not a directory of its own (a symbolic link?)")
+    if st.st_uid != os.getuid():
+        raise ValueError(
+            f"hydra.launcher.submitit_folder: {fixed} belongs to uid {st.st_uid}, not to this user (uid "
+            f"{os.getuid()}): its pickles would be loaded; use a sweep directory of your own"
+        )
+    fixed.chmod(0o700)
+    return fixed
+
+
 def executor(launcher: Any) -> Any:
-    """A submitit executor with the launcher's parameters, built as hydra-submitit builds it."""
+    """A submitit executor with the launcher's parameters, built as hydra-submitit builds it, its folder private."""
     import submitit
 
     params = launcher.params
+    private_folder(str(params["submitit_folder"]))
     init_keys = {"submitit_folder", "max_num_timeout"}
     ex = submitit.AutoExecutor(
         folder=params["submitit_folder"], cluster=launcher._EXECUTOR, slurm_max_num_timeout=params["max_num_timeout"]
