@@ -27,6 +27,7 @@ found, and exits 1. Parts that would overrun --budget-s are skipped and listed a
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -296,8 +297,11 @@ def part_f(check: Check) -> None:
         cfg = check.config(*SNAPSHOT_POINT, f"parallel.zero_stage={stage}")
         row = check.add("f", run_point(cfg), cfg)
         path = job_dir(check.sweep_dir, row["key"]) / MEMORY_SNAPSHOT_FILE
-        check.expect(path.exists(), f"(f) ZeRO-{stage}: no {MEMORY_SNAPSHOT_FILE} written ({row['status']})")
-        if path.exists():
+        # only this launch's snapshot, of this user's: run_point removes an earlier one before it launches, and a
+        # pickle someone else could have written is not loaded
+        ours = path.is_file() and not path.is_symlink() and path.stat().st_uid == os.getuid()
+        check.expect(ours, f"(f) ZeRO-{stage}: no {MEMORY_SNAPSHOT_FILE} of this launch ({row['status']})")
+        if ours:
             breakdowns[stage] = snapshot_at_peak(pickle.loads(path.read_bytes()))
             check.notes.append(f"(f) ZeRO-{stage}: allocator history in {path}")
     if len(breakdowns) == 2:

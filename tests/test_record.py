@@ -233,3 +233,18 @@ def test_device_time_splits_what_a_launch_held_and_a_record_sums_its_launches():
 def test_a_record_without_a_job_key_is_refused():
     with pytest.raises(ValueError, match="needs a job_key.*'status'"):
         Record.from_dict({"status": Status.OK})
+
+
+def test_a_log_is_never_written_through_a_planted_symbolic_link(tmp_path):
+    """A torchrun.log planted as a link in a shared store would make the write land in the file it points to."""
+    from scaling.core.files import open_new
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "torchrun.log").symlink_to(victim)
+    with pytest.raises(OSError):
+        open_new(tmp_path / "torchrun.log")
+    assert victim.read_text() == "precious"
+    with open_new(tmp_path / "fresh.log") as f:
+        f.write(b"ok")
+    assert (tmp_path / "fresh.log").read_bytes() == b"ok"

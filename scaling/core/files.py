@@ -8,7 +8,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional
 
 _UMASK_LOCK = threading.Lock()
 
@@ -49,6 +49,13 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def open_new(path: str | os.PathLike) -> BinaryIO:
+    """`path` opened to write from empty, never through a symbolic link (one planted in a shared store would make
+    the write land in the file it points to): OSError (ELOOP) instead."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    return os.fdopen(fd, "wb")
 
 
 def read_json(path: str | os.PathLike) -> Optional[Any]:

@@ -33,7 +33,14 @@ from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.units import format_bytes
 from scaling.core.validate import Derived, InvalidConfig, validate
 from scaling.engine import flops
-from scaling.engine.jobfiles import CONFIG_FILE, ELASTIC_LOGS, TORCHRUN_LOG, WORKER_OUTPUT, WorkerReport
+from scaling.engine.jobfiles import (
+    CONFIG_FILE,
+    ELASTIC_LOGS,
+    MEMORY_SNAPSHOT_FILE,
+    TORCHRUN_LOG,
+    WORKER_OUTPUT,
+    WorkerReport,
+)
 from scaling.engine.model_config import ModelArgs, param_count
 from scaling.job import wandb_log
 from scaling.job.metrics import repeats_metrics, throughput_metrics
@@ -164,7 +171,8 @@ def _launch_repeats(
     warm_ranks = c.launch.reuse and slurm.placement(c.parallel.dp, c.hardware.devices_per_node, os.environ).nodes == 1
     for _ in range(max(1, c.launch.repeats - kept)):
         if lead:  # only the task that writes the record cleans the job directory (the others share it)
-            for stale in (WORKER_OUTPUT, TORCHRUN_LOG):
+            # an earlier launch's outputs (its allocator snapshot too: read only when it is this launch's)
+            for stale in (WORKER_OUTPUT, TORCHRUN_LOG, MEMORY_SNAPSHOT_FILE):
                 (point_dir / stale).unlink(missing_ok=True)
             shutil.rmtree(point_dir / ELASTIC_LOGS, ignore_errors=True)  # an earlier launch's errors are not this one's
         if warm_ranks:

@@ -24,6 +24,7 @@ from typing import Mapping, Optional, Sequence
 import psutil
 
 from scaling.core.enums import Status
+from scaling.core.files import open_new
 from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG
 from scaling.engine.lifetime import die_with_parent
 
@@ -210,7 +211,7 @@ def launch_torchrun(
     """Run one point's torchrun, wait at most `timeout_s`, leave no process behind, and classify the result."""
     log_path = job_dir / log_name
     start = time.perf_counter()
-    with open(log_path, "wb") as log:
+    with open_new(log_path) as log:
         proc = subprocess.Popen(
             list(argv),
             stdout=log,

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
 from scaling.core.enums import Status
+from scaling.core.files import open_new
 from scaling.core.schema import ExperimentConfig, HardwareConfig
 from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG, WARM_POLL_S, warm_is_done, warm_send
 from scaling.engine.lifetime import die_with_parent
@@ -135,7 +136,7 @@ class WarmJob:
             log_dir=self.pool_dir / ELASTIC_LOGS,
         )
         env = torchrun.job_env(hw.threads_per_device, self.held.visible, hw.device == "cuda")
-        with open(self.log_path, "wb") as log:
+        with open_new(self.log_path) as log:
             self.proc = subprocess.Popen(
                 argv,
                 stdout=log,
@@ -172,7 +173,7 @@ class WarmJob:
             self.proc.wait()
         wall_s = time.perf_counter() - start
         self.held = dataclasses.replace(self.held, wait_s=0.0)  # a later turn waited for no device
-        with open(self.log_path, "rb") as log, open(point_dir / log_name, "wb") as out:
+        with open(self.log_path, "rb") as log, open_new(point_dir / log_name) as out:
             log.seek(offset)
             shutil.copyfileobj(log, out)
         if done and not torchrun.error_messages(point_dir):
