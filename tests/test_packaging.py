@@ -51,8 +51,8 @@ def test_the_wheel_runs_from_an_empty_directory(tmp_path):
         capture_output=True,
         text=True,
     ).stdout.strip()
-    ours = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})  # this environment's, not sys.path
-    (Path(purelib) / "dependencies.pth").write_text("\n".join(ours) + "\n")
+    # the wheel first, into an environment that sees nothing else (pip would take this environment's editable
+    # install for it and skip it), then this environment's site-packages for the dependencies
     subprocess.run(
         [
             sys.executable,
@@ -63,12 +63,16 @@ def test_the_wheel_runs_from_an_empty_directory(tmp_path):
             "install",
             "-q",
             "--no-deps",
+            "--ignore-installed",
             str(wheel),
         ],
         check=True,
         capture_output=True,
         timeout=300,
     )
+    assert (Path(purelib) / "scaling" / "core" / "schema.py").is_file()
+    ours = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})  # this environment's, not sys.path
+    (Path(purelib) / "dependencies.pth").write_text("\n".join(ours) + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHONPATH", "VIRTUAL_ENV"))}
     env["WANDB_MODE"] = "offline"
 
