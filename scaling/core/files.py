@@ -1,8 +1,10 @@
 """Files every process writes and reads the same way: JSON written atomically under the user's umask, and read
-back as None while it is missing or not yet whole. Standard library only (the ranks use it too)."""
+back as None while it is missing or not yet whole; logs opened without following links; where the shipped data
+packages (configs, sweeps) are. Standard library only (the ranks use it too)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import tempfile
@@ -11,6 +13,22 @@ from pathlib import Path
 from typing import Any, BinaryIO, Optional
 
 _UMASK_LOCK = threading.Lock()
+
+
+def package_dir(name: str) -> Path:
+    """The directory of one of the project's data packages (`scaling.conf`, `scaling.sweeps`), found through the
+    installed package: inside it for a wheel, the repository's conf/ or sweeps/ for an editable install (the
+    package-dir mapping in pyproject.toml), never by a path relative to this file."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"{name} is not installed: install the project (`pip install -e .` in the repository, or its wheel)"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+CONF_DIR = package_dir("scaling.conf")
+"""The primary config (config.yaml) and its groups."""
 
 
 def current_umask() -> int:

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from scaling.core.files import CONF_DIR
+
 NEUTRAL = "neutral"
 """Field metadata key: the value at which a field changes nothing measured before it existed (job_key omits it)."""
 COLUMN = "column"
@@ -116,8 +118,6 @@ class CustomModel:
 def hf_config_path(given: str) -> Path:
     """A Hugging Face config file: as given (absolute, or relative to the working directory), else relative to the
     shipped configs (`model/hf_llama_tiny.json` is scaling.conf's)."""
-    from scaling.core.schema import CONF_DIR  # the model group is part of the schema: imported by the time this runs
-
     path = Path(given)
     return CONF_DIR / path if not path.is_file() and not path.is_absolute() and (CONF_DIR / path).is_file() else path
 

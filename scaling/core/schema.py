@@ -23,30 +23,16 @@ before it resumes without launching. Fields that were part of the key from the s
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from scaling.core.files import CONF_DIR
 from scaling.core.models import COLUMN, GROUP, NEUTRAL, RUN_ONLY, CustomModel, ModelConfig, is_custom, model_dict
 
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
 
 
-def package_dir(name: str) -> Path:
-    """The directory of one of the project's data packages (`scaling.conf`, `scaling.sweeps`), found through the
-    installed package: inside it for a wheel, the repository's conf/ or sweeps/ for an editable install (the
-    package-dir mapping in pyproject.toml), never by a path relative to this file."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            f"{name} is not installed: install the project (`pip install -e .` in the repository, or its wheel)"
-        )
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-CONF_DIR = package_dir("scaling.conf")
-"""The primary config (config.yaml) and its groups."""
 OWN_CONF = "conf"
 """A project's own config groups: `./conf/<group>/<name>.yaml` in the working directory (a model preset, a hardware
 profile, network figures), found on top of the shipped ones."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scaling.core.schema import package_dir
+from scaling.core.files import package_dir
 
 SHIPPED_SWEEPS = package_dir("scaling.sweeps")
 """The sweeps that ship with the project (the repository's sweeps/, installed as scaling.sweeps)."""
