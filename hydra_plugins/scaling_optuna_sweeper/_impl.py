@@ -34,7 +34,7 @@ from optuna.study import Study
 from optuna.trial import Trial, TrialState
 
 from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, LaunchConfig
-from scaling.store.record import NewerRecord, RecordError, answers, job_key, output_dir, read_record
+from scaling.store.record import RecordError, answers, job_key, output_dir, read_record
 
 from . import _report
 from ._outcome import Outcome, failure, judge, repeat_outcome, tell, worst_values
@@ -272,8 +272,6 @@ class OptunaSearch(Sweeper):
         key = job_key(ExperimentConfig.from_dict(experiment))
         try:
             record = read_record(sweep_dir, key, set_aside_corrupt=True)
-        except NewerRecord:
-            raise
         except RecordError as e:  # run_point will not run it either: the trial fails with the reason
             print(f"[scaling] {e}", flush=True)
             record = None

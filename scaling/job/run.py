@@ -51,7 +51,6 @@ from scaling.store.record import (
     RESULT_FILE,
     Launch,
     LaunchTiming,
-    NewerRecord,
     Provenance,
     Record,
     RecordError,
@@ -80,9 +79,7 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
     sweep_dir = Path(c.sweep_dir).resolve()
     key = job_key(c)
     try:
-        existing = read_record(sweep_dir, key, set_aside_corrupt=True)
-    except NewerRecord:
-        raise  # never rewritten at this scaling's version: the command stops with the reason
+        existing = read_record(sweep_dir, key, set_aside_corrupt=True)  # NewerRecord stops the command
     except RecordError as e:  # another user's 0600 record, a directory: left as it is, the point not run
         print(f"[scaling] {key}: not run, its record cannot be read: {e}", file=sys.stderr, flush=True)
         return {"job_key": key, "status": Status.FAILED, "error": f"not run, its record cannot be read: {e}"}

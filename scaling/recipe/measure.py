@@ -36,7 +36,7 @@ from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
 from scaling.recipe.find_mbs import find_mbs
 from scaling.store.network import CPU_SIZES, CUDA_SIZES, NetworkEstimate
-from scaling.store.record import NewerRecord, RecordError, answers, job_key, read_record
+from scaling.store.record import RecordError, answers, job_key, read_record
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,6 @@ class Launcher:
         key = job_key(cfg)
         try:
             stored = read_record(Path(cfg.sweep_dir).resolve(), key)
-        except NewerRecord:
-            raise
         except RecordError:
             stored = None  # run_point sets a corrupt one aside, or leaves an unreadable one and does not run it
         if answers(stored, key, cfg.launch):

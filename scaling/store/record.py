@@ -311,12 +311,18 @@ class RecordError(ValueError):
         self.path, self.reason, self.corrupt = path, reason, corrupt
 
 
-class NewerRecord(RecordError):
-    """A record of a newer schema_version: this scaling must not read it (nor rewrite it at its own)."""
+class NewerRecord(ValueError):
+    """A record of a newer schema_version: this scaling must not read it (nor rewrite it at its own). Not a
+    RecordError: a reader that handles records it cannot read lets this one stop the command."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
 
 
 SET_ASIDE = ".unreadable-"
 """A record set aside is renamed `result.json.unreadable-<UTC time>-<pid>` in its point's folder."""
+SET_ASIDE_REASON = "set aside: a record that could not be read (its point ran again)"
 
 
 def load_record(path: Path) -> dict[str, Any]:
@@ -360,6 +366,11 @@ def set_aside(e: RecordError) -> Optional[Path]:
     return target
 
 
+def set_aside_records(sweep_dir: str | os.PathLike) -> list[RecordError]:
+    """The records set aside under a sweep directory (`set_aside`), each as the problem it was."""
+    return [RecordError(p, SET_ASIDE_REASON) for p in sorted(Path(sweep_dir).glob(f"*/{RESULT_FILE}{SET_ASIDE}*"))]
+
+
 def read_record(sweep_dir: str | os.PathLike, key: str, set_aside_corrupt: bool = False) -> Optional[dict[str, Any]]:
     """The record of a point, or None if it has none. RecordError when it has one that cannot be read; with
     `set_aside_corrupt` (a run that is about to record the point) a corrupt one is set aside first, said on stderr,
@@ -369,8 +380,6 @@ def read_record(sweep_dir: str | os.PathLike, key: str, set_aside_corrupt: bool 
         return load_record(path)
     except FileNotFoundError:
         return None
-    except NewerRecord:
-        raise
     except RecordError as e:
         if not (set_aside_corrupt and e.corrupt):
             raise
@@ -392,12 +401,9 @@ def iter_records(
             yield load_record(path)
         except FileNotFoundError:
             continue
-        except NewerRecord:
-            raise
         except RecordError as e:
             found.append(e)
-    for path in sorted(Path(sweep_dir).glob(f"*/{RESULT_FILE}{SET_ASIDE}*")):
-        found.append(RecordError(path, "a record that could not be read, set aside so its point could run again"))
+    found += set_aside_records(sweep_dir)
     if problems is not None:
         problems.extend(found)
     else:

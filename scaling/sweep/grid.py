@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
 from scaling.core.enums import LAUNCHED, Status
 from scaling.core.schema import ExperimentConfig
-from scaling.store.record import NewerRecord, RecordError, answers, job_key, output_dir, read_record
+from scaling.store.record import RecordError, answers, job_key, output_dir, read_record
 
 if TYPE_CHECKING:  # OmegaConf is imported where it is used: `scaling status` reads records only
     from omegaconf import DictConfig
@@ -208,8 +208,6 @@ def survey(points: Sequence[Sequence[str]], configs: PointConfigs, set_aside: bo
         problem = None
         try:
             record = read_record(sweep_dir, key, set_aside_corrupt=set_aside)
-        except NewerRecord:
-            raise
         except RecordError as e:
             record, problem = None, e
         done = answers(record, key, cfg.launch)

@@ -36,7 +36,7 @@ from scaling.core.schema import LaunchConfig
 from scaling.engine.jobfiles import RESULT_FILE
 from scaling.store import inflight
 from scaling.store.device_time import DeviceTime, total
-from scaling.store.record import SET_ASIDE, SWEEP_INDEX, NewerRecord, RecordError, answers, load_record
+from scaling.store.record import SWEEP_INDEX, RecordError, answers, load_record, set_aside_records
 from scaling.sweep.grid import format_duration, launch_wall_s, status_list, wall_estimate_s
 
 SHOWN = 8
@@ -247,10 +247,7 @@ class Store:
     def records(self) -> dict[str, dict[str, Any]]:
         """Status and timing of each record, by job key (those that cannot be read in `problems`)."""
         fresh = {}
-        self.problems = {
-            str(p.relative_to(self.sweep_dir)): "set aside: a record that could not be read (its point ran again)"
-            for p in sorted(self.sweep_dir.glob(f"*/{RESULT_FILE}{SET_ASIDE}*"))
-        }
+        self.problems = {str(e.path.relative_to(self.sweep_dir)): e.reason for e in set_aside_records(self.sweep_dir)}
         for path in self.sweep_dir.glob(f"*/{RESULT_FILE}"):
             try:
                 mtime = path.stat().st_mtime_ns
@@ -262,8 +259,6 @@ class Store:
                     record = load_record(path)
                 except FileNotFoundError:
                     continue
-                except NewerRecord:
-                    raise
                 except RecordError as e:
                     self.problems[str(path.relative_to(self.sweep_dir))] = e.reason
                     continue
