@@ -123,6 +123,18 @@ class Draw:
         return step_time_s(w, net, n, f.compute_s * compute, f.overlap, f.optimizer_s_per_param * comm, grad_acc)
 
 
+def rate_band(
+    w: Workload, nominal: Fit, draws: Sequence[Draw], n: int, grad_acc: int
+) -> tuple[float, float, float, float]:
+    """At dp=n and `grad_acc`: the nominal fit's seconds per step and tokens/s per GPU, and the BAND percentiles of
+    the tokens/s per GPU of the draws whose network reaches n (the nominal figure, when none does)."""
+    tokens = w.mbs * w.seq_len * grad_acc
+    step = nominal.step_time_s(w, n, grad_acc)
+    rates = [tokens / d.step_time_s(w, n, grad_acc) for d in draws if d.network.reaches(n)]
+    lo, hi = (float(v) for v in np.percentile(rates, BAND)) if rates else (tokens / step, tokens / step)
+    return step, tokens / step, lo, hi
+
+
 @dataclass(frozen=True)
 class Extrapolation:
     """One configuration's DP curve under one source: nominal, band, knee and how far past the measured range."""

@@ -7,9 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-import numpy as np
-
-from analysis.bands import BAND, Extrapolation, extrapolate
+from analysis.bands import Extrapolation, extrapolate, rate_band
 from analysis.recipe import EXTRAPOLATED, MEASURED, Beyond, Candidate, Estimate, Split
 from analysis.step_model import Point, Workload
 from scaling.core.enums import Status
@@ -75,13 +73,9 @@ class Model:
             return None
         if not ex.within(gpus):
             return Beyond(ex.horizon_reason)
-        w = self.workload
-        tokens = w.mbs * w.seq_len * grad_acc
-        step = ex.fit.step_time_s(w, gpus, grad_acc)
-        draws = [tokens / f.step_time_s(w, gpus, grad_acc) for f in ex.draws if f.network.reaches(gpus)]
-        lo, hi = (float(v) for v in np.percentile(draws, BAND)) if draws else (tokens / step, tokens / step)
+        step, rate, lo, hi = rate_band(self.workload, ex.fit, ex.draws, gpus, grad_acc)
         measured = ", ".join(str(d) for d in sorted(ex.measured))
-        return Estimate(tokens / step, lo, hi, step, EXTRAPOLATED, f"{self.source}; fitted on measured dp {measured}")
+        return Estimate(rate, lo, hi, step, EXTRAPOLATED, f"{self.source}; fitted on measured dp {measured}")
 
 
 def fit_model(

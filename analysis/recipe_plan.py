@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import numpy as np
 import yaml
 
-from analysis.bands import BAND, Draw, model_form
+from analysis.bands import Draw, model_form, rate_band
 from analysis.dp_fit import Fit
 from analysis.recipe import PREDICTED, Candidate, Estimate, Split
 from analysis.step_model import Workload
@@ -123,26 +123,23 @@ class Predicted:
         w = self.workload(c, s.mbs)
         if not self.network.nominal.reaches(s.gpus):
             return None
-        tokens = s.mbs * w.seq_len * s.grad_acc
 
         def compute_s(mfu: float) -> float:
             return self.flops_per_token * s.mbs * w.seq_len / (mfu * self.peak_flops_per_s)
 
         nominal = Fit(compute_s(self.mfu.nominal), 0.0, NOMINAL_OVERLAP, self.network.nominal)
-        step = nominal.step_time_s(w, s.gpus, s.grad_acc)
         rng = np.random.default_rng(self.seed)
         one_node = self.network.nominal.devices_per_node or 1
         draws = []
         for i in range(self.n_draws):
             net = self.network.draws[i % len(self.network.draws)]
             fit = Fit(compute_s(rng.uniform(self.mfu.low, self.mfu.high)), 0.0, rng.uniform(0.0, 1.0), net)
-            if net.reaches(s.gpus):
-                draws.append(tokens / Draw(fit, model_form(one_node, rng)).step_time_s(w, s.gpus, s.grad_acc))
-        lo, hi = (float(v) for v in np.percentile(draws, BAND)) if draws else (tokens / step, tokens / step)
+            draws.append(Draw(fit, model_form(one_node, rng)))
+        step, rate, lo, hi = rate_band(w, nominal, draws, s.gpus, s.grad_acc)
         return Estimate(
-            tokens / step,
-            min(lo, tokens / step),
-            max(hi, tokens / step),
+            rate,
+            min(lo, rate),
+            max(hi, rate),
             step,
             PREDICTED,
             f"nothing measured on this hardware: MFU {self.mfu.nominal:.1%} [{self.mfu.low:.1%}, "
