@@ -97,19 +97,29 @@ class PeakFlops:
     """Of a measured peak: (best − median) / best over its timed repeats."""
 
 
-def resolve_peak_flops(hardware: HardwareConfig, precision: str) -> PeakFlops:
-    """Peak FLOP/s of one device at the run's precision: configured, or measured on cpu and cached; with where
-    the figure came from and, for a measured one, when it was taken and the spread of its repeats."""
+def configured_peak_flops_per_s(hardware: HardwareConfig, precision: str) -> Optional[float]:
+    """The hardware profile's peak FLOP/s at the run's precision (`hardware.peak_tflops_<precision>`), None where it
+    is null (a cpu peak is measured instead)."""
     if precision not in PRECISION_DTYPES:
         raise ValueError(
             f"train.precision={precision!r} is invalid: expected one of {sorted(map(str, PRECISION_DTYPES))}"
         )
     key = f"peak_tflops_{precision}"
-    tflops, device, threads = getattr(hardware, key), hardware.device, hardware.threads_per_device
-    if tflops is not None:
-        if tflops <= 0:
-            raise ValueError(f"hardware.{key}={tflops} is invalid: it must be > 0 TFLOP/s (or null to measure on cpu)")
-        return PeakFlops(float(tflops) * 1e12, "config")
+    tflops = getattr(hardware, key)
+    if tflops is None:
+        return None
+    if tflops <= 0:
+        raise ValueError(f"hardware.{key}={tflops} is invalid: it must be > 0 TFLOP/s (or null to measure on cpu)")
+    return float(tflops) * 1e12
+
+
+def resolve_peak_flops(hardware: HardwareConfig, precision: str) -> PeakFlops:
+    """Peak FLOP/s of one device at the run's precision: configured, or measured on cpu and cached; with where
+    the figure came from and, for a measured one, when it was taken and the spread of its repeats."""
+    configured = configured_peak_flops_per_s(hardware, precision)
+    if configured is not None:
+        return PeakFlops(configured, "config")
+    key, device, threads = f"peak_tflops_{precision}", hardware.device, hardware.threads_per_device
     if device != "cpu":
         raise ValueError(
             f"hardware.{key} is null for device={device!r}: only cpu peaks are measured; "

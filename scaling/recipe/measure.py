@@ -28,7 +28,7 @@ from analysis.step_model import step_collectives
 from scaling.core.batch import nearest_whole_batch
 from scaling.core.host import usable_cores
 from scaling.core.schema import ExperimentConfig, HardwareConfig
-from scaling.engine.flops import flops_per_token
+from scaling.engine.flops import configured_peak_flops_per_s, flops_per_token
 from scaling.engine.model_config import ModelArgs, param_count
 from scaling.job.run import run_point
 from scaling.launch.collectives import measure_and_save
@@ -131,12 +131,15 @@ def plan(
     """The predicted figures for candidates with nothing measured (analysis.recipe_plan), and a note when there are
     none: no network figures, no peak FLOP/s, or no MFU measured on the hardware and none assumed."""
     hw, t = cfg.hardware, cfg.train
-    peak = hw.peak_tflops_bf16 if t.precision == "bf16" else hw.peak_tflops_fp32
-    if source is None or not peak:
+    peak = configured_peak_flops_per_s(hw, str(t.precision))
+    if source is None or peak is None:
         return None, None
     args = ModelArgs.of(cfg.model)
-    measured = measured_mfu(hw.name, param_count(args), t.seq_len, "none", bool(t.compile))
-    by_recompute = {r: measured_mfu(hw.name, param_count(args), t.seq_len, r, bool(t.compile)) for r in a.recompute}
+    # the assumed MFU's spread falls back on the points without recomputation
+    measured = {
+        r: measured_mfu(hw.name, param_count(args), t.seq_len, r, bool(t.compile)) for r in {*a.recompute, "none"}
+    }
+    by_recompute = {r: measured[r] for r in a.recompute}
     if a.assume_mfu is None and not all(by_recompute.values()):
         missing = [r for r, m in by_recompute.items() if m is None]
         return None, (
@@ -144,10 +147,11 @@ def plan(
             "--assume-mfu to plan the GPU counts nothing was measured for"
         )
     priors = {
-        r: assumed_mfu(a.assume_mfu, m or measured) if a.assume_mfu is not None else m for r, m in by_recompute.items()
+        r: assumed_mfu(a.assume_mfu, m or measured["none"]) if a.assume_mfu is not None else m
+        for r, m in by_recompute.items()
     }
     flops = flops_per_token(args, t.seq_len)
-    per = {r: Predicted(workload, flops, peak * 1e12, p, source, a.draws) for r, p in priors.items() if p}
+    per = {r: Predicted(workload, flops, peak, p, source, a.draws) for r, p in priors.items() if p}
     return (lambda c, s: per[c.recompute](c, s)), None
 
 
