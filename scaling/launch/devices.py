@@ -132,7 +132,8 @@ def _open_lock(path: Path, blocking: bool) -> Optional[int]:
         if e.errno == errno.ELOOP:
             raise LockDirError(f"device lock file {path} is a symbolic link (to {os.readlink(path)}): remove it") from e
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstat(fd).st_uid != os.getuid():
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
         os.close(fd)
         raise LockDirError(f"device lock file {path} is not a regular file of this user's: remove it")
     try:
