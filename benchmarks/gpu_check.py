@@ -13,6 +13,10 @@
     grad_acc=4: the same losses for every stage);
 (f) llama_1b at seq 2048 at ZeRO-0 and ZeRO-1, dp=1, with `launch.memory_snapshot`: the allocation sites whose bytes
     at the peak differ (ZeRO-1 held 4 bytes per parameter more on an H100, not on CPU);
+(g) a model the user brings against the built-in one: `model=hf_llama_1b` (Llama 3.2 1B's published config, built
+    by transformers) beside `model=llama_1b` (the same shapes), seq 4096, bf16, mbs 2, ZeRO-0 and ZeRO-3, eager, then
+    ZeRO-0 with `train.compile`: tokens/s per GPU, MFU (the HF model's FLOPs counted by FlopCounterMode), peak
+    against the traced prediction (both models) and the analytic one (llama_1b);
 (e) `scaling recipe` for llama_1b at seq 4096 in bf16 on the devices at hand (a global batch of 1Mi tokens,
     ZeRO-0 and ZeRO-3, 1 to 512 GPUs): measured at dp=1 and at the GPUs this machine has, extrapolated past
     them; its recipe.md is appended to the page.
@@ -32,7 +36,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -83,6 +87,7 @@ class Check:
         self.failures: list[str] = []
         self.recipe: str = ""
         self.snapshot: list[str] = []
+        self.own: list[dict[str, Any]] = []
 
     def config(self, *overrides: str) -> ExperimentConfig:
         """A resolved point of the check."""
@@ -100,13 +105,16 @@ class Check:
         if not ok:
             self.failures.append(what)
 
-    def add(self, part: str, record: dict[str, Any], cfg: ExperimentConfig) -> dict[str, Any]:
-        """One measured point as a table row."""
+    def add(
+        self, part: str, record: dict[str, Any], cfg: ExperimentConfig, predicted: Optional[int] = None
+    ) -> dict[str, Any]:
+        """One measured point as a table row; `predicted` defaults to the analytic peak (of the built-in family)."""
         m, env = record.get("metrics") or {}, record.get("env") or {}
         t, p = cfg.train, cfg.parallel
         times = m.get("step_times_s") or []
         row = {
             "part": part,
+            "model": cfg.model.name,
             "seq": t.seq_len,
             "mbs": t.mbs,
             "zero": p.zero_stage,
@@ -121,7 +129,9 @@ class Check:
             "peak_reserved": m.get("peak_mem_reserved_bytes"),
             "device_used": m.get("device_used_bytes"),
             "build_peak": m.get("build_peak_mem_bytes"),
-            "predicted": predict_config(cfg).total_bytes,
+            "predicted": predict_config(cfg).total_bytes if predicted is None and not cfg.custom else predicted,
+            "flops_per_token": (record.get("derived") or {}).get("flops_per_token"),
+            "flops_source": (record.get("derived") or {}).get("flops_source", "closed form"),
             "kernel": env.get("attention_kernel"),
             "compile_s": m.get("compile_s"),
             "recompiles": m.get("recompiles_after_warmup"),
@@ -148,7 +158,7 @@ def _row_line(r: dict[str, Any]) -> str:
     mfu = f"{100 * r['mfu']:5.1f}%" if r["mfu"] is not None else "     -"
     tps = f"{r['tokens_per_s_per_gpu']:9.0f}" if r["tokens_per_s_per_gpu"] else "        -"
     return (
-        f"  [{r['part']}] seq {r['seq']} mbs {r['mbs']:>2} zero {r['zero']} rc {r['recompute']:<4} "
+        f"  [{r['part']}] {r['model']} seq {r['seq']} mbs {r['mbs']:>2} zero {r['zero']} rc {r['recompute']:<4} "
         f"compile {int(r['compile'])}: {r['status']:<7} tok/s/GPU {tps} MFU {mfu} peak {gib(r['peak_alloc'])} GiB "
         f"predicted {gib(r['predicted'])} GiB kernel {r['kernel'] or '-'}"
     )
@@ -235,6 +245,56 @@ def part_d(check: Check, devices: int) -> None:
         same = all(losses) and max(abs(a - b) / abs(b) for a, b in zip(*losses)) <= 1e-2
         check.expect(same, f"(d) ZeRO-{stage}: dp=2 x ga=2 and dp=1 x ga=4 losses differ: {losses}")
         check.notes.append(f"(d) ZeRO-{stage}: losses {'agree' if same else 'DIFFER'} within 1% (bf16)")
+
+
+OWN_MODEL = ("llama_1b", "hf_llama_1b")
+OWN_POINT = ["train.seq_len=4096", "train.mbs=2", "launch.prescreen=false"]
+"""(g): the built-in llama_1b and the same shapes from Llama 3.2 1B's Hugging Face config, one point each per setting."""
+
+
+def part_g(check: Check) -> None:
+    """A model the user brings (a Hugging Face config) beside the built-in one of the same shapes."""
+    from scaling.job.run import run_point
+    from scaling.predictor.trace import TraceError, trace_peak_isolated
+
+    for stage, compile_ in ((0, False), (3, False), (0, True)):
+        for model in OWN_MODEL:
+            what = f"(g) {model} ZeRO-{stage}{' with compile' if compile_ else ''}"
+            if not check.time_left(150 if compile_ else 60, what):
+                return
+            cfg = check.config(
+                f"model={model}", *OWN_POINT, f"parallel.zero_stage={stage}", f"train.compile={str(compile_).lower()}"
+            )
+            try:
+                traced: Optional[int] = trace_peak_isolated(cfg).peak_mem_bytes
+            except TraceError as e:
+                traced = None
+                check.notes.append(f"{what}: no traced prediction ({e})")
+            row = check.add("g", run_point(cfg), cfg, predicted=traced)
+            row["analytic"] = None if cfg.custom else predict_config(cfg).total_bytes
+            check.expect(row["status"] == Status.OK, f"{what}: {row['status']} {row['error']}")
+            check.own.append(row)
+
+
+def own_model_table(rows: list[dict[str, Any]]) -> list[str]:
+    """(g)'s rows side by side: the model the user brings against the built-in one."""
+    lines = [
+        "| model | ZeRO | compile | status | tokens/s/GPU | MFU | FLOPs/token | step spread | peak alloc GiB | "
+        "traced GiB | error | analytic GiB | attention |",
+        "|" + "---|" * 13,
+    ]
+    for r in rows:
+        err = (
+            f"{(r['predicted'] - r['peak_alloc']) / r['peak_alloc']:+.1%}" if r["peak_alloc"] and r["predicted"] else ""
+        )
+        flops = f"{r['flops_per_token'] / 1e9:.3f} G ({r['flops_source']})" if r["flops_per_token"] else ""
+        lines.append(
+            f"| {r['model']} | {r['zero']} | {int(r['compile'])} | {r['status']} | "
+            f"{r['tokens_per_s_per_gpu'] or 0:,.0f} | {_pct(r['mfu'])} | {flops} | {_pct(r['step_spread'])} | "
+            f"{_gib(r['peak_alloc'])} | {_gib(r['predicted'])} | {err} | {_gib(r.get('analytic'))} | "
+            f"{r['kernel'] or ''} |"
+        )
+    return lines
 
 
 SNAPSHOT_POINT = ["train.seq_len=2048", "train.mbs=1", "launch.memory_snapshot=true"]
@@ -348,12 +408,16 @@ def part_e(check: Check) -> None:
 
 def summary(check: Check, device: str) -> list[str]:
     """The Markdown page."""
-    measured = [r for r in check.rows if r["status"] == Status.OK and r["peak_alloc"]]
+    measured = [r for r in check.rows if r["status"] == Status.OK and r["peak_alloc"] and r["part"] != "g"]
     errors = {
         kind: [abs(r["predicted"] - r["peak_alloc"]) / r["peak_alloc"] for r in measured if bool(r["compile"]) == c]
         for kind, c in (("eager", False), ("compiled", True))
     }
-    big = [r for r in check.rows if r["status"] == Status.OK and r["seq"] == 4096 and r["mfu"] is not None]
+    big = [
+        r
+        for r in check.rows
+        if r["status"] == Status.OK and r["seq"] == 4096 and r["mfu"] is not None and r["model"] == "llama_1b"
+    ]
     best = max(big, key=lambda r: r["mfu"], default=None)
     lines = [
         f"# GPU check: {device}",
@@ -366,7 +430,7 @@ def summary(check: Check, device: str) -> list[str]:
         "|" + "---|" * 18,
     ]
     gib, pct = _gib, _pct
-    for r in check.rows:
+    for r in (r for r in check.rows if r["part"] != "g"):
         err = (
             f"{(r['predicted'] - r['peak_alloc']) / r['peak_alloc']:+.1%}"
             if r["peak_alloc"] and r["status"] == Status.OK
@@ -401,6 +465,9 @@ def summary(check: Check, device: str) -> list[str]:
         lines.append("- every correctness check passed (OOM points classified oom, every ok point ran).")
     if check.snapshot:
         lines += ["", "## (f) What ZeRO-1 holds over ZeRO-0 at dp=1 (the allocator's history)", "", *check.snapshot]
+    if check.own:
+        lines += ["", "## (g) A Hugging Face config against the built-in model of the same shapes", ""]
+        lines += own_model_table(check.own)
     if check.recipe:
         lines += ["", "## (e) The recipe of llama_1b on this machine", ""]
         lines += ["#" + line if line.startswith("# ") else line for line in check.recipe.splitlines()]
@@ -413,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=560.0, help="wall-clock budget; later parts are skipped past it")
     p.add_argument("--out", type=Path, default=HERE / "gpu", help="folder of the <device>.md page")
     p.add_argument("--sweep-dir", type=Path, default=Path("runs/gpu-check"), help="where the points' records go")
-    p.add_argument("--parts", default="a,b,c,d,f,e", help="which parts to run, in this order, e.g. a,c")
+    p.add_argument("--parts", default="a,b,c,d,f,g,e", help="which parts to run, in this order, e.g. a,c")
     a = p.parse_args(argv)
     import torch
 
@@ -441,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         "d": lambda: part_d(check, torch.cuda.device_count()),
         "e": lambda: part_e(check),
         "f": lambda: part_f(check),
+        "g": lambda: part_g(check),
     }
     for name in a.parts.split(","):
         parts[name]()

@@ -127,3 +127,12 @@ def test_large_model_is_traced_without_allocating_it():
     psi = param_count(ModelArgs.of(cfg.model))
     assert traced.breakdown["opt"] >= 8 * psi // 8  # AdamW m and v of this rank's shard
     assert 1 * 2**30 < traced.peak_mem_bytes < 40 * 2**30
+
+
+def test_an_fsdp_point_is_traced_on_the_cpu_on_a_host_with_an_accelerator(monkeypatch):
+    """torch's default FSDP2 mesh is the host's accelerator's; the trace builds on the CPU, so its mesh must be the
+    CPU's (on an H100 host every ZeRO-3 trace failed: "Expects the parameter to already be moved to device cuda:0")."""
+    cfg = compose_point(["model=tiny", "parallel.dp=2", "parallel.zero_stage=3"])
+    on_this_host = trace_peak(cfg).peak_mem_bytes
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+    assert trace_peak(cfg).peak_mem_bytes == on_this_host

@@ -237,7 +237,8 @@ def _fake_world(dp: int) -> Iterator[Any]:
     everything is undone. Adjusted torch internals, for this block only:
 
     - DDP's shape check across ranks reads tensor data: skipped (every rank builds the same model);
-    - FSDP2 builds its default device mesh from a tensor: built outside fake mode;
+    - FSDP2 builds its default device mesh from a tensor, on the host's accelerator: a CPU mesh, built outside fake
+      mode;
     - FSDP2's per-rank chunking of each parameter: `_LazyChunks` (same views, made on demand);
     - MemTracker's per-module peak bookkeeping: `_peak_only_update` (same overall peak).
     """
@@ -246,6 +247,7 @@ def _fake_world(dp: int) -> Iterator[Any]:
     import torch.nn.parallel.distributed as ddp_mod
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
@@ -253,11 +255,12 @@ def _fake_world(dp: int) -> Iterator[Any]:
             "the traced predictor needs a process without a process group: "
             "use trace_peak_isolated() inside a distributed job"
         )
-    default_mesh = fully_shard_mod._init_default_mesh
 
-    def real_mesh(*args: Any, **kwargs: Any) -> Any:
+    def real_mesh(mesh_dim_names: Any = None) -> Any:
+        # on the CPU whatever accelerator the host has: torch's default mesh is the accelerator's, and FSDP2 then
+        # expects the (CPU, fake) parameters on it
         with unset_fake_temporarily():
-            return default_mesh(*args, **kwargs)
+            return init_device_mesh("cpu", mesh_shape=(dist.get_world_size(),), mesh_dim_names=mesh_dim_names)
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(ddp_mod, "_verify_param_shape_across_processes", lambda *a, **k: None))
