@@ -1,10 +1,18 @@
-"""How a finished job is classified (pure: no process is started)."""
+"""How a finished job is classified (pure), and which processes a launch ends (real processes)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
 
-from scaling.launch.torchrun import classify, error_messages
+import psutil
+import pytest
+
+from scaling.launch.torchrun import classify, error_messages, launch_torchrun
 
 
 def test_a_peers_dropped_connection_is_not_the_root_cause(tmp_path):
@@ -23,3 +31,32 @@ def test_a_peers_dropped_connection_is_not_the_root_cause(tmp_path):
         path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"timestamp": stamp}}}))
     status, error = classify(1, False, error_messages(tmp_path), "", 60)
     assert (status, error) == ("failed", "RuntimeError: injected fault: rank 1 crashed on purpose (train.fault=crash)")
+
+
+# A job that leaves a process behind in a session of its own (as a rank outliving its torchrun would), writes its
+# pid, and exits 0.
+LEAVES_ONE_BEHIND = textwrap.dedent("""\
+    import subprocess, sys
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    open(sys.argv[1], "w").write(str(left.pid))
+    """)
+
+
+@pytest.mark.subprocess
+def test_a_launch_ends_the_processes_it_started_and_no_one_elses(tmp_path):
+    """By identity, never by name: the straggler the launch left in another session is ended, while a process whose
+    command line names the same config.json (another driver's torchrun, someone's `less`) is left alone."""
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(config)])
+    try:
+        argv = [sys.executable, "-c", LEAVES_ONE_BEHIND, str(tmp_path / "left.pid"), str(config)]
+        outcome = launch_torchrun(argv, tmp_path, 60, dict(os.environ))
+        assert outcome.status == "ok", outcome.error
+        left = int((tmp_path / "left.pid").read_text())
+        time.sleep(0.2)
+        assert not psutil.pid_exists(left) or psutil.Process(left).status() == psutil.STATUS_ZOMBIE
+        assert bystander.poll() is None, "a process that only names the point's config.json was ended"
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -37,6 +37,7 @@ TORCHRUN_LOG = "torchrun.log"
 ELASTIC_LOGS = "elastic"
 RESULT_FILE = "result.json"
 RUNNING_FILE = "running.json"
+CLAIM_FILE = "claim.lock"
 
 
 WARM_POLL_S = 0.02

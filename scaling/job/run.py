@@ -86,10 +86,37 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
     if answers(existing, key, c.launch):  # a predicted_oom point in the pre-screen's sample runs anyway
         print(f"[scaling] {key} already recorded as {existing['status']}: skipped", flush=True)
         return existing
+    point_dir = job_dir(sweep_dir, key)
+    lead = slurm.is_lead_task(os.environ)  # the task that writes the record (the only one outside multi-node SLURM)
+    if not lead:  # another node's task of a multi-node point: its lead task holds the claim
+        return _run_claimed(c, key, existing, provenance, point_dir, None)
+    with inflight.claim(point_dir, os.environ, name=key) as claim:
+        try:  # what the store holds now that nobody else runs the point (a holder we waited for wrote it)
+            existing = read_record(sweep_dir, key, set_aside_corrupt=True)
+        except RecordError as e:
+            print(f"[scaling] {key}: not run, its record cannot be read: {e}", file=sys.stderr, flush=True)
+            return {"job_key": key, "status": Status.FAILED, "error": f"not run, its record cannot be read: {e}"}
+        if answers(existing, key, c.launch):
+            print(f"[scaling] {key} recorded as {existing['status']} while this run waited: skipped", flush=True)
+            return existing
+        return _run_claimed(c, key, existing, provenance, point_dir, claim)
 
+
+def _run_claimed(
+    c: ExperimentConfig,
+    key: str,
+    existing: Optional[dict[str, Any]],
+    provenance: Optional[Provenance],
+    point_dir: Path,
+    claim: Optional[inflight.Claim],
+) -> dict[str, Any]:
+    """`run_point` of a point this process holds (`claim`; None for a multi-node point's other tasks)."""
     t0 = time.perf_counter()
     record = _new_record(c, key, existing, provenance)
-    point_dir = job_dir(sweep_dir, key)
+    if claim is not None and claim.took_over is not None:
+        record.provenance.took_over = claim.took_over
+        print(f"[scaling] {key}: took over from {inflight.holder(claim.took_over)}, which is gone", flush=True)
+    lead = claim is not None
     try:
         derived = validate(c)
         record.derived = _derived_block(c, derived)  # a model the user brings is built and checked here
@@ -117,9 +144,6 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
     except ValueError as e:
         return _finish(_ended(record, Status.FAILED, str(e), c), point_dir, t0, c)
 
-    lead = slurm.is_lead_task(os.environ)  # the task that writes the record (the only one outside multi-node SLURM)
-    if lead:  # until _finish writes the record: `scaling status` and a re-run see the point in flight
-        inflight.mark_running(point_dir, os.environ)
     resumed = [Launch.from_dict(launch) for launch in kept_launches(existing, c.launch.rerun)]
     _launch_repeats(c, record, resumed, point_dir, argv, lease, lead)
     return _finish(record, point_dir, t0, c) if lead else record.to_dict()
@@ -186,7 +210,6 @@ def _launch_repeats(
                 launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
                 env = torchrun.job_env(c.hardware.threads_per_device, held.visible, c.hardware.device == "cuda")
                 outcome = torchrun.launch_torchrun(argv, point_dir, c.launch.timeout_s, env, log_name)
-                torchrun.end_point_processes(point_dir / CONFIG_FILE)
         if not lead:  # another node's task of a multi-node point: its lead task writes the record
             if outcome.status != Status.OK:
                 return
@@ -294,7 +317,6 @@ def _finish(record: Record, point_dir: Path, t0: float, c: ExperimentConfig) -> 
     """Time, write atomically, log the record to W&B (which may fail harmlessly), then announce it."""
     record.timing.wall_s = time.perf_counter() - t0
     record.write(point_dir / RESULT_FILE)
-    inflight.clear(point_dir)
     written = record.to_dict()
     wandb_failure = wandb_log.log_point(written, c.logger, c.sweep_dir)
     print(_summary_line(record) + (f"; {wandb_failure}" if wandb_failure else ""), flush=True)

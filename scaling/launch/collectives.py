@@ -47,7 +47,6 @@ def _launch_one(
             cfg.launch.timeout_s,
             torchrun.job_env(hw.threads_per_device, held.visible, hw.device == "cuda"),
         )
-        torchrun.end_point_processes(out)  # every rank names its output file on its command line
     doc = read_json(out)
     if outcome.status != Status.OK or doc is None:
         raise RuntimeError(

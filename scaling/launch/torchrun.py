@@ -4,12 +4,17 @@ Owns the one builder of torchrun command lines (`torchrun_argv`). torchrun runs 
 (so a timeout can signal the whole job) and dies with the driver (scaling.engine.lifetime: a death
 signal, then a check that the driver is still its parent); each rank does the same with torchrun
 before it imports torch. On timeout every process of the job is killed: SIGTERM, a grace period, then
-SIGKILL, and `end_point_processes` makes sure none is left before the point's devices are released.
+SIGKILL, and `end_launch` makes sure none is left before the point's devices are released.
+
+A launch's processes are known by identity, never by name: each launch puts a token of its own in the environment
+(LAUNCH_ENV) that torchrun and every rank inherit, and only this user's processes that carry it are signalled (a
+command line naming the point's config.json may be another driver's torchrun, or someone's `less`).
 `classify` is pure: it turns (exit code, timed out, elastic error files, log tail) into a status.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -17,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -101,17 +107,16 @@ def process_group_timeout_s(timeout_s: float) -> float:
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
-    """Terminate the job's process group and every descendant (ranks run in sessions of their own)."""
+    """Terminate the job this process started and every descendant of it (`end_launch` then finds any that left the
+    tree); never raises."""
     try:
         family = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
+    except psutil.Error:
         family = []
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for p in family:
-            try:
+            with contextlib.suppress(psutil.Error):
                 p.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
         _, alive = psutil.wait_procs(family, timeout=KILL_GRACE_S)
         if not alive:
             break
@@ -179,37 +184,51 @@ def classify(
     return Status.FAILED, _last_line(log_tail) or f"torchrun exited with code {returncode}"
 
 
-def point_processes(config_path: Path) -> list[psutil.Process]:
-    """Live processes of one point: torchrun and the ranks, all of which name its config.json."""
-    marker = str(config_path)
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
+LAUNCH_ENV = "SCALING_LAUNCH"
+"""The environment variable holding a launch's token (`new_token`): torchrun and its ranks inherit it."""
+
+
+def new_token() -> str:
+    """A launch's identity: this host, this process, and 128 random bits."""
+    return f"{os.getpid()}-{uuid.uuid4().hex}"
+
+
+def launch_processes(token: str) -> list[psutil.Process]:
+    """Live processes of this user that carry launch `token` in their environment (this process excluded)."""
+    me, found = os.getuid(), []
+    for p in psutil.process_iter(["uids"]):
         try:
-            if any(marker in part for part in p.info["cmdline"] or []):
+            uids = p.info["uids"]
+            if p.pid == os.getpid() or uids is None or uids.real != me:
+                continue  # another user's process is never ours to end
+            if p.environ().get(LAUNCH_ENV) == token:
                 found.append(p)
-        except psutil.NoSuchProcess:
+        except psutil.Error:  # gone, a zombie, or not readable: not one of ours to end
             continue
     return found
 
 
-def end_point_processes(config_path: Path, grace_s: float = KILL_GRACE_S) -> None:
-    """Wait until no process of the point is left, killing stragglers: a lease on a device may only be
-    released once nothing of the point holds it (an orphaned rank keeps its GPU memory)."""
-    left = [p for p in point_processes(config_path) if p.pid != os.getpid()]
-    _, alive = psutil.wait_procs(left, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=grace_s)
+def end_launch(token: str, grace_s: float = KILL_GRACE_S) -> None:
+    """Wait until no process of the launch is left, killing stragglers: a lease on a device may only be
+    released once nothing of the launch holds it (an orphaned rank keeps its GPU memory). Never raises: what was
+    measured is recorded whatever ending the processes met."""
+    try:
+        _, alive = psutil.wait_procs(launch_processes(token), timeout=grace_s)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(alive, timeout=grace_s)
+    except (psutil.Error, OSError) as e:
+        print(f"[scaling] ending launch {token}: {e}", file=sys.stderr, flush=True)
 
 
 def launch_torchrun(
     argv: Sequence[str], job_dir: Path, timeout_s: float, env: Mapping[str, str], log_name: str = TORCHRUN_LOG
 ) -> Outcome:
-    """Run one point's torchrun, wait at most `timeout_s`, leave no process behind, and classify the result."""
+    """Run one point's torchrun, wait at most `timeout_s`, leave no process of it behind (by its token), and classify
+    the result."""
     log_path = job_dir / log_name
+    token = new_token()
     start = time.perf_counter()
     with open_new(log_path) as log:
         proc = subprocess.Popen(
@@ -217,7 +236,7 @@ def launch_torchrun(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=dict(env),
+            env={**env, LAUNCH_ENV: token},
             start_new_session=True,
             preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
@@ -229,6 +248,7 @@ def launch_torchrun(
         finally:
             if proc.poll() is None or timed_out:
                 kill_tree(proc)
+            end_launch(token)
     wall_s = time.perf_counter() - start
     status, error = judge(proc.returncode, timed_out, job_dir, log_path, timeout_s)
     return Outcome(status=status, error=error, returncode=proc.returncode, wall_s=wall_s)

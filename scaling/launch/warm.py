@@ -109,6 +109,8 @@ class WarmJob:
         self._stack.callback(shutil.rmtree, self.pool_dir, True)
         self.log_path = self.pool_dir / TORCHRUN_LOG
         self.proc: Optional[subprocess.Popen] = None
+        self.token = torchrun.new_token()
+        """The job's identity in its processes' environment: what is left of it is ended by this, never by name."""
 
     def idle_after(self, seconds: float, end: Any) -> None:
         """Call `end` once the job has waited `seconds` for its next point."""
@@ -135,7 +137,10 @@ class WarmJob:
             self.shape.nproc,
             log_dir=self.pool_dir / ELASTIC_LOGS,
         )
-        env = torchrun.job_env(hw.threads_per_device, self.held.visible, hw.device == "cuda")
+        env = {
+            **torchrun.job_env(hw.threads_per_device, self.held.visible, hw.device == "cuda"),
+            torchrun.LAUNCH_ENV: self.token,
+        }
         with open_new(self.log_path) as log:
             self.proc = subprocess.Popen(
                 argv,
@@ -171,6 +176,7 @@ class WarmJob:
             if self.proc.poll() is None:
                 torchrun.kill_tree(self.proc)
             self.proc.wait()
+            torchrun.end_launch(self.token)
         wall_s = time.perf_counter() - start
         self.held = dataclasses.replace(self.held, wait_s=0.0)  # a later turn waited for no device
         with open(self.log_path, "rb") as log, open_new(point_dir / log_name) as out:
@@ -197,6 +203,8 @@ class WarmJob:
                     self.proc.wait(timeout=grace_s)
                 except subprocess.TimeoutExpired:
                     torchrun.kill_tree(self.proc)
+            if self.proc is not None:  # the lease goes back only once no process of the job is left
+                torchrun.end_launch(self.token)
         finally:
             self._stack.close()
 

@@ -1,28 +1,35 @@
-"""Points in flight: the `<job_dir>/running.json` marker, and whether the job behind it still lives.
+"""Points in flight: the claim a run takes on its point, the `<job_dir>/running.json` marker, and whether the job
+behind a marker still lives.
 
-run_point writes a marker (atomically) before it launches torchrun and removes it once the record
-is written; the SLURM launcher writes one for each point it submits (state `queued`, with its SLURM
-job id), which the job's own marker replaces when it starts. A marker outlives its point when the
-process or the SLURM job dies without writing a record. `is_live` tells such a stale marker from a
-live one: by the SLURM job's state (squeue) when the marker names a job, else by its process when
-it ran on this host (the pid is alive and was started when the marker says). The grid sweeper
-leaves points with a live marker to the job that holds them; `scaling status` lists them.
+run_point claims its point before anything else (`claim`): an exclusive `flock` on `<job_dir>/claim.lock`, held
+until the record is written, and the marker (host, pid, the pid's start time, a heartbeat every HEARTBEAT_S) written
+under it. A second driver of the same point, on this host or one that shares the lock, waits for the claim and then
+finds the record; on another host whose file system does not share locks the marker's heartbeat says the point is
+held. A claim whose holder is dead (a dead pid on this host, or a heartbeat older than STALE_AFTER_S from another) is
+taken over, and the record says whose (`provenance.took_over`). The SLURM launcher writes a `queued` marker for each
+point it submits (with its SLURM job id), which the task's own claim replaces when it starts. `is_live` tells a
+stale marker from a live one: by the SLURM job's state (squeue) when the marker names a job, by the heartbeat when it
+has one, else by its process when it ran on this host. The grid sweeper leaves points with a live marker to the job
+that holds them; `scaling status` lists them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import os
 import socket
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 import psutil
 
 from scaling.core.files import write_json_atomic
-from scaling.engine.jobfiles import RUNNING_FILE
+from scaling.engine.jobfiles import CLAIM_FILE, RUNNING_FILE
 
 QUEUED, RUNNING = "queued", "running"
 SLURM_ACTIVE = frozenset(
@@ -42,6 +49,10 @@ SLURM_ACTIVE = frozenset(
     }
 )
 """squeue states of a job that has not ended (it may still write a record)."""
+HEARTBEAT_S = 10.0
+"""How often a claim's holder rewrites its marker's `heartbeat_at`."""
+STALE_AFTER_S = 120.0
+"""A marker whose heartbeat is older than this is stale: its holder died (or its host lost the file system)."""
 
 
 def _now() -> str:
@@ -55,19 +66,113 @@ def slurm_job_id(env: Mapping[str, str]) -> Optional[str]:
     return env.get("SLURM_JOB_ID")
 
 
-def mark_running(point_dir: Path, env: Mapping[str, str]) -> None:
-    """Say that this process runs the point of job directory `point_dir` from now on."""
-    write_json_atomic(
-        point_dir / RUNNING_FILE,
-        {
-            "state": RUNNING,
-            "started_at": _now(),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "pid_started_at": psutil.Process().create_time(),
-            "slurm_job_id": slurm_job_id(env),
-        },
-    )
+def mark_running(point_dir: Path, env: Mapping[str, str]) -> dict[str, Any]:
+    """Say that this process runs the point of job directory `point_dir` from now on; the marker written."""
+    now = _now()
+    marker = {
+        "state": RUNNING,
+        "started_at": now,
+        "heartbeat_at": now,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_started_at": psutil.Process().create_time(),
+        "slurm_job_id": slurm_job_id(env),
+    }
+    write_json_atomic(point_dir / RUNNING_FILE, marker)
+    return marker
+
+
+def holder(marker: Mapping[str, Any]) -> str:
+    """Who a marker says holds its point, in words."""
+    if marker.get("state") == QUEUED:
+        return f"SLURM job {marker.get('slurm_job_id')} (queued since {marker.get('submitted_at')})"
+    slurm = f", SLURM job {marker['slurm_job_id']}" if marker.get("slurm_job_id") else ""
+    return f"pid {marker.get('pid')} on {marker.get('host')}{slurm} (since {marker.get('started_at')})"
+
+
+class Claim:
+    """This process's exclusive hold on one point (`claim`): the lock, the marker and its heartbeat. Leaving it (or
+    `release`) stops the heartbeat, removes the marker and lets the next waiter in."""
+
+    def __init__(self, point_dir: Path, fd: int, marker: dict[str, Any], took_over: Optional[dict[str, Any]]):
+        self.point_dir, self._fd, self.marker = point_dir, fd, marker
+        self.took_over = took_over
+        """The stale marker this claim replaced (its holder died), or None."""
+        self._stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, name="claim-heartbeat", daemon=True)
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            self.marker["heartbeat_at"] = _now()
+            try:
+                write_json_atomic(self.point_dir / RUNNING_FILE, self.marker)
+            except OSError:
+                pass  # the next beat tries again; the lock still holds the point on this host
+
+    def release(self) -> None:
+        """The point's record is written (or it was not run): it is no longer in flight."""
+        if self._fd < 0:
+            return
+        self._stop.set()
+        self._beat.join()
+        clear(self.point_dir)
+        os.close(self._fd)  # the flock goes with the last descriptor
+        self._fd = -1
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+def held_elsewhere(marker: Optional[Mapping[str, Any]], host: str) -> bool:
+    """Whether a marker found under a claim this process has just locked still holds the point: a live process on
+    this host that does not lock (a run before claims existed), or a fresh heartbeat from another host (whose lock
+    this host may not see)."""
+    if marker is None or marker.get("state") != RUNNING:
+        return False  # none, or queued by the SLURM launcher for the task that is claiming it now
+    if marker.get("host") == host:
+        return marker.get("pid") != os.getpid() and pid_alive(int(marker["pid"]), marker.get("pid_started_at"))
+    return heartbeat_fresh(marker)
+
+
+def heartbeat_fresh(marker: Mapping[str, Any], now: Optional[dt.datetime] = None) -> bool:
+    """Whether the marker's heartbeat is younger than STALE_AFTER_S (False when it has none)."""
+    beat = marker.get("heartbeat_at")
+    if not beat:
+        return False
+    now = now or dt.datetime.now(dt.timezone.utc)
+    return (now - dt.datetime.fromisoformat(beat)).total_seconds() < STALE_AFTER_S
+
+
+def claim(point_dir: Path, env: Mapping[str, str], poll_s: float = 0.2, name: str = "") -> Claim:
+    """Claim the point of job directory `point_dir` for this process, waiting while another holds it (it says once
+    who); a stale claim is taken over. The caller checks the store again once it holds the claim."""
+    point_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(point_dir / CLAIM_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    host, said = socket.gethostname(), False
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                found = read_marker(point_dir)
+            else:
+                found = read_marker(point_dir)
+                if not held_elsewhere(found, host):
+                    stale = found if found is not None and found.get("state") == RUNNING else None
+                    return Claim(point_dir, fd, mark_running(point_dir, env), stale)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            if not said:
+                who = holder(found) if found else "another process"
+                print(f"[scaling] {name or point_dir.name}: {who} runs it: waiting for its record", flush=True)
+                said = True
+            time.sleep(poll_s)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def mark_queued(point_dir: Path, job_id: str) -> None:
@@ -143,14 +248,17 @@ def is_live(
     host: str,
     alive: Callable[[int, Optional[float]], bool] = pid_alive,
 ) -> Optional[bool]:
-    """Whether the job behind a marker may still write the point's record; None when this host cannot
-    tell (a process on another host, or no squeue to ask)."""
+    """Whether the job behind a marker may still write the point's record: by squeue's state of its SLURM job, else
+    by its process on this host, else by its heartbeat; None when this host cannot tell (a queued SLURM job and no
+    squeue to ask, or another host's marker without a heartbeat)."""
     job_id = marker.get("slurm_job_id")
-    if job_id:
-        return None if states is None else states.get(job_id) in SLURM_ACTIVE
-    if marker.get("host") != host:
-        return None
-    return alive(int(marker["pid"]), marker.get("pid_started_at"))
+    if job_id and states is not None:
+        return states.get(job_id) in SLURM_ACTIVE
+    if marker.get("host") == host and marker.get("pid") is not None:
+        return alive(int(marker["pid"]), marker.get("pid_started_at"))
+    if marker.get("heartbeat_at"):
+        return heartbeat_fresh(marker)
+    return None
 
 
 def marker_states(markers: Mapping[str, Mapping[str, Any]]) -> Optional[dict[str, str]]:

@@ -140,6 +140,8 @@ class Provenance:
     """`<job>` or `<array>_<task>` under SLURM; None outside it."""
     attempt: Optional[int] = None
     """1 for the first record of a point, one more each time it is recorded again."""
+    took_over: Optional[dict[str, Any]] = None
+    """The marker of a run of this point that died holding it (host, pid, since when), which this run replaced."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Provenance:
