@@ -175,7 +175,14 @@ def test_a_record_round_trips_with_todays_keys_in_order():
         "warmup_device_s",
         "startup_device_s",
     ]
-    assert list(data["provenance"]) == ["hydra_job_num", "overrides", "optuna_trial", "slurm_job_id", "attempt"]
+    assert list(data["provenance"]) == [
+        "hydra_job_num",
+        "overrides",
+        "optuna_trial",
+        "slurm_job_id",
+        "attempt",
+        "took_over",
+    ]
     assert data["timing"]["launched_at"] == "t1" and data["timing"]["torchrun_wall_s"] == 7.5  # this run's launch only
     assert data["timing"]["device_s"] == 2 * (8.0 + 7.5)  # but the device time of every launch the record holds
     assert Record.from_dict(json.loads(json.dumps(data))) == record

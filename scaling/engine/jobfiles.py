@@ -6,6 +6,7 @@
     <sweep_dir>/<job_key>/elastic/        torch elastic's per-rank error files (@record)
     <sweep_dir>/<job_key>/result.json     the record (scaling.store.record)
     <sweep_dir>/<job_key>/running.json    the point is queued or running, and where (scaling.store.inflight)
+    <sweep_dir>/<job_key>/claim.lock      locked by the one run of the point (scaling.store.inflight.claim)
 
 A warm job (`launch.reuse`: ranks that stay up for several points of one shape) has a folder of its own, where
 the driver hands out points and rank 0 answers:

@@ -97,7 +97,9 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
             print(f"[scaling] {key}: not run, its record cannot be read: {e}", file=sys.stderr, flush=True)
             return {"job_key": key, "status": Status.FAILED, "error": f"not run, its record cannot be read: {e}"}
         if answers(existing, key, c.launch):
-            print(f"[scaling] {key} recorded as {existing['status']} while this run waited: skipped", flush=True)
+            print(
+                f"[scaling] {key} already recorded as {existing['status']} while this run waited: skipped", flush=True
+            )
             return existing
         return _run_claimed(c, key, existing, provenance, point_dir, claim)
 
@@ -115,7 +117,11 @@ def _run_claimed(
     record = _new_record(c, key, existing, provenance)
     if claim is not None and claim.took_over is not None:
         record.provenance.took_over = claim.took_over
-        print(f"[scaling] {key}: took over from {inflight.holder(claim.took_over)}, which is gone", flush=True)
+        print(
+            f"[scaling] {key}: took over from {inflight.holder(claim.took_over)}, which is gone",
+            file=sys.stderr,
+            flush=True,
+        )
     lead = claim is not None
     try:
         derived = validate(c)

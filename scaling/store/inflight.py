@@ -21,6 +21,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -117,6 +118,9 @@ class Claim:
         self._stop.set()
         self._beat.join()
         clear(self.point_dir)
+        # removed while still locked: a waiter that locks the removed file sees that it is no longer the path's and
+        # opens the new one (`claim`), so the point's directory keeps only what the run wrote
+        (self.point_dir / CLAIM_FILE).unlink(missing_ok=True)
         os.close(self._fd)  # the flock goes with the last descriptor
         self._fd = -1
 
@@ -151,28 +155,45 @@ def claim(point_dir: Path, env: Mapping[str, str], poll_s: float = 0.2, name: st
     """Claim the point of job directory `point_dir` for this process, waiting while another holds it (it says once
     who); a stale claim is taken over. The caller checks the store again once it holds the claim."""
     point_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(point_dir / CLAIM_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    host, said = socket.gethostname(), False
-    try:
-        while True:
+    path, host, said = point_dir / CLAIM_FILE, socket.gethostname(), False
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 found = read_marker(point_dir)
             else:
+                if not _still_the_path(fd, path):  # its holder removed it as it let go: lock the new one
+                    os.close(fd)
+                    continue
                 found = read_marker(point_dir)
                 if not held_elsewhere(found, host):
                     stale = found if found is not None and found.get("state") == RUNNING else None
                     return Claim(point_dir, fd, mark_running(point_dir, env), stale)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            if not said:
-                who = holder(found) if found else "another process"
-                print(f"[scaling] {name or point_dir.name}: {who} runs it: waiting for its record", flush=True)
-                said = True
-            time.sleep(poll_s)
-    except BaseException:
-        os.close(fd)
-        raise
+            os.close(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if not said:
+            who = holder(found) if found else "another process"
+            print(
+                f"[scaling] {name or point_dir.name}: {who} runs it: waiting for its record",
+                file=sys.stderr,
+                flush=True,
+            )
+            said = True
+        time.sleep(poll_s)
+
+
+def _still_the_path(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is still the one at `path` (not removed or replaced since it was opened)."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def mark_queued(point_dir: Path, job_id: str) -> None:
