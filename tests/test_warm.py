@@ -12,9 +12,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from analysis.step_model import MODULE_GRADS, MODULE_PARAMS
@@ -172,3 +174,33 @@ def test_killing_the_driver_during_a_warm_job_leaves_no_rank_and_one_record_per_
     assert sorted(r["config"]["train"]["steps"] for r in records) == [3, 4, 60]
     assert all(r["status"] == "ok" and len(r["repeats"]) == 1 for r in records)
     assert processes_mentioning(str(tmp)) == []
+
+
+def test_a_warm_job_that_dies_before_taking_a_point_leaves_it_to_a_fresh_launch(tmp_path):
+    """The job's ranks die between two points while its torchrun still looks alive (stopped here, so the race is
+    not left to chance); the point handed to it was never started: it is measured by a fresh launch and ok, not
+    recorded `failed`."""
+    zero0 = ["parallel.dp=2", "train.seq_len=32", *WARM]
+    first = point(tmp_path, *zero0)
+    assert first["status"] == "ok", first["error"]
+    (job,) = warm._jobs.values()
+    torchrun_proc = psutil.Process(job.proc.pid)
+    ranks = torchrun_proc.children(recursive=True)
+    torchrun_proc.suspend()
+    for rank in ranks:
+        rank.kill()
+    psutil.wait_procs(ranks, timeout=10)
+    handed = job.pool_dir / f"command-{job.points}.json"
+    done: list = []
+    runner = threading.Thread(target=lambda: done.append(point(tmp_path, *zero0, "train.seq_len=40")), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 120
+    while not handed.exists() and runner.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert handed.exists(), "the point was never handed to the warm job"
+    torchrun_proc.kill()
+    runner.join(timeout=300)
+    (second,) = done
+    assert second["status"] == "ok", second["error"]
+    assert len(second["repeats"]) == 1 and second["repeats"][0]["timing"]["points_before"] == 0  # a fresh launch
+    assert len(list(tmp_path.glob("*/result.json"))) == 2

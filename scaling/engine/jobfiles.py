@@ -12,6 +12,7 @@ A warm job (`launch.reuse`: ranks that stay up for several points of one shape) 
 the driver hands out points and rank 0 answers:
 
     <pool_dir>/command-<n>.json           the driver: point n's config.json, or null to stop
+    <pool_dir>/taken-<n>                  rank 0: point n taken
     <pool_dir>/done-<n>                   rank 0: point n measured and freed on every rank
 
 Standard library only (the atomic JSON write both sides use is scaling.core.files): the worker and the driver
@@ -56,6 +57,16 @@ def warm_command(pool_dir: Path, n: int) -> Optional[Path]:
     while (command := read_json(path)) is None:
         time.sleep(WARM_POLL_S)
     return None if command["config"] is None else Path(command["config"])
+
+
+def warm_taken(pool_dir: Path, n: int) -> None:
+    """Rank 0 of a warm job: point `n` is taken (from here on the job answers for it)."""
+    (pool_dir / f"taken-{n}").touch()
+
+
+def warm_was_taken(pool_dir: Path, n: int) -> bool:
+    """The driver: whether rank 0 took point `n` (a job that ended before it did never started the point)."""
+    return (pool_dir / f"taken-{n}").exists()
 
 
 def warm_done(pool_dir: Path, n: int) -> None:

@@ -56,6 +56,7 @@ from scaling.engine.jobfiles import (
     WorkerReport,
     warm_command,
     warm_done,
+    warm_taken,
 )
 from scaling.engine.lifetime import gate
 from scaling.engine.parallel import load_wrappers, parallelize
@@ -122,6 +123,9 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     cuda = dev.device.type == "cuda"
     if cuda:
         kernels.forbid_math_attention()
+        # the allocator's counters (num_ooms, num_alloc_retries) are accumulated over the process's life: from zero
+        # for each point, as in a fresh rank, whatever the ranks ran before
+        torch.cuda.reset_accumulated_memory_stats(dev.device)
     if not dist.is_initialized():  # a warm rank joined it for its first point
         dist.init_process_group(
             hw.backend,
@@ -188,10 +192,15 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     timed_batches = [batches(len(losses) + i) for i in range(train.steps)]
     graphs_after_warmup = kernels.compiled_graphs()
     rows_before_window = data.rows_built
+    # One garbage-collection policy, fresh or warm: everything made so far is frozen, so the window's collections
+    # walk only what its steps make (not a warm rank's earlier points nor a fresh rank's imports); unfrozen after
+    # it, and a warm rank collects everything between points (`release`).
+    gc.freeze()
     dist.barrier()
     window_start = time.perf_counter()
     step_times = [one_step(micro_batches) for micro_batches in timed_batches]
     window_s = time.perf_counter() - window_start
+    gc.unfreeze()
     recompiles = kernels.compiled_graphs() - graphs_after_warmup
     rows_built_in_window = data.rows_built - rows_before_window
 
@@ -328,6 +337,8 @@ def serve(pool_dir: Path) -> None:
     n = 0
     cuda = False
     while (config_path := warm_command(pool_dir, n)) is not None:
+        if int(os.environ["RANK"]) == 0:
+            warm_taken(pool_dir, n)
         job = PointJob.read(config_path)
         cuda = job.config.hardware.device == "cuda"
         try:
@@ -335,10 +346,6 @@ def serve(pool_dir: Path) -> None:
         except memtrack.EmulatedOutOfMemoryError as e:  # every rank raised it together, outside any collective
             _record_error(config_path.parent, e)
         release(cuda)
-        if n == 0:
-            # What outlives the first point (modules, torch's caches) stays for the job's life: a full collection
-            # no longer walks it after every point (about 0.13 s a turn with torch and its trackers imported).
-            gc.freeze()
         dist.barrier()  # every rank has freed the point before the driver hands out the next
         if int(os.environ["RANK"]) == 0:
             warm_done(pool_dir, n)

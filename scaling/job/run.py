@@ -202,13 +202,19 @@ def _launch_repeats(
             for stale in (WORKER_OUTPUT, TORCHRUN_LOG, MEMORY_SNAPSHOT_FILE):
                 (point_dir / stale).unlink(missing_ok=True)
             shutil.rmtree(point_dir / ELASTIC_LOGS, ignore_errors=True)  # an earlier launch's errors are not this one's
+        outcome = None
         if warm_ranks:
-            with warm.job_for(warm.shape_of(c, lease, os.environ), c.launch.reuse_idle_s) as job:
-                held = job.held
-                peak = flops.resolve_peak_flops(c.hardware, c.train.precision)
-                launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
-                outcome, points_before = job.run(point_dir / CONFIG_FILE, point_dir, c.launch.timeout_s, log_name)
-        else:
+            try:
+                with warm.job_for(warm.shape_of(c, lease, os.environ), c.launch.reuse_idle_s) as job:
+                    held = job.held
+                    peak = flops.resolve_peak_flops(c.hardware, c.train.precision)
+                    launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+                    outcome, points_before = job.run(point_dir / CONFIG_FILE, point_dir, c.launch.timeout_s, log_name)
+            except warm.JobGone as e:  # it died between points: this point never started; a fresh launch measures it
+                print(f"[scaling] {record.job_key}: {e}: measured by a fresh launch", file=sys.stderr, flush=True)
+                (point_dir / log_name).unlink(missing_ok=True)
+                shutil.rmtree(point_dir / ELASTIC_LOGS, ignore_errors=True)
+        if outcome is None:
             points_before = 0
             with warm.fresh_lease(lease, c.launch.devices) as held:
                 # The CPU peak that MFU divides by is measured here, while this point holds the host.

@@ -37,7 +37,14 @@ from typing import Any, Iterator, Mapping, Optional
 from scaling.core.enums import Status
 from scaling.core.files import open_new
 from scaling.core.schema import ExperimentConfig, HardwareConfig
-from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG, WARM_POLL_S, warm_is_done, warm_send
+from scaling.engine.jobfiles import (
+    ELASTIC_LOGS,
+    TORCHRUN_LOG,
+    WARM_POLL_S,
+    warm_is_done,
+    warm_send,
+    warm_was_taken,
+)
 from scaling.engine.lifetime import die_with_parent
 from scaling.launch import devices, torchrun
 
@@ -90,6 +97,11 @@ def shape_of(cfg: ExperimentConfig, request: Optional[devices.Request], environ:
         visible=cfg.launch.devices,
         env=tuple(sorted((k, v) for k, v in environ.items() if k.startswith(RANK_ENV_PREFIXES))),
     )
+
+
+class JobGone(RuntimeError):
+    """The warm job ended before its rank 0 took the point: nothing of the point ran, so it is no measurement of
+    the point (the caller launches it fresh)."""
 
 
 class WarmJob:
@@ -177,6 +189,8 @@ class WarmJob:
                 torchrun.kill_tree(self.proc)
             self.proc.wait()
             torchrun.end_launch(self.token)
+            if not timed_out and not warm_was_taken(self.pool_dir, n):
+                raise JobGone(f"the warm ranks ended (torchrun exit code {self.proc.returncode}) before taking it")
         wall_s = time.perf_counter() - start
         self.held = dataclasses.replace(self.held, wait_s=0.0)  # a later turn waited for no device
         with open(self.log_path, "rb") as log, open_new(point_dir / log_name) as out:
