@@ -57,6 +57,15 @@ def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does(tmp_path):
     fresh_store.mkdir()
     before = point(store, "parallel.dp=2", "train.seq_len=32", "train.grad_acc=2", *WARM)
     after = point(store, "parallel.dp=2", "train.seq_len=32", "train.grad_acc=2", "parallel.zero_stage=3", CLIP, *WARM)
+    # Between points the ranks block on their wake pipes: no polling on the cores the next point is measured on
+    # (a 20 ms poll woke each rank about 50 times a second).
+    (job,) = warm._jobs.values()
+    ranks = psutil.Process(job.proc.pid).children(recursive=True)
+    time.sleep(0.3)
+    before_idle = [r.num_ctx_switches().voluntary for r in ranks]
+    time.sleep(1.0)
+    woken = [r.num_ctx_switches().voluntary - b for r, b in zip(ranks, before_idle)]
+    assert len(ranks) == 2 and max(woken) <= 5, woken
     fresh = point(
         fresh_store,
         "parallel.dp=2",

@@ -12,6 +12,7 @@ A warm job (`launch.reuse`: ranks that stay up for several points of one shape) 
 the driver hands out points and rank 0 answers:
 
     <pool_dir>/command-<n>.json           the driver: point n's config.json, or null to stop
+    <pool_dir>/wake-<rank>, done          named pipes: the driver wakes the idle ranks, rank 0 the waiting driver
     <pool_dir>/taken-<n>                  rank 0: point n taken
     <pool_dir>/done-<n>                   rank 0: point n measured and freed on every rank
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -42,20 +42,57 @@ RUNNING_FILE = "running.json"
 CLAIM_FILE = "claim.lock"
 
 
-WARM_POLL_S = 0.02
-"""How often a waiting warm rank looks for its next command, and the driver for a point's end."""
+WARM_CHECK_S = 0.5
+"""How often the driver, blocked on a warm job's `done` pipe, looks whether the job's torchrun still runs."""
+DONE_PIPE = "done"
 
 
-def warm_send(pool_dir: Path, n: int, config_path: Optional[Path]) -> None:
-    """The driver: hand point `n` (its config.json) to a warm job, or tell it to stop (None)."""
+def wake_pipe(pool_dir: Path, rank: int) -> Path:
+    """The named pipe a warm rank blocks on between points: the driver writes a byte to it after each command."""
+    return pool_dir / f"wake-{rank}"
+
+
+def make_pipes(pool_dir: Path, nproc: int) -> None:
+    """The driver, before it starts a warm job: one wake pipe per rank and the pipe rank 0 says `done` on."""
+    for path in [*(wake_pipe(pool_dir, r) for r in range(nproc)), pool_dir / DONE_PIPE]:
+        os.mkfifo(path, 0o600)
+
+
+def open_pipe(path: Path) -> int:
+    """The reading end of a pipe, kept open (read-write, so that no writer's close ends it): reads block until a
+    byte comes, and a writer's non-blocking open finds a reader."""
+    return os.open(path, os.O_RDWR | os.O_CLOEXEC)
+
+
+def poke(path: Path) -> None:
+    """Write one byte to a pipe without blocking; nothing when no reader has it open yet (it will look at the files
+    before it blocks) or its buffer is full (it has bytes to wake on already)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # ENXIO: no reader yet; ENOENT: the job is gone
+        return
+    try:
+        os.write(fd, b".")
+    except BlockingIOError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def warm_send(pool_dir: Path, n: int, config_path: Optional[Path], nproc: int) -> None:
+    """The driver: hand point `n` (its config.json) to a warm job of `nproc` ranks, or tell it to stop (None), and
+    wake its ranks."""
     write_json_atomic(pool_dir / f"command-{n}.json", {"config": None if config_path is None else str(config_path)})
+    for rank in range(nproc):
+        poke(wake_pipe(pool_dir, rank))
 
 
-def warm_command(pool_dir: Path, n: int) -> Optional[Path]:
-    """A warm rank: wait for command `n`; the config.json of the point to measure, or None to stop."""
+def warm_command(pool_dir: Path, n: int, wake_fd: int) -> Optional[Path]:
+    """A warm rank: wait for command `n`, blocked on its wake pipe (`wake_fd`, from `open_pipe`: no polling on the
+    cores the next point is measured on); the config.json of the point to measure, or None to stop."""
     path = pool_dir / f"command-{n}.json"
     while (command := read_json(path)) is None:
-        time.sleep(WARM_POLL_S)
+        os.read(wake_fd, 64)
     return None if command["config"] is None else Path(command["config"])
 
 
@@ -70,8 +107,9 @@ def warm_was_taken(pool_dir: Path, n: int) -> bool:
 
 
 def warm_done(pool_dir: Path, n: int) -> None:
-    """Rank 0 of a warm job: point `n` is measured and every rank has freed it."""
+    """Rank 0 of a warm job: point `n` is measured and every rank has freed it (and the driver is woken)."""
     (pool_dir / f"done-{n}").touch()
+    poke(pool_dir / DONE_PIPE)
 
 
 def warm_is_done(pool_dir: Path, n: int) -> bool:

@@ -54,6 +54,8 @@ from scaling.engine.jobfiles import (
     WORKER_OUTPUT,
     PointJob,
     WorkerReport,
+    open_pipe,
+    wake_pipe,
     warm_command,
     warm_done,
     warm_taken,
@@ -336,7 +338,8 @@ def serve(pool_dir: Path) -> None:
     """A warm rank: measure the points the driver hands this job, one after another, until it says stop."""
     n = 0
     cuda = False
-    while (config_path := warm_command(pool_dir, n)) is not None:
+    wake_fd = open_pipe(wake_pipe(pool_dir, int(os.environ["RANK"])))
+    while (config_path := warm_command(pool_dir, n, wake_fd)) is not None:
         if int(os.environ["RANK"]) == 0:
             warm_taken(pool_dir, n)
         job = PointJob.read(config_path)

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import json
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -38,9 +39,12 @@ from scaling.core.enums import Status
 from scaling.core.files import open_new
 from scaling.core.schema import ExperimentConfig, HardwareConfig
 from scaling.engine.jobfiles import (
+    DONE_PIPE,
     ELASTIC_LOGS,
     TORCHRUN_LOG,
-    WARM_POLL_S,
+    WARM_CHECK_S,
+    make_pipes,
+    open_pipe,
     warm_is_done,
     warm_send,
     warm_was_taken,
@@ -153,6 +157,9 @@ class WarmJob:
             **torchrun.job_env(hw.threads_per_device, self.held.visible, hw.device == "cuda"),
             torchrun.LAUNCH_ENV: self.token,
         }
+        make_pipes(self.pool_dir, self.shape.nproc)
+        self._done_fd = open_pipe(self.pool_dir / DONE_PIPE)
+        self._stack.callback(os.close, self._done_fd)
         with open_new(self.log_path) as log:
             self.proc = subprocess.Popen(
                 argv,
@@ -176,13 +183,16 @@ class WarmJob:
         n, self.points = self.points, self.points + 1
         offset = self.log_path.stat().st_size
         start = time.perf_counter()
-        warm_send(self.pool_dir, n, config_path)
+        warm_send(self.pool_dir, n, config_path, self.shape.nproc)
         timed_out = False
         while not warm_is_done(self.pool_dir, n) and self.proc.poll() is None:
-            if time.perf_counter() - start > timeout_s:
+            left = timeout_s - (time.perf_counter() - start)
+            if left <= 0:
                 timed_out = True
                 break
-            time.sleep(WARM_POLL_S)
+            # blocked until rank 0 says done (or, every WARM_CHECK_S, to see whether torchrun still runs)
+            if select.select([self._done_fd], [], [], min(left, WARM_CHECK_S))[0]:
+                os.read(self._done_fd, 4096)
         done = not timed_out and warm_is_done(self.pool_dir, n)
         if not done:  # the job is over for every point: end what is left of it
             if self.proc.poll() is None:
@@ -212,7 +222,7 @@ class WarmJob:
         self.cancel_idle()
         try:
             if self.proc is not None and self.proc.poll() is None:
-                warm_send(self.pool_dir, self.points, None)
+                warm_send(self.pool_dir, self.points, None, self.shape.nproc)
                 try:
                     self.proc.wait(timeout=grace_s)
                 except subprocess.TimeoutExpired:
