@@ -19,7 +19,9 @@ import pytest
 
 from scaling.core.schema import ExperimentConfig
 from scaling.launch.devices import (
+    CPU_SLOT,
     LOCK_DIR_ENV,
+    LeaseTimeout,
     LockDirError,
     Request,
     checked_lock_dir,
@@ -172,7 +174,7 @@ def test_concurrent_leases_get_disjoint_slots_and_a_third_waits(tmp_path, lock_e
 def test_a_killed_holder_releases_its_slots(tmp_path, lock_env):
     holder = start_holder(tmp_path / "h", 4, 4, lock_env)
     wait_for(tmp_path / "h.acquired")
-    assert (tmp_path / "locks" / "cuda-0.lock").read_text().strip() == str(holder.pid)  # who holds it
+    assert (tmp_path / "locks" / "cuda-0.lock").read_text().split()[0] == str(holder.pid)  # who holds it
     waiter = start_holder(tmp_path / "w", 1, 4, lock_env, hold=False)
     time.sleep(1.0)
     assert not (tmp_path / "w.acquired").exists() and waiter.poll() is None
@@ -181,6 +183,30 @@ def test_a_killed_holder_releases_its_slots(tmp_path, lock_env):
     killed_at = time.time()
     assert waiter.wait(timeout=30) == 0
     assert wait_for(tmp_path / "w")["acquired"] - killed_at < 5.0
+
+
+@pytest.mark.subprocess
+def test_a_lease_waits_until_its_deadline_and_names_the_holder(tmp_path, lock_env, capsys):
+    holder = start_holder(tmp_path / "h", 2, 2, lock_env)
+    wait_for(tmp_path / "h.acquired")
+    started = time.monotonic()
+    with pytest.raises(LeaseTimeout) as e, lease(1, ["0", "1"], wait_s=1.0, poll_s=0.05):
+        pass
+    assert 1.0 <= time.monotonic() - started < 5.0
+    message = str(e.value)
+    assert f"cuda-0.lock held by pid {holder.pid} (" in message and "since 20" in message, message
+    assert f"({sys.executable} -c" in message  # its command line
+    assert f"pid {holder.pid}" in capsys.readouterr().err  # said once while it waited
+    release(tmp_path / "h")
+    assert holder.wait(timeout=30) == 0
+
+
+def test_a_second_lease_of_a_slot_this_process_holds_is_refused_not_waited_for(lock_env):
+    refused = pytest.raises(RuntimeError, match=r"already holds cpu-host.lock \(since .*would wait for itself")
+    with lease(1, [CPU_SLOT], kind="cpu"), refused, lease(1, [CPU_SLOT], kind="cpu"):
+        pass
+    with lease(1, [CPU_SLOT], kind="cpu"):  # released: taken again at once
+        pass
 
 
 def run_sweep(args: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:

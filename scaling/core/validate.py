@@ -233,6 +233,7 @@ def _check_run(c: _Checker, cfg: ExperimentConfig) -> None:
     )
     c.positive("launch.repeats", launch.repeats)
     c.positive("launch.reuse_idle_s", launch.reuse_idle_s, integer=False)
+    c.positive("launch.lease_wait_s", launch.lease_wait_s, integer=False, allow_none=True)
     c.require(
         0 <= launch.prescreen_margin < 10,
         f"launch.prescreen_margin={launch.prescreen_margin!r} must be in [0, 10)",

@@ -151,7 +151,11 @@ def _run_claimed(
         return _finish(_ended(record, Status.FAILED, str(e), c), point_dir, t0, c)
 
     resumed = [Launch.from_dict(launch) for launch in kept_launches(existing, c.launch.rerun)]
-    _launch_repeats(c, record, resumed, point_dir, argv, lease, lead)
+    try:
+        _launch_repeats(c, record, resumed, point_dir, argv, lease, lead)
+    except devices.LeaseTimeout as e:  # never started: nothing to record (a re-run runs it)
+        print(f"[scaling] {key}: not run, {e}", file=sys.stderr, flush=True)
+        return {"job_key": key, "status": Status.FAILED, "error": f"not run: {e}"}
     return _finish(record, point_dir, t0, c) if lead else record.to_dict()
 
 
@@ -205,7 +209,8 @@ def _launch_repeats(
         outcome = None
         if warm_ranks:
             try:
-                with warm.job_for(warm.shape_of(c, lease, os.environ), c.launch.reuse_idle_s) as job:
+                shape = warm.shape_of(c, lease, os.environ)
+                with warm.job_for(shape, c.launch.reuse_idle_s, c.launch.lease_wait_s) as job:
                     held = job.held
                     peak = flops.resolve_peak_flops(c.hardware, c.train.precision)
                     launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
@@ -216,7 +221,7 @@ def _launch_repeats(
                 shutil.rmtree(point_dir / ELASTIC_LOGS, ignore_errors=True)
         if outcome is None:
             points_before = 0
-            with warm.fresh_lease(lease, c.launch.devices) as held:
+            with warm.fresh_lease(lease, c.launch.devices, c.launch.lease_wait_s) as held:
                 # The CPU peak that MFU divides by is measured here, while this point holds the host.
                 peak = flops.resolve_peak_flops(c.hardware, c.train.precision)
                 launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")

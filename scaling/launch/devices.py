@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import signal
 import stat
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -124,8 +125,17 @@ def pick(free: set[int], wanted: int) -> Optional[list[int]]:
     return (aligned or runs or [sorted(free)[:wanted]])[0]
 
 
+class LeaseTimeout(TimeoutError):
+    """A lease not granted within its deadline; the message names who holds the slots."""
+
+
+_MINE: dict[Path, str] = {}
+"""The slot lock files this process holds, and since when: a second lease of one would wait for itself."""
+
+
 def _open_lock(path: Path, blocking: bool) -> Optional[int]:
-    """A descriptor holding an exclusive flock on `path`, or None if another holds it (non-blocking)."""
+    """A descriptor holding an exclusive flock on `path`, or None if another holds it (non-blocking); the file then
+    names this process, its command and since when (what a waiter's message quotes)."""
     try:  # never through a symbolic link: a planted one would truncate the file it points to
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
@@ -145,8 +155,43 @@ def _open_lock(path: Path, blocking: bool) -> Optional[int]:
         os.close(fd)
         raise
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    os.pwrite(fd, f"{os.getpid()} {since} {_command()}\n".encode(), 0)
     return fd
+
+
+def _command() -> str:
+    """This process's command line, shortened."""
+    try:
+        with open(f"/proc/{os.getpid()}/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+        return " ".join(w.decode(errors="replace") for w in words if w)[:200]
+    except OSError:
+        return "?"
+
+
+def holder_of(path: Path) -> str:
+    """Who a slot's lock file says holds it: `pid P (COMMAND) since T`, or that it cannot tell."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return "a process this user cannot name"
+    try:
+        pid, since, command = (os.pread(fd, 4096, 0).decode(errors="replace").strip().split(" ", 2) + ["", "", ""])[:3]
+    finally:
+        os.close(fd)
+    return f"pid {pid} ({command or '?'}) since {since or '?'}" if pid else "a process this user cannot name"
+
+
+def someone_waits(req: Optional[Request]) -> bool:
+    """Whether another process waits in line for slots of this request's kind (it holds the kind's queue lock)."""
+    if req is None:
+        return False
+    fd = _open_lock(checked_lock_dir() / f"{req.kind}.queue.lock", blocking=False)
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
 
 
 def _slot_file(root: Path, kind: str, slot: str) -> Path:
@@ -154,30 +199,73 @@ def _slot_file(root: Path, kind: str, slot: str) -> Path:
 
 
 @contextmanager
-def lease(wanted: int, slots: Sequence[str], *, kind: str = "cuda", poll_s: float = POLL_S) -> Iterator[list[str]]:
-    """Block until `wanted` of `slots` are free, hold them for the body, release them on exit."""
+def lease(
+    wanted: int,
+    slots: Sequence[str],
+    *,
+    kind: str = "cuda",
+    poll_s: float = POLL_S,
+    wait_s: Optional[float] = None,
+    name: str = "",
+) -> Iterator[list[str]]:
+    """Block until `wanted` of `slots` are free (at most `wait_s`, then LeaseTimeout naming the holders), hold them
+    for the body, release them on exit. A slot this process holds already is refused at once (a lease of it would
+    wait for itself); waiting, it says once who holds the slots."""
     if not 1 <= wanted <= len(slots):
         raise ValueError(f"cannot lease {wanted} of the {len(slots)} {kind} slot(s) {list(slots)}")
     root = checked_lock_dir()
-    queue = _open_lock(root / f"{kind}.queue.lock", blocking=True)
+    files = [_slot_file(root, kind, s) for s in slots]
+    mine = [f"{f.name} (since {_MINE[f]})" for f in files if f in _MINE]
+    if len(files) - len(mine) < wanted:
+        raise RuntimeError(
+            f"this process (pid {os.getpid()}) already holds {', '.join(mine)}: a second lease of "
+            f"{wanted} of {[f.name for f in files]} would wait for itself"
+        )
+    start, said = time.monotonic(), False
+    queue = _wait_for_lock(root / f"{kind}.queue.lock", start, wait_s, poll_s, name)
     try:
         while True:
-            taken = {
-                i: fd for i, s in enumerate(slots) if (fd := _open_lock(_slot_file(root, kind, s), False)) is not None
-            }
+            taken = {i: fd for i, f in enumerate(files) if f not in _MINE and (fd := _open_lock(f, False)) is not None}
             chosen = pick(set(taken), wanted) or []
             for i in set(taken) - set(chosen):
                 os.close(taken[i])
             if chosen:
                 break
+            busy = [f for i, f in enumerate(files) if i not in taken]
+            if not said:
+                print(f"[scaling] {name}waiting for {kind} slots: {_holders(busy)}", file=sys.stderr, flush=True)
+                said = True
+            if wait_s is not None and time.monotonic() - start > wait_s:
+                raise LeaseTimeout(f"no {kind} slot free after {wait_s:g}s: {_holders(busy)}")
             time.sleep(poll_s)
     finally:
         os.close(queue)
+    since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    for i in chosen:
+        _MINE[files[i]] = since
     try:
         yield [slots[i] for i in chosen]
     finally:
         for i in chosen:
+            _MINE.pop(files[i], None)
             os.close(taken[i])
+
+
+def _holders(files: Sequence[Path]) -> str:
+    return "; ".join(f"{f.name} held by {holder_of(f)}" for f in files)
+
+
+def _wait_for_lock(path: Path, start: float, wait_s: Optional[float], poll_s: float, name: str) -> int:
+    """The queue lock of a kind: the first in line holds it while it waits for slots."""
+    said = False
+    while (fd := _open_lock(path, False)) is None:
+        if not said:
+            print(f"[scaling] {name}waiting in line behind {holder_of(path)}", file=sys.stderr, flush=True)
+            said = True
+        if wait_s is not None and time.monotonic() - start > wait_s:
+            raise LeaseTimeout(f"still in line after {wait_s:g}s, behind {holder_of(path)}")
+        time.sleep(poll_s)
+    return fd
 
 
 def request(cfg: ExperimentConfig, environ: Mapping[str, str]) -> Optional[Request]:
@@ -238,13 +326,16 @@ def start_sweep_watcher(poll_s: float = 1.0) -> None:
 
 
 @contextmanager
-def hold(req: Optional[Request], visible: Optional[str], poll_s: float = POLL_S) -> Iterator[Held]:
-    """Hold the requested slots for the body; `visible` is CUDA_VISIBLE_DEVICES when nothing is leased."""
+def hold(
+    req: Optional[Request], visible: Optional[str], poll_s: float = POLL_S, wait_s: Optional[float] = None
+) -> Iterator[Held]:
+    """Hold the requested slots for the body (waiting at most `wait_s`); `visible` is CUDA_VISIBLE_DEVICES when
+    nothing is leased."""
     t0 = time.perf_counter()
     if req is None:
         yield Held(visible=visible, wait_s=0.0)
         return
-    with lease(req.wanted, req.slots, kind=req.kind, poll_s=poll_s) as got:
+    with lease(req.wanted, req.slots, kind=req.kind, poll_s=poll_s, wait_s=wait_s) as got:
         yield Held(visible=",".join(got) if req.kind == "cuda" else visible, wait_s=time.perf_counter() - t0)
 
 

@@ -111,15 +111,18 @@ class JobGone(RuntimeError):
 class WarmJob:
     """A torchrun job of warm ranks and the device lease it holds."""
 
-    def __init__(self, shape: Shape) -> None:
+    def __init__(self, shape: Shape, held: devices.Held) -> None:
         self.shape = shape
         self.points = 0
         """Points handed to the job so far."""
         self.last_used = time.monotonic()
-        self._idle: Optional[threading.Timer] = None
+        self.busy = False
+        """A turn runs: the job is not ended by its idle watch."""
+        self._idle: Optional[threading.Event] = None
         self._stack = contextlib.ExitStack()
-        self.held = _hold(shape.request, shape.visible)
-        """The devices; `wait_s` is the lease's wait until the first turn has run, then 0."""
+        self.held = held
+        """The devices (a lease counted by `_share` or `_take`); `wait_s` is the lease's wait until the first turn
+        has run, then 0."""
         self._stack.callback(_unhold, shape.request, shape.visible)
         self.pool_dir = Path(tempfile.mkdtemp(prefix="scaling-warm-"))
         self._stack.callback(shutil.rmtree, self.pool_dir, True)
@@ -129,16 +132,24 @@ class WarmJob:
         """The job's identity in its processes' environment: what is left of it is ended by this, never by name."""
 
     def idle_after(self, seconds: float, end: Any) -> None:
-        """Call `end` once the job has waited `seconds` for its next point."""
+        """Call `end` once the job has waited `seconds` for its next point, or as soon as another process waits
+        for its devices (it offers them between turns; looked at every IDLE_CHECK_S)."""
         self.cancel_idle()
-        self._idle = threading.Timer(seconds, end)
-        self._idle.name, self._idle.daemon = "warm-ranks-idle", True
-        self._idle.start()
+        stop = self._idle = threading.Event()
+        deadline = time.monotonic() + seconds
+
+        def watch() -> None:
+            while not stop.wait(max(0.0, min(IDLE_CHECK_S, deadline - time.monotonic()))):
+                if time.monotonic() >= deadline or devices.someone_waits(self.shape.request):
+                    end()
+                    return
+
+        threading.Thread(target=watch, name="warm-ranks-idle", daemon=True).start()
 
     def cancel_idle(self) -> None:
         """A point came: the job is no longer idle."""
         if self._idle is not None:
-            self._idle.cancel()
+            self._idle.set()
 
     @property
     def alive(self) -> bool:
@@ -234,29 +245,45 @@ class WarmJob:
 
 
 MAX_CPU_JOBS = 4
+IDLE_CHECK_S = 1.0
+"""How often an idle job looks whether another process waits for its devices."""
 """Warm jobs of different shapes one CPU driver keeps at once (the oldest idle one ends first)."""
 
 _LOCK = threading.RLock()
 _jobs: dict[Shape, WarmJob] = {}
-_leases: dict[tuple[Optional[devices.Request], Optional[str]], tuple[contextlib.ExitStack, devices.Held, int]] = {}
+_leases: dict[Any, tuple[contextlib.ExitStack, devices.Held, int]] = {}
+"""This process's leases by slot set (`_lease_key`): the stack that releases it, the devices, the jobs using it."""
 
 
-def _hold(request: Optional[devices.Request], visible: Optional[str]) -> devices.Held:
-    """The lease for a job of this process: taken by its first job, shared by the others (CPU jobs of this driver
-    run their points one at a time, so they may share the host)."""
-    key = (request, visible)
-    if key in _leases:
-        stack, held, users = _leases[key]
-        _leases[key] = (stack, held, users + 1)
-        return dataclasses.replace(held, wait_s=0.0)
+def _lease_key(request: Optional[devices.Request], visible: Optional[str]) -> Any:
+    """One lease per slot set in this process: the request names the slots (its `visible` is what it leased);
+    without one, the devices given."""
+    return (request.kind, request.slots) if request is not None else ("given", visible)
+
+
+def _share(shape: Shape) -> Optional[devices.Held]:
+    """The lease of a job of this process on the same slots, counted once more (CPU jobs of this driver run their
+    points one at a time, so they may share the host); None when there is none. Under _LOCK."""
+    key = _lease_key(shape.request, shape.visible)
+    if key not in _leases:
+        return None
+    stack, held, users = _leases[key]
+    _leases[key] = (stack, held, users + 1)
+    return dataclasses.replace(held, wait_s=0.0)
+
+
+def _take(shape: Shape, wait_s: Optional[float]) -> devices.Held:
+    """A new lease for a job of this process: waited for without _LOCK (the idle watches of this process's other
+    jobs end them meanwhile), then counted under it."""
     stack = contextlib.ExitStack()
-    held = stack.enter_context(devices.hold(request, visible))
-    _leases[key] = (stack, held, 1)
+    held = stack.enter_context(devices.hold(shape.request, shape.visible, wait_s=wait_s))
+    with _LOCK:
+        _leases[_lease_key(shape.request, shape.visible)] = (stack, held, 1)
     return held
 
 
 def _unhold(request: Optional[devices.Request], visible: Optional[str]) -> None:
-    key = (request, visible)
+    key = _lease_key(request, visible)
     stack, held, users = _leases.pop(key)
     if users > 1:
         _leases[key] = (stack, held, users - 1)
@@ -271,6 +298,13 @@ def _end(job: WarmJob) -> None:
             job.close()
 
 
+def _end_idle(job: WarmJob) -> None:
+    """The idle watch's end: not of a job that took a point meanwhile."""
+    with _LOCK:
+        if not job.busy:
+            _end(job)
+
+
 def close() -> None:
     """End every warm job of this process (the next point starts fresh)."""
     with _LOCK:
@@ -282,25 +316,29 @@ atexit.register(close)
 
 
 @contextlib.contextmanager
-def fresh_lease(request: Optional[devices.Request], visible: Optional[str]) -> Iterator[devices.Held]:
+def fresh_lease(
+    request: Optional[devices.Request], visible: Optional[str], wait_s: Optional[float] = None
+) -> Iterator[devices.Held]:
     """The devices for a launch that is not a turn of a warm job (a fresh point, the collectives benchmark): this
     process's warm jobs end first, since an idle one holds the lease such a launch waits for until it times out
     (launch.reuse_idle_s)."""
     close()
-    with devices.hold(request, visible) as held:
+    with devices.hold(request, visible, wait_s=wait_s) as held:
         yield held
 
 
 @contextlib.contextmanager
-def job_for(shape: Shape, idle_s: float) -> Iterator[WarmJob]:
-    """The warm job for a point of `shape`: a running one of the same shape, else a new one.
+def job_for(shape: Shape, idle_s: float, wait_s: Optional[float] = None) -> Iterator[WarmJob]:
+    """The warm job for a point of `shape`: a running one of the same shape, else a new one (its lease waited for
+    at most `wait_s`, devices.LeaseTimeout past it).
 
     On CUDA a new job first ends the others (an idle job's ranks keep a CUDA context on their devices); on CPU up
     to MAX_CPU_JOBS jobs of different shapes wait side by side (idle ranks hold memory, not cores, and the
-    capacity a CPU point runs against is emulated). After its point a job waits `idle_s` (launch.reuse_idle_s) for
-    the next one, then ends; a job whose ranks stopped with their point ends at once."""
+    capacity a CPU point runs against is emulated). After its point a job gives its devices back at once when
+    another process waits for them, else waits `idle_s` (launch.reuse_idle_s) for the next point, then ends; a job
+    whose ranks stopped with their point ends at once."""
     with _LOCK:
-        job = _jobs.get(shape)
+        job, held = _jobs.get(shape), None
         if job is not None:
             job.cancel_idle()
             if not job.alive:
@@ -310,12 +348,20 @@ def job_for(shape: Shape, idle_s: float) -> Iterator[WarmJob]:
             cuda = shape.hardware_block().device == "cuda"
             while _jobs and (cuda or len(_jobs) >= MAX_CPU_JOBS):
                 _end(min(_jobs.values(), key=lambda j: j.last_used))
-            job = _jobs[shape] = WarmJob(shape)
-        try:
-            yield job
-        finally:
-            job.last_used = time.monotonic()
-            if not job.alive:
-                _end(job)
+            held = _share(shape)
+        else:
+            job.busy = True
+    if job is None:
+        job = WarmJob(shape, held if held is not None else _take(shape, wait_s))
+        job.busy = True
+        with _LOCK:
+            _jobs[shape] = job
+    try:
+        yield job
+    finally:
+        with _LOCK:
+            job.busy, job.last_used = False, time.monotonic()
+            if not job.alive or devices.someone_waits(shape.request):
+                _end(job)  # stopped with its point, or another process waits for its devices: given back now
             else:
-                job.idle_after(idle_s, functools.partial(_end, job))
+                job.idle_after(idle_s, functools.partial(_end_idle, job))
