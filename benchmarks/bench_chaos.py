@@ -3,7 +3,7 @@
     python benchmarks/bench_chaos.py [--seeds 0,1,2,3,4]
 
 Each run is tests/helpers/chaos.py's: 12 tiny points at dp=2 on warm ranks, two `scaling run -m` drivers at once on
-one host lease, one killed between 2 and 25 s in and started again. Per seed it prints when the kill came, how many
+one host lease, one killed between 1.5 and 9 s in and started again. Per seed it prints when the kill came, how many
 points were recorded then, how many claims were taken over from the dead driver, how often a driver waited for a
 claim or for the lease, the longest device wait of a point and the wall time; a run whose store is wrong (a point
 recorded twice or not at all, a process left) stops with the reason.

@@ -63,7 +63,7 @@ def _ours(lock_dir: str) -> list[psutil.Process]:
     return found
 
 
-def chaos(sweep_dir: Path, seed: int, kill_window_s: tuple[float, float] = (2.0, 25.0)) -> dict[str, Any]:
+def chaos(sweep_dir: Path, seed: int, kill_window_s: tuple[float, float] = (1.5, 9.0)) -> dict[str, Any]:
     """One run (see the module's docstring); raises AssertionError naming what the store got wrong."""
     rng = random.Random(seed)
     sweep_dir.mkdir(parents=True, exist_ok=True)
