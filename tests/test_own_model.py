@@ -211,6 +211,32 @@ def test_a_hugging_face_llama_from_its_config_trains_at_zero_3_and_is_counted_an
     assert record["predicted"]["method"] == "traced" and abs(predicted / measured - 1) <= 0.05, (predicted, measured)
 
 
+@pytest.mark.torchrun
+def test_a_hugging_face_mixture_of_experts_trains_at_zero_3_counted_by_its_active_experts(tmp_path):
+    """conf/model/hf_mixtral_tiny.yaml: Mixtral's shape, 4 experts of which 2 run per token. Its blocks are the one
+    class its `_no_split_modules` names; its FLOPs counted on fake tensors are those of the experts a token runs (not
+    all four, not none); trained at ZeRO-3 on 2 ranks, it learns nothing of random tokens (losses at ln(vocab)); its
+    memory traced within 5% of the tracked peak."""
+    from scaling.sweep.compose import compose_config
+
+    overrides = [
+        "model=hf_mixtral_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2",
+        "train.steps=2", "launch.reuse=true", "parallel.dp=2", "parallel.zero_stage=3", f"sweep_dir={tmp_path}",
+    ]  # fmt: skip
+    record = run_point(compose_config(overrides))
+    assert record["status"] == "ok", record["error"]
+    assert record["derived"]["model"]["block"] == "MixtralDecoderLayer" and record["derived"]["model"]["n_blocks"] == 2
+    h, kv, f, experts, active, layers, vocab, seq = 64, 32, 128, 4, 2, 2, 512, 32
+    per_layer = (2 * h * h + 2 * h * kv) + h * experts + active * 3 * h * f  # attention, router, the chosen experts
+    forward = 2 * (layers * per_layer + h * vocab) + 4 * layers * h * seq  # matmuls, then QK^T and A.V
+    assert record["derived"]["flops_per_token"] == 3 * forward, (record["derived"]["flops_per_token"], 3 * forward)
+    assert record["derived"]["uncounted_ops"] == []
+    losses = record["metrics"]["losses"]
+    assert len(losses) == 4 and all(abs(loss - math.log(vocab)) < 0.05 for loss in losses), losses
+    predicted, measured = record["predicted"]["peak_mem_bytes"], record["metrics"]["peak_mem_bytes"]
+    assert record["predicted"]["method"] == "traced" and abs(predicted / measured - 1) <= 0.05, (predicted, measured)
+
+
 def test_a_hugging_face_model_without_the_extra_is_invalid_and_says_what_to_install(tmp_path, monkeypatch):
     """Without transformers (the `[hf]` extra) a model made from a Hugging Face config is `invalid` before any
     process, with the file it names and the install command; nothing else of the point is written."""

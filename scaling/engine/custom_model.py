@@ -5,8 +5,9 @@ The contract (docs/own-project.md): the target returns an `nn.Module` whose `for
 LongTensor and returns (B, T, vocab_size) logits, or an object with `.logits`. The engine builds it on the meta
 device, shards it per block, materialises it, then initialises it: the module's `init_weights()` if it has one, else
 every submodule's `reset_parameters()` (torch's convention; a buffer that holds values is filled there too: built on
-meta, it holds none). The blocks (what is sharded and recomputed) are the class `blocks:` names, else the class of the
-repeated children of the module's largest `nn.ModuleList`.
+meta, it holds none). The blocks (what is sharded and recomputed) are the class `blocks:` names, else the one class a
+Hugging Face model names in `_no_split_modules`, else the class of the repeated children of the module's largest
+`nn.ModuleList`.
 
 FLOPs are counted, not assumed: torch's FlopCounterMode runs one forward and backward of a sequence on fake tensors.
 Operators that look like compute but that the counter has no formula for are named, so that a model whose
@@ -92,6 +93,10 @@ def block_class(model: CustomModel, module: nn.Module) -> type:
         if not (isinstance(kind, type) and issubclass(kind, nn.Module)):
             raise ModelError(f"model.blocks={model.blocks!r} is not an nn.Module class")
         return kind
+    named = set(getattr(module, "_no_split_modules", None) or ())  # a Hugging Face model names its blocks
+    kinds = {type(m) for m in module.modules() if type(m).__name__ in named}
+    if len(kinds) == 1:
+        return kinds.pop()
     lists = [m for m in module.modules() if isinstance(m, nn.ModuleList) and len(m) > 0]
     if lists:
         largest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))

@@ -14,13 +14,20 @@ from scaling.core.models import hf_config_path
 
 HF_EXTRA = "pip install 'scaling[hf]'"
 """What to install for a model made from a Hugging Face config."""
+EXPERTS = "batched_mm"
+"""transformers' implementation of a mixture of experts (see `causal_lm`)."""
 
 
 def causal_lm(
     config: str, vocab_size: int, max_seq_len: int, config_sha256: Optional[str] = None, **overrides: Any
 ) -> nn.Module:
     """`AutoModelForCausalLM.from_config` of the file's fields with `overrides` (its vocabulary and longest sequence
-    as the model file gives them), SDPA attention, no KV cache. `config_sha256` only keys the file's content."""
+    as the model file gives them), SDPA attention, no KV cache. `config_sha256` only keys the file's content.
+
+    A mixture of experts runs its experts as batched matmuls over each token's chosen experts (transformers'
+    `batched_mm`, unless the file's `experts_implementation` says otherwise): shapes that do not depend on the
+    routing, so the FLOP counter and the traced predictor run it on fake tensors (the loop over experts needs the
+    routing's values; the grouped kernel takes bf16 only on CPU), and the measured step is the step counted."""
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError:
@@ -34,8 +41,9 @@ def causal_lm(
     if model_type is None:
         raise ValueError(f"model.hf_config={config!r} has no model_type: not a transformers config")
     fields["use_cache"] = False  # training: no KV cache
+    experts = fields.pop("experts_implementation", EXPERTS)
     try:
         hf = AutoConfig.for_model(model_type, **fields)
-        return AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa")
+        return AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa", experts_implementation=experts)
     except ValueError as e:
         raise ValueError(f"model.hf_config={config!r} ({model_type}) is not a causal LM: {e}".splitlines()[0]) from None
