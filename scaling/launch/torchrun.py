@@ -213,7 +213,11 @@ def end_launch(token: str, grace_s: float = KILL_GRACE_S) -> None:
     released once nothing of the launch holds it (an orphaned rank keeps its GPU memory). Never raises: what was
     measured is recorded whatever ending the processes met."""
     try:
-        _, alive = psutil.wait_procs(launch_processes(token), timeout=grace_s)
+        left = launch_processes(token)
+        for p in left:  # the launch is over: what is left of it is asked to stop, then killed after the grace
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, alive = psutil.wait_procs(left, timeout=grace_s)
         for p in alive:
             with contextlib.suppress(psutil.Error):
                 p.kill()
