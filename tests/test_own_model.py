@@ -189,18 +189,23 @@ def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predi
     assert recomputed["metrics"]["peak_mem_bytes"] < one["metrics"]["peak_mem_bytes"]
 
 
+def hf_point(model: str, sweep_dir: Path) -> dict:
+    """A shipped Hugging Face model file's point at ZeRO-3 on 2 warm ranks: seq 32, mbs 2, 2 warm-up and 2 timed steps."""
+    from scaling.sweep.compose import compose_config
+
+    overrides = [
+        f"model={model}", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2", "train.steps=2",
+        "launch.reuse=true", "parallel.dp=2", "parallel.zero_stage=3", f"sweep_dir={sweep_dir}",
+    ]  # fmt: skip
+    return run_point(compose_config(overrides))
+
+
 @pytest.mark.torchrun
 def test_a_hugging_face_llama_from_its_config_trains_at_zero_3_and_is_counted_and_predicted(tmp_path):
     """conf/model/hf_llama_tiny.yaml (`hf_config:`, transformers, no weights): the tiny model's shapes, so its counted
     FLOPs are the built-in tiny's closed form; trained at ZeRO-3 on 2 ranks, its losses on random tokens at
     ln(vocab_size) (finite: materialised from meta, its rotary tables were filled by its init); its memory traced."""
-    from scaling.sweep.compose import compose_config
-
-    overrides = [
-        "model=hf_llama_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2",
-        "train.steps=2", "launch.reuse=true", "parallel.dp=2", "parallel.zero_stage=3", f"sweep_dir={tmp_path}",
-    ]  # fmt: skip
-    record = run_point(compose_config(overrides))
+    record = hf_point("hf_llama_tiny", tmp_path)
     assert record["status"] == "ok", record["error"]
     assert record["config"]["model"]["config"] == "model/hf_llama_tiny.json"
     assert record["derived"]["n_params"] == 164160 and record["derived"]["model"]["block"] == "LlamaDecoderLayer"
@@ -217,13 +222,7 @@ def test_a_hugging_face_mixture_of_experts_trains_at_zero_3_counted_by_its_activ
     class its `_no_split_modules` names; its FLOPs counted on fake tensors are those of the experts a token runs (not
     all four, not none); trained at ZeRO-3 on 2 ranks, it learns nothing of random tokens (losses at ln(vocab)); its
     memory traced within 5% of the tracked peak."""
-    from scaling.sweep.compose import compose_config
-
-    overrides = [
-        "model=hf_mixtral_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2",
-        "train.steps=2", "launch.reuse=true", "parallel.dp=2", "parallel.zero_stage=3", f"sweep_dir={tmp_path}",
-    ]  # fmt: skip
-    record = run_point(compose_config(overrides))
+    record = hf_point("hf_mixtral_tiny", tmp_path)
     assert record["status"] == "ok", record["error"]
     assert record["derived"]["model"]["block"] == "MixtralDecoderLayer" and record["derived"]["model"]["n_blocks"] == 2
     h, kv, f, experts, active, layers, vocab, seq = 64, 32, 128, 4, 2, 2, 512, 32

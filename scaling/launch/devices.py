@@ -221,8 +221,10 @@ def lease(
             f"this process (pid {os.getpid()}) already holds {', '.join(mine)}: a second lease of "
             f"{wanted} of {[f.name for f in files]} would wait for itself"
         )
-    start, said = time.monotonic(), False
-    queue = _wait_for_lock(root / f"{kind}.queue.lock", start, wait_s, poll_s, name)
+    wait = _Wait(wait_s, poll_s, name)
+    queue_file = root / f"{kind}.queue.lock"
+    while (queue := _open_lock(queue_file, False)) is None:  # the first in line holds it while it waits for slots
+        wait.again(f"in line behind {holder_of(queue_file)}")
     try:
         while True:
             taken = {i: fd for i, f in enumerate(files) if f not in _MINE and (fd := _open_lock(f, False)) is not None}
@@ -232,12 +234,7 @@ def lease(
             if chosen:
                 break
             busy = [f for i, f in enumerate(files) if i not in taken]
-            if not said:
-                print(f"[scaling] {name}waiting for {kind} slots: {_holders(busy)}", file=sys.stderr, flush=True)
-                said = True
-            if wait_s is not None and time.monotonic() - start > wait_s:
-                raise LeaseTimeout(f"no {kind} slot free after {wait_s:g}s: {_holders(busy)}")
-            time.sleep(poll_s)
+            wait.again(f"for {kind} slots: " + "; ".join(f"{f.name} held by {holder_of(f)}" for f in busy))
     finally:
         os.close(queue)
     since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -251,21 +248,21 @@ def lease(
             os.close(taken[i])
 
 
-def _holders(files: Sequence[Path]) -> str:
-    return "; ".join(f"{f.name} held by {holder_of(f)}" for f in files)
+class _Wait:
+    """A lease's wait: says once what it waits for, gives up past its deadline (LeaseTimeout saying what it waited
+    for), else sleeps a poll."""
 
+    def __init__(self, wait_s: Optional[float], poll_s: float, name: str) -> None:
+        self.deadline = None if wait_s is None else time.monotonic() + wait_s
+        self.wait_s, self.poll_s, self.name, self.said = wait_s, poll_s, name, False
 
-def _wait_for_lock(path: Path, start: float, wait_s: Optional[float], poll_s: float, name: str) -> int:
-    """The queue lock of a kind: the first in line holds it while it waits for slots."""
-    said = False
-    while (fd := _open_lock(path, False)) is None:
-        if not said:
-            print(f"[scaling] {name}waiting in line behind {holder_of(path)}", file=sys.stderr, flush=True)
-            said = True
-        if wait_s is not None and time.monotonic() - start > wait_s:
-            raise LeaseTimeout(f"still in line after {wait_s:g}s, behind {holder_of(path)}")
-        time.sleep(poll_s)
-    return fd
+    def again(self, why: str) -> None:
+        if not self.said:
+            print(f"[scaling] {self.name}waiting {why}", file=sys.stderr, flush=True)
+            self.said = True
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise LeaseTimeout(f"waited {self.wait_s:g}s {why}")
+        time.sleep(self.poll_s)
 
 
 def request(cfg: ExperimentConfig, environ: Mapping[str, str]) -> Optional[Request]:
