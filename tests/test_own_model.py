@@ -4,6 +4,7 @@ the traced prediction against the tracked peak)."""
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import sys
@@ -248,3 +249,25 @@ def test_a_hugging_face_model_without_the_extra_is_invalid_and_says_what_to_inst
     assert record["status"] == "invalid", record
     assert "model.hf_config='model/hf_llama_tiny.json' needs transformers: pip install 'scaling[hf]'" in record["error"]
     assert [p.name for p in job_dir(tmp_path / "runs", job_key(cfg)).iterdir()] == ["result.json"]
+
+
+@pytest.mark.slow  # about 10 s of traces
+def test_find_mbs_takes_a_model_of_ones_own_and_answers_what_its_trace_says(capsys):
+    """`scaling find-mbs` on a Hugging Face model (no analytic form): the traced predictor settles the largest mbs;
+    the trace of that mbs fits the capacity and the next one's does not."""
+    from scaling.cli.find_mbs import main as find_mbs_main
+    from scaling.predictor.prescreen import capacity_bytes
+    from scaling.predictor.trace import trace_peak
+    from scaling.sweep.compose import compose_config
+
+    point = ["model=hf_llama_tiny", "train.seq_len=64", "hardware.memory_gb=0.01", "logger=none"]
+    assert find_mbs_main(["--no-confirm", "--json", "--max-mbs=16", *point]) == 0
+    out = capsys.readouterr().out
+    found = json.loads(out[out.index("{") :])
+    assert found["predicted_mbs"] == found["mbs"] and found["method"] == "traced", found
+
+    def peak(mbs: int) -> int:
+        return trace_peak(compose_config([*point, f"train.mbs={mbs}"])).peak_mem_bytes
+
+    capacity = capacity_bytes(compose_config(point).hardware)
+    assert found["mbs"] >= 2 and peak(found["mbs"]) <= capacity < peak(found["mbs"] + 1), found
