@@ -494,8 +494,10 @@ def test_sigkilled_search_resumes_without_repeating_finished_trials(tmp_path: Pa
     assert not {c["x"] for c in new_calls} & {t.params["x"] for t in finished.values()}
 
 
-# --- the real engine: torchrun over gloo, tiny model, one timed step ---------------------------
+# --- the real engine: torchrun over gloo, one timed step, on a model of one's own: the tiny model's shapes as a
+# Hugging Face Llama (conf/model/hf_llama_tiny.yaml), so the search runs as it does on the built-in family --------
 ENGINE_POINT = [
+    "model=hf_llama_tiny",
     "train.steps=1",
     "train.warmup_steps=1",
     "hardware.memory_gb=0.02",
@@ -553,7 +555,8 @@ def test_engine_best_point_runs_with_scaling_run(engine_search: Path) -> None:
     best = yaml.safe_load((engine_search / "best.yaml").read_text())["best"]
     assert best["status"] == "ok" and best["trial"] in (0, 1)
     assert f"sweep_dir={engine_search}" in best["overrides"] and "train.mbs=64" not in best["overrides"]
-    assert best["command"].startswith("python -m scaling run model.name=tiny ")
+    # a model of one's own is named by its file first (the default config's model is the built-in family's)
+    assert best["command"].startswith("python -m scaling run model=hf_llama_tiny model.name=hf_llama_tiny ")
     stdout, _ = run_process([sys.executable, "-m", "scaling", "run", *best["run_overrides"], "logger=none"])
     assert f"[scaling] {best['job_key']} already recorded as ok: skipped" in stdout
 

@@ -33,6 +33,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import Trial, TrialState
 
+from scaling.core.models import is_custom
 from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, LaunchConfig
 from scaling.store.record import RecordError, answers, job_key, output_dir, read_record
 
@@ -267,8 +268,11 @@ class OptunaSearch(Sweeper):
             return None
         experiment = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS}
         sweep_dir = output_dir(cfg.sweep_dir, cfg.hydra)
-        # The whole experiment, so the point runs the same from the default primary config too.
-        run_overrides = leaf_overrides({**experiment, "sweep": cfg.sweep, "sweep_dir": sweep_dir})
+        # The whole experiment, so the point runs the same from the default primary config too; a model of one's
+        # own first by its file (its fields are not the built-in family's, which the default config's model has).
+        choice = OmegaConf.select(cfg, "hydra.runtime.choices.model", default=None)
+        own = [f"model={choice}"] if choice and is_custom(experiment["model"]) else []
+        run_overrides = own + leaf_overrides({**experiment, "sweep": cfg.sweep, "sweep_dir": sweep_dir})
         key = job_key(ExperimentConfig.from_dict(experiment))
         try:
             record = read_record(sweep_dir, key, set_aside_corrupt=True)
