@@ -160,7 +160,7 @@ def rel(a: float, b: float) -> float:
 @pytest.mark.torchrun
 def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predicted(project):
     """gpt.py's GPT-2-style model (LayerNorm, learned positions, biases, untied head): dp=2 at ZeRO 0-3 against
-    dp=1 x grad_acc=2, clipped; recompute per block; the traced prediction against the tracked peak."""
+    dp=1 x grad_acc=2, clipped; bf16; recompute per block; the traced prediction against the tracked peak."""
     from scaling.sweep.compose import compose_config
 
     base = [
@@ -183,6 +183,11 @@ def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predi
             predicted,
             measured,
         )
+    # bf16 (the warm ranks of dp=2 again): the same training within bf16's rounding
+    bf16 = run_point(compose_config([*base, "parallel.dp=2", "parallel.zero_stage=3", "train.precision=bf16"]))
+    assert bf16["status"] == "ok", bf16["error"]
+    assert max(rel(a, b) for a, b in zip(bf16["metrics"]["losses"], one["metrics"]["losses"])) <= 2e-2
+    assert bf16["metrics"]["losses"] != one["metrics"]["losses"]  # it did run in bf16
     recomputed = run_point(compose_config([*base, "parallel.dp=1", "train.grad_acc=2", "train.recompute=full"]))
     assert recomputed["status"] == "ok", recomputed["error"]
     assert max(rel(a, b) for a, b in zip(recomputed["metrics"]["losses"], one["metrics"]["losses"])) <= 1e-5
