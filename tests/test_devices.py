@@ -248,6 +248,33 @@ def test_parallel_launcher_runs_jobs_at_once_but_cpu_launches_one_at_a_time(tmp_
     assert out.stdout.strip().splitlines()[-1].startswith("sweep adhoc: 2 points: 2 ok")
 
 
+@pytest.mark.torchrun
+def test_two_drivers_waiting_for_one_host_both_finish_and_neither_waits_past_its_bound(tmp_path, lock_env):
+    """Two sweeps of different points on warm ranks, one host slot: a warm job keeps the host while the other
+    driver has waited less than launch.reuse_idle_s, then gives it back after its turn. Both finish, every point
+    ok, and no point waited for the host longer than reuse_idle_s plus the other's longest turn (and a start)."""
+    idle_s = 3.0
+    common = [*FAST, "parallel.dp=2", "launch.reuse=true", f"launch.reuse_idle_s={idle_s}", "train.steps=2"]
+    argv = [sys.executable, "-m", "scaling", "run", "-m", *common]
+    drivers = [
+        subprocess.Popen(
+            [*argv, f"train.seed={seeds}", f"sweep_dir={tmp_path / name}"],
+            cwd=tmp_path, env=lock_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for name, seeds in (("a", "1,2"), ("b", "3,4"))
+    ]  # fmt: skip
+    outputs = [d.communicate(timeout=300)[0] for d in drivers]
+    assert [d.returncode for d in drivers] == [0, 0], [o[-2000:] for o in outputs]
+    records = [r for name in "ab" for r in iter_records(tmp_path / name)]
+    assert len(records) == 4 and {r["status"] for r in records} == {"ok"}
+    waits = [r["repeats"][0]["timing"]["device_wait_s"] for r in records]
+    longest_turn = max(r["repeats"][0]["timing"]["torchrun_wall_s"] for r in records)
+    bound = idle_s + longest_turn + 15.0  # the waiter's own warm job start, on a loaded 2-core host
+    assert max(waits) <= bound, (waits, bound)
+    assert any("waiting for cpu slots" in o or "waiting in line" in o for o in outputs)  # they did contend
+    print(f"device waits {sorted(round(w, 1) for w in waits)} s; bound {bound:.1f} s")
+
+
 @pytest.mark.subprocess
 def test_killing_a_parallel_sweep_leaves_no_point_running(tmp_path, lock_env):
     sweep_dir = tmp_path / "killed"

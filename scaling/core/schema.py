@@ -195,8 +195,8 @@ class LaunchConfig:
     of one torchrun job, each built, warmed up, measured and freed on its own (scaling.launch.warm); repeats
     then run on the same ranks too. Off: every launch is a fresh torchrun."""
     reuse_idle_s: float = 30.0
-    """A warm job with no new point for this long ends and gives its devices back (at once, between points, when
-    another process waits for them)."""
+    """A warm job with no new point for this long ends and gives its devices back (at once when another process
+    waits for them); one whose devices another process has waited this long for gives them back after its turn."""
     lease_wait_s: Optional[float] = 3600.0
     """Longest wait for the point's devices (another driver holds them); past it the point is not run and not
     recorded (a re-run runs it), and the message names the holder (pid, command, since when). null: no limit."""

@@ -19,6 +19,7 @@ leaves no point running and no slot taken.
 
 from __future__ import annotations
 
+import datetime as dt
 import errno
 import fcntl
 import multiprocessing
@@ -183,15 +184,21 @@ def holder_of(path: Path) -> str:
     return f"pid {pid} ({command or '?'}) since {since or '?'}" if pid else "a process this user cannot name"
 
 
-def someone_waits(req: Optional[Request]) -> bool:
-    """Whether another process waits in line for slots of this request's kind (it holds the kind's queue lock)."""
+def waiting_s(req: Optional[Request]) -> Optional[float]:
+    """How long another process has waited at the head of the line for slots of this request's kind (it holds the
+    kind's queue lock, whose file says since when); None when nobody waits."""
     if req is None:
-        return False
-    fd = _open_lock(checked_lock_dir() / f"{req.kind}.queue.lock", blocking=False)
-    if fd is None:
-        return True
-    os.close(fd)
-    return False
+        return None
+    path = checked_lock_dir() / f"{req.kind}.queue.lock"
+    fd = _open_lock(path, blocking=False)
+    if fd is not None:
+        os.close(fd)
+        return None
+    since = holder_of(path).rpartition(" since ")[2]
+    try:
+        return max(0.0, time.time() - dt.datetime.strptime(since, "%Y-%m-%dT%H:%M:%S%z").timestamp())
+    except ValueError:  # a holder that wrote no time: waiting, for how long unknown
+        return 0.0
 
 
 def _slot_file(root: Path, kind: str, slot: str) -> Path:

@@ -133,14 +133,14 @@ class WarmJob:
 
     def idle_after(self, seconds: float, end: Any) -> None:
         """Call `end` once the job has waited `seconds` for its next point, or as soon as another process waits
-        for its devices (it offers them between turns; looked at every IDLE_CHECK_S)."""
+        for its devices (looked at every IDLE_CHECK_S)."""
         self.cancel_idle()
         stop = self._idle = threading.Event()
         deadline = time.monotonic() + seconds
 
         def watch() -> None:
             while not stop.wait(max(0.0, min(IDLE_CHECK_S, deadline - time.monotonic()))):
-                if time.monotonic() >= deadline or devices.someone_waits(self.shape.request):
+                if time.monotonic() >= deadline or devices.waiting_s(self.shape.request) is not None:
                     end()
                     return
 
@@ -334,9 +334,11 @@ def job_for(shape: Shape, idle_s: float, wait_s: Optional[float] = None) -> Iter
 
     On CUDA a new job first ends the others (an idle job's ranks keep a CUDA context on their devices); on CPU up
     to MAX_CPU_JOBS jobs of different shapes wait side by side (idle ranks hold memory, not cores, and the
-    capacity a CPU point runs against is emulated). After its point a job gives its devices back at once when
-    another process waits for them, else waits `idle_s` (launch.reuse_idle_s) for the next point, then ends; a job
-    whose ranks stopped with their point ends at once."""
+    capacity a CPU point runs against is emulated). After its point a job gives its devices back when another
+    process has waited `idle_s` (launch.reuse_idle_s) for them, so a driver waits at most that and one turn, while
+    a stream of points is not cut into warm-job starts by every wait; it then waits `idle_s` for its next point (giving
+    the devices back as soon as another process waits), then ends. A job whose ranks stopped with their point ends
+    at once."""
     with _LOCK:
         job, held = _jobs.get(shape), None
         if job is not None:
@@ -361,7 +363,8 @@ def job_for(shape: Shape, idle_s: float, wait_s: Optional[float] = None) -> Iter
     finally:
         with _LOCK:
             job.busy, job.last_used = False, time.monotonic()
-            if not job.alive or devices.someone_waits(shape.request):
-                _end(job)  # stopped with its point, or another process waits for its devices: given back now
+            waited = devices.waiting_s(shape.request)
+            if not job.alive or (waited is not None and waited >= idle_s):
+                _end(job)  # stopped with its point, or another process has waited idle_s for its devices
             else:
                 job.idle_after(idle_s, functools.partial(_end_idle, job))
