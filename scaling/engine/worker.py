@@ -138,6 +138,11 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     if not cuda:
         memtrack.load_trackers()
     resident = memtrack.ResidentMemory()  # baseline: this rank after its imports
+    # One garbage-collection policy, fresh or warm: what exists before the point's build (a fresh rank's imports, a
+    # warm rank's imports and what outlived its earlier points) is frozen out of the collector's walk, so the point's
+    # collections, timed or not, walk what the point makes and nothing else; a warm rank collects that between
+    # points (`release`), a walk of the point's objects alone.
+    gc.freeze()
     phases.end("init_process_group_s")
     gate("process_group")
 
@@ -194,15 +199,10 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     timed_batches = [batches(len(losses) + i) for i in range(train.steps)]
     graphs_after_warmup = kernels.compiled_graphs()
     rows_before_window = data.rows_built
-    # One garbage-collection policy, fresh or warm: everything made so far is frozen, so the window's collections
-    # walk only what its steps make (not a warm rank's earlier points nor a fresh rank's imports); unfrozen after
-    # it, and a warm rank collects everything between points (`release`).
-    gc.freeze()
     dist.barrier()
     window_start = time.perf_counter()
     step_times = [one_step(micro_batches) for micro_batches in timed_batches]
     window_s = time.perf_counter() - window_start
-    gc.unfreeze()
     recompiles = kernels.compiled_graphs() - graphs_after_warmup
     rows_built_in_window = data.rows_built - rows_before_window
 
