@@ -245,9 +245,9 @@ class WarmJob:
 
 
 MAX_CPU_JOBS = 4
+"""Warm jobs of different shapes one CPU driver keeps at once (the oldest idle one ends first)."""
 IDLE_CHECK_S = 1.0
 """How often an idle job looks whether another process waits for its devices."""
-"""Warm jobs of different shapes one CPU driver keeps at once (the oldest idle one ends first)."""
 
 _LOCK = threading.RLock()
 _jobs: dict[Shape, WarmJob] = {}
