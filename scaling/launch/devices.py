@@ -134,9 +134,13 @@ _MINE: dict[Path, str] = {}
 """The slot lock files this process holds, and since when: a second lease of one would wait for itself."""
 
 
-def _open_lock(path: Path, blocking: bool) -> Optional[int]:
-    """A descriptor holding an exclusive flock on `path`, or None if another holds it (non-blocking); the file then
-    names this process, its command and since when (what a waiter's message quotes)."""
+SINCE_FORMAT = "%Y-%m-%dT%H:%M:%S%z"
+"""How a lock file, and this process's table of its slots, say since when."""
+
+
+def _open_lock(path: Path, blocking: bool, sign: bool = True) -> Optional[int]:
+    """A descriptor holding an exclusive flock on `path`, or None if another holds it (non-blocking); with `sign`
+    the file then names this process, its command and since when (what a waiter's message quotes)."""
     try:  # never through a symbolic link: a planted one would truncate the file it points to
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
@@ -155,9 +159,9 @@ def _open_lock(path: Path, blocking: bool) -> Optional[int]:
     except BaseException:
         os.close(fd)
         raise
-    os.ftruncate(fd, 0)
-    since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    os.pwrite(fd, f"{os.getpid()} {since} {_command()}\n".encode(), 0)
+    if sign:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {time.strftime(SINCE_FORMAT)} {_command()}\n".encode(), 0)
     return fd
 
 
@@ -171,32 +175,42 @@ def _command() -> str:
         return "?"
 
 
-def holder_of(path: Path) -> str:
-    """Who a slot's lock file says holds it: `pid P (COMMAND) since T`, or that it cannot tell."""
+def _note(path: Path) -> Optional[tuple[str, str, str]]:
+    """What a lock file says of its holder: (pid, since when, command), None when it cannot be read or says nothing."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return "a process this user cannot name"
+        return None
     try:
-        pid, since, command = (os.pread(fd, 4096, 0).decode(errors="replace").strip().split(" ", 2) + ["", "", ""])[:3]
+        words = os.pread(fd, 4096, 0).decode(errors="replace").strip().split(" ", 2)
     finally:
         os.close(fd)
-    return f"pid {pid} ({command or '?'}) since {since or '?'}" if pid else "a process this user cannot name"
+    pid, since, command = (words + ["", ""])[:3]
+    return (pid, since, command) if pid else None
+
+
+def holder_of(path: Path) -> str:
+    """Who a slot's lock file says holds it: `pid P (COMMAND) since T`, or that it cannot tell."""
+    note = _note(path)
+    if note is None:
+        return "a process this user cannot name"
+    pid, since, command = note
+    return f"pid {pid} ({command or '?'}) since {since or '?'}"
 
 
 def waiting_s(req: Optional[Request]) -> Optional[float]:
     """How long another process has waited at the head of the line for slots of this request's kind (it holds the
-    kind's queue lock, whose file says since when); None when nobody waits."""
+    kind's queue lock, whose file says since when); None when nobody waits. The probe leaves the file as it is."""
     if req is None:
         return None
     path = checked_lock_dir() / f"{req.kind}.queue.lock"
-    fd = _open_lock(path, blocking=False)
+    fd = _open_lock(path, blocking=False, sign=False)
     if fd is not None:
         os.close(fd)
         return None
-    since = holder_of(path).rpartition(" since ")[2]
+    note = _note(path)
     try:
-        return max(0.0, time.time() - dt.datetime.strptime(since, "%Y-%m-%dT%H:%M:%S%z").timestamp())
+        return max(0.0, time.time() - dt.datetime.strptime(note[1], SINCE_FORMAT).timestamp()) if note else 0.0
     except ValueError:  # a holder that wrote no time: waiting, for how long unknown
         return 0.0
 
@@ -244,7 +258,7 @@ def lease(
             wait.again(f"for {kind} slots: " + "; ".join(f"{f.name} held by {holder_of(f)}" for f in busy))
     finally:
         os.close(queue)
-    since = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    since = time.strftime(SINCE_FORMAT)
     for i in chosen:
         _MINE[files[i]] = since
     try:
