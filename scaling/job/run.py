@@ -81,8 +81,7 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
     try:
         existing = read_record(sweep_dir, key, set_aside_corrupt=True)  # NewerRecord stops the command
     except RecordError as e:  # another user's 0600 record, a directory: left as it is, the point not run
-        print(f"[scaling] {key}: not run, its record cannot be read: {e}", file=sys.stderr, flush=True)
-        return {"job_key": key, "status": Status.FAILED, "error": f"not run, its record cannot be read: {e}"}
+        return _unreadable(key, e)
     if answers(existing, key, c.launch):  # a predicted_oom point in the pre-screen's sample runs anyway
         print(f"[scaling] {key} already recorded as {existing['status']}: skipped", flush=True)
         return existing
@@ -94,14 +93,27 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
         try:  # what the store holds now that nobody else runs the point (a holder we waited for wrote it)
             existing = read_record(sweep_dir, key, set_aside_corrupt=True)
         except RecordError as e:
-            print(f"[scaling] {key}: not run, its record cannot be read: {e}", file=sys.stderr, flush=True)
-            return {"job_key": key, "status": Status.FAILED, "error": f"not run, its record cannot be read: {e}"}
+            return _unreadable(key, e)
         if answers(existing, key, c.launch):
             print(
                 f"[scaling] {key} already recorded as {existing['status']} while this run waited: skipped", flush=True
             )
             return existing
         return _run_claimed(c, key, existing, provenance, point_dir, claim)
+
+
+def _unreadable(key: str, e: RecordError) -> dict[str, Any]:
+    """What run_point returns, recording nothing, for a point whose record it cannot read (said on stderr)."""
+    print(f"[scaling] {key}: not run, its record cannot be read: {e}", file=sys.stderr, flush=True)
+    return {"job_key": key, "status": Status.FAILED, "error": f"not run, its record cannot be read: {e}"}
+
+
+def _clear_launch_outputs(point_dir: Path) -> None:
+    """An earlier launch's outputs in the point's directory (its allocator snapshot too: read only when it is this
+    launch's; its error files are not this launch's)."""
+    for stale in (WORKER_OUTPUT, TORCHRUN_LOG, MEMORY_SNAPSHOT_FILE):
+        (point_dir / stale).unlink(missing_ok=True)
+    shutil.rmtree(point_dir / ELASTIC_LOGS, ignore_errors=True)
 
 
 def _run_claimed(
@@ -202,10 +214,7 @@ def _launch_repeats(
     warm_ranks = c.launch.reuse and slurm.placement(c.parallel.dp, c.hardware.devices_per_node, os.environ).nodes == 1
     for _ in range(max(1, c.launch.repeats - kept)):
         if lead:  # only the task that writes the record cleans the job directory (the others share it)
-            # an earlier launch's outputs (its allocator snapshot too: read only when it is this launch's)
-            for stale in (WORKER_OUTPUT, TORCHRUN_LOG, MEMORY_SNAPSHOT_FILE):
-                (point_dir / stale).unlink(missing_ok=True)
-            shutil.rmtree(point_dir / ELASTIC_LOGS, ignore_errors=True)  # an earlier launch's errors are not this one's
+            _clear_launch_outputs(point_dir)
         outcome = None
         if warm_ranks:
             try:
@@ -217,8 +226,7 @@ def _launch_repeats(
                     outcome, points_before = job.run(point_dir / CONFIG_FILE, point_dir, c.launch.timeout_s, log_name)
             except warm.JobGone as e:  # it died between points: this point never started; a fresh launch measures it
                 print(f"[scaling] {record.job_key}: {e}: measured by a fresh launch", file=sys.stderr, flush=True)
-                (point_dir / log_name).unlink(missing_ok=True)
-                shutil.rmtree(point_dir / ELASTIC_LOGS, ignore_errors=True)
+                _clear_launch_outputs(point_dir)  # warm ranks serve one-node points: this is the lead task
         if outcome is None:
             points_before = 0
             with warm.fresh_lease(lease, c.launch.devices, c.launch.lease_wait_s) as held:
