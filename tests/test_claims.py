@@ -18,8 +18,8 @@ from scaling.job.run import run_point
 from scaling.store import inflight
 from scaling.store.record import RESULT_FILE, job_dir, job_key
 from tests.helpers.compose import REPO, compose_point
+from tests.helpers.points import ONE_STEP as FAST
 
-FAST = ["logger=none", "model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
 INVALID = [*FAST, "train.grad_acc=0"]
 """A point recorded `invalid` by the validation: a record without a launch."""
 

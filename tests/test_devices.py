@@ -32,8 +32,7 @@ from scaling.launch.devices import (
 )
 from scaling.store.record import iter_records
 from tests.helpers.compose import compose_point
-
-FAST = ["logger=none", "model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
+from tests.helpers.points import ONE_STEP as FAST
 
 # A process that leases `wanted` of `n` slots, stamps when it got them, holds them until the test creates
 # <out>.release, stamps the release. Each stamp appears whole (written beside, then renamed): the test reads a

@@ -27,6 +27,9 @@ BASE = [
 the warm ranks of this test process (launch.reuse: not part of the job key). A test whose subject is a fresh
 launch (its start-up, its resident memory, its processes) adds `FRESH`."""
 FRESH = "launch.reuse=false"
+ONE_STEP = ["logger=none", "model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
+"""The cheapest real point (the CPU floor of two warm-up steps, one timed), for tests whose subject is the store or
+the launch around it, not the measurement."""
 CLIP = "train.grad_clip=0.05"
 """Below the tiny model's gradient norms: every step clips. The DP-split points clip so; tests that look at other
 things of the same configs add it too, so that they read those points instead of launching their own."""
