@@ -60,6 +60,9 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gbs", ("derived", "gbs")),
     ("gbs_tokens", ("derived", "gbs_tokens")),
     ("world_size", ("derived", "world_size")),
+    # a model the user brings: its parameter tensors and blocks (analysis.step_model.ModelShape.from_record)
+    ("param_tensors", ("derived", "model", "param_tensors")),
+    ("n_blocks", ("derived", "model", "n_blocks")),
     *((name, ("metrics", name)) for name, _ in METRIC_COLUMNS),
     ("pred_peak_mem_bytes", ("predicted", "peak_mem_bytes")),
     ("pred_method", ("predicted", "method")),
@@ -103,6 +106,7 @@ INT_COLUMNS = (
     "flops_per_token",
     "hw_flops_per_token",
     "world_size",
+    "n_blocks",
     "pred_peak_mem_bytes",
     "pred_analytic_peak_mem_bytes",
     "pred_traced_peak_mem_bytes",

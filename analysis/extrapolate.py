@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from analysis.bands import BAND, MAX_DP, N_DRAWS, Extrapolation, extrapolate
 from analysis.dp_scaling import DEFAULT_THRESHOLD, dp_axis
 from analysis.figures import PALETTE, new_figure, themed
-from analysis.step_model import LAST, Point, Workload, param_tensors
+from analysis.step_model import LAST, ModelShape, Point, Workload, param_tensors
 from scaling.core.schema import ModelConfig
 from scaling.store.network import (
     PROFILE_FILE,
@@ -43,9 +43,23 @@ SHAPE = ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_siz
 """The record's `config.model` columns that decide the decoder's parameter tensors."""
 
 
-def model_of(row: pd.Series) -> ModelConfig:
-    """The decoder a record trained, from its config.model columns (a record without `tie_embeddings` has it read
-    from derived.n_params, which counts a tied output projection once)."""
+def has_shape(group: pd.DataFrame) -> bool:
+    """Whether every record of a group says its model's parameter tensors: the built-in family's config.model
+    columns, or a model the user brings's derived.model.param_tensors."""
+    builtin = all(k in group and group[k].notna().all() for k in SHAPE)
+    return builtin or ("param_tensors" in group and group["param_tensors"].map(_counted).all())
+
+
+def _counted(value: object) -> bool:
+    return isinstance(value, Mapping) and len(value.get("rows", ())) > 0
+
+
+def model_of(row: pd.Series) -> ModelConfig | ModelShape:
+    """The model a record trained: a model the user brings from its derived.model.param_tensors, the built-in decoder
+    from its config.model columns (a record without `tie_embeddings` has it read from derived.n_params, which counts
+    a tied output projection once)."""
+    if _counted(row.get("param_tensors")):
+        return ModelShape.from_record(str(row["model"]), row["param_tensors"], int(row["n_blocks"]))
     shape = {k: int(row[k]) for k in SHAPE}
     tied = ModelConfig(name=str(row["model"]), tie_embeddings=True, **shape)
     recorded = _setting(row, "tie_embeddings", None)
@@ -159,10 +173,10 @@ def sweep_extrapolations(
     cache: dict[tuple[str, Optional[int]], tuple[list[Optional[NetworkEstimate]], list[str]]] = {}
     for config in fastest:
         group = table[table["config"] == config]
-        if any(k not in group or group[k].isna().any() for k in SHAPE):
+        if not has_shape(group):
             notes.append(
-                f"{config}: a model the user brings (no config.model {', '.join(SHAPE)}): the step model takes the "
-                "built-in family's shapes, so its throughput is not extrapolated past the measured dp"
+                f"{config}: its records name no parameter tensors (neither config.model {', '.join(SHAPE)} nor a "
+                "counted model's derived.model.param_tensors): its throughput is not extrapolated past the measured dp"
             )
             continue
         hardware = str(group["hardware"].iloc[0])

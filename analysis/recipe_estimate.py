@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from analysis.bands import Extrapolation, extrapolate, rate_band
 from analysis.recipe import EXTRAPOLATED, MEASURED, Beyond, Candidate, Estimate, Split
-from analysis.step_model import Point, Workload
+from analysis.step_model import ModelShape, Point, Workload
 from scaling.core.enums import Status
 from scaling.core.schema import ExperimentConfig
 from scaling.store.network import NetworkEstimate
@@ -93,12 +93,15 @@ def fit_model(
     return Model(workload, ex, label)
 
 
-def workload_of(cfg: ExperimentConfig, c: Candidate, mbs: int, gbs_samples: int) -> Workload:
-    """The step model's workload of a candidate at `mbs` under the config `cfg` (model, precision, clipping, ...)."""
+def workload_of(
+    cfg: ExperimentConfig, c: Candidate, mbs: int, gbs_samples: int, model: Optional[ModelShape] = None
+) -> Workload:
+    """The step model's workload of a candidate at `mbs` under the config `cfg` (model, precision, clipping, ...);
+    `model`: the shape of a model the user brings (counted: scaling.engine.custom_model), else `cfg.model`'s."""
     t, p = cfg.train, cfg.parallel
     return Workload(
         c.zero_stage,
-        cfg.model,
+        model if model is not None else cfg.model,
         str(t.precision),
         mbs,
         t.seq_len,

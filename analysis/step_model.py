@@ -38,10 +38,11 @@ import functools
 import heapq
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from scaling.core.models import BLOCK, ROOT
 from scaling.core.schema import ModelConfig
 from scaling.engine.model_config import param_shapes_of
 from scaling.store.network import Network
@@ -56,8 +57,6 @@ EVERY, LAST = "every_micro_step", "last_micro_step"
 """`parallel.fsdp_grad_reduce` (scaling.core.validate.FSDP_GRAD_REDUCE)."""
 FORWARD, BACKWARD = "forward", "backward"
 FIRST_MICRO, EACH_MICRO, LAST_MICRO = "the first micro-step", "every micro-step", "the last micro-step"
-ROOT, BLOCK = "root", "block"
-"""The FSDP2 module a parameter tensor belongs to: the root (embedding, final norm, output) or a decoder block."""
 # what one call of a collective moves
 GRAD_BUCKETS = "gradient buckets"
 PARAM_TENSORS = "parameter tensors"
@@ -86,8 +85,40 @@ class ParamTensor:
         return -(-self.rows // n) * self.cols
 
 
-def _shape_key(model: ModelConfig) -> tuple[int, int, int, int, int, bool]:
+@dataclass(frozen=True, eq=False)
+class ModelShape:
+    """What the step model needs of a model: its parameter tensors in `parameters()` order and its blocks (FSDP2's
+    modules). The built-in family's follow from its config (`shape_of`); a model the user brings has them counted on
+    fake tensors (scaling.engine.custom_model) and written in its record (`from_record`). Compared by identity: one
+    object per model (cached), so the caches below key on it cheaply."""
+
+    name: str
+    tensors: tuple[ParamTensor, ...]
+    n_blocks: int
+
+    @classmethod
+    def from_record(cls, name: str, tensors: Mapping[str, Sequence[Any]], n_blocks: int) -> ModelShape:
+        """The shape a record's derived.model holds: param_tensors (lists `module`, `rows`, `cols`) and n_blocks."""
+        try:
+            rows = list(zip(tensors["module"], tensors["rows"], tensors["cols"], strict=True))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(
+                f"model {name!r}: derived.model.param_tensors must hold lists `module`, `rows` and `cols` of one "
+                f"length ({type(e).__name__}: {e})"
+            ) from None
+        found = tuple(ParamTensor(f"{module}.{i}", str(module), int(r), int(c)) for i, (module, r, c) in enumerate(rows))
+        bad = sorted({t.module for t in found} - {ROOT, BLOCK})
+        if bad or n_blocks < 1 or not any(t.module == BLOCK for t in found):
+            raise ValueError(
+                f"model {name!r}: derived.model.param_tensors' modules must be {ROOT!r} or {BLOCK!r}, some of them "
+                f"{BLOCK!r}, and n_blocks >= 1 (got modules {bad or 'ok'}, n_blocks={n_blocks})"
+            )
+        return cls(name, found, int(n_blocks))
+
+
+def _shape_key(model: ModelConfig) -> tuple[str, int, int, int, int, int, bool]:
     return (
+        model.name,
         model.n_layers,
         model.hidden,
         model.n_kv_heads * (model.hidden // model.n_heads),
@@ -98,30 +129,35 @@ def _shape_key(model: ModelConfig) -> tuple[int, int, int, int, int, bool]:
 
 
 @functools.lru_cache(maxsize=64)
-def _tensors(key: tuple[int, int, int, int, int, bool]) -> tuple[ParamTensor, ...]:
-    return tuple(
-        ParamTensor(name, BLOCK if in_block else ROOT, rows, cols)
-        for name, in_block, rows, cols in param_shapes_of(*key)
+def _builtin_shape(key: tuple[str, int, int, int, int, int, bool]) -> ModelShape:
+    tensors = tuple(
+        ParamTensor(name, BLOCK if in_block else ROOT, rows, cols) for name, in_block, rows, cols in param_shapes_of(*key[1:])
     )
+    return ModelShape(key[0], tensors, key[1])
 
 
-def param_tensors(model: ModelConfig) -> tuple[ParamTensor, ...]:
-    """The decoder's parameter tensors in `Transformer.parameters()` order (scaling.engine.model): the embedding;
-    per block attention_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2; the final norm; the output unless tied."""
-    return _tensors(_shape_key(model))
+def shape_of(model: ModelConfig | ModelShape) -> ModelShape:
+    """The parameter tensors and blocks of a model: a ModelShape as it is, the built-in family's from its config."""
+    return model if isinstance(model, ModelShape) else _builtin_shape(_shape_key(model))
 
 
-def param_tensor_count(model: ModelConfig) -> int:
-    """Parameter tensors of the decoder: 9 per block, embedding and final norm, output projection unless tied."""
+def param_tensors(model: ModelConfig | ModelShape) -> tuple[ParamTensor, ...]:
+    """The model's parameter tensors in `parameters()` order; the built-in decoder's (scaling.engine.model): the
+    embedding; per block attention_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2; the final norm; the output unless tied."""
+    return shape_of(model).tensors
+
+
+def param_tensor_count(model: ModelConfig | ModelShape) -> int:
+    """Parameter tensors of the model (the built-in decoder: 9 per block, embedding, final norm, untied output)."""
     return len(param_tensors(model))
 
 
 @functools.lru_cache(maxsize=256)
-def _ddp_buckets(key: tuple[int, int, int, int, int, bool], bucket_bytes: int) -> tuple[int, ...]:
+def _ddp_buckets(shape: ModelShape, bucket_bytes: int) -> tuple[int, ...]:
     # DDP's Reducer, once it has rebuilt its buckets after the first step: gradients in the order backward makes
     # them (the reverse of the parameters'), each bucket closed once it holds bucket_bytes or more
     buckets, size = [], 0
-    for t in reversed(_tensors(key)):
+    for t in reversed(shape.tensors):
         size += GRAD_BYTES * t.numel
         if size >= bucket_bytes:
             buckets.append(size)
@@ -130,10 +166,10 @@ def _ddp_buckets(key: tuple[int, int, int, int, int, bool], bucket_bytes: int) -
 
 
 @functools.lru_cache(maxsize=4096)
-def _zero1_busiest(key: tuple[int, int, int, int, int, bool], n: int) -> int:
+def _zero1_busiest(shape: ModelShape, n: int) -> int:
     # ZeroRedundancyOptimizer's partition: largest tensor first, each to the rank with the fewest elements so far
     ranks = [(0, r) for r in range(n)]
-    for numel in sorted((t.numel for t in _tensors(key)), reverse=True):
+    for numel in sorted((t.numel for t in shape.tensors), reverse=True):
         size, r = heapq.heappop(ranks)
         heapq.heappush(ranks, (size + numel, r))
     return max(size for size, _ in ranks)
@@ -197,8 +233,9 @@ class Workload:
     """The fixed part of one configuration: what it communicates and updates, how its global batch splits over dp."""
 
     zero_stage: int
-    model: ModelConfig
-    """The decoder's shape (`config.model`): decides the parameter tensors, buckets and FSDP2 modules."""
+    model: ModelConfig | ModelShape
+    """The model (`config.model` of the built-in family, or a model the user brings as its ModelShape): decides the
+    parameter tensors, buckets and FSDP2 modules."""
     precision: str
     mbs: int
     seq_len: int
@@ -224,9 +261,14 @@ class Workload:
             raise ValueError(f"recompute={self.recompute!r}: valid are {', '.join(BACKWARD_SHARE)}")
 
     @property
+    def shape(self) -> ModelShape:
+        """The model's parameter tensors and blocks."""
+        return shape_of(self.model)
+
+    @property
     def n_params(self) -> int:
         """Parameters of the model (Ψ)."""
-        return sum(t.numel for t in param_tensors(self.model))
+        return sum(t.numel for t in self.shape.tensors)
 
     def collectives(self) -> tuple[Collective, ...]:
         """The collectives this configuration issues (STAGE_COLLECTIVES, and clipping's norm at ZeRO-2/3)."""
@@ -240,29 +282,28 @@ class Workload:
 
     def calls_of(self, moves: str, n: int) -> list[tuple[float, int]]:
         """(bytes per call, calls) of one round of a collective at dp=n: one call per bucket, tensor or module."""
-        key = _shape_key(self.model)
+        shape = self.shape
         if moves == GRAD_BUCKETS:
-            sizes = _ddp_buckets(key, int(self.bucket_mb * 2**20))
+            sizes = _ddp_buckets(shape, int(self.bucket_mb * 2**20))
         elif moves == PARAM_TENSORS:
-            sizes = tuple(4 * t.numel for t in _tensors(key))  # DDP keeps fp32 parameters
+            sizes = tuple(4 * t.numel for t in shape.tensors)  # DDP keeps fp32 parameters
         elif moves == GRAD_NORM:
-            sizes = (4 * len(_tensors(key)),)  # the stacked fp32 partial norms of the gradient shards
+            sizes = (4 * len(shape.tensors),)  # the stacked fp32 partial norms of the gradient shards
         else:  # FSDP2 gathers and scatters whole modules, each parameter's dim 0 padded to a multiple of n
             width = GRAD_BYTES if moves == MODULE_GRADS else (2 if self.precision == "bf16" else 4)
-            block = n * width * sum(t.shard_numel(n) for t in _tensors(key) if t.module == BLOCK) // self.model.n_layers
-            root = n * width * sum(t.shard_numel(n) for t in _tensors(key) if t.module == ROOT)
-            return [(block, self.model.n_layers)] + ([] if moves == BLOCK_PARAMS else [(root, 1)])
+            block = n * width * sum(t.shard_numel(n) for t in shape.tensors if t.module == BLOCK) // shape.n_blocks
+            root = n * width * sum(t.shard_numel(n) for t in shape.tensors if t.module == ROOT)
+            return [(block, shape.n_blocks)] + ([] if moves == BLOCK_PARAMS or not root else [(root, 1)])
         return sorted(Counter(sizes).items())
 
     def params_updated(self, n: int) -> int:
         """Parameters the busiest rank updates at dp=n: all at ZeRO-0, ZeroRedundancyOptimizer's largest share at
         ZeRO-1 (whole tensors), the largest FSDP2 shards at ZeRO-2/3."""
-        key = _shape_key(self.model)
         if self.zero_stage == 0:
             return self.n_params
         if self.zero_stage == 1:
-            return _zero1_busiest(key, n)
-        return sum(t.shard_numel(n) for t in _tensors(key))
+            return _zero1_busiest(self.shape, n)
+        return sum(t.shard_numel(n) for t in self.shape.tensors)
 
     def grad_acc_at(self, n: int) -> Optional[int]:
         """grad_acc at dp=n, or None when the fixed global batch does not split into whole micro-steps."""

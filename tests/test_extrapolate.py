@@ -38,6 +38,7 @@ from analysis.step_model import (
     FIRST_MICRO,
     FORWARD,
     LAST_MICRO,
+    ModelShape,
     Point,
     Window,
     Workload,
@@ -123,6 +124,46 @@ def test_the_parameter_tensors_are_the_decoders(model):
     assert sum(t.numel for t in param_tensors(model)) == param_count(ModelArgs(**dataclasses.asdict(model)))
     assert param_tensor_count(model) == 9 * model.n_layers + (2 if model.tie_embeddings else 3)
     assert param_tensor_count(SMALL) == 21 and sum(t.numel for t in param_tensors(SMALL)) == PSI
+
+
+def _counted_like(model: ModelConfig) -> ModelShape:
+    """The shape a record of the model built as a Hugging Face Llama would hold: each block's tensors in HF's order
+    (q, k, v, o, gate, up, down, then the two norms), the names gone (derived.model.param_tensors)."""
+    block = [t for t in param_tensors(model) if t.module == "block"][:9]
+    hf_order = [block[i] for i in (1, 2, 3, 4, 6, 7, 8, 0, 5)]
+    tensors = [param_tensors(model)[0], *hf_order * model.n_layers, *param_tensors(model)[1 + 9 * model.n_layers :]]
+    record = {"module": [t.module for t in tensors], "rows": [t.rows for t in tensors], "cols": [t.cols for t in tensors]}
+    return ModelShape.from_record(f"hf_{model.name}", record, model.n_layers)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_counted_model_communicates_as_the_built_in_model_of_its_shapes(stage):
+    """A model the user brings is made of the tensors its record names; the same tensors in another order within a
+    block give the same collectives at every stage (with one DDP bucket: the order moves its boundaries, in DDP as
+    in the step model) and the same parameters updated."""
+    counted = _counted_like(SMALL)
+    assert counted.n_blocks == SMALL.n_layers and sum(t.numel for t in counted.tensors) == PSI
+    for n in (2, 3, 8):
+        settings = {"grad_clip": 1.0, "bucket_mb": 25.0}
+        ours, theirs = (Workload(stage, m, "bf16", 1, 64, None, grad_acc=2, **settings) for m in (SMALL, counted))
+        assert step_collectives(theirs, n, 2) == step_collectives(ours, n, 2)
+        assert theirs.params_updated(n) == ours.params_updated(n) and theirs.n_params == ours.n_params
+
+
+@pytest.mark.parametrize(
+    "tensors, n_blocks, words",
+    [
+        ({"module": ["root", "block"], "rows": [4, 4]}, 1, "lists `module`, `rows` and `cols`"),
+        ({"module": ["root", "block"], "rows": [4, 4], "cols": [1]}, 1, "of one length"),
+        ({"module": ["root", "layer"], "rows": [4, 4], "cols": [1, 1]}, 1, "got modules ['layer']"),
+        ({"module": ["root", "root"], "rows": [4, 4], "cols": [1, 1]}, 1, "some of them 'block'"),
+        ({"module": ["root", "block"], "rows": [4, 4], "cols": [1, 1]}, 0, "n_blocks=0"),
+    ],
+)
+def test_a_record_whose_tensors_do_not_make_a_model_is_refused_by_name(tensors, n_blocks, words):
+    with pytest.raises(ValueError, match="derived.model.param_tensors") as e:
+        ModelShape.from_record("mine", tensors, n_blocks)
+    assert "'mine'" in str(e.value) and words in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("model, bucket_mb, buckets", [(SMALL, 1.0, 6), (SMALL, 25.0, 1), (LLAMA_1B, 25.0, 65)])

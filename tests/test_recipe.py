@@ -207,17 +207,52 @@ def test_bad_input_is_refused_before_any_launch(tmp_path, args: list[str], words
     assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("result.json"))
 
 
-def test_a_model_of_ones_own_is_refused_with_what_runs_it(tmp_path, monkeypatch, capsys) -> None:
+@pytest.mark.subprocess
+def test_the_recipe_measures_and_extrapolates_a_model_of_ones_own(tmp_path, monkeypatch) -> None:
+    """The worked example's GPT-2-style model (tests/own_project, outside the package) at ZeRO-3: its largest mbs
+    traced and confirmed, its points measured at dp 1 and 2, the 4-GPU row extrapolated by the step model made of the
+    parameter tensors its records name (counted on fake tensors: 2 blocks, LayerNorm and bias vectors, learned
+    positions, an untied head), which are the model's own."""
     import shutil
 
-    from scaling.cli.recipe import main
+    from analysis.collect import collect
+    from analysis.extrapolate import model_of
+    from scaling.core.models import BLOCK, ROOT, CustomModel
+    from scaling.engine.custom_model import count
 
-    shutil.copytree(Path(__file__).resolve().parent / "own_project", tmp_path / "project")
-    monkeypatch.chdir(tmp_path / "project")
-    assert main(["--gbs-tokens", "4k", "--gpus", "1", "--sweep-dir", str(tmp_path / "r"), "model=gpt2_tiny"]) == 2
-    err = capsys.readouterr().err
-    assert "model=gpt2_tiny is a model of your own (gpt.GPT)" in err and "scaling sweep" in err, err
-    assert not (tmp_path / "r").exists()
+    project = tmp_path / "project"
+    shutil.copytree(Path(__file__).resolve().parent / "own_project", project)
+    sweep_dir = tmp_path / "recipe"
+    args = ["--gbs-tokens=128", "--gpus=1,4", "--zero=3", "--recompute=none", "--draws=50", f"--sweep-dir={sweep_dir}"]
+    overrides = ["logger=none", "model=gpt2_tiny", "train.seq_len=32", "train.warmup_steps=2", "train.steps=3"]
+    done = subprocess.run(
+        [sys.executable, "-m", "scaling.cli.main", "recipe", *args, *overrides, "hardware.memory_gb=0.047"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    recipe = json.loads((sweep_dir / "recipe.json").read_text())
+    assert recipe["model"] == "gpt2_tiny"
+    by_gpus = {r["gpus"]: r for r in recipe["rows"]}
+    assert by_gpus[1]["source"] == "measured" and by_gpus[4]["source"] == "extrapolated", by_gpus
+    assert (by_gpus[4]["dp"], by_gpus[4]["mbs"], by_gpus[4]["grad_acc"]) == (4, 1, 1)
+    for r in by_gpus.values():
+        assert r["tokens_per_s_per_gpu_low"] <= r["tokens_per_s_per_gpu"] <= r["tokens_per_s_per_gpu_high"], r
+        assert "model=gpt2_tiny" in r["command"] and "parallel.zero_stage=3" in r["command"]
+
+    df = collect(sweep_dir)
+    ok = df[df["status"] == "ok"]
+    assert len(ok) >= 3 and set(ok["dp"]) == {1, 2}
+    shape = model_of(ok.iloc[0])
+    record = json.loads(next(sweep_dir.glob("*/result.json")).read_text())
+    monkeypatch.chdir(project)  # the model's module, gpt.py, is the project's
+    counted = count(CustomModel.from_dict(record["config"]["model"]), 32)
+    assert [(t.module, t.rows, t.cols) for t in shape.tensors] == [
+        (BLOCK if b else ROOT, rows, cols) for _, b, rows, cols in counted.tensors
+    ]
+    assert shape.n_blocks == 2 and sum(t.numel for t in shape.tensors) == counted.n_params == int(ok.iloc[0]["n_params"])
 
 
 @pytest.mark.subprocess
@@ -342,6 +377,30 @@ def test_with_nothing_measured_every_row_is_predicted_from_flops_and_a_measured_
     assert rates == sorted(rates, reverse=True) and recipe["dp_stops_paying_off_at"] is not None
     # one GPU communicates nothing: MFU x peak / FLOPs per token, the nominal MFU the median of the H100 points
     assert recipe["baseline_tokens_per_s_per_gpu"] == pytest.approx(0.418 * 989e12 / 9.025e9, rel=0.01)
+
+
+@pytest.mark.slow
+def test_a_hugging_face_model_is_planned_as_the_built_in_model_of_its_shapes(tmp_path, capsys) -> None:
+    """hf_llama_tiny is the tiny preset's shapes as transformers' Llama: planned for an H100 on this CPU machine
+    (nothing launched), its FLOPs counted and its step model made of its counted tensors, every row is `predicted`
+    with its band, at the built-in tiny's figure within 1% (the counted FLOPs against the closed form), its memory
+    traced in a fake world of that many ranks."""
+    from scaling.cli.recipe import main
+
+    argv = ["--gbs-tokens", "1Ki", "--gpus", "8,16", "--zero", "3", "--recompute", "none", "--draws", "50"]
+    common = ["train.seq_len=64", "train.precision=bf16", "hardware=h100", "logger=none", "--assume-mfu", "0.4"]
+    rows = {}
+    for model in ("hf_llama_tiny", "tiny"):
+        assert main([*argv, "--sweep-dir", str(tmp_path / model), f"model={model}", *common]) == 0
+        assert "0 point(s) launched" in capsys.readouterr().out
+        rows[model] = json.loads((tmp_path / model / "recipe.json").read_text())["rows"]
+    assert not list(tmp_path.rglob("result.json"))
+    for hf, builtin in zip(rows["hf_llama_tiny"], rows["tiny"], strict=True):
+        assert hf["source"] == builtin["source"] == "predicted", hf
+        assert (hf["dp"], hf["mbs"], hf["grad_acc"]) == (builtin["dp"], builtin["mbs"], builtin["grad_acc"])
+        assert hf["tokens_per_s_per_gpu_low"] < hf["tokens_per_s_per_gpu"] < hf["tokens_per_s_per_gpu_high"]
+        assert hf["tokens_per_s_per_gpu"] == pytest.approx(builtin["tokens_per_s_per_gpu"], rel=0.01)
+        assert 0 < hf["peak_mem_bytes"] < 80e9 and "model=hf_llama_tiny" in hf["command"]
 
 
 def test_an_assumed_mfu_sets_the_compute_and_keeps_the_measured_points_spread() -> None:

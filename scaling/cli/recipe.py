@@ -111,12 +111,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     cfg = _compose(overrides, sweep_dir)
     if isinstance(cfg, str):
         return _refuse(cfg)
-    if cfg.custom:
-        return _refuse(
-            f"model={cfg.model.name} is a model of your own ({cfg.model.source}): the recipe extrapolates with the "
-            "built-in family's step model, which does not know its shapes yet; run its points with scaling sweep, "
-            "scaling find-mbs and scaling predict"
-        )
     seq_len = cfg.train.seq_len
     try:
         gbs_samples = nearest_whole_batch(a.gbs_tokens, seq_len)
@@ -126,6 +120,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         validate(point_config(cfg, a.zero[0], a.recompute[0], 1, 1, 1))
     except InvalidConfig as e:
         return _refuse(str(e))
+    if cfg.custom:  # a model the user brings: built and counted on fake tensors, which checks its contract
+        from scaling.engine.custom_model import ModelError, count
+
+        try:
+            count(cfg.model, seq_len)
+        except ModelError as e:
+            return _refuse(str(e))
     from scaling.predictor.prescreen import capacity_bytes
 
     capacity = capacity_bytes(cfg.hardware)

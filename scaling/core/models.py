@@ -21,6 +21,11 @@ GROUP = "group"
 """Field metadata key (a dataclass) of a group field whose default is not a default_factory: the `model` group, which
 holds either the built-in family (ModelConfig) or a model the user brings (CustomModel)."""
 
+ROOT, BLOCK = "root", "block"
+"""The FSDP2 module a parameter tensor belongs to: the root (embedding, final norm, output: what is in no block) or a
+block; the words of the record's derived.model.param_tensors (`module`, `rows`: dim 0, `cols`: the rest, a list each,
+one entry per tensor in `parameters()` order)."""
+
 RUN_ONLY = "run_only"
 """Field metadata key (True): the field says how long or how a point is run (steps, seed, fault), not which
 configuration it is. It is part of the job key all the same; it is never a configuration axis."""

@@ -24,6 +24,7 @@ import functools
 import importlib
 import inspect
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -196,6 +197,9 @@ class Counted:
     block: str
     """The block class's name."""
     n_blocks: int
+    tensors: tuple[tuple[str, bool, int, int], ...] = ()
+    """Its parameter tensors in `parameters()` order, each once (a tied weight too): (name, in a block, rows: dim 0,
+    the other dims' product), what the step model's collectives are made of (the built-in family's `param_shapes_of`)."""
 
 
 class _OpsSeen(torch.utils._python_dispatch.TorchDispatchMode):
@@ -241,6 +245,7 @@ def _count(model_json: str, seq_len: int) -> Counted:
             out.float().sum().backward()
         total = counter.get_total_flops()
         n_params = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
+        tensors = param_tensors(module, found)
     known = {getattr(op, "overloadpacket", op) for op in flop_registry}
     uncounted = sorted(
         str(op)
@@ -254,6 +259,17 @@ def _count(model_json: str, seq_len: int) -> Counted:
         tuple(uncounted),
         type(found[0]).__name__,
         len(found),
+        tensors,
+    )
+
+
+def param_tensors(module: nn.Module, found: list[nn.Module]) -> tuple[tuple[str, bool, int, int], ...]:
+    """(name, in a block, rows, cols) of each distinct parameter in `parameters()` order: what DDP buckets (in reverse),
+    ZeroRedundancyOptimizer assigns whole and FSDP2 shards along dim 0, per block and the rest at the root."""
+    in_block = {id(p) for b in found for p in b.parameters()}
+    return tuple(
+        (name, id(p) in in_block, int(p.shape[0]) if p.dim() else 1, math.prod(p.shape[1:]))
+        for name, p in module.named_parameters()
     )
 
 

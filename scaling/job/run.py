@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.enums import Status
 from scaling.core.files import write_json_atomic
-from scaling.core.models import model_hash
+from scaling.core.models import BLOCK, ROOT, model_hash
 from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.units import format_bytes
 from scaling.core.validate import Derived, InvalidConfig, validate
@@ -334,6 +334,12 @@ def _custom_model_block(c: ExperimentConfig) -> dict[str, Any]:
             "block": counted.block,
             "n_blocks": counted.n_blocks,
             "config_hash": model_hash(c.model),
+            # what the DP extrapolation's step model makes its collectives of (analysis.step_model.ModelShape)
+            "param_tensors": {
+                "module": [BLOCK if in_block else ROOT for _, in_block, _, _ in counted.tensors],
+                "rows": [rows for _, _, rows, _ in counted.tensors],
+                "cols": [cols for _, _, _, cols in counted.tensors],
+            },
         },
     }
 

@@ -24,9 +24,10 @@ from analysis.recipe import Candidate, Estimate, Recipe, Split, split
 from analysis.recipe import decide as decide_rows
 from analysis.recipe_estimate import FromRecords, workload_of
 from analysis.recipe_plan import Predicted, assumed_mfu, measured_mfu
-from analysis.step_model import step_collectives
+from analysis.step_model import ModelShape, ParamTensor, step_collectives
 from scaling.core.batch import nearest_whole_batch
 from scaling.core.host import usable_cores
+from scaling.core.models import BLOCK, ROOT
 from scaling.core.schema import ExperimentConfig, HardwareConfig
 from scaling.engine.flops import configured_peak_flops_per_s, flops_per_token
 from scaling.engine.model_config import ModelArgs, param_count
@@ -111,14 +112,40 @@ def point_config(
     return cfg.changed(train=train, parallel={"zero_stage": zero, "dp": dp})
 
 
-def network_sizes(cfg: ExperimentConfig, candidates: list[Any], gbs_samples: int, n: int) -> list[int]:
+@dataclass(frozen=True)
+class ModelFigures:
+    """What the recipe plans with: the model's parameters and model FLOPs per token (the built-in family's closed
+    form; a model the user brings counted on fake tensors), and the shape its step model is made of."""
+
+    n_params: int
+    flops_per_token: float
+    shape: Optional[ModelShape]
+    """None for the built-in family (the step model derives it from config.model)."""
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> ModelFigures:
+        """Counted once per model and seq_len (scaling.engine.custom_model.count caches); ModelError when a model
+        the user brings breaks the contract."""
+        if not cfg.custom:
+            args = ModelArgs.of(cfg.model)
+            return cls(param_count(args), flops_per_token(args, cfg.train.seq_len), None)
+        from scaling.engine.custom_model import count
+
+        counted = count(cfg.model, cfg.train.seq_len)
+        tensors = tuple(ParamTensor(name, BLOCK if b else ROOT, rows, cols) for name, b, rows, cols in counted.tensors)
+        return cls(counted.n_params, counted.flops_per_token, ModelShape(cfg.model.name, tensors, counted.n_blocks))
+
+
+def network_sizes(
+    cfg: ExperimentConfig, candidates: list[Any], gbs_samples: int, n: int, shape: Optional[ModelShape] = None
+) -> list[int]:
     """The message sizes worth timing: `scaling collectives`' defaults up to the first at or above the largest
     message any candidate's step issues at dp=n, and at least the first four (4 KiB to 4 MiB): with fewer, one
     noisy small size can make time fall with size and β unfittable."""
     largest = max(
         call.bytes_per_call
         for c in candidates
-        for call in step_collectives(workload_of(cfg, c, c.mbs_max, gbs_samples), n, 1)
+        for call in step_collectives(workload_of(cfg, c, c.mbs_max, gbs_samples, shape), n, 1)
     )
     defaults = CUDA_SIZES if cfg.hardware.device == "cuda" else CPU_SIZES
     upto = next((i for i, size in enumerate(defaults) if size >= largest), len(defaults) - 1)
@@ -126,7 +153,11 @@ def network_sizes(cfg: ExperimentConfig, candidates: list[Any], gbs_samples: int
 
 
 def plan(
-    cfg: ExperimentConfig, workload: Any, source: Optional[NetworkEstimate], a: RecipeRequest
+    cfg: ExperimentConfig,
+    workload: Any,
+    source: Optional[NetworkEstimate],
+    a: RecipeRequest,
+    figures: Optional[ModelFigures] = None,
 ) -> tuple[Optional[Callable[[Candidate, Split], Optional[Estimate]]], Optional[str]]:
     """The predicted figures for candidates with nothing measured (analysis.recipe_plan), and a note when there are
     none: no network figures, no peak FLOP/s, or no MFU measured on the hardware and none assumed."""
@@ -134,10 +165,10 @@ def plan(
     peak = configured_peak_flops_per_s(hw, str(t.precision))
     if source is None or peak is None:
         return None, None
-    args = ModelArgs.of(cfg.model)
+    figures = figures or ModelFigures.of(cfg)
     # the assumed MFU's spread falls back on the points without recomputation
     measured = {
-        r: measured_mfu(hw.name, param_count(args), t.seq_len, r, bool(t.compile)) for r in {*a.recompute, "none"}
+        r: measured_mfu(hw.name, figures.n_params, t.seq_len, r, bool(t.compile)) for r in {*a.recompute, "none"}
     }
     by_recompute = {r: measured[r] for r in a.recompute}
     if a.assume_mfu is None and not all(by_recompute.values()):
@@ -150,8 +181,7 @@ def plan(
         r: assumed_mfu(a.assume_mfu, m or measured["none"]) if a.assume_mfu is not None else m
         for r, m in by_recompute.items()
     }
-    flops = flops_per_token(args, t.seq_len)
-    per = {r: Predicted(workload, flops, peak, p, source, a.draws) for r, p in priors.items() if p}
+    per = {r: Predicted(workload, figures.flops_per_token, peak, p, source, a.draws) for r, p in priors.items() if p}
     return (lambda c, s: per[c.recompute](c, s)), None
 
 
@@ -159,6 +189,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
     """Phases (a)-(c) of the recipe, then the decision (analysis.recipe.decide)."""
 
     seq_len, hw, model = cfg.train.seq_len, cfg.hardware, cfg.model
+    figures = ModelFigures.of(cfg)
     at_hand = devices_at_hand(hw)
     launch = Launcher()
     notes: list[str] = []
@@ -201,7 +232,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
     found_sources, source_notes = sources(sweep_dir, hw.name, dpn, a.draws)
     has_profile = len(found_sources) > 1 and found_sources[1].kind == "profile"
     if not has_profile and at_hand >= 2 and any(p.get("status") == "ok" for p in launch.records):
-        sizes = network_sizes(cfg, candidates, gbs_samples, at_hand)
+        sizes = network_sizes(cfg, candidates, gbs_samples, at_hand, figures.shape)
         print(
             f"[recipe] measuring the network at up to {at_hand} ranks (scaling collectives, messages up to "
             f"{sizes[-1]:,} bytes: the candidates' largest, or more)",
@@ -218,16 +249,19 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         network = f"{source.label} (the hardware's published figures)"
     notes += [n for n in source_notes if "No measured profile" not in n or source is None]
 
-    workload = lambda c, mbs: workload_of(cfg, c, mbs, gbs_samples)  # noqa: E731
-    planned, plan_note = plan(cfg, workload, source, a)
+    workload = lambda c, mbs: workload_of(cfg, c, mbs, gbs_samples, figures.shape)  # noqa: E731
+    planned, plan_note = plan(cfg, workload, source, a, figures)
     if plan_note:
         notes.append(plan_note)
     estimate = FromRecords(launch.records, workload, dpn, source, a.draws, planned)
 
     def predicted_peak(c: Candidate, s: Any) -> int:
-        return predict_config(
-            point_config(cfg, c.zero_stage, c.recompute, s.mbs, s.gpus, s.grad_acc), s.grad_acc
-        ).total_bytes
+        point = point_config(cfg, c.zero_stage, c.recompute, s.mbs, s.gpus, s.grad_acc)
+        if cfg.custom:  # no closed form: traced on fake tensors in a fake world of s.gpus ranks
+            from scaling.predictor.trace import trace_peak
+
+            return trace_peak(point).peak_mem_bytes
+        return predict_config(point, s.grad_acc).total_bytes
 
     def command(c: Candidate, s: Any) -> str:
         settings = [
