@@ -106,7 +106,9 @@ class ModelShape:
                 f"model {name!r}: derived.model.param_tensors must hold lists `module`, `rows` and `cols` of one "
                 f"length ({type(e).__name__}: {e})"
             ) from None
-        found = tuple(ParamTensor(f"{module}.{i}", str(module), int(r), int(c)) for i, (module, r, c) in enumerate(rows))
+        found = tuple(
+            ParamTensor(f"{module}.{i}", str(module), int(r), int(c)) for i, (module, r, c) in enumerate(rows)
+        )
         bad = sorted({t.module for t in found} - {ROOT, BLOCK})
         if bad or n_blocks < 1 or not any(t.module == BLOCK for t in found):
             raise ValueError(
@@ -131,7 +133,8 @@ def _shape_key(model: ModelConfig) -> tuple[str, int, int, int, int, int, bool]:
 @functools.lru_cache(maxsize=64)
 def _builtin_shape(key: tuple[str, int, int, int, int, int, bool]) -> ModelShape:
     tensors = tuple(
-        ParamTensor(name, BLOCK if in_block else ROOT, rows, cols) for name, in_block, rows, cols in param_shapes_of(*key[1:])
+        ParamTensor(name, BLOCK if in_block else ROOT, rows, cols)
+        for name, in_block, rows, cols in param_shapes_of(*key[1:])
     )
     return ModelShape(key[0], tensors, key[1])
 

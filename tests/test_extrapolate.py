@@ -132,7 +132,11 @@ def _counted_like(model: ModelConfig) -> ModelShape:
     block = [t for t in param_tensors(model) if t.module == "block"][:9]
     hf_order = [block[i] for i in (1, 2, 3, 4, 6, 7, 8, 0, 5)]
     tensors = [param_tensors(model)[0], *hf_order * model.n_layers, *param_tensors(model)[1 + 9 * model.n_layers :]]
-    record = {"module": [t.module for t in tensors], "rows": [t.rows for t in tensors], "cols": [t.cols for t in tensors]}
+    record = {
+        "module": [t.module for t in tensors],
+        "rows": [t.rows for t in tensors],
+        "cols": [t.cols for t in tensors],
+    }
     return ModelShape.from_record(f"hf_{model.name}", record, model.n_layers)
 
 

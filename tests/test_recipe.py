@@ -252,7 +252,8 @@ def test_the_recipe_measures_and_extrapolates_a_model_of_ones_own(tmp_path, monk
     assert [(t.module, t.rows, t.cols) for t in shape.tensors] == [
         (BLOCK if b else ROOT, rows, cols) for _, b, rows, cols in counted.tensors
     ]
-    assert shape.n_blocks == 2 and sum(t.numel for t in shape.tensors) == counted.n_params == int(ok.iloc[0]["n_params"])
+    n_params = int(ok.iloc[0]["n_params"])
+    assert shape.n_blocks == 2 and sum(t.numel for t in shape.tensors) == counted.n_params == n_params
 
 
 @pytest.mark.subprocess
