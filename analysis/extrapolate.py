@@ -19,7 +19,8 @@ from matplotlib.figure import Figure
 from analysis.bands import BAND, MAX_DP, N_DRAWS, Extrapolation, extrapolate
 from analysis.dp_scaling import DEFAULT_THRESHOLD, dp_axis
 from analysis.figures import PALETTE, new_figure, themed
-from analysis.step_model import LAST, ModelShape, Point, Workload, param_tensors
+from analysis.model_shape import ModelShape, param_tensors
+from analysis.step_model import LAST, Point, Workload
 from scaling.core.schema import ModelConfig
 from scaling.store.network import (
     PROFILE_FILE,

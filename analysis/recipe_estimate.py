@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from analysis.bands import Extrapolation, extrapolate, rate_band
+from analysis.model_shape import ModelShape
 from analysis.recipe import EXTRAPOLATED, MEASURED, Beyond, Candidate, Estimate, Split
-from analysis.step_model import ModelShape, Point, Workload
+from analysis.step_model import Point, Workload
 from scaling.core.enums import Status
 from scaling.core.schema import ExperimentConfig
 from scaling.store.network import NetworkEstimate

@@ -31,6 +31,7 @@ from analysis.dp_fit import (
 )
 from analysis.dp_scaling import find_knee
 from analysis.extrapolate import curve_table, network_sources, plot, summary_table, workload_and_points
+from analysis.model_shape import ModelShape, param_tensor_count, param_tensors
 from analysis.step_model import (
     BACKWARD,
     BACKWARD_SHARE,
@@ -38,12 +39,9 @@ from analysis.step_model import (
     FIRST_MICRO,
     FORWARD,
     LAST_MICRO,
-    ModelShape,
     Point,
     Window,
     Workload,
-    param_tensor_count,
-    param_tensors,
     step_collectives,
     step_time_s,
 )

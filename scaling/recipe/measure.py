@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from analysis.extrapolate import sources
+from analysis.model_shape import ModelShape, ParamTensor
 from analysis.recipe import Candidate, Estimate, Recipe, Split, split
 from analysis.recipe import decide as decide_rows
 from analysis.recipe_estimate import FromRecords, workload_of
 from analysis.recipe_plan import Predicted, assumed_mfu, measured_mfu
-from analysis.step_model import ModelShape, ParamTensor, step_collectives
+from analysis.step_model import step_collectives
 from scaling.core.batch import nearest_whole_batch
 from scaling.core.host import usable_cores
 from scaling.core.models import BLOCK, ROOT

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.step_model import param_tensors
+from analysis.model_shape import param_tensors
 from scaling.core.schema import ModelConfig
 
 SOURCE = "llm-foundry scripts/train/benchmarking/README.md @ 061f2c7c"

@@ -1,0 +1,134 @@
+"""What the step model needs of a model: its parameter tensors in `parameters()` order and its blocks, from which
+DDP's buckets, ZeroRedundancyOptimizer's partition and FSDP2's per-module messages follow (analysis.step_model).
+
+The built-in family's tensors follow from its config (scaling.engine.model_config.param_shapes_of); a model the user
+brings has them counted on the fake module its FLOP count builds (scaling.engine.custom_model), and its record keeps
+them (derived.model.param_tensors). Pure arithmetic: the standard library only.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from scaling.core.models import BLOCK, ROOT
+from scaling.core.schema import ModelConfig
+from scaling.engine.model_config import param_shapes_of
+
+GRAD_BYTES = 4
+"""Gradients are reduced in fp32 at every stage: DDP's parameters (and so gradients) stay fp32 under autocast,
+and FSDP2's MixedPrecisionPolicy reduces in fp32."""
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    """One parameter tensor of the decoder: the FSDP2 module it belongs to and its shape (rows: dim 0)."""
+
+    name: str
+    module: str
+    rows: int
+    cols: int = 1
+
+    @property
+    def numel(self) -> int:
+        """Elements of the whole tensor."""
+        return self.rows * self.cols
+
+    def shard_numel(self, n: int) -> int:
+        """Elements of the largest of n FSDP2 shards: dim 0 cut in chunks of ceil(rows/n)."""
+        return -(-self.rows // n) * self.cols
+
+
+@dataclass(frozen=True, eq=False)
+class ModelShape:
+    """What the step model needs of a model: its parameter tensors in `parameters()` order and its blocks (FSDP2's
+    modules). The built-in family's follow from its config (`shape_of`); a model the user brings has them counted on
+    fake tensors (scaling.engine.custom_model) and written in its record (`from_record`). Compared by identity: one
+    object per model (cached), so the caches below key on it cheaply."""
+
+    name: str
+    tensors: tuple[ParamTensor, ...]
+    n_blocks: int
+
+    @classmethod
+    def from_record(cls, name: str, tensors: Mapping[str, Sequence[Any]], n_blocks: int) -> ModelShape:
+        """The shape a record's derived.model holds: param_tensors (lists `module`, `rows`, `cols`) and n_blocks."""
+        try:
+            rows = list(zip(tensors["module"], tensors["rows"], tensors["cols"], strict=True))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(
+                f"model {name!r}: derived.model.param_tensors must hold lists `module`, `rows` and `cols` of one "
+                f"length ({type(e).__name__}: {e})"
+            ) from None
+        found = tuple(
+            ParamTensor(f"{module}.{i}", str(module), int(r), int(c)) for i, (module, r, c) in enumerate(rows)
+        )
+        bad = sorted({t.module for t in found} - {ROOT, BLOCK})
+        if bad or n_blocks < 1 or not any(t.module == BLOCK for t in found):
+            raise ValueError(
+                f"model {name!r}: derived.model.param_tensors' modules must be {ROOT!r} or {BLOCK!r}, some of them "
+                f"{BLOCK!r}, and n_blocks >= 1 (got modules {bad or 'ok'}, n_blocks={n_blocks})"
+            )
+        return cls(name, found, int(n_blocks))
+
+
+def _shape_key(model: ModelConfig) -> tuple[str, int, int, int, int, int, bool]:
+    return (
+        model.name,
+        model.n_layers,
+        model.hidden,
+        model.n_kv_heads * (model.hidden // model.n_heads),
+        model.ffn_hidden,
+        model.vocab_size,
+        bool(model.tie_embeddings),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _builtin_shape(key: tuple[str, int, int, int, int, int, bool]) -> ModelShape:
+    tensors = tuple(
+        ParamTensor(name, BLOCK if in_block else ROOT, rows, cols)
+        for name, in_block, rows, cols in param_shapes_of(*key[1:])
+    )
+    return ModelShape(key[0], tensors, key[1])
+
+
+def shape_of(model: ModelConfig | ModelShape) -> ModelShape:
+    """The parameter tensors and blocks of a model: a ModelShape as it is, the built-in family's from its config."""
+    return model if isinstance(model, ModelShape) else _builtin_shape(_shape_key(model))
+
+
+def param_tensors(model: ModelConfig | ModelShape) -> tuple[ParamTensor, ...]:
+    """The model's parameter tensors in `parameters()` order; the built-in decoder's (scaling.engine.model): the
+    embedding; per block attention_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2; the final norm; the output unless tied."""
+    return shape_of(model).tensors
+
+
+def param_tensor_count(model: ModelConfig | ModelShape) -> int:
+    """Parameter tensors of the model (the built-in decoder: 9 per block, embedding, final norm, untied output)."""
+    return len(param_tensors(model))
+
+
+@functools.lru_cache(maxsize=256)
+def ddp_buckets(shape: ModelShape, bucket_bytes: int) -> tuple[int, ...]:
+    # DDP's Reducer, once it has rebuilt its buckets after the first step: gradients in the order backward makes
+    # them (the reverse of the parameters'), each bucket closed once it holds bucket_bytes or more
+    buckets, size = [], 0
+    for t in reversed(shape.tensors):
+        size += GRAD_BYTES * t.numel
+        if size >= bucket_bytes:
+            buckets.append(size)
+            size = 0
+    return tuple(buckets + ([size] if size else []))
+
+
+@functools.lru_cache(maxsize=4096)
+def zero1_busiest(shape: ModelShape, n: int) -> int:
+    # ZeroRedundancyOptimizer's partition: largest tensor first, each to the rank with the fewest elements so far
+    ranks = [(0, r) for r in range(n)]
+    for numel in sorted((t.numel for t in shape.tensors), reverse=True):
+        size, r = heapq.heappop(ranks)
+        heapq.heappush(ranks, (size + numel, r))
+    return max(size for size, _ in ranks)
