@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -65,46 +63,17 @@ def raise_if_exceeded(exceeded: Optional[str]) -> None:
         raise EmulatedOutOfMemoryError(f"rank {first[0]}: {first[1]}")
 
 
-TOOLS = "torch.distributed._tools"
-"""torch's package of the memory trackers, whose `__init__` imports every tool in it: the runtime estimator among them
-imports the inductor and dynamo, half a second of each CPU rank's start that the trackers never use."""
-
-
-def _tools_entered() -> None:
-    """Make TOOLS importable without running its `__init__` (when nothing has imported it yet): its submodules then
-    load alone. Its names (`from torch.distributed._tools import X`) still work: the first one asked for runs the
-    `__init__` then."""
-    if TOOLS in sys.modules:
-        return
-    spec = importlib.util.find_spec(TOOLS)
-    if spec is None or spec.loader is None or not spec.submodule_search_locations:
-        return
-    package = importlib.util.module_from_spec(spec)
-    loader = spec.loader
-
-    def whole(name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        del package.__getattr__  # the whole package's names from here on
-        loader.exec_module(package)
-        return getattr(package, name)
-
-    package.__getattr__ = whole  # type: ignore[attr-defined]
-    sys.modules[TOOLS] = package
-
-
 @functools.cache
-def load_trackers(fsdp: bool = False) -> type:
-    """torch's tracker with the capacity check, imported on first use (torch.distributed._tools pulls in DTensor: a
-    CUDA run never needs it); FSDPMemTracker (ZeRO-2/3, FSDP2's tracker) when `fsdp`, else MemTracker."""
-    _tools_entered()
-    if fsdp:
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-        return type("CapacityFSDPMemTracker", (_CapacityCheck, FSDPMemTracker), {})
+def load_trackers() -> tuple[type, type]:
+    """torch's trackers with the capacity check; imported on first use, since importing
+    torch.distributed._tools pulls in the compiler stack (seconds) that CUDA runs never need."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    return type("CapacityMemTracker", (_CapacityCheck, MemTracker), {})
+    return (
+        type("CapacityMemTracker", (_CapacityCheck, MemTracker), {}),
+        type("CapacityFSDPMemTracker", (_CapacityCheck, FSDPMemTracker), {}),
+    )
 
 
 class PeakMemory:
@@ -131,7 +100,8 @@ def tracked_step(
     capacity_bytes: Optional[int],
 ) -> Iterator[PeakMemory]:
     """Run the body as one step under torch's memory tracker; fills the yielded PeakMemory."""
-    tracker = load_trackers(True)(model, optimizer) if fsdp else load_trackers()()
+    plain, sharded = load_trackers()
+    tracker = sharded(model, optimizer) if fsdp else plain()
     tracker.capacity_bytes = capacity_bytes
     if not fsdp:  # FSDPMemTracker registers its module and optimizer itself
         # ZeroRedundancyOptimizer keeps this rank's states in its inner optimizer.

@@ -116,10 +116,7 @@ def _adamw(params: Iterator[nn.Parameter] | list[nn.Parameter], lr: float, weigh
 def load_wrappers(zero_stage: int) -> None:
     """Import what this stage wraps the model with, now: each is imported only by the stages that use it
     (FSDP2 and DTensor cost a second of start-up), and the worker calls this before it takes its memory
-    baseline, so that imports are not counted as building. Every stage's wrapper imports dynamo as it wraps (DDP's
-    constructor asks it for its reducer mode, FSDP2 its compile state): imported here too."""
-    import torch._dynamo
-
+    baseline, so that imports are not counted as building."""
     if zero_stage >= 2:
         import torch.distributed.fsdp
     elif zero_stage == 1:

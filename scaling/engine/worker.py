@@ -136,7 +136,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
         )
     load_wrappers(par.zero_stage)  # imported now, so that their memory is part of the baseline
     if not cuda:
-        memtrack.load_trackers(par.zero_stage >= 2)
+        memtrack.load_trackers()
     resident = memtrack.ResidentMemory()  # baseline: this rank after its imports
     # One garbage-collection policy, fresh or warm: what exists before the point's build (a fresh rank's imports, a
     # warm rank's imports and what outlived its earlier points) is frozen out of the collector's walk, so the point's
