@@ -60,7 +60,7 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gbs", ("derived", "gbs")),
     ("gbs_tokens", ("derived", "gbs_tokens")),
     ("world_size", ("derived", "world_size")),
-    # a model the user brings: its parameter tensors and blocks (analysis.step_model.ModelShape.from_record)
+    # a model the user brings: its parameter tensors and blocks (analysis.model_shape.ModelShape.from_record)
     ("param_tensors", ("derived", "model", "param_tensors")),
     ("n_blocks", ("derived", "model", "n_blocks")),
     *((name, ("metrics", name)) for name, _ in METRIC_COLUMNS),

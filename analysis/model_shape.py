@@ -24,7 +24,7 @@ and FSDP2's MixedPrecisionPolicy reduces in fp32."""
 
 @dataclass(frozen=True)
 class ParamTensor:
-    """One parameter tensor of the decoder: the FSDP2 module it belongs to and its shape (rows: dim 0)."""
+    """One parameter tensor of a model: the FSDP2 module it belongs to and its shape (rows: dim 0)."""
 
     name: str
     module: str
@@ -51,6 +51,13 @@ class ModelShape:
     name: str
     tensors: tuple[ParamTensor, ...]
     n_blocks: int
+
+    @classmethod
+    def of(cls, name: str, shapes: Sequence[tuple[str, bool, int, int]], n_blocks: int) -> ModelShape:
+        """The shape of (name, in a block, rows, cols) per tensor, in `parameters()` order: the built-in family's
+        `param_shapes_of`, a counted model's `Counted.tensors` (scaling.engine.custom_model)."""
+        tensors = tuple(ParamTensor(t, BLOCK if in_block else ROOT, rows, cols) for t, in_block, rows, cols in shapes)
+        return cls(name, tensors, n_blocks)
 
     @classmethod
     def from_record(cls, name: str, tensors: Mapping[str, Sequence[Any]], n_blocks: int) -> ModelShape:
@@ -88,11 +95,7 @@ def _shape_key(model: ModelConfig) -> tuple[str, int, int, int, int, int, bool]:
 
 @functools.lru_cache(maxsize=64)
 def _builtin_shape(key: tuple[str, int, int, int, int, int, bool]) -> ModelShape:
-    tensors = tuple(
-        ParamTensor(name, BLOCK if in_block else ROOT, rows, cols)
-        for name, in_block, rows, cols in param_shapes_of(*key[1:])
-    )
-    return ModelShape(key[0], tensors, key[1])
+    return ModelShape.of(key[0], param_shapes_of(*key[1:]), key[1])
 
 
 def shape_of(model: ModelConfig | ModelShape) -> ModelShape:

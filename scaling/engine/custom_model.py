@@ -197,7 +197,7 @@ class Counted:
     block: str
     """The block class's name."""
     n_blocks: int
-    tensors: tuple[tuple[str, bool, int, int], ...] = ()
+    tensors: tuple[tuple[str, bool, int, int], ...]
     """Its parameter tensors in `parameters()` order, each once (a tied weight too): (name, in a block, rows: dim 0,
     the other dims' product), what the step model's collectives are made of (the built-in family's `param_shapes_of`)."""
 
@@ -245,7 +245,7 @@ def _count(model_json: str, seq_len: int) -> Counted:
             out.float().sum().backward()
         total = counter.get_total_flops()
         n_params = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
-        tensors = param_tensors(module, found)
+        tensors = _param_shapes(module, found)
     known = {getattr(op, "overloadpacket", op) for op in flop_registry}
     uncounted = sorted(
         str(op)
@@ -263,7 +263,7 @@ def _count(model_json: str, seq_len: int) -> Counted:
     )
 
 
-def param_tensors(module: nn.Module, found: list[nn.Module]) -> tuple[tuple[str, bool, int, int], ...]:
+def _param_shapes(module: nn.Module, found: list[nn.Module]) -> tuple[tuple[str, bool, int, int], ...]:
     """(name, in a block, rows, cols) of each distinct parameter in `parameters()` order: what DDP buckets (in reverse),
     ZeroRedundancyOptimizer assigns whole and FSDP2 shards along dim 0, per block and the rest at the root."""
     in_block = {id(p) for b in found for p in b.parameters()}

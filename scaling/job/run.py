@@ -334,7 +334,7 @@ def _custom_model_block(c: ExperimentConfig) -> dict[str, Any]:
             "block": counted.block,
             "n_blocks": counted.n_blocks,
             "config_hash": model_hash(c.model),
-            # what the DP extrapolation's step model makes its collectives of (analysis.step_model.ModelShape)
+            # what the DP extrapolation's step model makes its collectives of (analysis.model_shape.ModelShape.from_record)
             "param_tensors": {
                 "module": [BLOCK if in_block else ROOT for _, in_block, _, _ in counted.tensors],
                 "rows": [rows for _, _, rows, _ in counted.tensors],

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from analysis.extrapolate import sources
-from analysis.model_shape import ModelShape, ParamTensor
+from analysis.model_shape import ModelShape
 from analysis.recipe import Candidate, Estimate, Recipe, Split, split
 from analysis.recipe import decide as decide_rows
 from analysis.recipe_estimate import FromRecords, workload_of
@@ -28,7 +28,6 @@ from analysis.recipe_plan import Predicted, assumed_mfu, measured_mfu
 from analysis.step_model import step_collectives
 from scaling.core.batch import nearest_whole_batch
 from scaling.core.host import usable_cores
-from scaling.core.models import BLOCK, ROOT
 from scaling.core.schema import ExperimentConfig, HardwareConfig
 from scaling.engine.flops import configured_peak_flops_per_s, flops_per_token
 from scaling.engine.model_config import ModelArgs, param_count
@@ -133,8 +132,8 @@ class ModelFigures:
         from scaling.engine.custom_model import count
 
         counted = count(cfg.model, cfg.train.seq_len)
-        tensors = tuple(ParamTensor(name, BLOCK if b else ROOT, rows, cols) for name, b, rows, cols in counted.tensors)
-        return cls(counted.n_params, counted.flops_per_token, ModelShape(cfg.model.name, tensors, counted.n_blocks))
+        shape = ModelShape.of(cfg.model.name, counted.tensors, counted.n_blocks)
+        return cls(counted.n_params, counted.flops_per_token, shape)
 
 
 def network_sizes(
@@ -158,7 +157,7 @@ def plan(
     workload: Any,
     source: Optional[NetworkEstimate],
     a: RecipeRequest,
-    figures: Optional[ModelFigures] = None,
+    figures: ModelFigures,
 ) -> tuple[Optional[Callable[[Candidate, Split], Optional[Estimate]]], Optional[str]]:
     """The predicted figures for candidates with nothing measured (analysis.recipe_plan), and a note when there are
     none: no network figures, no peak FLOP/s, or no MFU measured on the hardware and none assumed."""
@@ -166,7 +165,6 @@ def plan(
     peak = configured_peak_flops_per_s(hw, str(t.precision))
     if source is None or peak is None:
         return None, None
-    figures = figures or ModelFigures.of(cfg)
     # the assumed MFU's spread falls back on the points without recomputation
     measured = {
         r: measured_mfu(hw.name, figures.n_params, t.seq_len, r, bool(t.compile)) for r in {*a.recompute, "none"}
