@@ -75,19 +75,6 @@ def _device_locks_per_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield
 
 
-@pytest.fixture(autouse=True)
-def _warm_ranks_only_for_shared_points(request: pytest.FixtureRequest) -> None:
-    """The real points of tests/helpers/points.py run on this worker's warm ranks, which hold its device lease while they
-    wait; any other test that may start a process (it carries one of PROCESS_MARKERS) first ends them, so that a
-    driver it starts takes the lease at once. A test that starts none leaves them warm for the next point."""
-    if "point_store" in request.fixturenames:
-        return
-    if any(request.node.get_closest_marker(name) for name in PROCESS_MARKERS):
-        from scaling.launch import warm
-
-        warm.close()
-
-
 # --- Markers that say which tests start processes (pyproject.toml lists them) --------------------------------------
 PROCESS_MARKERS = ("torchrun", "slurm", "browser", "subprocess")
 """`make test-fast` and `make test-lowest` run the tests that carry none of these: the ones that start no process."""

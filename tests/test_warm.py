@@ -46,17 +46,24 @@ def _end_warm_jobs():
     warm.close()
 
 
-def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does(tmp_path):
-    """ZeRO-3 on the ranks that have just run a ZeRO-0 point (DDP's reducer, another optimizer) equals its fresh
-    launch: losses, gradient norms, weights and optimizer bytes exactly; the tracked peak within one FSDP2 collective
-    buffer, which is what two fresh launches differ by (gloo's worker thread drops the last reference to a finished
-    all-gather's or reduce-scatter's buffers at its own time, before or after the main thread's next allocation).
-    The record says which turn of the job it was, and the turn paid no start-up."""
-    store, fresh_store = tmp_path / "warm", tmp_path / "fresh"
-    store.mkdir()
+def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does_also_after_one_past_its_capacity(tmp_path):
+    """ZeRO-3 on the ranks that have just run a ZeRO-0 point (DDP's reducer, another optimizer) and then a point
+    whose tracked step passed the emulated capacity (every rank raises it together at the end of that step: `oom`,
+    with the fresh launch's message, and the job goes on) equals its fresh launch: losses, gradient norms, weights
+    and optimizer bytes exactly; the tracked peak within one FSDP2 collective buffer, which is what two fresh
+    launches differ by (gloo's worker thread drops the last reference to a finished all-gather's or reduce-scatter's
+    buffers at its own time, before or after the main thread's next allocation). The records say which turn of the
+    job each was, and a turn paid no start-up. The fresh launches in this process share its lease with the idle
+    warm job (CPU), which is still up after them."""
+    warm_store, fresh_store = tmp_path / "warm", tmp_path / "fresh"
+    warm_store.mkdir()
     fresh_store.mkdir()
-    before = point(store, "parallel.dp=2", "train.seq_len=32", "train.grad_acc=2", *WARM)
-    after = point(store, "parallel.dp=2", "train.seq_len=32", "train.grad_acc=2", "parallel.zero_stage=3", CLIP, *WARM)
+    # 5 MB: the tiny model at seq 32 fits, at seq 256 x mbs 4 it does not; one capacity, so one shape and one job
+    shape = ["parallel.dp=2", "hardware.memory_gb=0.005"]
+    too_big = ["train.seq_len=256", "train.mbs=4", "launch.prescreen=false"]
+    zero3 = ["train.seq_len=32", "train.grad_acc=2", "parallel.zero_stage=3", CLIP]
+    before = point(warm_store, *shape, "train.seq_len=32", "train.grad_acc=2", *WARM)
+    oom, after = point(warm_store, *shape, *too_big, *WARM), point(warm_store, *shape, *zero3, *WARM)
     # Between points the ranks block on their wake pipes: no polling on the cores the next point is measured on
     # (a 20 ms poll woke each rank about 50 times a second).
     (job,) = warm._jobs.values()
@@ -66,16 +73,11 @@ def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does(tmp_path):
     time.sleep(1.0)
     woken = [r.num_ctx_switches().voluntary - b for r, b in zip(ranks, before_idle)]
     assert len(ranks) == 2 and max(woken) <= 5, woken
-    fresh = point(
-        fresh_store,
-        "parallel.dp=2",
-        "train.seq_len=32",
-        "train.grad_acc=2",
-        "parallel.zero_stage=3",
-        CLIP,
-        FRESH,
-    )
+    fresh_oom, fresh = point(fresh_store, *shape, *too_big, FRESH), point(fresh_store, *shape, *zero3, FRESH)
+    assert list(warm._jobs.values()) == [job] and job.alive  # the fresh launches did not end it
     assert before["status"] == after["status"] == fresh["status"] == "ok", (after["error"], fresh["error"])
+    assert oom["status"] == fresh_oom["status"] == "oom"
+    assert oom["error"] == fresh_oom["error"] and "emulated capacity exceeded" in oom["error"], oom["error"]
     assert after["job_key"] == fresh["job_key"]  # launch settings are not part of the key
     for name in SAME:
         if name != "peak_mem_bytes_per_rank":
@@ -83,13 +85,14 @@ def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does(tmp_path):
     peaks = after["metrics"]["peak_mem_bytes_per_rank"], fresh["metrics"]["peak_mem_bytes_per_rank"]
     race = largest_fsdp_buffer_bytes(fresh)
     assert all(abs(w - f) <= race for w, f in zip(*peaks)), (peaks, race)
-    turn = [r["repeats"][0]["timing"]["points_before"] for r in (before, after, fresh)]
-    assert turn[1] == turn[0] + 1 and turn[2] == 0, turn
+    turn = [r["repeats"][0]["timing"]["points_before"] for r in (before, oom, after, fresh)]
+    assert turn[1:] == [turn[0] + 1, turn[0] + 2, 0], turn  # one job throughout
     # No interpreter, no torch import, no process group: the turn takes less than the fresh launch's start-up.
     held = after["repeats"][0]["timing"]["torchrun_wall_s"]
     assert held < fresh["repeats"][0]["timing"]["startup_device_s"] / 2, (held, fresh["repeats"][0]["timing"])
-    log = (store / after["job_key"] / "torchrun.log").read_text()
+    log = (warm_store / after["job_key"] / "torchrun.log").read_text()
     assert "Traceback" not in log  # the point's own part of the job's log
+    assert len(list(warm_store.glob("*/result.json"))) == 3
 
 
 def test_a_failing_point_ends_its_warm_job_and_the_next_point_starts_a_new_one(tmp_path):
@@ -115,29 +118,6 @@ def test_a_failing_point_ends_its_warm_job_and_the_next_point_starts_a_new_one(t
     assert (store / crash["job_key"] / "elastic").is_dir()  # the failed point keeps the job's error files
     assert first["status"] == after_oom["status"] == after_crash["status"] == "ok"
     assert len(list(store.glob("*/result.json"))) == 5
-
-
-def test_a_point_past_its_emulated_capacity_is_oom_and_the_warm_job_measures_the_next(tmp_path):
-    """A CPU point whose tracked step passes the emulated capacity, in the middle of a warm job: every rank raises
-    it together at the end of that step, so it is recorded `oom` with the fresh launch's message, and the same job
-    measures the next point (its next turn) exactly as a fresh launch does."""
-    warm_store, fresh_store = tmp_path / "warm", tmp_path / "fresh"
-    warm_store.mkdir()
-    fresh_store.mkdir()
-    # 5 MB: the tiny model at seq 32 fits, at seq 256 × mbs 4 it does not; one capacity, so one shape and one job
-    shape = ["parallel.dp=2", "hardware.memory_gb=0.005"]
-    too_big, next_point = ["train.seq_len=256", "train.mbs=4", "launch.prescreen=false"], ["train.seq_len=40", CLIP]
-    first = point(warm_store, *shape, "train.seq_len=32", *WARM)
-    oom, after = point(warm_store, *shape, *too_big, *WARM), point(warm_store, *shape, *next_point, *WARM)
-    fresh_oom, fresh_after = point(fresh_store, *shape, *too_big, FRESH), point(fresh_store, *shape, *next_point, FRESH)
-    turns = [r["repeats"][0]["timing"]["points_before"] for r in (first, oom, after)]
-    assert turns[1:] == [turns[0] + 1, turns[0] + 2], turns  # one job throughout
-    assert oom["status"] == fresh_oom["status"] == "oom"
-    assert oom["error"] == fresh_oom["error"] and "emulated capacity exceeded" in oom["error"], oom["error"]
-    assert after["status"] == fresh_after["status"] == "ok", (after["error"], fresh_after["error"])
-    for name in SAME:
-        assert after["metrics"][name] == fresh_after["metrics"][name], name
-    assert len(list(warm_store.glob("*/result.json"))) == 3
 
 
 def test_killing_the_driver_during_a_warm_job_leaves_no_rank_and_one_record_per_point(tmp_path):

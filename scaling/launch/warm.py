@@ -319,12 +319,27 @@ atexit.register(close)
 def fresh_lease(
     request: Optional[devices.Request], visible: Optional[str], wait_s: Optional[float] = None
 ) -> Iterator[devices.Held]:
-    """The devices for a launch that is not a turn of a warm job (a fresh point, the collectives benchmark): this
-    process's warm jobs end first, since an idle one holds the lease such a launch waits for until it times out
-    (launch.reuse_idle_s)."""
-    close()
-    with devices.hold(request, visible, wait_s=wait_s) as held:
-        yield held
+    """The devices for a launch that is not a turn of a warm job (a fresh point, the collectives benchmark). On CPU
+    it shares the lease this process's warm jobs hold on the host, as they share it among themselves (this process
+    runs its points one at a time, and idle ranks hold memory, not cores); otherwise this process's warm jobs end
+    first, since an idle one keeps its devices (a CUDA context) and holds the lease such a launch would wait for
+    until it times out (launch.reuse_idle_s)."""
+    key = _lease_key(request, visible)
+    with _LOCK:
+        shared = request is not None and request.kind == "cpu" and key in _leases
+        if shared:
+            stack, held, users = _leases[key]
+            _leases[key] = (stack, held, users + 1)
+    if not shared:
+        close()
+        with devices.hold(request, visible, wait_s=wait_s) as held:
+            yield held
+        return
+    try:
+        yield dataclasses.replace(held, wait_s=0.0)
+    finally:
+        with _LOCK:
+            _unhold(request, visible)
 
 
 @contextlib.contextmanager

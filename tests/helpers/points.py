@@ -22,9 +22,12 @@ BASE = [
     "train.precision=fp32",
     "launch.timeout_s=180",
     "launch.reuse=true",
+    "launch.reuse_idle_s=600",
 ]
 """A tiny point on CPU: two warm-up steps (the CPU floor: the second is memory-tracked) and three timed ones, run on
-the warm ranks of this test process (launch.reuse: not part of the job key). A test whose subject is a fresh
+the warm ranks of this test process (launch.reuse: not part of the job key), which stay up between tests (idle ranks
+hold memory, not cores; a driver another test starts on this worker's lease takes it from them within a second). A
+test whose subject is a fresh
 launch (its start-up, its resident memory, its processes) adds `FRESH`."""
 FRESH = "launch.reuse=false"
 ONE_STEP = ["logger=none", "model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
