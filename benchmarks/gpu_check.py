@@ -348,18 +348,20 @@ def part_f(check: Check) -> None:
 
     from scaling.engine.jobfiles import MEMORY_SNAPSHOT_FILE
     from scaling.job.run import run_point
-    from scaling.store.record import job_dir
+    from scaling.store.record import job_dir, launch_dir
 
     breakdowns = {}
     for stage in (0, 1):
         if not check.time_left(60, f"(f) ZeRO-{stage} with the allocator's history"):
             return
         cfg = check.config(*SNAPSHOT_POINT, f"parallel.zero_stage={stage}")
-        row = check.add("f", run_point(cfg), cfg)
-        path = job_dir(check.sweep_dir, row["key"]) / MEMORY_SNAPSHOT_FILE
-        # only this launch's snapshot, of this user's: run_point removes an earlier one before it launches, and a
-        # pickle someone else could have written is not loaded
-        ours = path.is_file() and not path.is_symlink() and path.stat().st_uid == os.getuid()
+        record = run_point(cfg)
+        row = check.add("f", record, cfg)
+        # only this launch's snapshot (in the directory of its own that the record names), of this user's: a pickle
+        # someone else could have written is not loaded
+        launch = launch_dir(job_dir(check.sweep_dir, row["key"]), record)
+        path = (launch or job_dir(check.sweep_dir, row["key"])) / MEMORY_SNAPSHOT_FILE
+        ours = launch is not None and path.is_file() and not path.is_symlink() and path.stat().st_uid == os.getuid()
         check.expect(ours, f"(f) ZeRO-{stage}: no {MEMORY_SNAPSHOT_FILE} of this launch ({row['status']})")
         if ours:
             breakdowns[stage] = snapshot_at_peak(pickle.loads(path.read_bytes()))

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from scaling.job.run import run_point
-from scaling.store.record import RESULT_FILE, job_key
+from scaling.store.record import RESULT_FILE, job_key, launch_dir
 from tests.helpers.compose import compose_point
 from tests.helpers.points import CLIP, FRESH, point
 from tests.helpers.processes import processes_mentioning
@@ -136,15 +136,24 @@ def test_invalid_point_is_recorded_without_starting_anything(sweep_dir, override
 
 
 def test_a_launch_is_judged_by_its_own_error_files_not_an_earlier_ones(sweep_dir):
-    """An out-of-memory error file left by an earlier launch of the point does not make a rerun `oom` (an
-    out-of-memory error wins over any other): the crashed point, launched again, fails with its own error."""
+    """Each launch writes into a directory of its own: an out-of-memory error file in an earlier launch's (or one a
+    killed driver left under the name the next launch would take) does not make a rerun `oom` (an out-of-memory
+    error wins over any other), and nobody's files are removed: the crashed point, launched again, fails with its
+    own error, in a new directory."""
     first = point(sweep_dir, "parallel.dp=2", "train.fault=crash", FRESH)
-    stale = sweep_dir / first["job_key"] / "elastic" / "old-run" / "attempt_0" / "0" / "error.json"
-    stale.parent.mkdir(parents=True)
-    stale.write_text(json.dumps({"message": {"message": "torch.OutOfMemoryError: from a launch long ago"}}))
+    point_dir = sweep_dir / first["job_key"]
+    first_dir = launch_dir(point_dir, first)
+    assert first_dir.parent.name == "launches" and (first_dir / "torchrun.log").exists()
+    oom = {"message": {"message": "torch.OutOfMemoryError: from a launch long ago"}}
+    stale = [first_dir / "elastic" / "old-run" / "attempt_0" / "0" / "error.json"]
+    stale.append(point_dir / "launches" / "2.0" / "elastic" / "dead" / "attempt_0" / "0" / "error.json")
+    for path in stale:  # the second: what a driver killed during attempt 2's launch would have left
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(oom))
     again = point(sweep_dir, "parallel.dp=2", "train.fault=crash", "launch.rerun=failed", FRESH)
     assert (again["status"], again["error"]) == ("failed", first["error"]), again["error"]
-    assert again["provenance"]["attempt"] == 2 and not stale.exists()
+    assert again["provenance"]["attempt"] == 2 and all(path.exists() for path in stale)
+    assert launch_dir(point_dir, again) == point_dir / "launches" / "2.0-2"  # not the dead launch's directory
 
 
 def test_rerun_skips_recorded_point(sweep_dir, capsys):

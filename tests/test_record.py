@@ -150,7 +150,7 @@ def test_a_record_round_trips_with_todays_keys_in_order():
     record = full_record()
     data = record.to_dict()
     assert list(data) == RECORD_KEYS and data["schema_version"] == SCHEMA_VERSION == 1
-    assert list(data["repeats"][0]) == ["status", "error", "metrics", "timing"]
+    assert list(data["repeats"][0]) == ["status", "error", "metrics", "timing", "dir"]
     assert list(data["repeats"][0]["timing"]) == [
         "launched_at",
         "device_wait_s",

@@ -21,7 +21,7 @@ import pytest
 
 from analysis.step_model import MODULE_GRADS, MODULE_PARAMS
 from scaling.launch import warm
-from scaling.store.record import RESULT_FILE
+from scaling.store.record import RESULT_FILE, launch_dir
 from tests.helpers.compose import workload_of
 from tests.helpers.points import BASE, CLIP, FRESH, point
 from tests.helpers.processes import processes_mentioning
@@ -90,7 +90,7 @@ def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does_also_after_one_
     # No interpreter, no torch import, no process group: the turn takes less than the fresh launch's start-up.
     held = after["repeats"][0]["timing"]["torchrun_wall_s"]
     assert held < fresh["repeats"][0]["timing"]["startup_device_s"] / 2, (held, fresh["repeats"][0]["timing"])
-    log = (warm_store / after["job_key"] / "torchrun.log").read_text()
+    log = (launch_dir(warm_store / after["job_key"], after) / "torchrun.log").read_text()
     assert "Traceback" not in log  # the point's own part of the job's log
     assert len(list(warm_store.glob("*/result.json"))) == 3
 
@@ -115,7 +115,7 @@ def test_a_failing_point_ends_its_warm_job_and_the_next_point_starts_a_new_one(t
         "failed",
         "RuntimeError: injected fault: rank 1 crashed on purpose (train.fault=crash)",
     )
-    assert (store / crash["job_key"] / "elastic").is_dir()  # the failed point keeps the job's error files
+    assert (launch_dir(store / crash["job_key"], crash) / "elastic").is_dir()  # the failed launch keeps the error files
     assert first["status"] == after_oom["status"] == after_crash["status"] == "ok"
     assert len(list(store.glob("*/result.json"))) == 5
 

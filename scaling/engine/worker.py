@@ -1,6 +1,6 @@
 """What each torchrun rank runs: train a few steps of one experiment point and measure them.
 
-    torchrun --standalone --nproc-per-node=<dp> -m scaling.engine.worker <job_dir>/config.json
+    torchrun --standalone --nproc-per-node=<dp> -m scaling.engine.worker <launch_dir>/config.json
 
 Read top-down, `measure_point` is the whole job of a rank: take the device, join the process group,
 build the model for its ZeRO stage (scaling.engine.parallel), note what the build cost, run the

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 import os
 import platform
-import shutil
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -33,14 +33,7 @@ from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.units import format_bytes
 from scaling.core.validate import Derived, InvalidConfig, validate
 from scaling.engine import flops
-from scaling.engine.jobfiles import (
-    CONFIG_FILE,
-    ELASTIC_LOGS,
-    MEMORY_SNAPSHOT_FILE,
-    TORCHRUN_LOG,
-    WORKER_OUTPUT,
-    WorkerReport,
-)
+from scaling.engine.jobfiles import CONFIG_FILE, LAUNCHES_DIR, TORCHRUN_LOG, WORKER_OUTPUT, WorkerReport
 from scaling.engine.model_config import ModelArgs, param_count
 from scaling.job import wandb_log
 from scaling.job.metrics import repeats_metrics, throughput_metrics
@@ -108,12 +101,27 @@ def _unreadable(key: str, e: RecordError) -> dict[str, Any]:
     return {"job_key": key, "status": Status.FAILED, "error": f"not run, its record cannot be read: {e}"}
 
 
-def _clear_launch_outputs(point_dir: Path) -> None:
-    """An earlier launch's outputs in the point's directory (its allocator snapshot too: read only when it is this
-    launch's; its error files are not this launch's)."""
-    for stale in (WORKER_OUTPUT, TORCHRUN_LOG, MEMORY_SNAPSHOT_FILE):
-        (point_dir / stale).unlink(missing_ok=True)
-    shutil.rmtree(point_dir / ELASTIC_LOGS, ignore_errors=True)
+def _new_launch_dir(point_dir: Path, attempt: int, n: int, environ: Mapping[str, str]) -> Path:
+    """A directory of its own for the n-th launch (0-based, the record's count) of a point's `attempt`:
+    `launches/<attempt>.<n>`, made by this launch, so that nothing an earlier launch or a killed driver left is read
+    as this launch's or removed. Under SLURM its name carries the job (and its requeue count), which every node's task
+    of a multi-node point shares; elsewhere a name a dead launch left is not reused (`-2`, `-3`, ... follow)."""
+    root = point_dir / LAUNCHES_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"{attempt}.{n}"
+    job = inflight.slurm_job_id(environ)
+    if job is not None:
+        path = root / f"{name}-slurm{job}.{environ.get('SLURM_RESTART_COUNT', '0')}"
+        path.mkdir(exist_ok=True)
+        return path
+    for k in itertools.count(1):
+        path = root / (name if k == 1 else f"{name}-{k}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def _run_claimed(
@@ -144,20 +152,15 @@ def _run_claimed(
     if predicted_oom(prediction):  # predicted > (1 + prescreen_margin) x capacity, and not in the sample
         return _finish(_ended(record, Status.PREDICTED_OOM, prediction["reason"], c), point_dir, t0, c)
 
-    point_dir.mkdir(parents=True, exist_ok=True)
-    runtime = {"job_key": key, "pg_timeout_s": torchrun.process_group_timeout_s(c.launch.timeout_s)}
-    write_json_atomic(point_dir / CONFIG_FILE, {**c.to_dict(), "derived": record.derived, "runtime": runtime})
-    try:
+    def argv(config_path: Path) -> list[str]:
         # Under SLURM the allocation decides how torchrun starts (one node, or one torchrun per node joined by
         # a c10d rendezvous); elsewhere it is `torchrun --standalone`. This node must hold its ranks.
-        argv = slurm.point_argv(
-            point_dir / CONFIG_FILE,
-            key,
-            derived.world_size,
-            c.hardware.devices_per_node,
-            os.environ,
-            c.launch.master_port,
+        return slurm.point_argv(
+            config_path, key, derived.world_size, c.hardware.devices_per_node, os.environ, c.launch.master_port
         )
+
+    try:
+        argv(point_dir / CONFIG_FILE)  # refused here, before any launch, when this allocation cannot hold it
         lease = devices.request(c, os.environ)
     except ValueError as e:
         return _finish(_ended(record, Status.FAILED, str(e), c), point_dir, t0, c)
@@ -197,7 +200,7 @@ def _launch_repeats(
     record: Record,
     launches: list[Launch],
     point_dir: Path,
-    argv: list[str],
+    argv: Callable[[Path], list[str]],
     lease: Any,
     lead: bool,
 ) -> None:
@@ -206,15 +209,19 @@ def _launch_repeats(
 
     Concurrent points on this host take disjoint GPUs (CPU points: the host, one at a time). The lease is
     given back only once no process of the point is left. Each repeat is a fresh torchrun (with launch.reuse,
-    a turn of this process's warm job, which holds the lease between points); the record is written after
+    a turn of this process's warm job, which holds the lease between points) in a directory of its own
+    (`_new_launch_dir`, with its own config.json, made from `argv(config_path)`); the record is written after
     each, so a killed sweep keeps the repeats it finished."""
     kept = len(launches)
     log_name = TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
     # Warm ranks serve points that run as one torchrun on this node (a multi-node SLURM point starts fresh).
     warm_ranks = c.launch.reuse and slurm.placement(c.parallel.dp, c.hardware.devices_per_node, os.environ).nodes == 1
+    runtime = {"job_key": record.job_key, "pg_timeout_s": torchrun.process_group_timeout_s(c.launch.timeout_s)}
     for _ in range(max(1, c.launch.repeats - kept)):
-        if lead:  # only the task that writes the record cleans the job directory (the others share it)
-            _clear_launch_outputs(point_dir)
+        attempt = record.provenance.attempt or 1
+        launch_dir = _new_launch_dir(point_dir, attempt, len(launches), os.environ)
+        config_path = launch_dir / CONFIG_FILE
+        write_json_atomic(config_path, {**c.to_dict(), "derived": record.derived, "runtime": runtime})
         outcome = None
         if warm_ranks:
             try:
@@ -223,10 +230,12 @@ def _launch_repeats(
                     held = job.held
                     peak = flops.resolve_peak_flops(c.hardware, c.train.precision)
                     launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
-                    outcome, points_before = job.run(point_dir / CONFIG_FILE, point_dir, c.launch.timeout_s, log_name)
+                    outcome, points_before = job.run(config_path, launch_dir, c.launch.timeout_s, log_name)
             except warm.JobGone as e:  # it died between points: this point never started; a fresh launch measures it
                 print(f"[scaling] {record.job_key}: {e}: measured by a fresh launch", file=sys.stderr, flush=True)
-                _clear_launch_outputs(point_dir)  # warm ranks serve one-node points: this is the lead task
+                launch_dir = _new_launch_dir(point_dir, attempt, len(launches), os.environ)  # the lead task's
+                config_path = launch_dir / CONFIG_FILE
+                write_json_atomic(config_path, {**c.to_dict(), "derived": record.derived, "runtime": runtime})
         if outcome is None:
             points_before = 0
             with warm.fresh_lease(lease, c.launch.devices, c.launch.lease_wait_s) as held:
@@ -234,13 +243,13 @@ def _launch_repeats(
                 peak = flops.resolve_peak_flops(c.hardware, c.train.precision)
                 launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
                 env = torchrun.job_env(c.hardware.threads_per_device, held.visible, c.hardware.device == "cuda")
-                outcome = torchrun.launch_torchrun(argv, point_dir, c.launch.timeout_s, env, log_name)
+                outcome = torchrun.launch_torchrun(argv(config_path), launch_dir, c.launch.timeout_s, env, log_name)
         if not lead:  # another node's task of a multi-node point: its lead task writes the record
             if outcome.status != Status.OK:
                 return
             continue
-        this, env_block = _launch_entry(c, record.derived, outcome, point_dir, launched_at, held.wait_s, peak)
-        this.timing.points_before = points_before
+        this, env_block = _launch_entry(c, record.derived, outcome, launch_dir, launched_at, held.wait_s, peak)
+        this.timing.points_before, this.dir = points_before, str(launch_dir.relative_to(point_dir))
         launches.append(this)
         record.status, record.error, record.repeats = this.status, this.error, launches
         record.env = {**env_block, "devices": held.visible}
@@ -257,7 +266,7 @@ def _launch_entry(
     c: ExperimentConfig,
     derived: dict[str, Any],
     outcome: torchrun.Outcome,
-    point_dir: Path,
+    launch_dir: Path,
     launched_at: str,
     device_wait_s: float,
     peak: flops.PeakFlops,
@@ -269,7 +278,7 @@ def _launch_entry(
         error=outcome.error,
         timing=LaunchTiming(launched_at=launched_at, device_wait_s=device_wait_s, torchrun_wall_s=outcome.wall_s),
     )
-    report = WorkerReport.read(point_dir / WORKER_OUTPUT)
+    report = WorkerReport.read(launch_dir / WORKER_OUTPUT)
     if outcome.status == Status.OK and report is not None:
         this.metrics = throughput_metrics(report, derived, peak)
         this.timing.launch_overhead_s = outcome.wall_s - report.measured_window_s

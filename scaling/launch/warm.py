@@ -183,11 +183,11 @@ class WarmJob:
             )
 
     def run(
-        self, config_path: Path, point_dir: Path, timeout_s: float, log_name: str = TORCHRUN_LOG
+        self, config_path: Path, launch_dir: Path, timeout_s: float, log_name: str = TORCHRUN_LOG
     ) -> tuple[torchrun.Outcome, int]:
-        """Measure one point on the job's ranks (starting them for the first), wait at most `timeout_s`, copy
-        what the job wrote meanwhile into the point's directory, and classify the outcome as a fresh launch's; also
-        how many points the job had run before this one."""
+        """Measure one point on the job's ranks (starting them for the first), wait at most `timeout_s`, copy what
+        the job wrote meanwhile into this launch's directory (where the point's config.json is), and classify the
+        outcome as a fresh launch's; also how many points the job had run before this one."""
         if self.proc is None:
             self._start()
         assert self.proc is not None
@@ -214,18 +214,18 @@ class WarmJob:
                 raise JobGone(f"the warm ranks ended (torchrun exit code {self.proc.returncode}) before taking it")
         wall_s = time.perf_counter() - start
         self.held = dataclasses.replace(self.held, wait_s=0.0)  # a later turn waited for no device
-        with open(self.log_path, "rb") as log, open_new(point_dir / log_name) as out:
+        with open(self.log_path, "rb") as log, open_new(launch_dir / log_name) as out:
             log.seek(offset)
             shutil.copyfileobj(log, out)
-        if done and not torchrun.error_messages(point_dir):
+        if done and not torchrun.error_messages(launch_dir):
             return torchrun.Outcome(status=Status.OK, error=None, returncode=0, wall_s=wall_s), n
         if done:  # a point the ranks came through together (the emulated capacity exceeded): the job goes on
-            status, error = torchrun.judge(1, False, point_dir, point_dir / log_name, timeout_s)
+            status, error = torchrun.judge(1, False, launch_dir, launch_dir / log_name, timeout_s)
             return torchrun.Outcome(status=status, error=error, returncode=1, wall_s=wall_s), n
         if (self.pool_dir / ELASTIC_LOGS).exists():
-            shutil.copytree(self.pool_dir / ELASTIC_LOGS, point_dir / ELASTIC_LOGS, dirs_exist_ok=True)
+            shutil.copytree(self.pool_dir / ELASTIC_LOGS, launch_dir / ELASTIC_LOGS, dirs_exist_ok=True)
         returncode = self.proc.returncode if self.proc.returncode != 0 else 1  # it stopped before the point's end
-        status, error = torchrun.judge(returncode, timed_out, point_dir, point_dir / log_name, timeout_s)
+        status, error = torchrun.judge(returncode, timed_out, launch_dir, launch_dir / log_name, timeout_s)
         return torchrun.Outcome(status=status, error=error, returncode=self.proc.returncode, wall_s=wall_s), n
 
     def close(self, grace_s: float = torchrun.KILL_GRACE_S) -> None:

@@ -110,6 +110,9 @@ class Launch:
     metrics: Optional[dict[str, Any]] = None
     """Its own metrics block (scaling.job.metrics); None unless ok (an oom may carry its measured peak)."""
     timing: LaunchTiming = field(default_factory=LaunchTiming)
+    dir: Optional[str] = None
+    """Its own directory, relative to the point's (`launches/<attempt>.<n>`: its config, torchrun log, rank 0's
+    report, error files and memory snapshot); None in records written before launches had their own."""
 
     def to_dict(self) -> dict[str, Any]:
         """The launch as the record's `repeats` holds it."""
@@ -123,7 +126,19 @@ class Launch:
             error=data.get("error"),
             metrics=data.get("metrics"),
             timing=LaunchTiming.from_dict(data.get("timing") or {}),
+            dir=data.get("dir"),
         )
+
+
+def launch_dir(point_dir: Path, record: Mapping[str, Any], which: int = -1) -> Optional[Path]:
+    """The directory of one launch of a record (its last by default), where its torchrun log, error files and memory
+    snapshot are; None when the record has no such launch or names no directory (written before launches had one)."""
+    repeats = record.get("repeats") or []
+    try:
+        name = repeats[which].get("dir")
+    except IndexError:
+        return None
+    return point_dir / name if name else None
 
 
 @dataclass(kw_only=True)
