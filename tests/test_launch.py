@@ -12,7 +12,8 @@ import time
 import psutil
 import pytest
 
-from scaling.launch.torchrun import classify, error_messages, launch_torchrun
+from scaling.launch.slurm import Placement, srun_argv
+from scaling.launch.torchrun import classify, error_messages, launch_torchrun, srun_named, step_name, torchrun_argv
 
 
 def test_a_peers_dropped_connection_is_not_the_root_cause(tmp_path):
@@ -60,3 +61,11 @@ def test_a_launch_ends_the_processes_it_started_and_no_one_elses(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_launch_through_srun_names_its_job_step_after_itself_and_a_local_one_is_left_as_it_is():
+    run = torchrun_argv("scaling.engine.worker", ["c.json"], 2, nnodes=2, rendezvous=("h1:29400", "r"))
+    srun = srun_argv(Placement(nodes=2, nproc_per_node=2, via_srun=True), ["h1", "h2"])
+    named = srun_named([*srun, *run], "tok")
+    assert named[:2] == ["srun", f"--job-name={step_name('tok')}"] and named[2:] == [*srun[1:], *run]
+    assert srun_named(run, "tok") == run

@@ -304,6 +304,51 @@ def test_one_process_in_a_two_node_allocation_starts_both_nodes_with_srun(slurm_
     _assert_allreduce_spanned_two_nodes(out, slurm_cluster)
 
 
+_STEPS = """
+import json, os, signal, subprocess, sys, time
+from pathlib import Path
+from scaling.launch.torchrun import end_slurm_step, slurm_steps, step_name
+job, here = os.environ["SLURM_JOB_ID"], Path(sys.argv[1])
+def start(token):
+    task = f"touch {here}/{token}.$SLURM_PROCID && exec sleep 300"
+    argv = ["srun", f"--job-name={step_name(token)}", "--nodes=2", "--ntasks=2", "--overlap", "bash", "-c", task]
+    return subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+ours, theirs = start("ours"), start("theirs")
+deadline = time.monotonic() + 60
+while len(list(here.glob("*.[01]"))) < 4:  # every task of both steps running
+    assert time.monotonic() < deadline, "the steps never started"
+    time.sleep(0.2)
+os.killpg(ours.pid, signal.SIGKILL)  # its srun gone without a word to the step's tasks
+ours.wait()
+start_s = time.monotonic()
+end_slurm_step("ours", os.environ)
+left = {"ours": slurm_steps(job, step_name("ours")), "theirs": slurm_steps(job, step_name("theirs"))}
+left["s"] = time.monotonic() - start_s
+os.killpg(theirs.pid, signal.SIGTERM)
+theirs.wait()
+print(json.dumps(left))
+"""
+
+
+@pytest.mark.slurm
+def test_a_launch_through_srun_is_ended_by_its_job_step_and_another_step_is_left_alone(slurm_cluster, tmp_path):
+    """A multi-node launch started through srun names its job step after the launch; its end cancels that step on
+    every node (its srun may be gone, killed without a word) and waits until it has left the queue, while the
+    step of another launch in the same allocation goes on."""
+    if len(slurm_cluster.nodes) < 2:
+        pytest.skip("the test cluster has one node")
+    done = subprocess.run(
+        ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", sys.executable, "-c", _STEPS, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    left = json.loads(done.stdout.strip().splitlines()[-1])
+    assert left["ours"] == [] and len(left["theirs"]) == 1 and left["s"] < 60, left
+
+
 @pytest.mark.slurm
 def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp_path):
     """`python -m scaling run -m hydra/launcher=slurm ...`: one SLURM job per point, one record and one
@@ -319,7 +364,7 @@ def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp
             "hydra/launcher=slurm",
             "model=tiny",
             "parallel.dp=1,2",
-            "parallel.zero_stage=0,3",
+            "parallel.zero_stage=3",
             "train.warmup_steps=0",
             "train.steps=1",
             "logger=wandb",
@@ -335,17 +380,17 @@ def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp
     )
     assert done.returncode == 0, done.stderr[-4000:]
     records = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/result.json"))]
-    assert [r["status"] for r in records] == ["ok"] * 4, [(r["status"], r["error"]) for r in records]
-    assert len({r["job_key"] for r in records}) == 4
+    assert [r["status"] for r in records] == ["ok"] * 2, [(r["status"], r["error"]) for r in records]
+    assert len({r["job_key"] for r in records}) == 2
     grid = sorted((r["config"]["parallel"]["dp"], r["config"]["parallel"]["zero_stage"]) for r in records)
-    assert grid == [(1, 0), (1, 3), (2, 0), (2, 3)]
+    assert grid == [(1, 3), (2, 3)]
     for r in records:
         m = r["metrics"]
         assert m["tokens_per_s"] > 0 and m["peak_mem_bytes"] > 0 and len(m["losses"]) >= 2
     # Each point ran as a task of a SLURM job array, which left its log in the submitit folder; one array per
     # resource shape, each asking for the CPUs its points' ranks need (one thread per rank: dp CPUs).
-    task_logs = sorted(sweep_dir.glob(".submitit/*_*/*_0_log.out"))
-    assert len(task_logs) == 4 and all("Job completed successfully" in p.read_text() for p in task_logs)
+    task_logs = sorted(sweep_dir.glob(".submitit/*/*_0_log.out"))
+    assert len(task_logs) == 2 and all("Job completed successfully" in p.read_text() for p in task_logs)
     assert stat.S_IMODE((sweep_dir / ".submitit").stat().st_mode) == 0o700  # its pickles: nobody else writes there
     asked = {}
     for script in sweep_dir.glob(".submitit/*/*_submission.sh"):
@@ -355,7 +400,7 @@ def test_sweep_through_the_slurm_launcher_records_every_point(slurm_cluster, tmp
     assert len(asked) == 2 and asked == arrays, (asked, arrays)
     # Each job logged its point to W&B from its SLURM task.
     runs = list((sweep_dir / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(runs) == 4
+    assert len(runs) == 2
     pd.testing.assert_frame_equal(from_wandb_offline(sweep_dir).drop(columns="wandb_run_id"), collect(sweep_dir))
 
 

@@ -8,7 +8,9 @@ SIGKILL, and `end_launch` makes sure none is left before the point's devices are
 
 A launch's processes are known by identity, never by name: each launch puts a token of its own in the environment
 (LAUNCH_ENV) that torchrun and every rank inherit, and only this user's processes that carry it are signalled (a
-command line naming the point's config.json may be another driver's torchrun, or someone's `less`).
+command line naming the point's config.json may be another driver's torchrun, or someone's `less`). A launch that
+starts its nodes through srun names its SLURM job step after the token (`step_name`), and that step is cancelled
+and waited for when the launch ends (`end_slurm_step`): its tasks on other nodes are no processes of this host.
 `classify` is pure: it turns (exit code, timed out, elastic error files, log tail) into a status.
 """
 
@@ -35,6 +37,9 @@ from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG
 from scaling.engine.lifetime import die_with_parent
 
 KILL_GRACE_S = 5.0
+STEP_END_S = 60.0
+"""How long the end of a launch waits for its SLURM job step to leave the queue after cancelling it."""
+STEP_CANCEL_AGAIN_S = 5.0
 _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "out of memory")
 _ECHO_MARKERS = (
     "Connection closed by peer",
@@ -226,6 +231,54 @@ def end_launch(token: str, grace_s: float = KILL_GRACE_S) -> None:
         print(f"[scaling] ending launch {token}: {e}", file=sys.stderr, flush=True)
 
 
+def step_name(token: str) -> str:
+    """The name of the SLURM job step a launch through srun starts (`squeue --steps` shows it)."""
+    return f"scaling-{token}"
+
+
+def srun_named(argv: Sequence[str], token: str) -> list[str]:
+    """`argv` with its srun (a multi-node point started from one process) naming its job step after the launch."""
+    if argv and Path(argv[0]).name == "srun":
+        return [argv[0], f"--job-name={step_name(token)}", *argv[1:]]
+    return list(argv)
+
+
+def slurm_steps(job_id: str, name: str) -> list[str]:
+    """The ids (`<job>.<step>`) of the job's steps of that name still in SLURM's queue; [] when squeue cannot say."""
+    try:
+        out = subprocess.run(
+            ["squeue", "--steps", f"--jobs={job_id}", "--noheader", "--format=%i %j"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [words[0] for words in map(str.split, out.splitlines()) if words[1:] == [name]]
+
+
+def end_slurm_step(token: str, env: Mapping[str, str], wait_s: float = STEP_END_S) -> None:
+    """Cancel the SLURM job step the launch `token` started through srun and wait (at most `wait_s`) until it has
+    left the queue, on every node: srun's own end does not always end the step's tasks elsewhere (a srun killed
+    with SIGKILL forwards nothing). Only this job's step of that name: another launch's is never touched. Never
+    raises."""
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        return
+    start = time.monotonic()
+    asked = start - STEP_CANCEL_AGAIN_S
+    while steps := slurm_steps(job, step_name(token)):
+        now = time.monotonic()
+        if now - start > wait_s:
+            print(f"[scaling] SLURM step {', '.join(steps)} still queued after {wait_s:.0f} s", file=sys.stderr)
+            return
+        if now - asked >= STEP_CANCEL_AGAIN_S:  # again while it stays: a step still starting may miss the first
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["scancel", *steps], capture_output=True, timeout=30)
+            asked = now
+        time.sleep(0.5)
+
+
 def launch_torchrun(
     argv: Sequence[str], job_dir: Path, timeout_s: float, env: Mapping[str, str], log_name: str = TORCHRUN_LOG
 ) -> Outcome:
@@ -236,7 +289,7 @@ def launch_torchrun(
     start = time.perf_counter()
     with open_new(log_path) as log:
         proc = subprocess.Popen(
-            list(argv),
+            srun_named(argv, token),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -253,6 +306,8 @@ def launch_torchrun(
             if proc.poll() is None or timed_out:
                 kill_tree(proc)
             end_launch(token)
+            if Path(argv[0]).name == "srun":
+                end_slurm_step(token, env)
     wall_s = time.perf_counter() - start
     status, error = judge(proc.returncode, timed_out, job_dir, log_path, timeout_s)
     return Outcome(status=status, error=error, returncode=proc.returncode, wall_s=wall_s)

@@ -104,6 +104,11 @@ def chaos(sweep_dir: Path, seed: int, kill_window_s: tuple[float, float] = (1.5,
     twice = sorted({k for k in summaries if summaries.count(k) > 1})
     assert not twice, f"points recorded more than once: {twice}"
     assert sorted(summaries) == sorted(r["job_key"] for r in records)
+    # Each launch wrote into a directory of its own, which its record names; a killed driver's stays beside it.
+    named = [sweep_dir / r["job_key"] / r["repeats"][0]["dir"] for r in records]
+    assert all((d / "torchrun.log").is_file() and (d / "config.json").is_file() for d in named), named
+    launch_dirs = sorted(sweep_dir.glob("*/launches/*"))
+    assert set(named) <= set(launch_dirs), "a record names a directory no launch made"
     return {
         "seed": seed,
         "victim": victim,
@@ -113,6 +118,7 @@ def chaos(sweep_dir: Path, seed: int, kill_window_s: tuple[float, float] = (1.5,
         "took_over": sum(r["provenance"].get("took_over") is not None for r in records),
         "waited_for_a_claim": sum(out.count("waiting for its record") for out in outputs),
         "lease_waits_said": sum(out.count("waiting for cpu slots") + out.count("waiting in line") for out in outputs),
+        "launch_dirs_left_by_the_killed": len(launch_dirs) - len(named),
         "max_device_wait_s": round(max(r["repeats"][0]["timing"]["device_wait_s"] or 0.0 for r in records), 1),
         "wall_s": round(wall_s, 1),
     }
