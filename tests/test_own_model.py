@@ -160,7 +160,8 @@ def rel(a: float, b: float) -> float:
 @pytest.mark.torchrun
 def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predicted(project):
     """gpt.py's GPT-2-style model (LayerNorm, learned positions, biases, untied head): dp=2 at ZeRO 0-3 against
-    dp=1 x grad_acc=2, clipped; bf16; recompute per block; the traced prediction against the tracked peak."""
+    dp=1 x grad_acc=2, clipped; bf16; recompute per block; train.compile; the traced prediction against the tracked
+    peak."""
     from scaling.sweep.compose import compose_config
 
     base = [
@@ -193,6 +194,13 @@ def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predi
     assert max(rel(a, b) for a, b in zip(recomputed["metrics"]["losses"], one["metrics"]["losses"])) <= 1e-5
     assert recomputed["derived"]["hw_flops_per_token"] > recomputed["derived"]["flops_per_token"]
     assert recomputed["metrics"]["peak_mem_bytes"] < one["metrics"]["peak_mem_bytes"]
+    # train.compile (each block compiled by inductor, on the warm rank of dp=1): the same training within float
+    # rounding, compiled once in the warm-up (no recompile in the timed steps)
+    compiled = run_point(compose_config([*base, "parallel.dp=1", "train.grad_acc=2", "train.compile=true"]))
+    assert compiled["status"] == "ok", compiled["error"]
+    assert compiled["env"]["compile"] is True and compiled["metrics"]["compile_s"] > 0
+    assert compiled["metrics"]["recompiles_after_warmup"] == 0
+    assert max(rel(a, b) for a, b in zip(compiled["metrics"]["losses"], one["metrics"]["losses"])) <= 1e-4
 
 
 def hf_point(model: str, sweep_dir: Path) -> dict:

@@ -41,7 +41,9 @@ def largest_fsdp_buffer_bytes(record: dict) -> int:
 
 
 @pytest.fixture(autouse=True)
-def _end_warm_jobs():
+def _own_warm_jobs():
+    """Each test here starts from no warm job of this process (other tests leave theirs up) and ends its own."""
+    warm.close()
     yield
     warm.close()
 
