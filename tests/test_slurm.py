@@ -287,19 +287,19 @@ def test_two_nodes_one_task_each_rendezvous_over_c10d(slurm_cluster, tmp_path):
     _assert_allreduce_spanned_two_nodes(out, slurm_cluster)
 
 
+def _in_two_node_allocation(script: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -c script args` as the one process of a 2-node allocation (salloc, as a user's batch script runs)."""
+    argv = ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", sys.executable, "-c", script, *args]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240)
+
+
 @pytest.mark.slurm
 def test_one_process_in_a_two_node_allocation_starts_both_nodes_with_srun(slurm_cluster, tmp_path):
     """A single driver in the allocation (salloc, a batch script): srun starts one torchrun per node."""
     if len(slurm_cluster.nodes) < 2:
         pytest.skip("the test cluster has one node")
     out = tmp_path / "allreduce.json"
-    done = subprocess.run(
-        ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", sys.executable, "-c", _LAUNCH, str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = _in_two_node_allocation(_LAUNCH, str(out))
     assert done.returncode == 0, done.stderr
     _assert_allreduce_spanned_two_nodes(out, slurm_cluster)
 
@@ -337,13 +337,7 @@ def test_a_launch_through_srun_is_ended_by_its_job_step_and_another_step_is_left
     step of another launch in the same allocation goes on."""
     if len(slurm_cluster.nodes) < 2:
         pytest.skip("the test cluster has one node")
-    done = subprocess.run(
-        ["salloc", "--nodes=2", "--ntasks-per-node=1", "--time=5", sys.executable, "-c", _STEPS, str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = _in_two_node_allocation(_STEPS, str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
     left = json.loads(done.stdout.strip().splitlines()[-1])
     assert left["ours"] == [] and len(left["theirs"]) == 1 and left["s"] < 60, left
