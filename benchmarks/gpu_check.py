@@ -360,8 +360,8 @@ def part_f(check: Check) -> None:
         # only this launch's snapshot (in the directory of its own that the record names), of this user's: a pickle
         # someone else could have written is not loaded
         launch = launch_dir(job_dir(check.sweep_dir, row["key"]), record)
-        path = (launch or job_dir(check.sweep_dir, row["key"])) / MEMORY_SNAPSHOT_FILE
-        ours = launch is not None and path.is_file() and not path.is_symlink() and path.stat().st_uid == os.getuid()
+        path = launch / MEMORY_SNAPSHOT_FILE if launch is not None else None
+        ours = path is not None and path.is_file() and not path.is_symlink() and path.stat().st_uid == os.getuid()
         check.expect(ours, f"(f) ZeRO-{stage}: no {MEMORY_SNAPSHOT_FILE} of this launch ({row['status']})")
         if ours:
             breakdowns[stage] = snapshot_at_peak(pickle.loads(path.read_bytes()))

@@ -217,11 +217,15 @@ def _launch_repeats(
     # Warm ranks serve points that run as one torchrun on this node (a multi-node SLURM point starts fresh).
     warm_ranks = c.launch.reuse and slurm.placement(c.parallel.dp, c.hardware.devices_per_node, os.environ).nodes == 1
     runtime = {"job_key": record.job_key, "pg_timeout_s": torchrun.process_group_timeout_s(c.launch.timeout_s)}
+    ranks_config = {**c.to_dict(), "derived": record.derived, "runtime": runtime}
+
+    def new_launch() -> tuple[Path, Path]:  # this launch's directory and the config.json its ranks read there
+        launch_dir = _new_launch_dir(point_dir, record.provenance.attempt or 1, len(launches), os.environ)
+        write_json_atomic(launch_dir / CONFIG_FILE, ranks_config)
+        return launch_dir, launch_dir / CONFIG_FILE
+
     for _ in range(max(1, c.launch.repeats - kept)):
-        attempt = record.provenance.attempt or 1
-        launch_dir = _new_launch_dir(point_dir, attempt, len(launches), os.environ)
-        config_path = launch_dir / CONFIG_FILE
-        write_json_atomic(config_path, {**c.to_dict(), "derived": record.derived, "runtime": runtime})
+        launch_dir, config_path = new_launch()
         outcome = None
         if warm_ranks:
             try:
@@ -233,9 +237,7 @@ def _launch_repeats(
                     outcome, points_before = job.run(config_path, launch_dir, c.launch.timeout_s, log_name)
             except warm.JobGone as e:  # it died between points: this point never started; a fresh launch measures it
                 print(f"[scaling] {record.job_key}: {e}: measured by a fresh launch", file=sys.stderr, flush=True)
-                launch_dir = _new_launch_dir(point_dir, attempt, len(launches), os.environ)  # the lead task's
-                config_path = launch_dir / CONFIG_FILE
-                write_json_atomic(config_path, {**c.to_dict(), "derived": record.derived, "runtime": runtime})
+                launch_dir, config_path = new_launch()  # warm ranks serve one-node points: this is the lead task
         if outcome is None:
             points_before = 0
             with warm.fresh_lease(lease, c.launch.devices, c.launch.lease_wait_s) as held:

@@ -236,9 +236,14 @@ def step_name(token: str) -> str:
     return f"scaling-{token}"
 
 
+def _through_srun(argv: Sequence[str]) -> bool:
+    """Whether the launch starts its nodes through srun (a multi-node point started from one process)."""
+    return bool(argv) and Path(argv[0]).name == "srun"
+
+
 def srun_named(argv: Sequence[str], token: str) -> list[str]:
     """`argv` with its srun (a multi-node point started from one process) naming its job step after the launch."""
-    if argv and Path(argv[0]).name == "srun":
+    if _through_srun(argv):
         return [argv[0], f"--job-name={step_name(token)}", *argv[1:]]
     return list(argv)
 
@@ -306,7 +311,7 @@ def launch_torchrun(
             if proc.poll() is None or timed_out:
                 kill_tree(proc)
             end_launch(token)
-            if Path(argv[0]).name == "srun":
+            if _through_srun(argv):
                 end_slurm_step(token, env)
     wall_s = time.perf_counter() - start
     status, error = judge(proc.returncode, timed_out, job_dir, log_path, timeout_s)

@@ -261,10 +261,10 @@ def _lease_key(request: Optional[devices.Request], visible: Optional[str]) -> An
     return (request.kind, request.slots) if request is not None else ("given", visible)
 
 
-def _share(shape: Shape) -> Optional[devices.Held]:
+def _share(request: Optional[devices.Request], visible: Optional[str]) -> Optional[devices.Held]:
     """The lease of a job of this process on the same slots, counted once more (CPU jobs of this driver run their
     points one at a time, so they may share the host); None when there is none. Under _LOCK."""
-    key = _lease_key(shape.request, shape.visible)
+    key = _lease_key(request, visible)
     if key not in _leases:
         return None
     stack, held, users = _leases[key]
@@ -324,19 +324,15 @@ def fresh_lease(
     runs its points one at a time, and idle ranks hold memory, not cores); otherwise this process's warm jobs end
     first, since an idle one keeps its devices (a CUDA context) and holds the lease such a launch would wait for
     until it times out (launch.reuse_idle_s)."""
-    key = _lease_key(request, visible)
     with _LOCK:
-        shared = request is not None and request.kind == "cpu" and key in _leases
-        if shared:
-            stack, held, users = _leases[key]
-            _leases[key] = (stack, held, users + 1)
-    if not shared:
+        shared = _share(request, visible) if request is not None and request.kind == "cpu" else None
+    if shared is None:
         close()
         with devices.hold(request, visible, wait_s=wait_s) as held:
             yield held
         return
     try:
-        yield dataclasses.replace(held, wait_s=0.0)
+        yield shared
     finally:
         with _LOCK:
             _unhold(request, visible)
@@ -365,7 +361,7 @@ def job_for(shape: Shape, idle_s: float, wait_s: Optional[float] = None) -> Iter
             cuda = shape.hardware_block().device == "cuda"
             while _jobs and (cuda or len(_jobs) >= MAX_CPU_JOBS):
                 _end(min(_jobs.values(), key=lambda j: j.last_used))
-            held = _share(shape)
+            held = _share(shape.request, shape.visible)
         else:
             job.busy = True
     if job is None:

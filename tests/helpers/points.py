@@ -27,8 +27,7 @@ BASE = [
 """A tiny point on CPU: two warm-up steps (the CPU floor: the second is memory-tracked) and three timed ones, run on
 the warm ranks of this test process (launch.reuse: not part of the job key), which stay up between tests (idle ranks
 hold memory, not cores; a driver another test starts on this worker's lease takes it from them within a second). A
-test whose subject is a fresh
-launch (its start-up, its resident memory, its processes) adds `FRESH`."""
+test whose subject is a fresh launch (its start-up, its resident memory, its processes) adds `FRESH`."""
 FRESH = "launch.reuse=false"
 ONE_STEP = ["logger=none", "model=tiny", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=0", "train.steps=1"]
 """The cheapest real point (the CPU floor of two warm-up steps, one timed), for tests whose subject is the store or
