@@ -209,11 +209,14 @@ def test_bad_input_is_refused_before_any_launch(tmp_path, capsys, args: list[str
 
 
 @pytest.mark.subprocess
-def test_the_recipe_measures_and_extrapolates_a_model_of_ones_own(tmp_path, monkeypatch) -> None:
-    """The worked example's GPT-2-style model (tests/own_project, outside the package) at ZeRO-3: its largest mbs
-    traced and confirmed, its points measured at dp 1 and 2, the 4-GPU row extrapolated by the step model made of the
-    parameter tensors its records name (counted on fake tensors: 2 blocks, LayerNorm and bias vectors, learned
-    positions, an untied head), which are the model's own."""
+def test_a_recipe_of_ones_own_model_measures_once_extrapolates_and_answers_from_its_store(
+    tmp_path, monkeypatch
+) -> None:
+    """The worked example's GPT-2-style model (tests/own_project, outside the package) at ZeRO-3, from an empty
+    directory: its largest mbs traced and confirmed, its points measured at dp 1 and 2 and the network measured (two
+    devices at hand); the 4-GPU row extrapolated by the step model made of the parameter tensors its records name
+    (counted on fake tensors: 2 blocks, LayerNorm and bias vectors, learned positions, an untied head), which are the
+    model's own; 8 GPUs more than the batch can use. The second call launches nothing and answers the same."""
     import shutil
 
     from analysis.collect import collect
@@ -224,24 +227,40 @@ def test_the_recipe_measures_and_extrapolates_a_model_of_ones_own(tmp_path, monk
     project = tmp_path / "project"
     shutil.copytree(Path(__file__).resolve().parent / "own_project", project)
     sweep_dir = tmp_path / "recipe"
-    args = ["--gbs-tokens=128", "--gpus=1,4", "--zero=3", "--recompute=none", "--draws=50", f"--sweep-dir={sweep_dir}"]
+    args = [
+        "--gbs-tokens=128",
+        "--gpus=1,2,4,8",
+        "--zero=3",
+        "--recompute=none",
+        "--draws=50",
+        f"--sweep-dir={sweep_dir}",
+    ]
     overrides = ["logger=none", "model=gpt2_tiny", "train.seq_len=32", "train.warmup_steps=2", "train.steps=3"]
-    done = subprocess.run(
-        [sys.executable, "-m", "scaling.cli.main", "recipe", *args, *overrides, "hardware.memory_gb=0.047"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    cmd = [sys.executable, "-m", "scaling.cli.main", "recipe", *args, *overrides, "hardware.memory_gb=0.047"]
+    first = subprocess.run(cmd, cwd=project, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    launched = int(re.search(r"(\d+) point\(s\) launched", first.stdout).group(1))
+    assert launched >= 3, first.stdout  # the largest mbs at dp 1; the mbs each count needs at dp 1 and 2
+    assert (sweep_dir / "alpha_beta.json").exists(), "two devices at hand: the network is measured"
     recipe = json.loads((sweep_dir / "recipe.json").read_text())
     assert recipe["model"] == "gpt2_tiny"
+    assert recipe["max_useful_gpus"] == 4 and "dp_stops_paying_off_at" in recipe
     by_gpus = {r["gpus"]: r for r in recipe["rows"]}
-    assert by_gpus[1]["source"] == "measured" and by_gpus[4]["source"] == "extrapolated", by_gpus
+    assert by_gpus[1]["source"] == by_gpus[2]["source"] == "measured" and by_gpus[4]["source"] == "extrapolated"
     assert (by_gpus[4]["dp"], by_gpus[4]["mbs"], by_gpus[4]["grad_acc"]) == (4, 1, 1)
-    for r in by_gpus.values():
+    for n in (1, 2, 4):
+        r = by_gpus[n]
+        assert r["dp"] * r["mbs"] * r["grad_acc"] * 32 == r["gbs_tokens"] == 128, r
         assert r["tokens_per_s_per_gpu_low"] <= r["tokens_per_s_per_gpu"] <= r["tokens_per_s_per_gpu_high"], r
+        assert r["command"].startswith("scaling run ") and f"parallel.dp={n}" in r["command"]
         assert "model=gpt2_tiny" in r["command"] and "parallel.zero_stage=3" in r["command"]
+    assert by_gpus[8]["dp"] is None and "at most 4 GPUs" in by_gpus[8]["reason"]
+
+    second = subprocess.run(cmd, cwd=project, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "0 point(s) launched" in second.stdout, second.stdout
+    again = json.loads((sweep_dir / "recipe.json").read_text())
+    assert [r["command"] for r in again["rows"]] == [r["command"] for r in recipe["rows"]]
 
     df = collect(sweep_dir)
     ok = df[df["status"] == "ok"]
@@ -255,54 +274,6 @@ def test_the_recipe_measures_and_extrapolates_a_model_of_ones_own(tmp_path, monk
     ]
     n_params = int(ok.iloc[0]["n_params"])
     assert shape.n_blocks == 2 and sum(t.numel for t in shape.tensors) == counted.n_params == n_params
-
-
-@pytest.mark.subprocess
-def test_a_tiny_recipe_measures_once_and_answers_from_its_store(tmp_path) -> None:
-    """From an empty directory: find-mbs runs, the points at dp 1 and 2 and the network measured; the second call
-    launches nothing and answers the same."""
-    sweep_dir = tmp_path / "recipe"
-    cmd = [
-        sys.executable,
-        "-m",
-        "scaling.cli.main",
-        "recipe",
-        "--gbs-tokens=128",
-        "--gpus=1,2,4,8",
-        "--zero=0",
-        "--recompute=none",
-        "--draws=50",
-        f"--sweep-dir={sweep_dir}",
-        "logger=none",
-        "model=tiny",
-        "train.seq_len=32",
-        "train.warmup_steps=2",
-        "train.steps=3",
-        "hardware.memory_gb=0.047",
-    ]
-    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    launched = int(re.search(r"(\d+) point\(s\) launched", first.stdout).group(1))
-    assert launched >= 4, first.stdout  # mbs 4 at dp 1; mbs 2 and 1 at dp 1 and 2
-    assert (sweep_dir / "alpha_beta.json").exists(), "two devices at hand: the network is measured"
-    recipe = json.loads((sweep_dir / "recipe.json").read_text())
-
-    second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "0 point(s) launched" in second.stdout, second.stdout
-    again = json.loads((sweep_dir / "recipe.json").read_text())
-    assert [r["command"] for r in again["rows"]] == [r["command"] for r in recipe["rows"]]
-
-    assert recipe["max_useful_gpus"] == 4 and "dp_stops_paying_off_at" in recipe
-    by_gpus = {r["gpus"]: r for r in recipe["rows"]}
-    for n in (1, 2, 4):
-        r = by_gpus[n]
-        assert r["dp"] * r["mbs"] * r["grad_acc"] * 32 == r["gbs_tokens"] == 128, r
-        assert r["tokens_per_s_per_gpu_low"] <= r["tokens_per_s_per_gpu"] <= r["tokens_per_s_per_gpu_high"]
-        assert r["command"].startswith("scaling run ") and f"parallel.dp={n}" in r["command"]
-    assert by_gpus[1]["source"] == by_gpus[2]["source"] == "measured"
-    assert by_gpus[4]["source"] == "extrapolated"
-    assert by_gpus[8]["dp"] is None and "at most 4 GPUs" in by_gpus[8]["reason"]
     assert "| GPUs |" in (sweep_dir / "recipe.md").read_text()
 
 

@@ -18,7 +18,7 @@ from scaling.job.run import run_point
 from scaling.predictor import analytic as memory
 from scaling.predictor.trace import TraceError, trace_peak
 from tests.helpers.compose import compose_point
-from tests.helpers.points import BASE
+from tests.helpers.points import BASE, CLIP
 
 pytestmark = pytest.mark.torchrun  # its points run on torchrun ranks (the session's point store)
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.torchrun  # its points run on torchrun ranks (the sessi
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_traced_matches_measured_run(point_store, stage):
     """Against test_engine.py's DP-split points (2 ranks, 2 micro-steps), from the session's store."""
-    cfg = compose_point([*BASE, "parallel.dp=2", "train.grad_acc=2", f"parallel.zero_stage={stage}"], point_store)
+    cfg = compose_point([*BASE, "parallel.dp=2", "train.grad_acc=2", f"parallel.zero_stage={stage}", CLIP], point_store)
     measured = run_point(cfg)
     assert measured["status"] == "ok", measured["error"]
     traced = trace_peak(cfg)
