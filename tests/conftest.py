@@ -63,15 +63,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _device_locks_per_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Each worker leases the host's devices from a lock directory of its own: the workers' points run side by side
-    (they share the cores, which no test measures) instead of queueing behind each other's leases."""
+@pytest.fixture(autouse=True)
+def _device_locks_per_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Each test leases the host's devices from a lock directory of its own: the workers' points run side by side
+    (they share the cores, which no test measures) instead of queueing behind each other's leases, and the drivers a
+    test starts do not end the warm jobs earlier tests of its worker left idle (a warm job watches the directory its
+    lease is in: scaling.launch.devices.Held.lock_dir). The drivers of one test meet in its directory."""
     from scaling.launch.devices import LOCK_DIR_ENV
 
     with pytest.MonkeyPatch.context() as mp:
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            mp.setenv(LOCK_DIR_ENV, str(tmp_path_factory.mktemp("device-locks")))
+        mp.setenv(LOCK_DIR_ENV, str(tmp_path_factory.mktemp("device-locks")))
         yield
 
 

@@ -25,10 +25,12 @@ from scaling.launch.devices import (
     LockDirError,
     Request,
     checked_lock_dir,
+    hold,
     lease,
     lock_dir,
     pick,
     request,
+    waiting_s,
 )
 from scaling.store.record import iter_records
 from tests.helpers.compose import compose_point
@@ -198,6 +200,26 @@ def test_a_lease_waits_until_its_deadline_and_names_the_holder(tmp_path, lock_en
     assert f"pid {holder.pid}" in capsys.readouterr().err  # said once while it waited
     release(tmp_path / "h")
     assert holder.wait(timeout=30) == 0
+
+
+@pytest.mark.subprocess
+def test_a_holder_sees_who_waits_in_the_directory_of_its_lease_whatever_the_environment_says_later(
+    tmp_path, lock_env, monkeypatch
+):
+    """A warm job's idle watch gives the host back when another process waits for it: it looks in the lock directory
+    its lease is in, also once this process's environment names another (a test of its own, here)."""
+    host = Request("cpu", 1, (CPU_SLOT,))
+    waiter_code = "from scaling.launch.devices import CPU_SLOT, lease\nwith lease(1, [CPU_SLOT], kind='cpu', poll_s=0.05):\n    pass"
+    with hold(host, None) as held:
+        assert held.lock_dir == tmp_path / "locks"
+        monkeypatch.setenv(LOCK_DIR_ENV, str(tmp_path / "elsewhere"))
+        waiter = subprocess.Popen([sys.executable, "-c", waiter_code], env=lock_env)
+        deadline = time.monotonic() + 30
+        while waiting_s(host, held.lock_dir) is None:
+            assert time.monotonic() < deadline and waiter.poll() is None, "the waiter never queued"
+            time.sleep(0.05)
+        assert waiting_s(host) is None  # the environment's directory: nobody waits there
+    assert waiter.wait(timeout=30) == 0  # it got the host once the lease ended
 
 
 def test_a_second_lease_of_a_slot_this_process_holds_is_refused_not_waited_for(lock_env):

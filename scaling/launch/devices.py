@@ -61,6 +61,9 @@ class Held:
     """CUDA_VISIBLE_DEVICES for its ranks (None: left as inherited)."""
     wait_s: float
     """Seconds spent waiting for the slots."""
+    lock_dir: Optional[Path] = None
+    """The lock directory the slots are leased in (None: nothing leased): where a holder looks whether another
+    process waits for them, whatever the environment says by then."""
 
 
 class LockDirError(ValueError):
@@ -198,12 +201,13 @@ def holder_of(path: Path) -> str:
     return f"pid {pid} ({command or '?'}) since {since or '?'}"
 
 
-def waiting_s(req: Optional[Request]) -> Optional[float]:
+def waiting_s(req: Optional[Request], root: Optional[Path] = None) -> Optional[float]:
     """How long another process has waited at the head of the line for slots of this request's kind (it holds the
-    kind's queue lock, whose file says since when); None when nobody waits. The probe leaves the file as it is."""
+    kind's queue lock, whose file says since when) in lock directory `root` (default: this environment's); None when
+    nobody waits. The probe leaves the file as it is."""
     if req is None:
         return None
-    path = checked_lock_dir() / f"{req.kind}.queue.lock"
+    path = (root or checked_lock_dir()) / f"{req.kind}.queue.lock"
     fd = _open_lock(path, blocking=False, sign=False)
     if fd is not None:
         os.close(fd)
@@ -353,8 +357,9 @@ def hold(
     if req is None:
         yield Held(visible=visible, wait_s=0.0)
         return
+    root = lock_dir()
     with lease(req.wanted, req.slots, kind=req.kind, poll_s=poll_s, wait_s=wait_s) as got:
-        yield Held(visible=",".join(got) if req.kind == "cuda" else visible, wait_s=time.perf_counter() - t0)
+        yield Held(",".join(got) if req.kind == "cuda" else visible, time.perf_counter() - t0, root)
 
 
 def points_in_flight(device: str, devices_per_node: Optional[int]) -> int:

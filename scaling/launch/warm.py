@@ -140,7 +140,10 @@ class WarmJob:
 
         def watch() -> None:
             while not stop.wait(max(0.0, min(IDLE_CHECK_S, deadline - time.monotonic()))):
-                if time.monotonic() >= deadline or devices.waiting_s(self.shape.request) is not None:
+                if (
+                    time.monotonic() >= deadline
+                    or devices.waiting_s(self.shape.request, self.held.lock_dir) is not None
+                ):
                     end()
                     return
 
@@ -374,7 +377,7 @@ def job_for(shape: Shape, idle_s: float, wait_s: Optional[float] = None) -> Iter
     finally:
         with _LOCK:
             job.busy, job.last_used = False, time.monotonic()
-            waited = devices.waiting_s(shape.request)
+            waited = devices.waiting_s(shape.request, job.held.lock_dir)
             if not job.alive or (waited is not None and waited >= idle_s):
                 _end(job)  # stopped with its point, or another process has waited idle_s for its devices
             else:
