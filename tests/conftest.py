@@ -49,6 +49,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 
 
 # --- Running the suite on several workers (pytest-xdist: `make test` runs `-n auto --dist loadgroup`) ------------
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which names each item by the group it is marked with by then
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that share a fixture wider than one test stay on one worker, where it is made once: a module's fixture
     keeps its module together, and every test on the SLURM cluster shares one worker (one cluster for the run).

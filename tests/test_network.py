@@ -197,8 +197,12 @@ def test_world_sizes_of_the_benchmark(dp, dpn, sizes):
 @pytest.mark.torchrun
 def test_scaling_collectives_measures_through_torchrun_into_the_sweep_dir(tmp_path, capsys):
     """The real command: 2 ranks over gloo, JSON back in the job directory, the profile fitted and written;
-    a second measurement keeps the first."""
+    the sweep's earlier profile (planted: one measured long ago) is kept beside it, not overwritten."""
     sweep = tmp_path / "sweep"
+    samples = _samples({INTRA: AlphaBeta(5e-6, 100e9)}, None, (2, 4), random.Random(2), noise=0.1)
+    earlier = Profile("gloo on host", None, fit_tiers(samples, None), tuple(samples), "2026-01-01T00:00:00+00:00")
+    sweep.mkdir()
+    save_profile(sweep / PROFILE_FILE, earlier)
     args = ["--sweep-dir", str(sweep), "--iters", "3", "--sizes", "4Ki,16Mi", "parallel.dp=2", "launch.timeout_s=120"]
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -217,10 +221,9 @@ def test_scaling_collectives_measures_through_torchrun_into_the_sweep_dir(tmp_pa
         config["world_size"] == 2 and "--standalone" in config["argv"]
     )  # scaling.launch.torchrun's torchrun, as a point's
     assert config["argv"][-2:] == ["--out", str(job / BENCH_OUTPUT)] and "scaling.engine.collectives" in config["argv"]
-    assert main(args) == 0
     kept = [p for p in sweep.glob("alpha_beta.*.json")]
-    assert len(kept) == 1 and load_profile(kept[0]) == profile
-    assert f"the earlier one kept as {kept[0].name}" in capsys.readouterr().out
+    assert [p.name for p in kept] == ["alpha_beta.2026-01-01T00-00-00+00-00.json"] and load_profile(kept[0]) == earlier
+    assert f"the earlier one kept as {kept[0].name}" in out
 
 
 @pytest.mark.parametrize(
