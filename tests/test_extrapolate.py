@@ -726,6 +726,7 @@ def _covered(r, truth: Truth, dps) -> list[bool]:
     return [r.low[r.dps.index(n)] <= truth.tokens_per_s_per_gpu(n) <= r.high[r.dps.index(n)] for n in dps]
 
 
+@pytest.mark.slow  # many fits, seconds
 def test_the_band_covers_truths_with_effects_the_step_model_does_not_contain():
     """Fitted on dp 8-32 alone (the Playbook's case), truths with a third network tier, congestion that grows with
     the ring, a straggler rank, an optimizer step that grows with the shard count, and all four: at 2× and 4× past
@@ -773,6 +774,7 @@ def test_past_the_horizon_no_figure_is_given_and_the_report_says_why():
     assert max(line.get_xdata()) == 128
 
 
+@pytest.mark.slow  # many fits, seconds
 def test_a_published_table_fitted_on_dp_up_to_32_holds_the_larger_dp_in_its_bands():
     """llm-foundry's published A100 and H100 throughput per GPU (tests/helpers/published_dp.py), read as the report
     reads a sweep's table and fitted on the dp up to 32 under the sweep alone and the published network figures:
