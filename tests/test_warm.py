@@ -83,8 +83,9 @@ def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does_also_after_one_
     time.sleep(1.0)
     woken = [r.num_ctx_switches().voluntary - b for r, b in zip(ranks, before_idle)]
     assert len(ranks) == 2 and max(woken) <= 5, woken
+    jobs = list(warm._jobs.values())
     fresh_oom, fresh = point(fresh_store, *shape, *too_big, FRESH), point(fresh_store, *shape, *zero3, FRESH)
-    assert job in warm._jobs.values() and job.alive  # the fresh launches did not end it
+    assert list(warm._jobs.values()) == jobs and job.alive  # the fresh launches neither ended it nor started one
     assert before["status"] == after["status"] == fresh["status"] == "ok", (after["error"], fresh["error"])
     assert oom["status"] == fresh_oom["status"] == "oom"
     assert oom["error"] == fresh_oom["error"] and "emulated capacity exceeded" in oom["error"], oom["error"]
