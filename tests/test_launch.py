@@ -12,8 +12,11 @@ import time
 import psutil
 import pytest
 
+from scaling.launch.devices import LOCK_DIR_ENV
 from scaling.launch.slurm import Placement, srun_argv
 from scaling.launch.torchrun import classify, error_messages, launch_torchrun, srun_named, step_name, torchrun_argv
+from scaling.launch.warm import shape_of
+from tests.helpers.compose import compose_point
 
 
 def test_a_peers_dropped_connection_is_not_the_root_cause(tmp_path):
@@ -69,3 +72,16 @@ def test_a_launch_through_srun_names_its_job_step_after_itself_and_a_local_one_i
     named = srun_named([*srun, *run], "tok")
     assert named[:2] == ["srun", f"--job-name={step_name('tok')}"] and named[2:] == [*srun[1:], *run]
     assert srun_named(run, "tok") == run
+
+
+def test_points_share_a_warm_job_when_their_ranks_would_see_the_same_not_where_the_driver_leases():
+    """A warm job's shape holds the environment its ranks read (a thread setting apart is another job) but not the
+    device lock directory, which only the driver reads to take its lease: points of drivers that lease elsewhere,
+    or of one driver whose environment names another directory later, run on the same warm ranks."""
+    cfg = compose_point(["model=tiny", "parallel.dp=2"])
+    ranks_see = {"OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    here = shape_of(cfg, None, {**ranks_see, LOCK_DIR_ENV: "/tmp/locks-a"})
+    assert shape_of(cfg, None, {**ranks_see, LOCK_DIR_ENV: "/tmp/locks-b", "PYTEST_CURRENT_TEST": "t"}) == here
+    assert shape_of(cfg, None, ranks_see) == here
+    assert shape_of(cfg, None, {**ranks_see, "OMP_NUM_THREADS": "2", LOCK_DIR_ENV: "/tmp/locks-a"}) != here
+    assert shape_of(compose_point(["model=tiny", "parallel.dp=1"]), None, ranks_see) != here

@@ -71,6 +71,10 @@ RANK_ENV_PREFIXES = (
 )
 """The environment variables that can change what a rank does: a point shares a warm job only with points whose
 ranks would see the same values of these (others, a shell's or a test runner's bookkeeping, do not count)."""
+DRIVER_ONLY_ENV = (devices.LOCK_DIR_ENV,)
+"""Variables of those prefixes that only the driver reads: the device lock directory is where a lease is taken (a
+job holds its lease where it took it and watches that directory for waiters, `devices.Held.lock_dir`), and no rank
+reads it."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +103,9 @@ def shape_of(cfg: ExperimentConfig, request: Optional[devices.Request], environ:
         pg_timeout_s=torchrun.process_group_timeout_s(cfg.launch.timeout_s),
         request=request,
         visible=cfg.launch.devices,
-        env=tuple(sorted((k, v) for k, v in environ.items() if k.startswith(RANK_ENV_PREFIXES))),
+        env=tuple(
+            sorted((k, v) for k, v in environ.items() if k.startswith(RANK_ENV_PREFIXES) and k not in DRIVER_ONLY_ENV)
+        ),
     )
 
 
