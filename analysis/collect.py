@@ -28,7 +28,7 @@ from scaling.core.enums import Status
 from scaling.core.schema import EXPERIMENT_GROUPS, config_fields
 from scaling.core.units import GIB, MIB
 from scaling.store.metrics import metric_columns
-from scaling.store.record import RecordError, iter_records
+from scaling.store.read import RecordError, iter_records
 from scaling.store.wandb_runs import (
     MEMORY,
     RECORD_BLOCKS,

@@ -24,9 +24,7 @@ from analysis.facets import default_layout, figure_specs
 from analysis.figures import render_pngs
 from scaling.core.enums import Status
 from scaling.core.host import usable_cores
-from scaling.store.record import (
-    RESULT_FILE,
-)
+from scaling.engine.jobfiles import RESULT_FILE
 from tests.helpers.records import GIB, make_record, peak_mem_bytes
 
 MODELS = ("tiny", "small", "llama_1b", "llama_3b")

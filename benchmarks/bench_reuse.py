@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 from scaling.job.run import run_point  # noqa: E402
 from scaling.launch import warm  # noqa: E402
 from scaling.store.device_time import total  # noqa: E402
-from scaling.store.record import iter_records  # noqa: E402
+from scaling.store.read import iter_records  # noqa: E402
 from tests.helpers.compose import compose_point  # noqa: E402
 
 COMMON = ["logger=none", "model=tiny", "train.seq_len=128", "train.mbs=2", "parallel.dp=2", "train.steps=8"]

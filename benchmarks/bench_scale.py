@@ -43,10 +43,8 @@ sys.path.insert(0, str(REPO))
 from bench_sweep import run_sweep, startup_s  # noqa: E402
 
 from scaling.core.enums import Status  # noqa: E402
-from scaling.store.record import (  # noqa: E402
-    RESULT_FILE,
-    iter_records,
-)
+from scaling.engine.jobfiles import RESULT_FILE  # noqa: E402
+from scaling.store.read import iter_records  # noqa: E402
 from scaling.sweep.compose import sweep_file_grid  # noqa: E402
 from scaling.sweep.grid import survey  # noqa: E402
 from tests.helpers.records import make_record  # noqa: E402

@@ -43,7 +43,7 @@ from hydra_plugins.scaling_optuna_sweeper._outcome import (
 from hydra_plugins.scaling_optuna_sweeper._space import format_value, parse_search_space
 from hydra_plugins.scaling_optuna_sweeper._study import make_sampler
 from scaling.core.enums import Status
-from scaling.store.record import iter_records
+from scaling.store.read import iter_records
 
 DEMO_DIR = Path("runs/demo")
 SAMPLERS = ("tpe", "random", "grid", "tpe (repeats)")

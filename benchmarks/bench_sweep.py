@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from scaling.store.device_time import total  # noqa: E402
-from scaling.store.record import iter_records  # noqa: E402
+from scaling.store.read import iter_records  # noqa: E402
 
 
 def run_sweep(name: str, sweep_dir: Path, overrides: list[str]) -> float:

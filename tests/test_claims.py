@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from scaling.engine.jobfiles import RUNNING_FILE
+from scaling.engine.jobfiles import RESULT_FILE, RUNNING_FILE
 from scaling.job.run import run_point
 from scaling.store import inflight
-from scaling.store.record import RESULT_FILE, job_dir, job_key
+from scaling.store.record import job_dir, job_key
 from tests.helpers.compose import REPO, compose_point
 from tests.helpers.points import ONE_STEP as FAST
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from scaling.cli.main import COMMANDS, completion_target, main
-from scaling.store.record import iter_records
+from scaling.store.read import iter_records
 from scaling.sweep.named import available, describe, find_sweep
 
 REPO = Path(__file__).resolve().parents[1]

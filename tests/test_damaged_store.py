@@ -15,7 +15,8 @@ import pytest
 
 from analysis.report import write_report
 from scaling.cli.main import main
-from scaling.store.record import SCHEMA_VERSION, SET_ASIDE, NewerRecord, RecordError, job_key, load_record
+from scaling.store.read import SET_ASIDE, NewerRecord, RecordError, load_record
+from scaling.store.record import SCHEMA_VERSION, job_key
 from tests.helpers.compose import compose_point
 from tests.helpers.records import make_record
 

@@ -32,7 +32,7 @@ from scaling.launch.devices import (
     request,
     waiting_s,
 )
-from scaling.store.record import iter_records
+from scaling.store.read import iter_records
 from tests.helpers.compose import compose_point
 from tests.helpers.points import ONE_STEP as FAST
 

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from scaling.engine.jobfiles import RESULT_FILE
 from scaling.job.run import run_point
-from scaling.store.record import RESULT_FILE, job_key, launch_dir
+from scaling.store.record import job_key, launch_dir
 from tests.helpers.compose import compose_point
 from tests.helpers.points import CLIP, FRESH, point
 from tests.helpers.processes import processes_mentioning

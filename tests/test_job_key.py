@@ -19,16 +19,10 @@ from scaling.core.schema import (
     TrainConfig,
     group_types,
 )
+from scaling.engine.jobfiles import RESULT_FILE
 from scaling.job.run import run_point
-from scaling.store.record import (
-    RESULT_FILE,
-    Launch,
-    Record,
-    answers,
-    job_dir,
-    job_key,
-    read_record,
-)
+from scaling.store.read import read_record
+from scaling.store.record import Launch, Record, answers, job_dir, job_key
 from tests.helpers.compose import compose_point
 
 GOLDEN = {

@@ -35,7 +35,8 @@ from hydra_plugins.scaling_optuna_sweeper._study import (
     trials_since_improvement,
 )
 from scaling.engine.lifetime import GATE_ENV
-from scaling.store.record import job_key, read_record
+from scaling.store.read import read_record
+from scaling.store.record import job_key
 from tests.helpers.compose import compose_point
 
 REPO = Path(__file__).resolve().parents[1]

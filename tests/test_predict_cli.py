@@ -15,10 +15,11 @@ from scaling.cli.find_mbs import main as find_mbs_main
 from scaling.cli.predict import main as predict_main
 from scaling.core.enums import Status
 from scaling.core.units import GIB
+from scaling.engine.jobfiles import RESULT_FILE
 from scaling.job.run import run_point
 from scaling.predictor.trace import trace_peak
 from scaling.recipe.find_mbs import largest_true
-from scaling.store.record import RESULT_FILE, job_key, launch_dir
+from scaling.store.record import job_key, launch_dir
 from scaling.sweep.grid import format_duration
 from tests.helpers.cli import scaling
 from tests.helpers.compose import compose_point

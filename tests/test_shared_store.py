@@ -16,8 +16,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from scaling.core.files import current_umask
+from scaling.engine.jobfiles import RESULT_FILE
 from scaling.store.index import path_id, store_id, update_index
-from scaling.store.record import RESULT_FILE, SWEEP_INDEX, Record
+from scaling.store.record import SWEEP_INDEX, Record
 from scaling.store.wandb_runs import run_id
 from scaling.sweep.progress import SweepProgress
 from tests.helpers.records import make_record

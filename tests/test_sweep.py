@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from scaling.job.run import run_point
-from scaling.store.record import iter_records
+from scaling.store.read import iter_records
 from tests.helpers.cli import scaling
 from tests.helpers.compose import REPO, compose_point
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from scaling.cli.predict import main as predict_main
-from scaling.store.record import iter_records
+from scaling.store.read import iter_records
 from tests.helpers.compose import REPO
 
 GRIDS = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml") if "scaling_optuna" not in p.read_text())

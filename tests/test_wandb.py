@@ -18,7 +18,7 @@ from analysis.collect import collect, from_wandb_offline
 from scaling.core.schema import LoggerConfig
 from scaling.job.wandb_log import init_kwargs, log_point
 from scaling.store.index import store_id
-from scaling.store.record import iter_records
+from scaling.store.read import iter_records
 from scaling.store.wandb_runs import read_offline_run
 from tests.helpers.cli import scaling
 from tests.helpers.compose import compose_point

@@ -20,8 +20,9 @@ import psutil
 import pytest
 
 from analysis.step_model import MODULE_GRADS, MODULE_PARAMS
+from scaling.engine.jobfiles import RESULT_FILE
 from scaling.launch import warm
-from scaling.store.record import RESULT_FILE, launch_dir
+from scaling.store.record import launch_dir
 from tests.helpers.compose import workload_of
 from tests.helpers.points import BASE, CLIP, FRESH, point
 from tests.helpers.processes import processes_mentioning

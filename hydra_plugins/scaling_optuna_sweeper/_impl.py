@@ -35,7 +35,8 @@ from optuna.trial import Trial, TrialState
 
 from scaling.core.models import is_custom
 from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, LaunchConfig
-from scaling.store.record import RecordError, answers, job_key, output_dir, read_record
+from scaling.store.read import RecordError, read_record
+from scaling.store.record import answers, job_key, output_dir
 
 from . import _report
 from ._outcome import Outcome, failure, judge, repeat_outcome, tell, worst_values

@@ -149,7 +149,7 @@ def _complete(line: str) -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Dispatch `scaling <command> ...`; turn the library's exceptions into exit statuses."""
-    from scaling.store.record import NewerRecord
+    from scaling.store.read import NewerRecord
     from scaling.sweep.named import SweepNotFound
     from scaling.sweep.progress import PointsFailed
 

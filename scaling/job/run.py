@@ -33,20 +33,19 @@ from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.units import format_bytes
 from scaling.core.validate import Derived, InvalidConfig, validate
 from scaling.engine import flops
-from scaling.engine.jobfiles import CONFIG_FILE, LAUNCHES_DIR, TORCHRUN_LOG, WORKER_OUTPUT, WorkerReport
+from scaling.engine.jobfiles import CONFIG_FILE, LAUNCHES_DIR, RESULT_FILE, TORCHRUN_LOG, WORKER_OUTPUT, WorkerReport
 from scaling.engine.model_config import ModelArgs, param_count
 from scaling.job import wandb_log
 from scaling.job.metrics import repeats_metrics, throughput_metrics
 from scaling.launch import devices, slurm, torchrun, warm
 from scaling.predictor.prescreen import predicted_oom, prescreen
 from scaling.store import inflight
+from scaling.store.read import RecordError, read_record
 from scaling.store.record import (
-    RESULT_FILE,
     Launch,
     LaunchTiming,
     Provenance,
     Record,
-    RecordError,
     Timing,
     answers,
     job_dir,
@@ -54,7 +53,6 @@ from scaling.store.record import (
     kept_launches,
     next_attempt,
     output_dir,
-    read_record,
 )
 
 OPTUNA_SWEEPER = "hydra_plugins.scaling_optuna_sweeper.sweeper.ScalingOptunaSweeper"

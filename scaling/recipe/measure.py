@@ -37,7 +37,8 @@ from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
 from scaling.recipe.find_mbs import find_mbs
 from scaling.store.network import CPU_SIZES, CUDA_SIZES, NetworkEstimate
-from scaling.store.record import RecordError, answers, job_key, read_record
+from scaling.store.read import RecordError, read_record
+from scaling.store.record import answers, job_key
 
 
 @dataclass(frozen=True)

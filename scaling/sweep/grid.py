@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
 from scaling.core.enums import LAUNCHED, Status
 from scaling.core.schema import ExperimentConfig
-from scaling.store.record import RecordError, answers, job_key, output_dir, read_record
+from scaling.store.read import RecordError, read_record
+from scaling.store.record import answers, job_key, output_dir
 
 if TYPE_CHECKING:  # OmegaConf is imported where it is used: `scaling status` reads records only
     from omegaconf import DictConfig

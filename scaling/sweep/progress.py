@@ -38,7 +38,7 @@ from scaling.core.files import read_json, write_json_atomic
 from scaling.core.units import format_bytes
 from scaling.store import inflight
 from scaling.store.index import update_index
-from scaling.store.record import iter_records
+from scaling.store.read import iter_records
 from scaling.sweep.grid import expand, status_list
 
 

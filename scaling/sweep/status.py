@@ -36,7 +36,8 @@ from scaling.core.schema import LaunchConfig
 from scaling.engine.jobfiles import RESULT_FILE
 from scaling.store import inflight
 from scaling.store.device_time import DeviceTime, total
-from scaling.store.record import SWEEP_INDEX, RecordError, answers, load_record, set_aside_records
+from scaling.store.read import RecordError, load_record, set_aside_records
+from scaling.store.record import SWEEP_INDEX, answers
 from scaling.sweep.grid import format_duration, launch_wall_s, status_list, wall_estimate_s
 
 SHOWN = 8
@@ -89,7 +90,7 @@ class Status:
     device_time: DeviceTime = field(default_factory=DeviceTime)
     """Device-seconds held by the directory's records, and what they went to (timed_frac: in timed steps)."""
     unreadable: dict[str, str] = field(default_factory=dict)
-    """Record files that cannot be read, and those set aside, by path: why (scaling.store.record.load_record)."""
+    """Record files that cannot be read, and those set aside, by path: why (scaling.store.read.load_record)."""
 
 
 def _time(iso: Optional[str]) -> Optional[dt.datetime]:

@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 
 from scaling.launch.devices import LOCK_DIR_ENV
-from scaling.store.record import iter_records
+from scaling.store.read import iter_records
 from tests.helpers.compose import REPO
 
 GRID = [

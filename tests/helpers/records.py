@@ -14,17 +14,8 @@ from typing import Any, Iterable, Optional
 from scaling.core.enums import Status
 from scaling.core.files import write_json_atomic
 from scaling.core.schema import ExperimentConfig, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
-from scaling.store.record import (
-    RESULT_FILE,
-    SWEEP_INDEX,
-    Launch,
-    LaunchTiming,
-    Provenance,
-    Record,
-    Timing,
-    job_dir,
-    job_key,
-)
+from scaling.engine.jobfiles import RESULT_FILE
+from scaling.store.record import SWEEP_INDEX, Launch, LaunchTiming, Provenance, Record, Timing, job_dir, job_key
 
 DP_EFFICIENCY = {1: 1.0, 2: 0.97, 4: 0.92, 8: 0.85, 16: 0.62, 32: 0.40}
 """Efficiency vs dp of the synthetic throughput model: stays >= 0.8 up to dp=8, the knee."""
