@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # (Two more, 4 workers on 2 cores, took CI from 10 min 40 s to 12 min 56 s: 3 min more CPU in contention.)
 WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
-.PHONY: setup sysdeps demo test test-fast test-lowest lock bench gpu-check clean
+.PHONY: setup setup-lowest sysdeps demo test test-fast test-lowest lock bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -42,13 +42,15 @@ test-fast: setup
 # lowest-direct; what they pull in at their newest) in $(LOWEST), and the fast tests (FAST, above) on it.
 # torch is the +cpu build named in full: lowest-direct would take PyPI's plain 2.13.0, the CUDA build, over it.
 # Its bytecode is left to the test processes' imports (COMPILE_BYTECODE=0: a set-up of 19 s instead of 55 s).
-# CI runs it after `make test`.
+# CI sets it up before `make test` and runs its tests beside it at the lowest CPU priority (.ci/run).
 LOWEST ?= .venv-lowest
 # One worker per core: without bytecode (above) every worker compiles what it imports, so a third costs more than it
 # gains (43 s against 56 s here). torch is the same build in both environments, so the modules that exercise torch
 # alone (the FLOPs formulas and counter, the decoder's modules) add nothing here and are left to `make test`.
 TORCH_ONLY := --ignore=tests/test_flops.py --ignore=tests/test_model.py -k "not flops_counted_on_fake_tensors"
-test-lowest: $(LOWEST)/.installed
+setup-lowest: $(LOWEST)/.installed
+
+test-lowest: setup-lowest
 	$(LOWEST)/bin/python -m pytest -n $(shell nproc) -p no:cacheprovider -q $(FAST) $(TORCH_ONLY)
 
 $(LOWEST)/.installed: pyproject.toml

@@ -34,8 +34,9 @@ rank. Pure arithmetic: numpy and the standard library only.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -185,11 +186,12 @@ class Workload:
     def params_updated(self, n: int) -> int:
         """Parameters the busiest rank updates at dp=n: all at ZeRO-0, ZeroRedundancyOptimizer's largest share at
         ZeRO-1 (whole tensors), the largest FSDP2 shards at ZeRO-2/3."""
-        if self.zero_stage == 0:
-            return self.n_params
-        if self.zero_stage == 1:
-            return zero1_busiest(self.shape, n)
-        return sum(t.shard_numel(n) for t in self.shape.tensors)
+        return _params_updated(self.shaped(), n)
+
+    def shaped(self) -> Workload:
+        """This workload with its model given as its ModelShape (the same tensors and blocks, and hashable): the
+        key of the caches below."""
+        return self if isinstance(self.model, ModelShape) else replace(self, model=self.shape)
 
     def grad_acc_at(self, n: int) -> Optional[int]:
         """grad_acc at dp=n, or None when the fixed global batch does not split into whole micro-steps."""
@@ -212,8 +214,23 @@ class Workload:
         return float(self.mbs * self.seq_len * (self.grad_acc_at(n) or np.nan))
 
 
+@functools.lru_cache(maxsize=4096)
+def _params_updated(w: Workload, n: int) -> int:
+    if w.zero_stage == 0:
+        return w.n_params
+    if w.zero_stage == 1:
+        return zero1_busiest(w.shape, n)
+    return sum(t.shard_numel(n) for t in w.shape.tensors)
+
+
 def step_collectives(w: Workload, n: int, grad_acc: int) -> tuple[Call, ...]:
     """The collectives of one optimizer step at dp=n and grad_acc micro-steps, as the engine issues them."""
+    return _step_collectives(w.shaped(), n, grad_acc)
+
+
+@functools.lru_cache(maxsize=4096)
+def _step_collectives(w: Workload, n: int, grad_acc: int) -> tuple[Call, ...]:
+    # kept: a band's hundreds of draws ask for the same few
     calls = []
     for c in w.collectives():
         rounds = grad_acc if c.window is not None and c.window.micro_steps == EACH_MICRO else 1

@@ -273,9 +273,10 @@ def test_parallel_launcher_runs_jobs_at_once_but_cpu_launches_one_at_a_time(tmp_
 def test_two_drivers_waiting_for_one_host_both_finish_and_neither_waits_past_its_bound(tmp_path, lock_env):
     """Two sweeps of different points on warm ranks, one host slot: a warm job keeps the host while the other
     driver has waited less than launch.reuse_idle_s, then gives it back after its turn. Both finish, every point
-    ok, and no point waited for the host longer than reuse_idle_s plus the other's longest turn (and a start)."""
+    ok, and no point waited for the host longer than reuse_idle_s plus the other's longest turn (and a start).
+    One rank a point: a CPU point of any dp leases the host's one slot, and the turns are what is measured."""
     idle_s = 3.0
-    common = [*FAST, "parallel.dp=2", "launch.reuse=true", f"launch.reuse_idle_s={idle_s}", "train.steps=2"]
+    common = [*FAST, "parallel.dp=1", "launch.reuse=true", f"launch.reuse_idle_s={idle_s}", "train.steps=2"]
     argv = [sys.executable, "-m", "scaling", "run", "-m", *common]
     drivers = [
         subprocess.Popen(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -256,7 +257,9 @@ def profile_draws(profile: Profile, n_draws: int, rng: np.random.Generator) -> l
     draws = []
     for _ in range(n_draws):
         resampled = [
-            {**s, "time_s": float(np.median(rng.choice(s["times_s"], len(s["times_s"]))))} if s.get("times_s") else s
+            {**s, "time_s": statistics.median(rng.choice(s["times_s"], len(s["times_s"])).tolist())}
+            if s.get("times_s")
+            else s
             for s in profile.samples
         ]
         draws.append(fit_tiers(resampled, profile.devices_per_node))
