@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -11,17 +12,69 @@ from omegaconf import OmegaConf
 from analysis.step_model import Workload
 from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.launch.resolvers import register_configs
+from scaling.sweep.hydra_adapter import apply_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def compose_point(overrides: Sequence[str] = (), sweep_dir: str | Path | None = None) -> ExperimentConfig:
-    """The experiment config as `python -m scaling run <overrides>` builds it."""
-    register_configs()
+    """The experiment config as `python -m scaling run <overrides>` builds it. As the grid sweeper does
+    (scaling.sweep.grid.PointConfigs, which tests/test_grid.py holds to Hydra's full composition): Hydra composes the
+    group choices once per process, and the value overrides (`train.mbs=4`) are applied to a copy as Hydra applies
+    them after composing; anything else, or a point that fails so, is composed in full (Hydra's own error)."""
     extra = [f"sweep_dir={sweep_dir}"] if sweep_dir is not None else []
+    wanted = [*overrides, *extra]
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(CONF_READS_ENV)))
+    parsed = [_parse(o) for o in wanted]
+    values = [o for o in parsed if _is_value(o)]
+    base_key = (tuple(o.input_line for o in parsed if not _is_value(o)), env)
+    try:
+        if base_key not in _bases:
+            _bases[base_key] = _compose(list(base_key[0]))
+        cfg = _bases[base_key].copy()
+        apply_overrides(values, cfg)
+        return ExperimentConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))
+    except Exception:  # Hydra's full composition says what is wrong, with its own error
+        return ExperimentConfig.from_dict(OmegaConf.to_container(_compose(wanted), resolve=True))
+
+
+CONF_READS_ENV = ("WANDB_",)
+"""The environment variables conf/ interpolates (`${oc.env:...}` in logger/wandb.yaml): part of a composition's key."""
+GROUPS = frozenset(p.name for p in CONF_DIR.iterdir() if p.is_dir() and not p.name.startswith("_"))
+"""The config groups of conf/ (model, train, ...): an override of one is a group choice, composed by Hydra."""
+_bases: dict[tuple[Any, ...], Any] = {}
+_parsed: dict[str, Any] = {}
+
+
+def _compose(overrides: list[str]) -> Any:
+    register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[*overrides, *extra])
-    return ExperimentConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))
+        return compose(config_name="config", overrides=overrides)
+
+
+def _parse(override: str) -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if override not in _parsed:
+        (_parsed[override],) = OverridesParser.create().parse_overrides([override])
+    return _parsed[override]
+
+
+def _is_value(o: Any) -> bool:
+    """A plain `key=value` of a config key, as scaling.sweep.grid.PointConfigs tells it (not a group choice, an add,
+    a delete, a package, a dict, a sweep or a hydra setting)."""
+    from hydra.core.override_parser.types import OverrideType
+
+    key = o.key_or_group
+    return (
+        o.type == OverrideType.CHANGE
+        and o.package is None
+        and not o.is_sweep_override()
+        and "/" not in key
+        and key not in GROUPS
+        and key.split(".")[0] != "hydra"
+        and not isinstance(o.value(), dict)
+    )
 
 
 def workload_of(cfg: ExperimentConfig | dict[str, Any], grad_acc: int) -> Workload:
