@@ -53,7 +53,13 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that share a fixture wider than one test stay on one worker, where it is made once: a module's fixture
     keeps its module together, and every test on the SLURM cluster shares one worker (one cluster for the run).
-    The rest go to whichever worker is free."""
+    The rest go to whichever worker is free, the ones that start processes first: the suite then ends on short tests
+    that fill the workers' last minutes instead of one worker's long test leaving the others' cores idle."""
+    weight = {"slurm": 0, "browser": 0, "torchrun": 0, "subprocess": 0, "slow": 1}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(
+        key=lambda it: (min((w for m, w in weight.items() if it.get_closest_marker(m)), default=2), order[id(it)])
+    )
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
