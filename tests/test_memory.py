@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from scaling.predictor.analytic import analytic_peak
 from scaling.predictor.model_state import PLAYBOOK_FP32, PLAYBOOK_MIXED, model_state_bytes
 from scaling.predictor.prescreen import predicted_oom, prescreen
 from scaling.predictor.trace import trace_peak
+from scaling.store.record import job_key
 from tests.helpers.compose import REPO, compose_point
 
 PSI = 8_030_261_248  # llama_8b
@@ -116,6 +119,27 @@ def test_analytic_is_close_to_traced_on_small_points():
         cfg = compose_point(["model=tiny", "train.mbs=2", *overrides])
         analytic, traced = memory.predict_config(cfg).total_bytes, trace_peak(cfg).peak_mem_bytes
         assert abs(analytic - traced) / traced <= 0.05, (overrides, analytic, traced)
+
+
+def test_a_kept_trace_is_read_back_and_one_of_another_torch_is_traced_again(tmp_path, monkeypatch):
+    """`scaling recipe` keeps its traces in its directory (traces/<job key>.json): a second recipe there reads them
+    instead of tracing again; a file written under another torch is traced anew."""
+    from scaling.predictor import trace
+
+    cfg = compose_point(["model=tiny", "train.mbs=2", "parallel.zero_stage=0"])
+    first = trace.trace_peak_kept(cfg, tmp_path)
+    (path,) = (tmp_path / trace.TRACES_DIR).glob("*.json")
+    assert path.stem == job_key(cfg) and first.peak_mem_bytes == trace_peak(cfg).peak_mem_bytes > 0
+
+    def traced_again(cfg):
+        raise AssertionError("traced again")
+
+    monkeypatch.setattr(trace, "trace_peak", traced_again)
+    again = trace.trace_peak_kept(cfg, tmp_path)
+    assert (again.peak_mem_bytes, again.breakdown) == (first.peak_mem_bytes, first.breakdown)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "torch": "1.0.0"}))
+    with pytest.raises(AssertionError, match="traced again"):
+        trace.trace_peak_kept(cfg, tmp_path)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -310,6 +311,28 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
             train_step(wrapped, micro_batches, peak.new_micro_step)
     breakdown = {_category(k): v for k, v in peak.breakdown.items() if k != "Total" and v}
     return TracedPrediction(int(peak.peak_bytes), breakdown, time.perf_counter() - t0)
+
+
+TRACES_DIR = "traces"
+"""Where `trace_peak_kept` keeps a sweep directory's traces: `<sweep_dir>/traces/<job key>.json`."""
+
+
+def trace_peak_kept(cfg: ExperimentConfig, sweep_dir: str | os.PathLike) -> TracedPrediction:
+    """`trace_peak`, kept in `sweep_dir`: a trace is a function of the point's configuration (its job key, as its
+    record is) and of torch's version, so a second `scaling recipe` in the directory reads what the first traced
+    instead of tracing it again. A file of another torch, or one that cannot be read, is traced and written anew."""
+    from scaling.core.files import read_json, write_json_atomic
+    from scaling.store.record import job_key
+
+    path = Path(sweep_dir) / TRACES_DIR / f"{job_key(cfg)}.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        doc = read_json(path)
+        if doc["torch"] == torch.__version__:
+            return TracedPrediction(int(doc["peak_mem_bytes"]), {str(k): int(v) for k, v in doc["breakdown"].items()})
+    traced = trace_peak(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"torch": torch.__version__, **traced.as_dict()})
+    return traced
 
 
 def trace_peak_isolated(cfg: ExperimentConfig, timeout_s: float = 300.0) -> TracedPrediction:

@@ -12,6 +12,7 @@ Needs a capacity: hardware.memory_gb (a real device's, or an emulated one on CPU
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -77,8 +78,10 @@ def find_mbs(
     traced: bool = True,
     confirm: bool = True,
     launch_point: Optional[Callable[[ExperimentConfig], dict[str, Any]]] = None,
+    traces_in: Optional[str | os.PathLike] = None,
 ) -> FindMbsResult:
-    """Largest mbs that fits `cfg`'s capacity: predicted (analytic, then traced), confirmed with <= 2 runs."""
+    """Largest mbs that fits `cfg`'s capacity: predicted (analytic, then traced), confirmed with <= 2 runs. Given
+    `traces_in` (a sweep directory), the traces are kept there and read back (scaling.predictor.trace.trace_peak_kept)."""
     cfg = _search_point(cfg)
     capacity = capacity_bytes(cfg.hardware)
     if capacity is None:
@@ -93,10 +96,13 @@ def find_mbs(
     guess = 1 if cfg.custom else largest_true(analytic_fits, 1, max_mbs)
     method = "analytic"
     if traced or cfg.custom:
-        from scaling.predictor.trace import trace_peak
+        from scaling.predictor.trace import trace_peak, trace_peak_kept
 
         def traced_fits(m: int) -> bool:
-            predictions[m] = trace_peak(_with_mbs(cfg, m)).peak_mem_bytes
+            point = _with_mbs(cfg, m)
+            predictions[m] = (
+                trace_peak(point) if traces_in is None else trace_peak_kept(point, traces_in)
+            ).peak_mem_bytes
             return predictions[m] <= capacity
 
         predicted, method = largest_true(traced_fits, guess, max_mbs), "traced"

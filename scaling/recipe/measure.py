@@ -206,7 +206,9 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
     for zero in a.zero:
         for recompute in a.recompute:
             base = point_config(cfg, zero, recompute, 1, 1, 1)
-            found = find_mbs(base, max_mbs=gbs_samples, traced=False, confirm=at_hand >= 1, launch_point=launch)
+            found = find_mbs(
+                base, max_mbs=gbs_samples, traced=False, confirm=at_hand >= 1, launch_point=launch, traces_in=sweep_dir
+            )
             how = found.note if at_hand >= 1 else f"predicted ({found.method}): no {hw.name} device at hand"
             if found.mbs < 1:
                 notes.append(f"ZeRO-{zero}, recompute {recompute}: not even mbs=1 fits one device ({how})")
@@ -258,9 +260,9 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
     def predicted_peak(c: Candidate, s: Any) -> int:
         point = point_config(cfg, c.zero_stage, c.recompute, s.mbs, s.gpus, s.grad_acc)
         if cfg.custom:  # no closed form: traced on fake tensors in a fake world of s.gpus ranks
-            from scaling.predictor.trace import trace_peak
+            from scaling.predictor.trace import trace_peak_kept
 
-            return trace_peak(point).peak_mem_bytes
+            return trace_peak_kept(point, sweep_dir).peak_mem_bytes
         return predict_config(point, s.grad_acc).total_bytes
 
     def command(c: Candidate, s: Any) -> str:

@@ -13,6 +13,9 @@ from scaling.job.run import run_point
 from scaling.store.record import job_key
 from tests.helpers.compose import compose_point
 
+TIMEOUT = "launch.timeout_s=180"
+"""The timeout of the points run here, which fixes their ranks' process-group timeout: part of a warm job's shape, so a
+test whose points should share this worker's warm jobs (of another model, say) gives it too."""
 BASE = [
     "logger=none",
     "model=tiny",
@@ -20,7 +23,7 @@ BASE = [
     "train.warmup_steps=2",
     "train.steps=3",
     "train.precision=fp32",
-    "launch.timeout_s=180",
+    TIMEOUT,
     "launch.reuse=true",
     "launch.reuse_idle_s=600",
 ]
