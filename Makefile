@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # (Two more, 4 workers on 2 cores, took CI from 10 min 40 s to 12 min 56 s: 3 min more CPU in contention.)
 WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
-.PHONY: setup setup-lowest sysdeps demo test test-fast test-lowest lock bench gpu-check clean
+.PHONY: setup lowest-deps setup-lowest sysdeps demo test test-fast test-lowest lock bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -42,20 +42,31 @@ test-fast: setup
 # lowest-direct; what they pull in at their newest) in $(LOWEST), and the fast tests (FAST, above) on it.
 # torch is the +cpu build named in full: lowest-direct would take PyPI's plain 2.13.0, the CUDA build, over it.
 # Its bytecode is left to the test processes' imports (COMPILE_BYTECODE=0: a set-up of 19 s instead of 55 s).
-# CI sets it up before `make test` and runs its tests beside it at the lowest CPU priority (.ci/run).
+# CI installs its dependencies beside `make setup`, then the project, and runs its tests beside `make test`'s at the
+# lowest CPU priority (.ci/run).
 LOWEST ?= .venv-lowest
 # One worker per core: without bytecode (above) every worker compiles what it imports, so a third costs more than it
 # gains (43 s against 56 s here). torch is the same build in both environments, so the modules that exercise torch
 # alone (the FLOPs formulas and counter, the decoder's modules) add nothing here and are left to `make test`.
 TORCH_ONLY := --ignore=tests/test_flops.py --ignore=tests/test_model.py -k "not flops_counted_on_fake_tensors"
+lowest-deps: $(LOWEST)/.deps
+
 setup-lowest: $(LOWEST)/.installed
 
 test-lowest: setup-lowest
 	$(LOWEST)/bin/python -m pytest -n $(shell nproc) -p no:cacheprovider -q $(FAST) $(TORCH_ONLY)
 
-$(LOWEST)/.installed: pyproject.toml
+# In two steps: every dependency, resolved from pyproject.toml's static metadata (nothing is built in this checkout,
+# so CI runs it beside `make setup`), then the project itself, editable, without dependencies (its build writes
+# scaling.egg-info into the checkout, as `make setup`'s does: the two builds do not run at once).
+$(LOWEST)/.deps: pyproject.toml
 	rm -rf $(LOWEST)
-	COMPILE_BYTECODE=0 bash scripts/setup-venv.sh $(LOWEST) "$(TORCH)+cpu" --resolution lowest-direct -e ".[dev]"
+	COMPILE_BYTECODE=0 bash scripts/setup-venv.sh $(LOWEST) "$(TORCH)+cpu" --resolution lowest-direct \
+		-r pyproject.toml --extra dev
+	touch $@
+
+$(LOWEST)/.installed: $(LOWEST)/.deps
+	bash scripts/uv.sh $(LOWEST)/bin/python pip install -q --python $(LOWEST)/bin/python --no-deps -e .
 	touch $@
 
 sysdeps:
