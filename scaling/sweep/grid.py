@@ -67,6 +67,19 @@ def _as_run_main_resolves(cfg: DictConfig) -> dict[str, Any]:
     return out
 
 
+def is_value_override(o: Any, groups: frozenset[str]) -> bool:
+    """A parsed override that is a plain `key=value` of a config key (not a choice of one of `groups`, an add, a
+    delete, a package or a dict): Hydra applies it to the config after composing the defaults list."""
+    from hydra.core.override_parser.types import OverrideType
+
+    return (
+        o.type == OverrideType.CHANGE
+        and o.package is None
+        and o.key_or_group not in groups
+        and not isinstance(o.value(), dict)
+    )
+
+
 @dataclass
 class _Base:
     """One composition of a group choice: its config (of the hydra node, the records' folder), its config groups,
@@ -145,15 +158,7 @@ class PointConfigs:
         return self._parsed[override]
 
     def _is_value(self, o: Any) -> bool:
-        """A plain `key=value` of a config key: Hydra applies it after composing the defaults list."""
-        from hydra.core.override_parser.types import OverrideType
-
-        return (
-            o.type == OverrideType.CHANGE
-            and o.package is None
-            and o.key_or_group not in self.groups
-            and not isinstance(o.value(), dict)
-        )
+        return is_value_override(o, self.groups)
 
     def _base(self, group_overrides: tuple[str, ...]) -> _Base:
         from omegaconf import OmegaConf, open_dict

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -12,6 +13,7 @@ from omegaconf import OmegaConf
 from analysis.step_model import Workload
 from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.launch.resolvers import register_configs
+from scaling.sweep.grid import is_value_override
 from scaling.sweep.hydra_adapter import apply_overrides
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,9 +27,9 @@ def compose_point(overrides: Sequence[str] = (), sweep_dir: str | Path | None = 
     extra = [f"sweep_dir={sweep_dir}"] if sweep_dir is not None else []
     wanted = [*overrides, *extra]
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(CONF_READS_ENV)))
-    parsed = [_parse(o) for o in wanted]
-    values = [o for o in parsed if _is_value(o)]
-    base_key = (tuple(o.input_line for o in parsed if not _is_value(o)), env)
+    parsed = [(o, _is_value(o)) for o in map(_parse, wanted)]
+    values = [o for o, value in parsed if value]
+    base_key = (tuple(o.input_line for o, value in parsed if not value), env)
     try:
         if base_key not in _bases:
             _bases[base_key] = _compose(list(base_key[0]))
@@ -53,27 +55,24 @@ def _compose(overrides: list[str]) -> Any:
 
 
 def _parse(override: str) -> Any:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     if override not in _parsed:
-        (_parsed[override],) = OverridesParser.create().parse_overrides([override])
+        (_parsed[override],) = _parser().parse_overrides([override])
     return _parsed[override]
 
 
-def _is_value(o: Any) -> bool:
-    """A plain `key=value` of a config key, as scaling.sweep.grid.PointConfigs tells it (not a group choice, an add,
-    a delete, a package, a dict, a sweep or a hydra setting)."""
-    from hydra.core.override_parser.types import OverrideType
+@functools.cache
+def _parser() -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    return OverridesParser.create()
+
+
+def _is_value(o: Any) -> bool:
+    """A value override as the grid sweeper tells it (scaling.sweep.grid.is_value_override), under conf/'s top-level
+    groups; a nested group's choice (`hydra/launcher=...`), a sweep or a hydra setting is composed in full."""
     key = o.key_or_group
     return (
-        o.type == OverrideType.CHANGE
-        and o.package is None
-        and not o.is_sweep_override()
-        and "/" not in key
-        and key not in GROUPS
-        and key.split(".")[0] != "hydra"
-        and not isinstance(o.value(), dict)
+        is_value_override(o, GROUPS) and "/" not in key and not o.is_sweep_override() and key.split(".")[0] != "hydra"
     )
 
 
