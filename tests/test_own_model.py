@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import sys
 import textwrap
@@ -117,6 +118,20 @@ def test_a_model_that_breaks_the_contract_is_invalid_before_any_process(tmp_path
     record = run_point(cfg)
     assert record["status"] == "invalid" and expected in record["error"], record["error"]
     assert [p.name for p in job_dir(tmp_path / "runs", job_key(cfg)).iterdir()] == ["result.json"]
+
+
+def test_only_a_module_of_ones_own_puts_the_working_directory_on_pythonpath(tmp_path, monkeypatch):
+    """The processes a command starts import the user's module from where the command runs; scaling's own builder of
+    Hugging Face models leaves the environment as it was (PYTHONPATH is part of what warm ranks share)."""
+    from scaling.core.models import HF_TARGET
+
+    (tmp_path / "mine.py").write_text("WIDTH = 64\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    assert callable(custom_model._import(HF_TARGET, "model._target_"))
+    assert os.environ["PYTHONPATH"] == "/elsewhere"
+    assert custom_model._import("mine.WIDTH", "model._target_") == 64
+    assert os.environ["PYTHONPATH"] == os.pathsep.join([str(tmp_path), "/elsewhere"])
 
 
 def test_a_forward_that_returns_an_object_with_logits_keeps_the_contract(tmp_path, monkeypatch):

@@ -57,10 +57,13 @@ def project_importable() -> None:
 
 
 def _import(dotted: str, field: str) -> Any:
-    project_importable()
     module_name, _, attr = dotted.rpartition(".")
     if not module_name:
         raise ModelError(f"{field}={dotted!r} is not a dotted path: give module.attribute, e.g. my_pkg.models.GPT")
+    if module_name.partition(".")[0] != __name__.partition(".")[0]:
+        # A module of the user's project; scaling's own (the Hugging Face builder) is importable wherever scaling is,
+        # and the environment is left as it was (PYTHONPATH is part of what warm ranks share: scaling.launch.warm).
+        project_importable()
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # the user's module may raise anything on import
