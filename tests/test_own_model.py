@@ -21,7 +21,7 @@ from scaling.engine.model_config import ModelArgs
 from scaling.job.run import run_point
 from scaling.store.record import job_dir, job_key
 from tests.helpers.compose import REPO
-from tests.helpers.points import CLIP, TIMEOUT
+from tests.helpers.points import CLIP, ON_WARM_RANKS, TIMEOUT
 
 PROJECT = REPO / "tests" / "own_project"
 
@@ -219,13 +219,13 @@ def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predi
 
 
 def hf_point(model: str, sweep_dir: Path) -> dict:
-    """A shipped Hugging Face model file's point at ZeRO-3 on 2 warm ranks (the worker's, as TIMEOUT makes their shape):
-    seq 32, mbs 2, 2 warm-up and 2 timed steps."""
+    """A shipped Hugging Face model file's point at ZeRO-3 on 2 warm ranks (the worker's: ON_WARM_RANKS), seq 32, mbs 2,
+    2 warm-up and 2 timed steps."""
     from scaling.sweep.compose import compose_config
 
     overrides = [
         f"model={model}", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2", "train.steps=2",
-        "launch.reuse=true", TIMEOUT, "parallel.dp=2", "parallel.zero_stage=3", f"sweep_dir={sweep_dir}",
+        *ON_WARM_RANKS, "parallel.dp=2", "parallel.zero_stage=3", f"sweep_dir={sweep_dir}",
     ]  # fmt: skip
     return run_point(compose_config(overrides))
 

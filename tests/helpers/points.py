@@ -16,6 +16,10 @@ from tests.helpers.compose import compose_point
 TIMEOUT = "launch.timeout_s=180"
 """The timeout of the points run here, which fixes their ranks' process-group timeout: part of a warm job's shape, so a
 test whose points should share this worker's warm jobs (of another model, say) gives it too."""
+ON_WARM_RANKS = [TIMEOUT, "launch.reuse=true", "launch.reuse_idle_s=600"]
+"""What a point gives to run on this worker's warm jobs and leave them up for the next test's points: the last point a
+job ran sets how long it waits idle (launch.reuse_idle_s, 30 s by default), so a point of another test that shares a
+job gives BASE's wait too."""
 BASE = [
     "logger=none",
     "model=tiny",
@@ -23,9 +27,7 @@ BASE = [
     "train.warmup_steps=2",
     "train.steps=3",
     "train.precision=fp32",
-    TIMEOUT,
-    "launch.reuse=true",
-    "launch.reuse_idle_s=600",
+    *ON_WARM_RANKS,
 ]
 """A tiny point on CPU: two warm-up steps (the CPU floor: the second is memory-tracked) and three timed ones, run on
 the warm ranks of this test process (launch.reuse: not part of the job key), which stay up between tests (idle ranks
