@@ -15,7 +15,7 @@ from tests.helpers.compose import compose_point
 
 TIMEOUT = "launch.timeout_s=180"
 """The timeout of the points run here, which fixes their ranks' process-group timeout: part of a warm job's shape, so a
-test whose points should share this worker's warm jobs (of another model, say) gives it too."""
+test whose points should share this worker's warm jobs (of another model, say) gives it too, with ON_WARM_RANKS."""
 ON_WARM_RANKS = [TIMEOUT, "launch.reuse=true", "launch.reuse_idle_s=600"]
 """What a point gives to run on this worker's warm jobs and leave them up for the next test's points: the last point a
 job ran sets how long it waits idle (launch.reuse_idle_s, 30 s by default), so a point of another test that shares a
