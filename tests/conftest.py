@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shlex
 import subprocess
@@ -46,6 +47,19 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
             yield cluster
     finally:
         cluster.stop()
+
+
+# --- Collecting: imports of torch, pandas, Hydra and the test modules make millions of objects, and the collector
+# walked them over and over while they were made (two fifths of a worker's collection CPU). Off while collecting;
+# what collection made is then frozen out of the collector's walk, and the tests run with it on, as usual.
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session) -> Iterator[object]:
+    gc.disable()
+    try:
+        return (yield)
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 # --- Running the suite on several workers (pytest-xdist: `make test` runs `-n auto --dist loadgroup`) ------------

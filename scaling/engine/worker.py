@@ -22,6 +22,12 @@ torch and the standard library only: this must run on a bare GPU box.
 from __future__ import annotations
 
 if __name__ == "__main__":  # a rank: first of all, before `import torch` (seconds), tie its life to torchrun's
+    import gc
+
+    # No cyclic collection while torch and its compiler stack are imported (a fifth of the import's CPU goes to
+    # collections that walk the new modules over and over and find next to nothing): `measure_point` freezes what
+    # the imports made and turns the collector back on, before the point's build.
+    gc.disable()
     from scaling.engine.lifetime import die_with_torchrun, gate
 
     gate("rank_started")
@@ -143,6 +149,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     # collections, timed or not, walk what the point makes and nothing else; a warm rank collects that between
     # points (`release`), a walk of the point's objects alone.
     gc.freeze()
+    gc.enable()  # off in a rank from its start to here (above `import torch`)
     phases.end("init_process_group_s")
     gate("process_group")
 
