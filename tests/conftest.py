@@ -118,7 +118,9 @@ PROCESS_MARKERS = ("torchrun", "slurm", "browser", "subprocess")
 
 def _starts_ranks(args: object) -> bool:
     words = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
-    return any(w in ("torch.distributed.run", "torchrun") or w.endswith("/torchrun") for w in words)
+    return any(
+        w in ("scaling.engine.agent", "torch.distributed.run", "torchrun") or w.endswith("/torchrun") for w in words
+    )
 
 
 @contextlib.contextmanager

@@ -21,7 +21,8 @@ from scaling.launch import slurm
 from scaling.launch.torchrun import torchrun_argv
 
 REPO = Path(__file__).resolve().parents[1]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+# torchrun: torch.distributed.run's main (scaling/engine/agent.py)
+TORCHRUN = [sys.executable, "-m", "scaling.engine.agent"]
 
 
 # --- placement and argv (pure) -----------------------------------------------------------------

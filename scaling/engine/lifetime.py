@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
-TORCHRUN_MARKERS = ("torch.distributed.run", "torchrun")
-"""How a rank recognises its torchrun agent in the parent's command line."""
+TORCHRUN_MARKERS = ("scaling.engine.agent", "torch.distributed.run", "torchrun")
+"""How a rank recognises its torchrun agent in the parent's command line (ours: scaling/engine/agent.py)."""
 GATE_ENV = "SCALING_TEST_GATE"
 """Tests only: a directory; with it set, every rank stops at each phase of `GATE_PHASES` (see `gate`)."""
 GATE_PHASES = ("rank_started", "before_torch", "torch_imported", "process_group", "model_built", "first_step")

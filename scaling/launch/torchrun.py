@@ -67,7 +67,8 @@ class Outcome:
     wall_s: float
 
 
-TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+TORCHRUN = (sys.executable, "-m", "scaling.engine.agent")
+"""torchrun (torch.distributed.run's `main`), its torch imported with the cyclic collector off (scaling/engine/agent.py)."""
 WORKER = "scaling.engine.worker"
 
 
