@@ -285,6 +285,20 @@ def test_prescreen_traces_near_the_capacity_in_a_subprocess():
     assert out["analytic"]["peak_mem_bytes"] == analytic and out["skip"] is False
 
 
+@pytest.mark.subprocess
+def test_a_prescreen_keeps_its_trace_in_the_sweep_directory_and_reads_it_back(tmp_path, monkeypatch):
+    """run_point's pre-screen keeps a trace in the point's sweep directory (kept_in): a point that the recipe or
+    find-mbs traced there, or an earlier run of the sweep, is not traced again."""
+    from scaling.predictor import trace
+
+    near = _point(memory.predict_config(_point(1.0)).total_bytes / GIB)  # inside the trace band
+    first = prescreen(near, kept_in=tmp_path)
+    assert first["method"] == "traced" and (tmp_path / trace.TRACES_DIR / f"{job_key(near)}.json").is_file()
+    monkeypatch.setattr(trace, "trace_peak", lambda cfg: pytest.fail("traced again"))
+    again = prescreen(near, kept_in=tmp_path)
+    assert (again["peak_mem_bytes"], again["traced"]) == (first["peak_mem_bytes"], first["traced"])
+
+
 @pytest.mark.slow
 def test_the_trace_band_is_the_devices():
     """A point whose analytic peak is 15% under the pre-screen's threshold: on CPU, where the analytic model is within

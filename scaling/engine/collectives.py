@@ -14,6 +14,11 @@ Imports torch and the standard library only.
 
 from __future__ import annotations
 
+import gc
+
+if __name__ == "__main__":  # a rank: torch imported with the cyclic collector off (as scaling.engine.worker's are)
+    gc.disable()
+
 import argparse
 import os
 import platform
@@ -127,6 +132,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of each rank."""
+    gc.freeze()  # what the imports made; the collector is back on for the timed calls, as in any process
+    gc.enable()
     args = parse_args(argv)
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":

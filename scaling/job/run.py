@@ -146,7 +146,7 @@ def _run_claimed(
         record.derived = _derived_block(c, derived)  # a model the user brings is built and checked here
     except InvalidConfig as e:
         return _finish(_ended(record, Status.INVALID, str(e), c), point_dir, t0, c)
-    record.predicted = prediction = prescreen(c, derived.grad_acc)
+    record.predicted = prediction = prescreen(c, derived.grad_acc, kept_in=c.sweep_dir)
     if predicted_oom(prediction):  # predicted > (1 + prescreen_margin) x capacity, and not in the sample
         return _finish(_ended(record, Status.PREDICTED_OOM, prediction["reason"], c), point_dir, t0, c)
 

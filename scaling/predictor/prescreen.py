@@ -4,6 +4,7 @@ skipped points (`launch.prescreen_sample`, chosen by job key) runs anyway to mea
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping, Optional
 
 from scaling.core.sample import sampled
@@ -27,7 +28,12 @@ and 3, 7% at ZeRO-1 and 6% compiled, none of which the trace models either). A t
 second or two of the driver's time and agreed with the analytic figure to the byte on every demo point it ran on."""
 
 
-def prescreen(cfg: ExperimentConfig, grad_acc: Optional[int] = None, trace: bool = True) -> dict[str, Any]:
+def prescreen(
+    cfg: ExperimentConfig,
+    grad_acc: Optional[int] = None,
+    trace: bool = True,
+    kept_in: Optional[str | os.PathLike] = None,
+) -> dict[str, Any]:
     """The record's `predicted` block: predicted peak bytes per rank, method, fits, and whether to skip.
 
     `fits` is predicted <= capacity (None without a capacity); `skip` is predicted >
@@ -35,13 +41,14 @@ def prescreen(cfg: ExperimentConfig, grad_acc: Optional[int] = None, trace: bool
     `sampled`, that such a point is in the sample that runs anyway (launch.prescreen_sample). With `trace`,
     an analytic figure near the threshold is replaced by the traced one (the job's pre-screen does; a
     forecast of a whole grid may not). Never raises for a valid point: a failed trace leaves the analytic
-    figure and says so.
+    figure and says so. With `kept_in` (the point's sweep directory) a trace is kept there and read back
+    (scaling.predictor.trace.trace_peak_kept): a point the recipe or find-mbs traced is not traced again.
     """
     capacity = capacity_bytes(cfg.hardware)
     margin = float(cfg.launch.prescreen_margin)
     if cfg.custom:  # a model the user brings: the analytic model is the built-in family's; the trace decides
         out = _block(cfg, capacity, margin, None)
-        traced = trace and _trace_into(out, cfg)
+        traced = trace and _trace_into(out, cfg, kept_in)
         return _decide(out, cfg, capacity, margin) if traced and capacity is not None else out
     analytic = predict_config(cfg, grad_acc)
     out = _block(cfg, capacity, margin, analytic)
@@ -49,7 +56,7 @@ def prescreen(cfg: ExperimentConfig, grad_acc: Optional[int] = None, trace: bool
         return out
     low, high = TRACE_BANDS.get(cfg.hardware.device, TRACE_BANDS["cuda"])
     if trace and cfg.launch.prescreen and low <= analytic.total_bytes / ((1.0 + margin) * capacity) <= high:
-        _trace_into(out, cfg)
+        _trace_into(out, cfg, kept_in)
     return _decide(out, cfg, capacity, margin)
 
 
@@ -70,11 +77,11 @@ def _block(cfg: ExperimentConfig, capacity: Optional[int], margin: float, analyt
     }
 
 
-def _trace_into(out: dict[str, Any], cfg: ExperimentConfig) -> bool:
+def _trace_into(out: dict[str, Any], cfg: ExperimentConfig, kept_in: Optional[str | os.PathLike]) -> bool:
     """Replace the block's figure by the traced one; False (and `trace_error`) when the trace fails."""
     import torch.distributed as dist
 
-    from scaling.predictor.trace import trace_peak, trace_peak_isolated
+    from scaling.predictor.trace import trace_peak, trace_peak_isolated, trace_peak_kept
 
     try:
         # The sweep driver has no process group of its own, so the trace runs here (under a second for CPU-sized
@@ -82,7 +89,7 @@ def _trace_into(out: dict[str, Any], cfg: ExperimentConfig) -> bool:
         if dist.is_initialized():
             traced = trace_peak_isolated(cfg, timeout_s=min(float(cfg.launch.timeout_s), 300.0))
         else:
-            traced = trace_peak(cfg)
+            traced = trace_peak(cfg) if kept_in is None else trace_peak_kept(cfg, kept_in)
     except Exception as e:
         out["trace_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
         return False

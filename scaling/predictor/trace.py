@@ -328,7 +328,8 @@ def trace_peak_kept(cfg: ExperimentConfig, sweep_dir: str | os.PathLike) -> Trac
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         doc = read_json(path)
         if doc["torch"] == torch.__version__:
-            return TracedPrediction(int(doc["peak_mem_bytes"]), {str(k): int(v) for k, v in doc["breakdown"].items()})
+            breakdown = {str(k): int(v) for k, v in doc["breakdown"].items()}
+            return TracedPrediction(int(doc["peak_mem_bytes"]), breakdown, float(doc.get("wall_s", 0.0)))
     traced = trace_peak(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {"torch": torch.__version__, **traced.as_dict()})
