@@ -132,8 +132,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of each rank."""
-    gc.freeze()  # what the imports made; the collector is back on for the timed calls, as in any process
-    gc.enable()
     args = parse_args(argv)
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
@@ -170,4 +168,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # what the imports made; the collector is back on for the timed calls, as in any process
+    gc.enable()
     main()
