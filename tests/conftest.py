@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
 
+from scaling.engine.lifetime import TORCHRUN_MARKERS
+
 if TYPE_CHECKING:
     from tests.helpers.slurm_cluster import SlurmCluster
 
@@ -118,9 +120,7 @@ PROCESS_MARKERS = ("torchrun", "slurm", "browser", "subprocess")
 
 def _starts_ranks(args: object) -> bool:
     words = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
-    return any(
-        w in ("scaling.engine.agent", "torch.distributed.run", "torchrun") or w.endswith("/torchrun") for w in words
-    )
+    return any(w in TORCHRUN_MARKERS or w.endswith("/torchrun") for w in words)
 
 
 @contextlib.contextmanager
