@@ -205,9 +205,23 @@ class Recipe:
         """Each row's `scaling run` command, with the GPU count it answers for."""
         return [f"{r.command}  # {r.gpus} GPU{'s' if r.gpus != 1 else ''}" for r in self.rows if r.command]
 
-    def caveats(self) -> list[str]:
-        """How the answer was found: the network, the candidates and how their mbs is known, the bands, notes."""
+    def predicted_from(self) -> list[str]:
+        """Where the `predicted` rows' figures come from (their MFU and network), one line per source, with the GPU
+        counts it answers for: a plan made before any point ran says on what it rests."""
+        by_source: dict[str, list[int]] = {}
+        for r in self.rows:
+            if r.source == PREDICTED:
+                by_source.setdefault(r.source_detail or "no source recorded", []).append(r.gpus)
         return [
+            f"Predicted ({', '.join(map(str, gpus))} GPU{'s' if gpus != [1] else ''}): {source}."
+            for source, gpus in by_source.items()
+        ]
+
+    def caveats(self) -> list[str]:
+        """How the answer was found: the network, the candidates and how their mbs is known, the bands, where the
+        predicted rows come from, notes."""
+        return [
+            *self.predicted_from(),
             f"Network: {self.network}.",
             "Candidates (the largest mbs that fits one device): "
             + "; ".join(f"{c.name}: mbs {c.mbs_max} ({c.fits})" for c in self.candidates)

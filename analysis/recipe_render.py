@@ -134,7 +134,8 @@ def terminal(recipe: Recipe) -> str:
     cells = table(recipe)
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     text = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join([*headline(recipe), "", *text])
+    sources = recipe.predicted_from()  # a plan before any point ran says on what it rests, under its table
+    return "\n".join([*headline(recipe), "", *text, *(["", *sources] if sources else [])])
 
 
 def dumps(recipe: Recipe) -> str:

@@ -338,9 +338,14 @@ def test_with_nothing_measured_every_row_is_predicted_from_flops_and_a_measured_
     argv = ["--gbs-tokens", "4Mi", "--gpus", "8,32,128,512", "--zero", "0,3", "--draws", "50"]
     overrides = ["model=llama_1b", "train.seq_len=4096", "train.precision=bf16", "hardware=h100", "logger=none"]
     assert main([*argv, "--sweep-dir", str(sweep_dir), *overrides]) == 0
-    assert "0 point(s) launched" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "0 point(s) launched" in out
     recipe = json.loads((sweep_dir / "recipe.json").read_text())
     assert not list(sweep_dir.rglob("result.json"))  # nothing launched
+    # where the figures come from, under the table a reader sees and in recipe.md: one source for every GPU count
+    said = "Predicted (8, 32, 128, 512 GPUs): nothing measured on this hardware: MFU 41.8%"
+    assert said in out and "conf/mfu/h100.yaml" in out.split(said)[1].splitlines()[0]
+    assert f"- {said}" in (sweep_dir / "recipe.md").read_text()
     for r in recipe["rows"]:
         assert r["source"] == "predicted", r
         assert r["tokens_per_s_per_gpu_low"] <= r["tokens_per_s_per_gpu"] <= r["tokens_per_s_per_gpu_high"]
