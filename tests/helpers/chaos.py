@@ -2,7 +2,8 @@
 
 `chaos(sweep_dir, seed)` runs the grid below (12 tiny points at dp=2 on warm ranks) as two `scaling run -m`
 processes at once, sharing the host's device lease (a lock directory of the run's own), kills one of them at a
-moment drawn from `seed`, starts it again, waits for all three, and checks what a shared store must hold:
+moment drawn from `seed` (a number of records, then a fraction of a second), starts it again, waits for all three,
+and checks what a shared store must hold:
 
 - every point recorded exactly once: one `result.json` per point, all `ok`, attempt 1, one launch each, and one
   summary line per point across the drivers' outputs (a point run twice prints two, even where the second write
@@ -63,8 +64,13 @@ def _ours(lock_dir: str) -> list[psutil.Process]:
     return found
 
 
-def chaos(sweep_dir: Path, seed: int, kill_window_s: tuple[float, float] = (1.5, 9.0)) -> dict[str, Any]:
-    """One run (see the module's docstring); raises AssertionError naming what the store got wrong."""
+def chaos(sweep_dir: Path, seed: int, late_s: float = 1.0) -> dict[str, Any]:
+    """One run (see the module's docstring); raises AssertionError naming what the store got wrong.
+
+    The kill's moment is drawn as progress, not as a time, so that it falls inside the grid on a fast machine as on
+    a slow one: after a seeded number of records (0 to POINTS - 2: before the first point, between points, never
+    after the last), a seeded 0 to `late_s` seconds later (at the record's write, in the next point's claim, lease
+    or launch, or in its steps)."""
     rng = random.Random(seed)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     lock_dir = str(sweep_dir.parent / f"{sweep_dir.name}-locks")
@@ -72,11 +78,15 @@ def chaos(sweep_dir: Path, seed: int, kill_window_s: tuple[float, float] = (1.5,
     logs = [sweep_dir.parent / f"{sweep_dir.name}-driver{i}.log" for i in range(3)]
     start = time.monotonic()
     drivers = [_driver(sweep_dir, env, logs[0]), _driver(sweep_dir, env, logs[1])]
-    kill_after = rng.uniform(*kill_window_s)
+    after_records, late = rng.randrange(POINTS - 1), rng.uniform(0.0, late_s)
     victim = rng.randrange(2)
-    deadline = start + kill_after
-    while time.monotonic() < deadline and drivers[victim].poll() is None:
+    deadline = start + 300.0
+    while drivers[victim].poll() is None and time.monotonic() < deadline:
+        if len(list(sweep_dir.glob("*/result.json"))) >= after_records:
+            time.sleep(late)
+            break
         time.sleep(0.05)
+    kill_after = time.monotonic() - start
     recorded_at_kill = len(list(sweep_dir.glob("*/result.json")))
     killed = drivers[victim].poll() is None
     if killed:
@@ -112,6 +122,7 @@ def chaos(sweep_dir: Path, seed: int, kill_window_s: tuple[float, float] = (1.5,
     return {
         "seed": seed,
         "victim": victim,
+        "kill_after_records": after_records,
         "killed_after_s": round(kill_after, 1),
         "killed": killed,
         "recorded_at_kill": recorded_at_kill,
