@@ -4,10 +4,11 @@
 
 Each run is tests/helpers/chaos.py's: 12 tiny points at dp=2 on warm ranks, two `scaling run -m` drivers at once on
 one host lease, one killed after a seeded number of records (0 to 10) and a seeded 0-1 s more, and started again.
-Per seed it prints after how many records the kill was due, when it came, how many points were recorded then, how many claims were taken over from the dead driver, how often a driver waited for a
-claim or for the lease, the longest device wait of a point, the wall time and the launch directories the killed
-driver left (each launch writes into its own; nothing removes another's); a run whose store is wrong (a point
-recorded twice or not at all, a process left) stops with the reason.
+Per seed it prints after how many records the kill was due, when it came, how many points were recorded then, how
+many claims were taken over from the dead driver, how often a driver waited for a claim or for the lease, the
+longest device wait of a point, the wall time and the launch directories the killed driver left (each launch writes
+into its own; nothing removes another's); a run whose store is wrong (a point recorded twice or not at all, a
+process left) stops with the reason.
 """
 
 from __future__ import annotations
