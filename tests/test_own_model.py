@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -244,6 +245,40 @@ def test_a_hugging_face_llama_from_its_config_trains_at_zero_3_and_is_counted_an
     assert len(losses) == 4 and all(abs(loss - math.log(512)) < 0.05 for loss in losses), losses  # random tokens
     predicted, measured = record["predicted"]["peak_mem_bytes"], record["metrics"]["peak_mem_bytes"]
     assert record["predicted"]["method"] == "traced" and abs(predicted / measured - 1) <= 0.05, (predicted, measured)
+
+
+LOADS_ALL_A_BUILD_IMPORTS = """
+import json, sys
+from scaling.engine import custom_model
+from scaling.sweep.compose import compose_config
+new = {}
+for name in sys.argv[1:]:
+    model = compose_config([f"model={name}"]).model
+    custom_model.load_code(model)
+    before = set(sys.modules)
+    custom_model.build(model, "meta")
+    new[name] = sorted(set(sys.modules) - before)
+print(json.dumps(new))
+"""
+
+
+@pytest.mark.subprocess
+def test_a_rank_imports_a_models_code_before_its_memory_baseline_so_no_import_is_counted_as_building():
+    """What a rank imports before its resident-memory baseline (`custom_model.load_code`, beside the ZeRO wrappers)
+    is everything the model's build imports: building it afterwards imports no module, in a fresh interpreter.
+    Imported during the build instead, transformers' modeling modules were in the record's `build_peak_mem_bytes`
+    (97 MB for the 164k-parameter hf_llama_tiny on CPU, 15 MB with them imported first)."""
+    models = ["hf_llama_tiny", "hf_mixtral_tiny"]
+    out = subprocess.run(
+        [sys.executable, "-c", LOADS_ALL_A_BUILD_IMPORTS, *models],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == {name: [] for name in models}
 
 
 @pytest.mark.torchrun

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from scaling.core.models import CustomModel
+from scaling.core.models import HF_TARGET, CustomModel
 
 COMPUTE_OP_WORDS = ("mm", "conv", "attention", "einsum", "matmul", "linear", "bmm", "flash", "efficient")
 """Substrings of an aten operator's name that say it multiplies matrices: one of them that FlopCounterMode has no
@@ -88,6 +88,17 @@ def build(model: CustomModel, device: torch.device | str) -> nn.Module:
     if not isinstance(built, nn.Module):
         raise ModelError(f"model._target_={model.target!r} returned {type(built).__name__}, not an nn.Module")
     return built
+
+
+def load_code(model: CustomModel) -> None:
+    """Import the model's code without building it: the target's module and, for a Hugging Face config, the modeling
+    module of its type. A rank calls this before its memory baseline (as `parallel.load_wrappers`), so that what an
+    import keeps resident (transformers: tens of MB) is not counted as building the model."""
+    _import(str(model.target), "model._target_")
+    if model.target == HF_TARGET:
+        from scaling.engine.hf_model import load_modeling
+
+        load_modeling(**model.kwargs)
 
 
 def block_class(model: CustomModel, module: nn.Module) -> type:

@@ -5,6 +5,7 @@ builds the architecture (on the meta device in the engine), the engine shards, m
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any, Optional
 
@@ -28,8 +29,34 @@ def causal_lm(
     `batched_mm`, unless the file's `experts_implementation` says otherwise): shapes that do not depend on the
     routing, so the FLOP counter and the traced predictor run it on fake tensors (the loop over experts needs the
     routing's values; the grouped kernel takes bf16 only on CPU), and the measured step is the step counted."""
+    hf, experts, model_type = _hf_config(
+        config, vocab_size, max_seq_len, overrides
+    )  # says when transformers is missing
+    from transformers import AutoModelForCausalLM
+
     try:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        return AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa", experts_implementation=experts)
+    except ValueError as e:
+        raise ValueError(f"model.hf_config={config!r} ({model_type}) is not a causal LM: {e}".splitlines()[0]) from None
+
+
+def load_modeling(
+    config: str, vocab_size: int, max_seq_len: int, config_sha256: Optional[str] = None, **overrides: Any
+) -> None:
+    """Import the modeling module of `causal_lm`'s model (its arguments) without building it: transformers imports
+    a model type's module when it is first built, and a rank that imports it before its memory baseline does not
+    count the import as building (scaling.engine.custom_model.load_code)."""
+    hf = _hf_config(config, vocab_size, max_seq_len, overrides)[0]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    with contextlib.suppress(KeyError):  # not a causal LM: causal_lm says so when the model is built
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(hf)]
+
+
+def _hf_config(config: str, vocab_size: int, max_seq_len: int, overrides: dict[str, Any]) -> tuple[Any, str, str]:
+    """transformers' config of the file's fields with `overrides`, its experts' implementation and its model type."""
+    try:
+        from transformers import AutoConfig
     except ImportError:
         raise ValueError(f"model.hf_config={config!r} needs transformers: {HF_EXTRA}") from None
     try:
@@ -43,7 +70,6 @@ def causal_lm(
     fields["use_cache"] = False  # training: no KV cache
     experts = fields.pop("experts_implementation", EXPERTS)
     try:
-        hf = AutoConfig.for_model(model_type, **fields)
-        return AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa", experts_implementation=experts)
+        return AutoConfig.for_model(model_type, **fields), experts, model_type
     except ValueError as e:
         raise ValueError(f"model.hf_config={config!r} ({model_type}) is not a causal LM: {e}".splitlines()[0]) from None

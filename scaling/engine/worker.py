@@ -51,8 +51,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from scaling.core.schema import HardwareConfig, TrainConfig
+from scaling.engine import custom_model, kernels, memtrack
 from scaling.engine import device as devices
-from scaling.engine import kernels, memtrack
 from scaling.engine.data import GlobalBatch, step_batches
 from scaling.engine.jobfiles import (
     ELASTIC_LOGS,
@@ -141,6 +141,8 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
             timeout=dt.timedelta(seconds=job.pg_timeout_s),
         )
     load_wrappers(par.zero_stage)  # imported now, so that their memory is part of the baseline
+    if cfg.custom:
+        custom_model.load_code(cfg.model)  # the model's own modules too
     if not cuda:
         memtrack.load_trackers()
     resident = memtrack.ResidentMemory()  # baseline: this rank after its imports
