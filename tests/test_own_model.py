@@ -248,12 +248,13 @@ def test_a_hugging_face_llama_from_its_config_trains_at_zero_3_and_is_counted_an
 
 
 LOADS_ALL_A_BUILD_IMPORTS = """
-import json, sys
+import gc, json, sys
+gc.disable()  # what is imported is the question, not how fast
+from scaling.core.schema import ExperimentConfig
 from scaling.engine import custom_model
-from scaling.sweep.compose import compose_config
 new = {}
 for name in sys.argv[1:]:
-    model = compose_config([f"model={name}"]).model
+    model = ExperimentConfig.from_dict({"model": {"name": name, "hf_config": f"model/{name}.json"}}).model
     custom_model.load_code(model)
     before = set(sys.modules)
     custom_model.build(model, "meta")
