@@ -29,15 +29,14 @@ def causal_lm(
     `batched_mm`, unless the file's `experts_implementation` says otherwise): shapes that do not depend on the
     routing, so the FLOP counter and the traced predictor run it on fake tensors (the loop over experts needs the
     routing's values; the grouped kernel takes bf16 only on CPU), and the measured step is the step counted."""
-    hf, experts, model_type = _hf_config(
-        config, vocab_size, max_seq_len, overrides
-    )  # says when transformers is missing
+    # first the config: it says what to install when transformers is missing
+    hf, experts, model_type = _hf_config(config, vocab_size, max_seq_len, overrides)
     from transformers import AutoModelForCausalLM
 
     try:
         return AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa", experts_implementation=experts)
     except ValueError as e:
-        raise ValueError(f"model.hf_config={config!r} ({model_type}) is not a causal LM: {e}".splitlines()[0]) from None
+        raise _not_a_causal_lm(config, model_type, e) from None
 
 
 def load_modeling(
@@ -72,4 +71,9 @@ def _hf_config(config: str, vocab_size: int, max_seq_len: int, overrides: dict[s
     try:
         return AutoConfig.for_model(model_type, **fields), experts, model_type
     except ValueError as e:
-        raise ValueError(f"model.hf_config={config!r} ({model_type}) is not a causal LM: {e}".splitlines()[0]) from None
+        raise _not_a_causal_lm(config, model_type, e) from None
+
+
+def _not_a_causal_lm(config: str, model_type: str, e: ValueError) -> ValueError:
+    """transformers' refusal of the file's config or model, in one line naming the file and its model type."""
+    return ValueError(f"model.hf_config={config!r} ({model_type}) is not a causal LM: {e}".splitlines()[0])
