@@ -27,8 +27,8 @@ from analysis.usable import LeftOut, record_problem
 from scaling.core.enums import Status
 from scaling.core.schema import EXPERIMENT_GROUPS, config_fields
 from scaling.core.units import GIB, MIB
-from scaling.store.metrics import metric_columns
 from scaling.store.read import RecordError, iter_records
+from scaling.store.record_metrics import metric_columns
 from scaling.store.wandb_runs import (
     MEMORY,
     RECORD_BLOCKS,
@@ -44,7 +44,7 @@ STATUS_ORDER = [status.value for status in Status]
 CONFIG_FIELDS = config_fields()
 """The experiment config's fields (scaling.core.schema): one column each, a field added there is a column here."""
 METRIC_COLUMNS = metric_columns()
-"""The record's metrics the table has (scaling.store.metrics.Metrics), with their annotations."""
+"""The record's metrics the table has (scaling.store.record_metrics.Metrics), with their annotations."""
 
 # (column, path in the record). A later path wins when both exist: `derived` holds the values the
 # engine resolved (grad_acc: auto -> 4), `config` the values asked for; `target_gbs*` (train.gbs*) keep the
@@ -60,7 +60,7 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gbs", ("derived", "gbs")),
     ("gbs_tokens", ("derived", "gbs_tokens")),
     ("world_size", ("derived", "world_size")),
-    # a model the user brings: its parameter tensors and blocks (analysis.model_shape.ModelShape.from_record)
+    # a model the user brings: its parameter tensors and blocks (scaling.model.shape.ModelShape.from_record)
     ("param_tensors", ("derived", "model", "param_tensors")),
     ("n_blocks", ("derived", "model", "n_blocks")),
     *((name, ("metrics", name)) for name, _ in METRIC_COLUMNS),

@@ -28,6 +28,7 @@ from analysis.heatmaps import facet_label
 from scaling.core.enums import Status
 from scaling.core.noise import NOISE_BAND_KEY
 from scaling.core.schema import BATCH_SPLIT
+from scaling.perf.knee import DEFAULT_THRESHOLD, find_knee, knee_range
 
 NAME_FIRST = ("model", "seq_len", "mbs", "zero_stage")
 """The keys a configuration's name states first, in this order; the others follow in the schema's order."""
@@ -38,7 +39,6 @@ GROUP_KEYS = (
 """What makes a configuration for DP scaling: every axis of the schema except dp and grad_acc (the global batch they
 give is not one, unless the sweep fixed it: then each fixed batch, target_gbs*, is its own configuration)."""
 ALWAYS_NAMED = ("model", "seq_len", "zero_stage")
-DEFAULT_THRESHOLD = 0.8
 
 
 def scaling_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -82,33 +82,6 @@ def _describe(key: str, value: Any) -> str:
     if key == "oversubscribe" and not value:
         return ""
     return facet_label(key, value)
-
-
-def find_knee(
-    dps: Sequence[int], efficiency: Sequence[float], threshold: float = DEFAULT_THRESHOLD
-) -> tuple[int, Optional[int]]:
-    """(knee dp, first dp below threshold or None): the knee is the largest dp before efficiency first drops."""
-    if not 0 < threshold <= 1:
-        raise ValueError(f"threshold={threshold}: an efficiency threshold lies in (0, 1]")
-    if len(dps) != len(efficiency) or not dps:
-        raise ValueError(f"dps ({len(dps)}) and efficiency ({len(efficiency)}) must be non-empty and of one length")
-    if any(b <= a for a, b in zip(dps, dps[1:])):
-        raise ValueError(f"dps={list(dps)} must be strictly increasing")
-    knee = dps[0]
-    for dp, eff in zip(dps, efficiency):
-        if eff < threshold:
-            return knee, dp
-        knee = dp
-    return knee, None
-
-
-def knee_range(
-    dps: Sequence[int], efficiency: Sequence[float], noise_frac: Sequence[float], threshold: float = DEFAULT_THRESHOLD
-) -> tuple[int, int]:
-    """(earliest, latest) knee within noise: the knee of each efficiency pushed down, and up, by its band."""
-    low = [e * (1.0 - n) for e, n in zip(efficiency, noise_frac)]
-    high = [e * (1.0 + n) for e, n in zip(efficiency, noise_frac)]
-    return find_knee(dps, low, threshold)[0], find_knee(dps, high, threshold)[0]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """What the sweep report says, section by section: status counts, the top configurations (ties within noise of
 the best marked), the noise, the heatmaps, DP scaling and its extrapolation, the memory checks, the failures, the
-device time and the records left out. `analysis.report` writes them as Markdown, HTML and W&B."""
+device time and the records left out. `analysis.report_writer` writes them as Markdown, HTML and W&B."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis import dp_scaling, extrapolate, facets, heatmaps, memory
+from analysis import dp_extrapolation, dp_scaling, facets, heatmaps, memory
 from analysis.collect import STATUS_ORDER
 from analysis.figures import FigureSpec
 from analysis.sweep_data import SweepData
@@ -190,9 +190,9 @@ def dp_sections(data: SweepData, threshold: float) -> list[Section]:
 def extrapolation_section(data: SweepData, table: pd.DataFrame, threshold: float) -> Section:
     """Beyond the measured dp: per configuration, where DP stops paying off under the best-informed parameter
     source, in a sentence each; the sources, the parameters and the caveats folded below."""
-    found, notes = extrapolate.sweep_extrapolations(data, table, threshold)
+    found, notes = dp_extrapolation.sweep_extrapolations(data, table, threshold)
     intro = (
-        f"The fastest configurations measured at two or more dp (at most {extrapolate.EXTRAPOLATED_CONFIGS}), "
+        f"The fastest configurations measured at two or more dp (at most {dp_extrapolation.EXTRAPOLATED_CONFIGS}), "
         "extrapolated at their global batch "
         "with the step model of docs/dp-extrapolation.md (grad_acc × compute per micro-step + the exposed communication of "
         "their ZeRO stage, α-β per network tier, an overlap fraction), under each source of parameters: "
@@ -201,41 +201,15 @@ def extrapolation_section(data: SweepData, table: pd.DataFrame, threshold: float
         "is always fitted to the measured points. Bands span the 2.5th-97.5th percentile of bootstrap draws "
         "(95%)."
     )
-    curves = extrapolate.curve_table(found)
+    curves = dp_extrapolation.curve_table(found)
     return Section(
         "DP extrapolation beyond the measured dp",
-        extrapolate.summary_words(found),
+        dp_extrapolation.summary_words(found),
         [curves] if len(curves) else [],
-        figures={f"dp_extrapolation_{i}": extrapolate.plot(results) for i, results in enumerate(found.values())},
-        details=[intro, *notes, *extrapolate.report_text(found)],
-        detail_tables=[extrapolate.summary_table(found)],
+        figures={f"dp_extrapolation_{i}": dp_extrapolation.plot(results) for i, results in enumerate(found.values())},
+        details=[intro, *notes, *dp_extrapolation.report_text(found)],
+        detail_tables=[dp_extrapolation.summary_table(found)],
         details_title="How: the sources, each one's knee and parameters, the caveats",
-    )
-
-
-def recipe_section(data: SweepData) -> Optional[Section]:
-    """The directory's `scaling recipe` answer (recipe.json), first in the report; None when it has none."""
-    from analysis.recipe import RECIPE_JSON
-    from analysis.recipe_render import figure, headline, table
-
-    if data.recipe_problem is not None:
-        return Section(
-            "Recipe", [f"{RECIPE_JSON} could not be read ({data.recipe_problem}): run `scaling recipe` again."]
-        )
-    recipe = data.recipe
-    if recipe is None:
-        return None
-    cells = table(recipe)
-    fig = figure(recipe)
-    return Section(
-        f"Recipe: {recipe.model} at seq_len {recipe.seq_len}, global batch {recipe.gbs_tokens:,} tokens, on "
-        f"{recipe.hardware}",
-        headline(recipe),
-        [pd.DataFrame(cells[1:], columns=cells[0])],
-        code=recipe.command_lines(),
-        figures={"recipe": fig} if fig is not None else {},
-        details=recipe.caveats(),
-        details_title="How the recipe was found",
     )
 
 
@@ -274,9 +248,9 @@ def build_sections(data: SweepData, threshold: float) -> list[Section]:
     """Everything the report shows, in order: small figures drawn, the heatmaps still to be drawn."""
     df = data.df
     counts = df["status"].value_counts().reindex(STATUS_ORDER, fill_value=0)
-    recipe = recipe_section(data)
-    sections = [recipe] if recipe is not None else []
-    sections += [Section("Status counts", tables=[counts.rename_axis("status").reset_index(name="records")])]
+    sections = [Section("Status counts", tables=[counts.rename_axis("status").reset_index(name="records")])]
+    if data.left_out:
+        sections.append(left_out_section(data.left_out))
     if df.empty:
         sections[-1].paragraphs.append("No records yet.")
         return sections

@@ -1,5 +1,5 @@
 """One sweep directory as the report reads it, read once: its records (as `collect`'s DataFrame, the unusable ones
-named), its index (sweep.json), the recipe's answer (recipe.json), a search's best point (best.yaml) and the measured
+named), its index (sweep.json), a search's best point (best.yaml) and the measured
 network profile (alpha_beta.json). The report's sections are built from this object; none of them opens a file."""
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import pandas as pd
 import yaml
 
 from analysis.collect import collect
-from analysis.recipe import RECIPE_JSON, Recipe
 from analysis.usable import LeftOut
-from scaling.store.network import Profile, read_profile
+from scaling.perf.network_figures import Profile, read_profile
 from scaling.store.record import SEARCH_BEST, SWEEP_INDEX
 
 
@@ -31,10 +30,6 @@ class SweepData:
     """Records the analysis cannot use, each with why."""
     meta: dict[str, Any] = field(default_factory=dict)
     """sweep.json: the sweep's name, when it started, its hardware (the folder's name when there is none)."""
-    recipe: Optional[Recipe] = None
-    """The directory's `scaling recipe` answer."""
-    recipe_problem: Optional[str] = None
-    """Why recipe.json could not be read (None: read, or there is none)."""
     search_best_key: Optional[str] = None
     """The job key of a search's best point (best.yaml); None for a sweep that is not a search, or no feasible one."""
     profile: Optional[Profile] = None
@@ -53,15 +48,12 @@ class SweepData:
         sweep_dir = Path(sweep_dir)
         left_out: list[LeftOut] = []
         df = collect(sweep_dir, left_out=left_out)
-        recipe, recipe_problem = _read_recipe(sweep_dir)
         profile, profile_problem = read_profile(sweep_dir)
         return cls(
             sweep_dir,
             df,
             left_out,
             _read_meta(sweep_dir),
-            recipe,
-            recipe_problem,
             _read_best_key(sweep_dir),
             profile,
             profile_problem,
@@ -73,15 +65,6 @@ def _read_meta(sweep_dir: Path) -> dict[str, Any]:
         return json.loads((sweep_dir / SWEEP_INDEX).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return {"name": sweep_dir.name}
-
-
-def _read_recipe(sweep_dir: Path) -> tuple[Optional[Recipe], Optional[str]]:
-    try:
-        return Recipe.from_json(json.loads((sweep_dir / RECIPE_JSON).read_text())), None
-    except FileNotFoundError:
-        return None, None
-    except (ValueError, KeyError, TypeError) as e:
-        return None, str(e)
 
 
 def _read_best_key(sweep_dir: Path) -> Optional[str]:

@@ -14,8 +14,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from scaling.engine.model import Transformer
-from scaling.engine.model_config import ModelArgs
+from scaling.model.llama.args import ModelArgs
+from scaling.model.llama.decoder import Transformer
 
 
 def main() -> None:

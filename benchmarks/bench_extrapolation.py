@@ -22,7 +22,7 @@ the step model does not contain (tests/helpers/synthetic_dp.py `MISMATCHED`: a t
 that grows with the ring, a straggler rank, an optimizer step that grows with the shard count), the share of
 held-out points 2× and 4× past the largest measured dp whose truth lies inside the band, and the median and
 largest error of the nominal curve, with the band of the bootstrap alone ("before") and with the model-form
-uncertainty (analysis.bands, "after"); then the same over published DP tables (tests/helpers/published_dp.py),
+uncertainty (scaling.perf.extrapolation, "after"); then the same over published DP tables (tests/helpers/published_dp.py),
 fitted on their dp up to 32 through the report's own functions and held out above.
 """
 
@@ -39,12 +39,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.bands import Extrapolation, extrapolate
-from analysis.dp_fit import COLUMNS, OPTIMIZER, design, identifiable
-from analysis.dp_scaling import find_knee
-from analysis.extrapolate import network_sources, workload_and_points
-from analysis.step_model import Point
-from scaling.store.network import NetworkEstimate, profile_estimate, published_estimate
+from analysis.dp_extrapolation import workload_and_points
+from scaling.perf.dp_fit import COLUMNS, OPTIMIZER, design, identifiable
+from scaling.perf.extrapolation import Extrapolation, extrapolate
+from scaling.perf.knee import find_knee
+from scaling.perf.network import NetworkEstimate
+from scaling.perf.network_figures import network_sources, profile_estimate, published_estimate
+from scaling.perf.step_model import Point
 from tests.helpers.published_dp import SOURCE as PUBLISHED_SOURCE
 from tests.helpers.published_dp import TABLES
 from tests.helpers.synthetic_dp import MISMATCHED, TRUTHS, Truth, h100_network, llama_1b, measure, profile_of

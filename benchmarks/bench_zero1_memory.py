@@ -29,9 +29,9 @@ from scaling.core.schema import ExperimentConfig  # noqa: E402
 from scaling.core.validate import validate  # noqa: E402
 from scaling.engine.data import GlobalBatch, step_batches  # noqa: E402
 from scaling.engine.memtrack import load_trackers  # noqa: E402
-from scaling.engine.model_config import ModelArgs  # noqa: E402
 from scaling.engine.parallel import load_wrappers, parallelize  # noqa: E402
 from scaling.engine.step import train_step  # noqa: E402
+from scaling.model.llama.args import ModelArgs  # noqa: E402
 from scaling.sweep.compose import compose_config  # noqa: E402
 
 

@@ -167,7 +167,7 @@ def _row_line(r: dict[str, Any]) -> str:
 def part_a(check: Check) -> None:
     """find-mbs per ZeRO stage (its mbs + 1 run is part (c)), then the found mbs with compile."""
     from scaling.job.run import run_point
-    from scaling.recipe.find_mbs import find_mbs
+    from scaling.recipe.mbs_search import find_mbs
 
     for stage in STAGES:
         if not check.time_left(60, f"(a) ZeRO-{stage}"):
@@ -396,8 +396,8 @@ RECIPE = [
 
 def part_e(check: Check) -> None:
     """`scaling recipe` for llama_1b on this machine's GPUs; its recipe.md goes on the page."""
-    from analysis.recipe import RECIPE_MD
     from scaling.cli.recipe import main as recipe
+    from scaling.recipe.decide import RECIPE_MD
 
     if not check.time_left(240, "(e) the recipe of llama_1b"):
         return

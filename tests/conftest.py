@@ -102,7 +102,7 @@ def _device_locks_per_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator
 @pytest.fixture(autouse=True)
 def _pythonpath_as_found() -> Iterator[None]:
     """Each test leaves PYTHONPATH as it found it: importing a model of one's own adds the working directory to it,
-    for the processes the command starts (scaling.engine.custom_model.project_importable), and PYTHONPATH is part of
+    for the processes the command starts (scaling.model.custom.build.project_importable), and PYTHONPATH is part of
     what warm ranks share (scaling.launch.warm.Shape): a test's project left in it would send every later point of
     its worker to new warm jobs."""
     before = os.environ.get("PYTHONPATH")

@@ -53,15 +53,15 @@ def test_one_row_per_record_with_short_config_columns(sweep):
     assert list(df.columns[: len(COLUMNS)]) == list(COLUMNS)
     assert set(df["dp"].dropna()) == {1, 2, 4, 8, 16}
     assert df["seq_len"].dtype == "Int64"
-    # what the step model reads of a configuration (analysis.extrapolate.workload_and_points): clipping and tying
+    # what the step model reads of a configuration (analysis.dp_extrapolation.workload_and_points): clipping and tying
     assert set(df["grad_clip"]) == {1.0} and set(df["tie_embeddings"]) == {False}
 
 
 def test_the_step_model_reads_clipping_and_tying_from_the_records(tmp_path):
     """A ZeRO-3 sweep's records, through collect, give the step model the clipping all-reduce and the tied
     output projection they were measured with."""
-    from analysis.extrapolate import workload_and_points
-    from scaling.engine.model_config import ModelArgs, param_count
+    from analysis.dp_extrapolation import workload_and_points
+    from scaling.model.llama.args import ModelArgs, param_count
 
     records = [make_record(dp=n, zero_stage=3) for n in (1, 2)]
     for r in records:

@@ -5,14 +5,8 @@ from __future__ import annotations
 import pytest
 
 from analysis.collect import collect, record_to_row, to_frame
-from analysis.dp_scaling import (
-    find_knee,
-    knee_range,
-    knee_sentence,
-    knees,
-    plot_dp_scaling,
-    scaling_table,
-)
+from analysis.dp_scaling import knee_sentence, knees, plot_dp_scaling, scaling_table
+from scaling.perf.knee import find_knee, knee_range
 from tests.helpers.records import DP_EFFICIENCY, grid_records, make_record, write_sweep
 
 

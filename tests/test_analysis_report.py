@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from analysis.collect import collect
-from analysis.report import write_report
+from analysis.report_writer import write_report
 from analysis.sections import build_sections, device_time_section
 from analysis.sweep_data import SweepData
 from scaling.cli.report import main
-from scaling.store.network import PROFILE_FILE, save_profile
+from scaling.perf.network_figures import PROFILE_FILE, save_profile
 from scaling.store.wandb_runs import read_offline_run
 from tests.helpers.records import grid_records, key_of, make_record, write_sweep
 from tests.helpers.synthetic_dp import TRUTHS, profile_of

@@ -1,5 +1,5 @@
 """The step model against the engine: the collectives one optimizer step issues at dp=2 (op, calls, bytes of each),
-counted by torch's profiler (tests/helpers/collective_counts.py), are those `analysis.step_model.step_collectives` lists, for
+counted by torch's profiler (tests/helpers/collective_counts.py), are those `scaling.perf.step_model.step_collectives` lists, for
 every ZeRO stage, fsdp_grad_reduce and grad_acc, with clipping, in one torchrun launch."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from analysis.step_model import EVERY, LAST, step_collectives
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import validate
+from scaling.perf.step_model import EVERY, LAST, step_collectives
 from tests.helpers.compose import REPO, compose_point, workload_of
 
 pytestmark = pytest.mark.torchrun  # its points run on torchrun ranks (the session's point store)

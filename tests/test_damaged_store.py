@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.report import write_report
+from analysis.report_writer import write_report
 from scaling.cli.main import main
 from scaling.store.read import SET_ASIDE, NewerRecord, RecordError, load_record
 from scaling.store.record import SCHEMA_VERSION, job_key

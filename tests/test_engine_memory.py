@@ -11,7 +11,7 @@ from scaling.core.schema import ExperimentConfig
 from scaling.engine import kernels
 from scaling.engine.device import PROFILE_TOLERANCE, profile_note, rank_cores
 from scaling.engine.memtrack import ResidentMemory
-from scaling.engine.model_config import ModelArgs, param_count
+from scaling.model.llama.args import ModelArgs, param_count
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.model_state import Shapes, zero1_worst_rank
 from scaling.predictor.prescreen import capacity_bytes

@@ -13,8 +13,12 @@ import pandas as pd
 import pytest
 import torch.distributed as dist
 
-from analysis.bands import extrapolate
-from analysis.dp_fit import (
+from analysis.dp_extrapolation import curve_table, plot, summary_table, workload_and_points
+from scaling.core.schema import ModelConfig
+from scaling.model.llama.args import ModelArgs, param_count
+from scaling.model.llama.decoder import Transformer
+from scaling.model.shape import ModelShape, param_tensor_count, param_tensors
+from scaling.perf.dp_fit import (
     COLUMNS,
     COMPUTE,
     OPTIMIZER,
@@ -29,10 +33,11 @@ from analysis.dp_fit import (
     resolved_columns,
     solve,
 )
-from analysis.dp_scaling import find_knee
-from analysis.extrapolate import curve_table, network_sources, plot, summary_table, workload_and_points
-from analysis.model_shape import ModelShape, param_tensor_count, param_tensors
-from analysis.step_model import (
+from scaling.perf.extrapolation import extrapolate
+from scaling.perf.knee import find_knee
+from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, ring_cost
+from scaling.perf.network_figures import network_sources, profile_estimate, published_estimate
+from scaling.perf.step_model import (
     BACKWARD,
     BACKWARD_SHARE,
     EACH_MICRO,
@@ -44,18 +49,6 @@ from analysis.step_model import (
     Workload,
     step_collectives,
     step_time_s,
-)
-from scaling.core.schema import ModelConfig
-from scaling.engine.model import Transformer
-from scaling.engine.model_config import ModelArgs, param_count
-from scaling.store.network import (
-    INTER,
-    INTRA,
-    AlphaBeta,
-    Network,
-    profile_estimate,
-    published_estimate,
-    ring_cost,
 )
 from tests.helpers.published_dp import TABLES
 from tests.helpers.synthetic_dp import (

@@ -23,9 +23,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from scaling.core.schema import HardwareConfig
-from scaling.engine import flops
-from scaling.engine.model import Transformer
-from scaling.engine.model_config import ModelArgs
+from scaling.engine import peak_flops
+from scaling.model.llama import flops
+from scaling.model.llama.args import ModelArgs
+from scaling.model.llama.decoder import Transformer
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -72,25 +73,25 @@ def test_flops_per_token_formula_by_hand():
 
 def test_mfu_and_hfu_arithmetic():
     # A 1B-class model at 6 GFLOP/token doing 25k tokens/s on a 989 TFLOP/s device: 15.2 %.
-    assert flops.mfu(6e9, 25_000.0, 989e12) == pytest.approx(0.151668, rel=1e-5)
-    assert flops.hfu(8e9, 25_000.0, 989e12) == pytest.approx(0.202224, rel=1e-5)
+    assert peak_flops.mfu(6e9, 25_000.0, 989e12) == pytest.approx(0.151668, rel=1e-5)
+    assert peak_flops.hfu(8e9, 25_000.0, 989e12) == pytest.approx(0.202224, rel=1e-5)
     with pytest.raises(ValueError, match="peak_flops_per_s=0"):
-        flops.mfu(6e9, 25_000.0, 0.0)
+        peak_flops.mfu(6e9, 25_000.0, 0.0)
 
 
 @pytest.mark.parametrize(
     "hardware, precision, expected", [("h100", "bf16", 989e12), ("h100", "fp32", 67e12), ("a100", "bf16", 312e12)]
 )
 def test_peak_flops_come_from_the_hardware_config(hardware, precision, expected):
-    peak = flops.resolve_peak_flops(HardwareConfig(**load("hardware", hardware)), precision)
-    assert peak == flops.PeakFlops(expected, "config")
+    peak = peak_flops.resolve_peak_flops(HardwareConfig(**load("hardware", hardware)), precision)
+    assert peak == peak_flops.PeakFlops(expected, "config")
 
 
 def test_bad_precision_and_unmeasurable_device_are_rejected():
     with pytest.raises(ValueError, match=r"train.precision='fp16'.*\['bf16', 'fp32'\]"):
-        flops.resolve_peak_flops(HardwareConfig(**load("hardware", "h100")), "fp16")
+        peak_flops.resolve_peak_flops(HardwareConfig(**load("hardware", "h100")), "fp16")
     with pytest.raises(ValueError, match="hardware.peak_tflops_bf16 is null for device='cuda'"):
-        flops.resolve_peak_flops(HardwareConfig(device="cuda", peak_tflops_bf16=None), "bf16")
+        peak_flops.resolve_peak_flops(HardwareConfig(device="cuda", peak_tflops_bf16=None), "bf16")
 
 
 @pytest.mark.slow
@@ -100,27 +101,31 @@ def test_cpu_peak_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatc
     threads_before = torch.get_num_threads()
 
     cores_before = os.sched_getaffinity(0)
-    first = flops.resolve_peak_flops(cpu, "fp32")
+    first = peak_flops.resolve_peak_flops(cpu, "fp32")
     assert first.source == "measured" and first.flops_per_s > 1e8
     assert first.measured_at and 0 <= first.spread < 1  # when, and how far the median repeat fell below the best
     assert torch.get_num_threads() == threads_before and os.sched_getaffinity(0) == cores_before
-    entries = json.loads((tmp_path / flops.CACHE_FILE).read_text())
-    key = flops.cache_key("fp32", 1)
+    entries = json.loads((tmp_path / peak_flops.CACHE_FILE).read_text())
+    key = peak_flops.cache_key("fp32", 1)
     assert entries[key]["flops_per_s"] == first.flops_per_s
 
-    second = flops.resolve_peak_flops(cpu, "fp32")
-    assert second == flops.PeakFlops(first.flops_per_s, "cache", first.measured_at, first.spread)
+    second = peak_flops.resolve_peak_flops(cpu, "fp32")
+    assert second == peak_flops.PeakFlops(first.flops_per_s, "cache", first.measured_at, first.spread)
 
     # The cache file is what answers: a value written there is returned as is.
     entries[key]["flops_per_s"] = 1234.0
-    (tmp_path / flops.CACHE_FILE).write_text(json.dumps(entries))
-    assert flops.resolve_peak_flops(cpu, "fp32").flops_per_s == 1234.0
+    (tmp_path / peak_flops.CACHE_FILE).write_text(json.dumps(entries))
+    assert peak_flops.resolve_peak_flops(cpu, "fp32").flops_per_s == 1234.0
 
     # A peak timed another way (before the key named the kernel, `torch.mm`: a bf16 peak ~7x too low) is not read.
-    assert key.endswith(f"|{flops.PEAK_KERNEL}")
+    assert key.endswith(f"|{peak_flops.PEAK_KERNEL}")
     timed_by_mm = key.rsplit("|", 1)[0].replace("fp32", "bf16")
     entries = {timed_by_mm: {"flops_per_s": 1.0}, key: entries[key]}
-    (tmp_path / flops.CACHE_FILE).write_text(json.dumps(entries))
+    (tmp_path / peak_flops.CACHE_FILE).write_text(json.dumps(entries))
     # Another dtype is another measurement, added beside the first (and the entry timed the old way, left as it was).
-    assert flops.resolve_peak_flops(cpu, "bf16").source == "measured"
-    assert set(json.loads((tmp_path / flops.CACHE_FILE).read_text())) == {timed_by_mm, key, flops.cache_key("bf16", 1)}
+    assert peak_flops.resolve_peak_flops(cpu, "bf16").source == "measured"
+    assert set(json.loads((tmp_path / peak_flops.CACHE_FILE).read_text())) == {
+        timed_by_mm,
+        key,
+        peak_flops.cache_key("bf16", 1),
+    }

@@ -53,6 +53,16 @@ INJECTED = {
         "scaling.predictor.prescreen -> analysis.collect",
     ),
     "scaling/core/batch.py": ("import torch", "core imports the standard library only", "scaling.core.batch -> torch"),
+    "scaling/model/shape.py": (
+        "import yaml",
+        "the model folder imports torch, the standard library and scaling.core only",
+        "scaling.model.shape -> yaml",
+    ),
+    "scaling/perf/knee.py": (
+        "import scaling.store.read",
+        "the performance model reads no record, launches nothing and imports no torch",
+        "scaling.perf.knee -> scaling.store.read",
+    ),
 }
 """One import across each contract, the contract it breaks and the import lint-imports names."""
 
@@ -94,8 +104,8 @@ def test_an_import_across_each_contract_breaks_it(tmp_path: Path) -> None:
 
 @pytest.mark.subprocess
 def test_engine_imports_with_the_driver_libraries_unimportable() -> None:
-    """Import every module of scaling.engine and of scaling.core (below it) in a fresh interpreter where the driver's
-    libraries cannot be found."""
+    """Import every module of scaling.engine and of what it stands on (scaling.model, scaling.core) in a fresh
+    interpreter where the driver's libraries cannot be found."""
     script = textwrap.dedent(f"""
         import importlib, importlib.abc, pkgutil, sys
         BLOCKED = {DRIVER_ONLY!r}
@@ -106,8 +116,9 @@ def test_engine_imports_with_the_driver_libraries_unimportable() -> None:
                     raise ModuleNotFoundError(f"{{name}} is blocked: the engine must not need it", name=name)
 
         sys.meta_path.insert(0, Block())
-        import scaling.core, scaling.engine
-        names = [m.name for p in (scaling.core, scaling.engine) for m in pkgutil.walk_packages(p.__path__, p.__name__ + ".")]
+        import scaling.core, scaling.engine, scaling.model
+        packages = (scaling.core, scaling.model, scaling.engine)
+        names = [m.name for p in packages for m in pkgutil.walk_packages(p.__path__, p.__name__ + ".")]
         for name in names:
             importlib.import_module(name)
         leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
@@ -121,7 +132,7 @@ def test_engine_imports_with_the_driver_libraries_unimportable() -> None:
     imported = set(proc.stdout.split())
     assert {
         "scaling.engine.worker",
-        "scaling.engine.model",
+        "scaling.model.llama.decoder",
         "scaling.engine.parallel",
         "scaling.engine.data",
         "scaling.core.schema",
@@ -146,7 +157,7 @@ def test_the_boundary_check_catches_a_driver_import() -> None:
 
 @pytest.mark.parametrize(
     ("module", "loads_torch"),
-    [("scaling.cli.status", False), ("scaling.cli.report", False), ("scaling.engine.model", True)],
+    [("scaling.cli.status", False), ("scaling.cli.report", False), ("scaling.model.llama.decoder", True)],
 )
 @pytest.mark.subprocess
 def test_status_and_report_load_no_torch(module: str, loads_torch: bool) -> None:

@@ -9,7 +9,7 @@ import torch
 
 from scaling.core.schema import HardwareConfig, ParallelConfig, TrainConfig
 from scaling.core.units import GIB
-from scaling.engine.model_config import ModelArgs, param_count
+from scaling.model.llama.args import ModelArgs, param_count
 from scaling.predictor import analytic as memory
 from scaling.predictor import model_state
 from scaling.predictor.analytic import analytic_peak

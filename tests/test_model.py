@@ -14,8 +14,8 @@ import torch.nn.functional as F
 import yaml
 from torch.distributed.fsdp import fully_shard
 
-from scaling.engine.model import Transformer
-from scaling.engine.model_config import ModelArgs, matmul_param_count, param_count
+from scaling.model.llama.args import ModelArgs, matmul_param_count, param_count
+from scaling.model.llama.decoder import Transformer
 
 MODEL_CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 PRESETS = sorted(p.stem for p in MODEL_CONF.glob("*.yaml"))

@@ -13,24 +13,17 @@ import numpy as np
 import pytest
 
 from scaling.cli.collectives import main
-from scaling.engine.collectives import OPS, bus_factor, parse_args
+from scaling.engine.collective_bench import OPS, bus_factor, parse_args
 from scaling.engine.jobfiles import CONFIG_FILE, TORCHRUN_LOG
-from scaling.launch.collectives import BENCH_DIR, BENCH_OUTPUT, world_sizes
-from scaling.store.network import (
-    INTER,
-    INTRA,
+from scaling.launch.network_probe import BENCH_DIR, BENCH_OUTPUT, world_sizes
+from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, fit, fit_tiers, latency_steps, ring_cost
+from scaling.perf.network_figures import (
     PROFILE_FILE,
-    AlphaBeta,
-    Network,
     Profile,
-    fit,
-    fit_tiers,
-    latency_steps,
     load_profile,
     profile_estimate,
     published,
     published_estimate,
-    ring_cost,
     save_profile,
     with_fallback,
 )
@@ -220,7 +213,10 @@ def test_scaling_collectives_measures_through_torchrun_into_the_sweep_dir(tmp_pa
     assert (
         config["world_size"] == 2 and "--standalone" in config["argv"]
     )  # scaling.launch.torchrun's torchrun, as a point's
-    assert config["argv"][-2:] == ["--out", str(job / BENCH_OUTPUT)] and "scaling.engine.collectives" in config["argv"]
+    assert (
+        config["argv"][-2:] == ["--out", str(job / BENCH_OUTPUT)]
+        and "scaling.engine.collective_bench" in config["argv"]
+    )
     kept = [p for p in sweep.glob("alpha_beta.*.json")]
     assert [p.name for p in kept] == ["alpha_beta.2026-01-01T00-00-00+00-00.json"] and load_profile(kept[0]) == earlier
     assert f"the earlier one kept as {kept[0].name}" in out

@@ -9,7 +9,7 @@ import pytest
 
 from scaling.core.noise import relative_spread, within_noise
 from scaling.core.schema import LaunchConfig
-from scaling.job.metrics import repeats_metrics
+from scaling.job.throughput import repeats_metrics
 from scaling.store.record import (
     Launch,
     LaunchTiming,

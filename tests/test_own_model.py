@@ -17,9 +17,11 @@ import pytest
 import yaml
 
 from scaling.core.schema import CONF_DIR, CustomModel, ExperimentConfig
-from scaling.engine import custom_model, flops
-from scaling.engine.model_config import ModelArgs
 from scaling.job.run import run_point
+from scaling.model.custom import build as custom_model
+from scaling.model.custom.count import count as counted_of
+from scaling.model.llama import flops
+from scaling.model.llama.args import ModelArgs
 from scaling.store.record import job_dir, job_key
 from tests.helpers.compose import REPO
 from tests.helpers.points import CLIP, ON_WARM_RANKS, TIMEOUT
@@ -35,13 +37,13 @@ def preset(name: str) -> dict:
 
 @pytest.mark.parametrize("name, seq_len", [("tiny", 64), ("small", 128), ("llama_1b", 2048), ("llama_8b", 4096)])
 def test_flops_counted_on_fake_tensors_equal_the_closed_form_on_the_presets(name, seq_len):
-    """The built-in decoder brought as a user's model (`_target_: scaling.engine.model.decoder`): FlopCounterMode's
+    """The built-in decoder brought as a user's model (`_target_: scaling.model.llama.decoder.decoder`): FlopCounterMode's
     count of one forward and backward on fake tensors against the closed form the built-in family keeps."""
     fields = preset(name)
     model = CustomModel(
-        name=name, target="scaling.engine.model.decoder", kwargs={k: v for k, v in fields.items() if k != "name"}
+        name=name, target="scaling.model.llama.decoder.decoder", kwargs={k: v for k, v in fields.items() if k != "name"}
     )
-    counted = custom_model.count(model, seq_len)
+    counted = counted_of(model, seq_len)
     closed = flops.flops_per_token(ModelArgs(**fields), seq_len)
     assert abs(counted.flops_per_token / closed - 1) <= 0.01, (counted.flops_per_token, closed)
     assert counted.uncounted_ops == () and counted.block == "Block" and counted.n_blocks == fields["n_layers"]
@@ -124,7 +126,7 @@ def test_a_model_that_breaks_the_contract_is_invalid_before_any_process(tmp_path
 def test_only_a_module_of_ones_own_puts_the_working_directory_on_pythonpath(tmp_path, monkeypatch):
     """The processes a command starts import the user's module from where the command runs; scaling's own builder of
     Hugging Face models leaves the environment as it was (PYTHONPATH is part of what warm ranks share)."""
-    from scaling.core.models import HF_TARGET
+    from scaling.core.model_group import HF_TARGET
 
     (tmp_path / "mine.py").write_text("WIDTH = 64\n")
     monkeypatch.chdir(tmp_path)
@@ -138,7 +140,7 @@ def test_only_a_module_of_ones_own_puts_the_working_directory_on_pythonpath(tmp_
 def test_a_forward_that_returns_an_object_with_logits_keeps_the_contract(tmp_path, monkeypatch):
     (tmp_path / "broken.py").write_text(BROKEN)
     monkeypatch.syspath_prepend(str(tmp_path))
-    counted = custom_model.count(CustomModel(name="wrapped", target="broken.Wrapped", kwargs=SIZES), 16)
+    counted = counted_of(CustomModel(name="wrapped", target="broken.Wrapped", kwargs=SIZES), 16)
     assert counted.block == "Linear" and counted.n_blocks == 2 + 1  # the two in its ModuleList, and its head
     assert counted.flops_per_token == 6 * (2 * 8 * 8 + 8 * 64)  # forward and backward of its matmuls
 
@@ -251,7 +253,7 @@ LOADS_ALL_A_BUILD_IMPORTS = """
 import gc, json, sys
 gc.disable()  # what is imported is the question, not how fast
 from scaling.core.schema import ExperimentConfig
-from scaling.engine import custom_model
+from scaling.model.custom import build as custom_model
 new = {}
 for name in sys.argv[1:]:
     model = ExperimentConfig.from_dict({"model": {"name": name, "hf_config": f"model/{name}.json"}}).model

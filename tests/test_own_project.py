@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scaling.store.network import published
+from scaling.perf.network_figures import published
 from tests.helpers.cli import scaling
 
 OWN = Path(__file__).resolve().parent / "own_project"

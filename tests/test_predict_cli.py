@@ -18,7 +18,7 @@ from scaling.core.units import GIB
 from scaling.engine.jobfiles import RESULT_FILE
 from scaling.job.run import run_point
 from scaling.predictor.trace import trace_peak
-from scaling.recipe.find_mbs import largest_true
+from scaling.recipe.mbs_search import largest_true
 from scaling.store.record import job_key, launch_dir
 from scaling.sweep.grid import format_duration
 from tests.helpers.cli import scaling

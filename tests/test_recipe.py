@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.recipe import Beyond, Candidate, Estimate, Recipe, Split, decide, max_useful_gpus, split
-from analysis.recipe_estimate import FromRecords
-from analysis.recipe_render import table
-from analysis.step_model import Workload
-from scaling.store.network import profile_estimate
+from scaling.perf.network_figures import profile_estimate
+from scaling.perf.step_model import Workload
+from scaling.recipe.decide import Beyond, Candidate, Estimate, Recipe, Split, decide, max_useful_gpus, split
+from scaling.recipe.estimate import FromRecords
+from scaling.recipe.render import table
 from tests.helpers.synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of
 
 SEQ = 4096
@@ -119,8 +119,8 @@ def test_recommends_the_true_best_or_a_tie_with_it() -> None:
 def test_the_report_opens_with_the_recipe(tmp_path) -> None:
     """A directory with a recipe.json: `scaling report` states the recipe first, its table and commands, and folds
     how it was found."""
-    from analysis.recipe import RECIPE_JSON, Recipe
-    from analysis.report import write_report
+    from scaling.cli.report import main as report_main
+    from scaling.recipe.decide import RECIPE_JSON, Recipe
 
     gbs, counts = 512, [1, 8, 128, 512, 1024]
     rng = np.random.default_rng(3)
@@ -134,7 +134,8 @@ def test_the_report_opens_with_the_recipe(tmp_path) -> None:
     )
     (tmp_path / RECIPE_JSON).write_text(json.dumps(recipe.to_json()))
     assert Recipe.from_json(json.loads((tmp_path / RECIPE_JSON).read_text())) == recipe
-    md = write_report(tmp_path, jobs=1)["markdown"].read_text()
+    assert report_main([str(tmp_path), "--jobs", "1"]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
     sections = [line for line in md.splitlines() if line.startswith("## ")]
     assert sections[:2] == [
         "## Recipe: llama_1b at seq_len 4096, global batch 2,097,152 tokens, on h100",
@@ -220,9 +221,10 @@ def test_a_recipe_of_ones_own_model_measures_once_extrapolates_and_answers_from_
     import shutil
 
     from analysis.collect import collect
-    from analysis.extrapolate import model_of
-    from scaling.core.models import BLOCK, ROOT, CustomModel
-    from scaling.engine.custom_model import count
+    from analysis.dp_extrapolation import model_of
+    from scaling.core.model_group import CustomModel
+    from scaling.model.custom.count import count
+    from scaling.model.shape import BLOCK, ROOT
 
     project = tmp_path / "project"
     shutil.copytree(Path(__file__).resolve().parent / "own_project", project)
@@ -282,8 +284,8 @@ def test_the_network_is_timed_from_4_kib_up_to_the_largest_message_a_step_issues
     """At least 4 KiB to 4 MiB (three sizes let one noisy small size make time fall with size: β unfittable), and up
     to the first default size at or above the candidates' largest message: the tiny model's messages need no 16 MiB
     timing, the small model's and a 1B model's take every CPU default size."""
+    from scaling.perf.network import CPU_SIZES
     from scaling.recipe.measure import network_sizes
-    from scaling.store.network import CPU_SIZES
     from tests.helpers.compose import compose_point
 
     cfg = compose_point([f"model={model}", "train.seq_len=128"])
@@ -382,8 +384,8 @@ def test_a_hugging_face_model_is_planned_as_the_built_in_model_of_its_shapes(tmp
 
 
 def test_an_assumed_mfu_sets_the_compute_and_keeps_the_measured_points_spread() -> None:
-    from analysis.recipe_plan import Predicted, assumed_mfu, measured_mfu
-    from scaling.store.network import published_estimate
+    from scaling.perf.network_figures import published_estimate
+    from scaling.recipe.predicted import Predicted, assumed_mfu, measured_mfu
 
     measured = measured_mfu("h100", LLAMA_1B_PARAMS, 4096, "none", False)
     assert (measured.nominal, measured.low, measured.high) == pytest.approx((0.4175, 0.397, 0.443))

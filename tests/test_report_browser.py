@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from analysis.report import write_report
+from analysis.report_writer import write_report
 from tests.helpers.records import grid_records, write_sweep
 
 pytestmark = pytest.mark.browser

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from scaling.engine.lifetime import GATE_ENV
-from scaling.sweep.status import render, summarize
+from scaling.sweep.standing import render, summarize
 from tests.helpers.cli import scaling
 from tests.helpers.compose import REPO
 from tests.helpers.records import make_record, write_sweep

@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from scaling.engine.model_config import ModelArgs, param_count, param_shapes
 from scaling.job.run import run_point
+from scaling.model.llama.args import ModelArgs, param_count, param_shapes
 from scaling.predictor import analytic as memory
 from scaling.predictor.trace import TraceError, trace_peak
 from tests.helpers.compose import compose_point

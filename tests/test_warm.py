@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from analysis.step_model import MODULE_GRADS, MODULE_PARAMS
 from scaling.engine.jobfiles import RESULT_FILE
 from scaling.launch import warm
+from scaling.perf.step_model import MODULE_GRADS, MODULE_PARAMS
 from scaling.store.record import launch_dir
 from tests.helpers.compose import workload_of
 from tests.helpers.points import BASE, CLIP, FRESH, point

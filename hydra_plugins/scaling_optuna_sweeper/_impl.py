@@ -33,7 +33,7 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import Trial, TrialState
 
-from scaling.core.models import is_custom
+from scaling.core.model_group import is_custom
 from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, LaunchConfig
 from scaling.store.read import RecordError, read_record
 from scaling.store.record import answers, job_key, output_dir

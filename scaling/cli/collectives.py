@@ -9,18 +9,14 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from scaling.launch.collectives import measure_and_save, plan_launches
-from scaling.store.network import (
-    CPU_SIZES,
-    CUDA_SIZES,
-    PROFILE_FILE,
-    describe,
-)
+from scaling.launch.network_probe import measure_and_save, plan_launches
+from scaling.perf.network import CPU_SIZES, CUDA_SIZES
+from scaling.perf.network_figures import PROFILE_FILE, describe
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     """`scaling collectives [--sweep-dir DIR] [overrides]`: measure the network and write the sweep's profile."""
-    from scaling.cli.args import parse_count
+    from scaling.cli.arg_types import parse_count
 
     p = argparse.ArgumentParser(
         prog="scaling collectives",

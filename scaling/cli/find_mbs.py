@@ -1,5 +1,5 @@
 """`scaling find-mbs [overrides] [--max-mbs N] [--analytic] [--no-confirm] [--json]`: the largest micro-batch that
-fits, found by prediction and confirmed by at most two runs (scaling.recipe.find_mbs)."""
+fits, found by prediction and confirmed by at most two runs (scaling.recipe.mbs_search)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Optional
 
 from scaling.core.validate import InvalidConfig
-from scaling.recipe.find_mbs import find_mbs
+from scaling.recipe.mbs_search import find_mbs
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from scaling.cli.args import parse_count
+from scaling.cli.arg_types import parse_count
 
 PROG = "scaling"
 """The command's name: Hydra's parser shows it in its usage line, and the lines handed to Hydra's completion

@@ -1,5 +1,5 @@
 """`scaling recipe`: the batch-size recipe end to end, and what to run on each GPU count; its arguments parsed,
-checked and handed to scaling.recipe.measure, its answer printed and written (analysis.recipe_render).
+checked and handed to scaling.recipe.measure, its answer printed and written (scaling.recipe.render).
 
     scaling recipe [overrides] --gbs-tokens 4M --gpus 8,32,128,512 [--tokens 1T] [--sweep-dir DIR] [--json]
 
@@ -9,7 +9,7 @@ target hardware: predicted, and confirmed by two real runs (find-mbs) when the d
 (4) grad_acc = gbs / (mbs × GPUs). It measures each candidate at dp=1 and at the largest dp the devices at hand
 allow (with launch.repeats), takes the network from the directory's `scaling collectives` profile (measured now
 when two or more devices are at hand and there is none), else the hardware's published figures, and
-extrapolates the rest (analysis.recipe). Every measurement is an ordinary record in the sweep directory, so a
+extrapolates the rest (scaling.recipe.decide). Every measurement is an ordinary record in the sweep directory, so a
 second call measures nothing new and a killed call resumes. Writes DIR/recipe.md and DIR/recipe.json.
 """
 
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from scaling.cli.args import parse_count
+from scaling.cli.arg_types import parse_count
 from scaling.core.batch import BatchError, nearest_whole_batch
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import InvalidConfig, validate
@@ -121,7 +121,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except InvalidConfig as e:
         return _refuse(str(e))
     if cfg.custom:  # a model the user brings: built and counted on fake tensors, which checks its contract
-        from scaling.engine.custom_model import ModelError, count
+        from scaling.model.custom.build import ModelError
+        from scaling.model.custom.count import count
 
         try:
             count(cfg.model, seq_len)
@@ -144,10 +145,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"{', '.join(a.recompute)}, records in {sweep_dir}: valid; --dry-run, nothing launched"
         )
         return 0
-    from analysis.recipe import RECIPE_JSON, RECIPE_MD
-    from analysis.recipe_render import dumps, markdown, terminal
     from scaling.core.files import write_json_atomic
+    from scaling.recipe.decide import RECIPE_JSON, RECIPE_MD
     from scaling.recipe.measure import RecipeRequest, run_recipe
+    from scaling.recipe.render import dumps, markdown, terminal
 
     request = RecipeRequest(
         a.gbs_tokens, a.gpus, a.zero, a.recompute, a.threshold, a.tokens, a.max_grad_acc, a.draws, a.assume_mfu

@@ -1,4 +1,5 @@
-"""`scaling report SWEEP_DIR [--out DIR] [--wandb]`: a sweep's Markdown + HTML report (analysis.report)."""
+"""`scaling report SWEEP_DIR [--out DIR] [--wandb]`: a sweep's Markdown + HTML report (analysis.report_writer), led by
+the directory's recipe (scaling.recipe.render)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from analysis import dp_scaling
-from analysis.report import write_report
+from analysis.report_writer import write_report
+from scaling.perf.knee import DEFAULT_THRESHOLD
+from scaling.recipe.render import report_section
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -19,7 +21,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument(
         "--threshold",
         type=float,
-        default=dp_scaling.DEFAULT_THRESHOLD,
+        default=DEFAULT_THRESHOLD,
         help="DP efficiency below which scaling stops paying off (default 0.8)",
     )
     p.add_argument(
@@ -48,6 +50,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(f"--threshold={args.threshold}: an efficiency threshold lies in (0, 1]")
     if args.jobs is not None and args.jobs < 1:
         p.error(f"--jobs={args.jobs}: at least one process draws the heatmaps")
+    recipe = report_section(args.sweep_dir)  # the directory's `scaling recipe` answer leads
     paths = write_report(
         args.sweep_dir,
         args.out,
@@ -57,6 +60,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.wandb_mode,
         args.jobs,
         args.wandb_entity,
+        [recipe] if recipe is not None else [],
     )
     print(f"report: {paths['html']}")
     print(f"markdown: {paths['markdown']}")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from scaling.store.record import SWEEP_INDEX
-from scaling.sweep.status import Store, render
+from scaling.sweep.standing import Store, render
 
 
 def main(argv: Optional[list[str]] = None) -> int:

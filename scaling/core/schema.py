@@ -27,8 +27,9 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from scaling.core.field_meta import COLUMN, GROUP, NEUTRAL, RUN_ONLY
 from scaling.core.files import CONF_DIR
-from scaling.core.models import COLUMN, GROUP, NEUTRAL, RUN_ONLY, CustomModel, ModelConfig, is_custom, model_dict
+from scaling.core.model_group import CustomModel, ModelConfig, is_custom, model_dict
 
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
 

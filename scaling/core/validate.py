@@ -116,7 +116,7 @@ def _check_model(c: _Checker, m: ModelConfig) -> None:
 
 def _check_custom_model(c: _Checker, m: CustomModel) -> None:
     """What the driver can check without torch: a dotted target, and the sizes the data needs (the rest is checked on
-    fake tensors: scaling.engine.custom_model.count)."""
+    fake tensors: scaling.model.custom.count)."""
     c.require(
         isinstance(m.target, str) and "." in m.target,
         f"model._target_={m.target!r} must be a dotted path to a class or factory, e.g. my_pkg.models.GPT",

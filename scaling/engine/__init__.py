@@ -1,4 +1,5 @@
-"""What torchrun runs: the model, its data, the ZeRO wrapping, the training loop and its measurements.
+"""What torchrun runs: the ZeRO wrapping of a model (scaling.model builds it), its data, the training loop and its
+measurements.
 
 Everything under `scaling.engine` imports torch and the standard library only, so a rank runs on a
 bare GPU box that has torch and nothing else (lint-imports and tests/test_layers.py check it). The sweep

@@ -45,10 +45,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute
-from scaling.core.models import CustomModel, ModelConfig
+from scaling.core.model_group import CustomModel, ModelConfig
 from scaling.core.schema import ParallelConfig, TrainConfig
-from scaling.engine.model import Transformer
-from scaling.engine.model_config import ModelArgs
+from scaling.model.family import family_of
 
 
 @dataclass
@@ -146,8 +145,7 @@ def parallelize(
 ) -> Parallelized:
     """Build this rank's model for its ZeRO stage in the order of the module docstring, with its optimizer.
 
-    `args` is the built-in family's config (its Transformer) or a model the user brings (scaling.engine.custom_model:
-    built, blocks found, initialised by its own convention). `on_meta=False` builds the shapes on `device` itself: for
+    `args` is the `model` config group: its family (scaling.model.family) builds, splits, recomputes and initialises it. `on_meta=False` builds the shapes on `device` itself: for
     fake tensors (the traced predictor), which hold no memory anyway and cannot be moved off meta. AdamW is fused on
     CUDA and single-tensor elsewhere, unless `fused_optimizer` says otherwise (the traced predictor of a CUDA point,
     tracing on CPU).
@@ -156,17 +154,11 @@ def parallelize(
     zero_stage, bf16 = parallel.zero_stage, train.precision == Precision.BF16
     recompute = train.recompute == Recompute.FULL
     where = "meta" if on_meta else device
-    if isinstance(args, CustomModel):
-        from scaling.engine import custom_model
-
-        model = custom_model.build(args, where)  # 1. shapes only
-        blocks = custom_model.blocks(args, model)
-        if recompute:  # 2. recompute
-            blocks = custom_model.wrap_recompute(model, type(blocks[0]))
-    else:
-        model = Transformer(args if isinstance(args, ModelArgs) else ModelArgs.of(args), device=where)  # 1.
-        model.set_recompute(recompute)  # 2. recompute
-        blocks = list(model.layers)
+    family = family_of(args)
+    model = family.build(where)  # 1. shapes only
+    blocks = family.blocks(model)
+    if recompute:  # 2. recompute
+        blocks = family.recompute(model, blocks)
     if train.compile:  # 3. compile
         for block in blocks:
             block.compile()
@@ -174,10 +166,7 @@ def parallelize(
         _shard(model, blocks, zero_stage, bf16)
     if on_meta:  # 5. materialise what this rank owns
         model.to_empty(device=device)
-    if isinstance(args, CustomModel):
-        custom_model.initialise(model, train.seed)
-    else:
-        model.init_weights(train.seed)
+    family.initialise(model, train.seed)
     lr, weight_decay = train.lr, train.weight_decay
     if zero_stage >= 2:
         return Parallelized(

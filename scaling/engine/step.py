@@ -11,9 +11,9 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from scaling.engine.custom_model import logits_of
 from scaling.engine.data import to_device
 from scaling.engine.parallel import Parallelized
+from scaling.model.custom.build import logits_of
 
 
 def train_step(

@@ -51,8 +51,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from scaling.core.schema import HardwareConfig, TrainConfig
-from scaling.engine import custom_model, kernels, memtrack
 from scaling.engine import device as devices
+from scaling.engine import kernels, memtrack
 from scaling.engine.data import GlobalBatch, step_batches
 from scaling.engine.jobfiles import (
     ELASTIC_LOGS,
@@ -69,6 +69,7 @@ from scaling.engine.jobfiles import (
 from scaling.engine.lifetime import gate
 from scaling.engine.parallel import load_wrappers, parallelize
 from scaling.engine.step import train_step
+from scaling.model.family import family_of
 
 MEMORY_HISTORY_ENTRIES = 2_000_000
 """Allocator events kept for launch.memory_snapshot: a llama_1b step makes tens of thousands; the oldest go first."""
@@ -141,8 +142,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
             timeout=dt.timedelta(seconds=job.pg_timeout_s),
         )
     load_wrappers(par.zero_stage)  # imported now, so that their memory is part of the baseline
-    if cfg.custom:
-        custom_model.load_code(cfg.model)  # the model's own modules too
+    family_of(cfg.model).load_code()  # the model's own modules too
     if not cuda:
         memtrack.load_trackers()
     resident = memtrack.ResidentMemory()  # baseline: this rank after its imports

@@ -28,16 +28,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.enums import Status
 from scaling.core.files import write_json_atomic
-from scaling.core.models import BLOCK, ROOT, model_hash
+from scaling.core.model_group import model_hash
 from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.units import format_bytes
 from scaling.core.validate import Derived, InvalidConfig, validate
-from scaling.engine import flops
+from scaling.engine import peak_flops
 from scaling.engine.jobfiles import CONFIG_FILE, LAUNCHES_DIR, RESULT_FILE, TORCHRUN_LOG, WORKER_OUTPUT, WorkerReport
-from scaling.engine.model_config import ModelArgs, param_count
 from scaling.job import wandb_log
-from scaling.job.metrics import repeats_metrics, throughput_metrics
+from scaling.job.throughput import repeats_metrics, throughput_metrics
 from scaling.launch import devices, slurm, torchrun, warm
+from scaling.model.custom.build import ModelError
+from scaling.model.family import family_of
+from scaling.model.shape import BLOCK, ROOT
 from scaling.predictor.prescreen import predicted_oom, prescreen
 from scaling.store import inflight
 from scaling.store.read import RecordError, read_record
@@ -230,7 +232,7 @@ def _launch_repeats(
                 shape = warm.shape_of(c, lease, os.environ)
                 with warm.job_for(shape, c.launch.reuse_idle_s, c.launch.lease_wait_s) as job:
                     held = job.held
-                    peak = flops.resolve_peak_flops(c.hardware, c.train.precision)
+                    peak = peak_flops.resolve_peak_flops(c.hardware, c.train.precision)
                     launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
                     outcome, points_before = job.run(config_path, launch_dir, c.launch.timeout_s, log_name)
             except warm.JobGone as e:  # it died between points: this point never started; a fresh launch measures it
@@ -240,7 +242,7 @@ def _launch_repeats(
             points_before = 0
             with warm.fresh_lease(lease, c.launch.devices, c.launch.lease_wait_s) as held:
                 # The CPU peak that MFU divides by is measured here, while this point holds the host.
-                peak = flops.resolve_peak_flops(c.hardware, c.train.precision)
+                peak = peak_flops.resolve_peak_flops(c.hardware, c.train.precision)
                 launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
                 env = torchrun.job_env(c.hardware.threads_per_device, held.visible, c.hardware.device == "cuda")
                 outcome = torchrun.launch_torchrun(argv(config_path), launch_dir, c.launch.timeout_s, env, log_name)
@@ -269,7 +271,7 @@ def _launch_entry(
     launch_dir: Path,
     launched_at: str,
     device_wait_s: float,
-    peak: flops.PeakFlops,
+    peak: peak_flops.PeakFlops,
 ) -> tuple[Launch, dict[str, Any]]:
     """One launch as the record's `repeats` keeps it, and the `env` it ran in (what the ranks reported, or the
     host's when rank 0 wrote nothing)."""
@@ -296,7 +298,7 @@ def _host_env(c: ExperimentConfig) -> dict[str, Any]:
     """What the record says about the machine when no rank reported it (the point never ran)."""
     hw = c.hardware
     return {
-        "torch": flops.torch_version(),
+        "torch": peak_flops.torch_version(),
         "python": platform.python_version(),
         "device_name": hw.name,
         "backend": hw.backend,
@@ -308,34 +310,23 @@ def _host_env(c: ExperimentConfig) -> dict[str, Any]:
 
 def _derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
     """The record's `derived`: the batch arithmetic, the parameter count and the FLOPs per token (the built-in
-    family's closed form; a model the user brings, counted by torch's FlopCounterMode and named in `model`)."""
-    if c.custom:
-        return {**derived.as_dict(), **_custom_model_block(c)}
-    args = ModelArgs.of(c.model)
-    seq = c.train.seq_len
-    return {
-        **derived.as_dict(),
-        "n_params": param_count(args),
-        "flops_per_token": flops.flops_per_token(args, seq),
-        "hw_flops_per_token": flops.hardware_flops_per_token(args, seq, c.train.recompute == "full"),
-    }
-
-
-def _custom_model_block(c: ExperimentConfig) -> dict[str, Any]:
-    """A user's model, built on fake tensors in this process (once per model and seq_len): its size, its counted
-    FLOPs, what the counter could not see, and what it is; InvalidConfig when it breaks the contract."""
-    from scaling.engine import custom_model
-
+    family's closed form; a model the user brings counted by torch's FlopCounterMode and named in `model`);
+    InvalidConfig when a model the user brings breaks the contract (it is built on fake tensors here)."""
     try:
-        counted = custom_model.count(c.model, c.train.seq_len)
-    except custom_model.ModelError as e:
+        counted = family_of(c.model).counted(c.train.seq_len)
+    except ModelError as e:
         raise InvalidConfig([str(e)]) from e
-    recomputed = counted.forward_flops_per_token if c.train.recompute == "full" else 0.0
-    return {
+    block = {
+        **derived.as_dict(),
         "n_params": counted.n_params,
         "flops_per_token": counted.flops_per_token,
-        "hw_flops_per_token": counted.flops_per_token + recomputed,
-        "flops_source": "counted",
+        "hw_flops_per_token": counted.hw_flops_per_token(c.train.recompute == "full"),
+    }
+    if not c.custom:
+        return block
+    return {
+        **block,
+        "flops_source": counted.source,
         "uncounted_ops": list(counted.uncounted_ops),
         "model": {
             "name": c.model.name,
@@ -343,7 +334,7 @@ def _custom_model_block(c: ExperimentConfig) -> dict[str, Any]:
             "block": counted.block,
             "n_blocks": counted.n_blocks,
             "config_hash": model_hash(c.model),
-            # what the DP extrapolation's step model makes its collectives of (analysis.model_shape.ModelShape.from_record)
+            # what the DP extrapolation's step model makes its collectives of (scaling.model.shape.ModelShape.from_record)
             "param_tensors": {
                 "module": [BLOCK if in_block else ROOT for _, in_block, _, _ in counted.tensors],
                 "rows": [rows for _, _, rows, _ in counted.tensors],

@@ -19,7 +19,7 @@ import os
 from typing import Any, Mapping, Optional
 
 from scaling.core.schema import LoggerConfig
-from scaling.job.metrics import tokens_per_s
+from scaling.job.throughput import tokens_per_s
 from scaling.store.index import store_id
 from scaling.store.wandb_runs import run_config, run_dir, run_id, run_name, run_settings, run_tags, summary_of
 

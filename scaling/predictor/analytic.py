@@ -37,7 +37,7 @@ from typing import Any, Optional
 
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute
 from scaling.core.schema import ExperimentConfig, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
-from scaling.engine.model_config import ModelArgs, param_count
+from scaling.model.llama.args import ModelArgs, param_count
 from scaling.predictor.model_state import (
     BF16,
     FP32,

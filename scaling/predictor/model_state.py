@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from scaling.core.enums import ZeroStage
-from scaling.engine.model_config import param_shapes_of
+from scaling.model.llama.args import param_shapes_of
 
 FP32, BF16 = 4, 2
 
@@ -98,7 +98,7 @@ class Shapes:
 
     @property
     def param_shapes(self) -> tuple[tuple[str, bool, int, int], ...]:
-        """The parameter tensors in model order (scaling.engine.model_config.param_shapes)."""
+        """The parameter tensors in model order (scaling.model.llama.args.param_shapes)."""
         return param_shapes_of(self.L, self.h, self.kvd, self.f, self.V, self.tied)
 
     @property

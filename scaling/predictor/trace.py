@@ -1,6 +1,6 @@
 """Traced memory prediction: the real training step of a point, on fake tensors, one rank of a fake world.
 
-The project's own model (`scaling.engine.model.Transformer`), ZeRO wrapping (`scaling.engine.parallel.parallelize`)
+The project's own model (`scaling.model.llama.decoder.Transformer`), ZeRO wrapping (`scaling.engine.parallel.parallelize`)
 and step (`scaling.engine.step.train_step`), built in the worker's order (recompute, shard, initialise,
 wrap), run under torch's `FakeTensorMode` with a fake process group
 (`dist.init_process_group("fake")`: rank 0 of `parallel.dp` ranks, collectives return at once), and

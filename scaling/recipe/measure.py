@@ -1,4 +1,4 @@
-"""The batch-size recipe end to end: measure what the sweep directory lacks, then decide (analysis.recipe).
+"""The batch-size recipe end to end: measure what the sweep directory lacks, then decide (scaling.recipe.decide).
 
 (1) the global batch in tokens and (2) seq_len are fixed (the nearest whole number of sequences when the batch is
 not one); (3) per ZeRO stage and recompute setting, the largest mbs that fits one device of the target hardware:
@@ -19,24 +19,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from analysis.extrapolate import sources
-from analysis.model_shape import ModelShape
-from analysis.recipe import Candidate, Estimate, Recipe, Split, split
-from analysis.recipe import decide as decide_rows
-from analysis.recipe_estimate import FromRecords, workload_of
-from analysis.recipe_plan import Predicted, assumed_mfu, measured_mfu
-from analysis.step_model import step_collectives
 from scaling.core.batch import nearest_whole_batch
 from scaling.core.host import usable_cores
 from scaling.core.schema import ExperimentConfig, HardwareConfig
-from scaling.engine.flops import configured_peak_flops_per_s, flops_per_token
-from scaling.engine.model_config import ModelArgs, param_count
+from scaling.engine.peak_flops import configured_peak_flops_per_s
 from scaling.job.run import run_point
-from scaling.launch.collectives import measure_and_save
+from scaling.launch.network_probe import measure_and_save
+from scaling.model.family import family_of
+from scaling.model.shape import ModelShape
+from scaling.perf.network import CPU_SIZES, CUDA_SIZES, NetworkEstimate
+from scaling.perf.network_figures import sources
+from scaling.perf.step_model import step_collectives
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
-from scaling.recipe.find_mbs import find_mbs
-from scaling.store.network import CPU_SIZES, CUDA_SIZES, NetworkEstimate
+from scaling.recipe.decide import Candidate, Estimate, Recipe, Split, split
+from scaling.recipe.decide import decide as decide_rows
+from scaling.recipe.estimate import FromRecords, workload_of
+from scaling.recipe.mbs_search import find_mbs
+from scaling.recipe.predicted import Predicted, assumed_mfu, measured_mfu
 from scaling.store.read import RecordError, read_record
 from scaling.store.record import answers, job_key
 
@@ -125,14 +125,11 @@ class ModelFigures:
 
     @classmethod
     def of(cls, cfg: ExperimentConfig) -> ModelFigures:
-        """Counted once per model and seq_len (scaling.engine.custom_model.count caches); ModelError when a model
+        """Counted once per model and seq_len (a model the user brings: cached); ModelError when a model
         the user brings breaks the contract."""
+        counted = family_of(cfg.model).counted(cfg.train.seq_len)
         if not cfg.custom:
-            args = ModelArgs.of(cfg.model)
-            return cls(param_count(args), flops_per_token(args, cfg.train.seq_len), None)
-        from scaling.engine.custom_model import count
-
-        counted = count(cfg.model, cfg.train.seq_len)
+            return cls(counted.n_params, counted.flops_per_token, None)
         shape = ModelShape.of(cfg.model.name, counted.tensors, counted.n_blocks)
         return cls(counted.n_params, counted.flops_per_token, shape)
 
@@ -160,7 +157,7 @@ def plan(
     a: RecipeRequest,
     figures: ModelFigures,
 ) -> tuple[Optional[Callable[[Candidate, Split], Optional[Estimate]]], Optional[str]]:
-    """The predicted figures for candidates with nothing measured (analysis.recipe_plan), and a note when there are
+    """The predicted figures for candidates with nothing measured (scaling.recipe.predicted), and a note when there are
     none: no network figures, no peak FLOP/s, or no MFU measured on the hardware and none assumed."""
     hw, t = cfg.hardware, cfg.train
     peak = configured_peak_flops_per_s(hw, str(t.precision))
@@ -186,7 +183,7 @@ def plan(
 
 
 def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: RecipeRequest) -> Recipe:
-    """Phases (a)-(c) of the recipe, then the decision (analysis.recipe.decide)."""
+    """Phases (a)-(c) of the recipe, then the decision (scaling.recipe.decide.decide)."""
 
     seq_len, hw, model = cfg.train.seq_len, cfg.hardware, cfg.model
     figures = ModelFigures.of(cfg)

@@ -106,7 +106,7 @@ class Launch:
     error: Optional[str] = None
     """The error's last line; None when ok."""
     metrics: Optional[dict[str, Any]] = None
-    """Its own metrics block (scaling.job.metrics); None unless ok (an oom may carry its measured peak)."""
+    """Its own metrics block (scaling.job.throughput); None unless ok (an oom may carry its measured peak)."""
     timing: LaunchTiming = field(default_factory=LaunchTiming)
     dir: Optional[str] = None
     """Its own directory, relative to the point's (`launches/<attempt>.<n>`: its config, torchrun log, rank 0's
@@ -227,7 +227,7 @@ def _total(values: Iterable[Optional[float]]) -> Optional[float]:
 class Record:
     """One experiment point's `result.json`: `to_dict()` is the file, field by field in this order.
 
-    The blocks stay dicts as JSON holds them: `metrics` is written from scaling.store.metrics.Metrics, `config` from
+    The blocks stay dicts as JSON holds them: `metrics` is written from scaling.store.record_metrics.Metrics, `config` from
     the schema; derived, predicted and env are open by design (docs/record.md lists their keys).
     """
 
@@ -246,7 +246,7 @@ class Record:
     derived: Optional[dict[str, Any]] = None
     """Batch arithmetic, parameter count and FLOPs per token; None for an invalid point."""
     metrics: Optional[dict[str, Any]] = None
-    """Throughput, efficiency and memory over the ok launches (scaling.job.metrics); None unless ok."""
+    """Throughput, efficiency and memory over the ok launches (scaling.job.throughput); None unless ok."""
     repeats: Optional[list[Launch]] = field(default_factory=list)
     """Every launch, in order; None in a record written before launches were kept (its one launch is itself)."""
     predicted: Optional[dict[str, Any]] = None
@@ -290,7 +290,7 @@ class Record:
 def job_key(config: ExperimentConfig) -> str:
     """Short stable hash of the experiment-defining config; logging and launch settings do not count.
 
-    Nor does a field at the neutral value its schema field declares (scaling.core.models.NEUTRAL): a field
+    Nor does a field at the neutral value its schema field declares (scaling.core.field_meta.NEUTRAL): a field
     added with a neutral default leaves every key of a store written before it as it was."""
     measured = {
         group: without_neutral(values, type(getattr(config, group))) for group, values in config.experiment().items()

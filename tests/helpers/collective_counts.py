@@ -26,9 +26,9 @@ from torch.profiler import ProfilerActivity, profile
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import validate
 from scaling.engine.data import GlobalBatch, step_batches
-from scaling.engine.model_config import ModelArgs
 from scaling.engine.parallel import parallelize
 from scaling.engine.step import train_step
+from scaling.model.llama.args import ModelArgs
 
 OPS = {
     "c10d::allreduce_": "all_reduce",
@@ -36,7 +36,7 @@ OPS = {
     "c10d::_allgather_base_": "all_gather",
     "c10d::_reduce_scatter_base_": "reduce_scatter",
 }
-"""Process-group ops (the dispatcher's names) as analysis.step_model names them; any other `c10d::` op is kept
+"""Process-group ops (the dispatcher's names) as scaling.perf.step_model names them; any other `c10d::` op is kept
 under its own name, so that the comparison shows it."""
 
 

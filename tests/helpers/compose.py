@@ -10,9 +10,9 @@ from typing import Any, Sequence
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from analysis.step_model import Workload
 from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.launch.resolvers import register_configs
+from scaling.perf.step_model import Workload
 from scaling.sweep.grid import is_value_override
 from scaling.sweep.hydra_adapter import apply_overrides
 

@@ -1,11 +1,11 @@
 """One launch's metrics block as the driver makes it from what rank 0 wrote, for the tests of the metrics and
-their noise (the job writes it through scaling.job.metrics)."""
+their noise (the job writes it through scaling.job.throughput)."""
 
 from __future__ import annotations
 
-from scaling.engine.flops import PeakFlops
 from scaling.engine.jobfiles import WorkerReport
-from scaling.job.metrics import throughput_metrics
+from scaling.engine.peak_flops import PeakFlops
+from scaling.job.throughput import throughput_metrics
 
 DERIVED = {"gbs_tokens": 1000, "world_size": 2, "flops_per_token": 6e6, "hw_flops_per_token": 8e6}
 PEAK_FLOPS_PER_S = 1e12

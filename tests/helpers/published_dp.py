@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.model_shape import param_tensors
 from scaling.core.schema import ModelConfig
+from scaling.model.shape import param_tensors
 
 SOURCE = "llm-foundry scripts/train/benchmarking/README.md @ 061f2c7c"
 

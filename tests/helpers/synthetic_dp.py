@@ -15,9 +15,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import yaml
 
-from analysis.step_model import Point, Workload, step_time_s
 from scaling.core.schema import CONF_DIR, ModelConfig
-from scaling.store.network import INTER, INTRA, AlphaBeta, Network, Profile, fit_tiers
+from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, fit_tiers
+from scaling.perf.network_figures import Profile
+from scaling.perf.step_model import Point, Workload, step_time_s
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,19 @@
 """Where a recipe row's figure comes from: a record measured at exactly the split, else the step model of the
-candidate fitted on its measured points at the split's mbs (analysis.bands, under one network source), else, with
-nothing measured at that mbs, a predicted figure (analysis.recipe_plan)."""
+candidate fitted on its measured points at the split's mbs (scaling.perf.extrapolation, under one network source), else, with
+nothing measured at that mbs, a predicted figure (scaling.recipe.predicted)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from analysis.bands import Extrapolation, extrapolate, rate_band
-from analysis.model_shape import ModelShape
-from analysis.recipe import EXTRAPOLATED, MEASURED, Beyond, Candidate, Estimate, Split
-from analysis.step_model import Point, Workload
 from scaling.core.enums import Status
 from scaling.core.schema import ExperimentConfig
-from scaling.store.network import NetworkEstimate
+from scaling.model.shape import ModelShape
+from scaling.perf.extrapolation import Extrapolation, extrapolate, rate_band
+from scaling.perf.network import NetworkEstimate
+from scaling.perf.step_model import Point, Workload
+from scaling.recipe.decide import EXTRAPOLATED, MEASURED, Beyond, Candidate, Estimate, Split
 
 
 def _matches(record: Mapping[str, Any], c: Candidate, mbs: int) -> bool:
@@ -98,7 +98,7 @@ def workload_of(
     cfg: ExperimentConfig, c: Candidate, mbs: int, gbs_samples: int, model: Optional[ModelShape] = None
 ) -> Workload:
     """The step model's workload of a candidate at `mbs` under the config `cfg` (model, precision, clipping, ...);
-    `model`: the shape of a model the user brings (counted: scaling.engine.custom_model), else `cfg.model`'s."""
+    `model`: the shape of a model the user brings (counted: scaling.model.custom.build), else `cfg.model`'s."""
     t, p = cfg.train, cfg.parallel
     return Workload(
         c.zero_stage,
@@ -127,7 +127,7 @@ class FromRecords:
     source: Optional[NetworkEstimate]
     n_draws: int = 200
     fallback: Optional[Callable[[Candidate, Split], Optional[Estimate]]] = None
-    """The figure of a candidate with no record at the split's mbs (analysis.recipe_plan.Predicted), or None."""
+    """The figure of a candidate with no record at the split's mbs (scaling.recipe.predicted.Predicted), or None."""
     models: dict[tuple[int, str, int], Model] = field(default_factory=dict)
 
     def __call__(self, c: Candidate, s: Split) -> Optional[Estimate | Beyond]:

@@ -1,7 +1,7 @@
-"""The model group's two kinds: the built-in decoder family (ModelConfig) and a model the user brings (CustomModel:
-their module by `_target_`, or a Hugging Face config by `hf_config`), with the field metadata keys every group of the
-schema uses.
-Standard library only (scaling.core.schema builds the rest of the config on it)."""
+"""The `model` config group's two kinds, as the schema composes them: the built-in decoder family (ModelConfig) and a
+model the user brings (CustomModel: their module by `_target_`, or a Hugging Face config by `hf_config`).
+Standard library only. Everything else about a model (its module, builder, FLOPs, shape and contract check) is in
+scaling.model, one folder per family."""
 
 from __future__ import annotations
 
@@ -11,24 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from scaling.core.field_meta import COLUMN
 from scaling.core.files import CONF_DIR
-
-NEUTRAL = "neutral"
-"""Field metadata key: the value at which a field changes nothing measured before it existed (job_key omits it)."""
-COLUMN = "column"
-"""Field metadata key: the analysis column of a field whose own name would not say what it is (model.name: `model`)."""
-GROUP = "group"
-"""Field metadata key (a dataclass) of a group field whose default is not a default_factory: the `model` group, which
-holds either the built-in family (ModelConfig) or a model the user brings (CustomModel)."""
-
-ROOT, BLOCK = "root", "block"
-"""The FSDP2 module a parameter tensor belongs to: the root (embedding, final norm, output: what is in no block) or a
-block; the words of the record's derived.model.param_tensors (`module`, `rows`: dim 0, `cols`: the rest, a list each,
-one entry per tensor in `parameters()` order)."""
-
-RUN_ONLY = "run_only"
-"""Field metadata key (True): the field says how long or how a point is run (steps, seed, fault), not which
-configuration it is. It is part of the job key all the same; it is never a configuration axis."""
 
 
 @dataclass
@@ -65,7 +49,9 @@ HF_KEY = "hf_config"
 """The key of a model config that names a Hugging Face causal LM's config.json (no weights): shorthand for the target
 HF_TARGET with the file's path, its vocabulary, its longest sequence and its content hash as arguments."""
 HF_TARGET = "scaling.engine.hf_model.causal_lm"
-"""The factory that builds a Hugging Face causal LM from its config alone (transformers: `pip install 'scaling[hf]'`)."""
+"""The name records give the factory of a Hugging Face causal LM built from its config alone: it is part of their job
+keys, so it stays the dotted path the factory first had; scaling.model.custom.build maps it to where the factory lives
+now (scaling.model.hf.causal_lm). transformers: `pip install 'scaling[hf]'`."""
 
 
 @dataclass

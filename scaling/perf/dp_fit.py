@@ -1,4 +1,4 @@
-"""The step model (analysis.step_model) fitted to one configuration's measured points, under one source.
+"""The step model (scaling.perf.step_model) fitted to one configuration's measured points, under one source.
 
 The parameters come from one of three sources:
 (a) "sweep": the compute time, the optimizer's time per parameter updated (where it stands out of the timing
@@ -12,7 +12,7 @@ With no overlap the step time is linear in (a)'s parameters,
         + Σ_calls (bytes moved per rank · 1/β_slowest tier + Σ_tier ring steps at that tier · α_tier)
 
 summed over the step's collectives (`step_collectives`; a ring spanning nodes pays α between nodes on its node
-crossings only, `scaling.store.network.latency_steps`): one named design column per parameter (COLUMNS), solved in
+crossings only, `scaling.perf.network.latency_steps`): one named design column per parameter (COLUMNS), solved in
 relative error by scipy's `lsq_linear` with every coefficient bounded to [0, inf): a figure the points would put
 below 0 is held at 0 and the others refit around it. Nominal fit and bootstrap draws use one column set.
 """
@@ -26,8 +26,8 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy.optimize import lsq_linear
 
-from analysis.step_model import Point, Workload, comm_windows, step_collectives, step_time_s
-from scaling.store.network import INTER, INTRA, TIERS, AlphaBeta, Network, latency_steps, ring_cost, tier_of
+from scaling.perf.network import INTER, INTRA, TIERS, AlphaBeta, Network, latency_steps, ring_cost, tier_of
+from scaling.perf.step_model import Point, Workload, comm_windows, step_collectives, step_time_s
 
 OVERLAP_GRID = np.linspace(0.0, 1.0, 101)
 CHI2_95 = 3.84
@@ -134,7 +134,7 @@ class Fit:
     one parameter (χ² of 3.84) at the noise of the medians."""
 
     def step_time_s(self, w: Workload, n: int, grad_acc: Optional[int] = None) -> float:
-        """The step model's seconds per step at dp=n under these parameters (analysis.step_model.step_time_s)."""
+        """The step model's seconds per step at dp=n under these parameters (scaling.perf.step_model.step_time_s)."""
         return step_time_s(w, self.network, n, self.compute_s, self.overlap, self.optimizer_s_per_param, grad_acc)
 
 

@@ -2,7 +2,7 @@
 
 Run under torchrun, one process per rank (gloo on CPU, NCCL on CUDA):
 
-    torchrun --standalone --nproc-per-node=2 -m scaling.engine.collectives --sizes 4096,1048576 --out c.json
+    torchrun --standalone --nproc-per-node=2 -m scaling.engine.collective_bench --sizes 4096,1048576 --out c.json
 
 Rank 0 writes JSON with the node of every rank (SLURM's node name, else the host name) and, per
 (op, size), the time of one call (median over iterations of the slowest rank) and the bandwidths
@@ -116,7 +116,7 @@ def _ops(text: str) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options of the worker."""
-    p = argparse.ArgumentParser(prog="python -m scaling.engine.collectives", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scaling.engine.collective_bench", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=_sizes, required=True, help="message sizes in bytes, comma-separated")
     p.add_argument("--ops", type=_ops, default=list(OPS), help=f"collectives, comma-separated: {','.join(OPS)}")
     p.add_argument("--iters", type=int, default=10, help="timed calls per (op, size)")

@@ -5,10 +5,10 @@ batch can use.
 The lecture notes' recipe: (1) fix the global batch in tokens, (2) fix seq_len, (3) find the largest micro-batch
 that fits one device, (4) take the GPUs you have: grad_acc = gbs / (mbs × dp); when that falls below 1 there are
 more GPUs than the batch can use. Each `Candidate` (a ZeRO stage and a recompute setting with its largest mbs) is
-fitted on its measured records (analysis.bands, under the network source the sweep directory has), and each GPU
+fitted on its measured records (scaling.perf.extrapolation, under the network source the sweep directory has), and each GPU
 count gets the candidate with the most tokens/s per GPU; candidates whose band reaches the winner's are its ties,
-listed, not ranked. This module decides (inputs in, rows out); analysis.recipe_estimate says where each figure
-comes from, analysis.recipe_render writes it out, and scaling.recipe.measure measures what is missing.
+listed, not ranked. This module decides (inputs in, rows out); scaling.recipe.estimate says where each figure
+comes from, scaling.recipe.render writes it out, and scaling.recipe.measure measures what is missing.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from analysis.bands import BAND
-from analysis.dp_scaling import DEFAULT_THRESHOLD
 from scaling.core.batch import plan
+from scaling.perf.extrapolation import BAND
+from scaling.perf.knee import DEFAULT_THRESHOLD
 
 MEASURED, EXTRAPOLATED, PREDICTED, BEYOND_HORIZON = "measured", "extrapolated", "predicted", "beyond_horizon"
 RECIPE_MD, RECIPE_JSON = "recipe.md", "recipe.json"
@@ -88,7 +88,7 @@ class Estimate:
     step_time_s: float
     source: str
     """MEASURED (a record at exactly this split), EXTRAPOLATED (the step model fitted on the measured points) or
-    PREDICTED (nothing measured: the step model with the compute from FLOPs and a measured MFU, analysis.recipe_plan)."""
+    PREDICTED (nothing measured: the step model with the compute from FLOPs and a measured MFU, scaling.recipe.predicted)."""
     detail: str
     """What measured it, or which network source the extrapolation used and from which measured dp."""
     peak_mem_bytes: Optional[int] = None
@@ -97,7 +97,7 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Beyond:
-    """No figure: the split's GPU count lies past the horizon of the candidate's extrapolation (analysis.bands)."""
+    """No figure: the split's GPU count lies past the horizon of the candidate's extrapolation (scaling.perf.extrapolation)."""
 
     reason: str
 

@@ -1,25 +1,50 @@
-"""What the step model needs of a model: its parameter tensors in `parameters()` order and its blocks, from which
-DDP's buckets, ZeroRedundancyOptimizer's partition and FSDP2's per-module messages follow (analysis.step_model).
+"""A model's shape as the performance model sees it: its parameter tensors in `parameters()` order and its blocks,
+from which DDP's buckets, ZeroRedundancyOptimizer's partition and FSDP2's per-module messages follow.
 
-The built-in family's tensors follow from its config (scaling.engine.model_config.param_shapes_of); a model the user
-brings has them counted on the fake module its FLOP count builds (scaling.engine.custom_model), and its record keeps
-them (derived.model.param_tensors). Pure arithmetic: the standard library only.
+The built-in family's follow from its config (scaling.model.llama.args.param_shapes_of); a model the user brings has
+them counted on the fake module its FLOP count builds (scaling.model.custom.count), and its record keeps them
+(derived.model.param_tensors). The standard library only.
 """
 
 from __future__ import annotations
 
 import functools
-import heapq
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from scaling.core.models import BLOCK, ROOT
 from scaling.core.schema import ModelConfig
-from scaling.engine.model_config import param_shapes_of
+from scaling.model.llama.args import param_shapes_of
 
-GRAD_BYTES = 4
-"""Gradients are reduced in fp32 at every stage: DDP's parameters (and so gradients) stay fp32 under autocast,
-and FSDP2's MixedPrecisionPolicy reduces in fp32."""
+ROOT, BLOCK = "root", "block"
+"""The FSDP2 module a parameter tensor belongs to: the root (embedding, final norm, output: what is in no block) or a
+block; the words of the record's derived.model.param_tensors (`module`, `rows`: dim 0, `cols`: the rest, a list each,
+one entry per tensor in `parameters()` order)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Counted:
+    """What a model is at one sequence length: its size, its FLOPs per token and its parameter tensors."""
+
+    n_params: int
+    """Distinct parameters (a tied weight once)."""
+    flops_per_token: float
+    """Model FLOPs (forward and backward) per token: the numerator of MFU."""
+    recomputed_flops_per_token: float
+    """What full recomputation adds per token (the numerator of HFU is their sum)."""
+    uncounted_ops: tuple[str, ...] = ()
+    """Operators that look like matmuls but that the counter has no formula for (their FLOPs are missing)."""
+    block: str
+    """The block class's name."""
+    n_blocks: int
+    tensors: tuple[tuple[str, bool, int, int], ...]
+    """Its parameter tensors in `parameters()` order, each once: (name, in a block, rows: dim 0, the other dims'
+    product), what the step model's collectives are made of."""
+    source: str
+    """`closed_form` (the built-in family) or `counted` (torch's FlopCounterMode on fake tensors)."""
+
+    def hw_flops_per_token(self, recompute: bool) -> float:
+        """Hardware FLOPs per token (recomputation counted): the numerator of HFU."""
+        return self.flops_per_token + (self.recomputed_flops_per_token if recompute else 0.0)
 
 
 @dataclass(frozen=True)
@@ -45,7 +70,7 @@ class ParamTensor:
 class ModelShape:
     """What the step model needs of a model: its parameter tensors in `parameters()` order and its blocks (FSDP2's
     modules). The built-in family's follow from its config (`shape_of`); a model the user brings has them counted on
-    fake tensors (scaling.engine.custom_model) and written in its record (`from_record`). Compared by identity: one
+    fake tensors (scaling.model.custom.count) and written in its record (`from_record`). Compared by identity: one
     object per model (cached), so the caches below key on it cheaply."""
 
     name: str
@@ -55,7 +80,7 @@ class ModelShape:
     @classmethod
     def of(cls, name: str, shapes: Sequence[tuple[str, bool, int, int]], n_blocks: int) -> ModelShape:
         """The shape of (name, in a block, rows, cols) per tensor, in `parameters()` order: the built-in family's
-        `param_shapes_of`, a counted model's `Counted.tensors` (scaling.engine.custom_model)."""
+        `param_shapes_of`, a family's `Counted.tensors`."""
         tensors = tuple(ParamTensor(t, BLOCK if in_block else ROOT, rows, cols) for t, in_block, rows, cols in shapes)
         return cls(name, tensors, n_blocks)
 
@@ -104,7 +129,7 @@ def shape_of(model: ModelConfig | ModelShape) -> ModelShape:
 
 
 def param_tensors(model: ModelConfig | ModelShape) -> tuple[ParamTensor, ...]:
-    """The model's parameter tensors in `parameters()` order; the built-in decoder's (scaling.engine.model): the
+    """The model's parameter tensors in `parameters()` order; the built-in decoder's (scaling.model.llama.decoder): the
     embedding; per block attention_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2; the final norm; the output unless tied."""
     return shape_of(model).tensors
 
@@ -112,26 +137,3 @@ def param_tensors(model: ModelConfig | ModelShape) -> tuple[ParamTensor, ...]:
 def param_tensor_count(model: ModelConfig | ModelShape) -> int:
     """Parameter tensors of the model (the built-in decoder: 9 per block, embedding, final norm, untied output)."""
     return len(param_tensors(model))
-
-
-@functools.lru_cache(maxsize=256)
-def ddp_buckets(shape: ModelShape, bucket_bytes: int) -> tuple[int, ...]:
-    # DDP's Reducer, once it has rebuilt its buckets after the first step: gradients in the order backward makes
-    # them (the reverse of the parameters'), each bucket closed once it holds bucket_bytes or more
-    buckets, size = [], 0
-    for t in reversed(shape.tensors):
-        size += GRAD_BYTES * t.numel
-        if size >= bucket_bytes:
-            buckets.append(size)
-            size = 0
-    return tuple(buckets + ([size] if size else []))
-
-
-@functools.lru_cache(maxsize=4096)
-def zero1_busiest(shape: ModelShape, n: int) -> int:
-    # ZeroRedundancyOptimizer's partition: largest tensor first, each to the rank with the fewest elements so far
-    ranks = [(0, r) for r in range(n)]
-    for numel in sorted((t.numel for t in shape.tensors), reverse=True):
-        size, r = heapq.heappop(ranks)
-        heapq.heappush(ranks, (size + numel, r))
-    return max(size for size, _ in ranks)

@@ -1,6 +1,6 @@
-"""`scaling collectives`' measurement: the collective benchmark (`scaling.engine.collectives`) launched
+"""`scaling collectives`' measurement: the collective benchmark (`scaling.engine.collective_bench`) launched
 through the same launchers as a point (torchrun here, srun + torchrun across nodes under SLURM) at each world
-size, its timings fitted per tier into a `Profile` (`scaling.store.network`)."""
+size, its timings fitted per tier into a `Profile` (`scaling.perf.network`)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ from scaling.core.files import read_json, write_json_atomic
 from scaling.core.schema import ExperimentConfig
 from scaling.engine.jobfiles import CONFIG_FILE, ELASTIC_LOGS, TORCHRUN_LOG
 from scaling.launch import devices, slurm, torchrun, warm
-from scaling.store.network import PROFILE_FILE, Profile, fit_tiers, save_profile
+from scaling.perf.network import fit_tiers
+from scaling.perf.network_figures import PROFILE_FILE, Profile, save_profile
 
 BENCH_DIR = "collectives"
 """`<sweep_dir>/collectives/n<ranks>/`: one benchmark launch (config.json, torchrun.log, collectives.json)."""
 BENCH_OUTPUT = "collectives.json"
-BENCH_MODULE = "scaling.engine.collectives"
+BENCH_MODULE = "scaling.engine.collective_bench"
 
 
 def world_sizes(dp: int, devices_per_node: Optional[int]) -> list[int]:

@@ -1,14 +1,8 @@
-"""FLOPs arithmetic: model and hardware FLOPs per token, MFU and HFU, and the peak FLOP/s they divide by.
-
-One module owns these formulas; every name carries its unit (`flops_per_token`,
-`tokens_per_s_per_gpu`, `peak_flops_per_s`). Peak FLOP/s come from the hardware config; where it
-has none (cpu) they are measured with a square matmul on threads pinned as a rank pins its own, best of
-several repeats (their spread kept), once per host and thread count, and cached in a JSON file with the
-time it was taken. The sweep driver measures it inside the point's lease of the host, so no other point
-runs meanwhile. CPU MFU is therefore against a measured matmul peak, not a datasheet figure.
-
-Imports torch and the standard library only: it runs inside torchrun workers on bare GPU boxes. torch is imported
-only to measure a peak, so the driver computes FLOPs, MFU and a cached peak without paying torch's import.
+"""The peak FLOP/s that MFU and HFU divide by, and those two formulas (a model's FLOPs per token are its family's:
+scaling.model). Peak FLOP/s come from the hardware config; on cpu they are measured with a square matmul on threads
+pinned as a rank pins its own, best of several repeats, once per host and thread count, and cached with the time
+it was taken. The driver measures it inside the point's lease of the host, so no other point runs meanwhile.
+torch (imported only to measure) and the standard library only.
 """
 
 from __future__ import annotations
@@ -28,7 +22,6 @@ from typing import Iterator, Optional
 from scaling.core.enums import Precision
 from scaling.core.files import write_json_atomic
 from scaling.core.schema import HardwareConfig
-from scaling.engine.model_config import ModelArgs, block_matmul_param_count, matmul_param_count
 
 PRECISION_DTYPES = {Precision.FP32: "float32", Precision.BF16: "bfloat16"}
 """`train.precision` -> the name of the torch dtype the matmuls run in (the worker's compute dtype too)."""
@@ -43,38 +36,6 @@ key, so a peak timed the old way is measured again."""
 MEASURE_REPEATS = 10
 MEASURE_BUDGET_S = 1.5
 """Repeats stop early past this, so a slow dtype (bf16 without native support) stays under ~2 s."""
-
-
-def flops_per_token(args: ModelArgs, seq_len: int) -> float:
-    """Model FLOPs per trained token (forward + backward): 6·N_matmul + 12·L·h·seq.
-
-    PaLM convention (Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways",
-    appendix B): 6 FLOPs per matmul parameter per token (2 forward, 4 backward) plus
-    12·L·h·seq for the attention scores and their weighted sum (QKᵀ and A·V, 2·2·h·seq each in
-    forward, times 3 with backward). The attention term is not halved for the causal mask; the
-    embedding lookup is excluded and the output projection included (see `matmul_param_count`).
-    Recomputation is not counted: these are the FLOPs the model needs, the numerator of MFU.
-    """
-    if seq_len < 1:
-        raise ValueError(f"train.seq_len={seq_len} is invalid: it must be >= 1")
-    return 6.0 * matmul_param_count(args) + 12.0 * args.n_layers * args.hidden * seq_len
-
-
-def hardware_flops_per_token(args: ModelArgs, seq_len: int, recompute: bool) -> float:
-    """FLOPs the hardware executes per token, counting recomputation: the numerator of HFU.
-
-    Full recomputation runs each block's forward again during backward, adding
-    2·(N_blocks_matmul − L·h·f) + 4·L·h·seq per token. The output projection is outside the
-    blocks and is not recomputed; neither is each block's last matmul, the SwiGLU down projection
-    w2 (L·h·f parameters): torch's non-reentrant checkpoint stops recomputing as soon as the
-    tensors backward needs are regenerated, and no backward needs w2's output. Without
-    recomputation this equals `flops_per_token`.
-    """
-    model_flops = flops_per_token(args, seq_len)
-    if not recompute:
-        return model_flops
-    recomputed_matmul = block_matmul_param_count(args) - args.n_layers * args.hidden * args.ffn_hidden
-    return model_flops + 2.0 * recomputed_matmul + 4.0 * args.n_layers * args.hidden * seq_len
 
 
 def mfu(flops_per_token: float, tokens_per_s_per_gpu: float, peak_flops_per_s: float) -> float:

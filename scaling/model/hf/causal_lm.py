@@ -1,5 +1,5 @@
 """A Hugging Face causal LM from its config alone, as a model the user brings: the factory a model file's
-`hf_config: path/config.json` stands for (scaling.core.models.HF_TARGET). No weights and no network: transformers
+`hf_config: path/config.json` stands for (scaling.core.model_group.HF_TARGET). No weights and no network: transformers
 builds the architecture (on the meta device in the engine), the engine shards, materialises and initialises it
 (`init_weights`, which in transformers fills the rotary tables too). `transformers` is the `[hf]` extra."""
 
@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from torch import nn
 
-from scaling.core.models import hf_config_path
+from scaling.core.model_group import hf_config_path
 
 HF_EXTRA = "pip install 'scaling[hf]'"
 """What to install for a model made from a Hugging Face config."""
@@ -44,7 +44,7 @@ def load_modeling(
 ) -> None:
     """Import the modeling module of `causal_lm`'s model (its arguments) without building it: transformers imports
     a model type's module when it is first built, and a rank that imports it before its memory baseline does not
-    count the import as building (scaling.engine.custom_model.load_code)."""
+    count the import as building (scaling.model.custom.build.load_code)."""
     hf = _hf_config(config, vocab_size, max_seq_len, overrides)[0]
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 

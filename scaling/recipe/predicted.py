@@ -9,8 +9,8 @@ The MFU is one measured on the hardware (conf/mfu/<hardware>.yaml: the GPU page'
 same recompute and compile setting, the nearest seq_len; nominal their median, band their range) or the user's
 (`--assume-mfu`, its band the same relative spread, or ±10% with no points). The band draws the MFU within its
 band, the network from its source's draws, the overlap uniformly in [0, 1] (the GPU page measured one GPU: no
-overlap was seen) and the model form past one node (analysis.bands). A measured or extrapolated figure replaces a
-predicted one as soon as the store has records (analysis.recipe_estimate).
+overlap was seen) and the model form past one node (scaling.perf.extrapolation). A measured or extrapolated figure replaces a
+predicted one as soon as the store has records (scaling.recipe.estimate).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import Callable, Optional
 import numpy as np
 import yaml
 
-from analysis.bands import Draw, model_form, rate_band
-from analysis.dp_fit import Fit
-from analysis.recipe import PREDICTED, Candidate, Estimate, Split
-from analysis.step_model import Workload
 from scaling.core.schema import CONF_DIR
-from scaling.store.network import NetworkEstimate
+from scaling.perf.dp_fit import Fit
+from scaling.perf.extrapolation import Draw, model_form, rate_band
+from scaling.perf.network import NetworkEstimate
+from scaling.perf.step_model import Workload
+from scaling.recipe.decide import PREDICTED, Candidate, Estimate, Split
 
 ASSUMED_SPREAD = 0.10
 """The relative band of `--assume-mfu` where the hardware has no measured points to take the spread from."""

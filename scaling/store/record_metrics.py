@@ -1,5 +1,5 @@
 """The record's `metrics` block, typed: one field per figure, its unit in its name. The job writes it
-(scaling.job.metrics: one launch's figures and the point's over its launches) and the analysis reads it
+(scaling.job.throughput: one launch's figures and the point's over its launches) and the analysis reads it
 (analysis.collect takes its columns and their dtypes from these fields), so a figure added here is written and read.
 
 Standard library only. A field marked `COLUMN: None` stays in the record and out of the analysis's table (a dict, or
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping, Optional
 
-from scaling.core.models import COLUMN
+from scaling.core.field_meta import COLUMN
 
 NOT_A_COLUMN = {COLUMN: None}
 

@@ -3,7 +3,7 @@
 Owns the architecture (token embedding, decoder `Block`s of RMSNorm -> grouped-query attention
 with RoPE -> RMSNorm -> SwiGLU MLP, final RMSNorm, output projection), its seeded weight
 initialisation and activation recomputation per block. Its shapes and their closed-form parameter counts
-(`ModelArgs`, `param_count`, `matmul_param_count`) are in scaling.engine.model_config, which costs no torch.
+(`ModelArgs`, `param_count`, `matmul_param_count`) are in scaling.model.llama.args, which costs no torch.
 
 Imports torch and the standard library only: it runs inside torchrun workers on bare GPU boxes.
 Shapes in comments: B batch, T sequence, C hidden, nh query heads, nkv key/value heads,
@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from scaling.engine.model_config import ModelArgs
+from scaling.model.llama.args import ModelArgs
 
 Device = Optional[Union[torch.device, str]]
 """Where layers are created; "meta" for shapes only."""

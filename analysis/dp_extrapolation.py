@@ -1,37 +1,32 @@
 """The report's DP extrapolation: a sweep's scaling table turned into workloads and measured points, the
 network sources for its hardware, every source's extrapolation of its fastest configurations
-(analysis.bands), and their table, words and figure.
+(scaling.perf.extrapolation), and their table, words and figure.
 
-The pieces, bottom to top: analysis.step_model (a step at dp=n), analysis.dp_fit (its fit to the measured
-points under each source), analysis.bands (the extrapolation with its bootstrap band and knee range).
+The pieces, bottom to top: scaling.perf.step_model (a step at dp=n), scaling.perf.dp_fit (its fit to the measured
+points under each source), scaling.perf.extrapolation (the extrapolation with its bootstrap band and knee range).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.bands import BAND, MAX_DP, N_DRAWS, Extrapolation, extrapolate
-from analysis.dp_scaling import DEFAULT_THRESHOLD, dp_axis
+from analysis.dp_scaling import dp_axis
 from analysis.figures import PALETTE, new_figure, themed
-from analysis.model_shape import ModelShape, param_tensors
-from analysis.step_model import LAST, Point, Workload
 from scaling.core.schema import ModelConfig
-from scaling.store.network import (
-    PROFILE_FILE,
-    TIERS,
-    NetworkEstimate,
-    Profile,
-    profile_estimate,
-    published_estimate,
-    read_profile,
-    with_fallback,
+from scaling.model.shape import ModelShape, param_tensors
+from scaling.perf.extrapolation import BAND, MAX_DP, Extrapolation, extrapolate
+from scaling.perf.knee import DEFAULT_THRESHOLD
+from scaling.perf.network import TIERS, NetworkEstimate
+from scaling.perf.network_figures import (
+    N_DRAWS,
+    network_sources,
 )
+from scaling.perf.step_model import LAST, Point, Workload
 
 if TYPE_CHECKING:
     from analysis.sweep_data import SweepData
@@ -109,46 +104,6 @@ def workload_and_points(group: pd.DataFrame) -> tuple[Workload, list[Point]]:
         )
         points.append(Point(int(row["dp"]), int(row["grad_acc"]), times))
     return w, points
-
-
-def sources(
-    sweep_dir: Path, hardware: str, dpn: Optional[int], n_draws: int = N_DRAWS, seed: int = 0
-) -> tuple[list[Optional[NetworkEstimate]], list[str]]:
-    """`network_sources` of the profile the sweep directory holds now (`alpha_beta.json`, or none)."""
-    profile, problem = read_profile(sweep_dir)
-    return network_sources(profile, problem, sweep_dir, hardware, dpn, n_draws, seed)
-
-
-def network_sources(
-    profile: Optional[Profile],
-    problem: Optional[str],
-    sweep_dir: Path,
-    hardware: str,
-    dpn: Optional[int],
-    n_draws: int = N_DRAWS,
-    seed: int = 0,
-) -> tuple[list[Optional[NetworkEstimate]], list[str]]:
-    """The sources for a sweep's hardware: (a) always (None), (b) when the sweep has a profile (the tiers it lacks
-    from (c)), (c) when the hardware profile has published figures; and notes on what could not be used."""
-    rng = np.random.default_rng(seed)
-    found: list[Optional[NetworkEstimate]] = [None]
-    notes = []
-    pub = published_estimate(hardware, dpn, n_draws, rng)
-    if problem is not None:
-        notes.append(f"The measured profile could not be used: {problem}.")
-    elif profile is None:
-        notes.append(f"No measured profile: `scaling collectives --sweep-dir {sweep_dir}` writes one ({PROFILE_FILE}).")
-    else:
-        try:
-            prof = profile_estimate(profile, dpn, n_draws, rng)
-            found.append(with_fallback(prof, pub) if pub else prof)
-        except (ValueError, KeyError, TypeError) as e:
-            notes.append(f"The measured profile could not be used: {e}.")
-    if pub:
-        found.append(pub)
-    else:
-        notes.append(f"hardware={hardware} has no published network figures (conf/network/{hardware}.yaml).")
-    return found, notes
 
 
 def sweep_extrapolations(

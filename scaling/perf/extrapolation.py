@@ -3,7 +3,7 @@
 The uncertainty comes from bootstrap draws, each of which carries two kinds of doubt:
 - the fit's: each point's timed steps resampled (and the points themselves, where more were measured than
   parameters fitted), each point's step time moved by a run-to-run factor its own timed steps cannot show
-  (`RUN_TO_RUN`), refitted (analysis.dp_fit) with the model of the nominal curve, with the source's network draws:
+  (`RUN_TO_RUN`), refitted (scaling.perf.dp_fit) with the model of the nominal curve, with the source's network draws:
   (a)'s draws refit the nominal fit's columns (an α the noise leaves unresolved among them), (b)'s and (c)'s draw
   the overlap among the values that fit within the noise;
 - the model's form (`ModelForm`): what no fit of the measured dp can identify, because it costs nothing at the
@@ -25,7 +25,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from analysis.dp_fit import (
+from scaling.perf.dp_fit import (
     Column,
     Fit,
     Term,
@@ -39,14 +39,14 @@ from analysis.dp_fit import (
     overlap_words,
     resolved_columns,
 )
-from analysis.dp_scaling import DEFAULT_THRESHOLD, find_knee
-from analysis.step_model import Point, Workload, step_time_s
-from scaling.store.network import INTER, INTRA, AlphaBeta, Network, NetworkEstimate
+from scaling.perf.knee import DEFAULT_THRESHOLD, find_knee
+from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, NetworkEstimate
+from scaling.perf.network_figures import N_DRAWS
+from scaling.perf.step_model import Point, Workload, step_time_s
 
 MAX_DP = 1024
 BAND = (2.5, 97.5)
 """Percentiles of the draws that bound the band."""
-N_DRAWS = 200
 MISFIT_WARNING = 0.10
 """A source whose nominal model misses a measured step time by more than this is flagged in the report."""
 RUN_TO_RUN = 0.02

@@ -1,43 +1,31 @@
-"""A model the user brings (scaling.core.models.CustomModel), built, checked, initialised and counted the way the
-engine needs it: their own `nn.Module` (`_target_`, a class or a factory imported from their project).
-
-The contract (docs/own-project.md): the target returns an `nn.Module` whose `forward(input_ids)` takes a (B, T)
-LongTensor and returns (B, T, vocab_size) logits, or an object with `.logits`. The engine builds it on the meta
-device, shards it per block, materialises it, then initialises it: the module's `init_weights()` if it has one, else
-every submodule's `reset_parameters()` (torch's convention; a buffer that holds values is filled there too: built on
-meta, it holds none). The blocks (what is sharded and recomputed) are the class `blocks:` names, else the one class a
-Hugging Face model names in `_no_split_modules`, else the class of the repeated children of the module's largest
-`nn.ModuleList`.
-
-FLOPs are counted, not assumed: torch's FlopCounterMode runs one forward and backward of a sequence on fake tensors.
-Operators that look like compute but that the counter has no formula for are named, so that a model whose
-attention the counter cannot see is said to have a low MFU for that reason.
-
-torch and the standard library only (and the user's code); runs in the ranks, the traced predictor and the driver's
-check of a point.
+"""A model the user brings (scaling.core.model_group.CustomModel: their `nn.Module` by `_target_`, a class or a
+factory imported from their project), built, given its blocks and initialised as the engine needs it: on the meta
+device, then materialised and initialised by `init_weights()` if it has one, else each submodule's
+`reset_parameters()`. Its blocks are the class `blocks:` names, else the one class a Hugging Face model names in
+`_no_split_modules`, else the class of the repeated children of its largest `nn.ModuleList`. The contract and
+what is lost on meta: docs/own-project.md. torch and the standard library only (and the user's code).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import inspect
-import json
-import math
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
-from scaling.core.models import HF_TARGET, CustomModel
+from scaling.core.model_group import HF_TARGET, CustomModel
 
-COMPUTE_OP_WORDS = ("mm", "conv", "attention", "einsum", "matmul", "linear", "bmm", "flash", "efficient")
-"""Substrings of an aten operator's name that say it multiplies matrices: one of them that FlopCounterMode has no
-formula for is named in the record (its FLOPs are not in the MFU)."""
+BUILT_IN_TARGETS = {
+    HF_TARGET: "scaling.model.hf.causal_lm.causal_lm",
+    "scaling.engine.model.decoder": "scaling.model.llama.decoder.decoder",
+}
+"""The project's own factories under the names records give them (part of their job keys: the paths they first
+had) -> where they live now."""
 
 
 class ModelError(ValueError):
@@ -57,6 +45,7 @@ def project_importable() -> None:
 
 
 def _import(dotted: str, field: str) -> Any:
+    dotted = BUILT_IN_TARGETS.get(dotted, dotted)
     module_name, _, attr = dotted.rpartition(".")
     if not module_name:
         raise ModelError(f"{field}={dotted!r} is not a dotted path: give module.attribute, e.g. my_pkg.models.GPT")
@@ -96,7 +85,7 @@ def load_code(model: CustomModel) -> None:
     import keeps resident (transformers: tens of MB) is not counted as building the model."""
     _import(str(model.target), "model._target_")
     if model.target == HF_TARGET:
-        from scaling.engine.hf_model import load_modeling
+        from scaling.model.hf.causal_lm import load_modeling
 
         load_modeling(**model.kwargs)
 
@@ -194,101 +183,3 @@ def initialise(module: nn.Module, seed: int) -> None:
             if callable(getattr(sub, "reset_parameters", None)):
                 with _full_parameters(sub, recurse=False):
                     sub.reset_parameters()
-
-
-@dataclass(frozen=True)
-class Counted:
-    """What one forward and backward of a sequence on fake tensors says about a model."""
-
-    n_params: int
-    """Distinct parameters."""
-    flops_per_token: float
-    """Model FLOPs (forward and backward, counted) per token of a sequence of this length."""
-    forward_flops_per_token: float
-    """The forward's share (a recomputed block runs it twice: hardware FLOPs)."""
-    uncounted_ops: tuple[str, ...]
-    """Operators that look like matmuls but that the counter has no formula for (their FLOPs are missing)."""
-    block: str
-    """The block class's name."""
-    n_blocks: int
-    tensors: tuple[tuple[str, bool, int, int], ...]
-    """Its parameter tensors in `parameters()` order, each once (a tied weight too): (name, in a block, rows: dim 0,
-    the other dims' product), what the step model's collectives are made of (the built-in family's `param_shapes_of`)."""
-
-
-class _OpsSeen(torch.utils._python_dispatch.TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: set[Any] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.add(func.overloadpacket)
-        return func(*args, **(kwargs or {}))
-
-
-@functools.lru_cache(maxsize=64)
-def _count(model_json: str, seq_len: int) -> Counted:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils.flop_counter import FlopCounterMode, flop_registry
-
-    model = CustomModel.from_dict(json.loads(model_json))
-    # Fake tensors, not meta ones: a model may branch on its inputs' values where it is not being traced, and
-    # libraries skip such checks for fake tensors (transformers' masks do). The math kernel of SDPA runs attention as
-    # the matmuls the counter has formulas for (the fused CPU kernel has none): the PaLM convention, as the closed form.
-    with FakeTensorMode(), sdpa_kernel(SDPBackend.MATH):
-        module = build(model, "cpu")
-        found = blocks(model, module)
-        vocab = model.vocab_size
-        ids = torch.zeros((1, seq_len), dtype=torch.long)
-        seen = _OpsSeen()
-        with FlopCounterMode(display=False) as counter, seen:
-            try:
-                out = logits_of(module(ids))
-            except Exception as e:
-                raise ModelError(
-                    f"model {model.name!r} ({model.source}): forward(input_ids) on a (1, {seq_len}) LongTensor raised "
-                    f"{type(e).__name__}: {e}".splitlines()[0]
-                ) from e
-            if tuple(out.shape) != (1, seq_len, vocab):
-                raise ModelError(
-                    f"model {model.name!r} ({model.source}): forward(input_ids) of shape (1, {seq_len}) returned "
-                    f"{tuple(out.shape)}; logits of shape (B, T, vocab_size) = (1, {seq_len}, {vocab}) are expected"
-                )
-            forward = counter.get_total_flops()
-            out.float().sum().backward()
-        total = counter.get_total_flops()
-        n_params = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
-        tensors = _param_shapes(module, found)
-    known = {getattr(op, "overloadpacket", op) for op in flop_registry}
-    uncounted = sorted(
-        str(op)
-        for op in seen.ops
-        if op not in known and any(word in str(op).split(".")[-1] for word in COMPUTE_OP_WORDS)
-    )
-    return Counted(
-        n_params,
-        total / seq_len,
-        forward / seq_len,
-        tuple(uncounted),
-        type(found[0]).__name__,
-        len(found),
-        tensors,
-    )
-
-
-def _param_shapes(module: nn.Module, found: list[nn.Module]) -> tuple[tuple[str, bool, int, int], ...]:
-    """(name, in a block, rows, cols) of each distinct parameter in `parameters()` order: what DDP buckets (in reverse),
-    ZeroRedundancyOptimizer assigns whole and FSDP2 shards along dim 0, per block and the rest at the root."""
-    in_block = {id(p) for b in found for p in b.parameters()}
-    return tuple(
-        (name, id(p) in in_block, int(p.shape[0]) if p.dim() else 1, math.prod(p.shape[1:]))
-        for name, p in module.named_parameters()
-    )
-
-
-def count(model: CustomModel, seq_len: int) -> Counted:
-    """Parameters and FLOPs of a user's model at one sequence length, counted once per process (cached), and the
-    checks of the contract on the way: it imports, builds, has blocks and maps (1, T) ids to (1, T, vocab) logits.
-    Raises ModelError naming what is wrong."""
-    return _count(json.dumps(model.to_dict(), sort_keys=True, default=str), int(seq_len))

@@ -1,8 +1,11 @@
-"""The recipe's answer as text (the terminal table, recipe.md and recipe.json) and as a figure."""
+"""The recipe's answer as text (the terminal table, recipe.md and recipe.json), as a figure, and as the first
+section of the sweep directory's report (`scaling report` puts it there)."""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Optional
 
 import pandas as pd
@@ -11,8 +14,9 @@ from matplotlib.ticker import PercentFormatter
 
 from analysis.dp_scaling import dp_axis
 from analysis.figures import PALETTE, new_figure, themed
-from analysis.recipe import EXTRAPOLATED, MEASURED, Recipe
+from analysis.sections import Section
 from scaling.core.units import format_bytes
+from scaling.recipe.decide import EXTRAPOLATED, MEASURED, RECIPE_JSON, Recipe
 
 
 def _fmt_rate(v: Optional[float]) -> str:
@@ -189,3 +193,34 @@ def figure(recipe: Recipe) -> Optional[Figure]:
     speed.legend(fontsize=8, loc="best")
     fig.suptitle(f"Recipe: {recipe.model} at seq_len {recipe.seq_len}, {recipe.gbs_tokens:,}-token batch")
     return fig
+
+
+def read(sweep_dir: Path) -> tuple[Optional[Recipe], Optional[str]]:
+    """The directory's recipe.json, or None and why it cannot be read (None: there is none)."""
+    try:
+        return Recipe.from_json(json.loads((sweep_dir / RECIPE_JSON).read_text())), None
+    except FileNotFoundError:
+        return None, None
+    except (ValueError, KeyError, TypeError) as e:
+        return None, str(e)
+
+
+def report_section(sweep_dir: str | os.PathLike) -> Optional[Section]:
+    """The directory's `scaling recipe` answer as the report's first section; None when it has none."""
+    recipe, problem = read(Path(sweep_dir))
+    if problem is not None:
+        return Section("Recipe", [f"{RECIPE_JSON} could not be read ({problem}): run `scaling recipe` again."])
+    if recipe is None:
+        return None
+    cells = table(recipe)
+    fig = figure(recipe)
+    return Section(
+        f"Recipe: {recipe.model} at seq_len {recipe.seq_len}, global batch {recipe.gbs_tokens:,} tokens, on "
+        f"{recipe.hardware}",
+        headline(recipe),
+        [pd.DataFrame(cells[1:], columns=cells[0])],
+        code=recipe.command_lines(),
+        figures={"recipe": fig} if fig is not None else {},
+        details=recipe.caveats(),
+        details_title="How the recipe was found",
+    )

@@ -26,7 +26,7 @@ fp32 at every stage, parameters travel in bf16 only under FSDP2's mixed precisio
 A collective hides behind the compute of the phase it runs in: the forward (1/3 of a micro-step's compute; 1/4
 with `train.recompute=full`, whose backward runs the forward again) or the backward (2/3; 3/4). Each window is a
 budget the collectives running in it draw down together: an overlap fraction o hides min(o·Σ their seconds,
-window). Each collective costs what `scaling.store.network` says: its steps within a node and between nodes at
+window). Each collective costs what `scaling.perf.network` says: its steps within a node and between nodes at
 each tier's α, its bytes at the slowest tier's β. The optimizer step (AdamW over the parameters a rank owns, and
 clipping's pass over its gradients) does not shrink with grad_acc: seconds per parameter updated by the busiest
 rank. Pure arithmetic: numpy and the standard library only.
@@ -35,16 +35,16 @@ rank. Pure arithmetic: numpy and the standard library only.
 from __future__ import annotations
 
 import functools
+import heapq
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
 
-from analysis.model_shape import GRAD_BYTES, ModelShape, ddp_buckets, shape_of, zero1_busiest
-from scaling.core.models import BLOCK, ROOT
 from scaling.core.schema import ModelConfig
-from scaling.store.network import Network
+from scaling.model.shape import BLOCK, ROOT, ModelShape, shape_of
+from scaling.perf.network import Network
 
 BACKWARD_SHARE = {"none": 2 / 3, "full": 3 / 4}
 """Share of a micro-step's compute in backward, by `train.recompute`: twice the forward's FLOPs, and with full
@@ -60,6 +60,34 @@ MODULE_PARAMS = "module parameters"
 BLOCK_PARAMS = "block parameters"
 MODULE_GRADS = "module gradients"
 GRAD_NORM = "gradient norm"
+
+
+GRAD_BYTES = 4
+"""Gradients are reduced in fp32 at every stage: DDP's parameters (and so gradients) stay fp32 under autocast,
+and FSDP2's MixedPrecisionPolicy reduces in fp32."""
+
+
+@functools.lru_cache(maxsize=256)
+def ddp_buckets(shape: ModelShape, bucket_bytes: int) -> tuple[int, ...]:
+    # DDP's Reducer, once it has rebuilt its buckets after the first step: gradients in the order backward makes
+    # them (the reverse of the parameters'), each bucket closed once it holds bucket_bytes or more
+    buckets, size = [], 0
+    for t in reversed(shape.tensors):
+        size += GRAD_BYTES * t.numel
+        if size >= bucket_bytes:
+            buckets.append(size)
+            size = 0
+    return tuple(buckets + ([size] if size else []))
+
+
+@functools.lru_cache(maxsize=4096)
+def zero1_busiest(shape: ModelShape, n: int) -> int:
+    # ZeroRedundancyOptimizer's partition: largest tensor first, each to the rank with the fewest elements so far
+    ranks = [(0, r) for r in range(n)]
+    for numel in sorted((t.numel for t in shape.tensors), reverse=True):
+        size, r = heapq.heappop(ranks)
+        heapq.heappush(ranks, (size + numel, r))
+    return max(size for size, _ in ranks)
 
 
 @dataclass(frozen=True)

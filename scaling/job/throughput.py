@@ -1,7 +1,7 @@
 """The record's throughput, efficiency and memory figures, from what rank 0 measured, with their noise.
 
 tokens_per_s = gbs_tokens / median step time (timed steps only); tokens_per_s_per_gpu =
-tokens_per_s / world_size; mfu and hfu through scaling.engine.flops, against the peak FLOP/s the
+tokens_per_s / world_size; mfu and hfu through scaling.engine.peak_flops, against the peak FLOP/s the
 driver resolved (and the record says where that peak came from). Every key carries its unit.
 
 Noise is stated with scaling.core.noise's one statistic, the relative half-range. A launch states it over its
@@ -13,14 +13,12 @@ the repeats' tokens/s (`repeat_spread_frac`), and its headline figures are the m
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from scaling.core.noise import relative_spread
+from scaling.engine import peak_flops
 from scaling.engine.jobfiles import WorkerReport
-from scaling.store.metrics import Metrics
-
-if TYPE_CHECKING:
-    from scaling.engine.flops import PeakFlops
+from scaling.store.record_metrics import Metrics
 
 PEAK_KEYS = (
     "peak_mem_bytes",
@@ -43,13 +41,9 @@ def _max(values: Optional[list[int]]) -> Optional[int]:
     return max(values) if values else None
 
 
-def throughput_metrics(worker: WorkerReport, derived: Mapping[str, Any], peak: PeakFlops) -> dict[str, Any]:
-    """The `metrics` block (scaling.store.metrics.Metrics) of one launch that finished, from what its rank 0
+def throughput_metrics(worker: WorkerReport, derived: Mapping[str, Any], peak: peak_flops.PeakFlops) -> dict[str, Any]:
+    """The `metrics` block (scaling.store.record_metrics.Metrics) of one launch that finished, from what its rank 0
     reported."""
-    from scaling.engine import (
-        flops,  # torch: the driver has it; readers of tokens_per_s need not
-    )
-
     step_times = list(worker.step_times_s)
     step_time_s = statistics.median(step_times)
     total, per_gpu = tokens_per_s(derived, step_time_s)
@@ -58,8 +52,8 @@ def throughput_metrics(worker: WorkerReport, derived: Mapping[str, Any], peak: P
     return Metrics(
         tokens_per_s=total,
         tokens_per_s_per_gpu=per_gpu,
-        mfu=flops.mfu(derived["flops_per_token"], per_gpu, peak.flops_per_s),
-        hfu=flops.hfu(derived["hw_flops_per_token"], per_gpu, peak.flops_per_s),
+        mfu=peak_flops.mfu(derived["flops_per_token"], per_gpu, peak.flops_per_s),
+        hfu=peak_flops.hfu(derived["hw_flops_per_token"], per_gpu, peak.flops_per_s),
         peak_flops_per_s=peak.flops_per_s,
         peak_flops_source=peak.source,
         peak_flops_measured_at=peak.measured_at,
@@ -123,8 +117,6 @@ def repeats_metrics(launches: Sequence[Mapping[str, Any]], derived: Mapping[str,
         raise ValueError("repeats_metrics needs at least one ok launch")
     if len(launches) == 1:
         return dict(launches[0])
-    from scaling.engine import flops
-
     first = launches[0]
     step_time_s = statistics.median(m["step_time_s"] for m in launches)
     total, per_gpu = tokens_per_s(derived, step_time_s)
@@ -136,8 +128,8 @@ def repeats_metrics(launches: Sequence[Mapping[str, Any]], derived: Mapping[str,
             **first,
             "tokens_per_s": total,
             "tokens_per_s_per_gpu": per_gpu,
-            "mfu": flops.mfu(derived["flops_per_token"], per_gpu, first["peak_flops_per_s"]),
-            "hfu": flops.hfu(derived["hw_flops_per_token"], per_gpu, first["peak_flops_per_s"]),
+            "mfu": peak_flops.mfu(derived["flops_per_token"], per_gpu, first["peak_flops_per_s"]),
+            "hfu": peak_flops.hfu(derived["hw_flops_per_token"], per_gpu, first["peak_flops_per_s"]),
             "step_time_s": step_time_s,
             "step_times_s": [t for m in launches for t in m["step_times_s"]],
             "step_time_spread_frac": within,

@@ -17,16 +17,16 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import pandas as pd
 
-from analysis import dp_scaling
 from analysis.collect import STATUS_ORDER, to_parquet
 from analysis.figures import render_pngs
-from analysis.sections import Section, build_sections, left_out_section, top_configurations
+from analysis.sections import Section, build_sections, top_configurations
 from analysis.sweep_data import SweepData
 from scaling.core.enums import Status
+from scaling.perf.knee import DEFAULT_THRESHOLD
 
 
 def _md_table(df: pd.DataFrame) -> str:
@@ -74,17 +74,19 @@ def _add_text(md: list[str], page: list[str], paragraphs: list[str], tables: lis
 def write_report(
     sweep_dir: str | os.PathLike,
     out_dir: Optional[str | os.PathLike] = None,
-    threshold: float = dp_scaling.DEFAULT_THRESHOLD,
+    threshold: float = DEFAULT_THRESHOLD,
     wandb: bool = False,
     wandb_project: str = "scaling",
     wandb_mode: str = "offline",
     jobs: Optional[int] = None,
     wandb_entity: Optional[str] = None,
+    lead: Sequence[Section] = (),
 ) -> dict[str, Path]:
     """Write report.md, report.html (self-contained), results.parquet and figures/*.png; return their paths.
 
     The heatmaps are drawn by `jobs` processes (default: one per usable core). A record the analysis cannot
-    use is left out, named on stderr and in the report's "Records left out".
+    use is left out, named on stderr and in the report's "Records left out". `lead`: sections before the sweep's
+    own (`scaling report` puts the directory's recipe there).
     """
     sweep_dir = Path(sweep_dir)
     out = Path(out_dir) if out_dir is not None else sweep_dir / "report"
@@ -92,10 +94,7 @@ def write_report(
     df, left_out, meta = data.df, data.left_out, data.meta
     for one in left_out:
         print(f"[scaling report] {one.line()}", file=sys.stderr)
-    sections = build_sections(data, threshold)
-    if left_out:
-        after = next(i for i, section in enumerate(sections) if section.title == "Status counts") + 1
-        sections.insert(after, left_out_section(left_out))
+    sections = [*lead, *build_sections(data, threshold)]
     (out / "figures").mkdir(parents=True, exist_ok=True)
     for stale in (out / "figures").glob("*.png"):  # figures of an earlier report of another layout
         stale.unlink()

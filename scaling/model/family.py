@@ -1,0 +1,128 @@
+"""The one interface every model family answers to: what the engine builds and shards (`build`, `blocks`,
+`recompute`, `initialise`), what a rank imports before its memory baseline (`load_code`) and what the driver and
+the performance model count (`counted`). `family_of` picks the family of a `model` config: the built-in Llama
+decoder (scaling.model.llama) or a model the user brings (scaling.model.custom; a Hugging Face config is one,
+built by scaling.model.hf). torch is imported only by the methods that build, so the driver counts the built-in
+family without it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Union
+
+from scaling.core.model_group import CustomModel, ModelConfig
+from scaling.model.shape import Counted
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+class Family(ABC):
+    """A model config and how its module is built, split into blocks, recomputed, initialised and counted."""
+
+    config: Union[ModelConfig, CustomModel]
+
+    def load_code(self) -> None:  # noqa: B027 (the built-in family's code is the project's: nothing to import)
+        """Import the model's code without building it (a rank does, before its memory baseline)."""
+
+    @abstractmethod
+    def build(self, device: torch.device | str) -> nn.Module:
+        """The module with its parameters on `device` ("meta": shapes only)."""
+
+    @abstractmethod
+    def blocks(self, module: nn.Module) -> list[nn.Module]:
+        """The blocks, in order: what is recomputed, compiled and sharded one by one."""
+
+    @abstractmethod
+    def recompute(self, module: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+        """Checkpoint every block's activations; returns the blocks as they now run (to compile and shard)."""
+
+    @abstractmethod
+    def initialise(self, module: nn.Module, seed: int) -> None:
+        """Seeded init of the materialised (possibly sharded) module: the same weights for every dp and stage."""
+
+    @abstractmethod
+    def counted(self, seq_len: int) -> Counted:
+        """Its size, FLOPs and parameter tensors at one sequence length; ModelError if it breaks the contract."""
+
+
+class Llama(Family):
+    """The built-in decoder: closed forms for its counts (scaling.model.llama)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        from scaling.model.llama.args import ModelArgs
+
+        self.config, self.args = config, ModelArgs.of(config)
+
+    def build(self, device: torch.device | str) -> nn.Module:
+        from scaling.model.llama.decoder import Transformer
+
+        return Transformer(self.args, device=device)
+
+    def blocks(self, module: nn.Module) -> list[nn.Module]:
+        return list(module.layers)
+
+    def recompute(self, module: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+        module.set_recompute(True)  # the checkpoint sits inside each block's forward
+        return blocks
+
+    def initialise(self, module: nn.Module, seed: int) -> None:
+        module.init_weights(seed)
+
+    def counted(self, seq_len: int) -> Counted:
+        from scaling.model.llama.args import param_count, param_shapes
+        from scaling.model.llama.flops import flops_per_token, recomputed_flops_per_token
+
+        return Counted(
+            n_params=param_count(self.args),
+            flops_per_token=flops_per_token(self.args, seq_len),
+            recomputed_flops_per_token=recomputed_flops_per_token(self.args, seq_len),
+            block="Block",
+            n_blocks=self.args.n_layers,
+            tensors=param_shapes(self.config),
+            source="closed_form",
+        )
+
+
+class Custom(Family):
+    """A model the user brings (their module, or a Hugging Face config): counted on fake tensors."""
+
+    def __init__(self, config: CustomModel) -> None:
+        self.config = config
+
+    def load_code(self) -> None:
+        from scaling.model.custom.build import load_code
+
+        load_code(self.config)
+
+    def build(self, device: torch.device | str) -> nn.Module:
+        from scaling.model.custom.build import build
+
+        return build(self.config, device)
+
+    def blocks(self, module: nn.Module) -> list[nn.Module]:
+        from scaling.model.custom.build import blocks
+
+        return blocks(self.config, module)
+
+    def recompute(self, module: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+        from scaling.model.custom.build import wrap_recompute
+
+        return wrap_recompute(module, type(blocks[0]))
+
+    def initialise(self, module: nn.Module, seed: int) -> None:
+        from scaling.model.custom.build import initialise
+
+        initialise(module, seed)
+
+    def counted(self, seq_len: int) -> Counted:
+        from scaling.model.custom.count import count
+
+        return count(self.config, seq_len)
+
+
+def family_of(model: Union[ModelConfig, CustomModel]) -> Family:
+    """The family of a `model` config group."""
+    return Custom(model) if isinstance(model, CustomModel) else Llama(model)

@@ -1,0 +1,40 @@
+"""The built-in family's FLOPs per token in closed form (PaLM's convention), checked against torch's FlopCounterMode
+in the tests. The standard library only: the driver and the predictor count without torch."""
+
+from __future__ import annotations
+
+from scaling.model.llama.args import ModelArgs, block_matmul_param_count, matmul_param_count
+
+
+def flops_per_token(args: ModelArgs, seq_len: int) -> float:
+    """Model FLOPs per trained token (forward + backward): 6·N_matmul + 12·L·h·seq.
+
+    PaLM convention (Chowdhery et al. 2022, "PaLM: Scaling Language Modeling with Pathways",
+    appendix B): 6 FLOPs per matmul parameter per token (2 forward, 4 backward) plus
+    12·L·h·seq for the attention scores and their weighted sum (QKᵀ and A·V, 2·2·h·seq each in
+    forward, times 3 with backward). The attention term is not halved for the causal mask; the
+    embedding lookup is excluded and the output projection included (see `matmul_param_count`).
+    Recomputation is not counted: these are the FLOPs the model needs, the numerator of MFU.
+    """
+    if seq_len < 1:
+        raise ValueError(f"train.seq_len={seq_len} is invalid: it must be >= 1")
+    return 6.0 * matmul_param_count(args) + 12.0 * args.n_layers * args.hidden * seq_len
+
+
+def hardware_flops_per_token(args: ModelArgs, seq_len: int, recompute: bool) -> float:
+    """FLOPs the hardware executes per token, counting recomputation: the numerator of HFU.
+
+    Full recomputation runs each block's forward again during backward, adding
+    2·(N_blocks_matmul − L·h·f) + 4·L·h·seq per token. The output projection is outside the
+    blocks and is not recomputed; neither is each block's last matmul, the SwiGLU down projection
+    w2 (L·h·f parameters): torch's non-reentrant checkpoint stops recomputing as soon as the
+    tensors backward needs are regenerated, and no backward needs w2's output. Without
+    recomputation this equals `flops_per_token`.
+    """
+    return flops_per_token(args, seq_len) + (recomputed_flops_per_token(args, seq_len) if recompute else 0.0)
+
+
+def recomputed_flops_per_token(args: ModelArgs, seq_len: int) -> float:
+    """What full recomputation adds per token: 2·(N_blocks_matmul − L·h·f) + 4·L·h·seq (see above)."""
+    recomputed_matmul = block_matmul_param_count(args) - args.n_layers * args.hidden * args.ffn_hidden
+    return 2.0 * recomputed_matmul + 4.0 * args.n_layers * args.hidden * seq_len
