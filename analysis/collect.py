@@ -1,17 +1,10 @@
 """Records -> one tidy pandas DataFrame: one row per experiment point, short column names.
 
-Owns the mapping from the nested record (and from a W&B run's config/summary) to flat columns,
-so every other part of `analysis` speaks in the same column names: the config axes (`model`,
-`seq_len`, `mbs`, `grad_acc`, `dp`, `zero_stage`, `threads_per_device`, ...), `status` (kept as
-recorded), the metrics (`tokens_per_s_per_gpu`, `mfu`, `peak_mem_bytes`, ...) with their noise
-(`noise_band_frac`, `repeat_spread_frac`, `repeats_ok`, ...) and the predictions
-(`pred_peak_mem_bytes`, `pred_analytic_peak_mem_bytes`, `pred_traced_peak_mem_bytes`) and the timing
-(`wall_s`, `torchrun_wall_s`, the device time `device_s` and its parts `timed_device_s`, `warmup_device_s`,
-`startup_device_s`).
-Dtypes say what a column is: `status` is an ordered category (`STATUS_ORDER`), `model` an
-ordered category by parameter count (llama_8b before llama_70b), timestamps are UTC datetimes and
-counts nullable integers. A record the analysis cannot use (`analysis.usable`: an older schema's, edited by
-hand, derived fields that disagree with its config) is left out and named, never a reason to fail.
+Owns the mapping from the nested record (and from a W&B run's config and summary) to flat columns, so every other
+part of `analysis` speaks in one set of names: the config axes (from scaling.core.schema.config_fields), `status`,
+the metrics (from the typed block, scaling.store.record_blocks), the predictions and the timing. Dtypes say what a
+column is: `status` an ordered category, `model` ordered by parameter count, timestamps UTC, counts nullable
+integers. A record the analysis cannot use (analysis.usable) is left out and named, never a reason to fail.
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ from scaling.core.enums import Status
 from scaling.core.schema import EXPERIMENT_GROUPS, config_fields
 from scaling.core.units import GIB, MIB
 from scaling.store.read import RecordError, iter_records
-from scaling.store.record_metrics import metric_columns
+from scaling.store.record_blocks import derived_columns, metric_columns
 from scaling.store.wandb_runs import (
     MEMORY,
     RECORD_BLOCKS,
@@ -44,7 +37,7 @@ STATUS_ORDER = [status.value for status in Status]
 CONFIG_FIELDS = config_fields()
 """The experiment config's fields (scaling.core.schema): one column each, a field added there is a column here."""
 METRIC_COLUMNS = metric_columns()
-"""The record's metrics the table has (scaling.store.record_metrics.Metrics), with their annotations."""
+"""The record's metrics the table has (scaling.store.record_blocks.Metrics), with their annotations."""
 
 # (column, path in the record). A later path wins when both exist: `derived` holds the values the
 # engine resolved (grad_acc: auto -> 4), `config` the values asked for; `target_gbs*` (train.gbs*) keep the
@@ -53,16 +46,8 @@ FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     *((c.column, ("config", *c.path)) for c in CONFIG_FIELDS),
     ("gbs", ("config", "train", "gbs")),
     ("gbs_tokens", ("config", "train", "gbs_tokens")),
-    ("n_params", ("derived", "n_params")),
-    ("flops_per_token", ("derived", "flops_per_token")),
-    ("hw_flops_per_token", ("derived", "hw_flops_per_token")),
-    ("grad_acc", ("derived", "grad_acc")),
-    ("gbs", ("derived", "gbs")),
-    ("gbs_tokens", ("derived", "gbs_tokens")),
-    ("world_size", ("derived", "world_size")),
-    # a model the user brings: its parameter tensors and blocks (scaling.model.shape.ModelShape.from_record)
-    ("param_tensors", ("derived", "model", "param_tensors")),
-    ("n_blocks", ("derived", "model", "n_blocks")),
+    # the typed derived block (a model the user brings: its blocks and parameter tensors too)
+    *((name, ("derived", *path)) for name, path in derived_columns()),
     *((name, ("metrics", name)) for name, _ in METRIC_COLUMNS),
     ("pred_peak_mem_bytes", ("predicted", "peak_mem_bytes")),
     ("pred_method", ("predicted", "method")),

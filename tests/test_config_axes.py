@@ -100,12 +100,12 @@ def test_a_clipped_and_an_unclipped_run_are_two_configurations(tmp_path):
 
 
 def test_the_metrics_block_is_one_definition():
-    """The job writes the fields of scaling.store.record_metrics.Metrics, and the analysis's columns are its fields (less
+    """The job writes the fields of scaling.store.record_blocks.Metrics, and the analysis's columns are its fields (less
     those marked as no column), with their dtypes."""
     from dataclasses import fields
 
     from analysis.collect import FLOAT_COLUMNS, INT_COLUMNS
-    from scaling.store.record_metrics import Metrics, metric_columns
+    from scaling.store.record_blocks import Metrics, metric_columns
     from tests.helpers.launches import launch_metrics
 
     written = launch_metrics([1.0, 1.1, 0.9], [5, 6])

@@ -6,6 +6,7 @@ import pytest
 
 from scaling.cli.main import main as cli_main
 from scaling.core.batch import BatchError, derive_grad_acc, plan
+from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import InvalidConfig, validate
 from tests.helpers.compose import compose_point
 
@@ -22,8 +23,6 @@ INVALID = [
     (["train.grad_acc=auto", "train.gbs=2", "train.mbs=2", "parallel.dp=2"], "is below 1"),
     (["train.grad_acc=auto"], "needs train.gbs or train.gbs_tokens"),
     (["train.grad_acc=0"], "train.grad_acc=0 must be an integer >= 1 or 'auto'"),
-    (["train.precision=fp8"], "train.precision='fp8' is not valid: choose one of fp32, bf16"),
-    (["train.recompute=some"], "train.recompute='some' is not valid: choose one of none, full"),
     (["hardware.backend=nccl"], "hardware.backend='nccl' is not valid: choose one of gloo"),
     (["hardware.memory_gb=-1"], "hardware.memory_gb=-1.0 must be a positive number or null"),
     (["launch.repeats=0"], "launch.repeats=0 must be a positive integer"),
@@ -38,7 +37,6 @@ INVALID = [
     ),
     (["hardware=h100", "train.precision=fp32"], "use train.precision=bf16"),
     (["hardware.threads_per_device=0"], "hardware.threads_per_device=0 must be a positive integer"),
-    (["parallel.fsdp_grad_reduce=never"], "choose one of every_micro_step, last_micro_step"),
     (["launch.prescreen_sample=2"], "launch.prescreen_sample=2.0 must be a fraction in [0, 1]"),
     (["train.grad_clip=-1"], "train.grad_clip=-1.0 must be >= 0"),
 ]
@@ -52,9 +50,35 @@ def test_invalid_points_are_named(overrides, expected):
     assert "\n" not in str(err.value)
 
 
+CHOICES = [
+    ("train.precision=fp8", "Invalid value 'fp8', expected one of [fp32, bf16]"),
+    ("train.recompute=some", "Invalid value 'some', expected one of [none, full]"),
+    ("parallel.fsdp_grad_reduce=never", "Invalid value 'never', expected one of [every_micro_step, last_micro_step]"),
+]
+
+
+@pytest.mark.parametrize("override,expected", CHOICES, ids=[o for o, _ in CHOICES])
+def test_a_choice_outside_its_enum_is_refused_when_the_config_is_composed(override, expected):
+    """The schema types these fields with their enums (scaling.core.enums): Hydra refuses another value while it
+    composes, before any point exists, naming the field, the value and the valid ones."""
+    with pytest.raises(Exception) as err:
+        compose_point([override])
+    text = f"{err.value} {err.value.__cause__}"
+    assert expected in text and override in text, text
+
+
+def test_a_choice_outside_its_enum_in_a_plain_config_is_invalid():
+    """A config read from a file rather than composed (a record, a job's config.json) is checked by validate."""
+    c = ExperimentConfig.from_dict({"train": {"precision": "fp8", "recompute": "some"}})
+    with pytest.raises(InvalidConfig) as err:
+        validate(c)
+    assert "train.precision='fp8' is not valid: choose one of fp32, bf16" in str(err.value)
+    assert "train.recompute='some' is not valid: choose one of none, full" in str(err.value)
+
+
 def test_several_problems_are_all_reported():
     with pytest.raises(InvalidConfig) as err:
-        validate(compose_point(["parallel.zero_stage=4", "train.precision=fp16", "model.n_kv_heads=3"]))
+        validate(compose_point(["parallel.zero_stage=4", "hardware.backend=nccl", "model.n_kv_heads=3"]))
     assert len(err.value.errors) == 3
 
 

@@ -1,16 +1,10 @@
 """The search loop: ask a batch of trials, answer what is already known, launch the rest, tell.
 
-A trial whose parameters match an earlier COMPLETE trial of the study is answered from that
-trial; a point whose record is already in the sweep's record store (same job_key, a status the
-store does not re-run) is answered from its record. Neither starts a job. The rest go to the
-Hydra launcher in one batch; `hydra.job.num` of each job is its trial number.
-
-The loop stops when the study holds `n_trials` counted trials, when `patience` trials passed
-without a better feasible value (better beyond the noise band: see `_study.noise_band`), or when the grid
-sampler has visited every point. A point measured with fewer ok launches than `launch.repeats`
-is not answered from the store or an earlier trial: its job launches the missing repeats. After every
-batch it rewrites `best.yaml` and `trials.csv`, and raises once the failure rate exceeds
-`max_failure_rate`.
+A trial whose parameters match an earlier complete trial, or whose point the record store already answers, starts no
+job; the rest go to the Hydra launcher in one batch, `hydra.job.num` of each its trial number. The loop stops at
+`n_trials` counted trials, after `patience` trials without a better feasible value beyond the noise band, or when
+the grid sampler has visited every point; after every batch it rewrites `best.yaml` and `trials.csv`, and raises
+once the failure rate exceeds `max_failure_rate`. docs/search.md.
 """
 
 from __future__ import annotations

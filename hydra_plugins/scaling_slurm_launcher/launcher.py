@@ -1,23 +1,11 @@
 """hydra-submitit-launcher's SLURM launcher, for sweeps of thousands of points.
 
-Three changes to how its `launch` submits and waits, none to what a job runs:
-
-- The launcher and Hydra's global state are pickled once per launch (`_Shared`), not once per
-  point (77 KB each for this project's config): a point's submission pickle holds its overrides
-  and job number only, and its result drops the job's composed configs (the record is the return
-  value), so 10,000 points cost the driver, and the submitit folder, little.
-- Points go out in job arrays of at most `array_chunk`. The next array is submitted once the
-  points still unfinished leave room under `array_parallelism`, with its throttle (SLURM's
-  `%N`, raised with `scontrol update ArrayTaskThrottle` as the older arrays drain) set so that the
-  sweep never runs more than `array_parallelism` points at once; only the arrays in flight have
-  job objects in the driver.
-- Each task's end is read from its result file as it appears (and from squeue for a task that
-  ended without one), so the driver prints the point's progress line in the terminal that started
-  the sweep as it ends, and marks each submitted point as queued under its SLURM job id
-  (`scaling.sweep.progress.Progress.submitted`, reached through the Hydra context), so that a re-run leaves it to that job.
-
-hydra-submitit-launcher and submitit come with the [slurm] extra. Without it the class still imports, so Hydra's
-plugin scan stays quiet, and starting the launcher says what to install.
+Three changes to how its `launch` submits and waits, none to what a job runs: the launcher and Hydra's state are
+pickled once per launch, not once per point; points go out in job arrays of at most `array_chunk`, throttled so
+that no more than `array_parallelism` run at once; each task's end is read as it appears, so the driver prints its
+progress line and marks each submitted point as queued under its SLURM job id. Details: docs/sweeps.md.
+hydra-submitit-launcher and submitit come with the [slurm] extra; without it the class still imports (Hydra's
+plugin scan stays quiet) and starting the launcher says what to install.
 """
 
 from typing import Any, Sequence

@@ -1,17 +1,8 @@
-"""The `scaling` command: run a point, run a named sweep, plan a batch, predict memory, report, measure the network.
+"""The `scaling` command: dispatch to each subcommand (run, sweep, plan, recipe, predict, find-mbs, report, status,
+collectives); `python -m scaling` is the same command. The table of commands: README.md.
 
-    scaling run [overrides]              one point
-    scaling sweep NAME [overrides]       a named multirun from sweeps/NAME.yaml
-    scaling plan --gbs-tokens 4M --seq-len 4000 --mbs 2 --gpus 128
-    scaling recipe --gbs-tokens 4M --gpus 8,32,128 [overrides]   what to run on N GPUs, measured and extrapolated
-    scaling predict [overrides]          memory breakdown before launch
-    scaling find-mbs [overrides]         the largest mbs that fits
-    scaling report SWEEP_DIR             Markdown + HTML report with heatmaps
-    scaling status SWEEP_DIR [--watch]   done, running, queued and still to run; time per point and left
-    scaling collectives [--sweep-dir DIR] [overrides]   the network's α-β profile, measured into the sweep
-
-`python -m scaling ...` is the same command. Exit status: 0, or 1 when a point failed or timed out (after
-every point ran), 2 for a bad command line. Shell completion (bash): eval "$(scaling run -sc install=bash)".
+Exit status: 0, or 1 when a point failed or timed out (after every point ran), 2 for a bad command line; a command
+line naming no command prints the usage and exits 0. Shell completion (bash): eval "$(scaling run -sc install=bash)".
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """`scaling predict`: peak memory per rank of a point, or of a whole sweep grid, before launching anything.
 
-    scaling predict [overrides]                 both breakdowns (analytic and traced) as a table
-    scaling predict --json [overrides]          the same as one JSON object
-    scaling predict --analytic [overrides]      the analytic breakdown only (no tracing)
-    scaling predict --sweep NAME [overrides]    the grid of sweeps/NAME.yaml: predicted fit / OOM per point
-                                                (fits, oom_within_margin: launched but over capacity,
-                                                predicted_oom: the pre-screen skips it), then the grid's
-                                                size, its new, recorded, predicted_oom and invalid points
-                                                and an estimate of the wall time (scaling.sweep.grid.Forecast)
-    scaling predict --sweep NAME --traced ...   ... deciding near-capacity points by tracing, as the pre-screen does
+    scaling predict [--json | --analytic] [overrides]    both breakdowns (analytic and traced), or one
+    scaling predict --sweep NAME [--traced] [overrides]  the grid's fit / OOM per point and its forecast
 
-Overrides are the Hydra overrides of `scaling run`. Also owns composing one config outside a Hydra
-job (`compose_config`), which `scaling find-mbs` shares.
+Overrides are those of `scaling run`. Also owns composing one config outside a Hydra job (`compose_config`),
+which `scaling find-mbs` shares. docs/memory.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""`scaling recipe`: the batch-size recipe end to end, and what to run on each GPU count; its arguments parsed,
-checked and handed to scaling.recipe.measure, its answer printed and written (scaling.recipe.render).
+"""`scaling recipe`: the batch-size recipe end to end and what to run on each GPU count; its arguments parsed and
+checked before anything runs, handed to scaling.recipe.measure, its answer printed and written
+(scaling.recipe.render: DIR/recipe.md and DIR/recipe.json).
 
     scaling recipe [overrides] --gbs-tokens 4M --gpus 8,32,128,512 [--tokens 1T] [--sweep-dir DIR] [--json]
 
-(1) the global batch in tokens and (2) seq_len are fixed (train.seq_len, overrides pick the model, hardware and
-precision as everywhere); (3) per ZeRO stage and recompute setting, the largest mbs that fits one device of the
-target hardware: predicted, and confirmed by two real runs (find-mbs) when the devices at hand are of its kind;
-(4) grad_acc = gbs / (mbs × GPUs). It measures each candidate at dp=1 and at the largest dp the devices at hand
-allow (with launch.repeats), takes the network from the directory's `scaling collectives` profile (measured now
-when two or more devices are at hand and there is none), else the hardware's published figures, and
-extrapolates the rest (scaling.recipe.decide). Every measurement is an ordinary record in the sweep directory, so a
-second call measures nothing new and a killed call resumes. Writes DIR/recipe.md and DIR/recipe.json.
+The steps, what is measured and what is extrapolated or predicted: docs/recipe.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ parallel.fsdp_grad_reduce and parallel.zero_stage.
 The standard library only, and nothing of the project: core is the bottom layer, so every other layer
 (engine, store, predictor, launch, job, sweep, cli, analysis, the plugins) may import this module. The enums
 are str-valued (ZeroStage int-valued): a member equals, hashes and formats as its plain value, so f-strings,
-json.dumps and pandas see `ok`, `bf16`, `2`, and records on disk hold plain strings and integers.
+json.dumps and pandas see `ok`, `bf16`, `2`, and records on disk hold plain strings and integers. The enums a config
+field is typed with (Precision, Recompute, FsdpGradReduce) name their members by their values: Hydra takes a
+member by name, so `train.precision=bf16` is the member and a wrong value is refused naming the valid ones.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ LAUNCHED = frozenset({Status.OK, Status.OOM, Status.TIMEOUT, Status.FAILED})
 class Precision(str, Enum):
     """train.precision: the dtype of the compute (bf16 keeps fp32 master weights and optimizer states)."""
 
-    FP32 = "fp32"
-    BF16 = "bf16"
+    fp32 = "fp32"
+    bf16 = "bf16"
 
     __str__ = str.__str__
 
@@ -47,8 +49,8 @@ class Precision(str, Enum):
 class Recompute(str, Enum):
     """train.recompute: activation recomputation of each decoder block."""
 
-    NONE = "none"
-    FULL = "full"
+    none = "none"
+    full = "full"
 
     __str__ = str.__str__
 
@@ -56,9 +58,9 @@ class Recompute(str, Enum):
 class FsdpGradReduce(str, Enum):
     """parallel.fsdp_grad_reduce: when ZeRO-2/3 reduce-scatter gradients under gradient accumulation."""
 
-    EVERY_MICRO_STEP = "every_micro_step"
+    every_micro_step = "every_micro_step"
     """Into fp32 gradient shards on every micro-step (ZeRO's semantics, the default)."""
-    LAST_MICRO_STEP = "last_micro_step"
+    last_micro_step = "last_micro_step"
     """Once, on the last micro-step, accumulating unsharded gradients (4Ψ more memory per rank)."""
 
     __str__ = str.__str__

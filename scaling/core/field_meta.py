@@ -1,5 +1,5 @@
 """Keys of a config field's metadata, which every group of the schema (scaling.core.schema) and the record's typed
-blocks (scaling.store.record_metrics) use to say how a field counts: in the job key, as an analysis column, as an axis."""
+blocks (scaling.store.record_blocks) use to say how a field counts: in the job key, as an analysis column, as an axis."""
 
 NEUTRAL = "neutral"
 """The value at which a field changes nothing measured before it existed (job_key omits it)."""

@@ -1,24 +1,12 @@
 """Typed configuration schema: one dataclass per config group (scaling.launch.resolvers registers it with Hydra's
-ConfigStore). Standard library only: every layer takes these types, the ranks included, and JSON appears only where
-a config crosses a process or a file.
+ConfigStore), the `model` group's two kinds in scaling.core.model_group. Standard library only: every layer takes
+these types, the ranks included, and JSON appears only where a config crosses a process or a file.
 
-The schema types every field, so a misspelt key or a wrong type fails when Hydra composes the
-config. Value checks that depend on several fields (does dp divide the batch?) live in
-`scaling.core.validate`, which turns them into `invalid` records instead of crashing a sweep.
-
-Only the groups model, train, parallel and hardware define an experiment (and its `job_key`);
-logger and launch say how it is run and logged. `config_fields` lists the experiment fields: the one
-definition of what a configuration is (the analysis's columns, axes and DP-scaling groups come from it).
-
-A store outlives upgrades: `job_key` hashes the experiment groups but leaves out every field at its
-*neutral* value, the value at which it changes nothing that was measured before the field existed. A
-field added to an experiment group declares it with the field itself, e.g. (clipping changes the step,
-so the default 1.0 makes new keys, while grad_clip=0 finds the points recorded before it):
-
-    grad_clip: float = field(default=1.0, metadata={NEUTRAL: 0.0})  # 0: no clipping, as before it existed
-
-A field added with its neutral value as default leaves every existing key unchanged, so a store written
-before it resumes without launching. Fields that were part of the key from the start declare none.
+The groups model, train, parallel and hardware define an experiment (and its `job_key`); logger and launch say how
+it is run. `config_fields` is the one definition of what a configuration is (the analysis's columns and axes).
+A field added to an experiment group declares its neutral value (`metadata={NEUTRAL: ...}`, the value that changes
+nothing measured before it existed), so every existing job key stays as it was (docs/record.md). Checks across
+fields live in scaling.core.validate.
 """
 
 from __future__ import annotations
@@ -27,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from scaling.core.enums import FsdpGradReduce, Precision, Recompute
 from scaling.core.field_meta import COLUMN, GROUP, NEUTRAL, RUN_ONLY
 from scaling.core.files import CONF_DIR
 from scaling.core.model_group import CustomModel, ModelConfig, is_custom, model_dict
@@ -83,9 +72,9 @@ class TrainConfig:
     under the memory tracker, after a first step has created the optimizer states."""
     steps: int = field(default=8, metadata={RUN_ONLY: True})
     """Optimizer steps that are timed (their median is the step time, their spread the within-run noise)."""
-    precision: str = "fp32"
+    precision: Precision = Precision.fp32
     """fp32, or bf16 mixed precision (bf16 compute, fp32 master weights and optimizer states)."""
-    recompute: str = "none"
+    recompute: Recompute = Recompute.none
     """Activation recomputation: `none` or `full` (checkpoint every decoder block)."""
     compile: bool = False
     """Wrap each decoder block with torch.compile."""
@@ -116,7 +105,7 @@ class ParallelConfig:
     """0 plain DDP, 1 shards optimizer states, 2 also gradients, 3 also parameters."""
     bucket_mb: float = 25.0
     """DDP gradient bucket size in MiB (stages 0 and 1)."""
-    fsdp_grad_reduce: str = "every_micro_step"
+    fsdp_grad_reduce: FsdpGradReduce = FsdpGradReduce.every_micro_step
     """Stages 2-3 with grad_acc > 1: reduce-scatter gradients on every micro-step into shards (ZeRO's way,
     the default), or only on the last one, accumulating unsharded gradients (`last_micro_step`: 4Ψ more
     memory per rank, less communication)."""

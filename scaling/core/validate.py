@@ -195,7 +195,7 @@ def _check_kernels(c: _Checker, cfg: ExperimentConfig) -> None:
     m, precision = cfg.model, cfg.train.precision
     if isinstance(m, CustomModel):  # its attention is its own: what runs it is the model's choice
         return
-    if cfg.hardware.device == "cuda" and precision == Precision.FP32 and m.n_kv_heads != m.n_heads:
+    if cfg.hardware.device == "cuda" and precision == Precision.fp32 and m.n_kv_heads != m.n_heads:
         c.errors.append(
             f"train.precision=fp32 on hardware.device=cuda with grouped-query attention (model.n_kv_heads="
             f"{m.n_kv_heads} < model.n_heads={m.n_heads}): no fused attention kernel runs it in fp32 (flash "

@@ -1,23 +1,7 @@
-"""The files of one point's job directory, named once, and the typed content of `worker.json` (`WorkerReport`), the contract between rank 0 and the driver.
-
-    <sweep_dir>/<job_key>/config.json     the resolved config the driver hands to the ranks
-    <sweep_dir>/<job_key>/worker.json     what rank 0 measured
-    <sweep_dir>/<job_key>/torchrun.log    torchrun's and the ranks' output
-    <sweep_dir>/<job_key>/elastic/        torch elastic's per-rank error files (@record)
-    <sweep_dir>/<job_key>/result.json     the record (scaling.store.record)
-    <sweep_dir>/<job_key>/running.json    the point is queued or running, and where (scaling.store.inflight)
-    <sweep_dir>/<job_key>/claim.lock      locked by the one run of the point (scaling.store.inflight.claim)
-
-A warm job (`launch.reuse`: ranks that stay up for several points of one shape) has a folder of its own, where
-the driver hands out points and rank 0 answers:
-
-    <pool_dir>/command-<n>.json           the driver: point n's config.json, or null to stop
-    <pool_dir>/wake-<rank>, done          named pipes: the driver wakes the idle ranks, rank 0 the waiting driver
-    <pool_dir>/taken-<n>                  rank 0: point n taken
-    <pool_dir>/done-<n>                   rank 0: point n measured and freed on every rank
-
-Standard library only (the atomic JSON write both sides use is scaling.core.files): the worker and the driver
-both import it.
+"""The files of one point's job directory, named once, and the typed content of `worker.json` (`WorkerReport`), the
+contract between rank 0 and the driver; and the files of a warm job's folder, where the driver hands out points
+(`warm_send`, `warm_command`) and rank 0 answers. The list of files and what writes each: docs/record.md.
+Standard library only: the worker and the driver both import it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Process lifetime: a child that must not outlive the parent that started it.
 
-Two links hold a point together: the sweep driver starts torchrun, torchrun starts the ranks. Each
-child asks Linux to SIGKILL it when its parent dies (PR_SET_PDEATHSIG), and then checks that its
-parent is still the one that started it: a parent that died before the request was made has
-already handed the child to init (or a subreaper), and the request then never fires. The check
-comes right after the request, so there is no window between them in which the parent can die
-unnoticed. Ranks make the request before `import torch`, which takes seconds.
-
-Also the tests' gate at each named start-up phase of a rank (`gate`, `SCALING_TEST_GATE`): a test that
-kills a point "during the torch import" reaches that state instead of sleeping until it probably holds.
-
-Standard library only: the worker calls it before it imports anything else.
+The driver starts torchrun, torchrun the ranks; each child asks Linux to SIGKILL it when its parent dies
+(PR_SET_PDEATHSIG) and then checks that its parent is still the one that started it (a parent that died before the
+request has already handed the child to init). Ranks do it before `import torch`. Also the tests' gate at each named
+start-up phase of a rank (`gate`, `SCALING_TEST_GATE`): a test reaches a state instead of sleeping until it
+probably holds. Standard library only: the worker calls it before it imports anything else.
 """
 
 from __future__ import annotations

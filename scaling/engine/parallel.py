@@ -1,36 +1,11 @@
 """ZeRO stages 0-3 on torch's own machinery: one rank's model, built in the order that lets it fit.
 
-| stage | sharded                        | implementation                                        |
-|-------|--------------------------------|-------------------------------------------------------|
-| 0     | nothing                        | DistributedDataParallel (bucketed, overlapped)        |
-| 1     | optimizer states               | DDP + ZeroRedundancyOptimizer                         |
-| 2     | optimizer states + gradients   | FSDP2 fully_shard(reshard_after_forward=False)        |
-| 3     | + parameters                   | FSDP2 fully_shard(reshard_after_forward=True)         |
-
-`parallelize` builds the model in one order, written here once (torchtitan's):
-
-1. on the meta device: shapes only, no memory;
-2. recompute: activation checkpointing of every block, first, because it changes what a block
-   computes in backward and both compile and sharding must see the block as it will run;
-3. compile: each block, before sharding, so FSDP2's all-gathers and reduce-scatters stay hooks
-   around the compiled block instead of being traced into it;
-4. shard (stages 2-3): fully_shard per block, then the root, still on meta;
-5. materialise: `to_empty` allocates only what this rank owns (its shards at stages 2-3; the whole
-   model at stages 0-1, which DDP replicates anyway), and `init_weights` fills it from one seeded
-   generator, each rank keeping its own part: the same weights for every dp and stage;
-6. wrap (stages 0-1) in DDP, then make the optimizer.
-
-A rank therefore never holds more than its shards plus one full parameter while it builds, so
-ZeRO-3 runs models that do not fit one device.
-
-Gradient accumulation: stages 0-1 all-reduce once, on the last micro-step (`no_sync` before).
-Stages 2-3 reduce-scatter every micro-step into fp32 gradient shards, as ZeRO (DeepSpeed) and
-torchtitan do, so no rank ever holds a whole accumulated gradient; stage 2 keeps its parameters
-gathered between micro-steps. `parallel.fsdp_grad_reduce=last_micro_step` accumulates unsharded
-gradients instead (less communication, 4Ψ more memory per rank): an explicit, recorded choice.
-bf16 mixed precision keeps fp32 master weights and optimizer states: autocast under DDP, FSDP2's
-MixedPrecisionPolicy (bf16 parameters and compute, fp32 gradient reduction) under fully_shard.
-torch and the standard library only: this runs inside the worker.
+Stage 0 is DDP, 1 DDP + ZeroRedundancyOptimizer, 2 and 3 FSDP2's `fully_shard` (parameters kept gathered after
+forward at 2, resharded at 3). `parallelize` builds in one order, torchtitan's: shapes on meta (the model's family,
+scaling.model), recompute, compile each block, shard (2-3), `to_empty` of what this rank owns, seeded init, then DDP
+(0-1) and the optimizer; so a rank never holds more than its shards plus one full parameter while it builds.
+`Parallelized.micro_step` says how each micro-step's gradients are reduced. The table, the order and gradient
+accumulation per stage: docs/concepts.md ("What one point does"). torch and the standard library only.
 """
 
 from __future__ import annotations
@@ -59,7 +34,7 @@ class Parallelized:
     zero_stage: int
     autocast_dtype: torch.dtype | None
     device: torch.device
-    fsdp_grad_reduce: str = FsdpGradReduce.EVERY_MICRO_STEP
+    fsdp_grad_reduce: str = FsdpGradReduce.every_micro_step
     grad_clip: float = 0.0
 
     def micro_step(self, index: int, count: int) -> ContextManager[None]:
@@ -67,7 +42,7 @@ class Parallelized:
         last = index == count - 1
         if self.zero_stage <= 1:
             return contextlib.nullcontext() if last else self.model.no_sync()
-        if self.fsdp_grad_reduce == FsdpGradReduce.LAST_MICRO_STEP:
+        if self.fsdp_grad_reduce == FsdpGradReduce.last_micro_step:
             self.model.set_requires_gradient_sync(last)
         if self.zero_stage == 2:
             # ZeRO-2 shards gradients, not parameters: keep them gathered until the step's last backward, so a
@@ -151,8 +126,8 @@ def parallelize(
     tracing on CPU).
     """
     fused = device.type == "cuda" if fused_optimizer is None else fused_optimizer
-    zero_stage, bf16 = parallel.zero_stage, train.precision == Precision.BF16
-    recompute = train.recompute == Recompute.FULL
+    zero_stage, bf16 = parallel.zero_stage, train.precision == Precision.bf16
+    recompute = train.recompute == Recompute.full
     where = "meta" if on_meta else device
     family = family_of(args)
     model = family.build(where)  # 1. shapes only

@@ -23,7 +23,7 @@ from scaling.core.enums import Precision
 from scaling.core.files import write_json_atomic
 from scaling.core.schema import HardwareConfig
 
-PRECISION_DTYPES = {Precision.FP32: "float32", Precision.BF16: "bfloat16"}
+PRECISION_DTYPES = {Precision.fp32: "float32", Precision.bf16: "bfloat16"}
 """`train.precision` -> the name of the torch dtype the matmuls run in (the worker's compute dtype too)."""
 CACHE_FILE = "peak_flops.json"
 MATMUL_SIZE = 1024

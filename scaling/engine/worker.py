@@ -2,20 +2,11 @@
 
     torchrun --standalone --nproc-per-node=<dp> -m scaling.engine.worker <launch_dir>/config.json
 
-Read top-down, `measure_point` is the whole job of a rank: take the device, join the process group,
-build the model for its ZeRO stage (scaling.engine.parallel), note what the build cost, run the
-untimed warm-up steps (on CPU the last one under the memory tracker), run the timed steps, gather what
-every rank measured, and let rank 0 write it as `worker.json` (a `WorkerReport`: step times, losses,
-memory per rank, the kernels that ran) next to the config; the driver turns it into result.json.
-`main` is wrapped in torch elastic's `@record`, so an exception in any rank lands in an error file the
-driver classifies (out of memory gives `oom`).
-
-Warm ranks (`launch.reuse`): `--serve <pool_dir>` keeps the ranks up for several points of one shape. Each rank
-waits for the driver's next command file (`scaling.engine.jobfiles.warm_command`), measures that point exactly as
-above, then frees what the point made (`release`: garbage, the allocator's cache and peaks, compiled graphs, the C
-heap's free pages), and rank 0 says the point is done. Any exception still ends the job: a rank that failed may
-have left a peer inside a collective, so the driver sends the rest of its points to a fresh launch.
-
+`measure_point`, read top-down, is a rank's whole job: the device, the process group, the model built for its ZeRO
+stage (scaling.engine.parallel), the warm-up steps (on CPU the last under the memory tracker), the timed steps,
+and rank 0's `worker.json` (scaling.engine.jobfiles.WorkerReport). `main` is wrapped in torch elastic's `@record`,
+so an exception lands in an error file the driver classifies. `--serve <pool_dir>` keeps the ranks up for several
+points of one shape (warm ranks: scaling.launch.warm), each freed after it is measured (`release`).
 torch and the standard library only: this must run on a bare GPU box.
 """
 

@@ -1,18 +1,16 @@
-"""The Hydra job: one experiment point from config to record.
+"""The Hydra job: one experiment point from config to record (`scaling run [overrides]`, `scaling run -m ...`).
 
-    scaling run [overrides]          one point (python -m scaling run is the same command)
-    scaling run -m [sweep overrides] a multirun (see sweeps/)
-
-already in the store? -> validate -> predict memory -> launch torchrun (launch.repeats fresh launches)
--> classify -> write result.json atomically -> log to W&B -> return the record (the sweeper reads its
-metrics).
-This process never imports CUDA and never becomes a rank; a point never raises into the sweep.
+`run_point` shows a point's life top-down, one line per hop: the store, the claim, validate, count the model,
+predict its memory, lease its devices, launch torchrun, write the record (then W&B). The helpers below it do each
+hop. This process never imports CUDA and never becomes a rank; a point never raises into the sweep.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import itertools
 import os
 import platform
@@ -56,6 +54,8 @@ from scaling.store.record import (
     next_attempt,
     output_dir,
 )
+from scaling.store.record_blocks import Derived as DerivedBlock
+from scaling.store.record_blocks import DerivedModel, ParamTensors
 
 OPTUNA_SWEEPER = "hydra_plugins.scaling_optuna_sweeper.sweeper.ScalingOptunaSweeper"
 """The `_target_` of the Optuna sweeper (hydra_plugins.scaling_optuna_sweeper takes it from here): its jobs are
@@ -63,42 +63,63 @@ numbered by trial."""
 
 
 def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> dict[str, Any]:
-    """Run one experiment point to its record (`Record.to_dict()`, what the sweepers receive); never raises for
-    a bad point.
+    """One point's life, top-down, to its record (`Record.to_dict()`, what the sweepers receive); never raises for a
+    bad point. `provenance` says what made it (`hydra_provenance`)."""
+    sweep_dir, key = Path(c.sweep_dir).resolve(), job_key(c)
+    point_dir = job_dir(sweep_dir, key)
+    lead = slurm.is_lead_task(os.environ)  # the task that writes the record (the only one outside multi-node SLURM)
+    existing, answer = _stored(sweep_dir, key, c, "")  # 1. the store: a record that answers the point ends it here
+    if answer is not None:
+        return answer
+    with inflight.claim(point_dir, os.environ, name=key) if lead else contextlib.nullcontext() as claim:  # 2. claim it
+        if lead:  # the store again, now that nobody else runs the point (a holder we waited for wrote it)
+            existing, answer = _stored(sweep_dir, key, c, " while this run waited")
+            if answer is not None:
+                return answer
+        t0, record = time.perf_counter(), _new_record(c, key, existing, provenance, claim)
+        try:
+            derived = validate(c)  # 3. validate: an impossible configuration is `invalid`, before any process
+            record.derived = _derived_block(c, derived)  # 4. the model counted (one the user brings built and checked)
+        except InvalidConfig as e:
+            return _finish(_ended(record, Status.INVALID, str(e), c), point_dir, t0, c)
+        record.predicted = prediction = prescreen(c, derived.grad_acc, kept_in=c.sweep_dir)  # 5. predict its memory
+        if predicted_oom(prediction):  # predicted > (1 + prescreen_margin) x capacity, and not in the sample
+            return _finish(_ended(record, Status.PREDICTED_OOM, prediction["reason"], c), point_dir, t0, c)
+        argv = functools.partial(  # under SLURM the allocation decides how torchrun starts; elsewhere --standalone
+            slurm.point_argv,
+            job_key=key,
+            dp=derived.world_size,
+            devices_per_node=c.hardware.devices_per_node,
+            env=os.environ,
+            port=c.launch.master_port,
+        )
+        try:
+            argv(point_dir / CONFIG_FILE)  # refused here, before any launch, when this allocation cannot hold it
+            lease = devices.request(c, os.environ)  # 6. lease its devices
+        except ValueError as e:
+            return _finish(_ended(record, Status.FAILED, str(e), c), point_dir, t0, c)
+        resumed = [Launch.from_dict(launch) for launch in kept_launches(existing, c.launch.rerun)]
+        try:  # 7. launch torchrun, launch.repeats times (the record written after each)
+            _launch_repeats(c, record, resumed, point_dir, argv, lease, lead)
+        except devices.LeaseTimeout as e:  # never started: nothing to record (a re-run runs it)
+            print(f"[scaling] {key}: not run, {e}", file=sys.stderr, flush=True)
+            return {"job_key": key, "status": Status.FAILED, "error": f"not run: {e}"}
+        return _finish(record, point_dir, t0, c) if lead else record.to_dict()  # 8. the record, W&B, its line
 
-    `provenance` says what made the point (see `hydra_provenance`); the record adds its attempt number and
-    the SLURM job id. A point the store answers is not run again (its stored record is returned); a point
-    recorded with fewer ok launches than launch.repeats launches only the missing ones."""
-    sweep_dir = Path(c.sweep_dir).resolve()
-    key = job_key(c)
+
+def _stored(
+    sweep_dir: Path, key: str, c: ExperimentConfig, when: str
+) -> tuple[Optional[dict[str, Any]], Optional[dict[str, Any]]]:
+    """(the point's stored record, what run_point returns when the store answers the point or cannot be read)."""
     try:
         existing = read_record(sweep_dir, key, set_aside_corrupt=True)  # NewerRecord stops the command
     except RecordError as e:  # another user's 0600 record, a directory: left as it is, the point not run
-        return _unreadable(key, e)
+        print(f"[scaling] {key}: not run, its record cannot be read: {e}", file=sys.stderr, flush=True)
+        return None, {"job_key": key, "status": Status.FAILED, "error": f"not run, its record cannot be read: {e}"}
     if answers(existing, key, c.launch):  # a predicted_oom point in the pre-screen's sample runs anyway
-        print(f"[scaling] {key} already recorded as {existing['status']}: skipped", flush=True)
-        return existing
-    point_dir = job_dir(sweep_dir, key)
-    lead = slurm.is_lead_task(os.environ)  # the task that writes the record (the only one outside multi-node SLURM)
-    if not lead:  # another node's task of a multi-node point: its lead task holds the claim
-        return _run_claimed(c, key, existing, provenance, point_dir, None)
-    with inflight.claim(point_dir, os.environ, name=key) as claim:
-        try:  # what the store holds now that nobody else runs the point (a holder we waited for wrote it)
-            existing = read_record(sweep_dir, key, set_aside_corrupt=True)
-        except RecordError as e:
-            return _unreadable(key, e)
-        if answers(existing, key, c.launch):
-            print(
-                f"[scaling] {key} already recorded as {existing['status']} while this run waited: skipped", flush=True
-            )
-            return existing
-        return _run_claimed(c, key, existing, provenance, point_dir, claim)
-
-
-def _unreadable(key: str, e: RecordError) -> dict[str, Any]:
-    """What run_point returns, recording nothing, for a point whose record it cannot read (said on stderr)."""
-    print(f"[scaling] {key}: not run, its record cannot be read: {e}", file=sys.stderr, flush=True)
-    return {"job_key": key, "status": Status.FAILED, "error": f"not run, its record cannot be read: {e}"}
+        print(f"[scaling] {key} already recorded as {existing['status']}{when}: skipped", flush=True)
+        return existing, existing
+    return existing, None
 
 
 def _new_launch_dir(point_dir: Path, attempt: int, n: int, environ: Mapping[str, str]) -> Path:
@@ -124,66 +145,29 @@ def _new_launch_dir(point_dir: Path, attempt: int, n: int, environ: Mapping[str,
     raise AssertionError("unreachable")
 
 
-def _run_claimed(
+def _new_record(
     c: ExperimentConfig,
     key: str,
     existing: Optional[dict[str, Any]],
     provenance: Optional[Provenance],
-    point_dir: Path,
     claim: Optional[inflight.Claim],
-) -> dict[str, Any]:
-    """`run_point` of a point this process holds (`claim`; None for a multi-node point's other tasks)."""
-    t0 = time.perf_counter()
-    record = _new_record(c, key, existing, provenance)
-    if claim is not None and claim.took_over is not None:
-        record.provenance.took_over = claim.took_over
-        print(
-            f"[scaling] {key}: took over from {inflight.holder(claim.took_over)}, which is gone",
-            file=sys.stderr,
-            flush=True,
-        )
-    lead = claim is not None
-    try:
-        derived = validate(c)
-        record.derived = _derived_block(c, derived)  # a model the user brings is built and checked here
-    except InvalidConfig as e:
-        return _finish(_ended(record, Status.INVALID, str(e), c), point_dir, t0, c)
-    record.predicted = prediction = prescreen(c, derived.grad_acc, kept_in=c.sweep_dir)
-    if predicted_oom(prediction):  # predicted > (1 + prescreen_margin) x capacity, and not in the sample
-        return _finish(_ended(record, Status.PREDICTED_OOM, prediction["reason"], c), point_dir, t0, c)
-
-    def argv(config_path: Path) -> list[str]:
-        # Under SLURM the allocation decides how torchrun starts (one node, or one torchrun per node joined by
-        # a c10d rendezvous); elsewhere it is `torchrun --standalone`. This node must hold its ranks.
-        return slurm.point_argv(
-            config_path, key, derived.world_size, c.hardware.devices_per_node, os.environ, c.launch.master_port
-        )
-
-    try:
-        argv(point_dir / CONFIG_FILE)  # refused here, before any launch, when this allocation cannot hold it
-        lease = devices.request(c, os.environ)
-    except ValueError as e:
-        return _finish(_ended(record, Status.FAILED, str(e), c), point_dir, t0, c)
-
-    resumed = [Launch.from_dict(launch) for launch in kept_launches(existing, c.launch.rerun)]
-    try:
-        _launch_repeats(c, record, resumed, point_dir, argv, lease, lead)
-    except devices.LeaseTimeout as e:  # never started: nothing to record (a re-run runs it)
-        print(f"[scaling] {key}: not run, {e}", file=sys.stderr, flush=True)
-        return {"job_key": key, "status": Status.FAILED, "error": f"not run: {e}"}
-    return _finish(record, point_dir, t0, c) if lead else record.to_dict()
-
-
-def _new_record(
-    c: ExperimentConfig, key: str, existing: Optional[dict[str, Any]], provenance: Optional[Provenance]
 ) -> Record:
-    """The record of a point about to be judged: its config and what made it, nothing measured yet."""
+    """The record of a point about to be judged: its config and what made it (a stale claim taken over is said,
+    here and in the record), nothing measured yet."""
+    took_over = claim.took_over if claim is not None else None
+    if took_over is not None:
+        print(
+            f"[scaling] {key}: took over from {inflight.holder(took_over)}, which is gone", file=sys.stderr, flush=True
+        )
     return Record(
         job_key=key,
         sweep=c.sweep,
         config=c.experiment(),
         provenance=dataclasses.replace(
-            provenance or Provenance(), slurm_job_id=inflight.slurm_job_id(os.environ), attempt=next_attempt(existing)
+            provenance or Provenance(),
+            slurm_job_id=inflight.slurm_job_id(os.environ),
+            attempt=next_attempt(existing),
+            took_over=took_over,
         ),
         timing=Timing(started_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")),
     )
@@ -218,6 +202,7 @@ def _launch_repeats(
     warm_ranks = c.launch.reuse and slurm.placement(c.parallel.dp, c.hardware.devices_per_node, os.environ).nodes == 1
     runtime = {"job_key": record.job_key, "pg_timeout_s": torchrun.process_group_timeout_s(c.launch.timeout_s)}
     ranks_config = {**c.to_dict(), "derived": record.derived, "runtime": runtime}
+    derived = DerivedBlock.from_dict(record.derived)
 
     def new_launch() -> tuple[Path, Path]:  # this launch's directory and the config.json its ranks read there
         launch_dir = _new_launch_dir(point_dir, record.provenance.attempt or 1, len(launches), os.environ)
@@ -250,14 +235,12 @@ def _launch_repeats(
             if outcome.status != Status.OK:
                 return
             continue
-        this, env_block = _launch_entry(c, record.derived, outcome, launch_dir, launched_at, held.wait_s, peak)
+        this, env_block = _launch_entry(c, derived, outcome, launch_dir, launched_at, held.wait_s, peak)
         this.timing.points_before, this.dir = points_before, str(launch_dir.relative_to(point_dir))
         launches.append(this)
         record.status, record.error, record.repeats = this.status, this.error, launches
         record.env = {**env_block, "devices": held.visible}
-        record.metrics = (
-            repeats_metrics([r.metrics for r in launches], record.derived) if this.status == Status.OK else None
-        )
+        record.metrics = repeats_metrics([r.metrics for r in launches], derived) if this.status == Status.OK else None
         record.timing = record.timing.with_launches(launches[kept:]).with_device_time(launches)
         if this.status != Status.OK:
             return
@@ -266,7 +249,7 @@ def _launch_repeats(
 
 def _launch_entry(
     c: ExperimentConfig,
-    derived: dict[str, Any],
+    derived: DerivedBlock,
     outcome: torchrun.Outcome,
     launch_dir: Path,
     launched_at: str,
@@ -285,12 +268,12 @@ def _launch_entry(
         this.metrics = throughput_metrics(report, derived, peak)
         this.timing.launch_overhead_s = outcome.wall_s - report.measured_window_s
         this.timing = this.timing.with_device_time(
-            derived["world_size"], report.measured_window_s, report.phases_s.get("warmup_s")
+            derived.world_size, report.measured_window_s, report.phases_s.get("warmup_s")
         )
         return this, {**report.env, "warmup_steps_run": report.warmup_steps_run, "compile": report.compile}
     if outcome.status == Status.OK:
         this.status, this.error = Status.FAILED, f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}"
-    this.timing = this.timing.with_device_time(derived["world_size"])
+    this.timing = this.timing.with_device_time(derived.world_size)
     return this, _host_env(c)
 
 
@@ -309,39 +292,34 @@ def _host_env(c: ExperimentConfig) -> dict[str, Any]:
 
 
 def _derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
-    """The record's `derived`: the batch arithmetic, the parameter count and the FLOPs per token (the built-in
-    family's closed form; a model the user brings counted by torch's FlopCounterMode and named in `model`);
-    InvalidConfig when a model the user brings breaks the contract (it is built on fake tensors here)."""
+    """The record's `derived` (scaling.store.record_blocks.Derived): the batch arithmetic, the parameter count and
+    the FLOPs per token (the built-in family's closed form; a model the user brings counted by torch's
+    FlopCounterMode and named in `model`); InvalidConfig when a model the user brings breaks the contract."""
     try:
         counted = family_of(c.model).counted(c.train.seq_len)
     except ModelError as e:
         raise InvalidConfig([str(e)]) from e
-    block = {
+    block = DerivedBlock(
         **derived.as_dict(),
-        "n_params": counted.n_params,
-        "flops_per_token": counted.flops_per_token,
-        "hw_flops_per_token": counted.hw_flops_per_token(c.train.recompute == "full"),
-    }
-    if not c.custom:
-        return block
-    return {
-        **block,
-        "flops_source": counted.source,
-        "uncounted_ops": list(counted.uncounted_ops),
-        "model": {
-            "name": c.model.name,
-            "source": c.model.source,
-            "block": counted.block,
-            "n_blocks": counted.n_blocks,
-            "config_hash": model_hash(c.model),
-            # what the DP extrapolation's step model makes its collectives of (scaling.model.shape.ModelShape.from_record)
-            "param_tensors": {
-                "module": [BLOCK if in_block else ROOT for _, in_block, _, _ in counted.tensors],
-                "rows": [rows for _, _, rows, _ in counted.tensors],
-                "cols": [cols for _, _, _, cols in counted.tensors],
-            },
-        },
-    }
+        n_params=counted.n_params,
+        flops_per_token=counted.flops_per_token,
+        hw_flops_per_token=counted.hw_flops_per_token(c.train.recompute == "full"),
+    )
+    if c.custom:
+        block.flops_source, block.uncounted_ops = counted.source, list(counted.uncounted_ops)
+        block.model = DerivedModel(
+            name=c.model.name,
+            source=c.model.source,
+            block=counted.block,
+            n_blocks=counted.n_blocks,
+            config_hash=model_hash(c.model),
+            param_tensors=ParamTensors(
+                module=[BLOCK if in_block else ROOT for _, in_block, _, _ in counted.tensors],
+                rows=[rows for _, _, rows, _ in counted.tensors],
+                cols=[cols for _, _, _, cols in counted.tensors],
+            ),
+        )
+    return block.to_dict()
 
 
 def _finish(record: Record, point_dir: Path, t0: float, c: ExperimentConfig) -> dict[str, Any]:

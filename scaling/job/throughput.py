@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional, Sequence
 from scaling.core.noise import relative_spread
 from scaling.engine import peak_flops
 from scaling.engine.jobfiles import WorkerReport
-from scaling.store.record_metrics import Metrics
+from scaling.store.record_blocks import Derived, Metrics
 
 PEAK_KEYS = (
     "peak_mem_bytes",
@@ -30,19 +30,19 @@ PEAK_KEYS = (
 """Memory peaks a launch reports per rank (`<key>_per_rank`) and as their max (`<key>`)."""
 
 
-def tokens_per_s(derived: Mapping[str, Any], step_time_s: float) -> tuple[float, float]:
+def tokens_per_s(derived: Derived, step_time_s: float) -> tuple[float, float]:
     """Tokens/s and tokens/s per GPU of a step of `step_time_s`: the tokens of one global batch
     (`derived.gbs_tokens`) over the time of one optimizer step, and that over `derived.world_size`."""
-    total = derived["gbs_tokens"] / step_time_s
-    return total, total / derived["world_size"]
+    total = derived.gbs_tokens / step_time_s
+    return total, total / derived.world_size
 
 
 def _max(values: Optional[list[int]]) -> Optional[int]:
     return max(values) if values else None
 
 
-def throughput_metrics(worker: WorkerReport, derived: Mapping[str, Any], peak: peak_flops.PeakFlops) -> dict[str, Any]:
-    """The `metrics` block (scaling.store.record_metrics.Metrics) of one launch that finished, from what its rank 0
+def throughput_metrics(worker: WorkerReport, derived: Derived, peak: peak_flops.PeakFlops) -> dict[str, Any]:
+    """The `metrics` block (scaling.store.record_blocks.Metrics) of one launch that finished, from what its rank 0
     reported."""
     step_times = list(worker.step_times_s)
     step_time_s = statistics.median(step_times)
@@ -52,8 +52,8 @@ def throughput_metrics(worker: WorkerReport, derived: Mapping[str, Any], peak: p
     return Metrics(
         tokens_per_s=total,
         tokens_per_s_per_gpu=per_gpu,
-        mfu=peak_flops.mfu(derived["flops_per_token"], per_gpu, peak.flops_per_s),
-        hfu=peak_flops.hfu(derived["hw_flops_per_token"], per_gpu, peak.flops_per_s),
+        mfu=peak_flops.mfu(derived.flops_per_token, per_gpu, peak.flops_per_s),
+        hfu=peak_flops.hfu(derived.hw_flops_per_token, per_gpu, peak.flops_per_s),
         peak_flops_per_s=peak.flops_per_s,
         peak_flops_source=peak.source,
         peak_flops_measured_at=peak.measured_at,
@@ -104,7 +104,7 @@ def _peaks(launches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def repeats_metrics(launches: Sequence[Mapping[str, Any]], derived: Mapping[str, Any]) -> dict[str, Any]:
+def repeats_metrics(launches: Sequence[Mapping[str, Any]], derived: Derived) -> dict[str, Any]:
     """The point's `metrics` over the `metrics` blocks of its ok launches (launch order), one or more.
 
     Throughput is the median over launches: step_time_s = median of their median step times,
@@ -128,8 +128,8 @@ def repeats_metrics(launches: Sequence[Mapping[str, Any]], derived: Mapping[str,
             **first,
             "tokens_per_s": total,
             "tokens_per_s_per_gpu": per_gpu,
-            "mfu": peak_flops.mfu(derived["flops_per_token"], per_gpu, first["peak_flops_per_s"]),
-            "hfu": peak_flops.hfu(derived["hw_flops_per_token"], per_gpu, first["peak_flops_per_s"]),
+            "mfu": peak_flops.mfu(derived.flops_per_token, per_gpu, first["peak_flops_per_s"]),
+            "hfu": peak_flops.hfu(derived.hw_flops_per_token, per_gpu, first["peak_flops_per_s"]),
             "step_time_s": step_time_s,
             "step_times_s": [t for m in launches for t in m["step_times_s"]],
             "step_time_spread_frac": within,

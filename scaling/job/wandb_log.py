@@ -1,16 +1,9 @@
 """Weights & Biases logging of one point: the dashboard, never the source of truth.
 
-One run per point and attempt, whatever its status (`predicted_oom` and `invalid` too, with config and
-status but no history), so a W&B heatmap has the report's cells. Its id, name, tags, config and summary
-are the record's, mapped by scaling.store.wandb_runs (a run is a second copy of the record); this module
-adds the run's group (the sweep), job_type `throughput`, and the history `step/…`, one row per timed
-step (`step/timed_step` is its x-axis), whose summaries are their min, max and mean (`define_metric`),
-never a last step passed off as the headline (`metrics/tokens_per_s_per_gpu` is gbs_tokens / median
-step time, per GPU).
-
-Offline by default, in the store unless `logger.dir` or `WANDB_DIR` names another folder; quiet unless
-`WANDB_SILENT` or `WANDB_CONSOLE` is set. Any W&B failure never fails the point: result.json is written
-before this runs, and the point's `[scaling]` line names the failure.
+One run per point and attempt, whatever its status, its id, name, tags, config and summary the record's
+(scaling.store.wandb_runs); this module adds the group (the sweep), job_type `throughput` and the history
+`step/…`, one row per timed step. Offline by default, in the store unless `logger.dir` or `WANDB_DIR` says
+otherwise. A W&B failure never fails the point: result.json is written first, and the point's line names it.
 """
 
 from __future__ import annotations
@@ -21,6 +14,7 @@ from typing import Any, Mapping, Optional
 from scaling.core.schema import LoggerConfig
 from scaling.job.throughput import tokens_per_s
 from scaling.store.index import store_id
+from scaling.store.record_blocks import Derived
 from scaling.store.wandb_runs import run_config, run_dir, run_id, run_name, run_settings, run_tags, summary_of
 
 STEP = "step/timed_step"
@@ -29,10 +23,10 @@ STEP = "step/timed_step"
 
 def history_of(record: Mapping[str, Any]) -> list[dict[str, float]]:
     """One `step/…` history row per timed step (none for a point that did not run to the end)."""
-    m, d = record.get("metrics") or {}, record.get("derived") or {}
+    m = record.get("metrics") or {}
     rows = []
     for step, step_time in enumerate(m.get("step_times_s") or []):
-        total, per_gpu = tokens_per_s(d, step_time)
+        total, per_gpu = tokens_per_s(Derived.from_dict(record["derived"]), step_time)
         rows.append(
             {
                 STEP: step,

@@ -1,20 +1,11 @@
 """Device leases on one host: which GPUs (or the host's one CPU slot) a point's ranks use while it runs.
 
-Points that run at once on one machine (`hydra/launcher=parallel`, or sweeps started in several
-shells) share the devices through `fcntl.flock` locks, one file per slot in a lock directory
-(`$SCALING_DEVICE_LOCK_DIR`, default `$XDG_RUNTIME_DIR/scaling-devices`, else `/tmp/scaling-devices-<uid>`;
-mode 0700, checked before use: a directory of this user's, not a symbolic link, closed to others; lock files are
-opened without following symbolic links): `cuda-<id>.lock` per GPU and
-`cpu-host.lock` for the whole host, since CPU points that ran side by side would measure each other.
-A lease holds its slots for the length of one launch; the kernel drops the locks when the holder
-exits, however it exits, so a killed point never leaves a device taken. Each lock file names the pid
-that holds it. Waiters queue on `<kind>.queue.lock`: the first in line takes slots as they come free
-while the rest wait behind it, so a wide point is not starved by a stream of narrow ones.
-
-Inside a SLURM allocation (a batch job, or salloc used interactively by several sweeps at once) points
-lease the allocation's GPUs the same way, with locks of that job's own. A point that runs in a worker
-process of the sweep (the parallel launcher's) exits when the sweep's process dies, so a killed sweep
-leaves no point running and no slot taken.
+Points that run at once on one machine share the devices through `fcntl.flock` locks, one file per slot in a lock
+directory of this user's (`$SCALING_DEVICE_LOCK_DIR`, else under `$XDG_RUNTIME_DIR` or /tmp; mode 0700, never
+followed through a link): `cuda-<id>.lock` per GPU, `cpu-host.lock` for the whole host. The kernel drops a lock
+when its holder exits, however it exits; each lock file names its holder, and waiters queue so a wide point is not
+starved by narrow ones. Inside a SLURM allocation points lease its GPUs with locks of that job's own.
+docs/sweeps.md.
 """
 
 from __future__ import annotations

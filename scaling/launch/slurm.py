@@ -1,19 +1,10 @@
 """Placing a point's ranks under SLURM: how many nodes, who starts torchrun, and its argv.
 
-One point needs `nodes_needed(dp, devices_per_node)` nodes with `dp / nodes` ranks each. Three
-ways to start them, chosen from the SLURM environment of the calling process:
-
-- one node (inside SLURM or not): `torchrun --standalone --nproc-per-node=dp`;
-- several nodes, the caller is a single process in the allocation (a batch script, salloc):
-  `srun --nodes=N --ntasks-per-node=1 torchrun --nnodes=N ... --rdzv-backend=c10d`;
-- several nodes, the caller is one of N srun tasks, one per node (hydra-submitit-launcher with
-  `nodes: N`): each task starts its own node's torchrun with the same c10d rendezvous, and only
-  the lead task (`is_lead_task`) writes the record.
-
-The deciding functions are pure (they read a Mapping, never os.environ); `point_argv` adds
-the two look-ups that need `scontrol` (expanding a node list, a node's address); its torchrun
-command line comes from scaling.launch.torchrun. What a point asks of SLURM (nodes, GPUs and CPUs per node)
-and the OmegaConf resolvers used by `conf/hydra/launcher/slurm.yaml` live here too.
+One node: `torchrun --standalone`; several nodes from one process of the allocation: `srun ... torchrun --nnodes=N
+--rdzv-backend=c10d`; several nodes as one of N srun tasks (hydra-submitit-launcher with `nodes: N`): each task
+starts its node's torchrun with the same rendezvous and the lead task (`is_lead_task`) writes the record. The
+deciding functions are pure (a Mapping, never os.environ); `point_argv` adds the `scontrol` look-ups. What a point
+asks of SLURM and the resolvers of conf/hydra/launcher/slurm.yaml live here too.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Start one point's torchrun as a subprocess, bound its time, and classify how it ended.
 
-Owns the one builder of torchrun command lines (`torchrun_argv`). torchrun runs in its own session
-(so a timeout can signal the whole job) and dies with the driver (scaling.engine.lifetime: a death
-signal, then a check that the driver is still its parent); each rank does the same with torchrun
-before it imports torch. On timeout every process of the job is killed: SIGTERM, a grace period, then
-SIGKILL, and `end_launch` makes sure none is left before the point's devices are released.
-
-A launch's processes are known by identity, never by name: each launch puts a token of its own in the environment
-(LAUNCH_ENV) that torchrun and every rank inherit, and only this user's processes that carry it are signalled (a
-command line naming the point's config.json may be another driver's torchrun, or someone's `less`). A launch that
-starts its nodes through srun names its SLURM job step after the token (`step_name`), and that step is cancelled
-and waited for when the launch ends (`end_slurm_step`): its tasks on other nodes are no processes of this host.
-`classify` is pure: it turns (exit code, timed out, elastic error files, log tail) into a status.
+Owns the one builder of torchrun command lines (`torchrun_argv`). torchrun runs in its own session and dies with the
+driver (scaling.engine.lifetime); on timeout every process of the launch is killed (SIGTERM, a grace period,
+SIGKILL) and `end_launch` makes sure none is left before the devices are released. A launch's processes are known
+by a token of their own in the environment (LAUNCH_ENV), never by name; a launch through srun names its job step
+after it (`end_slurm_step`). `classify` is pure: (exit code, timed out, elastic error files, log tail) -> status.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Warm ranks (`launch.reuse=true`): one torchrun job whose ranks stay up for the points of one shape.
 
-A fresh launch spends seconds per rank on the interpreter, `import torch` and the process group before it
-measures a fraction of a second; points of one shape (the same world size, hardware block, process-group timeout,
-devices and rank environment) can share those ranks instead. This driver process keeps warm jobs: a
-point of its shape is handed to it (`scaling.engine.jobfiles.warm_send`). The job holds its device lease for its
-life, since its ranks hold the devices: on CUDA a point of another shape first ends it; on CPU a few jobs of
-different shapes wait side by side under the host's one lease. A job ends after `launch.reuse_idle_s` without a
-point, when a fresh launch of this process needs the devices, when the driver exits, or with the first point
-that fails in a way that may leave a rank inside a collective (a crash, a timeout, a real device's out-of-memory
-error: the rest go to a fresh job). A CPU point that passes its emulated capacity does not end the job: every rank
-learns of it at the end of the tracked step and raises it there together (scaling.engine.memtrack), records it,
-frees the point and takes the next. Each point still gets its own job directory: the part of the job's log written
-while it ran, its error files, and the ranks' worker.json, from which the driver writes its ordinary record.
-
-What the job's ranks are tied to is what a fresh launch's are: torchrun dies with this process and each rank with
-torchrun (scaling.engine.lifetime), so a killed sweep leaves no rank behind.
+A fresh launch spends seconds per rank on the interpreter, torch and the process group; points of one shape (world
+size, hardware, process-group timeout, devices, rank environment) share those ranks instead. This driver keeps the
+warm jobs and hands each a point of its shape (scaling.engine.jobfiles.warm_send); a job holds its device lease for
+its life and ends when idle (`launch.reuse_idle_s`), when a fresh launch needs its devices, with the driver, or
+with the first point that may have left a rank inside a collective. Each point keeps its own job directory and its
+ordinary record. When a job ends and why: docs/concepts.md.
 """
 
 from __future__ import annotations

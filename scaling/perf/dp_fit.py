@@ -1,20 +1,10 @@
 """The step model (scaling.perf.step_model) fitted to one configuration's measured points, under one source.
 
-The parameters come from one of three sources:
-(a) "sweep": the compute time, the optimizer's time per parameter updated (where it stands out of the timing
-    noise) and whatever α-β figures the measured dp identify (o is then 0: the figures are those of exposed
-    communication); (b) "profile" and (c) "published": the network is given (with its spread), the compute time,
-    the optimizer's (where the points tell it from the compute) and o are fitted.
-
-With no overlap the step time is linear in (a)'s parameters,
-
-    t = grad_acc·compute_s + params_updated·optimizer_s_per_param
-        + Σ_calls (bytes moved per rank · 1/β_slowest tier + Σ_tier ring steps at that tier · α_tier)
-
-summed over the step's collectives (`step_collectives`; a ring spanning nodes pays α between nodes on its node
-crossings only, `scaling.perf.network.latency_steps`): one named design column per parameter (COLUMNS), solved in
-relative error by scipy's `lsq_linear` with every coefficient bounded to [0, inf): a figure the points would put
-below 0 is held at 0 and the others refit around it. Nominal fit and bootstrap draws use one column set.
+(a) "sweep": the compute time, the optimizer's time per parameter and whatever α-β figures the measured dp identify
+(no overlap: exposed communication); (b) "profile" and (c) "published": the network given with its spread, the
+compute, the optimizer and the overlap fitted. Without overlap the step time is linear in (a)'s parameters: one named
+design column per parameter (`COLUMNS`), solved in relative error by scipy's `lsq_linear` with every coefficient
+bounded at 0. The equations: docs/dp-extrapolation.md.
 """
 
 from __future__ import annotations

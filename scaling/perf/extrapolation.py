@@ -1,20 +1,11 @@
 """One configuration's DP curve extrapolated past its measured dp under one source, with its band and knee range.
 
-The uncertainty comes from bootstrap draws, each of which carries two kinds of doubt:
-- the fit's: each point's timed steps resampled (and the points themselves, where more were measured than
-  parameters fitted), each point's step time moved by a run-to-run factor its own timed steps cannot show
-  (`RUN_TO_RUN`), refitted (scaling.perf.dp_fit) with the model of the nominal curve, with the source's network draws:
-  (a)'s draws refit the nominal fit's columns (an α the noise leaves unresolved among them), (b)'s and (c)'s draw
-  the overlap among the values that fit within the noise;
-- the model's form (`ModelForm`): what no fit of the measured dp can identify, because it costs nothing at the
-  measured dp. Past the largest measured dp each draw multiplies the step model's communication and optimizer
-  time by (1 + κ) per doubling (congestion that grows with the ring, a network tier the measured rings have not
-  crossed, an optimizer step that does not shrink with the shard count) and slows the compute by the slowest of
-  n ranks (a straggler), κ and the straggler's spread drawn from the stated priors (`OVERHEAD_PER_DOUBLING`,
-  `STRAGGLER`). It is zero at the measured dp and grows with the distance past them.
-The band is the 2.5th-97.5th percentile of the draws, the knee's range the same percentiles of their knees.
-Past the horizon (`HORIZON` times the largest dp that measured points or a measured network profile reach) no
-figure is given: the row says so (docs/dp-extrapolation.md).
+`extrapolate` fits the step model (scaling.perf.dp_fit) and draws its bootstrap band: each draw carries the fit's
+doubt (timed steps resampled, a run-to-run factor `RUN_TO_RUN`, the source's network draws) and the model form's
+(`ModelForm`: past the largest measured dp, communication and optimizer time off by (1 + κ) per doubling, a
+straggler; priors `OVERHEAD_PER_DOUBLING`, `STRAGGLER`). The band is the 2.5th-97.5th percentile of the draws, the
+knee's range the same of their knees; past the horizon (`HORIZON` × the largest dp measured points or a measured
+network reach) no figure is given. The reasoning and its checks: docs/dp-extrapolation.md.
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
 """A training step at dp=n with a fixed global batch: the collectives each ZeRO stage issues, and the step time.
 
-One configuration (model, seq_len, mbs, ZeRO stage, precision, recompute, clipping; dp varies) takes per step
+    step_s(n) = grad_acc(n)·compute_s + params_updated(n)·optimizer_s_per_param + exposed communication(n)
 
-    grad_acc(n) = gbs / (mbs·n)        (a fixed global batch; a sweep that fixed grad_acc instead keeps it)
-    step_s(n)   = grad_acc(n)·compute_s + params_updated(n)·optimizer_s_per_param + exposed communication(n)
-
-so as dp grows, grad_acc falls, and what is paid once per step (communication, the optimizer) is amortised over
-fewer micro-steps. `step_collectives` lists the collectives of one step as the engine issues them (the model's
-single source: the fit, the curve and the comparison with a real step all read it); gradients are reduced in
-fp32 at every stage, parameters travel in bf16 only under FSDP2's mixed precision (DDP's are fp32):
-
-  ZeRO-0  DDP: one all-reduce per gradient bucket (`parallel.bucket_mb`), in the last micro-step's backward
-  ZeRO-1  the same, then ZeroRedundancyOptimizer's parameter sync: one broadcast per parameter tensor from the
-          rank that updated it (fp32, 4Ψ in all), after the optimizer step: exposed
-  ZeRO-2  FSDP2, one all-gather and one reduce-scatter per sharded module (every block, and the root: embedding,
-          final norm, output). The parameters stay gathered until the step's last backward, so they are gathered
-          once per step, in the first micro-step's forward; the gradients are reduce-scattered in every
-          micro-step's backward (`fsdp_grad_reduce=last_micro_step`: in the last backward only)
-  ZeRO-3  the modules gathered in every micro-step's forward, the blocks again in its backward (the root is not
-          resharded after forward), reduce-scattered in every backward (last_micro_step: the last only)
-  clipping (`train.grad_clip` > 0) at ZeRO-2/3: one all-reduce of the shards' partial norms, one fp32 per parameter
-          tensor (clip_grad_norm_ stacks the per-tensor norms and sums their squares across ranks before the total
-          norm), exposed; at ZeRO-0/1 the gradients are whole on every rank and the norm is local
-
-A collective hides behind the compute of the phase it runs in: the forward (1/3 of a micro-step's compute; 1/4
-with `train.recompute=full`, whose backward runs the forward again) or the backward (2/3; 3/4). Each window is a
-budget the collectives running in it draw down together: an overlap fraction o hides min(o·Σ their seconds,
-window). Each collective costs what `scaling.perf.network` says: its steps within a node and between nodes at
-each tier's α, its bytes at the slowest tier's β. The optimizer step (AdamW over the parameters a rank owns, and
-clipping's pass over its gradients) does not shrink with grad_acc: seconds per parameter updated by the busiest
-rank. Pure arithmetic: numpy and the standard library only.
+`step_collectives` lists one step's collectives as the engine issues them (the single source the fit, the curve and
+the comparison with a real step read); `comm_windows` and `step_time_s` cost them on a `Network` (scaling.perf.
+network) and hide what the compute window of their phase covers (an overlap fraction). `Workload` is one
+configuration (model shape, seq_len, mbs, stage, precision, recompute, clipping), `Point` one measured dp. What each
+stage sends per step and why: docs/dp-extrapolation.md. Arithmetic on numpy and the standard library.
 """
 
 from __future__ import annotations

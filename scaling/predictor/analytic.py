@@ -1,33 +1,11 @@
-"""Analytic memory prediction: peak bytes per rank of one training step, by arithmetic alone.
+"""Analytic memory prediction: peak bytes per rank of one training step of the built-in family, by arithmetic alone.
 
-Owns the per-rank breakdown of this project's training step (`analytic_peak`: parameters, gradients, optimizer
-states, activations of the Llama block, logits and loss buffers, communication buffers and temporaries) on the
-model-state arithmetic of scaling.predictor.model_state (the Playbook's formulas, shards, ZeRO-1's partition); the
-pre-screen that uses it lives in scaling.predictor.prescreen.
-
-What the step holds, per rank, in this code base (see scaling/engine/parallel.py):
-
-- ZeRO 0/1 (DDP, gradient_as_bucket_view): fp32 weights 4Ψ, fp32 gradient buckets 4Ψ (allocated
-  once, whatever the precision), AdamW m and v 8Ψ (ZeRO-1: 8Ψ/dp) and one fp32 `step` per tensor.
-  bf16 is autocast: the bf16 copies of the weights are made in forward and held by autograd as
-  saved tensors until backward, so they are counted with the activations.
-- ZeRO 2/3 (FSDP2): fp32 shards of weights, gradients and AdamW states (16Ψ/dp, dim-0 padded),
-  plus the unsharded compute weights (bf16 under the MixedPrecisionPolicy, fp32 otherwise): all of
-  them from forward to the end of backward at ZeRO-2, the root module's and one or two blocks' at
-  ZeRO-3; unsharded gradients of a block wait in the reduce-scatter buffer.
-- Gradient accumulation keeps a second, unsynchronised copy of the gradients (DDP: p.grad next to
-  the buckets; FSDP2: unsharded gradients) from the first micro-step on.
-
-Activation bytes per token per block were read off the traced step (scaling.predictor.trace) for this block
-(RMSNorm, RoPE, GQA SDPA, SwiGLU) in eager mode on CPU; on CUDA, RMSNorm's fused kernel keeps less
-(`_norm_saved_on_cpu_only`). The peak is the largest of the step's phases: the loss, backward of the output layer,
-of the top block and, under FSDP2, its reduce-scatter, the next block's backward with its prefetch and the end of
-backward (a tied embedding's gradient, the root's reduce-scatter: `_end_of_backward`), the optimizer step
-(single-tensor AdamW's scratch on CPU, in the order the rank steps its tensors; none for CUDA's fused AdamW) and,
-under DDP, the gradient buckets' one rebuild in the second step's forward (old and new buckets side by side). All
-of it is pure arithmetic on the config: no tensor is made, tens of microseconds per point. `prescreen` refines an
-analytic prediction that lands near the capacity with the traced one (scaling.predictor.trace, in a subprocess),
-which measures live bytes with the worker's own tracker.
+`analytic_peak` breaks the step down per rank (parameters, gradients, optimizer states, the Llama block's
+activations, logits and loss buffers, communication buffers, temporaries) on the model-state arithmetic of
+scaling.predictor.model_state, and takes the largest of the step's phases (loss, the top blocks' backward, the end
+of backward, the optimizer step, DDP's bucket rebuild). Activation bytes per token were read off the traced step.
+Tens of microseconds per point, no tensor made; the pre-screen (scaling.predictor.prescreen) refines a prediction
+near the capacity with the traced one. What each stage holds and when: docs/memory.md.
 """
 
 from __future__ import annotations
@@ -284,12 +262,12 @@ def analytic_peak(
         seq_len,
         mbs,
     )
-    bf16, fsdp, full = precision == Precision.BF16, zero_stage >= 2, recompute == Recompute.FULL
+    bf16, fsdp, full = precision == Precision.bf16, zero_stage >= 2, recompute == Recompute.full
     psi, t, h, V = param_count(a), s.t, s.h, s.V
     cu = BF16 if bf16 else FP32  # bytes of a weight's compute copy
 
     # Model state through forward and backward.
-    accumulate_unsharded = fsdp and grad_acc > 1 and fsdp_grad_reduce == FsdpGradReduce.LAST_MICRO_STEP
+    accumulate_unsharded = fsdp and grad_acc > 1 and fsdp_grad_reduce == FsdpGradReduce.last_micro_step
     if not fsdp:
         params = FP32 * psi
         grads = FP32 * psi  # DDP's buckets; accumulation adds into them (gradients are views of the buckets)

@@ -1,25 +1,11 @@
 """Traced memory prediction: the real training step of a point, on fake tensors, one rank of a fake world.
 
-The project's own model (`scaling.model.llama.decoder.Transformer`), ZeRO wrapping (`scaling.engine.parallel.parallelize`)
-and step (`scaling.engine.step.train_step`), built in the worker's order (recompute, shard, initialise,
-wrap), run under torch's `FakeTensorMode` with a fake process group
-(`dist.init_process_group("fake")`: rank 0 of `parallel.dp` ranks, collectives return at once), and
-the step is measured by the worker's own tracker (`scaling.engine.memtrack.tracked_step`). No tensor is
-allocated, so llama_8b at dp=512 is predicted on a laptop in seconds; the result is the same
-"peak of live tensor bytes" that the worker reports on CPU.
-
-Like the worker on CPU: one plain step (optimizer states created; later warm-up steps change no
-memory), then one tracked step. Micro-steps are capped at two (memory after the second repeats:
-gradients exist, activations are freed after every backward; three at ZeRO-2, see `MAX_MICRO_STEPS`);
-`train.compile` is ignored (the prediction is for eager mode). A point for CUDA is traced on CPU with what decides
-memory there: RMSNorm's fused kernel (`_cuda_kernels`) and fused AdamW; a point on gloo with the copy its
-reduce-scatter makes (`_gloo_collectives`).
-
-Where it runs: `trace_peak(cfg)` runs in this process, which must have no process group of its own;
-it installs the fake group and a few adjustments of torch internals that fake tensors need (each
-listed in `_fake_world`) and removes all of them when it returns. `trace_peak_isolated(cfg)` runs the
-same in a fresh interpreter (`python -m scaling.predictor.trace`), which is what the Hydra job's pre-screen
-uses: a job process stays free of process groups and patched torch internals.
+The model's family (scaling.model), the ZeRO wrapping (scaling.engine.parallel) and the step (scaling.engine.step)
+run under FakeTensorMode with a fake process group, measured by the worker's own tracker
+(scaling.engine.memtrack): no tensor is allocated, so llama_8b at dp=512 is predicted in seconds, as the same
+"peak of live tensor bytes" the worker reports on CPU. One plain step, then one tracked step, at most two
+micro-steps (three at ZeRO-2: `MAX_MICRO_STEPS`); eager mode. `trace_peak` runs in this process (its fake world
+installed and removed: `_fake_world`); `trace_peak_isolated` in a fresh interpreter, as the pre-screen does.
 """
 
 from __future__ import annotations

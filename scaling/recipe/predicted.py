@@ -1,16 +1,11 @@
 """A recipe row before anything is measured on the hardware: `predicted` from the model's FLOPs, an MFU measured on
 that hardware, and the network's figures through the step model.
 
-    compute per micro-step = FLOPs per micro-step / (MFU · peak FLOP/s)
-    step(n)                = the step model at dp=n: grad_acc(n) micro-steps, the collectives of the ZeRO stage on
-                             the network's figures, an overlap o of the communication with the compute
+    compute per micro-step = FLOPs per micro-step / (MFU · peak FLOP/s);  step(n) = the step model at dp=n
 
-The MFU is one measured on the hardware (conf/mfu/<hardware>.yaml: the GPU page's points of the nearest model, the
-same recompute and compile setting, the nearest seq_len; nominal their median, band their range) or the user's
-(`--assume-mfu`, its band the same relative spread, or ±10% with no points). The band draws the MFU within its
-band, the network from its source's draws, the overlap uniformly in [0, 1] (the GPU page measured one GPU: no
-overlap was seen) and the model form past one node (scaling.perf.extrapolation). A measured or extrapolated figure replaces a
-predicted one as soon as the store has records (scaling.recipe.estimate).
+The MFU comes from conf/mfu/<hardware>.yaml (points measured on that hardware) or `--assume-mfu`; the band draws
+the MFU, the network and the overlap, and the model form past one node (scaling.perf.extrapolation). A measured or
+extrapolated figure replaces it as soon as the store has records (scaling.recipe.estimate). docs/recipe.md.
 """
 
 from __future__ import annotations

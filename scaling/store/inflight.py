@@ -1,16 +1,10 @@
 """Points in flight: the claim a run takes on its point, the `<job_dir>/running.json` marker, and whether the job
 behind a marker still lives.
 
-run_point claims its point before anything else (`claim`): an exclusive `flock` on `<job_dir>/claim.lock`, held
-until the record is written, and the marker (host, pid, the pid's start time, a heartbeat every HEARTBEAT_S) written
-under it. A second driver of the same point, on this host or one that shares the lock, waits for the claim and then
-finds the record; on another host whose file system does not share locks the marker's heartbeat says the point is
-held. A claim whose holder is dead (a dead pid on this host, or a heartbeat older than STALE_AFTER_S from another) is
-taken over, and the record says whose (`provenance.took_over`). The SLURM launcher writes a `queued` marker for each
-point it submits (with its SLURM job id), which the task's own claim replaces when it starts. `is_live` tells a
-stale marker from a live one: by the SLURM job's state (squeue) when the marker names a job, by the heartbeat when it
-has one, else by its process when it ran on this host. The grid sweeper leaves points with a live marker to the job
-that holds them; `scaling status` lists them.
+`claim` is an exclusive `flock` on `<job_dir>/claim.lock`, held until the record is written, with the marker (host,
+pid, its start time, a heartbeat every HEARTBEAT_S) under it; a claim whose holder is dead (a dead pid here, a
+heartbeat older than STALE_AFTER_S elsewhere) is taken over and the record says whose. The SLURM launcher writes a
+`queued` marker per submitted point. `is_live` tells a stale marker from a live one. docs/sweeps.md.
 """
 
 from __future__ import annotations

@@ -227,7 +227,7 @@ def _total(values: Iterable[Optional[float]]) -> Optional[float]:
 class Record:
     """One experiment point's `result.json`: `to_dict()` is the file, field by field in this order.
 
-    The blocks stay dicts as JSON holds them: `metrics` is written from scaling.store.record_metrics.Metrics, `config` from
+    The blocks stay dicts as JSON holds them: `metrics` is written from scaling.store.record_blocks.Metrics, `config` from
     the schema; derived, predicted and env are open by design (docs/record.md lists their keys).
     """
 

@@ -1,30 +1,22 @@
 """A W&B run is a second copy of a record: the mapping between the two, and the reader of offline runs.
 
-One run per point and attempt, whatever its status (`predicted_oom` and `invalid` too):
-
-- id `<sweep>-<store>-<job_key>-<attempt>` (`run_id`), `<store>` the store's id (scaling.store.index): two
-  stores of one sweep name keep runs of their own; logging one attempt again (a retried job) resumes its run
-  instead of adding one; `launch.rerun` records a new attempt, so it gets a new run;
-- name `tiny seq64 mbs2 ga1 dp2 zero3` (`#2` from the second attempt), tags: the status and one
-  `axis=value` per axis (`dp=2`, `zero_stage=3`, ...);
-- config: the experiment config, `derived.*`, `env.*` and `provenance.*`, flat (`parallel.dp`);
-- summary, one section per meaning: `metrics/…` the headline figures of the timed steps, `memory/…` the
-  measured memory (every metric in bytes or named mem), `predicted/…` the memory prediction, `timing/…`,
-  plus `status`, `error`, `job_key`, `sweep`.
-
-scaling.job.wandb_log writes runs this way; `analysis.collect` reads them back into records' rows
-(`from_wandb`, and `from_wandb_offline` through `read_offline_run`, the reader of `.wandb` files). Pure
-mapping and file reading: nothing here logs.
+One run per point and attempt, whatever its status: id `<sweep>-<store>-<job_key>-<attempt>` (`run_id`), a name and
+tags from the record's axes (`axis_value`), the experiment config and the record's derived, env and provenance
+blocks as flat config, its figures as summary sections (`metrics/`, `memory/`, `predicted/`, `timing/`).
+scaling.job.wandb_log writes runs this way; analysis.collect reads them back into records' rows (`from_wandb`,
+`read_offline_run` for `.wandb` files). Pure mapping and file reading: nothing here logs. docs/sweeps.md.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from scaling.core.schema import EXPERIMENT_GROUPS
+from scaling.core.schema import EXPERIMENT_GROUPS, config_fields
+from scaling.store.record_blocks import Derived
 
 TOP_LEVEL = ("status", "error", "job_key", "sweep", "schema_version")
 """Record fields kept under their own names in the run summary."""
@@ -37,15 +29,10 @@ SUMMARY_BLOCKS = ("predicted", "timing")
 MEMORY = "memory"
 """The summary section of the record's memory metrics (`memory/peak_mem_bytes`): a reader puts them back
 into `metrics`."""
-AXES: dict[str, tuple[tuple[str, ...], ...]] = {
-    "model": (("config", "model", "name"),),
-    "seq_len": (("config", "train", "seq_len"),),
-    "mbs": (("config", "train", "mbs"),),
-    "grad_acc": (("derived", "grad_acc"), ("config", "train", "grad_acc")),  # derived resolves `auto`
-    "dp": (("config", "parallel", "dp"),),
-    "zero_stage": (("config", "parallel", "zero_stage"),),
-}
-"""The axes every run is named and tagged by: where each is found in a record, first found wins."""
+AXES = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage")
+"""The axes every run is named and tagged by: columns of the experiment config (scaling.core.schema.config_fields);
+grad_acc as the record's derived block resolved it (`auto` -> 4) where it has one."""
+_FIELDS = {c.column: c.path for c in config_fields()}
 
 
 def flat(prefix: str, tree: Mapping[str, Any]) -> dict[str, Any]:
@@ -61,14 +48,14 @@ def flat(prefix: str, tree: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def axis_value(record: Mapping[str, Any], axis: str) -> Any:
-    """The value of one of `AXES` in a record."""
-    for path in AXES[axis]:
-        node: Any = record
-        for key in path:
-            node = node.get(key) if isinstance(node, Mapping) else None
-        if node is not None:
-            return node
-    return None
+    """The value of one of `AXES` in a record: its derived field when the typed block has one, else its config's."""
+    derived = record.get("derived")
+    if isinstance(derived, Mapping) and axis in {f.name for f in fields(Derived)} and derived.get(axis) is not None:
+        return derived[axis]
+    node: Any = record.get("config")
+    for key in _FIELDS[axis]:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node
 
 
 def safe_name(text: str) -> str:

@@ -1,22 +1,10 @@
 """A grid sweep's points, their resolved configs and job keys, without a Hydra composition per point.
 
-Hydra builds a job's config in two steps: the defaults list with the config-group overrides
-(`model=small`), then the value overrides (`train.mbs=4`) applied to the result, in the order
-given. A grid has a handful of distinct group choices and up to thousands of value combinations,
-so `PointConfigs` composes once per group choice and applies each point's value overrides to a
-copy with Hydra's own function (`scaling.sweep.hydra_adapter.apply_overrides`). An override it
-cannot reproduce that way (`+key`, `~key`, `key@pkg`, a dict value, a config group) goes into the
-composition instead, and a point whose value interpolates the `hydra` node, or sets a key that is
-a config group under its own group choices, is composed in full. Either way the config, and so
-`job_key`, is the one the point's own job computes (tests/test_grid.py checks it for every point
-of every sweep file). `PointConfigs.job_config` gives a point's whole config the same way, hydra node
-included, equal to what Hydra's `load_sweep_config` composes for the job: the grid sweeper hands it to
-Hydra's basic launcher so that the driver composes once per group choice, not once per job.
-
-`survey` walks a grid and says, for each point, its key, its stored record and whether the store
-already answers it (scaling.store.record.answers, which run_point asks too); `Forecast` counts what a run
-of the grid would do (new, recorded, predicted out of memory, invalid) and estimates its wall time
-(`wall_estimate_s`, which `scaling status` uses for the time left). The grid sweeper, its dry run and
+`PointConfigs` composes once per group choice and applies each point's value overrides with Hydra's own function
+(scaling.sweep.hydra_adapter), composing in full only what that cannot reproduce; the config, and so the job key,
+is the one the point's own job computes (tests/test_grid.py checks every sweep file). `survey` says per point its
+key, its stored record and whether the store answers it (scaling.store.record.answers); `Forecast` counts what a
+run would do and estimates its wall time (`wall_estimate_s`). The grid sweeper, its dry run and
 `scaling predict --sweep` share them.
 """
 

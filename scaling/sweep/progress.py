@@ -1,25 +1,11 @@
-"""Sweep bookkeeping as a Hydra callback: the sweep.json index, a progress line per point in the terminal
-that started the sweep, and the closing line with the count of points in each status.
+"""Sweep bookkeeping as a Hydra callback: the sweep.json index, a progress line per point in the terminal that
+started the sweep, and the closing line with the count of points in each status.
 
-    [60/64] 60 points already recorded (40 ok, 12 oom, 8 predicted_oom): not launched again
-    [61/64] <job_key> <status> <tokens/s/GPU> <peak mem>
-    sweep demo: 64 points: 40 ok, 13 oom, 9 predicted_oom, 2 invalid (runs/demo)
-
-Registered in conf/config.yaml under hydra.callbacks, so `python -m scaling run -m` and
-`scaling sweep NAME` behave the same. When a multirun starts, the callback writes sweep.json and opens
-the driver's `Progress`, which numbers the points as they end, each once, whichever part of the driver
-learns of it first: the callback itself when a job runs in the driver's process (Hydra's basic
-launcher), the SLURM launcher as it collects each array task's result, or the sweeper when a launcher
-hands back its batch (the joblib launcher); the sweeper and the launcher reach it through the Hydra
-context (`driver_progress`). Points the grid sweeper answers from the store count too. The Progress
-never leaves the driver: a job's own process (a joblib worker, a SLURM task) gets the callback
-without it and prints nothing. The closing counts are read from the record store, so they cover every
-point the sweep directory holds, including those answered by an earlier run.
-
-The outcome leaves the callback as data, not as module state: given `outcome_file`, the callback
-writes the closing counts there as JSON (a single run: its point's status), and `raise_for_failures`
-turns counts with failed or timed-out points into `PointsFailed`, which the `scaling` command alone
-turns into exit status 1.
+Registered in conf/config.yaml (hydra.callbacks), so `scaling run -m` and `scaling sweep NAME` behave the same. The
+driver's `Progress` numbers the points as they end, each once, whoever learns of it first: the callback (a job in
+the driver's process), the SLURM launcher or the sweeper (reached through the Hydra context: `driver_progress`).
+The closing counts are read from the store; the outcome leaves as data (`outcome_file`, `PointsFailed`), which the
+`scaling` command alone turns into its exit status.
 """
 
 from __future__ import annotations

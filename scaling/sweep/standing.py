@@ -1,25 +1,11 @@
-"""`scaling status SWEEP_DIR [--watch [SECONDS]] [--json]`: where a sweep stands, read from its directory.
+"""Where a sweep stands (`scaling status SWEEP_DIR [--watch] [--json]`), read from its directory alone.
 
-    sweep demo (runs/demo): run 2, started 2026-11-22 23:00:04 UTC (12.5 min ago), 64 points in its grid
-      done        40  30 ok, 5 oom, 3 predicted_oom, 2 invalid
-      running      2  3f2a4b5c6d7e since 23:10:04 (SLURM job 12_4)
-                      9b1c2d3e4f5a since 23:11:30 (SLURM job 12_5)
-      queued       6  SLURM jobs 12_6, 12_7, ...
-      to run      15
-      stale        1  77aa88bb99cc: pid 4310 on node7 is gone without a record (a re-run runs it again)
-      not in the current grid: 3 (records of another grid or key; `scaling report` reads them)
-      time     median 6.1 s per launched point (38 recorded); about 1.1 min left at 2 at once
-      device   0.214 device-h held by 38 points: 8.1% in timed steps, 4.9% warm-up, 80.0% start-up, 7.0% launches not ok
-
-It reads the last run's entry of sweep.json (the grid's job keys, the launch settings that decide
-whether the store answers a point, the start), the records and the running markers
-(scaling.store.inflight), never a Hydra config, so it answers from another shell while the sweep
-runs, after a crash, and for a directory that single points or a search wrote (without a grid there
-is nothing "to run"). `--watch` redraws every few seconds and re-reads only the records that
-changed. The counting is pure (`summarize`): a point is done by the rule run_point follows
-(scaling.store.record.answers), the time left is the grid's forecast
-(scaling.sweep.grid.wall_estimate_s), and the device time is that of every record in the directory
-(scaling.store.device_time), as the report counts it.
+It reads the last run's entry of sweep.json (the grid's job keys, the launch settings that decide whether the store
+answers a point), the records and the running markers (scaling.store.inflight), never a Hydra config, so it answers
+from another shell while the sweep runs or after a crash. The counting is pure (`summarize`): done by the rule
+run_point follows (scaling.store.record.answers), the time left by the grid's forecast
+(scaling.sweep.grid.wall_estimate_s), the device time as the report counts it (scaling.store.device_time).
+What it prints, line by line: docs/sweeps.md.
 """
 
 from __future__ import annotations

@@ -6,8 +6,11 @@ from __future__ import annotations
 from scaling.engine.jobfiles import WorkerReport
 from scaling.engine.peak_flops import PeakFlops
 from scaling.job.throughput import throughput_metrics
+from scaling.store.record_blocks import Derived
 
-DERIVED = {"gbs_tokens": 1000, "world_size": 2, "flops_per_token": 6e6, "hw_flops_per_token": 8e6}
+DERIVED = Derived(
+    gbs=10, gbs_tokens=1000, grad_acc=1, world_size=2, n_params=1000, flops_per_token=6e6, hw_flops_per_token=8e6
+)
 PEAK_FLOPS_PER_S = 1e12
 
 
