@@ -15,10 +15,8 @@ from pathlib import Path
 from typing import Optional
 
 from scaling.cli.arg_types import parse_count
-from scaling.core.batch import BatchError, nearest_whole_batch
 from scaling.core.schema import ExperimentConfig
-from scaling.core.validate import InvalidConfig, validate
-from scaling.recipe.measure import point_config
+from scaling.recipe.request import RecipeError, RecipeRequest, check
 
 STAGES = (0, 1, 2, 3)
 RECOMPUTE = ("none", "full")
@@ -105,32 +103,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     cfg = _compose(overrides, sweep_dir)
     if isinstance(cfg, str):
         return _refuse(cfg)
-    seq_len = cfg.train.seq_len
+    request = RecipeRequest(
+        a.gbs_tokens, a.gpus, a.zero, a.recompute, a.threshold, a.tokens, a.max_grad_acc, a.draws, a.assume_mfu
+    )
     try:
-        gbs_samples = nearest_whole_batch(a.gbs_tokens, seq_len)
-    except BatchError as e:
-        return _refuse(str(e).replace("gbs_tokens", "--gbs-tokens"))
-    try:  # the smallest point of the recipe: seq_len within the model, heads, precision, the host's cores
-        validate(point_config(cfg, a.zero[0], a.recompute[0], 1, 1, 1))
-    except InvalidConfig as e:
+        gbs_samples = check(cfg, request)
+    except RecipeError as e:
         return _refuse(str(e))
-    if cfg.custom:  # a model the user brings: built and counted on fake tensors, which checks its contract
-        from scaling.model.custom.build import ModelError
-        from scaling.model.custom.count import count
-
-        try:
-            count(cfg.model, seq_len)
-        except ModelError as e:
-            return _refuse(str(e))
-    from scaling.predictor.prescreen import capacity_bytes
-
-    capacity = capacity_bytes(cfg.hardware)
-    if capacity is None:
-        return _refuse(
-            "hardware.memory_gb=null: the recipe needs a device capacity to find the largest mbs, e.g. "
-            "hardware=h100, or hardware.memory_gb=0.05 for an emulated device on CPU"
-        )
     if a.dry_run:
+        seq_len = cfg.train.seq_len
         print(
             f"scaling recipe: {cfg.model.name} at seq_len {seq_len} on {cfg.hardware.name}, a global batch "
             f"of {gbs_samples:,} sequences ({gbs_samples * seq_len:,} tokens"
@@ -139,22 +120,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"{', '.join(a.recompute)}, records in {sweep_dir}: valid; --dry-run, nothing launched"
         )
         return 0
-    from scaling.core.files import write_json_atomic
-    from scaling.recipe.decide import RECIPE_JSON, RECIPE_MD
-    from scaling.recipe.measure import RecipeRequest, run_recipe
-    from scaling.recipe.render import dumps, markdown, terminal
+    from scaling.recipe.measure import run_recipe
+    from scaling.recipe.render import dumps, terminal, write
 
-    request = RecipeRequest(
-        a.gbs_tokens, a.gpus, a.zero, a.recompute, a.threshold, a.tokens, a.max_grad_acc, a.draws, a.assume_mfu
-    )
     recipe = run_recipe(cfg, overrides, sweep_dir, request)
-    write_json_atomic(sweep_dir / RECIPE_JSON, recipe.to_json())
-    (sweep_dir / RECIPE_MD).write_text(markdown(recipe))
-    print(
-        dumps(recipe)
-        if a.json
-        else terminal(recipe) + f"\n\nwritten: {sweep_dir / RECIPE_MD}, {sweep_dir / RECIPE_JSON}"
-    )
+    written = write(recipe, sweep_dir)
+    print(dumps(recipe) if a.json else terminal(recipe) + f"\n\nwritten: {', '.join(map(str, written))}")
     return 0
 
 

@@ -37,32 +37,9 @@ from scaling.recipe.decide import decide as decide_rows
 from scaling.recipe.estimate import FromRecords, workload_of
 from scaling.recipe.mbs_search import find_mbs
 from scaling.recipe.predicted import Predicted, assumed_mfu, measured_mfu
+from scaling.recipe.request import RecipeRequest
 from scaling.store.read import RecordError, read_record
 from scaling.store.record import answers, job_key
-
-
-@dataclass(frozen=True)
-class RecipeRequest:
-    """What `scaling recipe` is asked: the batch, the GPU counts and the choices to weigh."""
-
-    gbs_tokens: int
-    """Target global batch in tokens (rounded to the nearest whole number of sequences)."""
-    gpus: list[int]
-    """GPU counts to answer for."""
-    zero: list[int]
-    """ZeRO stages to weigh."""
-    recompute: list[str]
-    """train.recompute settings to weigh."""
-    threshold: float = 0.8
-    """Efficiency below which DP stops paying off."""
-    tokens: Optional[int] = None
-    """Tokens to train on (the rows' time and GPU-hours), or None."""
-    max_grad_acc: int = 16
-    """A measured point runs at most this many micro-steps (a larger grad_acc is extrapolated)."""
-    draws: int = 200
-    """Bootstrap draws of each band."""
-    assume_mfu: Optional[float] = None
-    """MFU to plan with where nothing is measured on the hardware (None: its measured points, conf/mfu/)."""
 
 
 def devices_at_hand(hw: HardwareConfig) -> int:

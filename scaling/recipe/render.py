@@ -15,8 +15,9 @@ from matplotlib.ticker import PercentFormatter
 from analysis.dp_scaling import dp_axis
 from analysis.figures import PALETTE, new_figure, themed
 from analysis.sections import Section
+from scaling.core.files import write_json_atomic
 from scaling.core.units import format_bytes
-from scaling.recipe.decide import EXTRAPOLATED, MEASURED, RECIPE_JSON, Recipe
+from scaling.recipe.decide import EXTRAPOLATED, MEASURED, RECIPE_JSON, RECIPE_MD, Recipe
 
 
 def _fmt_rate(v: Optional[float]) -> str:
@@ -224,3 +225,11 @@ def report_section(sweep_dir: str | os.PathLike) -> Optional[Section]:
         details=recipe.caveats(),
         details_title="How the recipe was found",
     )
+
+
+def write(recipe: Recipe, sweep_dir: Path) -> list[Path]:
+    """Write recipe.json and recipe.md into the sweep directory; their paths."""
+    json_path, md_path = sweep_dir / RECIPE_JSON, sweep_dir / RECIPE_MD
+    write_json_atomic(json_path, recipe.to_json())
+    md_path.write_text(markdown(recipe))
+    return [md_path, json_path]

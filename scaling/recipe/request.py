@@ -1,0 +1,64 @@
+"""What `scaling recipe` is asked (`RecipeRequest`), and whether it can be answered (`check`): the batch in whole
+sequences, the smallest point valid, a model the user brings within its contract, a device capacity to fit against.
+Each refusal is one line naming the field, the value and what would be valid, before anything runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from scaling.core.batch import BatchError, nearest_whole_batch
+from scaling.core.schema import ExperimentConfig
+from scaling.core.validate import InvalidConfig, validate
+from scaling.model.custom.build import ModelError
+from scaling.model.family import family_of
+from scaling.predictor.prescreen import capacity_bytes
+
+
+class RecipeError(ValueError):
+    """A request the recipe cannot answer, in one line."""
+
+
+@dataclass(frozen=True)
+class RecipeRequest:
+    """What `scaling recipe` is asked: the batch, the GPU counts and the choices to weigh."""
+
+    gbs_tokens: int
+    """Target global batch in tokens (rounded to the nearest whole number of sequences)."""
+    gpus: list[int]
+    """GPU counts to answer for."""
+    zero: list[int]
+    """ZeRO stages to weigh."""
+    recompute: list[str]
+    """train.recompute settings to weigh."""
+    threshold: float = 0.8
+    """Efficiency below which DP stops paying off."""
+    tokens: Optional[int] = None
+    """Tokens to train on (the rows' time and GPU-hours), or None."""
+    max_grad_acc: int = 16
+    """A measured point runs at most this many micro-steps (a larger grad_acc is extrapolated)."""
+    draws: int = 200
+    """Bootstrap draws of each band."""
+    assume_mfu: Optional[float] = None
+    """MFU to plan with where nothing is measured on the hardware (None: its measured points, conf/mfu/)."""
+
+
+def check(cfg: ExperimentConfig, request: RecipeRequest) -> int:
+    """The global batch in whole sequences of the request, or RecipeError saying why it cannot be answered."""
+    from scaling.recipe.measure import point_config
+
+    try:
+        gbs_samples = nearest_whole_batch(request.gbs_tokens, cfg.train.seq_len)
+    except BatchError as e:
+        raise RecipeError(str(e).replace("gbs_tokens", "--gbs-tokens")) from None
+    try:  # the smallest point of the recipe: seq_len within the model, heads, precision, the host's cores
+        validate(point_config(cfg, request.zero[0], request.recompute[0], 1, 1, 1))
+        family_of(cfg.model).counted(cfg.train.seq_len)  # a model the user brings: built and checked on fake tensors
+    except (InvalidConfig, ModelError) as e:
+        raise RecipeError(str(e)) from None
+    if capacity_bytes(cfg.hardware) is None:
+        raise RecipeError(
+            "hardware.memory_gb=null: the recipe needs a device capacity to find the largest mbs, e.g. "
+            "hardware=h100, or hardware.memory_gb=0.05 for an emulated device on CPU"
+        )
+    return gbs_samples
