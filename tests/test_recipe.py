@@ -76,7 +76,7 @@ def test_recommends_the_true_best_or_a_tie_with_it() -> None:
     records = synthetic_records(gbs, counts, rng)
     source = profile_estimate(profile_of(truth(CANDIDATES[0], 1, gbs), rng), 8, 100, rng)
     estimate = FromRecords(records, lambda c, mbs: workload(c, mbs, gbs), 8, source, n_draws=100)
-    rows, first, (earliest, latest), baseline = decide(CANDIDATES, gbs, SEQ, counts, estimate, threshold=0.8)
+    rows, first, (earliest, latest), baseline, _ = decide(CANDIDATES, gbs, SEQ, counts, estimate, threshold=0.8)
 
     winners = set()
     for row in rows:
@@ -126,7 +126,7 @@ def test_the_report_opens_with_the_recipe(tmp_path) -> None:
     rng = np.random.default_rng(3)
     records = synthetic_records(gbs, counts, rng)
     estimate = FromRecords(records, lambda c, mbs: workload(c, mbs, gbs), 8, None, n_draws=50)
-    rows, first, band, baseline = decide(
+    rows, first, band, baseline, _ = decide(
         CANDIDATES, gbs, SEQ, counts, estimate, command=lambda c, s: f"scaling run parallel.dp={s.gpus}"
     )
     recipe = Recipe(
@@ -357,6 +357,41 @@ def test_with_nothing_measured_every_row_is_predicted_from_flops_and_a_measured_
     assert rates == sorted(rates, reverse=True) and recipe["dp_stops_paying_off_at"] is not None
     # one GPU communicates nothing: MFU x peak / FLOPs per token, the nominal MFU the median of the H100 points
     assert recipe["baseline_tokens_per_s_per_gpu"] == pytest.approx(0.418 * 989e12 / 9.025e9, rel=0.01)
+
+
+@pytest.mark.slow
+def test_an_8b_model_is_planned_at_the_gpu_count_where_it_fits_sharded(tmp_path, capsys) -> None:
+    """llama_8b in bf16 at seq 8192 needs 128 GB of model state: no H100 holds it, ZeRO-3 over 8 does (16 GB each).
+    The fit is judged per rank at the count a configuration runs at, by the pre-screen's predictor: the 4-GPU row
+    says no configuration fits there and from how many GPUs ZeRO-3 would, the 8- and 64-GPU rows are ZeRO-3 plans
+    with a predicted figure, and ZeRO-0 (which shards nothing) is said to fit at no count."""
+    from scaling.cli.recipe import main
+    from scaling.recipe.decide import Recipe
+
+    sweep_dir = tmp_path / "plan"
+    argv = ["--gbs-tokens", "2Mi", "--gpus", "4,8,64", "--zero", "0,3", "--recompute", "none", "--draws", "50"]
+    overrides = ["model=llama_8b", "train.seq_len=8192", "train.precision=bf16", "hardware=h100", "logger=none"]
+    assert main([*argv, "--sweep-dir", str(sweep_dir), *overrides]) == 0
+    recipe = Recipe.from_json(json.loads((sweep_dir / "recipe.json").read_text()))
+    (zero3,) = recipe.candidates
+    assert zero3.zero_stage == 3 and zero3.fit_gpus == 8 and zero3.mbs_for(4) == 0 and zero3.mbs_for(64) >= 1
+    four, eight, sixty_four = recipe.rows
+    assert four.zero_stage is None and four.reason == (
+        "no configuration fits per rank at 4 GPUs: ZeRO-3, recompute none fits from 8 GPUs"
+    )
+    for row in (eight, sixty_four):
+        assert row.zero_stage == 3 and row.source == "predicted" and row.memory_headroom_frac > 0, row
+        assert row.tokens_per_s_per_gpu_low <= row.tokens_per_s_per_gpu <= row.tokens_per_s_per_gpu_high
+    assert recipe.baseline_gpus == 8 and "ZeRO-0, recompute none: not even mbs=1 fits per rank" in " ".join(
+        recipe.notes
+    )
+
+
+def test_a_candidate_knows_the_largest_mbs_at_each_count_it_was_judged_at() -> None:
+    """Memory per rank falls as ZeRO shards over more GPUs: a count between two judged ones takes the smaller's mbs."""
+    c = Candidate(3, "none", 1, "predicted", ((1, 0), (8, 1), (64, 4)))
+    assert [c.mbs_for(n) for n in (1, 4, 8, 32, 64, 512)] == [0, 0, 1, 1, 4, 4] and c.fit_gpus == 8
+    assert Candidate(0, "none", 2, "confirmed").mbs_for(512) == 2  # judged on one device only: the same everywhere
 
 
 @pytest.mark.slow

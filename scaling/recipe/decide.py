@@ -28,18 +28,35 @@ RECIPE_MD, RECIPE_JSON = "recipe.md", "recipe.json"
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way to train the model: a ZeRO stage and a recompute setting, with the largest mbs that fits one device."""
+    """One way to train the model: a ZeRO stage and a recompute setting, with the largest mbs that fits per rank at
+    the GPU counts it runs at (sharding makes room as they grow: ZeRO-3 fits a model no one device holds)."""
 
     zero_stage: int
     recompute: str
     mbs_max: int
+    """The largest mbs at the fewest GPUs it fits on (`fit_gpus`)."""
     fits: str
     """How mbs_max is known, in words: confirmed by runs, or predicted (and by what)."""
+    mbs_at: tuple[tuple[int, int], ...] = ()
+    """(GPUs, the largest mbs that fits per rank there; 0: not even mbs=1) at the counts it was judged at, in order;
+    empty: mbs_max at every count."""
 
     @property
     def name(self) -> str:
         """`ZeRO-2, recompute none`."""
         return f"ZeRO-{self.zero_stage}, recompute {self.recompute}"
+
+    def mbs_for(self, gpus: int) -> int:
+        """The largest mbs that fits per rank at `gpus` GPUs: that of the largest count judged at or below it (memory
+        per rank does not grow with the count), 0 where none fits."""
+        if not self.mbs_at:
+            return self.mbs_max
+        return max((m for n, m in self.mbs_at if n <= gpus), default=0)
+
+    @property
+    def fit_gpus(self) -> Optional[int]:
+        """The fewest GPUs (of those judged) at which mbs=1 fits per rank; None: none of them."""
+        return next((n for n, m in self.mbs_at if m >= 1), None) if self.mbs_at else 1
 
 
 @dataclass(frozen=True)
@@ -158,6 +175,9 @@ class Recipe:
     max_useful_gpus: int
     baseline_tokens_per_s_per_gpu: Optional[float]
     notes: list[str] = field(default_factory=list)
+    baseline_gpus: Optional[int] = 1
+    """The GPU count efficiency is relative to: where the best configuration goes fastest per GPU (1 GPU, but for a
+    model that only sharding, or recompute, fits on few)."""
 
     def to_json(self) -> dict[str, Any]:
         """recipe.json: `rows` (one per requested GPU count), `dp_stops_paying_off_at`, `max_useful_gpus`, ..."""
@@ -176,6 +196,7 @@ class Recipe:
             "dp_stops_paying_off_range": list(self.dp_stops_paying_off_range),
             "max_useful_gpus": self.max_useful_gpus,
             "baseline_tokens_per_s_per_gpu": self.baseline_tokens_per_s_per_gpu,
+            "baseline_gpus": self.baseline_gpus,
             "notes": self.notes,
         }
 
@@ -191,7 +212,7 @@ class Recipe:
             hardware=doc["hardware"],
             threshold=doc["threshold"],
             tokens=doc.get("tokens"),
-            candidates=[Candidate(**{k: v for k, v in c.items() if k in names}) for c in doc["candidates"]],
+            candidates=[_candidate({k: v for k, v in c.items() if k in names}) for c in doc["candidates"]],
             network=doc["network"],
             rows=[Row(**r) for r in doc["rows"]],
             dp_stops_paying_off_at=doc["dp_stops_paying_off_at"],
@@ -199,6 +220,7 @@ class Recipe:
             max_useful_gpus=doc["max_useful_gpus"],
             baseline_tokens_per_s_per_gpu=doc.get("baseline_tokens_per_s_per_gpu"),
             notes=list(doc.get("notes") or []),
+            baseline_gpus=doc.get("baseline_gpus", 1),
         )
 
     def command_lines(self) -> list[str]:
@@ -223,10 +245,11 @@ class Recipe:
         return [
             *self.predicted_from(),
             f"Network: {self.network}.",
-            "Candidates (the largest mbs that fits one device): "
-            + "; ".join(f"{c.name}: mbs {c.mbs_max} ({c.fits})" for c in self.candidates)
+            "Candidates (the largest mbs that fits per rank at the fewest GPUs it fits on): "
+            + "; ".join(f"{c.name}: mbs {c.mbs_max}{_from(c)} ({c.fits})" for c in self.candidates)
             + ".",
-            "Efficiency is tokens/s per GPU against the best configuration on 1 GPU. Bands: measured rows carry their "
+            f"Efficiency is tokens/s per GPU against the best configuration on {_gpus(self.baseline_gpus)}. Bands: "
+            "measured rows carry their "
             f"record's noise band, extrapolated ones the {BAND[0]:g}-{BAND[1]:g}% percentiles of the step model's "
             "bootstrap draws (fitted on each candidate's measured points at that mbs, under the network above, with "
             "the run-to-run spread and the model-form terms past the measured dp: docs/dp-extrapolation.md); past "
@@ -234,6 +257,20 @@ class Recipe:
             "Ties are configurations whose band reaches the recommended one's figure: equally good within the noise.",
             *self.notes,
         ]
+
+
+def _gpus(n: Optional[int]) -> str:
+    return f"{n} GPU{'s' if n != 1 else ''}"
+
+
+def _from(c: Candidate) -> str:
+    """`` at 1 GPU, ` from 8 GPUs` where it fits only when sharded over more."""
+    return "" if c.fit_gpus in (None, 1) else f" from {_gpus(c.fit_gpus)}"
+
+
+def _candidate(fields: dict[str, Any]) -> Candidate:
+    """A candidate as recipe.json holds it (its pairs as lists)."""
+    return Candidate(**{**fields, "mbs_at": tuple(tuple(p) for p in fields.get("mbs_at") or ())})
 
 
 Estimator = Callable[[Candidate, Split], "Optional[Estimate | Beyond]"]
@@ -250,7 +287,10 @@ def best_option(
     options, why = [], []
     beyond: Optional[str] = None
     for c in candidates:
-        s = split(gbs_samples, seq_len, gpus, c.mbs_max)
+        if c.mbs_for(gpus) < 1:
+            why.append(f"ZeRO-{c.zero_stage} {c.recompute} does not fit at {gpus} GPUs")
+            continue
+        s = split(gbs_samples, seq_len, gpus, c.mbs_for(gpus))
         if s is None:
             continue
         e = estimate(c, s)
@@ -283,7 +323,7 @@ def knee(
     baseline: float,
     threshold: float,
 ) -> tuple[Optional[int], tuple[Optional[int], Optional[int]]]:
-    """The first GPU count whose best configuration's efficiency (against `baseline`, the best at 1 GPU) is below
+    """The first GPU count whose best configuration's efficiency (against `baseline`, the most per GPU) is below
     `threshold`, and its range: the first count whose band's high end is below it, and whose low end is."""
     first = earliest = latest = None
     for n in sorted(counts):
@@ -311,12 +351,17 @@ def decide(
     capacity_bytes: Optional[int] = None,
     predicted_peak: Optional[Callable[[Candidate, Split], Optional[int]]] = None,
     command: Optional[Callable[[Candidate, Split], str]] = None,
-) -> tuple[list[Row], Optional[int], tuple[Optional[int], Optional[int]], Optional[float]]:
-    """The rows for the requested GPU counts, the first GPU count below `threshold` with its range, and the baseline
-    (the best tokens/s per GPU at 1 GPU). Pure: every figure comes from `estimate`."""
+) -> tuple[list[Row], Optional[int], tuple[Optional[int], Optional[int]], Optional[float], Optional[int]]:
+    """The rows for the requested GPU counts, the first GPU count past the baseline below `threshold` with its range,
+    the baseline (the most tokens/s per GPU at any count: 1 GPU but for a model that only sharding, or recompute,
+    fits on few) and its count. Pure: every figure comes from `estimate`."""
     top = max_useful_gpus(gbs_samples)
-    base, _, _, _ = best_option(candidates, gbs_samples, seq_len, 1, estimate)
-    baseline = base.estimate.tokens_per_s_per_gpu if base is not None else None
+    counts = sorted({*(2**k for k in range(top.bit_length()) if 2**k <= top), *(n for n in gpus if n <= top)})
+    baseline = baseline_gpus = None
+    for n in counts:  # the most tokens/s per GPU at any count: one device, unless only sharding or recompute fits it
+        base, _, _, _ = best_option(candidates, gbs_samples, seq_len, n, estimate)
+        if base is not None and (baseline is None or base.estimate.tokens_per_s_per_gpu > baseline):
+            baseline, baseline_gpus = base.estimate.tokens_per_s_per_gpu, n
     rows = []
     for n in gpus:
         row = Row(gpus=n)
@@ -326,6 +371,11 @@ def decide(
                 f"more GPUs than the batch can use: {gbs_samples} samples split over at most {top} GPUs "
                 f"(mbs=1, grad_acc=1); use at most {top} GPUs, a larger global batch (at least {n * seq_len:,} "
                 "tokens), or tensor or pipeline parallelism to use the rest"
+            )
+        elif best is None and candidates and all(c.mbs_for(n) < 1 for c in candidates):
+            starts = sorted((c.fit_gpus, c.name) for c in candidates if c.fit_gpus is not None)
+            row.reason = f"no configuration fits per rank at {n} GPUs: " + "; ".join(
+                f"{name} fits from {fit} GPUs" for fit, name in starts
             )
         elif best is None and beyond is not None:
             row.source, row.reason = BEYOND_HORIZON, beyond
@@ -368,13 +418,12 @@ def decide(
         ]
         row.command = command(c, s) if command else None
         rows.append(row)
-    counts = sorted({*(2**k for k in range(top.bit_length()) if 2**k <= top), *(n for n in gpus if n <= top)})
     first, band = (
-        knee(candidates, gbs_samples, seq_len, counts, estimate, baseline, threshold)
+        knee(candidates, gbs_samples, seq_len, [n for n in counts if n >= baseline_gpus], estimate, baseline, threshold)
         if baseline
         else (
             None,
             (None, None),
         )
     )
-    return rows, first, band, baseline
+    return rows, first, band, baseline, baseline_gpus

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from scaling.core.enums import Status
 from scaling.core.schema import ExperimentConfig
@@ -192,3 +192,31 @@ def _confirm(
         if s2 == Status.OK
         else f"mbs={below} ran out of memory too: the answer is below {below}, not found within two runs"
     )
+
+
+def largest_mbs_by_gpus(
+    cfg: ExperimentConfig, counts: Sequence[int], max_samples: int, traces_in: Optional[str | os.PathLike] = None
+) -> dict[int, int]:
+    """The largest mbs that fits per rank at each GPU count (0: not even mbs=1; at most max_samples // count, the
+    batch's share of a rank), as the pre-screen's predictor says (analytic; a model the user brings, traced in a
+    fake world of that many ranks): a plan for the target hardware, whatever this host could run."""
+    cfg = _search_point(cfg)
+    capacity = capacity_bytes(cfg.hardware)
+    if capacity is None:
+        raise ValueError("hardware.memory_gb=null: a fit per rank needs a capacity, e.g. hardware.memory_gb=0.02")
+    out, guess = {}, 1
+    for n in sorted(set(counts)):
+        at = cfg.changed(parallel={"dp": n})
+        limit = max_samples // n
+        out[n] = largest_true(lambda m, at=at: _predicted_peak(_with_mbs(at, m), traces_in) <= capacity, guess, limit)
+        guess = max(out[n], 1)
+    return out
+
+
+def _predicted_peak(cfg: ExperimentConfig, traces_in: Optional[str | os.PathLike]) -> int:
+    """Predicted peak bytes per rank: the analytic model (its grad_acc as set), the trace for a model the user brings."""
+    if not cfg.custom:
+        return predict_config(cfg, int(cfg.train.grad_acc)).total_bytes
+    from scaling.predictor.trace import trace_peak, trace_peak_kept
+
+    return (trace_peak(cfg) if traces_in is None else trace_peak_kept(cfg, traces_in)).peak_mem_bytes

@@ -35,7 +35,7 @@ from scaling.predictor.prescreen import capacity_bytes
 from scaling.recipe.decide import Candidate, Estimate, Recipe, Split, split
 from scaling.recipe.decide import decide as decide_rows
 from scaling.recipe.estimate import FromRecords, workload_of
-from scaling.recipe.mbs_search import find_mbs
+from scaling.recipe.mbs_search import find_mbs, largest_mbs_by_gpus
 from scaling.recipe.predicted import Predicted, assumed_mfu, measured_mfu
 from scaling.recipe.request import RecipeRequest
 from scaling.store.read import RecordError, read_record
@@ -175,32 +175,23 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         )
     print(f"[recipe] {at_hand} {hw.device} device(s) of {hw.name} at hand; records in {sweep_dir}", flush=True)
 
-    # (a) the largest mbs per ZeRO stage and recompute setting
-    candidates: list[Candidate] = []
-    for zero in a.zero:
-        for recompute in a.recompute:
-            base = point_config(cfg, zero, recompute, 1, 1, 1)
-            found = find_mbs(
-                base, max_mbs=gbs_samples, traced=False, confirm=at_hand >= 1, launch_point=launch, traces_in=sweep_dir
-            )
-            how = found.note if at_hand >= 1 else f"predicted ({found.method}): no {hw.name} device at hand"
-            if found.mbs < 1:
-                notes.append(f"ZeRO-{zero}, recompute {recompute}: not even mbs=1 fits one device ({how})")
-                continue
-            candidates.append(Candidate(zero, recompute, found.mbs, how))
-            print(f"[recipe] ZeRO-{zero}, recompute {recompute}: largest mbs {found.mbs} ({how})", flush=True)
+    # (a) per ZeRO stage and recompute setting, the largest mbs that fits per rank at each count it may run at
+    candidates = _candidates(cfg, a, gbs_samples, at_hand, launch, sweep_dir, notes)
 
-    # (b) throughput at dp=1 and at the largest dp at hand, for each mbs a requested GPU count needs
-    dps = sorted({1, at_hand}) if at_hand >= 1 else []
+    # (b) throughput from the fewest GPUs each candidate fits on (one node first) to all at hand, for each mbs a
+    # requested GPU count needs
     counts = sorted({1, *a.gpus})
     for c in candidates:
-        for mbs in sorted({s.mbs for n in counts if (s := split(gbs_samples, seq_len, n, c.mbs_max))}):
-            for dp in dps:
+        dps = sorted({c.fit_gpus, at_hand}) if c.fit_gpus is not None and at_hand >= c.fit_gpus else []
+        for mbs in sorted(
+            {s.mbs for n in counts if c.mbs_for(n) and (s := split(gbs_samples, seq_len, n, c.mbs_for(n)))}
+        ):
+            for dp in (d for d in dps if c.mbs_for(d) >= mbs):
                 s = split(gbs_samples, seq_len, dp, mbs)
                 if s is None or s.mbs != mbs:
                     continue
                 launch(point_config(cfg, c.zero_stage, c.recompute, mbs, dp, min(s.grad_acc, a.max_grad_acc)))
-    if not dps:
+    if at_hand < 1:
         notes.append(f"nothing measured: no {hw.name} device at hand; run the recipe where it is")
 
     # (c) the network: the directory's profile, measured now when two or more devices are at hand, else published
@@ -252,7 +243,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         kept = [o for o in overrides if o.split("=", 1)[0] not in keys and not o.startswith("launch.reuse=")]
         return "scaling run " + " ".join(shlex.quote(o) for o in [*kept, *settings])
 
-    rows, first, band, baseline = decide_rows(
+    rows, first, band, baseline, baseline_gpus = decide_rows(
         candidates,
         gbs_samples,
         seq_len,
@@ -281,4 +272,77 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         max_useful_gpus=gbs_samples,
         baseline_tokens_per_s_per_gpu=baseline,
         notes=notes,
+        baseline_gpus=baseline_gpus,
     )
+
+
+def _candidates(
+    cfg: ExperimentConfig,
+    a: RecipeRequest,
+    gbs_samples: int,
+    at_hand: int,
+    launch: Launcher,
+    sweep_dir: Path,
+    notes: list[str],
+) -> list[Candidate]:
+    """Per ZeRO stage and recompute setting, the largest mbs that fits per rank at each GPU count it may run at
+    (predicted; confirmed by two runs at the fewest GPUs it fits on where those are at hand); a setting that fits at
+    no count is left out and said, and when none fits the notes say from how many GPUs each would."""
+    hw = cfg.hardware
+    judged = sorted(
+        {*(2**k for k in range(gbs_samples.bit_length())), *a.gpus, at_hand} & set(range(1, gbs_samples + 1))
+    )
+    if cfg.custom:  # each count is a trace: only the counts asked for and those at hand
+        judged = sorted({1, *a.gpus, at_hand} & set(range(1, gbs_samples + 1)))
+    found: list[Candidate] = []
+    for zero in a.zero:
+        for recompute in a.recompute:
+            base = point_config(cfg, zero, recompute, 1, 1, 1)
+            mbs_at = largest_mbs_by_gpus(base, judged, gbs_samples, sweep_dir)
+            fit = next((n for n in judged if mbs_at[n] >= 1), None)
+            name = f"ZeRO-{zero}, recompute {recompute}"
+            if fit is None:
+                notes.append(f"{name}: not even mbs=1 fits per rank at any GPU count up to {judged[-1]}")
+                continue
+            how = f"predicted (analytic{', traced' if cfg.custom else ''}): no {hw.name} device at hand"
+            if at_hand >= fit:  # confirmed on the devices at hand, at the fewest GPUs it fits on
+                confirmed = find_mbs(
+                    base.changed(parallel={"dp": fit}),
+                    max_mbs=gbs_samples // fit,
+                    traced=False,
+                    launch_point=launch,
+                    traces_in=sweep_dir,
+                )
+                mbs_at = _scaled(mbs_at, fit, confirmed.mbs)
+                how = confirmed.note + ("" if fit == 1 else f" at dp={fit}")
+            if mbs_at[fit] < 1:
+                notes.append(f"{name}: not even mbs=1 fits at {fit} GPU(s) ({how})")
+                continue
+            found.append(Candidate(zero, recompute, mbs_at[fit], how, tuple(sorted(mbs_at.items()))))
+            where = "one device" if fit == 1 else f"{fit} GPUs (sharded)"
+            print(f"[recipe] {name}: largest mbs {mbs_at[fit]} on {where} ({how})", flush=True)
+    if not found:
+        notes.append(fits_from(cfg, a))
+    return found
+
+
+def _scaled(mbs_at: dict[int, int], at: int, confirmed: int) -> dict[int, int]:
+    """The predicted mbs per count with the count `at` set to what runs confirmed, and the larger counts lowered in
+    proportion when the runs found less room than predicted."""
+    predicted = mbs_at[at]
+    factor = confirmed / predicted if predicted and confirmed < predicted else 1.0
+    return {n: confirmed if n == at else (int(m * factor) if n > at else m) for n, m in mbs_at.items()}
+
+
+def fits_from(cfg: ExperimentConfig, a: RecipeRequest, most: int = 2**20) -> str:
+    """Where a model that fits at no requested count would start to fit: per ZeRO stage and recompute setting, the
+    fewest GPUs (powers of two) at which mbs=1 fits per rank, whatever the batch."""
+    starts = []
+    for zero in a.zero:
+        for recompute in a.recompute:
+            base = point_config(cfg, zero, recompute, 1, 1, 1)
+            counts = [2**k for k in range(most.bit_length()) if zero > 0 or k == 0]
+            mbs_at = largest_mbs_by_gpus(base, counts, most)
+            n = next((n for n in counts if mbs_at[n] >= 1), None)
+            starts.append(f"ZeRO-{zero} recompute {recompute} " + (f"from {n} GPUs" if n else "at no count"))
+    return f"{cfg.model.name} fits on no GPU count the batch can use; it would start to fit: {'; '.join(starts)}"

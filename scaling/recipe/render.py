@@ -84,14 +84,16 @@ def headline(recipe: Recipe) -> list[str]:
     """The answer in a few sentences: where DP stops paying off and how far the batch reaches."""
     thr = f"{recipe.threshold:.0%}"
     lo, hi = recipe.dp_stops_paying_off_range
+    base = "the best single GPU" if recipe.baseline_gpus in (None, 1) else f"the best on {recipe.baseline_gpus} GPUs"
     if recipe.baseline_tokens_per_s_per_gpu is None:
         stops = (
-            "Nothing says how fast one GPU goes (no candidate measured or extrapolated at 1 GPU), so where data "
-            "parallelism stops paying off is unknown: run the recipe where devices of this hardware are at hand."
+            "Nothing says how fast the fewest GPUs go (no candidate measured, extrapolated or predicted there), so "
+            "where data parallelism stops paying off is unknown: run the recipe where devices of this hardware are "
+            "at hand, or pass --assume-mfu."
         )
     elif recipe.dp_stops_paying_off_at is None:
         stops = (
-            f"Efficiency stays at or above {thr} of the best single GPU up to {recipe.max_useful_gpus} GPUs, the most "
+            f"Efficiency stays at or above {thr} of {base} up to {recipe.max_useful_gpus} GPUs, the most "
             "this batch can use"
             + ("" if hi is None and lo is None else f" (its band dips below {thr} from {lo} GPUs)")
             + "."
@@ -100,7 +102,7 @@ def headline(recipe: Recipe) -> list[str]:
         rng = f"{lo if lo is not None else '?'} to {hi if hi is not None else f'beyond {recipe.max_useful_gpus}'}"
         stops = (
             f"Data parallelism stops paying off at {recipe.dp_stops_paying_off_at} GPUs: the first count whose efficiency "
-            f"falls below {thr} of the best single GPU (within the band: {rng} GPUs)."
+            f"falls below {thr} of {base} (within the band: {rng} GPUs)."
         )
     return [
         stops,
