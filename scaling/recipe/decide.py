@@ -176,6 +176,8 @@ class Recipe:
     baseline_tokens_per_s_per_gpu: Optional[float]
     notes: list[str] = field(default_factory=list)
     baseline_gpus: Optional[int] = 1
+    next_measurement: Optional[dict[str, Any]] = None
+    """The point whose measurement would narrow the least certain row most (scaling.recipe.next_point), or None."""
     """The GPU count efficiency is relative to: where the best configuration goes fastest per GPU (1 GPU, but for a
     model that only sharding, or recompute, fits on few)."""
 
@@ -197,6 +199,7 @@ class Recipe:
             "max_useful_gpus": self.max_useful_gpus,
             "baseline_tokens_per_s_per_gpu": self.baseline_tokens_per_s_per_gpu,
             "baseline_gpus": self.baseline_gpus,
+            "next_measurement": self.next_measurement,
             "notes": self.notes,
         }
 
@@ -221,6 +224,7 @@ class Recipe:
             baseline_tokens_per_s_per_gpu=doc.get("baseline_tokens_per_s_per_gpu"),
             notes=list(doc.get("notes") or []),
             baseline_gpus=doc.get("baseline_gpus", 1),
+            next_measurement=doc.get("next_measurement"),
         )
 
     def command_lines(self) -> list[str]:

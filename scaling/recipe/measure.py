@@ -36,6 +36,7 @@ from scaling.recipe.decide import Candidate, Estimate, Recipe, Split, split
 from scaling.recipe.decide import decide as decide_rows
 from scaling.recipe.estimate import FromRecords, workload_of
 from scaling.recipe.mbs_search import find_mbs, largest_mbs_by_gpus
+from scaling.recipe.next_point import suggest
 from scaling.recipe.predicted import Predicted, assumed_mfu, measured_mfu
 from scaling.recipe.request import RecipeRequest
 from scaling.store.read import RecordError, read_record
@@ -255,6 +256,18 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         predicted_peak,
         command,
     )
+    next_point = suggest(
+        candidates,
+        rows,
+        launch.records,
+        lambda records: FromRecords(records, workload, dpn, source, a.draws, planned),
+        gbs_samples,
+        seq_len,
+        dpn,
+        cfg.train.warmup_steps + cfg.train.steps,
+        hw.device,
+        command,
+    )
     print(f"[recipe] {launch.launched} point(s) launched, {launch.answered} answered from the store", flush=True)
     return Recipe(
         model=model.name,
@@ -273,6 +286,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         baseline_tokens_per_s_per_gpu=baseline,
         notes=notes,
         baseline_gpus=baseline_gpus,
+        next_measurement=next_point.to_json() if next_point is not None else None,
     )
 
 

@@ -18,6 +18,7 @@ from analysis.sections import Section
 from scaling.core.files import write_json_atomic
 from scaling.core.units import format_bytes
 from scaling.recipe.decide import EXTRAPOLATED, MEASURED, RECIPE_JSON, RECIPE_MD, Recipe
+from scaling.recipe.next_point import NextMeasurement
 
 
 def _fmt_rate(v: Optional[float]) -> str:
@@ -104,8 +105,10 @@ def headline(recipe: Recipe) -> list[str]:
             f"Data parallelism stops paying off at {recipe.dp_stops_paying_off_at} GPUs: the first count whose efficiency "
             f"falls below {thr} of {base} (within the band: {rng} GPUs)."
         )
+    nxt = recipe.next_measurement
     return [
         stops,
+        *([NextMeasurement(**nxt).sentence()] if nxt else []),
         f"The batch ({recipe.gbs_tokens:,} tokens = {recipe.gbs_samples:,} samples of {recipe.seq_len}) can use at "
         f"most {recipe.max_useful_gpus} GPUs (mbs=1, grad_acc=1). Beyond that: fewer GPUs, a larger batch, or tensor "
         "or pipeline parallelism (not measured here).",
