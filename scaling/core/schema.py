@@ -105,10 +105,28 @@ class ParallelConfig:
     """0 plain DDP, 1 shards optimizer states, 2 also gradients, 3 also parameters."""
     bucket_mb: float = 25.0
     """DDP gradient bucket size in MiB (stages 0 and 1)."""
+    dp_shard: Optional[int] = field(default=None, metadata={NEUTRAL: None})
+    """Ranks each ZeRO-1/2/3 shard spans: null (or dp) shards over every rank, as before the field existed; a divisor
+    of dp shards within groups of that many consecutive ranks (within a node where it fits) and replicates across
+    the dp / dp_shard groups: hybrid sharding (FSDP2's 2-D mesh, ZeRO++ hpZ)."""
     fsdp_grad_reduce: FsdpGradReduce = FsdpGradReduce.every_micro_step
     """Stages 2-3 with grad_acc > 1: reduce-scatter gradients on every micro-step into shards (ZeRO's way,
     the default), or only on the last one, accumulating unsharded gradients (`last_micro_step`: 4Ψ more
     memory per rank, less communication)."""
+
+    def __post_init__(self) -> None:
+        if self.dp_shard == self.dp:  # sharding over every rank is full sharding: one experiment, one job key
+            self.dp_shard = None
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks one shard spans: dp_shard, or dp (full sharding)."""
+        return self.dp_shard or self.dp
+
+    @property
+    def replicas(self) -> int:
+        """Groups that each hold a whole copy of what is sharded: dp / shard_size (1: full sharding)."""
+        return self.dp // self.shard_size if self.shard_size else 1
 
 
 @dataclass

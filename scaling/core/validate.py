@@ -166,11 +166,36 @@ def _check_train(c: _Checker, t: TrainConfig, max_seq_len: Any) -> None:
         c.choice("train.data.dtype", data.dtype, TOKEN_DTYPES)
 
 
-def _check_parallel(c: _Checker, p: ParallelConfig) -> None:
+def _check_parallel(c: _Checker, p: ParallelConfig, per_node: Any) -> None:
     c.positive("parallel.dp", p.dp)
     c.choice("parallel.zero_stage", p.zero_stage, tuple(ZeroStage))
     c.positive("parallel.bucket_mb", p.bucket_mb, integer=False)
     c.choice("parallel.fsdp_grad_reduce", p.fsdp_grad_reduce, tuple(FsdpGradReduce))
+    if p.dp_shard is not None and c.positive("parallel.dp_shard", p.dp_shard, allow_none=True) and _is_int(p.dp):
+        _check_dp_shard(c, p, per_node)
+
+
+def _check_dp_shard(c: _Checker, p: ParallelConfig, per_node: Any) -> None:
+    """Hybrid sharding: a divisor of dp, a stage that shards, groups that do not straddle nodes."""
+    divisors = [d for d in range(1, p.dp + 1) if p.dp % d == 0]
+    if not c.require(
+        p.dp_shard <= p.dp and p.dp % p.dp_shard == 0,
+        f"parallel.dp_shard={p.dp_shard} does not divide parallel.dp={p.dp}: try dp_shard in "
+        f"{{{', '.join(map(str, divisors))}}} (dp or null: full sharding)",
+    ):
+        return
+    c.require(
+        p.zero_stage != ZeroStage.NONE,
+        f"parallel.dp_shard={p.dp_shard} with parallel.zero_stage=0: ZeRO-0 shards nothing; dp_shard applies to "
+        "ZeRO-1, 2 and 3 (or leave it null)",
+    )
+    if _is_int(per_node) and per_node > 0 and p.dp > per_node:
+        c.require(
+            per_node % p.dp_shard == 0 or p.dp_shard % per_node == 0,
+            f"parallel.dp_shard={p.dp_shard}: a shard group of {p.dp_shard} consecutive ranks would straddle nodes "
+            f"of hardware.devices_per_node={per_node}: use a divisor of {per_node} (within a node) or a multiple "
+            f"of it (whole nodes)",
+        )
 
 
 def _check_hardware(c: _Checker, hw: HardwareConfig, precision: Any) -> None:
@@ -280,7 +305,7 @@ def validate(cfg: ExperimentConfig, usable_cores: Optional[int] = None, host: bo
     else:
         _check_model(c, cfg.model)
     _check_train(c, cfg.train, cfg.model.max_seq_len)
-    _check_parallel(c, cfg.parallel)
+    _check_parallel(c, cfg.parallel, cfg.hardware.devices_per_node)
     _check_hardware(c, cfg.hardware, cfg.train.precision)
     _check_run(c, cfg)
     if c.errors:

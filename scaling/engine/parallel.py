@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import ContextManager, Iterator, Optional
+from typing import Any, ContextManager, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,9 @@ class Parallelized:
     device: torch.device
     fsdp_grad_reduce: str = FsdpGradReduce.every_micro_step
     grad_clip: float = 0.0
+    norm_group: Any = None
+    """The process group over which sharded parameters add up to the whole model once: every rank (None), or one
+    shard group under hybrid sharding (the replicas hold copies)."""
 
     def micro_step(self, index: int, count: int) -> ContextManager[None]:
         """Context for micro-step `index` of `count`: how its gradients are reduced across ranks."""
@@ -77,8 +80,8 @@ class Parallelized:
         for p in self.model.parameters():
             local = p.to_local() if sharded else p
             sq += local.detach().double().pow(2).sum()
-        if sharded and dist.get_world_size() > 1:
-            dist.all_reduce(sq)
+        if sharded and dist.get_world_size(self.norm_group) > 1:
+            dist.all_reduce(sq, group=self.norm_group)
         return float(sq.sqrt())
 
 
@@ -97,17 +100,30 @@ def load_wrappers(zero_stage: int) -> None:
         import torch.distributed.optim  # noqa: F401
 
 
-def _shard(model: nn.Module, blocks: list[nn.Module], zero_stage: int, bf16: bool) -> None:
-    """fully_shard every block, then the root (embedding, final norm, output projection)."""
+def shard_mesh(parallel: ParallelConfig, device: torch.device) -> Optional[Any]:
+    """Hybrid sharding's 2-D mesh (replicate, shard): shard groups of dp_shard consecutive ranks (within a node where
+    dp_shard divides it), replicated across dp / dp_shard groups; None for full sharding (the default 1-D mesh)."""
+    if parallel.dp_shard is None:
+        return None
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(
+        device.type, (parallel.replicas, parallel.shard_size), mesh_dim_names=("replicate", "shard")
+    )
+
+
+def _shard(model: nn.Module, blocks: list[nn.Module], zero_stage: int, bf16: bool, mesh: Optional[Any]) -> None:
+    """fully_shard every block, then the root (embedding, final norm, output projection), over `mesh` (hybrid
+    sharding: sharded within its `shard` dim, replicated across its `replicate` dim) or every rank."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     )
     for block in blocks:
-        fully_shard(block, reshard_after_forward=zero_stage == 3, mp_policy=mp)
+        fully_shard(block, mesh=mesh, reshard_after_forward=zero_stage == 3, mp_policy=mp)
     # The root's parameters are needed again by backward right after forward: never resharded in between.
-    fully_shard(model, reshard_after_forward=False, mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
 
 
 def parallelize(
@@ -137,8 +153,9 @@ def parallelize(
     if train.compile:  # 3. compile
         for block in blocks:
             block.compile()
+    mesh = shard_mesh(parallel, device) if zero_stage >= 1 else None
     if zero_stage >= 2:  # 4. shard
-        _shard(model, blocks, zero_stage, bf16)
+        _shard(model, blocks, zero_stage, bf16, mesh)
     if on_meta:  # 5. materialise what this rank owns
         model.to_empty(device=device)
     family.initialise(model, train.seed)
@@ -152,6 +169,7 @@ def parallelize(
             device,
             parallel.fsdp_grad_reduce,
             train.grad_clip,
+            _norm_group(mesh),
         )
     ddp = DDP(  # 6. wrap
         model,
@@ -164,11 +182,17 @@ def parallelize(
     else:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        optimizer = ZeroRedundancyOptimizer(
+        optimizer = ZeroRedundancyOptimizer(  # hybrid: each group of dp_shard ranks holds one copy, partitioned
             ddp.parameters(),
             optimizer_class=torch.optim.AdamW,
+            process_group=mesh["shard"].get_group() if mesh is not None else None,
             lr=lr,
             weight_decay=weight_decay,
             fused=fused,
         )
     return Parallelized(ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device, grad_clip=train.grad_clip)
+
+
+def _norm_group(mesh: Optional[Any]) -> Any:
+    """One shard group of a hybrid mesh (its shards make the whole model once), None for full sharding."""
+    return mesh["shard"].get_group() if mesh is not None else None

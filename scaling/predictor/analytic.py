@@ -243,7 +243,8 @@ def analytic_peak(
     input."""
     a = model if isinstance(model, ModelArgs) else ModelArgs.of(model)
     seq_len, mbs, precision, recompute = train.seq_len, train.mbs, train.precision, train.recompute
-    dp, zero_stage, fsdp_grad_reduce = parallel.dp, parallel.zero_stage, parallel.fsdp_grad_reduce
+    # `dp` below is the ranks a state is sharded over: dp, or dp_shard under hybrid sharding (the replicas hold copies)
+    dp, zero_stage, fsdp_grad_reduce = parallel.shard_size, parallel.zero_stage, parallel.fsdp_grad_reduce
     fused_optimizer = fused_norm = hardware.device == "cuda"
     gloo = hardware.backend == "gloo"
     if precision not in tuple(Precision):

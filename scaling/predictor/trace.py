@@ -225,7 +225,7 @@ def _fake_world(dp: int) -> Iterator[Any]:
 
     - DDP's shape check across ranks reads tensor data: skipped (every rank builds the same model);
     - FSDP2 builds its default device mesh from a tensor, on the host's accelerator: a CPU mesh, built outside fake
-      mode;
+      mode; so is hybrid sharding's 2-D mesh (scaling.engine.parallel.shard_mesh);
     - FSDP2's per-rank chunking of each parameter: `_LazyChunks` (same views, made on demand);
     - MemTracker's per-module peak bookkeeping: `_peak_only_update` (same overall peak).
     """
@@ -236,6 +236,9 @@ def _fake_world(dp: int) -> Iterator[Any]:
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import scaling.engine.parallel as parallel_mod
+    from scaling.engine.parallel import shard_mesh
 
     if dist.is_initialized():
         raise TraceError(
@@ -249,8 +252,13 @@ def _fake_world(dp: int) -> Iterator[Any]:
         with unset_fake_temporarily():
             return init_device_mesh("cpu", mesh_shape=(dist.get_world_size(),), mesh_dim_names=mesh_dim_names)
 
+    def real_shard_mesh(parallel: Any, device: Any) -> Any:
+        with unset_fake_temporarily():
+            return shard_mesh(parallel, torch.device("cpu"))
+
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(ddp_mod, "_verify_param_shape_across_processes", lambda *a, **k: None))
+        stack.enter_context(_patched(parallel_mod, "shard_mesh", real_shard_mesh))
         stack.enter_context(_patched(fully_shard_mod, "_init_default_mesh", real_mesh))
         stack.enter_context(_patched(fsdp_param, "_chunk_with_empty", _LazyChunks))
         stack.enter_context(_patched(MemTracker, "_update_peak_stats", _peak_only_update))
