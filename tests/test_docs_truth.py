@@ -1,4 +1,4 @@
-"""What README.md and docs/*.md state, checked against the code, in-process and without running anything.
+"""What README.md and docs/*.md state, checked against the code, in-process (the only commands run stop at once).
 
 Every `scaling` command they name exists and every flag they give it is one of its parser's; every default they
 quote (`train.grad_clip` (default 1.0), `--max-grad-acc`, 16 by default) is the schema's, the shipped config's, the
