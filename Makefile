@@ -2,9 +2,9 @@
 # runs the batch-size recipe for the tiny model on the demo's emulated device (DEMO_RECIPE);
 # `make test` lints (ruff check and ruff format --check), checks the import layers (lint-imports, contracts in
 # pyproject.toml), then runs the tests; `make test-fast` runs the ones that start no process (about a minute).
-# Both create .venv and install what they need (torch==2.13.0, the CPU build, on this path) at the versions of
-# requirements.lock (`make lock` refreshes it); `make test-lowest` runs the fast tests on the lowest versions
-# pyproject.toml allows.
+# Both create .venv and install what they need at the versions of requirements.lock (`make lock` refreshes it):
+# torch==2.13.0 is PyTorch's CPU build (2.13.0+cpu) where pip's find-links or index offers it, else the default
+# index's (scripts/setup-venv.sh); `make test-lowest` runs the fast tests on the lowest versions pyproject.toml allows.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
@@ -40,7 +40,8 @@ test-fast: setup
 
 # The lower bounds of pyproject.toml, checked: every direct dependency at the lowest version it allows (uv's
 # lowest-direct; what they pull in at their newest) in $(LOWEST), and the fast tests (FAST, above) on it.
-# torch is the +cpu build named in full: lowest-direct would take PyPI's plain 2.13.0, the CUDA build, over it.
+# torch is the build setup-venv.sh chooses, the +cpu build named in full where it is offered: lowest-direct would
+# take PyPI's plain 2.13.0, the CUDA build, over it.
 # Its bytecode is left to the test processes' imports (COMPILE_BYTECODE=0: a set-up of 19 s instead of 55 s).
 # CI installs its dependencies beside `make setup`, then the project, and runs its tests beside `make test`'s at the
 # lowest CPU priority (.ci/run).
@@ -64,7 +65,7 @@ test-lowest: setup-lowest
 # scaling.egg-info into the checkout, as `make setup`'s does: the two builds do not run at once).
 $(LOWEST)/.deps: pyproject.toml
 	rm -rf $(LOWEST)
-	COMPILE_BYTECODE=0 bash scripts/setup-venv.sh $(LOWEST) "$(TORCH)+cpu" --resolution lowest-direct \
+	COMPILE_BYTECODE=0 bash scripts/setup-venv.sh $(LOWEST) "$(TORCH)" --resolution lowest-direct \
 		-r pyproject.toml --extra dev
 	touch $@
 

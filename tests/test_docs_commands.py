@@ -45,6 +45,26 @@ def shell_commands(text: str) -> list[tuple[str, bool, str]]:
     return out
 
 
+def shown_outputs(text: str) -> dict[tuple[str, ...], list[str]]:
+    """What the page shows a `$ scaling ...` prompt of a non-bash block print (the lines after it, up to the next
+    prompt), keyed by the argv the test runs for it."""
+    out = {}
+    for kind, block in re.findall(r"```(\w*)\n(.*?)```", text, re.S):
+        if kind == "bash":
+            continue
+        for session in re.split(r"^(?=\$ )", block, flags=re.M):
+            command, _, printed = session.partition("\n")
+            if command.startswith("$ scaling "):
+                words = shlex.split(command.removeprefix("$ "), comments=True)
+                out[tuple(as_run(shlex.join(words)))] = printed.splitlines()
+    return out
+
+
+SHOWN_CHECKED = ("--dry-run",)
+"""The shown output compared with the real one: a dry run's (its forecast of the grid, which no machine's speed moves;
+a Hydra log line is compared without its time stamp). Other sessions show a store or a cluster the test does not have."""
+
+
 def inline_commands(text: str) -> list[tuple[str, bool, str]]:
     """The concrete `scaling` commands in the text's inline code outside its blocks: with arguments, and none of
     them a placeholder (`[overrides]`, `NAME`, `<TAB>`, `...`)."""
@@ -76,6 +96,8 @@ def _distinct(found: list[tuple[str, str, bool, str]]) -> list[tuple[str, str, b
     return [(page, command, salloc, cwd) for (_, salloc, cwd), (page, command) in seen.items()]
 
 
+SHOWN = {argv: lines for page in PAGES for argv, lines in shown_outputs(page.read_text()).items()}
+
 COMMANDS = _distinct(
     [
         (page.relative_to(REPO).as_posix(), *c)
@@ -96,6 +118,7 @@ def test_the_pages_hold_the_commands_a_reader_runs():
     assert shell_commands("```bash\ncd p\n$ scaling status runs/x   # where it stands\nmake demo\n```") == [
         ("scaling status runs/x", False, "p")
     ]
+    assert SHOWN[("sweep", "demo", "--dry-run")][1].startswith("sweep demo: 64 points: ")
 
 
 @pytest.mark.subprocess
@@ -119,3 +142,9 @@ def test_each_command_runs_from_a_fresh_directory(tmp_path: Path, page: str, com
     assert "Traceback" not in out.stderr
     if sub in ("sweep", "recipe", "collectives") or "-m" in argv:
         assert not list(tmp_path.rglob("result.json")), "a dry run wrote a record"
+    if any(flag in argv for flag in SHOWN_CHECKED):
+        printed = out.stdout + out.stderr
+        for line in SHOWN.get(tuple(argv), []):
+            assert re.sub(r"^\[[^]]*\]\[HYDRA\] ", "", line) in printed, (
+                f"{page}: `{command}` shows {line!r}:\n{printed}"
+            )
