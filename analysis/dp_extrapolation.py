@@ -74,6 +74,11 @@ def _setting(row: pd.Series, key: str, default: object) -> object:
     return default if value is None or (isinstance(value, float) and np.isnan(value)) else value
 
 
+def _shard(value: object) -> Optional[int]:
+    """A record's dp_shard (None: full sharding, as every record made before hybrid sharding)."""
+    return None if value is None or pd.isna(value) else int(value)  # type: ignore[call-overload]
+
+
 def workload_and_points(group: pd.DataFrame) -> tuple[Workload, list[Point]]:
     """One configuration of `dp_scaling.scaling_table` as a workload and its measured points."""
     group = group.sort_values("dp")
@@ -93,6 +98,7 @@ def workload_and_points(group: pd.DataFrame) -> tuple[Workload, list[Point]]:
         # records from before train.grad_clip existed were measured without clipping
         float(_setting(last, "grad_clip", 0.0)),  # type: ignore[arg-type]
         float(_setting(last, "bucket_mb", 25.0)),
+        _shard(_setting(last, "dp_shard", None)),
     )  # type: ignore[arg-type]
     points = []
     for _, row in group.iterrows():

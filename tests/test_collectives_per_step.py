@@ -1,6 +1,7 @@
 """The step model against the engine: the collectives one optimizer step issues at dp=2 (op, calls, bytes of each),
-counted by torch's profiler (tests/helpers/collective_counts.py), are those `scaling.perf.step_model.step_collectives` lists, for
-every ZeRO stage, fsdp_grad_reduce and grad_acc, with clipping, in one torchrun launch."""
+counted by torch's profiler (tests/helpers/collective_counts.py), are those `scaling.perf.step_model.step_collectives`
+lists, for every ZeRO stage, fsdp_grad_reduce and grad_acc, with clipping, in one torchrun launch; and at dp=4 sharded
+over groups of 2 (hybrid sharding), in another."""
 
 from __future__ import annotations
 
@@ -29,8 +30,13 @@ CASES = [
 broadcasts stay fp32, FSDP2 gathers bf16 parameters and reduce-scatters fp32 gradients."""
 
 
-def _config(stage: int, reduce: str, grad_acc: int, precision: str) -> ExperimentConfig:
-    """The tiny model at dp=2, mbs 1, seq_len 16, clipped (train.grad_clip's default)."""
+HYBRID = [(stage, EVERY, 2, "fp32") for stage in (1, 2, 3)] + [(3, LAST, 2, "bf16")]
+"""The same at dp=4, dp_shard=2: gathers and reduce-scatters within the pair, each shard all-reduced across the two
+pairs, ZeRO-1's broadcasts within the pair."""
+
+
+def _config(stage: int, reduce: str, grad_acc: int, precision: str, *more: str) -> ExperimentConfig:
+    """The tiny model at dp=2 (unless `more` says otherwise), mbs 1, seq_len 16, clipped (grad_clip's default)."""
     cfg = compose_point(
         [
             "model=tiny",
@@ -42,6 +48,7 @@ def _config(stage: int, reduce: str, grad_acc: int, precision: str) -> Experimen
             "train.mbs=1",
             "train.seq_len=16",
             f"train.precision={precision}",
+            *more,
         ]
     )
     return cfg
@@ -52,7 +59,7 @@ def _assumed(cfg: ExperimentConfig) -> dict[str, list[int]]:
     grad_acc = validate(cfg, host=False).grad_acc
     w = workload_of(cfg, grad_acc)
     calls: dict[str, list[int]] = defaultdict(list)
-    for c in step_collectives(w, DP, grad_acc):
+    for c in step_collectives(w, cfg.parallel.dp, grad_acc):
         calls[c.op] += [round(c.bytes_per_call)] * c.count
     return {op: sorted(sizes) for op, sizes in sorted(calls.items())}
 
@@ -65,9 +72,9 @@ def _show(calls: dict[str, list[int]]) -> str:
     )
 
 
-def test_each_step_issues_what_the_step_model_lists(tmp_path):
-    configs = {f"zero{s}{'' if s <= 1 else '/' + r}/grad_acc={g}/{p}": _config(s, r, g, p) for s, r, g, p in CASES}
-    cases, counted = tmp_path / "cases.json", tmp_path / "counted.json"
+def _issued(configs: dict[str, ExperimentConfig], ranks: int, tmp_path) -> list[str]:
+    """Each case whose step issues other collectives than the step model lists, in words (one torchrun launch)."""
+    cases, counted = tmp_path / f"cases{ranks}.json", tmp_path / f"counted{ranks}.json"
     cases.write_text(json.dumps([{"name": name, "config": cfg.to_dict()} for name, cfg in configs.items()]))
     run = subprocess.run(
         [
@@ -75,7 +82,7 @@ def test_each_step_issues_what_the_step_model_lists(tmp_path):
             "-m",
             "torch.distributed.run",
             "--standalone",
-            f"--nproc-per-node={DP}",
+            f"--nproc-per-node={ranks}",
             "-m",
             "tests.helpers.collective_counts",
             str(cases),
@@ -88,9 +95,21 @@ def test_each_step_issues_what_the_step_model_lists(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     issued = json.loads(counted.read_text())
-    wrong = [
+    return [
         f"{name}: the engine issued {_show(issued[name])}\n    the step model assumes {_show(_assumed(cfg))}"
         for name, cfg in configs.items()
         if issued[name] != _assumed(cfg)
     ]
+
+
+def test_each_step_issues_what_the_step_model_lists(tmp_path):
+    configs = {f"zero{s}{'' if s <= 1 else '/' + r}/grad_acc={g}/{p}": _config(s, r, g, p) for s, r, g, p in CASES}
+    wrong = _issued(configs, DP, tmp_path)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_each_hybrid_step_issues_what_the_step_model_lists(tmp_path):
+    more = ("parallel.dp=4", "parallel.dp_shard=2", "hardware.oversubscribe=true")
+    configs = {f"hybrid zero{s}/{r}/grad_acc={g}/{p}": _config(s, r, g, p, *more) for s, r, g, p in HYBRID}
+    wrong = _issued(configs, 4, tmp_path)
     assert not wrong, "\n".join(wrong)

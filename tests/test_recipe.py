@@ -364,7 +364,8 @@ def test_an_8b_model_is_planned_at_the_gpu_count_where_it_fits_sharded(tmp_path,
     """llama_8b in bf16 at seq 8192 needs 128 GB of model state: no H100 holds it, ZeRO-3 over 8 does (16 GB each).
     The fit is judged per rank at the count a configuration runs at, by the pre-screen's predictor: the 4-GPU row
     says no configuration fits there and from how many GPUs ZeRO-3 would, the 8- and 64-GPU rows are ZeRO-3 plans
-    with a predicted figure, and ZeRO-0 (which shards nothing) is said to fit at no count."""
+    with a predicted figure, and ZeRO-0 (which shards nothing) is said to fit at no count. Past one node the
+    64-GPU row shards within nodes (hybrid sharding) and says how it compares with full sharding."""
     from scaling.cli.recipe import main
     from scaling.recipe.decide import Recipe
 
@@ -373,18 +374,25 @@ def test_an_8b_model_is_planned_at_the_gpu_count_where_it_fits_sharded(tmp_path,
     overrides = ["model=llama_8b", "train.seq_len=8192", "train.precision=bf16", "hardware=h100", "logger=none"]
     assert main([*argv, "--sweep-dir", str(sweep_dir), *overrides]) == 0
     recipe = Recipe.from_json(json.loads((sweep_dir / "recipe.json").read_text()))
-    (zero3,) = recipe.candidates
-    assert zero3.zero_stage == 3 and zero3.fit_gpus == 8 and zero3.mbs_for(4) == 0 and zero3.mbs_for(64) >= 1
+    zero3 = recipe.candidates[0]
+    assert [(c.zero_stage, c.dp_shard) for c in recipe.candidates] == [(3, None), (3, 8), (3, 16), (3, 32)]
+    assert zero3.fit_gpus == 8 and zero3.mbs_for(4) == 0 and zero3.mbs_for(64) >= 1
     four, eight, sixty_four = recipe.rows
-    assert four.zero_stage is None and four.reason == (
+    assert four.zero_stage is None and four.reason.startswith(
         "no configuration fits per rank at 4 GPUs: ZeRO-3, recompute none fits from 8 GPUs"
     )
     for row in (eight, sixty_four):
         assert row.zero_stage == 3 and row.source == "predicted" and row.memory_headroom_frac > 0, row
         assert row.tokens_per_s_per_gpu_low <= row.tokens_per_s_per_gpu <= row.tokens_per_s_per_gpu_high
-    assert recipe.baseline_gpus == 8 and "ZeRO-0, recompute none: not even mbs=1 fits per rank" in " ".join(
-        recipe.notes
-    )
+    notes = " ".join(recipe.notes)
+    assert recipe.baseline_gpus == 8 and "ZeRO-0, recompute none: not even mbs=1 fits per rank" in notes
+    # past one node (published H100 figures: NVLink within, InfiniBand between), sharding within a node and
+    # all-reducing the shards across nodes beats gathering over all 64: the row says by how much, at what memory
+    assert eight.dp_shard is None and sixty_four.dp_shard == 8 and "parallel.dp_shard=8" in sixty_four.command
+    versus = sixty_four.versus_full
+    assert versus["run"].startswith("ZeRO-3") and versus["tokens_per_s_per_gpu"] < sixty_four.tokens_per_s_per_gpu
+    said = capsys.readouterr().out
+    assert "64 GPUs: hybrid sharding over 8 beats full sharding's best there (ZeRO-3, recompute none" in said
 
 
 def test_a_candidate_knows_the_largest_mbs_at_each_count_it_was_judged_at() -> None:

@@ -76,11 +76,13 @@ def design(w: Workload, points: Sequence[Point], dpn: Optional[int]) -> Design:
         row[COMPUTE] = float(p.grad_acc)
         row[OPTIMIZER] = float(w.params_updated(p.dp))
         if p.dp >= 2:
-            tier = tier_of(p.dp, dpn)
             for call in step_collectives(w, p.dp, p.grad_acc):
-                _, moved = ring_cost(call.op, p.dp, call.bytes_per_call)
-                row[Column(Term.INV_BETA, tier)] += call.count * moved
-                for at, steps in latency_steps(call.op, p.dp, dpn).items():
+                ranks, per_node = w.ring(call.group, p.dp, dpn)
+                if ranks < 2:
+                    continue
+                _, moved = ring_cost(call.op, ranks, call.bytes_per_call)
+                row[Column(Term.INV_BETA, tier_of(ranks, per_node))] += call.count * moved
+                for at, steps in latency_steps(call.op, ranks, per_node).items():
                     row[Column(Term.ALPHA, at)] += call.count * steps
         rows.append([row[c] for c in COLUMNS])
     return Design(np.asarray(rows, dtype=float).reshape(len(rows), len(COLUMNS)))

@@ -86,6 +86,10 @@ class Network:
         needed = {tier_of(n, self.devices_per_node), *(t for t, k in steps.items() if k)}
         return [t for t in TIERS if t in needed and t not in self.tiers]
 
+    def on_ring(self, devices_per_node: Optional[int]) -> Network:
+        """These figures for a ring with `devices_per_node` of its ranks on each node (a strided ring has fewer)."""
+        return self if devices_per_node == self.devices_per_node else Network(self.tiers, devices_per_node)
+
     def reaches(self, n: int) -> bool:
         """Whether a collective over n ranks can be predicted."""
         return not self.missing(n)

@@ -36,7 +36,12 @@ PARAM_TENSORS = "parameter tensors"
 MODULE_PARAMS = "module parameters"
 BLOCK_PARAMS = "block parameters"
 MODULE_GRADS = "module gradients"
+SHARD_GRADS = "gradient shards"
 GRAD_NORM = "gradient norm"
+# the ranks a collective runs over
+ALL, SHARD, REPLICAS = "all", "shard", "replicas"
+"""Every rank; one shard group (dp_shard consecutive ranks: all of them under full sharding); the replicas of one
+shard (dp / dp_shard ranks, a shard group apart), which all-reduce their gradient shards under hybrid sharding."""
 
 
 GRAD_BYTES = 4
@@ -85,24 +90,29 @@ class Collective:
     op: str
     moves: str
     window: Optional[Window]
+    group: str = ALL
+    """The ranks it runs over: ALL, SHARD or REPLICAS."""
 
 
 _DDP_REDUCE = Collective("all_reduce", GRAD_BUCKETS, Window(BACKWARD, LAST_MICRO))
-_GATHER_ONCE = Collective("all_gather", MODULE_PARAMS, Window(FORWARD, FIRST_MICRO))
-_GATHER_FORWARD = Collective("all_gather", MODULE_PARAMS, Window(FORWARD, EACH_MICRO))
-_GATHER_BACKWARD = Collective("all_gather", BLOCK_PARAMS, Window(BACKWARD, EACH_MICRO))
-_SCATTER_EACH = Collective("reduce_scatter", MODULE_GRADS, Window(BACKWARD, EACH_MICRO))
-_SCATTER_LAST = Collective("reduce_scatter", MODULE_GRADS, Window(BACKWARD, LAST_MICRO))
+_GATHER_ONCE = Collective("all_gather", MODULE_PARAMS, Window(FORWARD, FIRST_MICRO), SHARD)
+_GATHER_FORWARD = Collective("all_gather", MODULE_PARAMS, Window(FORWARD, EACH_MICRO), SHARD)
+_GATHER_BACKWARD = Collective("all_gather", BLOCK_PARAMS, Window(BACKWARD, EACH_MICRO), SHARD)
+_SCATTER_EACH = Collective("reduce_scatter", MODULE_GRADS, Window(BACKWARD, EACH_MICRO), SHARD)
+_SCATTER_LAST = Collective("reduce_scatter", MODULE_GRADS, Window(BACKWARD, LAST_MICRO), SHARD)
+# hybrid sharding: each reduce-scattered shard all-reduced across its replicas, in the same backward
+_REPLICAS_EACH = Collective("all_reduce", SHARD_GRADS, Window(BACKWARD, EACH_MICRO), REPLICAS)
+_REPLICAS_LAST = Collective("all_reduce", SHARD_GRADS, Window(BACKWARD, LAST_MICRO), REPLICAS)
 STAGE_COLLECTIVES: dict[tuple[int, str], tuple[Collective, ...]] = {
     (0, EVERY): (_DDP_REDUCE,),
-    (1, EVERY): (_DDP_REDUCE, Collective("broadcast", PARAM_TENSORS, None)),
-    (2, EVERY): (_GATHER_ONCE, _SCATTER_EACH),
-    (2, LAST): (_GATHER_ONCE, _SCATTER_LAST),
-    (3, EVERY): (_GATHER_FORWARD, _GATHER_BACKWARD, _SCATTER_EACH),
-    (3, LAST): (_GATHER_FORWARD, _GATHER_BACKWARD, _SCATTER_LAST),
+    (1, EVERY): (_DDP_REDUCE, Collective("broadcast", PARAM_TENSORS, None, SHARD)),
+    (2, EVERY): (_GATHER_ONCE, _SCATTER_EACH, _REPLICAS_EACH),
+    (2, LAST): (_GATHER_ONCE, _SCATTER_LAST, _REPLICAS_LAST),
+    (3, EVERY): (_GATHER_FORWARD, _GATHER_BACKWARD, _SCATTER_EACH, _REPLICAS_EACH),
+    (3, LAST): (_GATHER_FORWARD, _GATHER_BACKWARD, _SCATTER_LAST, _REPLICAS_LAST),
 }
 """What each (ZeRO stage, parallel.fsdp_grad_reduce) issues; stages 0-1 do not read the latter."""
-CLIP_REDUCE = Collective("all_reduce", GRAD_NORM, None)
+CLIP_REDUCE = Collective("all_reduce", GRAD_NORM, None, SHARD)
 """clip_grad_norm_ over DTensor gradient shards (ZeRO-2/3): `_foreach_norm` gives each gradient's norm as a partial
 (p-norm) DTensor, `torch.stack` keeps them partial, and `vector_norm`, whose reduction differs from the partials'
 sum, makes the stacked vector whole first: one all-reduce of one fp32 norm per parameter tensor."""
@@ -118,6 +128,8 @@ class Call:
     count: int
     bytes_per_call: float
     window: Optional[Window]
+    group: str = ALL
+    """The ranks it runs over (`Workload.ring` says how many, and how many of them share a node)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +155,9 @@ class Workload:
     """`train.grad_clip`: the gradient norm clipped to it, 0 for no clipping."""
     bucket_mb: float = 25.0
     """`parallel.bucket_mb`: DDP's gradient bucket (stages 0-1), in MiB."""
+    dp_shard: Optional[int] = None
+    """`parallel.dp_shard`: the ranks each ZeRO-1/2/3 shard spans at every dp it divides (hybrid sharding), None:
+    every rank (full sharding)."""
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -172,8 +187,25 @@ class Workload:
         backward = BACKWARD_SHARE[self.recompute]
         return backward if phase == BACKWARD else 1 - backward
 
+    def shard_size(self, n: int) -> int:
+        """Ranks a shard spans at dp=n: dp_shard where it is a proper divisor of n, else n."""
+        k = self.dp_shard
+        return k if k and k < n and n % k == 0 else n
+
+    def ring(self, group: str, n: int, devices_per_node: Optional[int]) -> tuple[int, Optional[int]]:
+        """(ranks, ranks of them on one node) of a collective over `group` at dp=n: a shard group is consecutive
+        ranks, the replicas of one shard lie a shard group apart."""
+        k = self.shard_size(n)
+        if group == ALL:
+            return n, devices_per_node
+        if group == SHARD:
+            return k, devices_per_node
+        per_node = None if devices_per_node is None else max(1, devices_per_node // k)
+        return n // k, per_node
+
     def calls_of(self, moves: str, n: int) -> list[tuple[float, int]]:
-        """(bytes per call, calls) of one round of a collective at dp=n: one call per bucket, tensor or module."""
+        """(bytes per call, calls) of one round of a collective at dp=n: one call per bucket, tensor or module
+        (n: the ranks of its ring)."""
         shape = self.shape
         if moves == GRAD_BUCKETS:
             sizes = ddp_buckets(shape, int(self.bucket_mb * 2**20))
@@ -181,6 +213,10 @@ class Workload:
             sizes = tuple(4 * t.numel for t in shape.tensors)  # DDP keeps fp32 parameters
         elif moves == GRAD_NORM:
             sizes = (4 * len(shape.tensors),)  # the stacked fp32 partial norms of the gradient shards
+        elif moves == SHARD_GRADS:  # one module's fp32 gradient shard: the reduce-scatter's output (n: its shards)
+            block = GRAD_BYTES * sum(t.shard_numel(n) for t in shape.tensors if t.module == BLOCK) // shape.n_blocks
+            root = GRAD_BYTES * sum(t.shard_numel(n) for t in shape.tensors if t.module == ROOT)
+            return [(block, shape.n_blocks)] + ([(root, 1)] if root else [])
         else:  # FSDP2 gathers and scatters whole modules, each parameter's dim 0 padded to a multiple of n
             width = GRAD_BYTES if moves == MODULE_GRADS else (2 if self.precision == "bf16" else 4)
             block = n * width * sum(t.shard_numel(n) for t in shape.tensors if t.module == BLOCK) // shape.n_blocks
@@ -224,8 +260,8 @@ def _params_updated(w: Workload, n: int) -> int:
     if w.zero_stage == 0:
         return w.n_params
     if w.zero_stage == 1:
-        return zero1_busiest(w.shape, n)
-    return sum(t.shard_numel(n) for t in w.shape.tensors)
+        return zero1_busiest(w.shape, w.shard_size(n))
+    return sum(t.shard_numel(w.shard_size(n)) for t in w.shape.tensors)
 
 
 def step_collectives(w: Workload, n: int, grad_acc: int) -> tuple[Call, ...]:
@@ -236,10 +272,13 @@ def step_collectives(w: Workload, n: int, grad_acc: int) -> tuple[Call, ...]:
 @functools.lru_cache(maxsize=4096)
 def _step_collectives(w: Workload, n: int, grad_acc: int) -> tuple[Call, ...]:
     # kept: a band's hundreds of draws ask for the same few
-    calls = []
+    calls, k = [], w.shard_size(n)
     for c in w.collectives():
+        if c.group == REPLICAS and k == n:  # full sharding: no replicas to reduce across
+            continue
         rounds = grad_acc if c.window is not None and c.window.micro_steps == EACH_MICRO else 1
-        calls += [Call(c.op, count * rounds, size, c.window) for size, count in w.calls_of(c.moves, n)]
+        ranks = n if c.group == ALL else k  # a shard's size is that of its group's (SHARD_GRADS: the shard's)
+        calls += [Call(c.op, count * rounds, size, c.window, c.group) for size, count in w.calls_of(c.moves, ranks)]
     return tuple(calls)
 
 
@@ -259,8 +298,9 @@ def comm_windows(w: Workload, net: Network, n: int, grad_acc: int) -> list[tuple
     per_window: dict[Optional[Window], float] = {}
     for call in step_collectives(w, n, grad_acc):
         rounds = grad_acc if call.window is not None and call.window.micro_steps == EACH_MICRO else 1
-        per_window[call.window] = per_window.get(call.window, 0.0) + call.count / rounds * net.time_s(
-            call.op, n, call.bytes_per_call
+        ranks, per_node = w.ring(call.group, n, net.devices_per_node)
+        per_window[call.window] = per_window.get(call.window, 0.0) + call.count / rounds * net.on_ring(per_node).time_s(
+            call.op, ranks, call.bytes_per_call
         )
     out = [(1, per_window[None], 0.0)] if None in per_window else []
     for times, selectors in _micro_step_kinds(grad_acc):

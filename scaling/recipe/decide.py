@@ -40,11 +40,19 @@ class Candidate:
     mbs_at: tuple[tuple[int, int], ...] = ()
     """(GPUs, the largest mbs that fits per rank there; 0: not even mbs=1) at the counts it was judged at, in order;
     empty: mbs_max at every count."""
+    dp_shard: Optional[int] = None
+    """Hybrid sharding: the ranks each shard spans wherever it divides the GPU count (None: full sharding)."""
 
     @property
     def name(self) -> str:
-        """`ZeRO-2, recompute none`."""
-        return f"ZeRO-{self.zero_stage}, recompute {self.recompute}"
+        """`ZeRO-2, recompute none` (`, sharded over 8` under hybrid sharding)."""
+        hybrid = f", sharded over {self.dp_shard}" if self.dp_shard else ""
+        return f"ZeRO-{self.zero_stage}, recompute {self.recompute}{hybrid}"
+
+    def shard_at(self, gpus: int) -> Optional[int]:
+        """parallel.dp_shard at `gpus` GPUs: dp_shard where it is a proper divisor, else None (full sharding)."""
+        k = self.dp_shard
+        return k if k and k < gpus and gpus % k == 0 else None
 
     def mbs_for(self, gpus: int) -> int:
         """The largest mbs that fits per rank at `gpus` GPUs: that of the largest count judged at or below it (memory
@@ -154,6 +162,11 @@ class Row:
     ties: list[dict[str, Any]] = field(default_factory=list)
     command: Optional[str] = None
     reason: Optional[str] = None
+    dp_shard: Optional[int] = None
+    """Hybrid sharding: the ranks each shard spans (None: full sharding, or a stage that does not shard)."""
+    versus_full: Optional[dict[str, Any]] = None
+    """Where hybrid sharding is run: the best full-sharding option beside it (its tokens/s per GPU and band, and the
+    peak memory per rank of both), so the row says by how much hybrid wins and at what memory cost."""
 
 
 @dataclass
@@ -176,6 +189,9 @@ class Recipe:
     baseline_tokens_per_s_per_gpu: Optional[float]
     notes: list[str] = field(default_factory=list)
     baseline_gpus: Optional[int] = 1
+    dp_stops_paying_off_full: Optional[int] = None
+    """With hybrid sharding among the candidates: where DP stops paying off with full sharding alone (None: the
+    same, or not at any count the batch can use)."""
     next_measurement: Optional[dict[str, Any]] = None
     """The point whose measurement would narrow the least certain row most (scaling.recipe.next_point), or None."""
     """The GPU count efficiency is relative to: where the best configuration goes fastest per GPU (1 GPU, but for a
@@ -199,6 +215,7 @@ class Recipe:
             "max_useful_gpus": self.max_useful_gpus,
             "baseline_tokens_per_s_per_gpu": self.baseline_tokens_per_s_per_gpu,
             "baseline_gpus": self.baseline_gpus,
+            "dp_stops_paying_off_full": self.dp_stops_paying_off_full,
             "next_measurement": self.next_measurement,
             "notes": self.notes,
         }
@@ -224,6 +241,7 @@ class Recipe:
             baseline_tokens_per_s_per_gpu=doc.get("baseline_tokens_per_s_per_gpu"),
             notes=list(doc.get("notes") or []),
             baseline_gpus=doc.get("baseline_gpus", 1),
+            dp_stops_paying_off_full=doc.get("dp_stops_paying_off_full"),
             next_measurement=doc.get("next_measurement"),
         )
 
@@ -288,9 +306,13 @@ def best_option(
     """The fastest candidate at `gpus` (most tokens/s per GPU, nominal), the others whose band reaches its nominal
     figure or whose nominal figure lies in its band (ties), why each other candidate has no figure, and the reason
     of the horizon where a candidate's figure lies past it."""
-    options, why = [], []
+    options, why, seen = [], [], set()
     beyond: Optional[str] = None
     for c in candidates:
+        same = (c.zero_stage, c.recompute, c.shard_at(gpus), c.mbs_for(gpus))
+        if same in seen:  # a hybrid candidate whose groups span every rank at this count is its full sharding
+            continue
+        seen.add(same)
         if c.mbs_for(gpus) < 1:
             why.append(f"ZeRO-{c.zero_stage} {c.recompute} does not fit at {gpus} GPUs")
             continue
@@ -394,6 +416,7 @@ def decide(
             continue
         c, s, e = best.candidate, best.split, best.estimate
         row.dp, row.zero_stage, row.mbs, row.grad_acc, row.recompute = n, c.zero_stage, s.mbs, s.grad_acc, c.recompute
+        row.dp_shard = c.shard_at(n)
         row.gbs_tokens, row.gbs_exact = s.gbs_tokens, s.exact
         row.tokens_per_s_per_gpu, row.tokens_per_s_per_gpu_low, row.tokens_per_s_per_gpu_high = (
             e.tokens_per_s_per_gpu,
@@ -413,6 +436,7 @@ def decide(
             {
                 "zero_stage": o.candidate.zero_stage,
                 "recompute": o.candidate.recompute,
+                "dp_shard": o.candidate.shard_at(n),
                 "mbs": o.split.mbs,
                 "grad_acc": o.split.grad_acc,
                 "tokens_per_s_per_gpu": o.estimate.tokens_per_s_per_gpu,
@@ -421,6 +445,8 @@ def decide(
             for o in ties
         ]
         row.command = command(c, s) if command else None
+        if row.dp_shard is not None:
+            row.versus_full = _versus_full(candidates, gbs_samples, seq_len, n, estimate, predicted_peak)
         rows.append(row)
     first, band = (
         knee(candidates, gbs_samples, seq_len, [n for n in counts if n >= baseline_gpus], estimate, baseline, threshold)
@@ -431,3 +457,55 @@ def decide(
         )
     )
     return rows, first, band, baseline, baseline_gpus
+
+
+def full_sharding(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates that shard over every rank (none of hybrid sharding)."""
+    return [c for c in candidates if c.dp_shard is None]
+
+
+def _versus_full(
+    candidates: Sequence[Candidate],
+    gbs_samples: int,
+    seq_len: int,
+    gpus: int,
+    estimate: Estimator,
+    predicted_peak: Optional[Callable[[Candidate, Split], Optional[int]]],
+) -> Optional[dict[str, Any]]:
+    """The best full-sharding option at `gpus` (name, tokens/s per GPU with its band, peak memory per rank)."""
+    best, _, _, _ = best_option(full_sharding(candidates), gbs_samples, seq_len, gpus, estimate)
+    if best is None:
+        return None
+    e = best.estimate
+    peak = (
+        e.peak_mem_bytes
+        if e.peak_mem_bytes is not None
+        else (predicted_peak(best.candidate, best.split) if predicted_peak else None)
+    )
+    return {
+        "run": best.candidate.name,
+        "mbs": best.split.mbs,
+        "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
+        "low": e.low,
+        "high": e.high,
+        "peak_mem_bytes": peak,
+    }
+
+
+def knee_of_full_sharding(
+    candidates: Sequence[Candidate],
+    gbs_samples: int,
+    seq_len: int,
+    estimate: Estimator,
+    baseline: Optional[float],
+    baseline_gpus: Optional[int],
+    threshold: float,
+) -> Optional[int]:
+    """Where DP stops paying off with full sharding alone, when hybrid sharding is among the candidates (None
+    otherwise, or when it stays above the threshold): what hybrid sharding moves."""
+    full = full_sharding(candidates)
+    if len(full) == len(candidates) or not full or not baseline or baseline_gpus is None:
+        return None
+    top = max_useful_gpus(gbs_samples)
+    counts = [2**k for k in range(top.bit_length()) if baseline_gpus <= 2**k <= top]
+    return knee(full, gbs_samples, seq_len, counts, estimate, baseline, threshold)[0]

@@ -18,11 +18,13 @@ from scaling.recipe.decide import EXTRAPOLATED, MEASURED, Beyond, Candidate, Est
 
 def _matches(record: Mapping[str, Any], c: Candidate, mbs: int) -> bool:
     cfg = record["config"]
+    parallel = cfg["parallel"]
     return (
         record.get("status") == Status.OK
-        and cfg["parallel"]["zero_stage"] == c.zero_stage
+        and parallel["zero_stage"] == c.zero_stage
         and cfg["train"]["recompute"] == c.recompute
         and cfg["train"]["mbs"] == mbs
+        and parallel.get("dp_shard") == c.shard_at(parallel["dp"])
     )
 
 
@@ -112,6 +114,7 @@ def workload_of(
         c.recompute,
         float(t.grad_clip),
         float(p.bucket_mb),
+        c.dp_shard,
     )
 
 

@@ -195,18 +195,24 @@ def _confirm(
 
 
 def largest_mbs_by_gpus(
-    cfg: ExperimentConfig, counts: Sequence[int], max_samples: int, traces_in: Optional[str | os.PathLike] = None
+    cfg: ExperimentConfig,
+    counts: Sequence[int],
+    max_samples: int,
+    traces_in: Optional[str | os.PathLike] = None,
+    dp_shard: Optional[int] = None,
 ) -> dict[int, int]:
     """The largest mbs that fits per rank at each GPU count (0: not even mbs=1; at most max_samples // count, the
     batch's share of a rank), as the pre-screen's predictor says (analytic; a model the user brings, traced in a
-    fake world of that many ranks): a plan for the target hardware, whatever this host could run."""
+    fake world of that many ranks): a plan for the target hardware, whatever this host could run. `dp_shard`: hybrid
+    sharding where it properly divides the count."""
     cfg = _search_point(cfg)
     capacity = capacity_bytes(cfg.hardware)
     if capacity is None:
         raise ValueError("hardware.memory_gb=null: a fit per rank needs a capacity, e.g. hardware.memory_gb=0.02")
     out, guess = {}, 1
     for n in sorted(set(counts)):
-        at = cfg.changed(parallel={"dp": n})
+        hybrid = dp_shard if dp_shard and dp_shard < n and n % dp_shard == 0 else None
+        at = cfg.changed(parallel={"dp": n, "dp_shard": hybrid})
         limit = max_samples // n
         out[n] = largest_true(lambda m, at=at: _predicted_peak(_with_mbs(at, m), traces_in) <= capacity, guess, limit)
         guess = max(out[n], 1)

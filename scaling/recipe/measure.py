@@ -32,7 +32,7 @@ from scaling.perf.network_figures import sources
 from scaling.perf.step_model import step_collectives
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
-from scaling.recipe.decide import Candidate, Estimate, Recipe, Split, split
+from scaling.recipe.decide import Candidate, Estimate, Recipe, Split, knee_of_full_sharding, split
 from scaling.recipe.decide import decide as decide_rows
 from scaling.recipe.estimate import FromRecords, workload_of
 from scaling.recipe.mbs_search import find_mbs, largest_mbs_by_gpus
@@ -84,11 +84,36 @@ class Launcher:
 
 
 def point_config(
-    cfg: ExperimentConfig, zero: int, recompute: str, mbs: int, dp: int, grad_acc: int
+    cfg: ExperimentConfig,
+    zero: int,
+    recompute: str,
+    mbs: int,
+    dp: int,
+    grad_acc: int,
+    dp_shard: Optional[int] = None,
 ) -> ExperimentConfig:
-    """The base config at one point of the recipe: ZeRO stage, recompute, mbs, dp and grad_acc set, no batch target."""
+    """The base config at one point of the recipe: ZeRO stage, recompute, mbs, dp, grad_acc and dp_shard set, no
+    batch target."""
     train = {"mbs": mbs, "grad_acc": grad_acc, "gbs": None, "gbs_tokens": None, "recompute": recompute}
-    return cfg.changed(train=train, parallel={"zero_stage": zero, "dp": dp})
+    return cfg.changed(train=train, parallel={"zero_stage": zero, "dp": dp, "dp_shard": dp_shard})
+
+
+def candidate_point(cfg: ExperimentConfig, c: Candidate, mbs: int, dp: int, grad_acc: int) -> ExperimentConfig:
+    """A candidate's point at dp GPUs (its dp_shard where it divides dp)."""
+    return point_config(cfg, c.zero_stage, c.recompute, mbs, dp, grad_acc, c.shard_at(dp))
+
+
+HYBRID_POLICIES = 3
+"""Hybrid sharding candidates per ZeRO-2/3 setting: shard groups of one node, two and four (where fewer GPUs than
+asked for)."""
+
+
+def shard_policies(zero: int, devices_per_node: Optional[int], gpus: list[int]) -> list[Optional[int]]:
+    """parallel.dp_shard settings to weigh: full sharding, and for ZeRO-2/3 on nodes, shard groups of 1, 2, 4 nodes."""
+    if zero < 2 or not devices_per_node:
+        return [None]
+    top = max(gpus)
+    return [None, *(devices_per_node * 2**j for j in range(HYBRID_POLICIES) if devices_per_node * 2**j < top)]
 
 
 @dataclass(frozen=True)
@@ -191,7 +216,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
                 s = split(gbs_samples, seq_len, dp, mbs)
                 if s is None or s.mbs != mbs:
                     continue
-                launch(point_config(cfg, c.zero_stage, c.recompute, mbs, dp, min(s.grad_acc, a.max_grad_acc)))
+                launch(candidate_point(cfg, c, mbs, dp, min(s.grad_acc, a.max_grad_acc)))
     if at_hand < 1:
         notes.append(f"nothing measured: no {hw.name} device at hand; run the recipe where it is")
 
@@ -224,7 +249,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
     estimate = FromRecords(launch.records, workload, dpn, source, a.draws, planned)
 
     def predicted_peak(c: Candidate, s: Any) -> int:
-        point = point_config(cfg, c.zero_stage, c.recompute, s.mbs, s.gpus, s.grad_acc)
+        point = candidate_point(cfg, c, s.mbs, s.gpus, s.grad_acc)
         if cfg.custom:  # no closed form: traced on fake tensors in a fake world of s.gpus ranks
             from scaling.predictor.trace import trace_peak_kept
 
@@ -238,6 +263,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
             f"parallel.dp={s.gpus}",
             f"parallel.zero_stage={c.zero_stage}",
             f"train.recompute={c.recompute}",
+            *([f"parallel.dp_shard={c.shard_at(s.gpus)}"] if c.shard_at(s.gpus) else []),
             f"sweep_dir={sweep_dir}",
         ]
         keys = {o.split("=", 1)[0] for o in settings}
@@ -256,6 +282,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         predicted_peak,
         command,
     )
+    first_full = knee_of_full_sharding(candidates, gbs_samples, seq_len, estimate, baseline, baseline_gpus, a.threshold)
     next_point = suggest(
         candidates,
         rows,
@@ -287,6 +314,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         notes=notes,
         baseline_gpus=baseline_gpus,
         next_measurement=next_point.to_json() if next_point is not None else None,
+        dp_stops_paying_off_full=first_full,
     )
 
 
@@ -309,32 +337,33 @@ def _candidates(
     if cfg.custom:  # each count is a trace: only the counts asked for and those at hand
         judged = sorted({1, *a.gpus, at_hand} & set(range(1, gbs_samples + 1)))
     found: list[Candidate] = []
-    for zero in a.zero:
-        for recompute in a.recompute:
-            base = point_config(cfg, zero, recompute, 1, 1, 1)
-            mbs_at = largest_mbs_by_gpus(base, judged, gbs_samples, sweep_dir)
-            fit = next((n for n in judged if mbs_at[n] >= 1), None)
-            name = f"ZeRO-{zero}, recompute {recompute}"
-            if fit is None:
-                notes.append(f"{name}: not even mbs=1 fits per rank at any GPU count up to {judged[-1]}")
-                continue
-            how = f"predicted (analytic{', traced' if cfg.custom else ''}): no {hw.name} device at hand"
-            if at_hand >= fit:  # confirmed on the devices at hand, at the fewest GPUs it fits on
-                confirmed = find_mbs(
-                    base.changed(parallel={"dp": fit}),
-                    max_mbs=gbs_samples // fit,
-                    traced=False,
-                    launch_point=launch,
-                    traces_in=sweep_dir,
-                )
-                mbs_at = _scaled(mbs_at, fit, confirmed.mbs)
-                how = confirmed.note + ("" if fit == 1 else f" at dp={fit}")
-            if mbs_at[fit] < 1:
-                notes.append(f"{name}: not even mbs=1 fits at {fit} GPU(s) ({how})")
-                continue
-            found.append(Candidate(zero, recompute, mbs_at[fit], how, tuple(sorted(mbs_at.items()))))
-            where = "one device" if fit == 1 else f"{fit} GPUs (sharded)"
-            print(f"[recipe] {name}: largest mbs {mbs_at[fit]} on {where} ({how})", flush=True)
+    for zero, recompute, dp_shard in (
+        (z, r, k) for z in a.zero for r in a.recompute for k in shard_policies(z, hw.devices_per_node, a.gpus)
+    ):
+        base = point_config(cfg, zero, recompute, 1, 1, 1)
+        mbs_at = largest_mbs_by_gpus(base, judged, gbs_samples, sweep_dir, dp_shard)
+        fit = next((n for n in judged if mbs_at[n] >= 1), None)
+        name = Candidate(zero, recompute, 0, "", dp_shard=dp_shard).name
+        if fit is None:
+            notes.append(f"{name}: not even mbs=1 fits per rank at any GPU count up to {judged[-1]}")
+            continue
+        how = f"predicted (analytic{', traced' if cfg.custom else ''}): no {hw.name} device at hand"
+        if at_hand >= fit:  # confirmed on the devices at hand, at the fewest GPUs it fits on
+            confirmed = find_mbs(
+                base.changed(parallel={"dp": fit}),
+                max_mbs=gbs_samples // fit,
+                traced=False,
+                launch_point=launch,
+                traces_in=sweep_dir,
+            )
+            mbs_at = _scaled(mbs_at, fit, confirmed.mbs)
+            how = confirmed.note + ("" if fit == 1 else f" at dp={fit}")
+        if mbs_at[fit] < 1:
+            notes.append(f"{name}: not even mbs=1 fits at {fit} GPU(s) ({how})")
+            continue
+        found.append(Candidate(zero, recompute, mbs_at[fit], how, tuple(sorted(mbs_at.items())), dp_shard))
+        where = "one device" if fit == 1 else f"{fit} GPUs (sharded)"
+        print(f"[recipe] {name}: largest mbs {mbs_at[fit]} on {where} ({how})", flush=True)
     if not found:
         notes.append(fits_from(cfg, a))
     return found

@@ -51,7 +51,8 @@ def table(recipe: Recipe) -> list[list[str]]:
                 + ["–", r.reason]
             )
             continue
-        run = f"ZeRO-{r.zero_stage}, mbs {r.mbs}, grad_acc {r.grad_acc}, recompute {r.recompute}"
+        shard = f" (shard over {r.dp_shard})" if r.dp_shard else ""
+        run = f"ZeRO-{r.zero_stage}{shard}, mbs {r.mbs}, grad_acc {r.grad_acc}, recompute {r.recompute}"
         band = f"{_fmt_rate(r.tokens_per_s_per_gpu)} [{_fmt_rate(r.tokens_per_s_per_gpu_low)}, {_fmt_rate(r.tokens_per_s_per_gpu_high)}]"
         batch = f"{r.gbs_tokens:,}" + (
             "" if r.gbs_exact else f" ({100 * (r.gbs_tokens / recipe.gbs_tokens - 1):+.1f}%)"
@@ -73,7 +74,8 @@ def table(recipe: Recipe) -> list[list[str]]:
             else f"{r.memory_headroom_frac:.0%} ({format_bytes(r.peak_mem_bytes)})"
         )
         ties = "; ".join(
-            f"ZeRO-{t['zero_stage']} mbs {t['mbs']} rc {t['recompute']}: {_fmt_rate(t['tokens_per_s_per_gpu'])}"
+            f"ZeRO-{t['zero_stage']}{'/' + str(t['dp_shard']) if t.get('dp_shard') else ''} mbs {t['mbs']} "
+            f"rc {t['recompute']}: {_fmt_rate(t['tokens_per_s_per_gpu'])}"
             for t in r.ties
         )
         cells += [headroom, ties or "none"]
@@ -106,8 +108,15 @@ def headline(recipe: Recipe) -> list[str]:
             f"falls below {thr} of {base} (within the band: {rng} GPUs)."
         )
     nxt = recipe.next_measurement
+    full = recipe.dp_stops_paying_off_full
+    if full is not None and full != recipe.dp_stops_paying_off_at:
+        moved = recipe.dp_stops_paying_off_at
+        stops += f" With full sharding alone it stops at {full} GPUs: hybrid sharding moves it to " + (
+            f"{moved} GPUs." if moved is not None else f"beyond {recipe.max_useful_gpus}."
+        )
     return [
         stops,
+        *hybrid_lines(recipe),
         *([NextMeasurement(**nxt).sentence()] if nxt else []),
         f"The batch ({recipe.gbs_tokens:,} tokens = {recipe.gbs_samples:,} samples of {recipe.seq_len}) can use at "
         f"most {recipe.max_useful_gpus} GPUs (mbs=1, grad_acc=1). Beyond that: fewer GPUs, a larger batch, or tensor "
@@ -238,3 +247,23 @@ def write(recipe: Recipe, sweep_dir: Path) -> list[Path]:
     write_json_atomic(json_path, recipe.to_json())
     md_path.write_text(markdown(recipe))
     return [md_path, json_path]
+
+
+def hybrid_lines(recipe: Recipe) -> list[str]:
+    """Per row that runs hybrid sharding: by how much it beats full sharding's best there, and at what memory cost."""
+    out = []
+    for r in recipe.rows:
+        v = r.versus_full
+        if not r.dp_shard or not v:
+            continue
+        gain = r.tokens_per_s_per_gpu / v["tokens_per_s_per_gpu"] - 1
+        lo, hi = r.tokens_per_s_per_gpu_low / v["high"] - 1, r.tokens_per_s_per_gpu_high / v["low"] - 1
+        memory = ""
+        if r.peak_mem_bytes is not None and v["peak_mem_bytes"] is not None:
+            more = r.peak_mem_bytes - v["peak_mem_bytes"]
+            memory = f", at {'+' if more >= 0 else '-'}{format_bytes(abs(more))} per rank"
+        out.append(
+            f"{r.gpus} GPUs: hybrid sharding over {r.dp_shard} beats full sharding's best there ({v['run']}, mbs "
+            f"{v['mbs']}: {_fmt_rate(v['tokens_per_s_per_gpu'])}) by {gain:+.0%} (bands: {lo:+.0%} to {hi:+.0%}){memory}."
+        )
+    return out

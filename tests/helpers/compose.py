@@ -92,4 +92,5 @@ def workload_of(cfg: ExperimentConfig | dict[str, Any], grad_acc: int) -> Worklo
         train.recompute,
         train.grad_clip,
         parallel.bucket_mb,
+        parallel.dp_shard,
     )
