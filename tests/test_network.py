@@ -16,7 +16,17 @@ from scaling.cli.collectives import main
 from scaling.engine.collective_bench import OPS, bus_factor, parse_args
 from scaling.engine.jobfiles import CONFIG_FILE, TORCHRUN_LOG
 from scaling.launch.network_probe import BENCH_DIR, BENCH_OUTPUT, world_sizes
-from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, fit, fit_tiers, latency_steps, ring_cost
+from scaling.perf.network import (
+    INTER,
+    INTRA,
+    AlphaBeta,
+    Network,
+    fit,
+    fit_tiers,
+    latency_steps,
+    ring_cost,
+    sample_ring,
+)
 from scaling.perf.network_figures import (
     PROFILE_FILE,
     Profile,
@@ -115,6 +125,23 @@ def test_each_tier_is_fitted_from_its_own_world_sizes():
     assert net.reaches(1) and net.reaches(1024)
     assert not Network({INTRA: tiers[INTRA]}, 8).reaches(16)
     assert Network({INTRA: tiers[INTRA]}, None).reaches(1024)  # no node boundary: one tier (CPU)
+
+
+def test_the_replicas_strided_rings_are_fitted_on_the_tier_they_cross():
+    """Hybrid sharding's replicas lie a shard group apart: on 8-GPU nodes a ring of 4 ranks 8 apart has one rank per
+    node and crosses nodes at every step (the inter-node tier, whose α it pays 2·3 times in an all-reduce), one 4
+    apart has two per node; timings of strided rings are fitted with their tier's figures."""
+    truth = {INTRA: AlphaBeta(3e-6, 300e9), INTER: AlphaBeta(15e-6, 40e9)}
+    assert sample_ring({"world_size": 4, "stride": 8}, 8) == (4, 1) and sample_ring({"world_size": 4}, 8) == (4, 8)
+    assert sample_ring({"world_size": 4, "stride": 4}, 8) == (4, 2) and sample_ring(
+        {"world_size": 4, "stride": 2}, None
+    ) == (4, None)
+    contiguous = _samples(truth, 8, (2, 4, 8), random.Random(3), noise=0.0)
+    strided = [{**s, "stride": 8} for s in _samples(truth, 1, (2, 4), random.Random(4), noise=0.0)]
+    tiers = fit_tiers([*contiguous, *strided], devices_per_node=8)
+    for tier in (INTRA, INTER):
+        assert tiers[tier].alpha_s == pytest.approx(truth[tier].alpha_s, rel=1e-6)
+        assert tiers[tier].beta_bytes_per_s == pytest.approx(truth[tier].beta_bytes_per_s, rel=1e-6)
 
 
 def test_profile_round_trip_and_bootstrap_draws(tmp_path):

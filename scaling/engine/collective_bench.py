@@ -41,18 +41,18 @@ def bus_factor(op: str, world_size: int) -> float:
     return 2 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
 
 
-def _call(op: str, numel: int, n: int, dtype: torch.dtype, device: torch.device) -> Callable[[], None]:
+def _call(op: str, numel: int, n: int, dtype: torch.dtype, device: torch.device, group: Any) -> Callable[[], None]:
     # numel is the full buffer, a multiple of n: the shard of one rank is numel // n elements
     if op == "all_reduce":
         buf = torch.ones(numel, dtype=dtype, device=device)
-        return lambda: dist.all_reduce(buf)
+        return lambda: dist.all_reduce(buf, group=group)
     if op == "reduce_scatter":
         inp = torch.ones(numel, dtype=dtype, device=device)
         out = torch.empty(numel // n, dtype=dtype, device=device)
-        return lambda: dist.reduce_scatter_tensor(out, inp)
+        return lambda: dist.reduce_scatter_tensor(out, inp, group=group)
     shard = torch.ones(numel // n, dtype=dtype, device=device)
     out = torch.empty(numel, dtype=dtype, device=device)
-    return lambda: dist.all_gather_into_tensor(out, shard)
+    return lambda: dist.all_gather_into_tensor(out, shard, group=group)
 
 
 def _sync(device: torch.device) -> None:
@@ -60,14 +60,35 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def strided_group(stride: int) -> Any:
+    """This rank's ring of ranks a `stride` apart ({i, i + stride, ...}: the replicas of one shard under hybrid
+    sharding); every rank makes every group, as new_group requires. None for stride 1 (every rank)."""
+    if stride <= 1:
+        return None
+    world, mine = dist.get_world_size(), None
+    for first in range(stride):
+        group = dist.new_group(list(range(first, world, stride)))
+        if dist.get_rank() % stride == first:
+            mine = group
+    return mine
+
+
 def time_op(
-    op: str, size_bytes: int, iters: int, warmup: int, dtype: torch.dtype, device: torch.device
+    op: str,
+    size_bytes: int,
+    iters: int,
+    warmup: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    group: Any = None,
+    stride: int = 1,
 ) -> dict[str, Any]:
-    """Time one collective on a buffer of about `size_bytes`; every rank must call it."""
-    n = dist.get_world_size()
+    """Time one collective on a buffer of about `size_bytes` over `group` (every rank's own ring of ranks `stride`
+    apart, all rings at once; None: every rank); every rank must call it."""
+    n = dist.get_world_size(group)
     elem = torch.tensor([], dtype=dtype).element_size()
     numel = max(n, -(-size_bytes // (elem * n)) * n)  # round up to a whole shard per rank
-    fn = _call(op, numel, n, dtype, device)
+    fn = _call(op, numel, n, dtype, device, group)
     for _ in range(warmup):
         fn()
     _sync(device)
@@ -86,6 +107,7 @@ def time_op(
     return {
         "op": op,
         "world_size": n,
+        **({"stride": stride} if stride > 1 else {}),
         "size_bytes": size,
         "time_s": time_s,
         "times_s": times,
@@ -124,6 +146,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl on CUDA, else gloo")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes")
+    p.add_argument(
+        "--stride",
+        type=int,
+        default=1,
+        help="also time rings of ranks this far apart (the replicas of hybrid sharding's shards), all at once",
+    )
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
         p.error(f"--iters={args.iters} must be >= 1 and --warmup={args.warmup} >= 0")
@@ -147,6 +175,13 @@ def main(argv: list[str] | None = None) -> None:
             for op in args.ops
             for size in args.sizes
         ]
+        if args.stride > 1:
+            group = strided_group(args.stride)
+            results += [
+                time_op(op, size, args.iters, args.warmup, DTYPES[args.dtype], device, group, args.stride)
+                for op in args.ops
+                for size in args.sizes
+            ]
         nodes: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(nodes, os.environ.get("SLURMD_NODENAME", platform.node()))
         if dist.get_rank() == 0:

@@ -79,10 +79,12 @@ def plan_launches(
             f"collectives ...) or lower parallel.dp to {dpn}"
         )
     args = ["--sizes", ",".join(map(str, sizes_bytes)), "--iters", str(iters), "--backend", hw.backend]
+    shard = cfg.parallel.dp_shard  # hybrid sharding: the largest launch also times the replicas' strided rings
     launches = {}
     for n in plan:
+        stride = ["--stride", str(shard)] if shard and n == plan[-1] and n % shard == 0 and n > shard else []
         launch_dir = sweep_dir / BENCH_DIR / f"n{n}"
-        module_args = [*args, "--out", str(launch_dir / BENCH_OUTPUT)]
+        module_args = [*args, *stride, "--out", str(launch_dir / BENCH_OUTPUT)]
         launches[n] = (
             launch_dir,
             slurm.torchrun_here(

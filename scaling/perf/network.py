@@ -119,6 +119,14 @@ class NetworkEstimate:
     """The largest ring its figures were measured on (a profile's largest world size; None: published figures)."""
 
 
+def sample_ring(sample: Mapping[str, Any], devices_per_node: Optional[int]) -> tuple[int, Optional[int]]:
+    """(ranks, ranks of them on one node) of a timed collective's ring: a ring of ranks `stride` apart (hybrid
+    sharding's replicas) has devices_per_node // stride of them on each node."""
+    stride = int(sample.get("stride", 1))
+    per_node = devices_per_node if stride == 1 or devices_per_node is None else max(1, devices_per_node // stride)
+    return int(sample["world_size"]), per_node
+
+
 def fit(
     samples: Iterable[Mapping[str, Any]], devices_per_node: Optional[int] = None, intra: Optional[AlphaBeta] = None
 ) -> AlphaBeta:
@@ -131,10 +139,10 @@ def fit(
     """
     rows, times, known = [], [], []
     for s in samples:
-        n = int(s["world_size"])
-        steps = latency_steps(s["op"], n, devices_per_node)
+        n, per_node = sample_ring(s, devices_per_node)
+        steps = latency_steps(s["op"], n, per_node)
         _, moved = ring_cost(s["op"], n, float(s["size_bytes"]))
-        tier = tier_of(n, devices_per_node)
+        tier = tier_of(n, per_node)
         within = steps[INTRA] if tier == INTER else 0
         if within and intra is None:
             raise ValueError(
@@ -164,7 +172,7 @@ def fit_tiers(samples: Sequence[Mapping[str, Any]], devices_per_node: Optional[i
     between nodes from the larger ones, their steps within a node at the first's α."""
     by_tier: dict[str, list[Mapping[str, Any]]] = {}
     for s in samples:
-        by_tier.setdefault(tier_of(int(s["world_size"]), devices_per_node), []).append(s)
+        by_tier.setdefault(tier_of(*sample_ring(s, devices_per_node)), []).append(s)
     tiers: dict[str, AlphaBeta] = {}
     for tier in TIERS:
         if tier in by_tier:
