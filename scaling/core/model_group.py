@@ -68,6 +68,9 @@ class CustomModel:
     module's largest nn.ModuleList)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """The target's keyword arguments."""
+    tp_plan: Optional[dict[str, str]] = None
+    """Tensor parallelism (parallel.tp > 1): module-name patterns (`layers.*.attn.q`, fnmatch) -> colwise |
+    rowwise | colwise_rep | rowwise_rep; null: no plan (a Hugging Face config brings its own)."""
 
     @property
     def source(self) -> str:
@@ -89,6 +92,8 @@ class CustomModel:
         out: dict[str, Any] = {"name": self.name, TARGET_KEY: self.target}
         if self.blocks is not None:
             out["blocks"] = self.blocks
+        if self.tp_plan is not None:
+            out["tp_plan"] = dict(self.tp_plan)
         return {**out, **self.kwargs}
 
     @classmethod
@@ -97,12 +102,14 @@ class CustomModel:
         HF_TARGET's arguments: the path, `vocab_size` and `max_seq_len` from the file unless given, its hash)."""
         if HF_KEY in values and TARGET_KEY not in values:
             values = _hf_arguments(values)
-        own = {"name", TARGET_KEY, "blocks"}
+        own = {"name", TARGET_KEY, "blocks", "tp_plan"}
+        plan = values.get("tp_plan")
         return cls(
             name=values.get("name", cls.name),
             target=values.get(TARGET_KEY),
             blocks=values.get("blocks"),
             kwargs={k: v for k, v in values.items() if k not in own},
+            tp_plan=None if plan is None else {str(k): str(v) for k, v in dict(plan).items()},
         )
 
 

@@ -105,6 +105,9 @@ class ParallelConfig:
     """0 plain DDP, 1 shards optimizer states, 2 also gradients, 3 also parameters."""
     bucket_mb: float = 25.0
     """DDP gradient bucket size in MiB (stages 0 and 1)."""
+    tp: int = field(default=1, metadata={NEUTRAL: 1})
+    """Tensor-parallel degree: each block's matmuls split over tp consecutive ranks (within a node) on DTensor plans,
+    composed with ZeRO-2/3 over the dp groups; world size = dp × tp. 1: none, as before the field existed."""
     dp_shard: Optional[int] = field(default=None, metadata={NEUTRAL: None})
     """Ranks each ZeRO-1/2/3 shard spans: null (or dp) shards over every rank, as before the field existed; a divisor
     of dp shards within groups of that many consecutive ranks (within a node where it fits) and replicates across
@@ -117,6 +120,11 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         if self.dp_shard == self.dp:  # sharding over every rank is full sharding: one experiment, one job key
             self.dp_shard = None
+
+    @property
+    def world_size(self) -> int:
+        """Ranks (devices) of a point: dp × tp."""
+        return self.dp * self.tp
 
     @property
     def shard_size(self) -> int:

@@ -19,6 +19,7 @@ from scaling.core.batch import (
 )
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.core.host import usable_cores as host_cores
+from scaling.core.model_group import HF_TARGET
 from scaling.core.schema import (
     CustomModel,
     ExperimentConfig,
@@ -198,6 +199,36 @@ def _check_dp_shard(c: _Checker, p: ParallelConfig, per_node: Any) -> None:
         )
 
 
+def _check_tp(c: _Checker, cfg: ExperimentConfig) -> None:
+    """Tensor parallelism: a degree that splits every head and width, within a node, on a stage that composes."""
+    tp, m, per_node = cfg.parallel.tp, cfg.model, cfg.hardware.devices_per_node
+    c.require(
+        cfg.parallel.zero_stage >= ZeroStage.GRADIENTS,
+        f"parallel.tp={tp} with parallel.zero_stage={cfg.parallel.zero_stage}: tensor parallelism composes with "
+        "ZeRO-2 and 3 (FSDP2 over the dp groups); DDP (ZeRO-0, 1) takes no DTensor parameters: use zero_stage 2 or 3",
+    )
+    if _is_int(per_node) and per_node > 0:
+        c.require(
+            tp <= per_node and per_node % tp == 0,
+            f"parallel.tp={tp}: a tensor-parallel group stays within a node of hardware.devices_per_node={per_node}: "
+            f"try tp in {{{', '.join(str(d) for d in range(1, per_node + 1) if per_node % d == 0)}}}",
+        )
+    if isinstance(m, CustomModel):
+        c.require(
+            m.tp_plan is not None or m.target == HF_TARGET,
+            f"parallel.tp={tp}: model {m.name!r} ({m.source}) has no tensor-parallel plan: give its file a tp_plan "
+            "mapping module-name patterns to colwise or rowwise (docs/own-project.md), or leave tp at 1",
+        )
+        return
+    widths = {"n_heads": m.n_heads, "n_kv_heads": m.n_kv_heads, "ffn_hidden": m.ffn_hidden, "hidden": m.hidden}
+    split = [f"model.{k}={v}" for k, v in widths.items() if v % tp]
+    c.require(
+        not split,
+        f"parallel.tp={tp} does not divide {', '.join(split)}: tensor parallelism splits heads and widths evenly; "
+        f"try tp in {{{', '.join(str(d) for d in (1, 2, 4, 8) if all(v % d == 0 for v in widths.values()))}}}",
+    )
+
+
 def _check_hardware(c: _Checker, hw: HardwareConfig, precision: Any) -> None:
     if c.choice("hardware.device", hw.device, DEVICES):
         c.choice("hardware.backend", hw.backend, BACKENDS[hw.device])
@@ -231,15 +262,16 @@ def _check_kernels(c: _Checker, cfg: ExperimentConfig) -> None:
 
 def _check_cores(c: _Checker, cfg: ExperimentConfig, usable_cores: int) -> None:
     """On CPU every rank of a node is a device of threads_per_device cores of its own."""
-    hw, dp = cfg.hardware, cfg.parallel.dp
+    hw, dp, world = cfg.hardware, cfg.parallel.dp, cfg.parallel.world_size
     if hw.device != "cpu" or hw.oversubscribe:
         return
     per_node = hw.devices_per_node
-    ranks = min(dp, per_node) if per_node else dp
+    ranks = min(world, per_node) if per_node else world
     threads = hw.threads_per_device
+    ranks_of = f"parallel.dp={dp}" + (f" x parallel.tp={cfg.parallel.tp}" if cfg.parallel.tp > 1 else "")
     c.require(
         ranks * threads <= usable_cores,
-        f"parallel.dp={dp} x hardware.threads_per_device={threads} = {ranks * threads} threads on one host "
+        f"{ranks_of} x hardware.threads_per_device={threads} = {ranks * threads} threads on one host "
         f"but this host has {usable_cores} usable cores: the largest dp that fits is "
         f"{max(usable_cores // threads, 0)} (or set hardware.oversubscribe=true to let ranks share cores; "
         "the record and the report then say so)",
@@ -285,11 +317,11 @@ def _derive(c: _Checker, cfg: ExperimentConfig) -> Derived | None:
         c.errors.append(str(e))
         return None
     try:
-        nnodes = nodes_needed(dp, hw.devices_per_node)
+        nnodes = nodes_needed(p.world_size, hw.devices_per_node)
     except ValueError as e:
         c.errors.append(str(e))
         return None
-    return Derived(gbs=gbs, gbs_tokens=gbs * seq, grad_acc=ga, world_size=dp, nnodes=nnodes)
+    return Derived(gbs=gbs, gbs_tokens=gbs * seq, grad_acc=ga, world_size=p.world_size, nnodes=nnodes)
 
 
 def validate(cfg: ExperimentConfig, usable_cores: Optional[int] = None, host: bool = True) -> Derived:
@@ -306,6 +338,8 @@ def validate(cfg: ExperimentConfig, usable_cores: Optional[int] = None, host: bo
         _check_model(c, cfg.model)
     _check_train(c, cfg.train, cfg.model.max_seq_len)
     _check_parallel(c, cfg.parallel, cfg.hardware.devices_per_node)
+    if cfg.parallel.tp != 1 and c.positive("parallel.tp", cfg.parallel.tp):
+        _check_tp(c, cfg)
     _check_hardware(c, cfg.hardware, cfg.train.precision)
     _check_run(c, cfg)
     if c.errors:

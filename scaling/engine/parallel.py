@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute
 from scaling.core.model_group import CustomModel, ModelConfig
 from scaling.core.schema import ParallelConfig, TrainConfig
+from scaling.engine.tensor_parallel import PointMesh, apply_plan, point_mesh
 from scaling.model.family import family_of
 
 
@@ -36,9 +37,9 @@ class Parallelized:
     device: torch.device
     fsdp_grad_reduce: str = FsdpGradReduce.every_micro_step
     grad_clip: float = 0.0
-    norm_group: Any = None
-    """The process group over which sharded parameters add up to the whole model once: every rank (None), or one
-    shard group under hybrid sharding (the replicas hold copies)."""
+    mesh: Optional[PointMesh] = None
+    """The point's device mesh (scaling.engine.tensor_parallel): its shard group holds the whole model once under
+    hybrid sharding (the replicas hold copies); with tensor parallelism the norms are taken per mesh."""
 
     def micro_step(self, index: int, count: int) -> ContextManager[None]:
         """Context for micro-step `index` of `count`: how its gradients are reduced across ranks."""
@@ -59,8 +60,16 @@ class Parallelized:
         they are whole after DDP's all-reduce, so the local norm is the global one."""
         if not self.grad_clip:
             return None
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a replicated DTensor at stages 2-3
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.mesh is None or self.mesh.tp is None:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+            return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a replicated DTensor at stages 2-3
+        # tensor parallelism: the matmuls' gradients on the (dp, tp) mesh, the norms' on dp alone: a norm per mesh
+        total = _total_norm([p.grad for p in params])
+        coef = min(1.0, self.grad_clip / (float(total) + 1e-6))
+        for p in params:
+            p.grad.mul_(coef)
+        return total
 
     def zero_grad(self) -> None:
         """Clear gradients before a step. Under DDP they are views of its buckets: zero them in place,
@@ -75,13 +84,16 @@ class Parallelized:
 
     def param_norm(self) -> float:
         """L2 norm of all parameters, gathered across shards (identical on every rank)."""
+        if self.mesh is not None and self.mesh.tp is not None:  # DTensors on two meshes: their own norms
+            return float(_total_norm([p.detach() for p in self.model.parameters()]))
         sharded = self.zero_stage >= 2  # fully_shard on the root makes every parameter a DTensor shard
+        group = self.mesh.shard_group if self.mesh is not None else None  # one shard group holds the model once
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.model.parameters():
             local = p.to_local() if sharded else p
             sq += local.detach().double().pow(2).sum()
-        if sharded and dist.get_world_size(self.norm_group) > 1:
-            dist.all_reduce(sq, group=self.norm_group)
+        if sharded and dist.get_world_size(group) > 1:
+            dist.all_reduce(sq, group=group)
         return float(sq.sqrt())
 
 
@@ -90,26 +102,16 @@ def _adamw(params: Iterator[nn.Parameter] | list[nn.Parameter], lr: float, weigh
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
 
 
-def load_wrappers(zero_stage: int) -> None:
-    """Import what this stage wraps the model with, now: each is imported only by the stages that use it
+def load_wrappers(parallel: ParallelConfig) -> None:
+    """Import what this layout wraps the model with, now: each is imported only by the layouts that use it
     (FSDP2 and DTensor cost a second of start-up), and the worker calls this before it takes its memory
     baseline, so that imports are not counted as building."""
-    if zero_stage >= 2:
+    if parallel.zero_stage >= 2:
         import torch.distributed.fsdp
-    elif zero_stage == 1:
+    elif parallel.zero_stage == 1:
         import torch.distributed.optim  # noqa: F401
-
-
-def shard_mesh(parallel: ParallelConfig, device: torch.device) -> Optional[Any]:
-    """Hybrid sharding's 2-D mesh (replicate, shard): shard groups of dp_shard consecutive ranks (within a node where
-    dp_shard divides it), replicated across dp / dp_shard groups; None for full sharding (the default 1-D mesh)."""
-    if parallel.dp_shard is None:
-        return None
-    from torch.distributed.device_mesh import init_device_mesh
-
-    return init_device_mesh(
-        device.type, (parallel.replicas, parallel.shard_size), mesh_dim_names=("replicate", "shard")
-    )
+    if parallel.tp > 1:
+        import torch.distributed.tensor.parallel  # noqa: F401
 
 
 def _shard(model: nn.Module, blocks: list[nn.Module], zero_stage: int, bf16: bool, mesh: Optional[Any]) -> None:
@@ -148,14 +150,16 @@ def parallelize(
     family = family_of(args)
     model = family.build(where)  # 1. shapes only
     blocks = family.blocks(model)
+    mesh = point_mesh(parallel, device) if zero_stage >= 1 else PointMesh(None, None, None)
+    if mesh.tp is not None:  # 1b. tensor parallelism: the family's plan splits each block's matmuls over tp ranks
+        apply_plan(model, family.tp_plan(), mesh.tp)
     if recompute:  # 2. recompute
         blocks = family.recompute(model, blocks)
     if train.compile:  # 3. compile
         for block in blocks:
             block.compile()
-    mesh = shard_mesh(parallel, device) if zero_stage >= 1 else None
     if zero_stage >= 2:  # 4. shard
-        _shard(model, blocks, zero_stage, bf16, mesh)
+        _shard(model, blocks, zero_stage, bf16, mesh.dp)
     if on_meta:  # 5. materialise what this rank owns
         model.to_empty(device=device)
     family.initialise(model, train.seed)
@@ -169,7 +173,7 @@ def parallelize(
             device,
             parallel.fsdp_grad_reduce,
             train.grad_clip,
-            _norm_group(mesh),
+            mesh,
         )
     ddp = DDP(  # 6. wrap
         model,
@@ -185,7 +189,7 @@ def parallelize(
         optimizer = ZeroRedundancyOptimizer(  # hybrid: each group of dp_shard ranks holds one copy, partitioned
             ddp.parameters(),
             optimizer_class=torch.optim.AdamW,
-            process_group=mesh["shard"].get_group() if mesh is not None else None,
+            process_group=mesh.shard_group,
             lr=lr,
             weight_decay=weight_decay,
             fused=fused,
@@ -193,6 +197,13 @@ def parallelize(
     return Parallelized(ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device, grad_clip=train.grad_clip)
 
 
-def _norm_group(mesh: Optional[Any]) -> Any:
-    """One shard group of a hybrid mesh (its shards make the whole model once), None for full sharding."""
-    return mesh["shard"].get_group() if mesh is not None else None
+def _total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The global L2 norm of tensors that are DTensors on different meshes: one norm per mesh, then theirs."""
+    meshes: dict[Any, list[torch.Tensor]] = {}
+    for t in tensors:
+        meshes.setdefault(getattr(t, "device_mesh", None), []).append(t)
+    squares = []
+    for group in meshes.values():
+        part = torch.nn.utils.get_total_norm(group)
+        squares.append((part.full_tensor() if hasattr(part, "full_tensor") else part).double() ** 2)
+    return torch.stack(squares).sum().sqrt().float()

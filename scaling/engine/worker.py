@@ -45,6 +45,7 @@ from scaling.core.schema import HardwareConfig, TrainConfig
 from scaling.engine import device as devices
 from scaling.engine import kernels, memtrack
 from scaling.engine.data import GlobalBatch, step_batches
+from scaling.engine.tensor_parallel import tp_rank
 from scaling.engine.jobfiles import (
     ELASTIC_LOGS,
     MEMORY_SNAPSHOT_FILE,
@@ -132,7 +133,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
             device_id=dev.device if cuda else None,
             timeout=dt.timedelta(seconds=job.pg_timeout_s),
         )
-    load_wrappers(par.zero_stage)  # imported now, so that their memory is part of the baseline
+    load_wrappers(par)  # imported now, so that their memory is part of the baseline
     family_of(cfg.model).load_code()  # the model's own modules too
     if not cuda:
         memtrack.load_trackers()
@@ -163,8 +164,10 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     losses: list[torch.Tensor] = []
     grad_norms: list[torch.Tensor] = []
 
+    dp_rank, _ = tp_rank(rank, par)  # a tensor-parallel group's ranks train on one dp rank's rows
+
     def batches(step: int) -> list[torch.Tensor]:
-        return step_batches(data, step, rank, mbs, grad_acc, pin=cuda)
+        return step_batches(data, step, dp_rank, mbs, grad_acc, pin=cuda)
 
     def one_step(micro_batches: list[torch.Tensor], before_micro: Optional[Callable[[], None]] = None) -> float:
         t0 = time.perf_counter()

@@ -79,7 +79,7 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
         t0, record = time.perf_counter(), _new_record(c, key, existing, provenance, claim)
         try:
             derived = validate(c)  # 3. validate: an impossible configuration is `invalid`, before any process
-            record.derived = _derived_block(c, derived)  # 4. the model counted (one the user brings built and checked)
+            record.derived = derived_block(c, derived)  # 4. the model counted (one the user brings built and checked)
         except InvalidConfig as e:
             return _finish(_ended(record, Status.INVALID, str(e), c), point_dir, t0, c)
         record.predicted = prediction = prescreen(c, derived.grad_acc, kept_in=c.sweep_dir)  # 5. predict its memory
@@ -199,14 +199,15 @@ def _launch_repeats(
     kept = len(launches)
     log_name = TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
     # Warm ranks serve points that run as one torchrun on this node (a multi-node SLURM point starts fresh).
-    warm_ranks = c.launch.reuse and slurm.placement(c.parallel.dp, c.hardware.devices_per_node, os.environ).nodes == 1
-    runtime = {"job_key": record.job_key, "pg_timeout_s": torchrun.process_group_timeout_s(c.launch.timeout_s)}
-    ranks_config = {**c.to_dict(), "derived": record.derived, "runtime": runtime}
+    warm_ranks = (
+        c.launch.reuse and slurm.placement(c.parallel.world_size, c.hardware.devices_per_node, os.environ).nodes == 1
+    )
+    config = ranks_config(c, record.derived, record.job_key)
     derived = DerivedBlock.from_dict(record.derived)
 
     def new_launch() -> tuple[Path, Path]:  # this launch's directory and the config.json its ranks read there
         launch_dir = _new_launch_dir(point_dir, record.provenance.attempt or 1, len(launches), os.environ)
-        write_json_atomic(launch_dir / CONFIG_FILE, ranks_config)
+        write_json_atomic(launch_dir / CONFIG_FILE, config)
         return launch_dir, launch_dir / CONFIG_FILE
 
     for _ in range(max(1, c.launch.repeats - kept)):
@@ -291,7 +292,14 @@ def _host_env(c: ExperimentConfig) -> dict[str, Any]:
     }
 
 
-def _derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
+def ranks_config(c: ExperimentConfig, derived: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """What a launch's ranks read (its config.json, scaling.engine.jobfiles.PointJob): the config, the record's
+    derived block, and the runtime settings (the process group's timeout below the point's)."""
+    runtime = {"job_key": key, "pg_timeout_s": torchrun.process_group_timeout_s(c.launch.timeout_s)}
+    return {**c.to_dict(), "derived": derived, "runtime": runtime}
+
+
+def derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
     """The record's `derived` (scaling.store.record_blocks.Derived): the batch arithmetic, the parameter count and
     the FLOPs per token (the built-in family's closed form; a model the user brings counted by torch's
     FlopCounterMode and named in `model`); InvalidConfig when a model the user brings breaks the contract."""

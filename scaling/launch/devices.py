@@ -289,7 +289,7 @@ def request(cfg: ExperimentConfig, environ: Mapping[str, str]) -> Optional[Reque
     unless `launch.devices` fixes them or devices_per_node is unknown. A point spanning several nodes
     leases nothing: under SLURM those nodes are its own.
     """
-    hw, dp = cfg.hardware, cfg.parallel.dp
+    hw, dp = cfg.hardware, cfg.parallel.world_size  # its ranks: dp × tp
     if hw.device == "cpu":
         checked_lock_dir(environ)  # refused before anything starts
         return Request("cpu", 1, (CPU_SLOT,))
@@ -310,8 +310,8 @@ def request(cfg: ExperimentConfig, environ: Mapping[str, str]) -> Optional[Reque
             else f"hardware.devices_per_node={per_node}"
         )
         raise ValueError(
-            f"parallel.dp={dp} needs {dp} GPUs on this node but {where}: widen CUDA_VISIBLE_DEVICES "
-            f"(under SLURM: ask for more GPUs) or lower dp to {len(slots)}"
+            f"parallel.dp x parallel.tp = {dp} needs {dp} GPUs on this node but {where}: widen "
+            f"CUDA_VISIBLE_DEVICES (under SLURM: ask for more GPUs) or lower dp x tp to {len(slots)}"
         )
     checked_lock_dir(environ)
     return Request("cuda", dp, slots)

@@ -47,6 +47,11 @@ class Family(ABC):
     def counted(self, seq_len: int) -> Counted:
         """Its size, FLOPs and parameter tensors at one sequence length; ModelError if it breaks the contract."""
 
+    @abstractmethod
+    def tp_plan(self) -> dict[str, str]:
+        """Tensor parallelism: module-name patterns -> colwise | rowwise | colwise_rep | rowwise_rep | embedding
+        (scaling.engine.tensor_parallel.STYLES); ModelError when the model has none."""
+
 
 class Llama(Family):
     """The built-in decoder: closed forms for its counts (scaling.model.llama)."""
@@ -70,6 +75,11 @@ class Llama(Family):
 
     def initialise(self, module: nn.Module, seed: int) -> None:
         module.init_weights(seed)
+
+    def tp_plan(self) -> dict[str, str]:
+        from scaling.model.llama.decoder import TP_PLAN
+
+        return dict(TP_PLAN)
 
     def counted(self, seq_len: int) -> Counted:
         from scaling.model.llama.args import param_count, param_shapes
@@ -121,6 +131,11 @@ class Custom(Family):
         from scaling.model.custom.count import count
 
         return count(self.config, seq_len)
+
+    def tp_plan(self) -> dict[str, str]:
+        from scaling.model.custom.build import tp_plan
+
+        return tp_plan(self.config)
 
 
 def family_of(model: Union[ModelConfig, CustomModel]) -> Family:

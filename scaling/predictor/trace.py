@@ -225,7 +225,7 @@ def _fake_world(dp: int) -> Iterator[Any]:
 
     - DDP's shape check across ranks reads tensor data: skipped (every rank builds the same model);
     - FSDP2 builds its default device mesh from a tensor, on the host's accelerator: a CPU mesh, built outside fake
-      mode; so is hybrid sharding's 2-D mesh (scaling.engine.parallel.shard_mesh);
+      mode; so is a point's own mesh (hybrid sharding, tensor parallelism: scaling.engine.tensor_parallel);
     - FSDP2's per-rank chunking of each parameter: `_LazyChunks` (same views, made on demand);
     - MemTracker's per-module peak bookkeeping: `_peak_only_update` (same overall peak).
     """
@@ -238,7 +238,7 @@ def _fake_world(dp: int) -> Iterator[Any]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import scaling.engine.parallel as parallel_mod
-    from scaling.engine.parallel import shard_mesh
+    from scaling.engine.tensor_parallel import point_mesh
 
     if dist.is_initialized():
         raise TraceError(
@@ -252,13 +252,13 @@ def _fake_world(dp: int) -> Iterator[Any]:
         with unset_fake_temporarily():
             return init_device_mesh("cpu", mesh_shape=(dist.get_world_size(),), mesh_dim_names=mesh_dim_names)
 
-    def real_shard_mesh(parallel: Any, device: Any) -> Any:
+    def real_point_mesh(parallel: Any, device: Any) -> Any:
         with unset_fake_temporarily():
-            return shard_mesh(parallel, torch.device("cpu"))
+            return point_mesh(parallel, torch.device("cpu"))
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(ddp_mod, "_verify_param_shape_across_processes", lambda *a, **k: None))
-        stack.enter_context(_patched(parallel_mod, "shard_mesh", real_shard_mesh))
+        stack.enter_context(_patched(parallel_mod, "point_mesh", real_point_mesh))
         stack.enter_context(_patched(fully_shard_mod, "_init_default_mesh", real_mesh))
         stack.enter_context(_patched(fsdp_param, "_chunk_with_empty", _LazyChunks))
         stack.enter_context(_patched(MemTracker, "_update_peak_stats", _peak_only_update))
@@ -285,7 +285,7 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
     grad_acc = validate(cfg, host=False).grad_acc
     train, par = cfg.train, cfg.parallel
     micro_steps = min(grad_acc, MAX_MICRO_STEPS + (par.zero_stage == 2))
-    mbs, dp = train.mbs, par.dp
+    mbs, dp = train.mbs, par.world_size
     cpu, cuda = torch.device("cpu"), cfg.hardware.device == "cuda"
     gloo = _gloo_collectives() if cfg.hardware.backend == "gloo" else contextlib.nullcontext()
     with _fake_world(dp), _cuda_kernels() if cuda else contextlib.nullcontext(), gloo:

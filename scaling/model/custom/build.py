@@ -183,3 +183,20 @@ def initialise(module: nn.Module, seed: int) -> None:
             if callable(getattr(sub, "reset_parameters", None)):
                 with _full_parameters(sub, recurse=False):
                     sub.reset_parameters()
+
+
+def tp_plan(model: CustomModel) -> dict[str, str]:
+    """The model file's `tp_plan`, else a Hugging Face model's own (its config's `base_model_tp_plan`, under the
+    causal LM's `model.`); ModelError naming the fix when there is none."""
+    if model.tp_plan is not None:
+        return dict(model.tp_plan)
+    if model.target == HF_TARGET:
+        from scaling.model.hf.causal_lm import hf_tp_plan
+
+        plan = hf_tp_plan(**model.kwargs)
+        if plan:
+            return plan
+    raise ModelError(
+        f"model {model.name!r} ({model.source}) has no tensor-parallel plan: give its file a tp_plan mapping "
+        "module-name patterns to colwise or rowwise (docs/own-project.md)"
+    )

@@ -77,3 +77,17 @@ def _hf_config(config: str, vocab_size: int, max_seq_len: int, overrides: dict[s
 def _not_a_causal_lm(config: str, model_type: str, e: ValueError) -> ValueError:
     """transformers' refusal of the file's config or model, in one line naming the file and its model type."""
     return ValueError(f"model.hf_config={config!r} ({model_type}) is not a causal LM: {e}".splitlines()[0])
+
+
+HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "colwise_rep": "colwise_rep", "rowwise_rep": "rowwise_rep"}
+"""transformers' plan words this engine runs (others, such as expert-parallel ones, are left out of the plan)."""
+
+
+def hf_tp_plan(
+    config: str, vocab_size: int, max_seq_len: int, config_sha256: Optional[str] = None, **overrides: Any
+) -> dict[str, str]:
+    """The config's `base_model_tp_plan` (transformers' own, per model type) under the causal LM's base model
+    (`model.`), in the engine's words; empty when it has none."""
+    hf = _hf_config(config, vocab_size, max_seq_len, overrides)[0]
+    plan = getattr(hf, "base_model_tp_plan", None) or {}
+    return {f"model.{pattern}": HF_STYLES[word] for pattern, word in plan.items() if word in HF_STYLES}

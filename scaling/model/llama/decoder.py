@@ -24,6 +24,20 @@ from scaling.model.llama.args import ModelArgs
 Device = Optional[Union[torch.device, str]]
 """Where layers are created; "meta" for shapes only."""
 
+TP_PLAN = {
+    "tok_embeddings": "embedding",
+    "layers.*.attention.wq": "colwise",
+    "layers.*.attention.wk": "colwise",
+    "layers.*.attention.wv": "colwise",
+    "layers.*.attention.wo": "rowwise",
+    "layers.*.feed_forward.w1": "colwise",
+    "layers.*.feed_forward.w3": "colwise",
+    "layers.*.feed_forward.w2": "rowwise",
+    "output": "colwise_rep",
+}
+"""Tensor parallelism as torchtitan shards this decoder (without sequence parallelism): each rank holds nh/tp query
+and nkv/tp key/value heads and f/tp of the MLP; the embedding split by vocabulary, the head's logits gathered; the
+norms replicated. A block all-reduces its attention output and its MLP output (forward), its two inputs (backward)."""
 INIT_STD = 0.02
 """Standard deviation of the normal init of every matmul weight and the embedding."""
 
@@ -55,15 +69,16 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.hidden, args.hidden, bias=False, device=device)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        B, T, _ = x.shape
+        # -1 heads: under tensor parallelism a rank holds nh/tp query and nkv/tp key/value heads
+        q = self.wq(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.wk(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
+        v = self.wv(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         # enable_gqa lets the kernel broadcast each kv head to its nh/nkv query heads, so the
         # expanded (B, nh, T, hd) keys and values are never materialised.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, C) (C/tp under tensor parallelism)
         return self.wo(y)
 
 

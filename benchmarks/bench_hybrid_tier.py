@@ -1,0 +1,186 @@
+"""Hybrid against full sharding across an emulated slower tier, measured beside the step model's prediction.
+
+    sudo python benchmarks/bench_hybrid_tier.py [--rate 400mbit] [--repeats 3]
+
+On one host every ring is within a node, so the trade hybrid sharding makes (gathers within a node, the shards'
+all-reduce across nodes) cannot show. Here two network namespaces stand for two nodes of 2 ranks each: ranks of one
+namespace talk over its loopback, the two namespaces over a veth pair shaped with tc's token bucket (`--rate`). The
+network's α-β figures per tier are measured there by the collectives benchmark (2 ranks in one namespace: the
+intra-node tier; 2 + 2 across: the inter-node one). The step model is fitted under that profile on the same point
+within one namespace (dp=4, 4 ranks on its loopback: hybrid and full sharding there cost the same, and its ranks
+share the host's cores as the points across do), and predicts dp=4 across both namespaces with full sharding and
+with dp_shard=2; the three are measured, alternating, `--repeats` times each. Needs root (ip netns, tc). Prints
+Markdown; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scaling.core.validate import validate
+from scaling.job.run import derived_block, ranks_config
+from scaling.perf.extrapolation import extrapolate, rate_band
+from scaling.perf.network import fit_tiers
+from scaling.perf.network_figures import Profile, profile_estimate
+from scaling.perf.step_model import Point, Workload
+from scaling.store.record import job_key
+from scaling.sweep.compose import compose_config
+
+NODES = ("scaling-node0", "scaling-node1")
+ADDRS = ("10.77.0.1", "10.77.0.2")
+LINKS = ("veth-n0", "veth-n1")
+MODEL = [
+    "model=small",
+    "model.hidden=512",
+    "model.n_heads=8",
+    "model.n_kv_heads=8",
+    "model.ffn_hidden=1376",
+    "model.n_layers=4",
+]
+"""About 15M parameters: 58 MB of fp32 state, whose gathers take seconds on the shaped link."""
+POINT = [
+    *MODEL,
+    "logger=none",
+    "train.seq_len=64",
+    "train.mbs=2",
+    "train.grad_acc=auto",
+    "train.gbs=8",
+    "train.warmup_steps=2",
+    "train.steps=4",
+    "parallel.zero_stage=3",
+    "hardware.oversubscribe=true",
+    "launch.timeout_s=600",
+]
+
+
+def sh(*cmd: str) -> None:
+    """Run one set-up command; its failure stops the benchmark with its message."""
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def two_nodes(rate: str) -> Iterator[None]:
+    """Two namespaces joined by a veth pair whose both ends are shaped to `rate` (removed on the way out)."""
+    try:
+        for ns in NODES:
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "link", "add", LINKS[0], "type", "veth", "peer", "name", LINKS[1])
+        for ns, link, addr in zip(NODES, LINKS, ADDRS):
+            sh("ip", "link", "set", link, "netns", ns)
+            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", link)
+            sh("ip", "-n", ns, "link", "set", link, "up")
+            sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", link, "root", "tbf", "rate", rate,
+               "burst", "256kb", "latency", "2s")  # fmt: skip
+        yield
+    finally:
+        for ns in NODES:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def torchrun(nodes: int, per_node: int, module: list[str], port: int) -> None:
+    """`python -m <module>` on `per_node` ranks in each of the first `nodes` namespaces (one torchrun each)."""
+    procs = []
+    for rank in range(nodes):
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": LINKS[rank], "OMP_NUM_THREADS": "1"}
+        cmd = ["ip", "netns", "exec", NODES[rank], sys.executable, "-m", "torch.distributed.run",
+               f"--nnodes={nodes}", f"--node-rank={rank}", f"--nproc-per-node={per_node}",
+               f"--master-addr={ADDRS[0]}", f"--master-port={port}", "-m", *module]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"torchrun on {nodes}x{per_node} ranks failed:\n" + "\n".join(o[-3000:] for o in outs))
+
+
+def network(work: Path) -> Profile:
+    """α-β per tier on the two namespaces: 2 ranks within one, 2 + 2 across (devices_per_node 2)."""
+    sizes = ",".join(str(s) for s in (64 * 2**10, 2**20, 4 * 2**20, 16 * 2**20))
+    samples = []
+    for nodes, per_node, port in ((1, 2, 29610), (2, 2, 29611)):
+        out = work / f"collectives-{nodes}x{per_node}.json"
+        module = ["scaling.engine.collective_bench", "--sizes", sizes, "--iters", "5", "--out", str(out)]
+        torchrun(nodes, per_node, module, port)
+        samples += json.loads(out.read_text())["results"]
+    return Profile("two namespaces", 2, fit_tiers(samples, 2), tuple(samples))
+
+
+def step_times(work: Path, nodes: int, per_node: int, extra: list[str], port: int) -> list[float]:
+    """The timed steps of one point of dp = nodes × per_node ranks, its worker run in the namespaces."""
+    dp = nodes * per_node
+    cfg = compose_config([*POINT, f"parallel.dp={dp}", *extra, f"sweep_dir={work}"])
+    launch = work / f"{job_key(cfg)}-{len(list(work.glob(job_key(cfg) + '*')))}"
+    launch.mkdir()
+    config = ranks_config(cfg, derived_block(cfg, validate(cfg, host=False)), job_key(cfg))
+    (launch / "config.json").write_text(json.dumps(config))
+    torchrun(nodes, per_node, ["scaling.engine.worker", str(launch / "config.json")], port)
+    return json.loads((launch / "worker.json").read_text())["step_times_s"]
+
+
+def workload(dp_shard: Optional[int]) -> Workload:
+    """The points' step model (their config, a fixed global batch of 8)."""
+    cfg = compose_config([*POINT, "parallel.dp=1"])
+    t = cfg.train
+    return Workload(3, cfg.model, str(t.precision), t.mbs, t.seq_len, 8, 1, str(cfg.parallel.fsdp_grad_reduce),
+                    str(t.recompute), float(t.grad_clip), float(cfg.parallel.bucket_mb), dp_shard)  # fmt: skip
+
+
+def main() -> None:
+    """Measure, fit, predict, print."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", default="400mbit", help="the inter-node link's rate (tc tbf)")
+    p.add_argument("--repeats", type=int, default=3)
+    a = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, two_nodes(a.rate):
+        work = Path(tmp)
+        profile = network(work)
+        print(f"inter-node link shaped to {a.rate}; measured tiers (devices_per_node 2):")
+        for tier, ab in profile.tiers.items():
+            print(f"- {tier}: α = {ab.alpha_s * 1e6:.0f} µs, β = {ab.beta_bytes_per_s / 1e6:.0f} MB/s")
+        rng = np.random.default_rng(0)
+        source = profile_estimate(profile, 2, 200, rng)
+        measured: dict[str, list[float]] = {"within": [], "full": [], "hybrid": []}
+        for i in range(a.repeats):
+            measured["within"].append(statistics.median(step_times(work, 1, 4, [], 29630 + 3 * i)))
+            measured["full"].append(statistics.median(step_times(work, 2, 2, [], 29631 + 3 * i)))
+            measured["hybrid"].append(statistics.median(step_times(work, 2, 2, ["parallel.dp_shard=2"], 29632 + 3 * i)))
+        within = [Point(4, 1, tuple(measured["within"]))]
+        print()
+        print(
+            "| dp=4 across the link | measured step s (median [range] of repeats) | step model s [95% band] | error |"
+        )
+        print("|---|---|---|---|")
+        predicted = {}
+        for name, shard in (("full", None), ("hybrid", 2)):
+            w = workload(shard)
+            ex = extrapolate(name, w, within, 2, source, n_draws=200)
+            step, _, lo, hi = rate_band(w, ex.fit, ex.draws, 4, 1)
+            tokens = w.tokens_per_rank(4)
+            band = (tokens / hi, tokens / lo)  # a rate's band as a step time's
+            predicted[name] = step
+            m = measured[name]
+            print(f"| {name} sharding{' (dp_shard=2)' if shard else ''} | {statistics.median(m):.2f} "
+                  f"[{min(m):.2f}, {max(m):.2f}] | {step:.2f} [{band[0]:.2f}, {band[1]:.2f}] | "
+                  f"{step / statistics.median(m) - 1:+.0%} |")  # fmt: skip
+        speedup = statistics.median(measured["full"]) / statistics.median(measured["hybrid"])
+        print()
+        w_in = measured["within"]
+        print(f"Hybrid over full sharding: measured {speedup:.2f}×, predicted {predicted['full'] / predicted['hybrid']:.2f}×"
+              f" (fitted on dp=4 within one namespace: {statistics.median(w_in):.2f} s [{min(w_in):.2f}, {max(w_in):.2f}];"
+              f" load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end).")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
