@@ -24,6 +24,7 @@ from scaling.cli.arg_types import parse_count
 from scaling.core.batch import BatchError, nearest_whole_batch
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import InvalidConfig, validate
+from scaling.model.family import checked
 from scaling.recipe.measure import point_config
 
 STAGES = (0, 1, 2, 3)
@@ -118,16 +119,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _refuse(str(e).replace("gbs_tokens", "--gbs-tokens"))
     try:  # the smallest point of the recipe: seq_len within the model, heads, precision, the host's cores
         validate(point_config(cfg, a.zero[0], a.recompute[0], 1, 1, 1))
+        checked(cfg.model, seq_len)  # the model's contract (a model the user brings: built on fake tensors)
     except InvalidConfig as e:
         return _refuse(str(e))
-    if cfg.custom:  # a model the user brings: built and counted on fake tensors, which checks its contract
-        from scaling.model.custom.build import ModelError
-        from scaling.model.custom.count import count
-
-        try:
-            count(cfg.model, seq_len)
-        except ModelError as e:
-            return _refuse(str(e))
     from scaling.predictor.prescreen import capacity_bytes
 
     capacity = capacity_bytes(cfg.hardware)

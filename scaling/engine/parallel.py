@@ -16,8 +16,9 @@
    around the compiled block instead of being traced into it;
 4. shard (stages 2-3): fully_shard per block, then the root, still on meta;
 5. materialise: `to_empty` allocates only what this rank owns (its shards at stages 2-3; the whole
-   model at stages 0-1, which DDP replicates anyway), and `init_weights` fills it from one seeded
-   generator, each rank keeping its own part: the same weights for every dp and stage;
+   model at stages 0-1, which DDP replicates anyway), ties found on meta are tied again, every float
+   is NaN until the family's initialisation fills it from one seeded generator, each rank keeping its
+   own part (the same weights for every dp and stage), and a tensor still NaN stops the point;
 6. wrap (stages 0-1) in DDP, then make the optimizer.
 
 A rank therefore never holds more than its shards plus one full parameter while it builds, so
@@ -164,9 +165,11 @@ def parallelize(
             block.compile()
     if zero_stage >= 2:  # 4. shard
         _shard(model, blocks, zero_stage, bf16)
-    if on_meta:  # 5. materialise what this rank owns
-        model.to_empty(device=device)
+    if on_meta:  # 5. materialise what this rank owns (ties restored, NaN until initialised), initialise, check
+        family.materialise(model, device)
     family.initialise(model, train.seed)
+    if on_meta:
+        family.check_initialised(model)
     lr, weight_decay = train.lr, train.weight_decay
     if zero_stage >= 2:
         return Parallelized(

@@ -167,7 +167,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     phases.end("build_s")
     gate("model_built")
 
-    data = GlobalBatch(int(cfg.model.vocab_size), train.seq_len, train.seed, **asdict(train.data))
+    data = GlobalBatch(family_of(cfg.model).vocab_size(), train.seq_len, train.seed, **asdict(train.data))
     mbs, grad_acc = train.mbs, job.grad_acc
     losses: list[torch.Tensor] = []
     grad_norms: list[torch.Tensor] = []

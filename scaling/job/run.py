@@ -35,10 +35,9 @@ from scaling.core.validate import Derived, InvalidConfig, validate
 from scaling.engine import peak_flops
 from scaling.engine.jobfiles import CONFIG_FILE, LAUNCHES_DIR, RESULT_FILE, TORCHRUN_LOG, WORKER_OUTPUT, WorkerReport
 from scaling.job import wandb_log
-from scaling.job.throughput import repeats_metrics, throughput_metrics
+from scaling.job.throughput import not_finite, repeats_metrics, throughput_metrics
 from scaling.launch import devices, slurm, torchrun, warm
-from scaling.model.custom.build import ModelError
-from scaling.model.family import family_of
+from scaling.model.family import checked, family_of
 from scaling.model.shape import BLOCK, ROOT
 from scaling.predictor.prescreen import predicted_oom, prescreen
 from scaling.store import inflight
@@ -71,11 +70,13 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
     recorded with fewer ok launches than launch.repeats launches only the missing ones."""
     sweep_dir = Path(c.sweep_dir).resolve()
     key = job_key(c)
+    # the user's model code, recorded: a failed or invalid point of other code runs again (an edited model)
+    provenance = dataclasses.replace(provenance or Provenance(), model_code=family_of(c.model).code())
     try:
         existing = read_record(sweep_dir, key, set_aside_corrupt=True)  # NewerRecord stops the command
     except RecordError as e:  # another user's 0600 record, a directory: left as it is, the point not run
         return _unreadable(key, e)
-    if answers(existing, key, c.launch):  # a predicted_oom point in the pre-screen's sample runs anyway
+    if answers(existing, key, c.launch, provenance.model_code):  # a predicted_oom point in the sample runs anyway
         print(f"[scaling] {key} already recorded as {existing['status']}: skipped", flush=True)
         return existing
     point_dir = job_dir(sweep_dir, key)
@@ -87,7 +88,7 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
             existing = read_record(sweep_dir, key, set_aside_corrupt=True)
         except RecordError as e:
             return _unreadable(key, e)
-        if answers(existing, key, c.launch):
+        if answers(existing, key, c.launch, provenance.model_code):
             print(
                 f"[scaling] {key} already recorded as {existing['status']} while this run waited: skipped", flush=True
             )
@@ -282,8 +283,12 @@ def _launch_entry(
     )
     report = WorkerReport.read(launch_dir / WORKER_OUTPUT)
     if outcome.status == Status.OK and report is not None:
-        this.metrics = throughput_metrics(report, derived, peak)
-        this.timing.launch_overhead_s = outcome.wall_s - report.measured_window_s
+        diverged = not_finite(report)
+        if diverged:  # a NaN loss is never ok: nothing of it is published
+            this.status, this.error = Status.FAILED, diverged
+        else:
+            this.metrics = throughput_metrics(report, derived, peak)
+            this.timing.launch_overhead_s = outcome.wall_s - report.measured_window_s
         this.timing = this.timing.with_device_time(
             derived["world_size"], report.measured_window_s, report.phases_s.get("warmup_s")
         )
@@ -312,10 +317,7 @@ def _derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
     """The record's `derived`: the batch arithmetic, the parameter count and the FLOPs per token (the built-in
     family's closed form; a model the user brings counted by torch's FlopCounterMode and named in `model`);
     InvalidConfig when a model the user brings breaks the contract (it is built on fake tensors here)."""
-    try:
-        counted = family_of(c.model).counted(c.train.seq_len)
-    except ModelError as e:
-        raise InvalidConfig([str(e)]) from e
+    counted = checked(c.model, c.train.seq_len)
     block = {
         **derived.as_dict(),
         "n_params": counted.n_params,
@@ -333,6 +335,8 @@ def _derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
             "source": c.model.source,
             "block": counted.block,
             "n_blocks": counted.n_blocks,
+            "init": counted.init,
+            "attention": counted.attention,
             "config_hash": model_hash(c.model),
             # what the DP extrapolation's step model makes its collectives of (scaling.model.shape.ModelShape.from_record)
             "param_tensors": {

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 from scaling.core.enums import Status
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import validate
+from scaling.model.family import checked
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
 
@@ -87,6 +88,7 @@ def find_mbs(
     if capacity is None:
         raise ValueError("hardware.memory_gb=null: find-mbs needs a capacity per rank, e.g. hardware.memory_gb=0.02")
     validate(_with_mbs(cfg, 1))
+    checked(cfg.model, cfg.train.seq_len)  # the model's contract, as `scaling run` checks it
     predictions: dict[int, int] = {}
 
     def analytic_fits(m: int) -> bool:
