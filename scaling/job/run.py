@@ -282,19 +282,16 @@ def _launch_entry(
         timing=LaunchTiming(launched_at=launched_at, device_wait_s=device_wait_s, torchrun_wall_s=outcome.wall_s),
     )
     report = WorkerReport.read(launch_dir / WORKER_OUTPUT)
-    if outcome.status == Status.OK and report is not None:
-        diverged = not_finite(report)
-        if diverged:  # a NaN loss is never ok: nothing of it is published
-            this.status, this.error = Status.FAILED, diverged
-        else:
-            this.metrics = throughput_metrics(report, derived, peak)
-            this.timing.launch_overhead_s = outcome.wall_s - report.measured_window_s
+    diverged = not_finite(report) if outcome.status == Status.OK and report is not None else None
+    if outcome.status == Status.OK and report is not None and diverged is None:
+        this.metrics = throughput_metrics(report, derived, peak)
+        this.timing.launch_overhead_s = outcome.wall_s - report.measured_window_s
         this.timing = this.timing.with_device_time(
             derived["world_size"], report.measured_window_s, report.phases_s.get("warmup_s")
         )
         return this, {**report.env, "warmup_steps_run": report.warmup_steps_run, "compile": report.compile}
-    if outcome.status == Status.OK:
-        this.status, this.error = Status.FAILED, f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}"
+    if outcome.status == Status.OK:  # a NaN loss is never ok: nothing of it is published
+        this.status, this.error = Status.FAILED, diverged or f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}"
     this.timing = this.timing.with_device_time(derived["world_size"])
     return this, _host_env(c)
 

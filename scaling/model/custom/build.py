@@ -137,7 +137,10 @@ def blocks(model: CustomModel, module: nn.Module) -> list[nn.Module]:
 
 
 def logits_of(out: Any) -> torch.Tensor:
-    """The logits of a forward: the tensor itself, or an output object's `.logits` (as Hugging Face models return)."""
+    """The logits of a forward: the tensor itself, the first of a tuple (`(logits, loss)`, as single-file GPTs return),
+    or an output object's `.logits` (as Hugging Face models return)."""
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
     return out if isinstance(out, torch.Tensor) else out.logits
 
 

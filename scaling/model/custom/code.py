@@ -7,7 +7,6 @@ existing records stay. It imports the user's module (and so torch), nothing of i
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib
 import os
@@ -38,7 +37,6 @@ def _project_file(module: ModuleType, roots: tuple[str, ...]) -> Optional[Path]:
     return None if outside or not path.startswith(roots) else Path(path)
 
 
-@functools.lru_cache(maxsize=64)
 def _fingerprint(dotted: tuple[str, ...], roots: tuple[str, ...]) -> Optional[str]:
     queue = [importlib.import_module(d.rpartition(".")[0]) for d in dotted]
     seen: dict[str, Path] = {}
