@@ -83,9 +83,12 @@ def hf_rows(names: list[str], work: Path) -> None:
         record = run_point(cfg)
         kind = ", ".join(
             k
-            for k, group in (("MoE", families.MOE), ("tied", families.TIED), ("sliding window", families.SLIDING))
+            for k, group in (
+                ("MoE", families.MOE), ("tied", families.TIED), ("sliding window", families.SLIDING),
+                ("encoder or encoder-decoder", families.REFUSED),
+            )
             if name in group
-        )
+        )  # fmt: skip
         closed = None
         if record["status"] == "ok":
             text = read_config(**cfg.model.kwargs).text

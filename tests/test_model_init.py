@@ -227,3 +227,10 @@ def test_predict_and_find_mbs_refuse_a_broken_model_in_one_line_as_run_does(proj
         assert main([*point, "--no-confirm"] if main is find_mbs_main else point) == 2
         err = capsys.readouterr().err
         assert err.startswith(prefix + expected) and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_the_adapter_on_the_page_is_the_one_the_tests_run():
+    """docs/own-project.md's nanoGPT adapter, as printed, is tests/own_project/nano.py (which the docs' commands run)."""
+    page = (REPO / "docs" / "own-project.md").read_text()
+    block = page.split("### A worked adapter: nanoGPT", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert block in (PROJECT / "nano.py").read_text()

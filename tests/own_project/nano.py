@@ -1,11 +1,10 @@
-"""nanoGPT's GPT behind the contract (nanogpt_style.py stands for nanoGPT's model.py: `from model import ...`)."""
+"""nanoGPT's GPT behind the contract: the adapter of docs/own-project.md, "A worked adapter: nanoGPT"."""
 
-from nanogpt_style import GPT, GPTConfig
+# nano.py, beside nanoGPT's model.py (tests/own_project: nanogpt_style.py stands for it, written in its style)
+from nanogpt_style import GPT, GPTConfig  # with nanoGPT's own file: from model import GPT, GPTConfig
 
 
 class NanoGPT(GPT):
-    """The model file's keyword sizes in, every position's logits out; no init here: GPT's __init__ does it."""
-
     def __init__(self, vocab_size: int, max_seq_len: int, **config):
         super().__init__(GPTConfig(vocab_size=vocab_size, block_size=max_seq_len, **config))
 
