@@ -1,7 +1,7 @@
 """What initialisation writes, proven: every parameter and buffer holds a value before the first step, and weight
 ties survive materialisation. A rank fills what `to_empty` allocated with NaN, initialises, and refuses the point
 naming every tensor still NaN (`materialise`, `raise_if_unwritten`); the driver proves the same on fake tensors
-before any rank starts (`never_written`), by following which storages receive values. Which initialisation runs is
+before any rank starts (`Writes`), by following which storages receive values. Which initialisation runs is
 `init_kind`'s choice (docs/own-project.md). torch and the standard library only.
 """
 
