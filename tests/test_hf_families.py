@@ -30,6 +30,7 @@ def config_of(name: str, directory) -> ExperimentConfig:
     )
 
 
+@pytest.mark.slow  # 20 models built and counted on fake tensors: a few seconds
 def test_every_family_is_counted_and_checked_or_refused_on_fake_tensors(tmp_path):
     """20 causal decoders (3 mixtures of experts, 8 tied, 5 with sliding windows, a composite vision-language config
     whose text decoder is taken): the contract holds, init_weights() writes every tensor, the counted FLOPs equal

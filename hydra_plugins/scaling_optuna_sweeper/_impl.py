@@ -287,7 +287,9 @@ class OptunaSearch(Sweeper):
             repeats=OmegaConf.select(cfg, "launch.repeats", default=1),
             prescreen_sample=OmegaConf.select(cfg, "launch.prescreen_sample", default=0.0),
         )
-        code = family_of(point.model).code() if record is not None else None  # an edited model's failure runs again
+        code = (
+            family_of(point.model).code() if record is not None and point.custom else None
+        )  # an edited model's failure runs again
         return ExperimentPoint(run_overrides, record if answers(record, key, launch, code) else None, launch.repeats)
 
     def _check_failures(self, study: Study) -> None:

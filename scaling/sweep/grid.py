@@ -217,7 +217,9 @@ def survey(points: Sequence[Sequence[str]], configs: PointConfigs, set_aside: bo
             record = read_record(sweep_dir, key, set_aside_corrupt=set_aside)
         except RecordError as e:
             record, problem = None, e
-        done = answers(record, key, cfg.launch, family_of(cfg.model).code() if record is not None else None)
+        done = answers(
+            record, key, cfg.launch, family_of(cfg.model).code() if record is not None and cfg.custom else None
+        )
         yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, done, problem)
 
 
