@@ -101,7 +101,7 @@ SIZES = {"vocab_size": 64, "max_seq_len": 64}
         ({"_target_": "broken.raises", **SIZES}, "model._target_='broken.raises' raised RuntimeError: no GPU budget"),
         ({"_target_": "broken.not_a_module", **SIZES}, "returned int, not an nn.Module"),
         ({"_target_": "broken.Flat", **SIZES}, "no blocks found (no nn.ModuleList of one class): name the block class"),
-        ({"_target_": "broken.Pooled", **SIZES}, "returned (1, 64); logits of shape (B, T, vocab_size) = (1, 32, 64)"),
+        ({"_target_": "broken.Pooled", **SIZES}, "returned (2, 64); logits of shape (B, T, vocab_size) = (2, 32, 64)"),
         ({"_target_": "broken.Flat", "max_seq_len": 64}, "model.vocab_size is missing"),
         ({"_target_": "broken.Pooled", "blocks": "torch.nn.GELU", **SIZES}, "the model has no submodule of that class"),
     ],

@@ -182,6 +182,7 @@ def test_a_record_round_trips_with_todays_keys_in_order():
         "slurm_job_id",
         "attempt",
         "took_over",
+        "model_code",
     ]
     assert data["timing"]["launched_at"] == "t1" and data["timing"]["torchrun_wall_s"] == 7.5  # this run's launch only
     assert data["timing"]["device_s"] == 2 * (8.0 + 7.5)  # but the device time of every launch the record holds

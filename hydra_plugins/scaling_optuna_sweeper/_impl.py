@@ -29,6 +29,7 @@ from optuna.trial import Trial, TrialState
 
 from scaling.core.model_group import is_custom
 from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, LaunchConfig
+from scaling.model.family import family_of
 from scaling.store.read import RecordError, read_record
 from scaling.store.record import answers, job_key, output_dir
 
@@ -268,7 +269,8 @@ class OptunaSearch(Sweeper):
         choice = OmegaConf.select(cfg, "hydra.runtime.choices.model", default=None)
         own = [f"model={choice}"] if choice and is_custom(experiment["model"]) else []
         run_overrides = own + leaf_overrides({**experiment, "sweep": cfg.sweep, "sweep_dir": sweep_dir})
-        key = job_key(ExperimentConfig.from_dict(experiment))
+        point = ExperimentConfig.from_dict(experiment)
+        key = job_key(point)
         try:
             record = read_record(sweep_dir, key, set_aside_corrupt=True)
         except RecordError as e:  # run_point will not run it either: the trial fails with the reason
@@ -279,7 +281,10 @@ class OptunaSearch(Sweeper):
             repeats=OmegaConf.select(cfg, "launch.repeats", default=1),
             prescreen_sample=OmegaConf.select(cfg, "launch.prescreen_sample", default=0.0),
         )
-        return ExperimentPoint(run_overrides, record if answers(record, key, launch) else None, launch.repeats)
+        code = (
+            family_of(point.model).code() if record is not None and point.custom else None
+        )  # an edited model's failure runs again
+        return ExperimentPoint(run_overrides, record if answers(record, key, launch, code) else None, launch.repeats)
 
     def _check_failures(self, study: Study) -> None:
         counted = counted_trials(study)

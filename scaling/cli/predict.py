@@ -17,6 +17,7 @@ from typing import Any, Optional
 from scaling.core.schema import ExperimentConfig
 from scaling.core.units import memory_unit
 from scaling.core.validate import InvalidConfig, validate
+from scaling.model.family import checked
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
 from scaling.sweep.compose import ComposeError, compose_config
@@ -155,6 +156,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     try:
         validate(cfg)
+        checked(cfg.model, cfg.train.seq_len)  # the model's contract, as `scaling run` checks it
     except InvalidConfig as e:
         print(f"scaling predict: invalid point: {e}", file=sys.stderr)
         return 2

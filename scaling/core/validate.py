@@ -123,6 +123,8 @@ def _check_custom_model(c: _Checker, m: CustomModel) -> None:
         f"model._target_={m.target!r} must be a dotted path to a class or factory, e.g. my_pkg.models.GPT",
     )
     for key in ("vocab_size", "max_seq_len"):
+        if m.target == HF_TARGET and m.kwargs.get(key) is None:
+            continue  # a Hugging Face config's own name for it (n_positions) is read through transformers on fake tensors
         if c.require(
             key in m.kwargs,
             f"model.{key} is missing: a model's _target_ ({m.target}) takes vocab_size and max_seq_len among its "

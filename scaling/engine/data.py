@@ -86,6 +86,8 @@ def step_batches(
 
 
 def to_device(rows: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) of one micro-batch, each (mbs, seq_len), on `device` (asynchronous from pinned memory)."""
+    """(inputs, targets) of one micro-batch, each (mbs, seq_len) int64 on `device` (asynchronous from pinned memory).
+    The inputs are contiguous, as a data loader hands them to a model and as its contract is checked
+    (scaling.model.custom.count): a model that takes `.view()`s of its ids runs as it was checked."""
     rows = rows.to(device, non_blocking=True)
-    return rows[:, :-1], rows[:, 1:]
+    return rows[:, :-1].contiguous(), rows[:, 1:]

@@ -2,10 +2,11 @@
 
 Stage 0 is DDP, 1 DDP + ZeroRedundancyOptimizer, 2 and 3 FSDP2's `fully_shard` (parameters kept gathered after
 forward at 2, resharded at 3). `parallelize` builds in one order, torchtitan's: shapes on meta (the model's family,
-scaling.model), recompute, compile each block, shard (2-3), `to_empty` of what this rank owns, seeded init, then DDP
-(0-1) and the optimizer; so a rank never holds more than its shards plus one full parameter while it builds.
-`Parallelized.micro_step` says how each micro-step's gradients are reduced. The table, the order and gradient
-accumulation per stage: docs/concepts.md ("What one point does"). torch and the standard library only.
+scaling.model), its tensor-parallel plan, recompute, compile each block, shard (2-3), `to_empty` of what this rank
+owns (ties restored, every float NaN until initialised), seeded init and its check, then DDP (0-1) and the optimizer;
+so a rank never holds more than its shards plus one full parameter while it builds. `Parallelized.micro_step` says
+how each micro-step's gradients are reduced. The order and gradient accumulation per stage: docs/concepts.md.
+torch and the standard library only.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def load_wrappers(parallel: ParallelConfig) -> None:
     if parallel.zero_stage >= 2:
         import torch.distributed.fsdp
     elif parallel.zero_stage == 1:
-        import torch.distributed.optim  # noqa: F401
+        import torch.distributed.optim
     if parallel.tp > 1:
         import torch.distributed.tensor.parallel  # noqa: F401
 
@@ -160,9 +161,11 @@ def parallelize(
             block.compile()
     if zero_stage >= 2:  # 4. shard
         _shard(model, blocks, zero_stage, bf16, mesh.dp)
-    if on_meta:  # 5. materialise what this rank owns
-        model.to_empty(device=device)
+    if on_meta:  # 5. materialise what this rank owns (ties restored, NaN until initialised), initialise, check
+        family.materialise(model, device)
     family.initialise(model, train.seed)
+    if on_meta:
+        family.check_initialised(model)
     lr, weight_decay = train.lr, train.weight_decay
     if zero_stage >= 2:
         return Parallelized(

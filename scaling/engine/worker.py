@@ -45,7 +45,6 @@ from scaling.core.schema import HardwareConfig, TrainConfig
 from scaling.engine import device as devices
 from scaling.engine import kernels, memtrack
 from scaling.engine.data import GlobalBatch, step_batches
-from scaling.engine.tensor_parallel import tp_rank
 from scaling.engine.jobfiles import (
     ELASTIC_LOGS,
     MEMORY_SNAPSHOT_FILE,
@@ -61,6 +60,7 @@ from scaling.engine.jobfiles import (
 from scaling.engine.lifetime import gate
 from scaling.engine.parallel import load_wrappers, parallelize
 from scaling.engine.step import train_step
+from scaling.engine.tensor_parallel import tp_rank
 from scaling.model.family import family_of
 
 MEMORY_HISTORY_ENTRIES = 2_000_000
@@ -159,7 +159,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     phases.end("build_s")
     gate("model_built")
 
-    data = GlobalBatch(int(cfg.model.vocab_size), train.seq_len, train.seed, **asdict(train.data))
+    data = GlobalBatch(family_of(cfg.model).vocab_size(), train.seq_len, train.seed, **asdict(train.data))
     mbs, grad_acc = train.mbs, job.grad_acc
     losses: list[torch.Tensor] = []
     grad_norms: list[torch.Tensor] = []

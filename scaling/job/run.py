@@ -33,10 +33,9 @@ from scaling.core.validate import Derived, InvalidConfig, validate
 from scaling.engine import peak_flops
 from scaling.engine.jobfiles import CONFIG_FILE, LAUNCHES_DIR, RESULT_FILE, TORCHRUN_LOG, WORKER_OUTPUT, WorkerReport
 from scaling.job import wandb_log
-from scaling.job.throughput import repeats_metrics, throughput_metrics
+from scaling.job.throughput import not_finite, repeats_metrics, throughput_metrics
 from scaling.launch import devices, slurm, torchrun, warm
-from scaling.model.custom.build import ModelError
-from scaling.model.family import family_of
+from scaling.model.family import checked, family_of
 from scaling.model.shape import BLOCK, ROOT
 from scaling.predictor.prescreen import predicted_oom, prescreen
 from scaling.store import inflight
@@ -68,12 +67,16 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
     sweep_dir, key = Path(c.sweep_dir).resolve(), job_key(c)
     point_dir = job_dir(sweep_dir, key)
     lead = slurm.is_lead_task(os.environ)  # the task that writes the record (the only one outside multi-node SLURM)
-    existing, answer = _stored(sweep_dir, key, c, "")  # 1. the store: a record that answers the point ends it here
+    # the user's model code, recorded: a failed or invalid point of other code runs again (an edited model)
+    provenance = dataclasses.replace(provenance or Provenance(), model_code=family_of(c.model).code())
+    existing, answer = _stored(
+        sweep_dir, key, c, "", provenance.model_code
+    )  # 1. the store: a record that answers the point ends it here
     if answer is not None:
         return answer
     with inflight.claim(point_dir, os.environ, name=key) if lead else contextlib.nullcontext() as claim:  # 2. claim it
         if lead:  # the store again, now that nobody else runs the point (a holder we waited for wrote it)
-            existing, answer = _stored(sweep_dir, key, c, " while this run waited")
+            existing, answer = _stored(sweep_dir, key, c, " while this run waited", provenance.model_code)
             if answer is not None:
                 return answer
         t0, record = time.perf_counter(), _new_record(c, key, existing, provenance, claim)
@@ -108,7 +111,7 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
 
 
 def _stored(
-    sweep_dir: Path, key: str, c: ExperimentConfig, when: str
+    sweep_dir: Path, key: str, c: ExperimentConfig, when: str, model_code: Optional[str]
 ) -> tuple[Optional[dict[str, Any]], Optional[dict[str, Any]]]:
     """(the point's stored record, what run_point returns when the store answers the point or cannot be read)."""
     try:
@@ -116,7 +119,7 @@ def _stored(
     except RecordError as e:  # another user's 0600 record, a directory: left as it is, the point not run
         print(f"[scaling] {key}: not run, its record cannot be read: {e}", file=sys.stderr, flush=True)
         return None, {"job_key": key, "status": Status.FAILED, "error": f"not run, its record cannot be read: {e}"}
-    if answers(existing, key, c.launch):  # a predicted_oom point in the pre-screen's sample runs anyway
+    if answers(existing, key, c.launch, model_code):  # a predicted_oom point in the sample runs anyway
         print(f"[scaling] {key} already recorded as {existing['status']}{when}: skipped", flush=True)
         return existing, existing
     return existing, None
@@ -265,15 +268,16 @@ def _launch_entry(
         timing=LaunchTiming(launched_at=launched_at, device_wait_s=device_wait_s, torchrun_wall_s=outcome.wall_s),
     )
     report = WorkerReport.read(launch_dir / WORKER_OUTPUT)
-    if outcome.status == Status.OK and report is not None:
+    diverged = not_finite(report) if outcome.status == Status.OK and report is not None else None
+    if outcome.status == Status.OK and report is not None and diverged is None:
         this.metrics = throughput_metrics(report, derived, peak)
         this.timing.launch_overhead_s = outcome.wall_s - report.measured_window_s
         this.timing = this.timing.with_device_time(
             derived.world_size, report.measured_window_s, report.phases_s.get("warmup_s")
         )
         return this, {**report.env, "warmup_steps_run": report.warmup_steps_run, "compile": report.compile}
-    if outcome.status == Status.OK:
-        this.status, this.error = Status.FAILED, f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}"
+    if outcome.status == Status.OK:  # a NaN loss is never ok: nothing of it is published
+        this.status, this.error = Status.FAILED, diverged or f"torchrun exited 0 but rank 0 wrote no {WORKER_OUTPUT}"
     this.timing = this.timing.with_device_time(derived.world_size)
     return this, _host_env(c)
 
@@ -303,10 +307,7 @@ def derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
     """The record's `derived` (scaling.store.record_blocks.Derived): the batch arithmetic, the parameter count and
     the FLOPs per token (the built-in family's closed form; a model the user brings counted by torch's
     FlopCounterMode and named in `model`); InvalidConfig when a model the user brings breaks the contract."""
-    try:
-        counted = family_of(c.model).counted(c.train.seq_len)
-    except ModelError as e:
-        raise InvalidConfig([str(e)]) from e
+    counted = checked(c.model, c.train.seq_len)
     block = DerivedBlock(
         **derived.as_dict(),
         n_params=counted.n_params,
@@ -320,6 +321,8 @@ def derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
             source=c.model.source,
             block=counted.block,
             n_blocks=counted.n_blocks,
+            init=counted.init,
+            attention=counted.attention,
             config_hash=model_hash(c.model),
             param_tensors=ParamTensors(
                 module=[BLOCK if in_block else ROOT for _, in_block, _, _ in counted.tensors],

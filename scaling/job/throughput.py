@@ -7,11 +7,13 @@ driver resolved (and the record says where that peak came from). Every key carri
 Noise is stated with scaling.core.noise's one statistic, the relative half-range. A launch states it over its
 timed steps (`step_time_spread_frac`); a point launched k times (`launch.repeats=k`) states it over
 the repeats' tokens/s (`repeat_spread_frac`), and its headline figures are the median over repeats.
-`noise_band_frac`, the larger of the two, is the band within which two figures are not told apart.
+`noise_band_frac`, the larger of the two, is the band within which two figures are not told apart. A launch whose
+training is not finite publishes none of them (`not_finite`: it is `failed`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any, Mapping, Optional, Sequence
 
@@ -39,6 +41,21 @@ def tokens_per_s(derived: Derived, step_time_s: float) -> tuple[float, float]:
 
 def _max(values: Optional[list[int]]) -> Optional[int]:
     return max(values) if values else None
+
+
+def not_finite(worker: WorkerReport) -> Optional[str]:
+    """Why a launch that trained is not ok when a step's loss or gradient norm (warm-up steps included) or the final
+    parameter norm is NaN or infinite, naming the first such step and its value; None when every one is finite."""
+    for name, values in (("loss", worker.losses), ("gradient norm", worker.grad_norms or [])):
+        for step, value in enumerate(values):
+            if not math.isfinite(value):
+                return (
+                    f"training is not finite: the {name} of step {step} (of {len(values)}, the first "
+                    f"{worker.warmup_steps_run} warm-up) is {value}: no throughput is published for it"
+                )
+    if not math.isfinite(worker.final_param_norm):
+        return f"training is not finite: the final parameter norm is {worker.final_param_norm}"
+    return None
 
 
 def throughput_metrics(worker: WorkerReport, derived: Derived, peak: peak_flops.PeakFlops) -> dict[str, Any]:

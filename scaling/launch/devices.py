@@ -23,7 +23,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from scaling.core.schema import ExperimentConfig
 
@@ -310,8 +310,8 @@ def request(cfg: ExperimentConfig, environ: Mapping[str, str]) -> Optional[Reque
             else f"hardware.devices_per_node={per_node}"
         )
         raise ValueError(
-            f"parallel.dp x parallel.tp = {dp} needs {dp} GPUs on this node but {where}: widen "
-            f"CUDA_VISIBLE_DEVICES (under SLURM: ask for more GPUs) or lower dp x tp to {len(slots)}"
+            f"{ranks_of(cfg.parallel)} needs {dp} GPUs on this node but {where}: widen CUDA_VISIBLE_DEVICES "
+            f"(under SLURM: ask for more GPUs) or lower it to {len(slots)}"
         )
     checked_lock_dir(environ)
     return Request("cuda", dp, slots)
@@ -368,3 +368,10 @@ def register_resolvers() -> None:
 
     if not OmegaConf.has_resolver("scaling.points_in_flight"):
         OmegaConf.register_new_resolver("scaling.points_in_flight", points_in_flight)
+
+
+def ranks_of(parallel: Any) -> str:
+    """`parallel.dp=2`, or `parallel.dp=2 x parallel.tp=2 = 4` with tensor parallelism."""
+    if parallel.tp == 1:
+        return f"parallel.dp={parallel.dp}"
+    return f"parallel.dp={parallel.dp} x parallel.tp={parallel.tp} = {parallel.world_size}"

@@ -1,22 +1,28 @@
 """The one interface every model family answers to: what the engine builds and shards (`build`, `blocks`,
-`recompute`, `initialise`), what a rank imports before its memory baseline (`load_code`) and what the driver and
-the performance model count (`counted`). `family_of` picks the family of a `model` config: the built-in Llama
-decoder (scaling.model.llama) or a model the user brings (scaling.model.custom; a Hugging Face config is one,
-built by scaling.model.hf). torch is imported only by the methods that build, so the driver counts the built-in
-family without it.
+`recompute`, `materialise`, `initialise`, `check_initialised`), what a rank imports before its memory baseline
+(`load_code`), what the driver and the performance model count (`counted`; `checked` is that with the contract's
+refusal as every command words it) and the fingerprint of a user's model code (`code`). `family_of` picks the family
+of a `model` config: the built-in Llama decoder (scaling.model.llama) or a model the user brings
+(scaling.model.custom; a Hugging Face config is one, built by scaling.model.hf). torch is imported only by the
+methods that build, so the driver counts the built-in family without it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from scaling.core.model_group import CustomModel, ModelConfig
+from scaling.core.validate import InvalidConfig
 from scaling.model.shape import Counted
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+
+class ModelError(ValueError):
+    """A model the user brings that cannot be used: one line naming the field, the value and what would be valid."""
 
 
 class Family(ABC):
@@ -26,6 +32,14 @@ class Family(ABC):
 
     def load_code(self) -> None:  # noqa: B027 (the built-in family's code is the project's: nothing to import)
         """Import the model's code without building it (a rank does, before its memory baseline)."""
+
+    def code(self) -> Optional[str]:
+        """The fingerprint of the user's code that makes the model (scaling.model.custom.code); None: the project's."""
+        return None
+
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """The vocabulary the data draws tokens from."""
 
     @abstractmethod
     def build(self, device: torch.device | str) -> nn.Module:
@@ -39,9 +53,21 @@ class Family(ABC):
     def recompute(self, module: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
         """Checkpoint every block's activations; returns the blocks as they now run (to compile and shard)."""
 
+    def materialise(self, module: nn.Module, device: torch.device) -> None:
+        """Allocate what this rank owns of the module built on meta, ties restored, every float NaN until initialised."""
+        from scaling.model.custom.init import materialise
+
+        materialise(module, device)
+
     @abstractmethod
     def initialise(self, module: nn.Module, seed: int) -> None:
         """Seeded init of the materialised (possibly sharded) module: the same weights for every dp and stage."""
+
+    def check_initialised(self, module: nn.Module) -> None:
+        """ModelError naming every parameter and buffer that initialisation left as `materialise` made it (NaN)."""
+        from scaling.model.custom.init import raise_if_unwritten
+
+        raise_if_unwritten(self.config.name, module)
 
     @abstractmethod
     def counted(self, seq_len: int) -> Counted:
@@ -60,6 +86,9 @@ class Llama(Family):
         from scaling.model.llama.args import ModelArgs
 
         self.config, self.args = config, ModelArgs.of(config)
+
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
 
     def build(self, device: torch.device | str) -> nn.Module:
         from scaling.model.llama.decoder import Transformer
@@ -107,6 +136,16 @@ class Custom(Family):
 
         load_code(self.config)
 
+    def code(self) -> Optional[str]:
+        from scaling.model.custom.code import model_code
+
+        return model_code(self.config)
+
+    def vocab_size(self) -> int:
+        from scaling.model.custom.build import sizes
+
+        return int(sizes(self.config)[0])
+
     def build(self, device: torch.device | str) -> nn.Module:
         from scaling.model.custom.build import build
 
@@ -125,7 +164,7 @@ class Custom(Family):
     def initialise(self, module: nn.Module, seed: int) -> None:
         from scaling.model.custom.build import initialise
 
-        initialise(module, seed)
+        initialise(self.config, module, seed)
 
     def counted(self, seq_len: int) -> Counted:
         from scaling.model.custom.count import count
@@ -141,3 +180,12 @@ class Custom(Family):
 def family_of(model: Union[ModelConfig, CustomModel]) -> Family:
     """The family of a `model` config group."""
     return Custom(model) if isinstance(model, CustomModel) else Llama(model)
+
+
+def checked(model: Union[ModelConfig, CustomModel], seq_len: int) -> Counted:
+    """`counted`, with the contract checked on the way, as every command checks it before any process starts (`run`,
+    `predict`, `find-mbs`, a sweep's forecast): InvalidConfig, one line, for a model that breaks it."""
+    try:
+        return family_of(model).counted(seq_len)
+    except ModelError as e:
+        raise InvalidConfig([str(e)]) from e

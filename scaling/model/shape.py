@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from scaling.core.schema import ModelConfig
 from scaling.model.llama.args import param_shapes_of
@@ -41,6 +41,10 @@ class Counted:
     product), what the step model's collectives are made of."""
     source: str
     """`closed_form` (the built-in family) or `counted` (torch's FlopCounterMode on fake tensors)."""
+    init: Optional[str] = None
+    """How a model the user brings is initialised after materialisation (scaling.model.custom.init.init_kind)."""
+    attention: Optional[str] = None
+    """The attention implementation a Hugging Face model runs (transformers' name: sdpa, eager, ...)."""
 
     def hw_flops_per_token(self, recompute: bool) -> float:
         """Hardware FLOPs per token (recomputation counted): the numerator of HFU."""

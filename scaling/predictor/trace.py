@@ -280,6 +280,7 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
     from scaling.engine.memtrack import tracked_step
     from scaling.engine.parallel import parallelize
     from scaling.engine.step import train_step
+    from scaling.model.family import family_of
 
     t0 = time.perf_counter()
     grad_acc = validate(cfg, host=False).grad_acc
@@ -296,7 +297,7 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
             wrapped.model.register_comm_hook(None, _completed_allreduce(dp))
             params = [p for p in wrapped.model.parameters() if p.requires_grad]
             wrapped.model.reducer = _LocalBucketRebuild(wrapped.model.reducer, params)
-        data = GlobalBatch(int(cfg.model.vocab_size), train.seq_len, train.seed)  # token values do not matter
+        data = GlobalBatch(family_of(cfg.model).vocab_size(), train.seq_len, train.seed)  # token values do not matter
         train_step(wrapped, step_batches(data, 0, 0, mbs, micro_steps))
         micro_batches = step_batches(data, 1, 0, mbs, micro_steps)  # built before the step, as the worker does
         if par.zero_stage <= 1:

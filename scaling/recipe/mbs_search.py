@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 from scaling.core.enums import Status
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import validate
+from scaling.model.family import checked
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
 
@@ -56,7 +57,7 @@ class FindMbsResult:
     """True when a run at `mbs` was ok and a run at mbs + 1 ran out of memory."""
     note: str
     runs: list[dict[str, Any]] = field(default_factory=list)
-    """(mbs, status, measured peak bytes, job_key) of each real run, in order."""
+    """(mbs, status, measured peak bytes, job_key, error) of each real run, in order."""
     predictions: dict[int, int] = field(default_factory=dict)
     """mbs -> predicted peak bytes per rank, for every mbs the search looked at."""
 
@@ -87,6 +88,7 @@ def find_mbs(
     if capacity is None:
         raise ValueError("hardware.memory_gb=null: find-mbs needs a capacity per rank, e.g. hardware.memory_gb=0.02")
     validate(_with_mbs(cfg, 1))
+    checked(cfg.model, cfg.train.seq_len)  # the model's contract, as `scaling run` checks it
     predictions: dict[int, int] = {}
 
     def analytic_fits(m: int) -> bool:
@@ -140,13 +142,22 @@ def _confirm(
         if rec["status"] == Status.PREDICTED_OOM:  # a stored pre-screen verdict is no measurement: run it
             rec = launch_point(_with_mbs(cfg, m).changed(launch={"rerun": "all"}))
         peak = (rec.get("metrics") or {}).get("peak_mem_bytes")
-        result.runs.append({"mbs": m, "status": rec["status"], "peak_mem_bytes": peak, "job_key": rec["job_key"]})
+        result.runs.append(
+            {
+                "mbs": m,
+                "status": rec["status"],
+                "peak_mem_bytes": peak,
+                "job_key": rec["job_key"],
+                "error": rec["error"],
+            }
+        )
         return rec["status"]
 
     def unexpected(m: int, s: str) -> bool:
         if s in (Status.OK, Status.OOM):
             return False
-        result.note = f"mbs={m} ended {s} (neither ok nor oom): nothing confirmed"
+        why = result.runs[-1]["error"]  # a failed point says why: a crash, or a loss that is not finite
+        result.note = f"mbs={m} ended {s} (neither ok nor oom{': ' + why if why else ''}): nothing confirmed"
         return True
 
     m = result.predicted_mbs

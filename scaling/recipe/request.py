@@ -10,8 +10,7 @@ from typing import Optional
 from scaling.core.batch import BatchError, nearest_whole_batch
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import InvalidConfig, validate
-from scaling.model.custom.build import ModelError
-from scaling.model.family import family_of
+from scaling.model.family import checked
 from scaling.predictor.prescreen import capacity_bytes
 
 
@@ -53,8 +52,8 @@ def check(cfg: ExperimentConfig, request: RecipeRequest) -> int:
         raise RecipeError(str(e).replace("gbs_tokens", "--gbs-tokens")) from None
     try:  # the smallest point of the recipe: seq_len within the model, heads, precision, the host's cores
         validate(point_config(cfg, request.zero[0], request.recompute[0], 1, 1, 1))
-        family_of(cfg.model).counted(cfg.train.seq_len)  # a model the user brings: built and checked on fake tensors
-    except (InvalidConfig, ModelError) as e:
+        checked(cfg.model, cfg.train.seq_len)  # the model's contract (a model the user brings: on fake tensors)
+    except InvalidConfig as e:
         raise RecipeError(str(e)) from None
     if capacity_bytes(cfg.hardware) is None:
         raise RecipeError(

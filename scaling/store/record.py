@@ -155,6 +155,9 @@ class Provenance:
     """1 for the first record of a point, one more each time it is recorded again."""
     took_over: Optional[dict[str, Any]] = None
     """The marker of a run of this point that died holding it (host, pid, since when), which this run replaced."""
+    model_code: Optional[str] = None
+    """The fingerprint of the user's model code it was made with (scaling.model.custom.code); None for the
+    built-in family and the project's own factories."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Provenance:
@@ -346,13 +349,23 @@ def kept_launches(record: Optional[Mapping[str, Any]], rerun: str) -> list[dict[
     return [] if rerun == "all" else ok_launches(record)
 
 
-def answers(record: Optional[Mapping[str, Any]], key: str, launch: LaunchConfig) -> bool:
+RETRIED_FOR_NEW_CODE = frozenset({Status.FAILED, Status.TIMEOUT, Status.INVALID})
+"""Statuses an edited model may change: run again when the model's code is not the code they were recorded with."""
+
+
+def answers(
+    record: Optional[Mapping[str, Any]], key: str, launch: LaunchConfig, model_code: Optional[str] = None
+) -> bool:
     """Whether a stored record answers its point, so that it is not run again: ok with at least
     launch.repeats ok launches (an ok point with fewer launches the missing ones), predicted_oom unless the
     pre-screen's sample (launch.prescreen_sample) runs the point anyway, invalid and oom always, failed and
-    timeout unless launch.rerun=failed; none with launch.rerun=all. run_point, the grid and Optuna sweepers
+    timeout unless launch.rerun=failed; none with launch.rerun=all; a failed, timeout or invalid record of other
+    model code than `model_code` (the point's now, when known) never. run_point, the grid and Optuna sweepers
     and `scaling status` all decide by it."""
     if record is None or launch.rerun == "all":
+        return False
+    recorded = (record.get("provenance") or {}).get("model_code")
+    if record.get("status") in RETRIED_FOR_NEW_CODE and None not in (model_code, recorded) and recorded != model_code:
         return False
     status = record.get("status")
     if status == Status.OK:

@@ -38,6 +38,10 @@ class DerivedModel:
     block: str = field(metadata=NOT_A_COLUMN)
     """The block class's name."""
     n_blocks: int
+    init: Optional[str] = field(default=None, metadata=NOT_A_COLUMN)
+    """What initialised it: its init_weights(), its own __init__ run for real, or reset_parameters()."""
+    attention: Optional[str] = field(default=None, metadata=NOT_A_COLUMN)
+    """A Hugging Face model's attention implementation."""
     config_hash: str = field(metadata=NOT_A_COLUMN)
     """A hash of its config (two models of one name differ)."""
     param_tensors: ParamTensors

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
 from scaling.core.enums import LAUNCHED, Status
 from scaling.core.schema import ExperimentConfig
+from scaling.model.family import checked, family_of
 from scaling.store.read import RecordError, read_record
 from scaling.store.record import answers, job_key, output_dir
 
@@ -204,7 +205,9 @@ def survey(points: Sequence[Sequence[str]], configs: PointConfigs, set_aside: bo
             record = read_record(sweep_dir, key, set_aside_corrupt=set_aside)
         except RecordError as e:
             record, problem = None, e
-        done = answers(record, key, cfg.launch)
+        done = answers(
+            record, key, cfg.launch, family_of(cfg.model).code() if record is not None and cfg.custom else None
+        )
         yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, done, problem)
 
 
@@ -217,6 +220,8 @@ def predict_new(cfg: ExperimentConfig, traced: bool = False) -> dict[str, Any]:
 
     try:
         grad_acc = validate(cfg).grad_acc
+        if cfg.custom:  # the contract of a model the user brings, as run_point checks it
+            checked(cfg.model, cfg.train.seq_len)
     except InvalidConfig as e:
         return {"status": Status.INVALID, "error": str(e), "predicted": None}
     predicted = prescreen(cfg, grad_acc, trace=traced)

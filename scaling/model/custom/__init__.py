@@ -1,1 +1,2 @@
-"""A model the user brings: build.py (import, build, blocks, initialise), count.py (FLOPs counted, the contract)."""
+"""A model the user brings: build.py (import, build, blocks, initialise), count.py (FLOPs counted, the contract),
+init.py (what initialisation writes, proven; ties kept), code.py (the fingerprint of its code)."""

@@ -1,9 +1,10 @@
 """A model the user brings (scaling.core.model_group.CustomModel: their `nn.Module` by `_target_`, a class or a
 factory imported from their project), built, given its blocks and initialised as the engine needs it: on the meta
-device, then materialised and initialised by `init_weights()` if it has one, else each submodule's
-`reset_parameters()`. Its blocks are the class `blocks:` names, else the one class a Hugging Face model names in
-`_no_split_modules`, else the class of the repeated children of its largest `nn.ModuleList`. The contract and
-what is lost on meta: docs/own-project.md. torch and the standard library only (and the user's code).
+device, then materialised and initialised by `init_weights()` if it has one, else by its own `__init__` run once
+for real on the CPU (scaling.model.custom.init), else each submodule's `reset_parameters()`. Its blocks are the class
+`blocks:` names, else the one class a Hugging Face model names in `_no_split_modules`, else the class of the repeated
+children of its largest `nn.ModuleList`. The contract and what is lost on meta: docs/own-project.md. torch and the
+standard library only (and the user's code).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import math
 import os
 import sys
 from typing import Any, Callable, Iterator
@@ -19,6 +21,8 @@ import torch
 from torch import nn
 
 from scaling.core.model_group import HF_TARGET, CustomModel
+from scaling.model.custom.init import INIT_WEIGHTS, OWN_INIT, init_kind
+from scaling.model.family import ModelError
 
 BUILT_IN_TARGETS = {
     HF_TARGET: "scaling.model.hf.causal_lm.causal_lm",
@@ -26,10 +30,6 @@ BUILT_IN_TARGETS = {
 }
 """The project's own factories under the names records give them (part of their job keys: the paths they first
 had) -> where they live now."""
-
-
-class ModelError(ValueError):
-    """A model the user brings that cannot be used: one line naming the field, the value and what would be valid."""
 
 
 def project_importable() -> None:
@@ -72,6 +72,8 @@ def build(model: CustomModel, device: torch.device | str) -> nn.Module:
     try:
         with torch.device(device):
             built = factory(**model.kwargs)
+    except ModelError:  # the project's own factories word their refusals
+        raise
     except Exception as e:
         raise ModelError(f"model._target_={model.target!r} raised {type(e).__name__}: {e}".splitlines()[0]) from e
     if not isinstance(built, nn.Module):
@@ -88,6 +90,18 @@ def load_code(model: CustomModel) -> None:
         from scaling.model.hf.causal_lm import load_modeling
 
         load_modeling(**model.kwargs)
+
+
+def sizes(model: CustomModel) -> tuple[Any, Any]:
+    """(vocab_size, max_seq_len): the model file's, and for a Hugging Face config what transformers reads of the
+    config where the file gives none (GPT-2's `n_positions`; None: the model has no longest sequence, as BLOOM)."""
+    vocab, longest = model.vocab_size, model.max_seq_len
+    if model.target == HF_TARGET and (vocab is None or longest is None):
+        from scaling.model.hf.config import read_config
+
+        read_vocab, read_longest = read_config(**model.kwargs).sizes()
+        vocab, longest = read_vocab if vocab is None else vocab, read_longest if longest is None else longest
+    return vocab, longest
 
 
 def block_class(model: CustomModel, module: nn.Module) -> type:
@@ -123,7 +137,10 @@ def blocks(model: CustomModel, module: nn.Module) -> list[nn.Module]:
 
 
 def logits_of(out: Any) -> torch.Tensor:
-    """The logits of a forward: the tensor itself, or an output object's `.logits` (as Hugging Face models return)."""
+    """The logits of a forward: the tensor itself, the first of a tuple (`(logits, loss)`, as single-file GPTs return),
+    or an output object's `.logits` (as Hugging Face models return)."""
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
@@ -152,6 +169,8 @@ def _full_parameters(module: nn.Module, recurse: bool) -> Iterator[list[tuple[nn
         for name, param in list(owner._parameters.items()):
             if param is not None and hasattr(param, "device_mesh"):
                 full = nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=param.to_local().device))
+                if full.is_floating_point():  # NaN where init writes nothing, as scaling.model.custom.init.materialise
+                    full.data.fill_(math.nan)
                 owner._parameters[name] = full
                 swapped.append((owner, name, param, full))
     try:
@@ -168,21 +187,44 @@ def _full_parameters(module: nn.Module, recurse: bool) -> Iterator[list[tuple[nn
 
 
 @torch.no_grad()
-def initialise(module: nn.Module, seed: int) -> None:
-    """Seeded init, the same weights for every dp and ZeRO stage: `init_weights()` if the module has one (every
-    parameter whole while it runs), else each submodule's `reset_parameters()` in module order (one submodule's
-    parameters whole at a time). Every rank draws the same values from torch's seeded generator and keeps its part."""
+def initialise(model: CustomModel, module: nn.Module, seed: int) -> None:
+    """Seeded init, the same weights for every dp and ZeRO stage, of the kind `init_kind` chooses: `init_weights()`
+    (every parameter whole while it runs); the model's own `__init__`, run once more for real on the CPU and copied
+    in (`_own_init`); or each submodule's `reset_parameters()` in module order (one submodule's parameters whole at a
+    time). Every rank draws the same values from torch's seeded generator and keeps its part."""
     torch.manual_seed(seed)
-    init = getattr(module, "init_weights", None)
-    if callable(init):
+    kind = init_kind(module)
+    if kind == INIT_WEIGHTS:
+        init = module.init_weights
         with _full_parameters(module, recurse=True):
             takes_seed = "seed" in inspect.signature(init).parameters
             init(seed) if takes_seed else init()
+    elif kind == OWN_INIT:
+        _own_init(model, module, seed)
     else:
         for sub in module.modules():
             if callable(getattr(sub, "reset_parameters", None)):
                 with _full_parameters(sub, recurse=False):
                     sub.reset_parameters()
+
+
+def _own_init(model: CustomModel, module: nn.Module, seed: int) -> None:
+    """What the model's `__init__` writes (an `self.apply(self._init_weights)`, the `torch.ones` of a norm of its own:
+    all lost on meta): the model built once for real on this rank's CPU from the seed, and each of its parameters and
+    buffers copied into the materialised one of the same name (a checkpoint wrapper's prefix dropped), each rank
+    keeping its part."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+
+    torch.manual_seed(seed)
+    real = build(model, "cpu")
+    values = dict(real.named_parameters(remove_duplicate=False))
+    values.update(real.named_buffers(remove_duplicate=False))
+    for prefix, owner in module.named_modules():
+        prefix = prefix.replace(_CHECKPOINT_PREFIX, "")
+        with _full_parameters(owner, recurse=False):
+            for name, t in [*owner._parameters.items(), *owner._buffers.items()]:
+                if t is not None:
+                    t.copy_(values[f"{prefix}.{name}" if prefix else name])
 
 
 def tp_plan(model: CustomModel) -> dict[str, str]:

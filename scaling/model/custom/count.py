@@ -1,7 +1,8 @@
-"""A model the user brings, counted: one forward and backward of a sequence on fake tensors under torch's
+"""A model the user brings, counted: one forward and backward of a batch on fake tensors under torch's
 FlopCounterMode gives its parameters, FLOPs per token and parameter tensors, and checks its contract on the way
-(it imports, builds, has blocks and maps (1, T) ids to (1, T, vocab) logits). Operators that look like compute but
-have no formula in the counter are named, so a low MFU says why. torch and the standard library only.
+(it imports, builds, has blocks, maps (B, T) ids as training feeds them to (B, T, vocab) logits, and the engine's
+initialisation gives every parameter and buffer a value: scaling.model.custom.init). Operators that look like
+compute but have no formula in the counter are named, so a low MFU says why. torch and the standard library only.
 """
 
 from __future__ import annotations
@@ -9,15 +10,20 @@ from __future__ import annotations
 import functools
 import json
 import math
+import sys
 from typing import Any
 
 import torch
 from torch import nn
 
-from scaling.core.model_group import CustomModel
-from scaling.model.custom.build import ModelError, blocks, build, logits_of
+from scaling.core.model_group import HF_TARGET, CustomModel
+from scaling.model.custom.build import ModelError, blocks, build, initialise, logits_of, sizes
+from scaling.model.custom.init import Writes, unwritten_line
 from scaling.model.shape import Counted
 
+CONTRACT_BATCH = 2
+"""Sequences in the batch the contract is checked on: more than one, so that a forward that folds the batch into
+its sequences (a `.view` of the ids, a reshape by B) is checked as training runs it."""
 COMPUTE_OP_WORDS = ("mm", "conv", "attention", "einsum", "matmul", "linear", "bmm", "flash", "efficient")
 """Substrings of an aten operator's name that say it multiplies matrices: one of them that FlopCounterMode has no
 formula for is named in the record (its FLOPs are not in the MFU)."""
@@ -43,30 +49,51 @@ def _count(model_json: str, seq_len: int) -> Counted:
     # Fake tensors, not meta ones: a model may branch on its inputs' values where it is not being traced, and
     # libraries skip such checks for fake tensors (transformers' masks do). The math kernel of SDPA runs attention as
     # the matmuls the counter has formulas for (the fused CPU kernel has none): the PaLM convention, as the closed form.
+    label = f"model {model.name!r} ({model.source})"
     with FakeTensorMode(), sdpa_kernel(SDPBackend.MATH):
-        module = build(model, "cpu")
+        with Writes() as writes:
+            module = build(model, "cpu")
         found = blocks(model, module)
-        vocab = model.vocab_size
-        ids = torch.zeros((1, seq_len), dtype=torch.long)
+        vocab, longest = sizes(model)
+        _check_sizes(model, label, vocab, longest, seq_len)
+        batch = (CONTRACT_BATCH, seq_len)
+        # what training feeds: contiguous (B, T) int64 ids (scaling.engine.data.to_device)
+        ids = torch.zeros(batch, dtype=torch.long)
         seen = _OpsSeen()
         with FlopCounterMode(display=False) as counter, seen:
             try:
                 out = logits_of(module(ids))
             except Exception as e:
+                said = f"{label}: forward(input_ids) on a {batch} LongTensor raised {type(e).__name__}: {e}"
+                raise ModelError(said.splitlines()[0]) from e
+            if tuple(out.shape) != (*batch, vocab):
                 raise ModelError(
-                    f"model {model.name!r} ({model.source}): forward(input_ids) on a (1, {seq_len}) LongTensor raised "
-                    f"{type(e).__name__}: {e}".splitlines()[0]
-                ) from e
-            if tuple(out.shape) != (1, seq_len, vocab):
-                raise ModelError(
-                    f"model {model.name!r} ({model.source}): forward(input_ids) of shape (1, {seq_len}) returned "
-                    f"{tuple(out.shape)}; logits of shape (B, T, vocab_size) = (1, {seq_len}, {vocab}) are expected"
+                    f"{label}: forward(input_ids) of shape {batch} returned {tuple(out.shape)}; logits of shape "
+                    f"(B, T, vocab_size) = {(*batch, vocab)} are expected"
                 )
             forward = counter.get_total_flops()
             out.float().sum().backward()
         total = counter.get_total_flops()
         n_params = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
         tensors = _param_shapes(module, found)
+        attention = None
+        if model.target == HF_TARGET:
+            from scaling.model.hf.causal_lm import DEFAULT_ATTENTION, as_built_on_meta, attention_of
+
+            as_built_on_meta(module)
+            attention = attention_of(module)
+            if attention != DEFAULT_ATTENTION and model.kwargs.get("attn_implementation") is None:
+                print(
+                    f"[scaling] {label}: {type(module).__name__} has no SDPA attention in this transformers: it runs "
+                    f"{attention} (model.attn_implementation chooses)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        kind, unwritten = writes.unwritten_after(module, lambda m: initialise(model, m, 0))
+        if unwritten:
+            of = len([*module.named_parameters(), *module.named_buffers()])
+            raise ModelError(unwritten_line(label, unwritten, of, kind))
+    tokens = batch[0] * batch[1]
     known = {getattr(op, "overloadpacket", op) for op in flop_registry}
     uncounted = sorted(
         str(op)
@@ -75,14 +102,29 @@ def _count(model_json: str, seq_len: int) -> Counted:
     )
     return Counted(
         n_params=n_params,
-        flops_per_token=total / seq_len,
-        recomputed_flops_per_token=forward / seq_len,  # full recompute runs each block's forward once more
+        flops_per_token=total / tokens,
+        recomputed_flops_per_token=forward / tokens,  # full recompute runs each block's forward once more
         uncounted_ops=tuple(uncounted),
         block=type(found[0]).__name__,
         n_blocks=len(found),
         tensors=tensors,
         source="counted",
+        init=kind,
+        attention=attention,
     )
+
+
+def _check_sizes(model: CustomModel, label: str, vocab: Any, longest: Any, seq_len: int) -> None:
+    """The sizes a Hugging Face config gives by its own names, checked as the validation checks a model file's."""
+    if not isinstance(vocab, int) or vocab < 1:
+        raise ModelError(f"{label}: model.vocab_size={vocab!r} must be a positive integer")
+    if isinstance(longest, int) and seq_len > longest:
+        where = "model.max_seq_len"
+        if model.target == HF_TARGET and model.max_seq_len is None:
+            from scaling.model.hf.config import read_config
+
+            where = f"{read_config(**model.kwargs).longest_name()} of model.hf_config={model.kwargs['config']!r}"
+        raise ModelError(f"train.seq_len={seq_len} exceeds {where}={longest}: use seq_len <= {longest}")
 
 
 def _param_shapes(module: nn.Module, found: list[nn.Module]) -> tuple[tuple[str, bool, int, int], ...]:
@@ -97,6 +139,5 @@ def _param_shapes(module: nn.Module, found: list[nn.Module]) -> tuple[tuple[str,
 
 def count(model: CustomModel, seq_len: int) -> Counted:
     """Parameters and FLOPs of a user's model at one sequence length, counted once per process (cached), and the
-    checks of the contract on the way: it imports, builds, has blocks and maps (1, T) ids to (1, T, vocab) logits.
-    Raises ModelError naming what is wrong."""
+    checks of the contract on the way (the module docstring). Raises ModelError naming what is wrong."""
     return _count(json.dumps(model.to_dict(), sort_keys=True, default=str), int(seq_len))

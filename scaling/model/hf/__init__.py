@@ -1,1 +1,2 @@
-"""A Hugging Face causal LM from its config alone (the `[hf]` extra): causal_lm.py."""
+"""A Hugging Face causal LM from its config alone (the `[hf]` extra): config.py (the file read through transformers),
+causal_lm.py (the model built from it)."""

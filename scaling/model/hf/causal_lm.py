@@ -1,93 +1,88 @@
 """A Hugging Face causal LM from its config alone, as a model the user brings: the factory a model file's
 `hf_config: path/config.json` stands for (scaling.core.model_group.HF_TARGET). No weights and no network: transformers
-builds the architecture (on the meta device in the engine), the engine shards, materialises and initialises it
-(`init_weights`, which in transformers fills the rotary tables too). `transformers` is the `[hf]` extra."""
+builds the architecture of the config's text decoder (scaling.model.hf.config reads it), on the meta device in the
+engine, which shards, materialises and initialises it (`init_weights`, which in transformers fills the rotary tables
+too). Attention is the model file's `attn_implementation`, by default transformers' own choice: SDPA where the model
+has it, else eager (said in the record). `transformers` is the `[hf]` extra."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 from typing import Any, Optional
 
 from torch import nn
 
-from scaling.core.model_group import hf_config_path
+from scaling.model.hf.config import read_config
 
-HF_EXTRA = "pip install 'scaling[hf]'"
-"""What to install for a model made from a Hugging Face config."""
-EXPERTS = "batched_mm"
-"""transformers' implementation of a mixture of experts (see `causal_lm`)."""
+DEFAULT_ATTENTION = "sdpa"
+"""The attention transformers runs unless the model file says otherwise or the model has no SDPA (then eager)."""
 
 
 def causal_lm(
-    config: str, vocab_size: int, max_seq_len: int, config_sha256: Optional[str] = None, **overrides: Any
+    config: str,
+    vocab_size: Optional[int] = None,
+    max_seq_len: Optional[int] = None,
+    config_sha256: Optional[str] = None,
+    attn_implementation: Optional[str] = None,
+    **overrides: Any,
 ) -> nn.Module:
-    """`AutoModelForCausalLM.from_config` of the file's fields with `overrides` (its vocabulary and longest sequence
-    as the model file gives them), SDPA attention, no KV cache. `config_sha256` only keys the file's content.
+    """`AutoModelForCausalLM.from_config` of the file's (text decoder's) config with `overrides` (its vocabulary and
+    longest sequence where the model file gives them), no KV cache. `config_sha256` only keys the file's content.
+    Refused (ModelError, one line) when the model is not a causal decoder: an encoder's attention is not causal.
 
     A mixture of experts runs its experts as batched matmuls over each token's chosen experts (transformers'
     `batched_mm`, unless the file's `experts_implementation` says otherwise): shapes that do not depend on the
     routing, so the FLOP counter and the traced predictor run it on fake tensors (the loop over experts needs the
     routing's values; the grouped kernel takes bf16 only on CPU), and the measured step is the step counted."""
-    # first the config: it says what to install when transformers is missing
-    hf, experts, model_type = _hf_config(config, vocab_size, max_seq_len, overrides)
+    hf = read_config(config, vocab_size, max_seq_len, **overrides)
     from transformers import AutoModelForCausalLM
 
     try:
-        return AutoModelForCausalLM.from_config(hf, attn_implementation="sdpa", experts_implementation=experts)
-    except ValueError as e:
-        raise _not_a_causal_lm(config, model_type, e) from None
+        model = AutoModelForCausalLM.from_config(
+            hf.text, attn_implementation=attn_implementation, experts_implementation=hf.experts
+        )
+    except (ValueError, ImportError) as e:
+        if attn_implementation is not None and ("attention" in str(e) or "attn_implementation" in str(e)):
+            raise hf.refused(f"cannot run model.attn_implementation={attn_implementation!r}: {e}") from None
+        raise hf.refused(f"is not a causal LM: {e}") from None
+    bidirectional = sorted({type(m).__name__ for m in model.modules() if getattr(m, "is_causal", None) is False})
+    if bidirectional:
+        raise hf.refused(
+            f"is not a causal decoder: {type(model).__name__}'s attention ({', '.join(bidirectional)}) attends both ways "
+            "(is_causal=false; an encoder's): give a decoder-only config"
+        )
+    return model
 
 
-def load_modeling(
-    config: str, vocab_size: int, max_seq_len: int, config_sha256: Optional[str] = None, **overrides: Any
-) -> None:
+def attention_of(model: nn.Module) -> Optional[str]:
+    """The attention implementation a built model runs (None: not a transformers model)."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None)
+
+
+def load_modeling(config: str, **arguments: Any) -> None:
     """Import the modeling module of `causal_lm`'s model (its arguments) without building it: transformers imports
     a model type's module when it is first built, and a rank that imports it before its memory baseline does not
     count the import as building (scaling.model.custom.build.load_code)."""
-    hf = _hf_config(config, vocab_size, max_seq_len, overrides)[0]
+    hf = read_config(config, **arguments)
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     with contextlib.suppress(KeyError):  # not a causal LM: causal_lm says so when the model is built
-        MODEL_FOR_CAUSAL_LM_MAPPING[type(hf)]
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(hf.text)]
 
 
-def _hf_config(config: str, vocab_size: int, max_seq_len: int, overrides: dict[str, Any]) -> tuple[Any, str, str]:
-    """transformers' config of the file's fields with `overrides`, its experts' implementation and its model type."""
-    try:
-        from transformers import AutoConfig
-    except ImportError:
-        raise ValueError(f"model.hf_config={config!r} needs transformers: {HF_EXTRA}") from None
-    try:
-        fields = json.loads(hf_config_path(config).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"model.hf_config={config!r} is not a readable JSON config: {e}") from None
-    fields = {**fields, **overrides, "vocab_size": vocab_size, "max_position_embeddings": max_seq_len}
-    model_type = fields.pop("model_type", None)
-    if model_type is None:
-        raise ValueError(f"model.hf_config={config!r} has no model_type: not a transformers config")
-    fields["use_cache"] = False  # training: no KV cache
-    experts = fields.pop("experts_implementation", EXPERTS)
-    try:
-        return AutoConfig.for_model(model_type, **fields), experts, model_type
-    except ValueError as e:
-        raise _not_a_causal_lm(config, model_type, e) from None
-
-
-def _not_a_causal_lm(config: str, model_type: str, e: ValueError) -> ValueError:
-    """transformers' refusal of the file's config or model, in one line naming the file and its model type."""
-    return ValueError(f"model.hf_config={config!r} ({model_type}) is not a causal LM: {e}".splitlines()[0])
+def as_built_on_meta(module: nn.Module) -> None:
+    """Forget that transformers initialised `module` while building it (it marks what it initialised, and its
+    `init_weights` skips what is marked): built on meta, as the engine builds it, nothing is initialised or marked."""
+    for t in [*module.modules(), *module.parameters(), *module.buffers()]:
+        t.__dict__.pop("_is_hf_initialized", None)
 
 
 HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "colwise_rep": "colwise_rep", "rowwise_rep": "rowwise_rep"}
 """transformers' plan words this engine runs (others, such as expert-parallel ones, are left out of the plan)."""
 
 
-def hf_tp_plan(
-    config: str, vocab_size: int, max_seq_len: int, config_sha256: Optional[str] = None, **overrides: Any
-) -> dict[str, str]:
-    """The config's `base_model_tp_plan` (transformers' own, per model type) under the causal LM's base model
-    (`model.`), in the engine's words; empty when it has none."""
-    hf = _hf_config(config, vocab_size, max_seq_len, overrides)[0]
-    plan = getattr(hf, "base_model_tp_plan", None) or {}
+def hf_tp_plan(config: str, **arguments: Any) -> dict[str, str]:
+    """The (text decoder's) config's `base_model_tp_plan`, transformers' own per model type, under the causal LM's
+    base model (`model.`), in the engine's words; empty when it has none."""
+    plan = getattr(read_config(config, **arguments).text, "base_model_tp_plan", None) or {}
     return {f"model.{pattern}": HF_STYLES[word] for pattern, word in plan.items() if word in HF_STYLES}

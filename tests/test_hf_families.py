@@ -1,0 +1,92 @@
+"""Hugging Face configs of the families people train, as transformers' own config classes write them
+(tests/helpers/hf_families.py): each causal decoder built on fake tensors, its contract and initialisation checked
+and its FLOPs counted to PaLM's closed form; encoders and encoder-decoders refused before any process; GPT-2 (its
+`n_positions`, tied) and Gemma2 (no SDPA: eager; sliding window) trained at ZeRO-3. The per-family table of training
+at ZeRO-3 is benchmarks/bench_hf_families.py's."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scaling.core.schema import ExperimentConfig
+from scaling.core.validate import validate
+from scaling.job.run import run_point
+from scaling.model.custom.build import build
+from scaling.model.custom.count import count
+from scaling.model.family import ModelError
+from scaling.model.hf.config import read_config
+from scaling.store.record import job_dir, job_key
+from tests.helpers import hf_families as families
+from tests.helpers.points import ON_WARM_RANKS
+
+
+def config_of(name: str, directory) -> ExperimentConfig:
+    """A point of the family's config file, named by nothing but its path (no key added by hand)."""
+    path = families.write_config(name, directory)
+    return ExperimentConfig.from_dict({"model": {"name": name, "hf_config": str(path)}}).changed(
+        train={"seq_len": 32, "mbs": 2}, logger={"name": "none"}
+    )
+
+
+@pytest.mark.slow  # 20 models built and counted on fake tensors: a few seconds
+def test_every_family_is_counted_and_checked_or_refused_on_fake_tensors(tmp_path):
+    """20 causal decoders (3 mixtures of experts, 8 tied, 5 with sliding windows, a composite vision-language config
+    whose text decoder is taken): the contract holds, init_weights() writes every tensor, the counted FLOPs equal
+    PaLM's closed form, n_params counts a tied weight once. The encoders and encoder-decoders are refused, naming
+    the file and why."""
+    assert len(families.CAUSAL) >= 12 and families.MOE and families.TIED and families.SLIDING
+    for name in families.CAUSAL:
+        model = config_of(name, tmp_path).model
+        counted = count(model, 32)
+        module, text = build(model, "meta"), read_config(**model.kwargs).text
+        closed = families.palm_flops_per_token(module, text, 32)
+        assert abs(counted.flops_per_token / closed - 1) <= 0.02, (name, counted.flops_per_token, closed)
+        assert counted.init == "init_weights" and counted.uncounted_ops == (), (name, counted)
+        assert counted.attention == ("eager" if name in families.EAGER else "sdpa"), (name, counted.attention)
+        every = sum(p.numel() for _, p in module.named_parameters(remove_duplicate=False))
+        assert (counted.n_params < every) == (name in families.TIED), (name, counted.n_params, every)
+        assert bool(getattr(text, "sliding_window", None)) == (name in families.SLIDING), name
+    for name in families.REFUSED:
+        with pytest.raises(ModelError, match=rf"model.hf_config='.*{name}.json' \({name}\) is not a causal decoder: "):
+            count(config_of(name, tmp_path).model, 32)
+
+
+def test_gpt2s_own_config_needs_no_key_and_its_n_positions_bounds_the_sequence(tmp_path):
+    """GPT-2's config names its longest sequence `n_positions`: read through transformers, the point validates and is
+    counted with nothing added by hand, and a longer train.seq_len is refused naming that key and the file."""
+    cfg = config_of("gpt2", tmp_path)
+    assert cfg.model.max_seq_len is None and validate(cfg).world_size == 1
+    assert count(cfg.model, 32).n_params == 124672
+    with pytest.raises(ModelError, match=r"train.seq_len=256 exceeds n_positions of model.hf_config='.*gpt2.json'=128"):
+        count(cfg.model, 256)
+
+
+def test_an_encoder_is_recorded_invalid_before_any_rank_starts(tmp_path):
+    cfg = config_of("bert", tmp_path)
+    cfg.sweep_dir = str(tmp_path / "runs")
+    record = run_point(cfg)
+    assert record["status"] == "invalid" and "(bert) is not a causal decoder: BertLMHeadModel's" in record["error"]
+    assert [p.name for p in job_dir(tmp_path / "runs", job_key(cfg)).iterdir()] == ["result.json"]
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("name", ["gpt2", "gemma2"])
+def test_gpt2_and_gemma2_from_their_config_classes_train_at_zero_3(tmp_path, name):
+    """GPT-2 from `GPT2Config(...).to_json_file` (tied, `n_positions`) and Gemma2 (no SDPA in transformers: eager,
+    said in derived.model.attention; sliding window) at ZeRO-3 on 2 warm ranks: ok, their first loss on random tokens
+    at ln(vocab), their traced memory within 5% of the tracked peak."""
+    cfg = config_of(name, tmp_path).changed(
+        train={"warmup_steps": 2, "steps": 2},
+        parallel={"dp": 2, "zero_stage": 3},
+        launch={"timeout_s": 180, "reuse": True, "reuse_idle_s": 600},  # ON_WARM_RANKS
+    )
+    assert ON_WARM_RANKS[0] == "launch.timeout_s=180"
+    cfg.sweep_dir = str(tmp_path / "runs")
+    record = run_point(cfg)
+    assert record["status"] == "ok", record["error"]
+    assert record["derived"]["model"]["attention"] == ("eager" if name == "gemma2" else "sdpa")
+    assert abs(record["metrics"]["losses"][0] / math.log(families.V) - 1) <= 0.02, record["metrics"]["losses"]
+    predicted, measured = record["predicted"]["peak_mem_bytes"], record["metrics"]["peak_mem_bytes"]
+    assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)
