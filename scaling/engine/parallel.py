@@ -67,9 +67,8 @@ class Parallelized:
             return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a replicated DTensor at stages 2-3
         # tensor parallelism: the matmuls' gradients on the (dp, tp) mesh, the norms' on dp alone: a norm per mesh
         total = _total_norm([p.grad for p in params])
-        coef = min(1.0, self.grad_clip / (float(total) + 1e-6))
-        for p in params:
-            p.grad.mul_(coef)
+        for group in _by_mesh(params).values():  # a foreach over one mesh at a time
+            torch.nn.utils.clip_grads_with_norm_(group, self.grad_clip, total)
         return total
 
     def zero_grad(self) -> None:
@@ -200,13 +199,18 @@ def parallelize(
     return Parallelized(ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device, grad_clip=train.grad_clip)
 
 
-def _total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The global L2 norm of tensors that are DTensors on different meshes: one norm per mesh, then theirs."""
+def _by_mesh(tensors: list[torch.Tensor]) -> dict[Any, list[torch.Tensor]]:
+    """Tensors by the device mesh of each (None: plain tensors)."""
     meshes: dict[Any, list[torch.Tensor]] = {}
     for t in tensors:
         meshes.setdefault(getattr(t, "device_mesh", None), []).append(t)
+    return meshes
+
+
+def _total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The global L2 norm of tensors that are DTensors on different meshes: one norm per mesh, then theirs."""
     squares = []
-    for group in meshes.values():
+    for group in _by_mesh(tensors).values():
         part = torch.nn.utils.get_total_norm(group)
         squares.append((part.full_tensor() if hasattr(part, "full_tensor") else part).double() ** 2)
     return torch.stack(squares).sum().sqrt().float()

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute
 from scaling.core.schema import ExperimentConfig, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
-from scaling.model.llama.args import ModelArgs, param_count
+from scaling.model.llama.args import ModelArgs
 from scaling.predictor.model_state import (
     BF16,
     FP32,
@@ -91,14 +91,17 @@ def _block_activation_bytes(s: Shapes, bf16: bool, fsdp: bool, fused_norm: bool 
     weights); FSDP2's bf16 keeps the residual stream in bf16 and saves an fp32 RoPE table per block.
     These are the CPU's figures; `fused_norm` (CUDA) takes off what its two norms keep only on CPU.
     """
-    t = s.t
+    t, tp = s.t, s.tp
     cpu_only = 2 * _norm_saved_on_cpu_only(s, bf16, fsdp) if fused_norm else 0
+    # tensor parallelism: q, the attention output and its reshape (3 of the 9 h-wide tensors), k, v, the SwiGLU
+    # tensors and the per-head log-sum-exp are split over the tp ranks; the norms and the residual stream are whole
+    kvd, f, nh = s.kvd // tp, s.f // tp, s.nh // tp
     if not bf16:
-        return t * (36 * s.h + 8 * s.kvd + 16 * s.f + 4 * s.nh + 8) - cpu_only
+        return t * (24 * s.h + 12 * s.h // tp + 8 * kvd + 16 * f + 4 * nh + 8) - cpu_only
     if not fsdp:
-        return t * (32 * s.h + 4 * s.kvd + 8 * s.f + 4 * s.nh + 8) + BF16 * s.block_matmul - cpu_only
+        return t * (32 * s.h + 4 * kvd + 8 * f + 4 * nh + 8) + BF16 * s.block_matmul - cpu_only
     # a (T, hd/2) RoPE table
-    return t * (26 * s.h + 4 * s.kvd + 8 * s.f + 4 * s.nh + 8) + FP32 * s.T * (s.hd // 2) - cpu_only
+    return t * (18 * s.h + 8 * s.h // tp + 4 * kvd + 8 * f + 4 * nh + 8) + FP32 * s.T * (s.hd // 2) - cpu_only
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def _phases(
     """The candidate peaks of forward and backward, each relative to the memory at the end of forward."""
     fsdp = zero_stage >= 2
     t, h, V, cu = s.t, s.h, s.V, (BF16 if bf16 else FP32)
-    tf, hf, th = t * s.f, h * s.f, t * h
+    tf, hf, th = t * s.f // s.tp, h * s.f // s.tp, t * h  # the MLP's width: its part on one tensor-parallel rank
     logits = (BF16 if bf16 else FP32) * t * V
     block_full = _block_activation_bytes(s, bf16, fsdp, fused_norm)
     top_saved = (BF16 if bf16 and fsdp else FP32) * th if full else block_full
@@ -136,7 +139,7 @@ def _phases(
         # cross-entropy works on an fp32 copy).
         "loss": _Phase(logits + 3 * FP32 * t * V if bf16 else 4 * FP32 * t * V),
         # The output weight's gradient exists in full before it reaches its bucket or shard.
-        "output_backward": _Phase(2 * logits, temps=FP32 * V * h + cu * th),
+        "output_backward": _Phase(2 * logits, temps=FP32 * V * h // s.tp + cu * th),
     }
     # Backward of the top block: the logits are still referenced by the step, the final norm's
     # tensors are freed; the SwiGLU backward adds (h, f) weight gradients and (t, f) input
@@ -205,7 +208,7 @@ def _end_of_backward(
     """
     cu = BF16 if bf16 else FP32
     block_sh, root_sh = sharded_params(s, dp)
-    root_padded, new_shards, vh = dp * root_sh, FP32 * s.L * block_sh, cu * s.V * s.h
+    root_padded, new_shards, vh = dp * root_sh, FP32 * s.L * block_sh, cu * s.V * s.h // s.tp
     logits = cu * s.t * s.V
     gloo_copy = FP32 * root_padded if gloo and dp > 1 else 0
     reduce = max(
@@ -262,9 +265,10 @@ def analytic_peak(
         a.tie_embeddings,
         seq_len,
         mbs,
+        parallel.tp,
     )
     bf16, fsdp, full = precision == Precision.bf16, zero_stage >= 2, recompute == Recompute.full
-    psi, t, h, V = param_count(a), s.t, s.h, s.V
+    psi, t, h, V = s.L * s.block_params + s.root_params, s.t, s.h, s.V  # a rank's part under tensor parallelism
     cu = BF16 if bf16 else FP32  # bytes of a weight's compute copy
 
     # Model state through forward and backward.
@@ -319,7 +323,9 @@ def analytic_peak(
         scratch = step_state - optimizer  # the worst rank by elements is among them: never negative
     else:
         scratch = (
-            0 if fused_optimizer else FP32 * model_order_scratch(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp if fsdp else 1)
+            0
+            if fused_optimizer
+            else FP32 * model_order_scratch(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp if fsdp else 1, s.tp)
         )
     if params + step_grads + optimizer + scratch + overhead > peak.total_bytes:
         peak = MemoryBreakdown(

@@ -77,6 +77,8 @@ class Shapes:
     tied: bool
     T: int
     mbs: int
+    tp: int = 1
+    """Tensor parallelism: a rank holds 1/tp of each matmul (and of the embedding and output), the norms whole."""
 
     @property
     def t(self) -> int:
@@ -84,8 +86,8 @@ class Shapes:
 
     @property
     def block_matmul(self) -> int:
-        """Matmul weights of one block: 2h² + 2·h·kvd + 3·h·f."""
-        return 2 * self.h * self.h + 2 * self.h * self.kvd + 3 * self.h * self.f
+        """Matmul weights of one block on one rank: (2h² + 2·h·kvd + 3·h·f) / tp."""
+        return (2 * self.h * self.h + 2 * self.h * self.kvd + 3 * self.h * self.f) // self.tp
 
     @property
     def block_params(self) -> int:
@@ -93,13 +95,13 @@ class Shapes:
 
     @property
     def root_params(self) -> int:
-        """Embedding, output projection unless tied, final norm: what FSDP2's root module holds."""
-        return self.V * self.h * (1 if self.tied else 2) + self.h
+        """Embedding, output projection unless tied, final norm: what FSDP2's root module holds (on one rank)."""
+        return self.V * self.h * (1 if self.tied else 2) // self.tp + self.h
 
     @property
     def param_shapes(self) -> tuple[tuple[str, bool, int, int], ...]:
-        """The parameter tensors in model order (scaling.model.llama.args.param_shapes)."""
-        return param_shapes_of(self.L, self.h, self.kvd, self.f, self.V, self.tied)
+        """The parameter tensors in model order (scaling.model.llama.args.param_shapes), as one rank holds them."""
+        return local_shapes(param_shapes_of(self.L, self.h, self.kvd, self.f, self.V, self.tied), self.tp)
 
     @property
     def n_tensors(self) -> int:
@@ -111,16 +113,28 @@ def shard(rows: int, cols: int, dp: int) -> int:
     return math.ceil(rows / dp) * cols
 
 
-def sharded_params(s: Shapes, dp: int) -> tuple[int, int]:
-    """Elements per rank of one block's shards and of the root's shards."""
-    block = (
-        2 * shard(s.h, s.h, dp)
-        + 2 * shard(s.kvd, s.h, dp)
-        + 2 * shard(s.f, s.h, dp)
-        + shard(s.h, s.f, dp)
-        + 2 * shard(s.h, 1, dp)
+ROWWISE = ("wo", "w2")
+"""The built-in decoder's matmuls split along their inputs (dim 1) under tensor parallelism; the others along dim 0."""
+
+
+def local_shapes(shapes: tuple[tuple[str, bool, int, int], ...], tp: int) -> tuple[tuple[str, bool, int, int], ...]:
+    """(name, in a block, rows, cols) of each tensor as one of tp ranks holds it: the matmuls, the embedding and the
+    output split (scaling.model.llama.decoder.TP_PLAN), the norms whole."""
+    if tp == 1:
+        return shapes
+    return tuple(
+        (name, block, rows, cols if cols == 1 else cols // tp)
+        if name in ROWWISE
+        else (name, block, rows if cols == 1 else rows // tp, cols)
+        for name, block, rows, cols in shapes
     )
-    root = shard(s.V, s.h, dp) * (1 if s.tied else 2) + shard(s.h, 1, dp)
+
+
+def sharded_params(s: Shapes, dp: int) -> tuple[int, int]:
+    """Elements per rank of one block's shards and of the root's shards (FSDP2's over dp of each rank's part)."""
+    shapes = s.param_shapes
+    block = sum(shard(rows, cols, dp) for _, in_block, rows, cols in shapes[1 : 1 + 9] if in_block)
+    root = sum(shard(rows, cols, dp) for _, in_block, rows, cols in shapes if not in_block)
     return block, root
 
 
@@ -158,9 +172,10 @@ def zero1_step_state(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: i
 
 
 @functools.lru_cache(maxsize=4096)
-def model_order_scratch(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int) -> int:
+def model_order_scratch(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int, tp: int = 1) -> int:
     """`adamw_scratch` of AdamW over the model's parameters (dp 1) or its FSDP2 shards (dp > 1), in model order."""
-    return adamw_scratch([shard(rows, cols, dp) for _, _, rows, cols in param_shapes_of(L, h, kvd, f, V, tied)])
+    shapes = local_shapes(param_shapes_of(L, h, kvd, f, V, tied), tp)
+    return adamw_scratch([shard(rows, cols, dp) for _, _, rows, cols in shapes])
 
 
 def adamw_scratch(numels: Sequence[int]) -> int:

@@ -225,7 +225,8 @@ def _fake_world(dp: int) -> Iterator[Any]:
 
     - DDP's shape check across ranks reads tensor data: skipped (every rank builds the same model);
     - FSDP2 builds its default device mesh from a tensor, on the host's accelerator: a CPU mesh, built outside fake
-      mode; so is a point's own mesh (hybrid sharding, tensor parallelism: scaling.engine.tensor_parallel);
+      mode; so is a point's own mesh (hybrid sharding, tensor parallelism: scaling.engine.tensor_parallel), and any
+      mesh FSDP2 makes of it;
     - FSDP2's per-rank chunking of each parameter: `_LazyChunks` (same views, made on demand);
     - MemTracker's per-module peak bookkeeping: `_peak_only_update` (same overall peak).
     """
@@ -234,7 +235,7 @@ def _fake_world(dp: int) -> Iterator[Any]:
     import torch.nn.parallel.distributed as ddp_mod
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import scaling.engine.parallel as parallel_mod
@@ -256,9 +257,16 @@ def _fake_world(dp: int) -> Iterator[Any]:
         with unset_fake_temporarily():
             return point_mesh(parallel, torch.device("cpu"))
 
+    mesh_init = DeviceMesh.__init__
+
+    def real_mesh_init(self: Any, *args: Any, **kwargs: Any) -> None:  # FSDP2 joins a TP mesh to its own
+        with unset_fake_temporarily():
+            mesh_init(self, *args, **kwargs)
+
     with contextlib.ExitStack() as stack:
         stack.enter_context(_patched(ddp_mod, "_verify_param_shape_across_processes", lambda *a, **k: None))
         stack.enter_context(_patched(parallel_mod, "point_mesh", real_point_mesh))
+        stack.enter_context(_patched(DeviceMesh, "__init__", real_mesh_init))
         stack.enter_context(_patched(fully_shard_mod, "_init_default_mesh", real_mesh))
         stack.enter_context(_patched(fsdp_param, "_chunk_with_empty", _LazyChunks))
         stack.enter_context(_patched(MemTracker, "_update_peak_stats", _peak_only_update))
