@@ -108,8 +108,15 @@ def test_each_step_issues_what_the_step_model_lists(tmp_path):
     assert not wrong, "\n".join(wrong)
 
 
-def test_each_hybrid_step_issues_what_the_step_model_lists(tmp_path):
+TENSOR_PARALLEL = [(3, EVERY, 2, "fp32"), (2, EVERY, 2, "bf16")]
+"""The same at dp=2, tp=2: each block's activations all-reduced over the pair (twice forward, twice backward),
+the embedding's and the head's too, the logits gathered; FSDP2's collectives over the dp ranks of each half."""
+
+
+def test_each_hybrid_and_tensor_parallel_step_issues_what_the_step_model_lists(tmp_path):
     more = ("parallel.dp=4", "parallel.dp_shard=2", "hardware.oversubscribe=true")
     configs = {f"hybrid zero{s}/{r}/grad_acc={g}/{p}": _config(s, r, g, p, *more) for s, r, g, p in HYBRID}
+    tp = ("parallel.dp=2", "parallel.tp=2", "hardware.oversubscribe=true")
+    configs.update({f"tp=2 zero{s}/{r}/grad_acc={g}/{p}": _config(s, r, g, p, *tp) for s, r, g, p in TENSOR_PARALLEL})
     wrong = _issued(configs, 4, tmp_path)
     assert not wrong, "\n".join(wrong)

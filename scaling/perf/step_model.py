@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 
 from scaling.core.schema import ModelConfig
-from scaling.model.shape import BLOCK, ROOT, ModelShape, shape_of
+from scaling.model.shape import BLOCK, ROOT, ModelShape, ParamTensor, shape_of
 from scaling.perf.network import Network
 
 BACKWARD_SHARE = {"none": 2 / 3, "full": 3 / 4}
@@ -38,10 +38,14 @@ BLOCK_PARAMS = "block parameters"
 MODULE_GRADS = "module gradients"
 SHARD_GRADS = "gradient shards"
 GRAD_NORM = "gradient norm"
+ACTIVATIONS = "activations"
+LOGITS = "logits"
 # the ranks a collective runs over
-ALL, SHARD, REPLICAS = "all", "shard", "replicas"
-"""Every rank; one shard group (dp_shard consecutive ranks: all of them under full sharding); the replicas of one
-shard (dp / dp_shard ranks, a shard group apart), which all-reduce their gradient shards under hybrid sharding."""
+ALL, SHARD, REPLICAS, TP = "all", "shard", "replicas", "tp"
+"""Every dp rank; one shard group (dp_shard consecutive dp ranks: all of them under full sharding); the replicas of
+one shard (dp / dp_shard ranks, a shard group apart), which all-reduce their gradient shards under hybrid sharding;
+a tensor-parallel group (tp consecutive ranks, within a node). A dp rank's tp ranks sit side by side, so a group of
+dp ranks is a ring of ranks tp apart."""
 
 
 GRAD_BYTES = 4
@@ -158,6 +162,9 @@ class Workload:
     dp_shard: Optional[int] = None
     """`parallel.dp_shard`: the ranks each ZeRO-1/2/3 shard spans at every dp it divides (hybrid sharding), None:
     every rank (full sharding)."""
+    tp: int = 1
+    """`parallel.tp`: tensor parallelism, each block's matmuls (and the embedding and output) split over tp ranks;
+    n counts dp ranks, the world is n × tp."""
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -193,24 +200,30 @@ class Workload:
         return k if k and k < n and n % k == 0 else n
 
     def ring(self, group: str, n: int, devices_per_node: Optional[int]) -> tuple[int, Optional[int]]:
-        """(ranks, ranks of them on one node) of a collective over `group` at dp=n: a shard group is consecutive
-        ranks, the replicas of one shard lie a shard group apart."""
+        """(ranks, ranks of them on one node) of a collective over `group` at dp=n: a tensor-parallel group is tp
+        consecutive ranks, dp ranks lie tp apart, a shard group is consecutive dp ranks, the replicas of one shard
+        lie a shard group apart."""
+        if group == TP:
+            return self.tp, devices_per_node
         k = self.shard_size(n)
+        per_node = None if devices_per_node is None else max(1, devices_per_node // self.tp)  # of one dp group
         if group == ALL:
-            return n, devices_per_node
+            return n, per_node
         if group == SHARD:
-            return k, devices_per_node
-        per_node = None if devices_per_node is None else max(1, devices_per_node // k)
-        return n // k, per_node
+            return k, per_node
+        return n // k, None if per_node is None else max(1, per_node // k)
 
     def calls_of(self, moves: str, n: int) -> list[tuple[float, int]]:
         """(bytes per call, calls) of one round of a collective at dp=n: one call per bucket, tensor or module
         (n: the ranks of its ring)."""
-        shape = self.shape
+        shape = self.local_shape
         if moves == GRAD_BUCKETS:
             sizes = ddp_buckets(shape, int(self.bucket_mb * 2**20))
         elif moves == PARAM_TENSORS:
             sizes = tuple(4 * t.numel for t in shape.tensors)  # DDP keeps fp32 parameters
+        elif moves == GRAD_NORM and self.tp > 1:  # a norm per mesh: the split matrices', then the whole vectors'
+            split = sum(1 for t in shape.tensors if t.cols > 1)
+            sizes = (4 * split, 4 * (len(shape.tensors) - split))
         elif moves == GRAD_NORM:
             sizes = (4 * len(shape.tensors),)  # the stacked fp32 partial norms of the gradient shards
         elif moves == SHARD_GRADS:  # one module's fp32 gradient shard: the reduce-scatter's output (n: its shards)
@@ -223,6 +236,11 @@ class Workload:
             root = n * width * sum(t.shard_numel(n) for t in shape.tensors if t.module == ROOT)
             return [(block, shape.n_blocks)] + ([] if moves == BLOCK_PARAMS or not root else [(root, 1)])
         return sorted(Counter(sizes).items())
+
+    @property
+    def local_shape(self) -> ModelShape:
+        """The parameter tensors one tensor-parallel rank holds (the model's own without tensor parallelism)."""
+        return tp_shape(self.shape, self.tp)
 
     def params_updated(self, n: int) -> int:
         """Parameters the busiest rank updates at dp=n: all at ZeRO-0, ZeroRedundancyOptimizer's largest share at
@@ -251,8 +269,8 @@ class Workload:
         return f"global batch fixed at {self.gbs} samples: grad_acc = {self.gbs} / ({self.mbs} × dp)"
 
     def tokens_per_rank(self, n: int) -> float:
-        """Tokens one rank processes per optimizer step at dp=n."""
-        return float(self.mbs * self.seq_len * (self.grad_acc_at(n) or np.nan))
+        """Tokens per optimizer step of one rank (one GPU) at dp=n: a dp rank's, shared by its tp ranks."""
+        return float(self.mbs * self.seq_len * (self.grad_acc_at(n) or np.nan)) / self.tp
 
 
 @functools.lru_cache(maxsize=4096)
@@ -261,7 +279,7 @@ def _params_updated(w: Workload, n: int) -> int:
         return w.n_params
     if w.zero_stage == 1:
         return zero1_busiest(w.shape, w.shard_size(n))
-    return sum(t.shard_numel(w.shard_size(n)) for t in w.shape.tensors)
+    return sum(t.shard_numel(w.shard_size(n)) for t in w.local_shape.tensors)
 
 
 def step_collectives(w: Workload, n: int, grad_acc: int) -> tuple[Call, ...]:
@@ -279,7 +297,59 @@ def _step_collectives(w: Workload, n: int, grad_acc: int) -> tuple[Call, ...]:
         rounds = grad_acc if c.window is not None and c.window.micro_steps == EACH_MICRO else 1
         ranks = n if c.group == ALL else k  # a shard's size is that of its group's (SHARD_GRADS: the shard's)
         calls += [Call(c.op, count * rounds, size, c.window, c.group) for size, count in w.calls_of(c.moves, ranks)]
+    return tuple(calls) + (tp_calls(w, grad_acc) if w.tp > 1 else ())
+
+
+COLWISE_PER_BLOCK, ROWWISE_PER_BLOCK = 5, 2
+"""The built-in decoder's plan per block: q, k, v, gate and up split by columns (each one's input gradient
+all-reduced in backward), attention output and down by rows (each one's output all-reduced in forward)."""
+
+
+def tp_calls(w: Workload, grad_acc: int) -> tuple[Call, ...]:
+    """Tensor parallelism's collectives of one step (the built-in decoder's plan, without sequence parallelism),
+    exposed: per micro-step, forward: an all-reduce of each block's attention and MLP outputs and of the
+    embedding's, the logits gathered; backward: an all-reduce of the input gradient of each column-split matmul and
+    of the head (with recompute, the forward's again); with clipping at the step's end, the split matrices' norms
+    reduced over the tp ranks too."""
+    hidden, vocab = widths(w.shape)
+    width = 2 if w.precision == "bf16" else 4
+    act, logits = width * w.mbs * w.seq_len * hidden, width * w.mbs * w.seq_len * vocab
+    blocks = w.shape.n_blocks
+    forward = ROWWISE_PER_BLOCK * blocks + 1
+    reduces = forward + COLWISE_PER_BLOCK * blocks + 1 + (ROWWISE_PER_BLOCK * blocks if w.recompute == "full" else 0)
+    calls = [
+        Call("all_reduce", reduces * grad_acc, float(act), None, TP),
+        Call("all_gather", grad_acc, float(logits), None, TP),
+    ]
+    if w.grad_clip > 0 and w.zero_stage >= 2:
+        calls.append(Call("all_reduce", 1, float(4 * sum(1 for t in w.shape.tensors if t.cols > 1)), None, TP))
     return tuple(calls)
+
+
+def widths(shape: ModelShape) -> tuple[int, int]:
+    """(hidden, vocabulary) of a model: the widest root matrix is the embedding or the head, (vocabulary, hidden)."""
+    head = max((t for t in shape.tensors if t.module == ROOT), key=lambda t: t.numel)
+    return head.cols, head.rows
+
+
+@functools.lru_cache(maxsize=256)
+def tp_shape(shape: ModelShape, tp: int) -> ModelShape:
+    """What one of tp ranks holds of each tensor: every matrix split by tp (the plan's colwise along dim 0, rowwise
+    along dim 1: alike in numel), the vectors (norms) whole."""
+    if tp == 1:
+        return shape
+    tensors = tuple(
+        t
+        if t.cols == 1
+        else ParamTensor(
+            t.name,
+            t.module,
+            -(-t.rows // tp) if t.rows % tp == 0 else t.rows,
+            t.cols if t.rows % tp == 0 else -(-t.cols // tp),
+        )
+        for t in shape.tensors
+    )
+    return ModelShape(shape.name, tensors, shape.n_blocks)
 
 
 def _micro_step_kinds(grad_acc: int) -> list[tuple[int, set[str]]]:

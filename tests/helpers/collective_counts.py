@@ -35,6 +35,7 @@ OPS = {
     "c10d::broadcast_": "broadcast",
     "c10d::_allgather_base_": "all_gather",
     "c10d::_reduce_scatter_base_": "reduce_scatter",
+    "c10d::allgather_into_tensor_coalesced_": "all_gather",  # DTensor's gather of tensor parallelism's logits
 }
 """Process-group ops (the dispatcher's names) as scaling.perf.step_model names them; any other `c10d::` op is kept
 under its own name, so that the comparison shows it."""
@@ -68,9 +69,10 @@ def count_step(cfg: ExperimentConfig, rank: int) -> dict[str, list[int]]:
     grad_acc = validate(cfg, host=False).grad_acc
     wrapped = parallelize(args, train, cfg.parallel, torch.device("cpu"))
     data = GlobalBatch(args.vocab_size, train.seq_len, train.seed)
+    dp_rank = rank // cfg.parallel.tp  # a tensor-parallel group trains on one dp rank's rows
     for step in range(2):
-        train_step(wrapped, step_batches(data, step, rank, train.mbs, grad_acc))
-    batches = step_batches(data, 2, rank, train.mbs, grad_acc)
+        train_step(wrapped, step_batches(data, step, dp_rank, train.mbs, grad_acc))
+    batches = step_batches(data, 2, dp_rank, train.mbs, grad_acc)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         train_step(wrapped, batches)
     return _collectives(prof)

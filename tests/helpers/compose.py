@@ -93,4 +93,5 @@ def workload_of(cfg: ExperimentConfig | dict[str, Any], grad_acc: int) -> Worklo
         train.grad_clip,
         parallel.bucket_mb,
         parallel.dp_shard,
+        parallel.tp,
     )
