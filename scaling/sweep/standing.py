@@ -19,10 +19,9 @@ from typing import Any, Mapping, Optional
 
 from scaling.core.files import read_json
 from scaling.core.schema import LaunchConfig
-from scaling.engine.jobfiles import RESULT_FILE
 from scaling.store import inflight
 from scaling.store.device_time import DeviceTime, total
-from scaling.store.read import RecordError, load_record, set_aside_records
+from scaling.store.read import RecordError, load_record, record_paths, set_aside_records
 from scaling.store.record import SWEEP_INDEX, answers
 from scaling.sweep.grid import format_duration, launch_wall_s, status_list, wall_estimate_s
 
@@ -235,15 +234,15 @@ class Store:
         """Status and timing of each record, by job key (those that cannot be read in `problems`)."""
         fresh = {}
         self.problems = {str(e.path.relative_to(self.sweep_dir)): e.reason for e in set_aside_records(self.sweep_dir)}
-        for path in self.sweep_dir.glob(f"*/{RESULT_FILE}"):
+        for path in record_paths(self.sweep_dir):
             try:
                 mtime = path.stat().st_mtime_ns
             except FileNotFoundError:
-                continue
+                mtime = 0  # a dangling link: named below, never kept
             key = path.parent.name
             if key not in self._records or self._records[key][0] != mtime:
                 try:
-                    record = load_record(path)
+                    record = load_record(path, key)
                 except FileNotFoundError:
                     continue
                 except RecordError as e:
