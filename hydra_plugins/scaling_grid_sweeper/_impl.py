@@ -61,8 +61,8 @@ class _Plan:
     held: list[str] = field(default_factory=list)
     """Who holds each point a live job still runs (not launched again)."""
     forecast: Forecast = field(default_factory=Forecast)
-    unreadable: list[str] = field(default_factory=list)
-    """Points whose record cannot be read: not run, the file left as it is."""
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Points whose record cannot be read, by job key: not run, the file left as it is."""
 
 
 def _holder(marker: Mapping[str, Any]) -> str:
@@ -111,9 +111,9 @@ class GridSweep(BasicSweeper):
             len(plan.held),
             len(plan.to_run),
         )
-        for problem in plan.unreadable:
-            print(f"[scaling] not run, its record cannot be read: {problem}", flush=True)
         if self.dry_run:
+            for problem in plan.unreadable.values():
+                print(f"[scaling] not run, its record cannot be read: {problem}", flush=True)
             lines = plan.forecast.lines(str(self.config.get("sweep", "grid")), points_at_once(self.config))
             print("\n".join(lines), flush=True)
             return []
@@ -126,6 +126,8 @@ class GridSweep(BasicSweeper):
         )
         tracker.answered(plan.answered)
         tracker.held_elsewhere(plan.held)
+        for key, problem in plan.unreadable.items():
+            tracker.left_unrun(key, f"its record cannot be read: {problem}")
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
@@ -137,7 +139,7 @@ class GridSweep(BasicSweeper):
         for point in survey(points, configs, set_aside=not self.dry_run):
             plan.keys.append(point.key)
             if point.problem is not None:
-                plan.unreadable.append(str(point.problem))
+                plan.unreadable[point.key] = str(point.problem)
                 continue
             verdict = predict_new(point.cfg)["status"] if self.dry_run and not point.done else None
             if point.done:

@@ -52,6 +52,7 @@ from scaling.store.record import (
     job_key,
     kept_launches,
     next_attempt,
+    not_run,
     output_dir,
 )
 from scaling.store.record_blocks import Derived as DerivedBlock
@@ -103,7 +104,7 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
             _launch_repeats(c, record, resumed, point_dir, argv, lease, lead)
         except devices.LeaseTimeout as e:  # never started: nothing to record (a re-run runs it)
             print(f"[scaling] {key}: not run, {e}", file=sys.stderr, flush=True)
-            return {"job_key": key, "status": Status.FAILED, "error": f"not run: {e}"}
+            return not_run(key, str(e))
         return _finish(record, point_dir, t0, c) if lead else record.to_dict()  # 8. the record, W&B, its line
 
 
@@ -115,7 +116,7 @@ def _stored(
         existing = read_record(sweep_dir, key, set_aside_corrupt=True)  # NewerRecord stops the command
     except RecordError as e:  # another user's 0600 record, a directory: left as it is, the point not run
         print(f"[scaling] {key}: not run, its record cannot be read: {e}", file=sys.stderr, flush=True)
-        return None, {"job_key": key, "status": Status.FAILED, "error": f"not run, its record cannot be read: {e}"}
+        return None, not_run(key, f"its record cannot be read: {e}")
     if answers(existing, key, c.launch):  # a predicted_oom point in the pre-screen's sample runs anyway
         print(f"[scaling] {key} already recorded as {existing['status']}{when}: skipped", flush=True)
         return existing, existing
@@ -210,22 +211,22 @@ def _launch_repeats(
         return launch_dir, launch_dir / CONFIG_FILE
 
     for _ in range(max(1, c.launch.repeats - kept)):
-        launch_dir, config_path = new_launch()
-        outcome = None
+        outcome = None  # each launch makes its directory once it holds its devices: a lease not had leaves none
         if warm_ranks:
             try:
                 shape = warm.shape_of(c, lease, os.environ)
                 with warm.job_for(shape, c.launch.reuse_idle_s, c.launch.lease_wait_s) as job:
                     held = job.held
+                    launch_dir, config_path = new_launch()
                     peak = peak_flops.resolve_peak_flops(c.hardware, c.train.precision)
                     launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
                     outcome, points_before = job.run(config_path, launch_dir, c.launch.timeout_s, log_name)
             except warm.JobGone as e:  # it died between points: this point never started; a fresh launch measures it
                 print(f"[scaling] {record.job_key}: {e}: measured by a fresh launch", file=sys.stderr, flush=True)
-                launch_dir, config_path = new_launch()  # warm ranks serve one-node points: this is the lead task
         if outcome is None:
             points_before = 0
             with warm.fresh_lease(lease, c.launch.devices, c.launch.lease_wait_s) as held:
+                launch_dir, config_path = new_launch()
                 # The CPU peak that MFU divides by is measured here, while this point holds the host.
                 peak = peak_flops.resolve_peak_flops(c.hardware, c.train.precision)
                 launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")

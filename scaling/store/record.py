@@ -30,6 +30,8 @@ SWEEP_INDEX = "sweep.json"
 """The sweep directory's index: name, start, hardware and one entry per run of the sweep."""
 SEARCH_BEST = "best.yaml"
 """A search's winning point, written by hydra_plugins.scaling_optuna_sweeper: `best.job_key` names its record."""
+NOT_RUN = "not_run"
+"""The key that marks what run_point returns for a point it left unrun, recording nothing (`not_run`)."""
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -285,6 +287,12 @@ class Record:
     def write(self, path: str | os.PathLike) -> None:
         """Write the record atomically as JSON."""
         write_json_atomic(path, self.to_dict())
+
+
+def not_run(key: str, why: str) -> dict[str, Any]:
+    """What run_point returns for a point it did not run and did not record (its record unreadable, its devices or
+    its claim not had by the deadline): `why` in one line, which the driver's summary names; a re-run runs it."""
+    return {"job_key": key, "status": Status.FAILED, "error": f"not run: {why}", NOT_RUN: why}
 
 
 def job_key(config: ExperimentConfig) -> str:
