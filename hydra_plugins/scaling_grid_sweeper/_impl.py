@@ -22,6 +22,7 @@ from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from scaling.core.files import StoreUnwritable
 from scaling.store import inflight
 from scaling.store.record import job_dir
 from scaling.sweep import progress
@@ -31,6 +32,7 @@ from scaling.sweep.grid import (
     expand,
     points_at_once,
     predict_new,
+    save_multirun,
     survey,
 )
 from scaling.sweep.hydra_adapter import BasicLauncher, BasicSweeper
@@ -128,9 +130,12 @@ class GridSweep(BasicSweeper):
         tracker.held_elsewhere(plan.held)
         for key, problem in plan.unreadable.items():
             tracker.left_unrun(key, f"its record cannot be read: {problem}")
-        sweep_dir = Path(self.config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        if tracker.read_only is not None:  # the store answers what it holds, and nothing more can be recorded in it
+            if plan.to_run:
+                left = f"{len(plan.to_run)} point{'s' if len(plan.to_run) > 1 else ''} still to run"
+                raise StoreUnwritable(f"{tracker.read_only}: {left}, not run", no_space=False)
+            return []
+        save_multirun(self.config)
         return self._launch(plan.to_run, tracker)
 
     def _plan(self, points: list[list[str]], configs: PointConfigs) -> _Plan:

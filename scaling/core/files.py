@@ -1,12 +1,15 @@
-"""Files every process writes and reads the same way: JSON written atomically under the user's umask, and read
-back as None while it is missing or not yet whole; logs opened without following links; where the shipped data
-packages (configs, sweeps) are. Standard library only (the ranks use it too)."""
+"""Files every process writes and reads the same way: JSON and text written atomically under the user's umask (a
+failed write names its path), and read back as None while missing or not yet whole; logs opened without following
+links; a store that refuses writes (`StoreUnwritable`: its disk full, or read-only); where the shipped data packages
+(configs, sweeps) are. Standard library only (the ranks use it too)."""
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -50,23 +53,84 @@ def current_umask() -> int:
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON so that readers see the old file or the whole new one, never a part.
+    """Write JSON so that readers see the old file or the whole new one, never a part (`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=str))
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write text so that readers see the old file or the whole new one, never a part; an OSError names `path`.
 
     The file gets the mode `open` would give it (0666 less the umask), not mkstemp's 0600: a team sharing a
     store on one file system reads each other's records."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from e
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False, default=str)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
+
+
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""A write refused for want of space: the disk (or the user's quota) is full."""
+READ_ONLY = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+"""A write refused because the place is read-only, or another user's."""
+
+
+class StoreUnwritable(BaseException):
+    """The store refused a write: its disk is full, or it is read-only. The run stops at once and says where and
+    why in one line (`scaling` exits 1), nothing recorded lost. A BaseException, as KeyboardInterrupt is: Hydra takes
+    a job's Exception for that job's failure and goes on with the next, which would fail the same way."""
+
+    def __init__(self, message: str, no_space: bool) -> None:
+        super().__init__(message)
+        self.no_space = no_space
+        """The disk is full (else the store is read-only)."""
+
+
+def unwritable(e: OSError, path: str | os.PathLike) -> Optional[StoreUnwritable]:
+    """The stop a failed write of `path` calls for, its message naming the path and the space left; None for an
+    error that is not the store's refusal."""
+    path = e.filename or path
+    if e.errno in NO_SPACE:
+        return StoreUnwritable(
+            f"no space left writing {path} ({space_left(path)}): stopped; what is recorded is kept, and the same "
+            "command run again once there is space picks up from here",
+            no_space=True,
+        )
+    if e.errno in READ_ONLY:
+        return StoreUnwritable(f"cannot write {path} ({e.strerror}): the store is read-only here", no_space=False)
+    return None
+
+
+def space_left(path: str | os.PathLike) -> str:
+    """`52 KiB free of 300 KiB on /mnt/store`: the free space of the file system that holds `path`."""
+    where = Path(os.path.abspath(path))
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    mount = where
+    while not os.path.ismount(mount):
+        mount = mount.parent
+    usage = shutil.disk_usage(where)
+    return f"{_size(usage.free)} free of {_size(usage.total)} on {mount}"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n // 1024} KiB"
 
 
 def open_new(path: str | os.PathLike) -> BinaryIO:

@@ -89,22 +89,22 @@ def load_record(path: Path, key: Optional[str] = None) -> dict[str, Any]:
 
 
 def _not_a_record(data: dict[str, Any]) -> Optional[str]:
-    """Why a JSON object is not a record (a record has a job_key and a config), or None."""
-    if isinstance(data.get("job_key"), str) and isinstance(data.get("config"), dict):
+    """Why a JSON object is not a record (a record names its point: a job_key), or None."""
+    if isinstance(data.get("job_key"), str):
         return None
     keys = ", ".join(sorted(map(str, data))[:6]) or "none"
-    return f"holds a JSON object that is not a record (a record has a job_key and a config; its keys: {keys})"
+    return f"holds a JSON object that is not a record (no job_key; its keys: {keys})"
 
 
 def _not_its_folders(data: dict[str, Any], key: str) -> Optional[str]:
     """Why a record is not the one of the point whose folder (`key`) holds it, or None: its job_key, or its config's
-    key, is another point's. A config this scaling cannot read (a field it lacks: an older or newer schema's) is not
-    keyed, only its job_key compared."""
+    key, is another point's. A config this scaling cannot read (none, or a field it lacks: an older or newer schema's)
+    is not keyed, only its job_key compared."""
     if data["job_key"] != key:
         return f"holds the record of point {data['job_key']}, not of its folder's point {key} (copied or linked here)"
     try:
         keyed = job_key(ExperimentConfig.from_dict(data["config"]))
-    except (TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError):
         return None
     if keyed != key:
         return f"says job_key {key}, but its config is the one of point {keyed} (edited, or copied from another point)"

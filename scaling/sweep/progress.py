@@ -22,7 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.enums import Status
-from scaling.core.files import read_json, write_json_atomic
+from scaling.core.files import read_json, unwritable, write_json_atomic
 from scaling.core.units import format_bytes
 from scaling.store import inflight
 from scaling.store.index import update_index
@@ -113,10 +113,14 @@ def read_outcome(path: str | Path) -> Optional[Outcome]:
 class Progress:
     """The driver's view of one multirun: numbers and prints each point once as it ends."""
 
-    def __init__(self, total: Optional[int], sweep_dir: Optional[Path], run: int = -1) -> None:
+    def __init__(
+        self, total: Optional[int], sweep_dir: Optional[Path], run: int = -1, read_only: Optional[str] = None
+    ) -> None:
         self.total = total
         self.sweep_dir = sweep_dir
         """The store whose sweep.json lists this run (None: not recorded there)."""
+        self.read_only = read_only
+        """Why the store cannot be written (None: it can): the run then answers from it, and runs nothing."""
         self.run = run
         """This run's entry in sweep.json's `runs` (another driver may have added one after it)."""
         self.done = 0
@@ -228,7 +232,6 @@ class SweepProgress(Callback):
         if dry_run(config):
             return
         sweep_dir = Path(config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         total = count_grid(config)
         now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -248,7 +251,16 @@ class SweepProgress(Callback):
             )
             return len(index["runs"]) - 1
 
-        self.progress = Progress(total, sweep_dir, update_index(sweep_dir, add_run))
+        try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            self.progress = Progress(total, sweep_dir, update_index(sweep_dir, add_run))
+        except OSError as e:
+            stop = unwritable(e, sweep_dir)
+            if stop is None:
+                raise
+            if stop.no_space:
+                raise stop from e
+            self.progress = Progress(total, None, read_only=str(stop))  # it may answer every point from the store
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if self.progress is not None:  # a job of the multirun, run in the driver's own process
