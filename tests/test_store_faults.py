@@ -1,20 +1,30 @@
-"""A store under faults, on real mounts: a read-only store is read by every command that only reads, and a run that
-would write into it stops in one line naming it.
+"""A store under faults, with real drivers, ranks, signals and mounts: a driver stopped (SIGSTOP) while it holds a
+claim and the device lease is named as stalled and gone past, and every point is recorded once after it goes on; a
+read-only store is read by every command that only reads, and a run that would write into it stops in one line.
 
-Mounting needs root, as CI runs; elsewhere these tests skip and say why."""
+Mounting needs root, as CI runs; elsewhere those tests skip and say why."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import signal
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from scaling.cli.main import main
+from scaling.engine.lifetime import GATE_ENV, GATE_PHASES
+from scaling.store.read import iter_records
+from scaling.store.record import job_key
 from tests.helpers.cli import scaling
+from tests.helpers.compose import REPO, compose_point
 
 pytestmark = pytest.mark.subprocess  # real mounts, real drivers
 
@@ -30,6 +40,82 @@ hydra:
     params:
       train.seq_len: 600,700
 """
+
+
+GRID = [
+    "logger=none",
+    "model=tiny",
+    "train.mbs=1",
+    "train.warmup_steps=0",
+    "train.steps=1",
+    "launch.reuse=true",
+    "launch.timeout_s=120",
+    "train.seq_len=16,24,32",
+]
+"""Three one-step tiny points on one rank each, on warm ranks (one job start a driver)."""
+
+
+def _keys() -> list[str]:
+    return [job_key(compose_point([*GRID[:-1], f"train.seq_len={n}"])) for n in (16, 24, 32)]
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, f"{path.name} never reached"
+        time.sleep(0.05)
+
+
+@pytest.mark.torchrun
+def test_a_stopped_driver_is_named_stalled_gone_past_and_every_point_is_recorded_once_after_it_goes_on(tmp_path):
+    """Driver A is stopped (its process group, as a suspended terminal is) while its ranks hold the first point's
+    first step, so that it holds that point's claim and the host's lease. Driver B runs every other point beside the
+    stopped A, leaves the held one after launch.stalled_wait_s, exits 1 naming it; `scaling status` says stalled. A,
+    continued, records its point, its stopped time in no device time, and finds the others recorded."""
+    store, gates = tmp_path / "store", tmp_path / "gates"
+    gates.mkdir()
+    for phase in GATE_PHASES[:-1]:
+        (gates / f"{phase}.go").touch()  # A's ranks stop at their first step only
+    held, *others = _keys()
+    with open(tmp_path / "a.log", "w") as log:
+        a = subprocess.Popen(
+            [sys.executable, "-m", "scaling", "run", "-m", *GRID, f"sweep_dir={store}"],
+            cwd=REPO,
+            env={**os.environ, GATE_ENV: str(gates)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_for(gates / "first_step.reached", a)
+        os.killpg(a.pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        (gates / "first_step.go").touch()  # its ranks measure the point and go idle; its driver stays stopped
+        b = scaling("run", "-m", *GRID, f"sweep_dir={store}", "launch.stalled_wait_s=3")
+        b_wall_s = time.monotonic() - stopped_at
+        status = scaling("status", str(store))
+    finally:
+        os.killpg(a.pid, signal.SIGCONT)
+        continued_at = time.monotonic()
+    assert a.wait(timeout=180) == 0, (tmp_path / "a.log").read_text()[-3000:]
+
+    host = f"pid {a.pid} on {socket.gethostname()}"
+    assert b.returncode == 1, b.stdout[-3000:] + b.stderr[-3000:]
+    assert "sweep adhoc: 3 points: 2 ok, 1 not run" in b.stdout, b.stdout
+    assert f"not run {held}: held by {host}" in b.stdout and "stalled (stopped" in b.stdout, b.stdout
+    assert "waited launch.stalled_wait_s=3 s" in b.stdout and b_wall_s < 300  # not lease_wait_s's hour
+    assert f"going past cpu-host.lock, held by pid {a.pid}" in b.stderr, b.stderr
+    assert f"{held}: {host}" in b.stderr and "has stalled (stopped" in b.stderr, b.stderr
+    assert f"  stalled      1  {held}: {host} (since " in status.stdout and ", stopped" in status.stdout, status.stdout
+
+    records = {r["job_key"]: r for r in iter_records(store)}
+    assert sorted(records) == sorted([held, *others]) and {r["status"] for r in records.values()} == {"ok"}
+    assert all(r["provenance"]["attempt"] == 1 and len(r["repeats"]) == 1 for r in records.values())
+    assert all(r["repeats"][0]["timing"]["stopped_s"] is None for key, r in records.items() if key != held)
+    timing = records[held]["repeats"][0]["timing"]
+    assert timing["stopped_s"] >= continued_at - stopped_at - 3.0, (timing, continued_at - stopped_at)
+    assert timing["device_s"] == pytest.approx(timing["torchrun_wall_s"] - timing["stopped_s"])  # one device
+    print(json.dumps({"b_wall_s": round(b_wall_s, 1), "held_timing": timing}))
 
 
 @contextlib.contextmanager

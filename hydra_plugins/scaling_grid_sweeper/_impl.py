@@ -13,6 +13,7 @@ each launched one as it ends. With `dry_run` it prints the forecast and launches
 from __future__ import annotations
 
 import logging
+import socket
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -62,6 +63,9 @@ class _Plan:
     to_run: list[_ToRun] = field(default_factory=list)
     held: list[str] = field(default_factory=list)
     """Who holds each point a live job still runs (not launched again)."""
+    stalled: list[str] = field(default_factory=list)
+    """Who holds each point a live job holds but has stalled: run last, its claim waited for at most
+    launch.stalled_wait_s (scaling.store.inflight.claim)."""
     forecast: Forecast = field(default_factory=Forecast)
     unreadable: dict[str, str] = field(default_factory=dict)
     """Points whose record cannot be read, by job key: not run, the file left as it is."""
@@ -130,6 +134,9 @@ class GridSweep(BasicSweeper):
         tracker.held_elsewhere(plan.held)
         for key, problem in plan.unreadable.items():
             tracker.left_unrun(key, f"its record cannot be read: {problem}")
+        if plan.stalled:
+            n = len(plan.stalled)
+            print(f"[scaling] {n} point{'s' * (n > 1)} held by stalled jobs, run last: {'; '.join(plan.stalled)}")
         if tracker.read_only is not None:  # the store answers what it holds, and nothing more can be recorded in it
             if plan.to_run:
                 left = f"{len(plan.to_run)} point{'s' if len(plan.to_run) > 1 else ''} still to run"
@@ -159,15 +166,21 @@ class GridSweep(BasicSweeper):
             else:  # decided below, with one squeue call for every marker that names a SLURM job
                 marked.append((item, marker, point, verdict))
         markers = {item.jd.name: marker for item, marker, _, _ in marked}
-        live = inflight.live_markers(markers, inflight.marker_states(markers))
+        live, host = inflight.live_markers(markers, inflight.marker_states(markers)), socket.gethostname()
+        last = []
         for item, marker, point, verdict in marked:
             held = bool(live[item.jd.name])
-            plan.forecast.add(point, verdict, in_flight=held)
-            if held:
+            how = inflight.stalled(marker, host) if held else None
+            plan.forecast.add(point, verdict, in_flight=held and not how)
+            if how:
+                plan.stalled.append(f"{item.jd.name}: {_holder(marker)}, {how}")
+                last.append(item)
+            elif held:
                 plan.held.append(_holder(marker))
             else:
                 plan.to_run.append(item)
         plan.to_run.sort(key=lambda p: p.num)
+        plan.to_run += sorted(last, key=lambda p: p.num)
         return plan
 
     def _launch(self, to_run: list[_ToRun], tracker: progress.Progress) -> list[list[JobReturn]]:

@@ -72,7 +72,13 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
     existing, answer = _stored(sweep_dir, key, c, "")  # 1. the store: a record that answers the point ends it here
     if answer is not None:
         return answer
-    with inflight.claim(point_dir, os.environ, name=key) if lead else contextlib.nullcontext() as claim:  # 2. claim it
+    try:  # 2. claim it: another run's claim is waited for within launch.lease_wait_s, launch.stalled_wait_s if stalled
+        waits = (c.launch.lease_wait_s, c.launch.stalled_wait_s)
+        claimed = inflight.claim(point_dir, os.environ, 0.2, key, *waits) if lead else contextlib.nullcontext()
+    except inflight.ClaimTimeout as e:
+        print(f"[scaling] {key}: not run, {e}", file=sys.stderr, flush=True)
+        return not_run(key, str(e))
+    with claimed as claim:
         if lead:  # the store again, now that nobody else runs the point (a holder we waited for wrote it)
             existing, answer = _stored(sweep_dir, key, c, " while this run waited")
             if answer is not None:
@@ -101,7 +107,7 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
             return _finish(_ended(record, Status.FAILED, str(e), c), point_dir, t0, c)
         resumed = [Launch.from_dict(launch) for launch in kept_launches(existing, c.launch.rerun)]
         try:  # 7. launch torchrun, launch.repeats times (the record written after each)
-            _launch_repeats(c, record, resumed, point_dir, argv, lease, lead)
+            _launch_repeats(c, record, resumed, point_dir, argv, lease, claim)
         except devices.LeaseTimeout as e:  # never started: nothing to record (a re-run runs it)
             print(f"[scaling] {key}: not run, {e}", file=sys.stderr, flush=True)
             return not_run(key, str(e))
@@ -187,7 +193,7 @@ def _launch_repeats(
     point_dir: Path,
     argv: Callable[[Path], list[str]],
     lease: Any,
-    lead: bool,
+    claim: Optional[inflight.Claim],
 ) -> None:
     """Launch the point until it has launch.repeats ok launches (`launches` holds the ones a resumed point
     kept) or one launch is not ok; the record's metrics are those of all its ok launches.
@@ -196,8 +202,9 @@ def _launch_repeats(
     given back only once no process of the point is left. Each repeat is a fresh torchrun (with launch.reuse,
     a turn of this process's warm job, which holds the lease between points) in a directory of its own
     (`_new_launch_dir`, with its own config.json, made from `argv(config_path)`); the record is written after
-    each, so a killed sweep keeps the repeats it finished."""
-    kept = len(launches)
+    each, so a killed sweep keeps the repeats it finished. Time this process was stopped during a launch (the
+    claim's watch: None for a multi-node point's other tasks) is no device time."""
+    kept, lead, waits = len(launches), claim is not None, (c.launch.lease_wait_s, c.launch.stalled_wait_s)
     log_name = TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
     # Warm ranks serve points that run as one torchrun on this node (a multi-node SLURM point starts fresh).
     warm_ranks = c.launch.reuse and slurm.placement(c.parallel.dp, c.hardware.devices_per_node, os.environ).nodes == 1
@@ -215,28 +222,31 @@ def _launch_repeats(
         if warm_ranks:
             try:
                 shape = warm.shape_of(c, lease, os.environ)
-                with warm.job_for(shape, c.launch.reuse_idle_s, c.launch.lease_wait_s) as job:
+                with warm.job_for(shape, c.launch.reuse_idle_s, *waits) as job:
                     held = job.held
                     launch_dir, config_path = new_launch()
                     peak = peak_flops.resolve_peak_flops(c.hardware, c.train.precision)
                     launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+                    started = time.monotonic()  # the claim's watch says how much of the launch this process was stopped
                     outcome, points_before = job.run(config_path, launch_dir, c.launch.timeout_s, log_name)
             except warm.JobGone as e:  # it died between points: this point never started; a fresh launch measures it
                 print(f"[scaling] {record.job_key}: {e}: measured by a fresh launch", file=sys.stderr, flush=True)
         if outcome is None:
             points_before = 0
-            with warm.fresh_lease(lease, c.launch.devices, c.launch.lease_wait_s) as held:
+            with warm.fresh_lease(lease, c.launch.devices, *waits) as held:
                 launch_dir, config_path = new_launch()
                 # The CPU peak that MFU divides by is measured here, while this point holds the host.
                 peak = peak_flops.resolve_peak_flops(c.hardware, c.train.precision)
                 launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+                started = time.monotonic()
                 env = torchrun.job_env(c.hardware.threads_per_device, held.visible, c.hardware.device == "cuda")
                 outcome = torchrun.launch_torchrun(argv(config_path), launch_dir, c.launch.timeout_s, env, log_name)
         if not lead:  # another node's task of a multi-node point: its lead task writes the record
             if outcome.status != Status.OK:
                 return
             continue
-        this, env_block = _launch_entry(c, derived, outcome, launch_dir, launched_at, held.wait_s, peak)
+        stopped_s = claim.stopped_s(started) if claim is not None else 0.0
+        this, env_block = _launch_entry(c, derived, outcome, launch_dir, launched_at, held.wait_s, peak, stopped_s)
         this.timing.points_before, this.dir = points_before, str(launch_dir.relative_to(point_dir))
         launches.append(this)
         record.status, record.error, record.repeats = this.status, this.error, launches
@@ -256,18 +266,24 @@ def _launch_entry(
     launched_at: str,
     device_wait_s: float,
     peak: peak_flops.PeakFlops,
+    stopped_s: float = 0.0,
 ) -> tuple[Launch, dict[str, Any]]:
     """One launch as the record's `repeats` keeps it, and the `env` it ran in (what the ranks reported, or the
     host's when rank 0 wrote nothing)."""
     this = Launch(
         status=outcome.status,
         error=outcome.error,
-        timing=LaunchTiming(launched_at=launched_at, device_wait_s=device_wait_s, torchrun_wall_s=outcome.wall_s),
+        timing=LaunchTiming(
+            launched_at=launched_at,
+            device_wait_s=device_wait_s,
+            torchrun_wall_s=outcome.wall_s,
+            stopped_s=round(stopped_s, 1) or None,
+        ),
     )
     report = WorkerReport.read(launch_dir / WORKER_OUTPUT)
     if outcome.status == Status.OK and report is not None:
         this.metrics = throughput_metrics(report, derived, peak)
-        this.timing.launch_overhead_s = outcome.wall_s - report.measured_window_s
+        this.timing.launch_overhead_s = outcome.wall_s - stopped_s - report.measured_window_s
         this.timing = this.timing.with_device_time(
             derived.world_size, report.measured_window_s, report.phases_s.get("warmup_s")
         )

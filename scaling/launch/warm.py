@@ -272,11 +272,11 @@ def _share(request: Optional[devices.Request], visible: Optional[str]) -> Option
     return dataclasses.replace(held, wait_s=0.0)
 
 
-def _take(shape: Shape, wait_s: Optional[float]) -> devices.Held:
+def _take(shape: Shape, wait_s: Optional[float], stalled_wait_s: Optional[float] = None) -> devices.Held:
     """A new lease for a job of this process: waited for without _LOCK (the idle watches of this process's other
     jobs end them meanwhile), then counted under it."""
     stack = contextlib.ExitStack()
-    held = stack.enter_context(devices.hold(shape.request, shape.visible, wait_s=wait_s))
+    held = stack.enter_context(devices.hold(shape.request, shape.visible, wait_s=wait_s, stalled_wait_s=stalled_wait_s))
     with _LOCK:
         _leases[_lease_key(shape.request, shape.visible)] = (stack, held, 1)
     return held
@@ -317,7 +317,10 @@ atexit.register(close)
 
 @contextlib.contextmanager
 def fresh_lease(
-    request: Optional[devices.Request], visible: Optional[str], wait_s: Optional[float] = None
+    request: Optional[devices.Request],
+    visible: Optional[str],
+    wait_s: Optional[float] = None,
+    stalled_wait_s: Optional[float] = None,
 ) -> Iterator[devices.Held]:
     """The devices for a launch that is not a turn of a warm job (a fresh point, the collectives benchmark). On CPU
     it shares the lease this process's warm jobs hold on the host, as they share it among themselves (this process
@@ -328,7 +331,7 @@ def fresh_lease(
         shared = _share(request, visible) if request is not None and request.kind == "cpu" else None
     if shared is None:
         close()
-        with devices.hold(request, visible, wait_s=wait_s) as held:
+        with devices.hold(request, visible, wait_s=wait_s, stalled_wait_s=stalled_wait_s) as held:
             yield held
         return
     try:
@@ -339,9 +342,11 @@ def fresh_lease(
 
 
 @contextlib.contextmanager
-def job_for(shape: Shape, idle_s: float, wait_s: Optional[float] = None) -> Iterator[WarmJob]:
+def job_for(
+    shape: Shape, idle_s: float, wait_s: Optional[float] = None, stalled_wait_s: Optional[float] = None
+) -> Iterator[WarmJob]:
     """The warm job for a point of `shape`: a running one of the same shape, else a new one (its lease waited for
-    at most `wait_s`, devices.LeaseTimeout past it).
+    at most `wait_s`, devices.LeaseTimeout past it; a stalled holder as devices.lease says, after `stalled_wait_s`).
 
     On CUDA a new job first ends the others (an idle job's ranks keep a CUDA context on their devices); on CPU up
     to MAX_CPU_JOBS jobs of different shapes wait side by side (idle ranks hold memory, not cores, and the
@@ -365,7 +370,7 @@ def job_for(shape: Shape, idle_s: float, wait_s: Optional[float] = None) -> Iter
         else:
             job.busy = True
     if job is None:
-        job = WarmJob(shape, held if held is not None else _take(shape, wait_s))
+        job = WarmJob(shape, held if held is not None else _take(shape, wait_s, stalled_wait_s))
         job.busy = True
         with _LOCK:
             _jobs[shape] = job

@@ -61,12 +61,16 @@ class LaunchTiming:
     """Seconds spent waiting for the device lease before the launch."""
     torchrun_wall_s: Optional[float] = None
     """Seconds from starting torchrun to its exit (a warm job's turn: from handing it the point to its end)."""
+    stopped_s: Optional[float] = None
+    """Seconds of torchrun_wall_s the driver was stopped (SIGSTOP, a suspended terminal, a frozen VM): in no device
+    time (None: never)."""
     launch_overhead_s: Optional[float] = None
-    """torchrun_wall_s minus the timed window, seconds: start-up, build, warm-up, teardown (None unless ok)."""
+    """torchrun_wall_s less stopped_s and the timed window, seconds: start-up, build, warm-up, teardown (None unless
+    ok)."""
     devices: Optional[int] = None
     """Devices the launch held: its world size (on CPU, its ranks)."""
     device_s: Optional[float] = None
-    """Device-seconds held: torchrun_wall_s × devices."""
+    """Device-seconds held: (torchrun_wall_s - stopped_s) × devices."""
     timed_device_s: Optional[float] = None
     """Device-seconds in the timed steps: rank 0's timed window × devices (None unless ok)."""
     warmup_device_s: Optional[float] = None
@@ -86,10 +90,10 @@ class LaunchTiming:
     def with_device_time(
         self, devices: int, window_s: Optional[float] = None, warmup_s: Optional[float] = None
     ) -> LaunchTiming:
-        """This timing with the device-seconds the launch held (torchrun_wall_s × devices) and, when the ranks
-        reported their timed window and warm-up (an ok launch), how they split: timed steps, warm-up and the
-        rest (start-up and teardown)."""
-        wall = self.torchrun_wall_s
+        """This timing with the device-seconds the launch held ((torchrun_wall_s - stopped_s) × devices) and, when
+        the ranks reported their timed window and warm-up (an ok launch), how they split: timed steps, warm-up and
+        the rest (start-up and teardown)."""
+        wall = None if self.torchrun_wall_s is None else self.torchrun_wall_s - (self.stopped_s or 0.0)
         held = dataclasses.replace(self, devices=devices, device_s=None if wall is None else wall * devices)
         if wall is None or window_s is None or warmup_s is None:
             return held
@@ -178,6 +182,8 @@ class Timing:
     """When this run's first launch started torchrun (LaunchTiming.launched_at)."""
     torchrun_wall_s: Optional[float] = None
     """Seconds in torchrun, over this run's launches."""
+    stopped_s: Optional[float] = None
+    """Seconds of torchrun_wall_s the driver was stopped, over this run's launches (None: never)."""
     launch_overhead_s: Optional[float] = None
     """Seconds of torchrun outside the timed windows, over this run's ok launches."""
     device_s: Optional[float] = None
@@ -203,6 +209,7 @@ class Timing:
             launched_at=times[0].launched_at if times else None,
             device_wait_s=_total(t.device_wait_s for t in times),
             torchrun_wall_s=_total(t.torchrun_wall_s for t in times),
+            stopped_s=_total(t.stopped_s for t in times),
             launch_overhead_s=_total(t.launch_overhead_s for t in times),
         )
 
