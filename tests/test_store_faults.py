@@ -1,6 +1,8 @@
 """A store under faults, with real drivers, ranks, signals and mounts: a driver stopped (SIGSTOP) while it holds a
 claim and the device lease is named as stalled and gone past, and every point is recorded once after it goes on; a
-read-only store is read by every command that only reads, and a run that would write into it stops in one line.
+disk that fills between a measurement and its record stops the run in one line, the measurement recorded, and a
+re-run with space records the rest once; a read-only store is read by every command that only reads, and a run that
+would write into it stops in one line.
 
 Mounting needs root, as CI runs; elsewhere those tests skip and say why."""
 
@@ -74,8 +76,8 @@ def test_a_stopped_driver_is_named_stalled_gone_past_and_every_point_is_recorded
     continued, records its point, its stopped time in no device time, and finds the others recorded."""
     store, gates = tmp_path / "store", tmp_path / "gates"
     gates.mkdir()
-    for phase in GATE_PHASES[:-1]:
-        (gates / f"{phase}.go").touch()  # A's ranks stop at their first step only
+    for phase in [*GATE_PHASES[:-1], "measured"]:
+        (gates / f"{phase}.go").touch()  # A's ranks stop at their first step only, its driver nowhere
     held, *others = _keys()
     with open(tmp_path / "a.log", "w") as log:
         a = subprocess.Popen(
@@ -91,7 +93,7 @@ def test_a_stopped_driver_is_named_stalled_gone_past_and_every_point_is_recorded
         os.killpg(a.pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
         (gates / "first_step.go").touch()  # its ranks measure the point and go idle; its driver stays stopped
-        b = scaling("run", "-m", *GRID, f"sweep_dir={store}", "launch.stalled_wait_s=3")
+        b = scaling("run", "-m", *GRID, f"sweep_dir={store}", "launch.stalled_wait_s=1")
         b_wall_s = time.monotonic() - stopped_at
         status = scaling("status", str(store))
     finally:
@@ -103,7 +105,7 @@ def test_a_stopped_driver_is_named_stalled_gone_past_and_every_point_is_recorded
     assert b.returncode == 1, b.stdout[-3000:] + b.stderr[-3000:]
     assert "sweep adhoc: 3 points: 2 ok, 1 not run" in b.stdout, b.stdout
     assert f"not run {held}: held by {host}" in b.stdout and "stalled (stopped" in b.stdout, b.stdout
-    assert "waited launch.stalled_wait_s=3 s" in b.stdout and b_wall_s < 300  # not lease_wait_s's hour
+    assert "waited launch.stalled_wait_s=1 s" in b.stdout and b_wall_s < 300  # not lease_wait_s's hour
     assert f"going past cpu-host.lock, held by pid {a.pid}" in b.stderr, b.stderr
     assert f"{held}: {host}" in b.stderr and "has stalled (stopped" in b.stderr, b.stderr
     assert f"  stalled      1  {held}: {host} (since " in status.stdout and ", stopped" in status.stdout, status.stdout
@@ -116,6 +118,71 @@ def test_a_stopped_driver_is_named_stalled_gone_past_and_every_point_is_recorded
     assert timing["stopped_s"] >= continued_at - stopped_at - 3.0, (timing, continued_at - stopped_at)
     assert timing["device_s"] == pytest.approx(timing["torchrun_wall_s"] - timing["stopped_s"])  # one device
     print(json.dumps({"b_wall_s": round(b_wall_s, 1), "held_timing": timing}))
+
+
+@contextlib.contextmanager
+def tmpfs(at: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `at`, unmounted on the way out."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (CI runs the tests as root)")
+    at.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(at)], check=True)
+    try:
+        yield at
+    finally:
+        subprocess.run(["umount", str(at)], check=True)
+
+
+def _fill(disk: Path) -> Path:
+    """A file that takes every byte left on `disk`."""
+    ballast = disk / "ballast"
+    with open(ballast, "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(bytes(4096))
+    return ballast
+
+
+@pytest.mark.torchrun
+def test_a_disk_full_between_a_measurement_and_its_record_stops_the_run_and_loses_nothing(tmp_path):
+    """The disk fills while the driver holds the first point's measurement (the driver's test gate): the point is
+    recorded in the room set aside for it before its launch, the next point stops the run in one line naming the path
+    and the space left, and every file in the store is whole. With space again, the same command records the other
+    points once, and measures none twice."""
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    for phase in GATE_PHASES:
+        (gates / f"{phase}.go").touch()  # the ranks go through; the driver stops once measured
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        store = disk / "store"
+        argv = [sys.executable, "-m", "scaling", "run", "-m", *GRID, f"sweep_dir={store}"]
+        first = subprocess.Popen(
+            argv, cwd=REPO, env={**os.environ, GATE_ENV: str(gates)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        _wait_for(gates / "measured.reached", first)
+        ballast = _fill(disk)
+        (gates / "measured.go").touch()
+        out, err = (text.decode() for text in first.communicate(timeout=180))
+        assert first.returncode == 1, out[-2000:] + err[-2000:]
+        assert "Traceback" not in out + err, err[-3000:]
+        last = err.strip().splitlines()[-1]
+        assert (
+            last.startswith(f"scaling run: no space left writing {store}/")
+            and f"KiB free of 1.0 MiB on {disk})" in last
+        )
+        measured, *rest = _keys()
+        assert [r["job_key"] for r in iter_records(store)] == [measured]  # recorded whole, nothing lost
+        for path in store.rglob("*.json"):
+            json.loads(path.read_text())  # every file the run wrote is whole, or absent
+
+        ballast.unlink()
+        again = scaling("run", "-m", *GRID, f"sweep_dir={store}")
+        assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+        records = {r["job_key"]: r for r in iter_records(store)}
+        assert sorted(records) == sorted([measured, *rest]) and {r["status"] for r in records.values()} == {"ok"}
+        assert all(r["provenance"]["attempt"] == 1 and len(r["repeats"]) == 1 for r in records.values())
+        named = {store / key / r["repeats"][0]["dir"] for key, r in records.items()}
+        measurements = {p.parent for p in store.glob("*/launches/*/worker.json")}
+        assert measurements == named, (measurements, named)  # each measurement is a record's, none made twice
 
 
 @contextlib.contextmanager

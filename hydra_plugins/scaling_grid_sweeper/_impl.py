@@ -23,7 +23,7 @@ from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from scaling.core.files import StoreUnwritable
+from scaling.core.files import StoreUnwritable, unwritable
 from scaling.store import inflight
 from scaling.store.record import job_dir
 from scaling.sweep import progress
@@ -124,26 +124,33 @@ class GridSweep(BasicSweeper):
             print("\n".join(lines), flush=True)
             return []
         tracker = progress.driver_progress(self.hydra_context) or progress.Progress(len(points), None)
-        tracker.record_grid(
-            plan.keys,
-            str(OmegaConf.select(self.config, "launch.rerun", default="none")),
-            int(OmegaConf.select(self.config, "launch.repeats", default=1)),
-            float(OmegaConf.select(self.config, "launch.prescreen_sample", default=0.0)),
-        )
-        tracker.answered(plan.answered)
-        tracker.held_elsewhere(plan.held)
-        for key, problem in plan.unreadable.items():
-            tracker.left_unrun(key, f"its record cannot be read: {problem}")
-        if plan.stalled:
-            n = len(plan.stalled)
-            print(f"[scaling] {n} point{'s' * (n > 1)} held by stalled jobs, run last: {'; '.join(plan.stalled)}")
-        if tracker.read_only is not None:  # the store answers what it holds, and nothing more can be recorded in it
-            if plan.to_run:
-                left = f"{len(plan.to_run)} point{'s' if len(plan.to_run) > 1 else ''} still to run"
-                raise StoreUnwritable(f"{tracker.read_only}: {left}, not run", no_space=False)
-            return []
-        save_multirun(self.config)
-        return self._launch(plan.to_run, tracker)
+        sweep_dir = Path(self.config.hydra.sweep.dir)
+        try:
+            tracker.record_grid(
+                plan.keys,
+                str(OmegaConf.select(self.config, "launch.rerun", default="none")),
+                int(OmegaConf.select(self.config, "launch.repeats", default=1)),
+                float(OmegaConf.select(self.config, "launch.prescreen_sample", default=0.0)),
+            )
+            tracker.answered(plan.answered)
+            tracker.held_elsewhere(plan.held)
+            for key, problem in plan.unreadable.items():
+                tracker.left_unrun(key, f"its record cannot be read: {problem}")
+            if plan.stalled:
+                n = len(plan.stalled)
+                print(f"[scaling] {n} point{'s' * (n > 1)} held by stalled jobs, run last: {'; '.join(plan.stalled)}")
+            if tracker.read_only is not None:  # the store answers what it holds, and nothing more can be recorded
+                if plan.to_run:
+                    left = f"{len(plan.to_run)} point{'s' if len(plan.to_run) > 1 else ''} still to run"
+                    raise StoreUnwritable(f"{tracker.read_only}: {left}, not run", no_space=False)
+                return []
+            save_multirun(self.config)
+            return self._launch(plan.to_run, tracker)
+        except OSError as e:  # the store refused a write: Hydra's own job files (under .hydra) name no path
+            stop = unwritable(e, sweep_dir / ".hydra")
+            if stop is None:
+                raise
+            raise stop from e
 
     def _plan(self, points: list[list[str]], configs: PointConfigs) -> _Plan:
         """Sort the grid's points into answered by the store, held by a live job, and to run."""

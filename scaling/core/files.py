@@ -1,7 +1,8 @@
 """Files every process writes and reads the same way: JSON and text written atomically under the user's umask (a
-failed write names its path), and read back as None while missing or not yet whole; logs opened without following
-links; a store that refuses writes (`StoreUnwritable`: its disk full, or read-only); where the shipped data packages
-(configs, sweeps) are. Standard library only (the ranks use it too)."""
+failed write names its path), and read back as None while missing or not yet whole; space set aside for a file
+before the work it records (`Reservation`); logs opened without following links; a store that refuses writes
+(`StoreUnwritable`: its disk full, or read-only); where the shipped data packages (configs, sweeps) are. Standard
+library only (the ranks use it too)."""
 
 from __future__ import annotations
 
@@ -82,6 +83,58 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+class Reservation:
+    """Space set aside for a file before the work it records, so that the work is never lost to a full disk: the
+    block holds a hidden file of `size` bytes beside `path` (SIGKILL leaves it, as it leaves a temp file), and
+    `write_json` writes into it in place, whole, and renames it to `path`; leaving the block gives back what was not
+    written. An OSError names `path`: setting the space aside fails where writing would."""
+
+    def __init__(self, path: str | os.PathLike, size: int) -> None:
+        self.path, self.size = Path(path), size
+        self._fd: Optional[int] = None
+        self._tmp: Optional[str] = None
+
+    def __enter__(self) -> Reservation:
+        try:
+            self._fd, self._tmp = tempfile.mkstemp(
+                prefix=f".{self.path.name}.", suffix=".reserved", dir=self.path.parent
+            )
+            try:
+                os.posix_fallocate(self._fd, 0, self.size)
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system that cannot: written instead
+                    raise
+                os.pwrite(self._fd, bytes(self.size), 0)
+        except OSError as e:
+            self.__exit__()
+            raise OSError(e.errno, e.strerror, str(self.path)) from e
+        return self
+
+    def write_json(self, obj: Any) -> None:
+        """Write `obj` as `write_json_atomic` would, into the space set aside (more, if it is larger, as any write)."""
+        assert self._fd is not None and self._tmp is not None, "written once, inside its block"
+        data = json.dumps(obj, indent=2, sort_keys=False, default=str).encode()
+        try:
+            os.fchmod(self._fd, 0o666 & ~current_umask())
+            done = 0
+            while done < len(data):
+                done += os.pwrite(self._fd, data[done:], done)
+            os.ftruncate(self._fd, len(data))
+            os.fsync(self._fd)
+            os.replace(self._tmp, self.path)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(self.path)) from e
+        self._tmp = None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._tmp is not None:
+            Path(self._tmp).unlink(missing_ok=True)
+            self._tmp = None
+
+
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 """A write refused for want of space: the disk (or the user's quota) is full."""
 READ_ONLY = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
@@ -112,6 +165,13 @@ def unwritable(e: OSError, path: str | os.PathLike) -> Optional[StoreUnwritable]
     if e.errno in READ_ONLY:
         return StoreUnwritable(f"cannot write {path} ({e.strerror}): the store is read-only here", no_space=False)
     return None
+
+
+def short_of_space(path: str | os.PathLike, error: Optional[str], below: int) -> bool:
+    """Whether work that failed in `path` with `error` (its last line) failed for want of space: the error says so,
+    or less than `below` bytes are free there."""
+    said = any(words in (error or "") for words in ("No space left on device", "Disk quota exceeded"))
+    return said or shutil.disk_usage(path).free < below
 
 
 def space_left(path: str | os.PathLike) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import errno
 import functools
 import itertools
 import os
@@ -25,13 +26,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.enums import Status
-from scaling.core.files import write_json_atomic
+from scaling.core.files import NO_SPACE, Reservation, short_of_space, unwritable, write_json_atomic
 from scaling.core.model_group import model_hash
 from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.units import format_bytes
 from scaling.core.validate import Derived, InvalidConfig, validate
 from scaling.engine import peak_flops
 from scaling.engine.jobfiles import CONFIG_FILE, LAUNCHES_DIR, RESULT_FILE, TORCHRUN_LOG, WORKER_OUTPUT, WorkerReport
+from scaling.engine.lifetime import gate
 from scaling.job import wandb_log
 from scaling.job.throughput import repeats_metrics, throughput_metrics
 from scaling.launch import devices, slurm, torchrun, warm
@@ -42,6 +44,7 @@ from scaling.predictor.prescreen import predicted_oom, prescreen
 from scaling.store import inflight
 from scaling.store.read import RecordError, read_record
 from scaling.store.record import (
+    ROOM_BASE_BYTES,
     Launch,
     LaunchTiming,
     Provenance,
@@ -54,6 +57,7 @@ from scaling.store.record import (
     next_attempt,
     not_run,
     output_dir,
+    record_room_bytes,
 )
 from scaling.store.record_blocks import Derived as DerivedBlock
 from scaling.store.record_blocks import DerivedModel, ParamTensors
@@ -106,12 +110,16 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
         except ValueError as e:
             return _finish(_ended(record, Status.FAILED, str(e), c), point_dir, t0, c)
         resumed = [Launch.from_dict(launch) for launch in kept_launches(existing, c.launch.rerun)]
-        try:  # 7. launch torchrun, launch.repeats times (the record written after each)
-            _launch_repeats(c, record, resumed, point_dir, argv, lease, claim)
+        # the record's room set aside before anything is measured: a full disk stops the run before a launch, never
+        # between a measurement and its record
+        room = record_room_bytes(c.train.warmup_steps + c.train.steps, c.launch.repeats, derived.world_size)
+        try:  # 7. launch torchrun, launch.repeats times
+            with Reservation(point_dir / RESULT_FILE, room) if lead else contextlib.nullcontext() as reserved:
+                _launch_repeats(c, record, resumed, point_dir, argv, lease, claim)
+                return _finish(record, point_dir, t0, c, reserved) if lead else record.to_dict()  # 8. record, W&B
         except devices.LeaseTimeout as e:  # never started: nothing to record (a re-run runs it)
             print(f"[scaling] {key}: not run, {e}", file=sys.stderr, flush=True)
             return not_run(key, str(e))
-        return _finish(record, point_dir, t0, c) if lead else record.to_dict()  # 8. the record, W&B, its line
 
 
 def _stored(
@@ -245,17 +253,25 @@ def _launch_repeats(
             if outcome.status != Status.OK:
                 return
             continue
+        gate("measured")  # tests only: the driver between a measurement and its record
         stopped_s = claim.stopped_s(started) if claim is not None else 0.0
         this, env_block = _launch_entry(c, derived, outcome, launch_dir, launched_at, held.wait_s, peak, stopped_s)
+        if this.status != Status.OK and short_of_space(launch_dir, this.error, ROOM_BASE_BYTES):
+            # its ranks could not write what they measured: no result of the point, and the run stops
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {this.error}", str(launch_dir))
         this.timing.points_before, this.dir = points_before, str(launch_dir.relative_to(point_dir))
         launches.append(this)
         record.status, record.error, record.repeats = this.status, this.error, launches
         record.env = {**env_block, "devices": held.visible}
         record.metrics = repeats_metrics([r.metrics for r in launches], derived) if this.status == Status.OK else None
         record.timing = record.timing.with_launches(launches[kept:]).with_device_time(launches)
-        if this.status != Status.OK:
-            return
-        record.write(point_dir / RESULT_FILE)
+        if this.status != Status.OK or len(launches) >= c.launch.repeats:
+            return  # its record is written once, by _finish, into the room set aside for it
+        try:  # more to launch: what is measured so far is kept, space permitting
+            record.write(point_dir / RESULT_FILE)
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
 
 
 def _launch_entry(
@@ -339,10 +355,13 @@ def _derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
     return block.to_dict()
 
 
-def _finish(record: Record, point_dir: Path, t0: float, c: ExperimentConfig) -> dict[str, Any]:
-    """Time, write atomically, log the record to W&B (which may fail harmlessly), then announce it."""
+def _finish(
+    record: Record, point_dir: Path, t0: float, c: ExperimentConfig, room: Optional[Reservation] = None
+) -> dict[str, Any]:
+    """Time, write atomically (into the `room` set aside for it), log the record to W&B (which may fail harmlessly),
+    then announce it."""
     record.timing.wall_s = time.perf_counter() - t0
-    record.write(point_dir / RESULT_FILE)
+    record.write(point_dir / RESULT_FILE, room)
     written = record.to_dict()
     wandb_failure = wandb_log.log_point(written, c.logger, c.sweep_dir)
     print(_summary_line(record) + (f"; {wandb_failure}" if wandb_failure else ""), flush=True)
@@ -381,4 +400,12 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     devices.start_sweep_watcher()  # a worker of the parallel launcher dies with a killed sweep
     hydra_cfg = HydraConfig.get()
     cfg.sweep_dir = output_dir(cfg.sweep_dir, hydra_cfg)
-    return run_point(ExperimentConfig.from_dict(OmegaConf.to_container(cfg, resolve=True)), hydra_provenance(hydra_cfg))
+    try:
+        return run_point(
+            ExperimentConfig.from_dict(OmegaConf.to_container(cfg, resolve=True)), hydra_provenance(hydra_cfg)
+        )
+    except OSError as e:  # the store refused a write (full, read-only): the run stops, not each next point in turn
+        stop = unwritable(e, cfg.sweep_dir)
+        if stop is None:
+            raise
+        raise stop from e

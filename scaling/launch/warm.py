@@ -19,6 +19,7 @@ import os
 import select
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -214,9 +215,12 @@ class WarmJob:
                 raise JobGone(f"the warm ranks ended (torchrun exit code {self.proc.returncode}) before taking it")
         wall_s = time.perf_counter() - start
         self.held = dataclasses.replace(self.held, wait_s=0.0)  # a later turn waited for no device
-        with open(self.log_path, "rb") as log, open_new(launch_dir / log_name) as out:
-            log.seek(offset)
-            shutil.copyfileobj(log, out)
+        try:
+            with open(self.log_path, "rb") as log, open_new(launch_dir / log_name) as out:
+                log.seek(offset)
+                shutil.copyfileobj(log, out)
+        except OSError as e:  # a full disk: what the ranks measured is in worker.json; this copy may be cut short
+            print(f"[scaling] {launch_dir / log_name}: not copied whole ({e.strerror})", file=sys.stderr, flush=True)
         if done and not torchrun.error_messages(launch_dir):
             return torchrun.Outcome(status=Status.OK, error=None, returncode=0, wall_s=wall_s), n
         if done:  # a point the ranks came through together (the emulated capacity exceeded): the job goes on

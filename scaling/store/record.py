@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from scaling.core.enums import FINAL, Status
-from scaling.core.files import write_json_atomic
+from scaling.core.files import Reservation, write_json_atomic
 from scaling.core.sample import sampled
 from scaling.core.schema import ExperimentConfig, LaunchConfig, without_neutral
 
@@ -291,9 +291,23 @@ class Record:
             timing=Timing.from_dict(data.get("timing") or {}),
         )
 
-    def write(self, path: str | os.PathLike) -> None:
-        """Write the record atomically as JSON."""
-        write_json_atomic(path, self.to_dict())
+    def write(self, path: str | os.PathLike, room: Optional[Reservation] = None) -> None:
+        """Write the record atomically as JSON (into the `room` set aside for it, when given)."""
+        if room is not None:
+            room.write_json(self.to_dict())
+        else:
+            write_json_atomic(path, self.to_dict())
+
+
+ROOM_BASE_BYTES = 16 * 1024
+"""What a record takes besides its launches' figures; a disk with less free is full (scaling.core.files.short_of_space)."""
+
+
+def record_room_bytes(steps: int, repeats: int, world_size: int) -> int:
+    """Room to set aside for a record before its launches (scaling.core.files.Reservation), generously: a tiny point's
+    record of one launch and one step holds about 8 KiB, each launch adds its metrics, and those grow with the steps
+    (step times, losses) and the ranks (their peaks)."""
+    return ROOM_BASE_BYTES + repeats * (8 * 1024 + 128 * steps + 256 * world_size)
 
 
 def not_run(key: str, why: str) -> dict[str, Any]:
