@@ -4,11 +4,10 @@ disk that fills between a measurement and its record stops the run in one line, 
 re-run with space records the rest once; a read-only store is read by every command that only reads, and a run that
 would write into it stops in one line.
 
-Mounting needs root, as CI runs; elsewhere those tests skip and say why."""
+Mounting needs root, as CI runs; elsewhere those tests skip and say why (tests/helpers/mounts.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -17,7 +16,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -27,6 +25,7 @@ from scaling.store.read import iter_records
 from scaling.store.record import job_key
 from tests.helpers.cli import scaling
 from tests.helpers.compose import REPO, compose_point
+from tests.helpers.mounts import ROOT_ONLY, fill, read_only, tmpfs
 
 pytestmark = pytest.mark.subprocess  # real mounts, real drivers
 
@@ -120,34 +119,14 @@ def test_a_stopped_driver_is_named_stalled_gone_past_and_every_point_is_recorded
     print(json.dumps({"b_wall_s": round(b_wall_s, 1), "held_timing": timing}))
 
 
-@contextlib.contextmanager
-def tmpfs(at: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of `size` mounted at `at`, unmounted on the way out."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (CI runs the tests as root)")
-    at.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(at)], check=True)
-    try:
-        yield at
-    finally:
-        subprocess.run(["umount", str(at)], check=True)
-
-
-def _fill(disk: Path) -> Path:
-    """A file that takes every byte left on `disk`."""
-    ballast = disk / "ballast"
-    with open(ballast, "wb", buffering=0) as f, contextlib.suppress(OSError):
-        while True:
-            f.write(bytes(4096))
-    return ballast
-
-
 @pytest.mark.torchrun
 def test_a_disk_full_between_a_measurement_and_its_record_stops_the_run_and_loses_nothing(tmp_path):
     """The disk fills while the driver holds the first point's measurement (the driver's test gate): the point is
     recorded in the room set aside for it before its launch, the next point stops the run in one line naming the path
     and the space left, and every file in the store is whole. With space again, the same command records the other
     points once, and measures none twice."""
+    if ROOT_ONLY:
+        pytest.skip(ROOT_ONLY)
     gates = tmp_path / "gates"
     gates.mkdir()
     for phase in GATE_PHASES:
@@ -159,7 +138,7 @@ def test_a_disk_full_between_a_measurement_and_its_record_stops_the_run_and_lose
             argv, cwd=REPO, env={**os.environ, GATE_ENV: str(gates)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         _wait_for(gates / "measured.reached", first)
-        ballast = _fill(disk)
+        ballast = fill(disk)
         (gates / "measured.go").touch()
         out, err = (text.decode() for text in first.communicate(timeout=180))
         assert first.returncode == 1, out[-2000:] + err[-2000:]
@@ -185,20 +164,6 @@ def test_a_disk_full_between_a_measurement_and_its_record_stops_the_run_and_lose
         assert measurements == named, (measurements, named)  # each measurement is a record's, none made twice
 
 
-@contextlib.contextmanager
-def read_only(source: Path, at: Path) -> Iterator[Path]:
-    """`source` seen read-only at `at` (a bind mount, remounted read-only), unmounted on the way out."""
-    if os.geteuid() != 0:
-        pytest.skip("a read-only bind mount needs root (CI runs the tests as root)")
-    at.mkdir()
-    subprocess.run(["mount", "--bind", str(source), str(at)], check=True)
-    try:
-        subprocess.run(["mount", "-o", "remount,ro,bind", str(at)], check=True)
-        yield at
-    finally:
-        subprocess.run(["umount", str(at)], check=True)
-
-
 def _tree(root: Path) -> dict[str, tuple[int, int]]:
     """Every file under `root`, with its size and modification time."""
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
@@ -207,6 +172,8 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 def test_a_read_only_store_is_read_by_status_report_predict_and_a_rerun_and_a_run_that_would_write_stops(
     tmp_path, capsys
 ):
+    if ROOT_ONLY:
+        pytest.skip(ROOT_ONLY)
     sweep_file = tmp_path / "two_invalid.yaml"
     sweep_file.write_text(TWO_INVALID)
     store = tmp_path / "store"
