@@ -8,6 +8,7 @@ Mounting needs root, as CI runs; elsewhere those tests skip and say why (tests/h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -60,6 +62,17 @@ def _keys() -> list[str]:
     return [job_key(compose_point([*GRID[:-1], f"train.seq_len={n}"])) for n in (16, 24, 32)]
 
 
+@contextlib.contextmanager
+def _ended(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """`proc`, killed on the way out if it still runs (a test that fails leaves no driver behind)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
@@ -87,18 +100,19 @@ def test_a_stopped_driver_is_named_stalled_gone_past_and_every_point_is_recorded
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    try:
-        _wait_for(gates / "first_step.reached", a)
-        os.killpg(a.pid, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        (gates / "first_step.go").touch()  # its ranks measure the point and go idle; its driver stays stopped
-        b = scaling("run", "-m", *GRID, f"sweep_dir={store}", "launch.stalled_wait_s=1")
-        b_wall_s = time.monotonic() - stopped_at
-        status = scaling("status", str(store))
-    finally:
-        os.killpg(a.pid, signal.SIGCONT)
-        continued_at = time.monotonic()
-    assert a.wait(timeout=180) == 0, (tmp_path / "a.log").read_text()[-3000:]
+    with _ended(a):
+        try:
+            _wait_for(gates / "first_step.reached", a)
+            os.killpg(a.pid, signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            (gates / "first_step.go").touch()  # its ranks measure the point and go idle; its driver stays stopped
+            b = scaling("run", "-m", *GRID, f"sweep_dir={store}", "launch.stalled_wait_s=1")
+            b_wall_s = time.monotonic() - stopped_at
+            status = scaling("status", str(store))
+        finally:
+            os.killpg(a.pid, signal.SIGCONT)
+            continued_at = time.monotonic()
+        assert a.wait(timeout=180) == 0, (tmp_path / "a.log").read_text()[-3000:]
 
     host = f"pid {a.pid} on {socket.gethostname()}"
     assert b.returncode == 1, b.stdout[-3000:] + b.stderr[-3000:]
@@ -137,10 +151,11 @@ def test_a_disk_full_between_a_measurement_and_its_record_stops_the_run_and_lose
         first = subprocess.Popen(
             argv, cwd=REPO, env={**os.environ, GATE_ENV: str(gates)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
-        _wait_for(gates / "measured.reached", first)
-        ballast = fill(disk)
-        (gates / "measured.go").touch()
-        out, err = (text.decode() for text in first.communicate(timeout=180))
+        with _ended(first):
+            _wait_for(gates / "measured.reached", first)
+            ballast = fill(disk)
+            (gates / "measured.go").touch()
+            out, err = (text.decode() for text in first.communicate(timeout=180))
         assert first.returncode == 1, out[-2000:] + err[-2000:]
         assert "Traceback" not in out + err, err[-3000:]
         last = err.strip().splitlines()[-1]
