@@ -23,7 +23,7 @@ from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from scaling.core.files import StoreUnwritable, unwritable
+from scaling.core.files import StoreUnwritable, stop_when_unwritable
 from scaling.store import inflight
 from scaling.store.record import job_dir
 from scaling.sweep import progress
@@ -125,7 +125,7 @@ class GridSweep(BasicSweeper):
             return []
         tracker = progress.driver_progress(self.hydra_context) or progress.Progress(len(points), None)
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        try:
+        with stop_when_unwritable(sweep_dir / ".hydra"):  # Hydra's own job files there name no path
             tracker.record_grid(
                 plan.keys,
                 str(OmegaConf.select(self.config, "launch.rerun", default="none")),
@@ -146,11 +146,6 @@ class GridSweep(BasicSweeper):
                 return []
             save_multirun(self.config)
             return self._launch(plan.to_run, tracker)
-        except OSError as e:  # the store refused a write: Hydra's own job files (under .hydra) name no path
-            stop = unwritable(e, sweep_dir / ".hydra")
-            if stop is None:
-                raise
-            raise stop from e
 
     def _plan(self, points: list[list[str]], configs: PointConfigs) -> _Plan:
         """Sort the grid's points into answered by the store, held by a live job, and to run."""

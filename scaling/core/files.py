@@ -6,6 +6,7 @@ library only (the ranks use it too)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.util
 import json
@@ -14,7 +15,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, BinaryIO, Optional
+from typing import Any, BinaryIO, Iterator, Optional
 
 _UMASK_LOCK = threading.Lock()
 
@@ -172,6 +173,19 @@ def short_of_space(path: str | os.PathLike, error: Optional[str], below: int) ->
     or less than `below` bytes are free there."""
     said = any(words in (error or "") for words in ("No space left on device", "Disk quota exceeded"))
     return said or shutil.disk_usage(path).free < below
+
+
+@contextlib.contextmanager
+def stop_when_unwritable(path: str | os.PathLike) -> Iterator[None]:
+    """Inside the block, a write the store refuses (no space, read-only) stops the run (`unwritable`; `path` named
+    when the error names none); any other OSError passes as it is."""
+    try:
+        yield
+    except OSError as e:
+        stop = unwritable(e, path)
+        if stop is None:
+            raise
+        raise stop from e
 
 
 def space_left(path: str | os.PathLike) -> str:

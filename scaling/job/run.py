@@ -26,7 +26,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.enums import Status
-from scaling.core.files import NO_SPACE, Reservation, short_of_space, unwritable, write_json_atomic
+from scaling.core.files import NO_SPACE, Reservation, short_of_space, stop_when_unwritable, write_json_atomic
 from scaling.core.model_group import model_hash
 from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.units import format_bytes
@@ -400,12 +400,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     devices.start_sweep_watcher()  # a worker of the parallel launcher dies with a killed sweep
     hydra_cfg = HydraConfig.get()
     cfg.sweep_dir = output_dir(cfg.sweep_dir, hydra_cfg)
-    try:
+    with stop_when_unwritable(cfg.sweep_dir):  # a store that refuses a write stops the run, not each point in turn
         return run_point(
             ExperimentConfig.from_dict(OmegaConf.to_container(cfg, resolve=True)), hydra_provenance(hydra_cfg)
         )
-    except OSError as e:  # the store refused a write (full, read-only): the run stops, not each next point in turn
-        stop = unwritable(e, cfg.sweep_dir)
-        if stop is None:
-            raise
-        raise stop from e
