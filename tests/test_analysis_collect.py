@@ -18,7 +18,7 @@ from analysis.collect import (
 )
 from analysis.usable import LeftOut, record_problem
 from scaling.core.enums import Status
-from tests.helpers.records import grid_records, make_record, write_sweep
+from tests.helpers.records import grid_records, key_of, make_record, write_sweep
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +66,7 @@ def test_the_step_model_reads_clipping_and_tying_from_the_records(tmp_path):
     records = [make_record(dp=n, zero_stage=3) for n in (1, 2)]
     for r in records:
         r["config"]["model"]["tie_embeddings"] = True
+        r["job_key"] = key_of(r["config"])  # another point: a record is its folder's (scaling.store.read)
         r["derived"]["n_params"] = param_count(ModelArgs.from_dict(r["config"]["model"]))
     df = collect(write_sweep(tmp_path, records))
     w, _ = workload_and_points(df)

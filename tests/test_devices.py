@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import os
 import re
@@ -42,12 +43,13 @@ from tests.helpers.points import ONE_STEP as FAST
 HOLDER = textwrap.dedent("""\
     import json, os, sys, time
     from scaling.launch.devices import lease
-    out, wanted, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    out, wanted, n, kind = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     def stamp_to(path, stamp):
         with open(path + ".tmp", "w") as f:
             f.write(json.dumps(stamp))
         os.replace(path + ".tmp", path)
-    with lease(wanted, [str(i) for i in range(n)], poll_s=0.05) as got:
+    slots = [str(i) for i in range(n)] if kind == "cuda" else ["host"]
+    with lease(wanted, slots, kind=kind, poll_s=0.05) as got:
         stamp = {"got": got, "acquired": time.time()}
         stamp_to(out + ".acquired", stamp)
         while not os.path.exists(out + ".release"):
@@ -69,11 +71,14 @@ def release(path: Path) -> None:
     path.with_name(path.name + ".release").touch()
 
 
-def start_holder(path: Path, wanted: int, n: int, env: dict[str, str], hold: bool = True) -> subprocess.Popen:
-    """A HOLDER process; with hold=False it gives its slots back as soon as it has them."""
+def start_holder(
+    path: Path, wanted: int, n: int, env: dict[str, str], hold: bool = True, kind: str = "cuda"
+) -> subprocess.Popen:
+    """A HOLDER process (of GPUs, or of the host's one CPU slot); with hold=False it gives its slots back as soon as
+    it has them."""
     if not hold:
         release(path)
-    return subprocess.Popen([sys.executable, "-c", HOLDER, str(path), str(wanted), str(n)], env=env)
+    return subprocess.Popen([sys.executable, "-c", HOLDER, str(path), str(wanted), str(n), kind], env=env)
 
 
 def wait_for(path: Path, timeout_s: float = 30.0) -> dict:
@@ -184,6 +189,36 @@ def test_a_killed_holder_releases_its_slots(tmp_path, lock_env):
     killed_at = time.time()
     assert waiter.wait(timeout=30) == 0
     assert wait_for(tmp_path / "w")["acquired"] - killed_at < 5.0
+
+
+@pytest.mark.subprocess
+def test_a_stopped_holder_is_gone_past_on_cpu_once_stalled_and_its_gpus_are_not(tmp_path, lock_env, capsys):
+    """A holder stopped (SIGSTOP) with nothing of it running: past launch.stalled_wait_s its CPU slot is run beside
+    (the waiter keeping its place first in line, so the holder, continued, waits behind it), its GPUs are not (their
+    memory stays taken): LeaseTimeout."""
+    gpus, host = start_holder(tmp_path / "g", 2, 2, lock_env), start_holder(tmp_path / "c", 1, 1, lock_env, kind="cpu")
+    wait_for(tmp_path / "g.acquired"), wait_for(tmp_path / "c.acquired")
+    for holder in (gpus, host):
+        holder.send_signal(signal.SIGSTOP)
+    try:
+        stopped = r"cuda-\d\.lock held by a stopped process past launch.stalled_wait_s"
+        with pytest.raises(LeaseTimeout, match=stopped), lease(1, ["0", "1"], poll_s=0.05, stalled_wait_s=0.5):
+            pass
+        queue = os.open(tmp_path / "locks" / "cpu.queue.lock", os.O_RDWR)
+        with lease(1, [CPU_SLOT], kind="cpu", poll_s=0.05, stalled_wait_s=0.5) as got:
+            assert got == [CPU_SLOT]
+            with pytest.raises(BlockingIOError):  # first in line while it runs beside the stopped holder
+                fcntl.flock(queue, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(queue, fcntl.LOCK_EX | fcntl.LOCK_NB)  # and no more once it is done
+        os.close(queue)
+    finally:
+        for holder in (gpus, host):
+            holder.send_signal(signal.SIGCONT)
+    err = capsys.readouterr().err
+    assert f"going past cpu-host.lock, held by pid {host.pid} (" in err and ", stopped and idle for " in err, err
+    for name, holder in (("g", gpus), ("c", host)):
+        release(tmp_path / name)
+        assert holder.wait(timeout=30) == 0
 
 
 @pytest.mark.subprocess

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import socket
 import subprocess
@@ -44,6 +45,14 @@ def test_marker_of_this_process_is_live_until_cleared(tmp_path):
 )
 def test_is_live_asks_slurm_for_slurm_jobs_and_this_host_for_its_processes(marker, states, live):
     assert inflight.is_live(marker, states, socket.gethostname()) is live
+
+
+@pytest.mark.parametrize("age_s, how", [(5, None), (50, "heartbeat 50 s old"), (100, "heartbeat 1.7 min old")])
+def test_a_live_holder_whose_heartbeat_is_late_has_stalled(age_s, how):
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    beat = (now - dt.timedelta(seconds=age_s)).isoformat()
+    marker = {"state": inflight.RUNNING, "host": "elsewhere", "pid": 1, "heartbeat_at": beat}
+    assert inflight.stalled(marker, socket.gethostname(), now) == how
 
 
 @pytest.mark.subprocess

@@ -146,6 +146,15 @@ def full_record() -> Record:
     )
 
 
+def test_time_the_driver_was_stopped_is_no_device_time():
+    """A launch of 10 s on 2 devices whose driver was stopped 4 s of it (SIGSTOP) held 12 device-seconds, of which 6
+    timed and 2 warming up; the record's timing sums the stopped seconds of this run's launches."""
+    t = LaunchTiming(torchrun_wall_s=10.0, stopped_s=4.0).with_device_time(2, window_s=3.0, warmup_s=1.0)
+    assert (t.device_s, t.timed_device_s, t.warmup_device_s, t.startup_device_s) == (12.0, 6.0, 2.0, 4.0)
+    launches = [Launch(timing=t), Launch(timing=LaunchTiming(torchrun_wall_s=5.0).with_device_time(2))]
+    assert Timing().with_launches(launches).with_device_time(launches).stopped_s == 4.0
+
+
 def test_a_record_round_trips_with_todays_keys_in_order():
     record = full_record()
     data = record.to_dict()
@@ -155,6 +164,7 @@ def test_a_record_round_trips_with_todays_keys_in_order():
         "launched_at",
         "device_wait_s",
         "torchrun_wall_s",
+        "stopped_s",
         "launch_overhead_s",
         "devices",
         "device_s",
@@ -169,6 +179,7 @@ def test_a_record_round_trips_with_todays_keys_in_order():
         "device_wait_s",
         "launched_at",
         "torchrun_wall_s",
+        "stopped_s",
         "launch_overhead_s",
         "device_s",
         "timed_device_s",

@@ -74,6 +74,20 @@ def test_summarize_counts_done_in_flight_to_run_and_stale():
     assert lines[-1] == "  time     median 10.0 s per launched point (4 recorded); about 30 s left at 2 at once"
 
 
+def test_a_stalled_holder_is_listed_apart_and_left_out_of_the_time_left():
+    """A live holder that does not progress (its process stopped, or its heartbeat late) is neither running nor to
+    run: it is named with how it stalled, and the time left says it is not counted."""
+    index = {"name": "g", "runs": [{"started_at": T0, "rerun": "none", "job_keys": ["a", "s", "t"]}]}
+    marker = {"state": "running", "pid": 7, "host": "vm", "started_at": T0}
+    s = summarize(
+        "/s", index, {"a": rec("ok")}, {"s": marker}, {"s": True}, stalled={"s": "stopped, heartbeat 3.0 min old"}
+    )
+    assert s.in_flight == [] and s.to_run == 1 and s.eta_s == 10.0
+    lines = render(s, dt.datetime.fromisoformat(T0))
+    assert f"  stalled      1  s: pid 7 on vm (since {T0}), stopped, heartbeat 3.0 min old" in lines, lines
+    assert lines[-1].endswith("about 10 s left at 1 at once, 1 stalled point not counted")
+
+
 def test_a_predicted_oom_point_in_the_prescreen_sample_is_to_run_as_run_point_decides():
     """`scaling status` judges a point done by the store's one rule (scaling.store.record.answers)."""
     from scaling.core.sample import sampled

@@ -13,6 +13,7 @@ each launched one as it ends. With `dry_run` it prints the forecast and launches
 from __future__ import annotations
 
 import logging
+import socket
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from scaling.core.files import StoreUnwritable, stop_when_unwritable
 from scaling.store import inflight
 from scaling.store.record import job_dir
 from scaling.sweep import progress
@@ -31,6 +33,7 @@ from scaling.sweep.grid import (
     expand,
     points_at_once,
     predict_new,
+    save_multirun,
     survey,
 )
 from scaling.sweep.hydra_adapter import BasicLauncher, BasicSweeper
@@ -60,9 +63,12 @@ class _Plan:
     to_run: list[_ToRun] = field(default_factory=list)
     held: list[str] = field(default_factory=list)
     """Who holds each point a live job still runs (not launched again)."""
+    stalled: list[str] = field(default_factory=list)
+    """Who holds each point a live job holds but has stalled: run last, its claim waited for at most
+    launch.stalled_wait_s (scaling.store.inflight.claim)."""
     forecast: Forecast = field(default_factory=Forecast)
-    unreadable: list[str] = field(default_factory=list)
-    """Points whose record cannot be read: not run, the file left as it is."""
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Points whose record cannot be read, by job key: not run, the file left as it is."""
 
 
 def _holder(marker: Mapping[str, Any]) -> str:
@@ -111,25 +117,35 @@ class GridSweep(BasicSweeper):
             len(plan.held),
             len(plan.to_run),
         )
-        for problem in plan.unreadable:
-            print(f"[scaling] not run, its record cannot be read: {problem}", flush=True)
         if self.dry_run:
+            for problem in plan.unreadable.values():
+                print(f"[scaling] not run, its record cannot be read: {problem}", flush=True)
             lines = plan.forecast.lines(str(self.config.get("sweep", "grid")), points_at_once(self.config))
             print("\n".join(lines), flush=True)
             return []
         tracker = progress.driver_progress(self.hydra_context) or progress.Progress(len(points), None)
-        tracker.record_grid(
-            plan.keys,
-            str(OmegaConf.select(self.config, "launch.rerun", default="none")),
-            int(OmegaConf.select(self.config, "launch.repeats", default=1)),
-            float(OmegaConf.select(self.config, "launch.prescreen_sample", default=0.0)),
-        )
-        tracker.answered(plan.answered)
-        tracker.held_elsewhere(plan.held)
         sweep_dir = Path(self.config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        return self._launch(plan.to_run, tracker)
+        with stop_when_unwritable(sweep_dir / ".hydra"):  # Hydra's own job files there name no path
+            tracker.record_grid(
+                plan.keys,
+                str(OmegaConf.select(self.config, "launch.rerun", default="none")),
+                int(OmegaConf.select(self.config, "launch.repeats", default=1)),
+                float(OmegaConf.select(self.config, "launch.prescreen_sample", default=0.0)),
+            )
+            tracker.answered(plan.answered)
+            tracker.held_elsewhere(plan.held)
+            for key, problem in plan.unreadable.items():
+                tracker.left_unrun(key, f"its record cannot be read: {problem}")
+            if plan.stalled:
+                n = len(plan.stalled)
+                print(f"[scaling] {n} point{'s' * (n > 1)} held by stalled jobs, run last: {'; '.join(plan.stalled)}")
+            if tracker.read_only is not None:  # the store answers what it holds, and nothing more can be recorded
+                if plan.to_run:
+                    left = f"{len(plan.to_run)} point{'s' if len(plan.to_run) > 1 else ''} still to run"
+                    raise StoreUnwritable(f"{tracker.read_only}: {left}, not run", no_space=False)
+                return []
+            save_multirun(self.config)
+            return self._launch(plan.to_run, tracker)
 
     def _plan(self, points: list[list[str]], configs: PointConfigs) -> _Plan:
         """Sort the grid's points into answered by the store, held by a live job, and to run."""
@@ -137,7 +153,7 @@ class GridSweep(BasicSweeper):
         for point in survey(points, configs, set_aside=not self.dry_run):
             plan.keys.append(point.key)
             if point.problem is not None:
-                plan.unreadable.append(str(point.problem))
+                plan.unreadable[point.key] = str(point.problem)
                 continue
             verdict = predict_new(point.cfg)["status"] if self.dry_run and not point.done else None
             if point.done:
@@ -152,15 +168,21 @@ class GridSweep(BasicSweeper):
             else:  # decided below, with one squeue call for every marker that names a SLURM job
                 marked.append((item, marker, point, verdict))
         markers = {item.jd.name: marker for item, marker, _, _ in marked}
-        live = inflight.live_markers(markers, inflight.marker_states(markers))
+        live, host = inflight.live_markers(markers, inflight.marker_states(markers)), socket.gethostname()
+        last = []
         for item, marker, point, verdict in marked:
             held = bool(live[item.jd.name])
-            plan.forecast.add(point, verdict, in_flight=held)
-            if held:
+            how = inflight.stalled(marker, host) if held else None
+            plan.forecast.add(point, verdict, in_flight=held and not how)
+            if how:
+                plan.stalled.append(f"{item.jd.name}: {_holder(marker)}, {how}")
+                last.append(item)
+            elif held:
                 plan.held.append(_holder(marker))
             else:
                 plan.to_run.append(item)
         plan.to_run.sort(key=lambda p: p.num)
+        plan.to_run += sorted(last, key=lambda p: p.num)
         return plan
 
     def _launch(self, to_run: list[_ToRun], tracker: progress.Progress) -> list[list[JobReturn]]:

@@ -32,6 +32,7 @@ from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, LaunchConfi
 from scaling.model.family import family_of
 from scaling.store.read import RecordError, read_record
 from scaling.store.record import answers, job_key, output_dir
+from scaling.sweep.grid import save_multirun
 
 from . import _report
 from ._outcome import Outcome, failure, judge, repeat_outcome, tell, worst_values
@@ -134,7 +135,7 @@ class OptunaSearch(Sweeper):
             )
             return None
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        save_multirun(self.config)
 
         storage = make_storage(self.storage, sweep_dir)
         storage_name = self.storage or str(sweep_dir / "optuna.journal")

@@ -1,8 +1,9 @@
 """The `scaling` command: dispatch to each subcommand (run, sweep, plan, recipe, predict, find-mbs, report, status,
 collectives); `python -m scaling` is the same command. The table of commands: README.md.
 
-Exit status: 0, or 1 when a point failed or timed out (after every point ran), 2 for a bad command line; a command
-line naming no command prints the usage and exits 0. Shell completion (bash): eval "$(scaling run -sc install=bash)".
+Exit status: 0, or 1 when a point failed or timed out (after every point ran), when a point was not run, or when
+the store refused a write (its disk full, or read-only), 2 for a bad command line; a command line naming no command
+prints the usage and exits 0. Shell completion (bash): eval "$(scaling run -sc install=bash)".
 """
 
 from __future__ import annotations
@@ -140,6 +141,7 @@ def _complete(line: str) -> int:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Dispatch `scaling <command> ...`; turn the library's exceptions into exit statuses."""
+    from scaling.core.files import StoreUnwritable
     from scaling.store.read import NewerRecord
     from scaling.sweep.named import SweepNotFound
     from scaling.sweep.progress import PointsFailed
@@ -156,7 +158,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     handler, _ = COMMANDS[argv[0]]
     try:
         return handler(argv[1:]) or 0
-    except PointsFailed as e:
+    except (PointsFailed, StoreUnwritable) as e:
         print(f"scaling {argv[0]}: {e}", file=sys.stderr)
         return 1
     except (SweepNotFound, NewerRecord) as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -50,18 +51,27 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(f"--threshold={args.threshold}: an efficiency threshold lies in (0, 1]")
     if args.jobs is not None and args.jobs < 1:
         p.error(f"--jobs={args.jobs}: at least one process draws the heatmaps")
-    recipe = report_section(args.sweep_dir)  # the directory's `scaling recipe` answer leads
-    paths = write_report(
-        args.sweep_dir,
-        args.out,
-        args.threshold,
-        args.wandb,
-        args.wandb_project,
-        args.wandb_mode,
-        args.jobs,
-        args.wandb_entity,
-        [recipe] if recipe is not None else [],
-    )
+    out = Path(args.out) if args.out is not None else Path(args.sweep_dir) / "report"
+    try:
+        out.mkdir(parents=True, exist_ok=True)  # before the records are read: a read-only store is said at once
+        recipe = report_section(args.sweep_dir)  # the directory's `scaling recipe` answer leads
+        paths = write_report(
+            args.sweep_dir,
+            out,
+            args.threshold,
+            args.wandb,
+            args.wandb_project,
+            args.wandb_mode,
+            args.jobs,
+            args.wandb_entity,
+            [recipe] if recipe is not None else [],
+        )
+    except OSError as e:
+        elsewhere = (
+            "" if args.out else ": the report goes into SWEEP_DIR unless told; pass --out DIR to write it elsewhere"
+        )
+        print(f"scaling report: cannot write {e.filename or out} ({e.strerror or e}){elsewhere}", file=sys.stderr)
+        return 1
     print(f"report: {paths['html']}")
     print(f"markdown: {paths['markdown']}")
     if "wandb_run_dir" in paths:

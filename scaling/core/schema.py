@@ -214,8 +214,14 @@ class LaunchConfig:
     """A warm job with no new point for this long ends and gives its devices back (at once when another process
     waits for them); one whose devices another process has waited this long for gives them back after its turn."""
     lease_wait_s: Optional[float] = 3600.0
-    """Longest wait for the point's devices (another driver holds them); past it the point is not run and not
-    recorded (a re-run runs it), and the message names the holder (pid, command, since when). null: no limit."""
+    """Longest wait for what another driver holds: the point's devices, or the point itself (its claim); past it the
+    point is not run and not recorded (the run exits 1 naming it; a re-run runs it), and the message names the holder
+    (pid, command, since when). null: no limit."""
+    stalled_wait_s: Optional[float] = 120.0
+    """Longest wait behind a holder that lives but has stalled (its process stopped, or its claim's heartbeat 30 s
+    old): past it a stopped holder's CPU slot is run beside (a stopped process uses no core; on CUDA its memory stays
+    taken, so the point is not run), and a stalled claim's point is not run (the run exits 1 naming the holder).
+    null: as lease_wait_s."""
     memory_snapshot: bool = False
     """On CUDA, rank 0 records the caching allocator's history (every allocation with its Python stack) from the
     build to the end of the warm-up steps and writes it to <job_dir>/memory_snapshot.pickle, for

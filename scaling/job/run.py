@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import errno
 import functools
 import itertools
 import os
@@ -25,13 +26,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.enums import Status
-from scaling.core.files import write_json_atomic
+from scaling.core.files import NO_SPACE, Reservation, short_of_space, stop_when_unwritable, write_json_atomic
 from scaling.core.model_group import model_hash
 from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.units import format_bytes
 from scaling.core.validate import Derived, InvalidConfig, validate
 from scaling.engine import peak_flops
 from scaling.engine.jobfiles import CONFIG_FILE, LAUNCHES_DIR, RESULT_FILE, TORCHRUN_LOG, WORKER_OUTPUT, WorkerReport
+from scaling.engine.lifetime import gate
 from scaling.job import wandb_log
 from scaling.job.throughput import not_finite, repeats_metrics, throughput_metrics
 from scaling.launch import devices, slurm, torchrun, warm
@@ -41,6 +43,7 @@ from scaling.predictor.prescreen import predicted_oom, prescreen
 from scaling.store import inflight
 from scaling.store.read import RecordError, read_record
 from scaling.store.record import (
+    ROOM_BASE_BYTES,
     Launch,
     LaunchTiming,
     Provenance,
@@ -51,7 +54,9 @@ from scaling.store.record import (
     job_key,
     kept_launches,
     next_attempt,
+    not_run,
     output_dir,
+    record_room_bytes,
 )
 from scaling.store.record_blocks import Derived as DerivedBlock
 from scaling.store.record_blocks import DerivedModel, ParamTensors
@@ -74,7 +79,13 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
     )  # 1. the store: a record that answers the point ends it here
     if answer is not None:
         return answer
-    with inflight.claim(point_dir, os.environ, name=key) if lead else contextlib.nullcontext() as claim:  # 2. claim it
+    try:  # 2. claim it: another run's claim is waited for within launch.lease_wait_s, launch.stalled_wait_s if stalled
+        waits = (c.launch.lease_wait_s, c.launch.stalled_wait_s)
+        claimed = inflight.claim(point_dir, os.environ, 0.2, key, *waits) if lead else contextlib.nullcontext()
+    except inflight.ClaimTimeout as e:
+        print(f"[scaling] {key}: not run, {e}", file=sys.stderr, flush=True)
+        return not_run(key, str(e))
+    with claimed as claim:
         if lead:  # the store again, now that nobody else runs the point (a holder we waited for wrote it)
             existing, answer = _stored(sweep_dir, key, c, " while this run waited", provenance.model_code)
             if answer is not None:
@@ -102,12 +113,16 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
         except ValueError as e:
             return _finish(_ended(record, Status.FAILED, str(e), c), point_dir, t0, c)
         resumed = [Launch.from_dict(launch) for launch in kept_launches(existing, c.launch.rerun)]
-        try:  # 7. launch torchrun, launch.repeats times (the record written after each)
-            _launch_repeats(c, record, resumed, point_dir, argv, lease, lead)
+        # the record's room set aside before anything is measured: a full disk stops the run before a launch, never
+        # between a measurement and its record
+        room = record_room_bytes(c.train.warmup_steps + c.train.steps, c.launch.repeats, derived.world_size)
+        try:  # 7. launch torchrun, launch.repeats times
+            with Reservation(point_dir / RESULT_FILE, room) if lead else contextlib.nullcontext() as reserved:
+                _launch_repeats(c, record, resumed, point_dir, argv, lease, claim)
+                return _finish(record, point_dir, t0, c, reserved) if lead else record.to_dict()  # 8. record, W&B
         except devices.LeaseTimeout as e:  # never started: nothing to record (a re-run runs it)
             print(f"[scaling] {key}: not run, {e}", file=sys.stderr, flush=True)
-            return {"job_key": key, "status": Status.FAILED, "error": f"not run: {e}"}
-        return _finish(record, point_dir, t0, c) if lead else record.to_dict()  # 8. the record, W&B, its line
+            return not_run(key, str(e))
 
 
 def _stored(
@@ -118,7 +133,7 @@ def _stored(
         existing = read_record(sweep_dir, key, set_aside_corrupt=True)  # NewerRecord stops the command
     except RecordError as e:  # another user's 0600 record, a directory: left as it is, the point not run
         print(f"[scaling] {key}: not run, its record cannot be read: {e}", file=sys.stderr, flush=True)
-        return None, {"job_key": key, "status": Status.FAILED, "error": f"not run, its record cannot be read: {e}"}
+        return None, not_run(key, f"its record cannot be read: {e}")
     if answers(existing, key, c.launch, model_code):  # a predicted_oom point in the sample runs anyway
         print(f"[scaling] {key} already recorded as {existing['status']}{when}: skipped", flush=True)
         return existing, existing
@@ -189,7 +204,7 @@ def _launch_repeats(
     point_dir: Path,
     argv: Callable[[Path], list[str]],
     lease: Any,
-    lead: bool,
+    claim: Optional[inflight.Claim],
 ) -> None:
     """Launch the point until it has launch.repeats ok launches (`launches` holds the ones a resumed point
     kept) or one launch is not ok; the record's metrics are those of all its ok launches.
@@ -198,8 +213,9 @@ def _launch_repeats(
     given back only once no process of the point is left. Each repeat is a fresh torchrun (with launch.reuse,
     a turn of this process's warm job, which holds the lease between points) in a directory of its own
     (`_new_launch_dir`, with its own config.json, made from `argv(config_path)`); the record is written after
-    each, so a killed sweep keeps the repeats it finished."""
-    kept = len(launches)
+    each, so a killed sweep keeps the repeats it finished. Time this process was stopped during a launch (the
+    claim's watch: None for a multi-node point's other tasks) is no device time."""
+    kept, lead, waits = len(launches), claim is not None, (c.launch.lease_wait_s, c.launch.stalled_wait_s)
     log_name = TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
     # Warm ranks serve points that run as one torchrun on this node (a multi-node SLURM point starts fresh).
     warm_ranks = (
@@ -214,41 +230,52 @@ def _launch_repeats(
         return launch_dir, launch_dir / CONFIG_FILE
 
     for _ in range(max(1, c.launch.repeats - kept)):
-        launch_dir, config_path = new_launch()
-        outcome = None
+        outcome = None  # each launch makes its directory once it holds its devices: a lease not had leaves none
         if warm_ranks:
             try:
                 shape = warm.shape_of(c, lease, os.environ)
-                with warm.job_for(shape, c.launch.reuse_idle_s, c.launch.lease_wait_s) as job:
+                with warm.job_for(shape, c.launch.reuse_idle_s, *waits) as job:
                     held = job.held
+                    launch_dir, config_path = new_launch()
                     peak = peak_flops.resolve_peak_flops(c.hardware, c.train.precision)
                     launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+                    started = time.monotonic()  # the claim's watch says how much of the launch this process was stopped
                     outcome, points_before = job.run(config_path, launch_dir, c.launch.timeout_s, log_name)
             except warm.JobGone as e:  # it died between points: this point never started; a fresh launch measures it
                 print(f"[scaling] {record.job_key}: {e}: measured by a fresh launch", file=sys.stderr, flush=True)
-                launch_dir, config_path = new_launch()  # warm ranks serve one-node points: this is the lead task
         if outcome is None:
             points_before = 0
-            with warm.fresh_lease(lease, c.launch.devices, c.launch.lease_wait_s) as held:
+            with warm.fresh_lease(lease, c.launch.devices, *waits) as held:
+                launch_dir, config_path = new_launch()
                 # The CPU peak that MFU divides by is measured here, while this point holds the host.
                 peak = peak_flops.resolve_peak_flops(c.hardware, c.train.precision)
                 launched_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
+                started = time.monotonic()
                 env = torchrun.job_env(c.hardware.threads_per_device, held.visible, c.hardware.device == "cuda")
                 outcome = torchrun.launch_torchrun(argv(config_path), launch_dir, c.launch.timeout_s, env, log_name)
         if not lead:  # another node's task of a multi-node point: its lead task writes the record
             if outcome.status != Status.OK:
                 return
             continue
-        this, env_block = _launch_entry(c, derived, outcome, launch_dir, launched_at, held.wait_s, peak)
+        gate("measured")  # tests only: the driver between a measurement and its record
+        stopped_s = claim.stopped_s(started) if claim is not None else 0.0
+        this, env_block = _launch_entry(c, derived, outcome, launch_dir, launched_at, held.wait_s, peak, stopped_s)
+        if this.status != Status.OK and short_of_space(launch_dir, this.error, ROOM_BASE_BYTES):
+            # its ranks could not write what they measured: no result of the point, and the run stops
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {this.error}", str(launch_dir))
         this.timing.points_before, this.dir = points_before, str(launch_dir.relative_to(point_dir))
         launches.append(this)
         record.status, record.error, record.repeats = this.status, this.error, launches
         record.env = {**env_block, "devices": held.visible}
         record.metrics = repeats_metrics([r.metrics for r in launches], derived) if this.status == Status.OK else None
         record.timing = record.timing.with_launches(launches[kept:]).with_device_time(launches)
-        if this.status != Status.OK:
-            return
-        record.write(point_dir / RESULT_FILE)
+        if this.status != Status.OK or len(launches) >= c.launch.repeats:
+            return  # its record is written once, by _finish, into the room set aside for it
+        try:  # more to launch: what is measured so far is kept, space permitting
+            record.write(point_dir / RESULT_FILE)
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
 
 
 def _launch_entry(
@@ -259,19 +286,25 @@ def _launch_entry(
     launched_at: str,
     device_wait_s: float,
     peak: peak_flops.PeakFlops,
+    stopped_s: float = 0.0,
 ) -> tuple[Launch, dict[str, Any]]:
     """One launch as the record's `repeats` keeps it, and the `env` it ran in (what the ranks reported, or the
     host's when rank 0 wrote nothing)."""
     this = Launch(
         status=outcome.status,
         error=outcome.error,
-        timing=LaunchTiming(launched_at=launched_at, device_wait_s=device_wait_s, torchrun_wall_s=outcome.wall_s),
+        timing=LaunchTiming(
+            launched_at=launched_at,
+            device_wait_s=device_wait_s,
+            torchrun_wall_s=outcome.wall_s,
+            stopped_s=round(stopped_s, 1) or None,
+        ),
     )
     report = WorkerReport.read(launch_dir / WORKER_OUTPUT)
     diverged = not_finite(report) if outcome.status == Status.OK and report is not None else None
     if outcome.status == Status.OK and report is not None and diverged is None:
         this.metrics = throughput_metrics(report, derived, peak)
-        this.timing.launch_overhead_s = outcome.wall_s - report.measured_window_s
+        this.timing.launch_overhead_s = outcome.wall_s - stopped_s - report.measured_window_s
         this.timing = this.timing.with_device_time(
             derived.world_size, report.measured_window_s, report.phases_s.get("warmup_s")
         )
@@ -333,10 +366,13 @@ def derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
     return block.to_dict()
 
 
-def _finish(record: Record, point_dir: Path, t0: float, c: ExperimentConfig) -> dict[str, Any]:
-    """Time, write atomically, log the record to W&B (which may fail harmlessly), then announce it."""
+def _finish(
+    record: Record, point_dir: Path, t0: float, c: ExperimentConfig, room: Optional[Reservation] = None
+) -> dict[str, Any]:
+    """Time, write atomically (into the `room` set aside for it), log the record to W&B (which may fail harmlessly),
+    then announce it."""
     record.timing.wall_s = time.perf_counter() - t0
-    record.write(point_dir / RESULT_FILE)
+    record.write(point_dir / RESULT_FILE, room)
     written = record.to_dict()
     wandb_failure = wandb_log.log_point(written, c.logger, c.sweep_dir)
     print(_summary_line(record) + (f"; {wandb_failure}" if wandb_failure else ""), flush=True)
@@ -375,4 +411,7 @@ def main(cfg: DictConfig) -> dict[str, Any]:
     devices.start_sweep_watcher()  # a worker of the parallel launcher dies with a killed sweep
     hydra_cfg = HydraConfig.get()
     cfg.sweep_dir = output_dir(cfg.sweep_dir, hydra_cfg)
-    return run_point(ExperimentConfig.from_dict(OmegaConf.to_container(cfg, resolve=True)), hydra_provenance(hydra_cfg))
+    with stop_when_unwritable(cfg.sweep_dir):  # a store that refuses a write stops the run, not each point in turn
+        return run_point(
+            ExperimentConfig.from_dict(OmegaConf.to_container(cfg, resolve=True)), hydra_provenance(hydra_cfg)
+        )

@@ -4,8 +4,9 @@ Points that run at once on one machine share the devices through `fcntl.flock` l
 directory of this user's (`$SCALING_DEVICE_LOCK_DIR`, else under `$XDG_RUNTIME_DIR` or /tmp; mode 0700, never
 followed through a link): `cuda-<id>.lock` per GPU, `cpu-host.lock` for the whole host. The kernel drops a lock
 when its holder exits, however it exits; each lock file names its holder, and waiters queue so a wide point is not
-starved by narrow ones. Inside a SLURM allocation points lease its GPUs with locks of that job's own.
-docs/sweeps.md.
+starved by narrow ones. A holder stopped with its launch idle (scaling.launch.stalled) is gone past after
+launch.stalled_wait_s: on CPU the waiter runs beside it, first in line meanwhile; on CUDA the point is not run.
+Inside a SLURM allocation points lease its GPUs with locks of that job's own. docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from scaling.core.schema import ExperimentConfig
+from scaling.launch.stalled import stalled_for_s
+from scaling.store.inflight import process_stopped
 
 LOCK_DIR_ENV = "SCALING_DEVICE_LOCK_DIR"
 POLL_S = 0.25
@@ -184,12 +187,14 @@ def _note(path: Path) -> Optional[tuple[str, str, str]]:
 
 
 def holder_of(path: Path) -> str:
-    """Who a slot's lock file says holds it: `pid P (COMMAND) since T`, or that it cannot tell."""
+    """Who a slot's lock file says holds it: `pid P (COMMAND) since T`, `, stopped` when it is; or that it cannot
+    tell."""
     note = _note(path)
     if note is None:
         return "a process this user cannot name"
     pid, since, command = note
-    return f"pid {pid} ({command or '?'}) since {since or '?'}"
+    state = ", stopped" if pid.isdigit() and process_stopped(int(pid)) else ""
+    return f"pid {pid} ({command or '?'}) since {since or '?'}{state}"
 
 
 def waiting_s(req: Optional[Request], root: Optional[Path] = None) -> Optional[float]:
@@ -204,6 +209,8 @@ def waiting_s(req: Optional[Request], root: Optional[Path] = None) -> Optional[f
         os.close(fd)
         return None
     note = _note(path)
+    if note is not None and note[0] == str(os.getpid()):
+        return None  # this process keeps its place in line while it runs beside a stopped holder
     try:
         return max(0.0, time.time() - dt.datetime.strptime(note[1], SINCE_FORMAT).timestamp()) if note else 0.0
     except ValueError:  # a holder that wrote no time: waiting, for how long unknown
@@ -223,10 +230,12 @@ def lease(
     poll_s: float = POLL_S,
     wait_s: Optional[float] = None,
     name: str = "",
+    stalled_wait_s: Optional[float] = None,
 ) -> Iterator[list[str]]:
     """Block until `wanted` of `slots` are free (at most `wait_s`, then LeaseTimeout naming the holders), hold them
     for the body, release them on exit. A slot this process holds already is refused at once (a lease of it would
-    wait for itself); waiting, it says once who holds the slots."""
+    wait for itself); waiting, it says once who holds the slots. A holder stalled for `stalled_wait_s` is gone past
+    (the module's docstring says how)."""
     if not 1 <= wanted <= len(slots):
         raise ValueError(f"cannot lease {wanted} of the {len(slots)} {kind} slot(s) {list(slots)}")
     root = checked_lock_dir()
@@ -237,22 +246,37 @@ def lease(
             f"this process (pid {os.getpid()}) already holds {', '.join(mine)}: a second lease of "
             f"{wanted} of {[f.name for f in files]} would wait for itself"
         )
-    wait = _Wait(wait_s, poll_s, name)
+    wait = _Wait(wait_s, poll_s, name, stalled_wait_s)
     queue_file = root / f"{kind}.queue.lock"
     while (queue := _open_lock(queue_file, False)) is None:  # the first in line holds it while it waits for slots
+        if wait.past(queue_file):
+            break
         wait.again(f"in line behind {holder_of(queue_file)}")
     try:
         while True:
             taken = {i: fd for i, f in enumerate(files) if f not in _MINE and (fd := _open_lock(f, False)) is not None}
             chosen = pick(set(taken), wanted) or []
+            if not chosen:
+                past = {i for i, f in enumerate(files) if i not in taken and f not in _MINE and wait.past(f)}
+                chosen = pick(set(taken) | past, wanted) or []
+                if chosen and kind != "cpu":
+                    raise LeaseTimeout(
+                        f"{', '.join(files[i].name for i in set(chosen) - set(taken))} held by a stopped process "
+                        f"past launch.stalled_wait_s={stalled_wait_s:g}s: its device memory stays taken; not run"
+                    )
             for i in set(taken) - set(chosen):
                 os.close(taken[i])
             if chosen:
                 break
             busy = [f for i, f in enumerate(files) if i not in taken]
             wait.again(f"for {kind} slots: " + "; ".join(f"{f.name} held by {holder_of(f)}" for f in busy))
-    finally:
-        os.close(queue)
+    except BaseException:
+        if queue is not None:
+            os.close(queue)
+        raise
+    if queue is not None and set(chosen) <= set(taken):
+        os.close(queue)  # else kept: first in line while it runs beside a stopped holder, who waits behind it
+        queue = None
     since = time.strftime(SINCE_FORMAT)
     for i in chosen:
         _MINE[files[i]] = since
@@ -261,16 +285,20 @@ def lease(
     finally:
         for i in chosen:
             _MINE.pop(files[i], None)
-            os.close(taken[i])
+            if i in taken:
+                os.close(taken[i])
+        if queue is not None:
+            os.close(queue)
 
 
 class _Wait:
     """A lease's wait: says once what it waits for, gives up past its deadline (LeaseTimeout saying what it waited
-    for), else sleeps a poll."""
+    for), else sleeps a poll; and whether a lock's holder has been stalled long enough to go past (said once)."""
 
-    def __init__(self, wait_s: Optional[float], poll_s: float, name: str) -> None:
+    def __init__(self, wait_s: Optional[float], poll_s: float, name: str, stalled_wait_s: Optional[float]) -> None:
         self.deadline = None if wait_s is None else time.monotonic() + wait_s
         self.wait_s, self.poll_s, self.name, self.said = wait_s, poll_s, name, False
+        self.stalled_wait_s = stalled_wait_s
 
     def again(self, why: str) -> None:
         if not self.said:
@@ -279,6 +307,22 @@ class _Wait:
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise LeaseTimeout(f"waited {self.wait_s:g}s {why}")
         time.sleep(self.poll_s)
+
+    def past(self, path: Path) -> bool:
+        """Whether to go past the holder of lock file `path`: stopped, its processes idle, for stalled_wait_s."""
+        note = _note(path)
+        if self.stalled_wait_s is None or note is None or not note[0].isdigit():
+            return False
+        stalled = stalled_for_s(int(note[0]))
+        if stalled is None or stalled < self.stalled_wait_s:
+            return False
+        print(
+            f"[scaling] {self.name}going past {path.name}, held by {holder_of(path)} and idle for {stalled:.0f} s "
+            f"(launch.stalled_wait_s={self.stalled_wait_s:g})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return True
 
 
 def request(cfg: ExperimentConfig, environ: Mapping[str, str]) -> Optional[Request]:
@@ -340,16 +384,21 @@ def start_sweep_watcher(poll_s: float = 1.0) -> None:
 
 @contextmanager
 def hold(
-    req: Optional[Request], visible: Optional[str], poll_s: float = POLL_S, wait_s: Optional[float] = None
+    req: Optional[Request],
+    visible: Optional[str],
+    poll_s: float = POLL_S,
+    wait_s: Optional[float] = None,
+    stalled_wait_s: Optional[float] = None,
 ) -> Iterator[Held]:
-    """Hold the requested slots for the body (waiting at most `wait_s`); `visible` is CUDA_VISIBLE_DEVICES when
-    nothing is leased."""
+    """Hold the requested slots for the body (waiting at most `wait_s`, and `stalled_wait_s` behind a stalled
+    holder: `lease`); `visible` is CUDA_VISIBLE_DEVICES when nothing is leased."""
     t0 = time.perf_counter()
     if req is None:
         yield Held(visible=visible, wait_s=0.0)
         return
     root = lock_dir()
-    with lease(req.wanted, req.slots, kind=req.kind, poll_s=poll_s, wait_s=wait_s) as got:
+    lent = lease(req.wanted, req.slots, kind=req.kind, poll_s=poll_s, wait_s=wait_s, stalled_wait_s=stalled_wait_s)
+    with lent as got:
         yield Held(",".join(got) if req.kind == "cuda" else visible, time.perf_counter() - t0, root)
 
 

@@ -19,6 +19,7 @@ import os
 import select
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -214,9 +215,12 @@ class WarmJob:
                 raise JobGone(f"the warm ranks ended (torchrun exit code {self.proc.returncode}) before taking it")
         wall_s = time.perf_counter() - start
         self.held = dataclasses.replace(self.held, wait_s=0.0)  # a later turn waited for no device
-        with open(self.log_path, "rb") as log, open_new(launch_dir / log_name) as out:
-            log.seek(offset)
-            shutil.copyfileobj(log, out)
+        try:
+            with open(self.log_path, "rb") as log, open_new(launch_dir / log_name) as out:
+                log.seek(offset)
+                shutil.copyfileobj(log, out)
+        except OSError as e:  # a full disk: what the ranks measured is in worker.json; this copy may be cut short
+            print(f"[scaling] {launch_dir / log_name}: not copied whole ({e.strerror})", file=sys.stderr, flush=True)
         if done and not torchrun.error_messages(launch_dir):
             return torchrun.Outcome(status=Status.OK, error=None, returncode=0, wall_s=wall_s), n
         if done:  # a point the ranks came through together (the emulated capacity exceeded): the job goes on
@@ -272,11 +276,11 @@ def _share(request: Optional[devices.Request], visible: Optional[str]) -> Option
     return dataclasses.replace(held, wait_s=0.0)
 
 
-def _take(shape: Shape, wait_s: Optional[float]) -> devices.Held:
+def _take(shape: Shape, wait_s: Optional[float], stalled_wait_s: Optional[float] = None) -> devices.Held:
     """A new lease for a job of this process: waited for without _LOCK (the idle watches of this process's other
     jobs end them meanwhile), then counted under it."""
     stack = contextlib.ExitStack()
-    held = stack.enter_context(devices.hold(shape.request, shape.visible, wait_s=wait_s))
+    held = stack.enter_context(devices.hold(shape.request, shape.visible, wait_s=wait_s, stalled_wait_s=stalled_wait_s))
     with _LOCK:
         _leases[_lease_key(shape.request, shape.visible)] = (stack, held, 1)
     return held
@@ -317,7 +321,10 @@ atexit.register(close)
 
 @contextlib.contextmanager
 def fresh_lease(
-    request: Optional[devices.Request], visible: Optional[str], wait_s: Optional[float] = None
+    request: Optional[devices.Request],
+    visible: Optional[str],
+    wait_s: Optional[float] = None,
+    stalled_wait_s: Optional[float] = None,
 ) -> Iterator[devices.Held]:
     """The devices for a launch that is not a turn of a warm job (a fresh point, the collectives benchmark). On CPU
     it shares the lease this process's warm jobs hold on the host, as they share it among themselves (this process
@@ -328,7 +335,7 @@ def fresh_lease(
         shared = _share(request, visible) if request is not None and request.kind == "cpu" else None
     if shared is None:
         close()
-        with devices.hold(request, visible, wait_s=wait_s) as held:
+        with devices.hold(request, visible, wait_s=wait_s, stalled_wait_s=stalled_wait_s) as held:
             yield held
         return
     try:
@@ -339,9 +346,11 @@ def fresh_lease(
 
 
 @contextlib.contextmanager
-def job_for(shape: Shape, idle_s: float, wait_s: Optional[float] = None) -> Iterator[WarmJob]:
+def job_for(
+    shape: Shape, idle_s: float, wait_s: Optional[float] = None, stalled_wait_s: Optional[float] = None
+) -> Iterator[WarmJob]:
     """The warm job for a point of `shape`: a running one of the same shape, else a new one (its lease waited for
-    at most `wait_s`, devices.LeaseTimeout past it).
+    at most `wait_s`, devices.LeaseTimeout past it; a stalled holder as devices.lease says, after `stalled_wait_s`).
 
     On CUDA a new job first ends the others (an idle job's ranks keep a CUDA context on their devices); on CPU up
     to MAX_CPU_JOBS jobs of different shapes wait side by side (idle ranks hold memory, not cores, and the
@@ -365,7 +374,7 @@ def job_for(shape: Shape, idle_s: float, wait_s: Optional[float] = None) -> Iter
         else:
             job.busy = True
     if job is None:
-        job = WarmJob(shape, held if held is not None else _take(shape, wait_s))
+        job = WarmJob(shape, held if held is not None else _take(shape, wait_s, stalled_wait_s))
         job.busy = True
         with _LOCK:
             _jobs[shape] = job

@@ -3,8 +3,10 @@ behind a marker still lives.
 
 `claim` is an exclusive `flock` on `<job_dir>/claim.lock`, held until the record is written, with the marker (host,
 pid, its start time, a heartbeat every HEARTBEAT_S) under it; a claim whose holder is dead (a dead pid here, a
-heartbeat older than STALE_AFTER_S elsewhere) is taken over and the record says whose. The SLURM launcher writes a
-`queued` marker per submitted point. `is_live` tells a stale marker from a live one. docs/sweeps.md.
+heartbeat older than STALE_AFTER_S elsewhere) is taken over and the record says whose. A live holder that does not
+progress (stopped, or its heartbeat older than STALLED_AFTER_S) is `stalled`: named, never taken over, waited for at
+most launch.stalled_wait_s; the claim's thread notes when this process was stopped (`Claim.stopped_s`). The SLURM
+launcher writes a `queued` marker per submitted point. `is_live` tells a stale marker from a live one. docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ HEARTBEAT_S = 10.0
 """How often a claim's holder rewrites its marker's `heartbeat_at`."""
 STALE_AFTER_S = 120.0
 """A marker whose heartbeat is older than this is stale: its holder died (or its host lost the file system)."""
+STALLED_AFTER_S = 3 * HEARTBEAT_S
+"""A live holder whose heartbeat is older than this has stalled (three beats missed)."""
+TICK_S = 0.5
+"""How often a claim's heartbeat thread wakes: a wake this late by more than STOP_GAP_S means the process was
+stopped meanwhile (SIGSTOP, a suspended terminal, a frozen VM, a debugger)."""
+STOP_GAP_S = 2.0
 
 
 def _now() -> str:
@@ -86,24 +94,50 @@ def holder(marker: Mapping[str, Any]) -> str:
 
 
 class Claim:
-    """This process's exclusive hold on one point (`claim`): the lock, the marker and its heartbeat. Leaving it (or
-    `release`) stops the heartbeat, removes the marker and lets the next waiter in."""
+    """This process's exclusive hold on one point (`claim`): the lock, the marker and its heartbeat, whose thread also
+    notes when this process was stopped. Leaving it (or `release`) stops the heartbeat, removes the marker and lets the
+    next waiter in."""
 
     def __init__(self, point_dir: Path, fd: int, marker: dict[str, Any], took_over: Optional[dict[str, Any]]):
         self.point_dir, self._fd, self.marker = point_dir, fd, marker
         self.took_over = took_over
         """The stale marker this claim replaced (its holder died), or None."""
+        self.since = self._tick = time.monotonic()
+        self._stopped: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, name="claim-heartbeat", daemon=True)
         self._beat.start()
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
+        beat = time.monotonic()
+        while not self._stop.wait(TICK_S):
+            now = self._note_stop()
+            if now - beat < HEARTBEAT_S:
+                continue
+            beat = now
             self.marker["heartbeat_at"] = _now()
             try:
                 write_json_atomic(self.point_dir / RUNNING_FILE, self.marker)
             except OSError:
                 pass  # the next beat tries again; the lock still holds the point on this host
+
+    def _note_stop(self) -> float:
+        """Note the span since the last tick as stopped when it is late by more than STOP_GAP_S; the time now."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._tick - TICK_S > STOP_GAP_S:
+                self._stopped.append((self._tick + TICK_S, now))
+            self._tick = now
+            return now
+
+    def stopped_s(self, since: Optional[float] = None, until: Optional[float] = None) -> float:
+        """Seconds this process was stopped between two `time.monotonic()` readings (from the claim to now by
+        default), to within TICK_S."""
+        now = self._note_stop()  # a stop that has just ended, before the thread has woken to note it
+        since, until = self.since if since is None else since, now if until is None else until
+        with self._lock:
+            return sum(max(0.0, min(end, until) - max(start, since)) for start, end in self._stopped)
 
     def release(self) -> None:
         """The point's record is written (or it was not run): it is no longer in flight."""
@@ -138,18 +172,60 @@ def held_elsewhere(marker: Optional[Mapping[str, Any]], host: str) -> bool:
 
 def heartbeat_fresh(marker: Mapping[str, Any], now: Optional[dt.datetime] = None) -> bool:
     """Whether the marker's heartbeat is younger than STALE_AFTER_S (False when it has none)."""
+    age = heartbeat_age_s(marker, now)
+    return age is not None and age < STALE_AFTER_S
+
+
+def heartbeat_age_s(marker: Mapping[str, Any], now: Optional[dt.datetime] = None) -> Optional[float]:
+    """Seconds since the marker's last heartbeat; None when it has none."""
     beat = marker.get("heartbeat_at")
     if not beat:
+        return None
+    return ((now or dt.datetime.now(dt.timezone.utc)) - dt.datetime.fromisoformat(beat)).total_seconds()
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether process `pid` (on this host) is stopped: SIGSTOP, a suspended terminal, a debugger's trap."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
         return False
-    now = now or dt.datetime.now(dt.timezone.utc)
-    return (now - dt.datetime.fromisoformat(beat)).total_seconds() < STALE_AFTER_S
 
 
-def claim(point_dir: Path, env: Mapping[str, str], poll_s: float = 0.2, name: str = "") -> Claim:
+def stalled(marker: Mapping[str, Any], host: str, now: Optional[dt.datetime] = None) -> Optional[str]:
+    """How the live holder of a running marker is not progressing (`stopped, heartbeat 3.0 min old`), or None when
+    it is: its process stopped (this host), or its heartbeat older than STALLED_AFTER_S."""
+    if marker.get("state") != RUNNING:
+        return None
+    age = heartbeat_age_s(marker, now)
+    stopped = marker.get("host") == host and marker.get("pid") is not None and process_stopped(int(marker["pid"]))
+    if not stopped and (age is None or age <= STALLED_AFTER_S):
+        return None
+    return ", ".join((["stopped"] if stopped else []) + ([] if age is None else [f"heartbeat {_duration(age)} old"]))
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+class ClaimTimeout(TimeoutError):
+    """A point another process holds, not had within its deadline; the message names the holder and its state."""
+
+
+def claim(
+    point_dir: Path,
+    env: Mapping[str, str],
+    poll_s: float = 0.2,
+    name: str = "",
+    wait_s: Optional[float] = None,
+    stalled_wait_s: Optional[float] = None,
+) -> Claim:
     """Claim the point of job directory `point_dir` for this process, waiting while another holds it (it says once
-    who); a stale claim is taken over. The caller checks the store again once it holds the claim."""
+    who): at most `wait_s`, and at most `stalled_wait_s` once the holder has stalled (`stalled`), then ClaimTimeout.
+    A stale claim is taken over. The caller checks the store again once it holds the claim."""
     point_dir.mkdir(parents=True, exist_ok=True)
-    path, host, said = point_dir / CLAIM_FILE, socket.gethostname(), False
+    path, host, said = point_dir / CLAIM_FILE, socket.gethostname(), set()
+    start, stalled_since = time.monotonic(), None
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
@@ -169,15 +245,24 @@ def claim(point_dir: Path, env: Mapping[str, str], poll_s: float = 0.2, name: st
         except BaseException:
             os.close(fd)
             raise
+        who, how, now = holder(found) if found else "another process", stalled(found or {}, host), time.monotonic()
+        stalled_since = (stalled_since or now) if how else None
         if not said:
-            who = holder(found) if found else "another process"
-            print(
-                f"[scaling] {name or point_dir.name}: {who} runs it: waiting for its record",
-                file=sys.stderr,
-                flush=True,
-            )
-            said = True
+            _say(f"{name or point_dir.name}: {who} runs it: waiting for its record")
+            said.add("held")
+        if how and "stalled" not in said:
+            bound = "" if stalled_wait_s is None else f" at most launch.stalled_wait_s={stalled_wait_s:g} s"
+            _say(f"{name or point_dir.name}: {who} has stalled ({how}): waiting{bound} for it")
+            said.add("stalled")
+        if how and stalled_wait_s is not None and now - stalled_since >= stalled_wait_s:
+            raise ClaimTimeout(f"held by {who}, stalled ({how}): waited launch.stalled_wait_s={stalled_wait_s:g} s")
+        if wait_s is not None and now - start >= wait_s:
+            raise ClaimTimeout(f"held by {who}: waited launch.lease_wait_s={wait_s:g} s for its record")
         time.sleep(poll_s)
+
+
+def _say(line: str) -> None:
+    print(f"[scaling] {line}", file=sys.stderr, flush=True)
 
 
 def _still_the_path(fd: int, path: Path) -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from scaling.core.enums import FINAL, Status
-from scaling.core.files import write_json_atomic
+from scaling.core.files import Reservation, write_json_atomic
 from scaling.core.sample import sampled
 from scaling.core.schema import ExperimentConfig, LaunchConfig, without_neutral
 
@@ -30,6 +30,8 @@ SWEEP_INDEX = "sweep.json"
 """The sweep directory's index: name, start, hardware and one entry per run of the sweep."""
 SEARCH_BEST = "best.yaml"
 """A search's winning point, written by hydra_plugins.scaling_optuna_sweeper: `best.job_key` names its record."""
+NOT_RUN = "not_run"
+"""The key that marks what run_point returns for a point it left unrun, recording nothing (`not_run`)."""
 
 
 def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -59,12 +61,16 @@ class LaunchTiming:
     """Seconds spent waiting for the device lease before the launch."""
     torchrun_wall_s: Optional[float] = None
     """Seconds from starting torchrun to its exit (a warm job's turn: from handing it the point to its end)."""
+    stopped_s: Optional[float] = None
+    """Seconds of torchrun_wall_s the driver was stopped (SIGSTOP, a suspended terminal, a frozen VM): in no device
+    time (None: never)."""
     launch_overhead_s: Optional[float] = None
-    """torchrun_wall_s minus the timed window, seconds: start-up, build, warm-up, teardown (None unless ok)."""
+    """torchrun_wall_s less stopped_s and the timed window, seconds: start-up, build, warm-up, teardown (None unless
+    ok)."""
     devices: Optional[int] = None
     """Devices the launch held: its world size (on CPU, its ranks)."""
     device_s: Optional[float] = None
-    """Device-seconds held: torchrun_wall_s × devices."""
+    """Device-seconds held: (torchrun_wall_s - stopped_s) × devices."""
     timed_device_s: Optional[float] = None
     """Device-seconds in the timed steps: rank 0's timed window × devices (None unless ok)."""
     warmup_device_s: Optional[float] = None
@@ -84,10 +90,10 @@ class LaunchTiming:
     def with_device_time(
         self, devices: int, window_s: Optional[float] = None, warmup_s: Optional[float] = None
     ) -> LaunchTiming:
-        """This timing with the device-seconds the launch held (torchrun_wall_s × devices) and, when the ranks
-        reported their timed window and warm-up (an ok launch), how they split: timed steps, warm-up and the
-        rest (start-up and teardown)."""
-        wall = self.torchrun_wall_s
+        """This timing with the device-seconds the launch held ((torchrun_wall_s - stopped_s) × devices) and, when
+        the ranks reported their timed window and warm-up (an ok launch), how they split: timed steps, warm-up and
+        the rest (start-up and teardown)."""
+        wall = None if self.torchrun_wall_s is None else self.torchrun_wall_s - (self.stopped_s or 0.0)
         held = dataclasses.replace(self, devices=devices, device_s=None if wall is None else wall * devices)
         if wall is None or window_s is None or warmup_s is None:
             return held
@@ -179,6 +185,8 @@ class Timing:
     """When this run's first launch started torchrun (LaunchTiming.launched_at)."""
     torchrun_wall_s: Optional[float] = None
     """Seconds in torchrun, over this run's launches."""
+    stopped_s: Optional[float] = None
+    """Seconds of torchrun_wall_s the driver was stopped, over this run's launches (None: never)."""
     launch_overhead_s: Optional[float] = None
     """Seconds of torchrun outside the timed windows, over this run's ok launches."""
     device_s: Optional[float] = None
@@ -204,6 +212,7 @@ class Timing:
             launched_at=times[0].launched_at if times else None,
             device_wait_s=_total(t.device_wait_s for t in times),
             torchrun_wall_s=_total(t.torchrun_wall_s for t in times),
+            stopped_s=_total(t.stopped_s for t in times),
             launch_overhead_s=_total(t.launch_overhead_s for t in times),
         )
 
@@ -285,9 +294,29 @@ class Record:
             timing=Timing.from_dict(data.get("timing") or {}),
         )
 
-    def write(self, path: str | os.PathLike) -> None:
-        """Write the record atomically as JSON."""
-        write_json_atomic(path, self.to_dict())
+    def write(self, path: str | os.PathLike, room: Optional[Reservation] = None) -> None:
+        """Write the record atomically as JSON (into the `room` set aside for it, when given)."""
+        if room is not None:
+            room.write_json(self.to_dict())
+        else:
+            write_json_atomic(path, self.to_dict())
+
+
+ROOM_BASE_BYTES = 16 * 1024
+"""What a record takes besides its launches' figures; a disk with less free is full (scaling.core.files.short_of_space)."""
+
+
+def record_room_bytes(steps: int, repeats: int, world_size: int) -> int:
+    """Room to set aside for a record before its launches (scaling.core.files.Reservation), generously: a tiny point's
+    record of one launch and one step holds about 8 KiB, each launch adds its metrics, and those grow with the steps
+    (step times, losses) and the ranks (their peaks)."""
+    return ROOM_BASE_BYTES + repeats * (8 * 1024 + 128 * steps + 256 * world_size)
+
+
+def not_run(key: str, why: str) -> dict[str, Any]:
+    """What run_point returns for a point it did not run and did not record (its record unreadable, its devices or
+    its claim not had by the deadline): `why` in one line, which the driver's summary names; a re-run runs it."""
+    return {"job_key": key, "status": Status.FAILED, "error": f"not run: {why}", NOT_RUN: why}
 
 
 def job_key(config: ExperimentConfig) -> str:

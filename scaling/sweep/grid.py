@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, Sequence
 
 from scaling.core.enums import LAUNCHED, Status
+from scaling.core.files import write_text_atomic
 from scaling.core.schema import ExperimentConfig
 from scaling.model.family import checked, family_of
 from scaling.store.read import RecordError, read_record
@@ -327,6 +328,13 @@ def format_duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def save_multirun(config: DictConfig) -> None:
+    """The sweep's config, as Hydra's sweepers keep it, in `<hydra.sweep.dir>/multirun.yaml`: whole or absent."""
+    from omegaconf import OmegaConf
+
+    write_text_atomic(Path(config.hydra.sweep.dir) / "multirun.yaml", OmegaConf.to_yaml(config))
 
 
 def points_at_once(config: DictConfig) -> int:

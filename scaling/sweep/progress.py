@@ -4,37 +4,56 @@ started the sweep, and the closing line with the count of points in each status.
 Registered in conf/config.yaml (hydra.callbacks), so `scaling run -m` and `scaling sweep NAME` behave the same. The
 driver's `Progress` numbers the points as they end, each once, whoever learns of it first: the callback (a job in
 the driver's process), the SLURM launcher or the sweeper (reached through the Hydra context: `driver_progress`).
-The closing counts are read from the store; the outcome leaves as data (`outcome_file`, `PointsFailed`), which the
-`scaling` command alone turns into its exit status.
+The closing counts are read from the store; a point the driver left unrun (its record unreadable, its devices or
+its claim not had by the deadline) is no record, and the closing lines name it (`not_run`). The outcome leaves as
+data (`outcome_file`, `PointsFailed`), which the `scaling` command alone turns into its exit status.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.enums import Status
-from scaling.core.files import read_json, write_json_atomic
+from scaling.core.files import read_json, unwritable, write_json_atomic
 from scaling.core.units import format_bytes
 from scaling.store import inflight
 from scaling.store.index import update_index
 from scaling.store.read import iter_records
+from scaling.store.record import NOT_RUN
 from scaling.sweep.grid import expand, status_list
 
 
 class PointsFailed(Exception):
-    """Some points of a sweep failed or timed out (raised after every point ran and was recorded)."""
+    """Some points of a sweep failed or timed out (raised after every point ran and was recorded), or were not run."""
 
-    def __init__(self, counts: Counter) -> None:
-        self.counts = counts
-        bad = ", ".join(f"{counts[s]} {s}" for s in (Status.TIMEOUT, Status.FAILED) if counts[s])
-        super().__init__(f"{bad} of {sum(counts.values())} points (every point ran; each record has its error)")
+    def __init__(self, counts: Counter, not_run: Optional[Mapping[str, str]] = None) -> None:
+        self.counts, self.not_run = counts, dict(not_run or {})
+        bad = [f"{counts[s]} {s}" for s in (Status.TIMEOUT, Status.FAILED) if counts[s]]
+        total = sum(counts.values()) + len(self.not_run)
+        if self.not_run:
+            super().__init__(
+                f"{', '.join([*bad, f'{len(self.not_run)} not run'])} of {total} points (the points not run are "
+                "named above, each with why; a re-run runs them)"
+            )
+        else:
+            super().__init__(f"{', '.join(bad)} of {total} points (every point ran; each record has its error)")
+
+
+@dataclass
+class Outcome:
+    """How a run of the command ended: points per status among the records, and the points it did not run."""
+
+    counts: Counter
+    not_run: dict[str, str] = field(default_factory=dict)
+    """Job key: why, for each point left unrun (nothing recorded)."""
 
 
 def count_grid(config: DictConfig) -> Optional[int]:
@@ -61,40 +80,53 @@ def status_counts(sweep_dir: str | Path) -> Counter:
     return Counter(r.get("status") for r in iter_records(sweep_dir))
 
 
-def closing_line(name: str, sweep_dir: str | Path, counts: Counter, in_flight: int = 0) -> str:
-    """The sweep's last line: how many points ended in each status (and how many other jobs still hold)."""
+def closing_line(
+    name: str, sweep_dir: str | Path, counts: Counter, in_flight: int = 0, not_run: Optional[Mapping[str, str]] = None
+) -> str:
+    """The sweep's last line: how many points ended in each status, how many were not run (each then named on a
+    line of its own) and how many other jobs still hold."""
+    not_run = not_run or {}
     held = f"; {in_flight} still in flight (scaling status {sweep_dir})" if in_flight else ""
-    return f"sweep {name}: {sum(counts.values())} points: {status_list(counts) or 'none'} ({sweep_dir}){held}"
+    unrun = f", {len(not_run)} not run" if not_run else ""
+    total = sum(counts.values()) + len(not_run)
+    lines = [f"sweep {name}: {total} points: {status_list(counts) or 'none recorded'}{unrun} ({sweep_dir}){held}"]
+    return "\n".join(lines + [f"  not run {key}: {why}" for key, why in sorted(not_run.items())])
 
 
-def has_failures(counts: Counter) -> bool:
-    """A sweep with crashed or timed-out points exits non-zero (after finishing every point)."""
-    return counts[Status.FAILED] + counts[Status.TIMEOUT] > 0
+def has_failures(outcome: Outcome) -> bool:
+    """A sweep with crashed or timed-out points, or points not run, exits non-zero (after finishing every point)."""
+    return outcome.counts[Status.FAILED] + outcome.counts[Status.TIMEOUT] > 0 or bool(outcome.not_run)
 
 
-def raise_for_failures(counts: Optional[Counter]) -> None:
-    """Raise `PointsFailed` when the counts hold failed or timed-out points; None (nothing ran) passes."""
-    if counts is not None and has_failures(counts):
-        raise PointsFailed(counts)
+def raise_for_failures(outcome: Optional[Outcome]) -> None:
+    """Raise `PointsFailed` when points failed, timed out or were not run; None (nothing ran) passes."""
+    if outcome is not None and has_failures(outcome):
+        raise PointsFailed(outcome.counts, outcome.not_run)
 
 
-def read_outcome(path: str | Path) -> Optional[Counter]:
-    """The status counts a `SweepProgress` wrote to its outcome file; None if it wrote none."""
+def read_outcome(path: str | Path) -> Optional[Outcome]:
+    """The outcome a `SweepProgress` wrote to its outcome file; None if it wrote none."""
     outcome = read_json(path)
-    return None if outcome is None else Counter(outcome["counts"])
+    return None if outcome is None else Outcome(Counter(outcome["counts"]), outcome.get("not_run") or {})
 
 
 class Progress:
     """The driver's view of one multirun: numbers and prints each point once as it ends."""
 
-    def __init__(self, total: Optional[int], sweep_dir: Optional[Path], run: int = -1) -> None:
+    def __init__(
+        self, total: Optional[int], sweep_dir: Optional[Path], run: int = -1, read_only: Optional[str] = None
+    ) -> None:
         self.total = total
         self.sweep_dir = sweep_dir
         """The store whose sweep.json lists this run (None: not recorded there)."""
+        self.read_only = read_only
+        """Why the store cannot be written (None: it can): the run then answers from it, and runs nothing."""
         self.run = run
         """This run's entry in sweep.json's `runs` (another driver may have added one after it)."""
         self.done = 0
         self.in_flight = 0
+        self.not_run: dict[str, str] = {}
+        """Job key: why, for each point this run left unrun (`left_unrun`)."""
         self._reported: set[int] = set()
         self._points: dict[int, Path] = {}
         """Job directory of each job number the grid sweeper launches (for the SLURM launcher's markers)."""
@@ -136,6 +168,12 @@ class Progress:
                 f"{self._k()} {len(holders)} points in flight in other jobs ({shown}): not launched again", flush=True
             )
 
+    def left_unrun(self, key: str, why: str) -> None:
+        """A point this run does not run and records nothing of: it counts as not run, named with why."""
+        self.done += 1
+        self.not_run[key] = why
+        print(f"{self._k()} {key} not run: {why}", flush=True)
+
     def expect(self, num: int, point_dir: Path) -> None:
         """Job number `num` of this run is the point of job directory `point_dir`."""
         self._points[num] = point_dir
@@ -151,9 +189,13 @@ class Progress:
             return
         self._reported.add(num)
         self._points.pop(num, None)
+        value = job_return.return_value if job_return.status == JobStatus.COMPLETED else None
+        if isinstance(value, dict) and value.get(NOT_RUN):
+            self.left_unrun(value["job_key"], value[NOT_RUN])
+            return
         self.done += 1
-        if job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, dict):
-            print(progress_line(self.done, self.total, job_return.return_value), flush=True)
+        if isinstance(value, dict):
+            print(progress_line(self.done, self.total, value), flush=True)
         else:
             print(f"{self._k()} job {num} raised: {job_return._return_value!r}", flush=True)
 
@@ -190,7 +232,6 @@ class SweepProgress(Callback):
         if dry_run(config):
             return
         sweep_dir = Path(config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
         total = count_grid(config)
         now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -210,7 +251,16 @@ class SweepProgress(Callback):
             )
             return len(index["runs"]) - 1
 
-        self.progress = Progress(total, sweep_dir, update_index(sweep_dir, add_run))
+        try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            self.progress = Progress(total, sweep_dir, update_index(sweep_dir, add_run))
+        except OSError as e:
+            stop = unwritable(e, sweep_dir)
+            if stop is None:
+                raise
+            if stop.no_space:
+                raise stop from e
+            self.progress = Progress(total, None, read_only=str(stop))  # it may answer every point from the store
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         if self.progress is not None:  # a job of the multirun, run in the driver's own process
@@ -218,17 +268,21 @@ class SweepProgress(Callback):
         elif (  # a single run prints its own summary line
             not self.multirun and job_return.status == JobStatus.COMPLETED and isinstance(job_return.return_value, dict)
         ):
-            self._write_outcome(Counter([job_return.return_value.get("status")]))
+            value = job_return.return_value
+            if value.get(NOT_RUN):
+                self._write_outcome(Outcome(Counter(), {value["job_key"]: value[NOT_RUN]}))
+            else:
+                self._write_outcome(Outcome(Counter([value.get("status")])))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if dry_run(config):
             return
-        in_flight = self.progress.in_flight if self.progress is not None else 0
-        self.progress = None
+        tracker, self.progress = self.progress, None
+        in_flight, not_run = (tracker.in_flight, tracker.not_run) if tracker is not None else (0, {})
         counts = status_counts(config.hydra.sweep.dir)
-        print(closing_line(config.sweep, config.hydra.sweep.dir, counts, in_flight), flush=True)
-        self._write_outcome(counts)
+        print(closing_line(config.sweep, config.hydra.sweep.dir, counts, in_flight, not_run), flush=True)
+        self._write_outcome(Outcome(counts, not_run))
 
-    def _write_outcome(self, counts: Counter) -> None:
+    def _write_outcome(self, outcome: Outcome) -> None:
         if self.outcome_file:
-            write_json_atomic(Path(self.outcome_file), {"counts": dict(counts)})
+            write_json_atomic(Path(self.outcome_file), {"counts": dict(outcome.counts), "not_run": outcome.not_run})

@@ -1,16 +1,17 @@
 """Where a sweep stands (`scaling status SWEEP_DIR [--watch] [--json]`), read from its directory alone.
 
 It reads the last run's entry of sweep.json (the grid's job keys, the launch settings that decide whether the store
-answers a point), the records and the running markers (scaling.store.inflight), never a Hydra config, so it answers
-from another shell while the sweep runs or after a crash. The counting is pure (`summarize`): done by the rule
-run_point follows (scaling.store.record.answers), the time left by the grid's forecast
-(scaling.sweep.grid.wall_estimate_s), the device time as the report counts it (scaling.store.device_time).
-What it prints, line by line: docs/sweeps.md.
+answers a point), the records and the running markers (scaling.store.inflight; a live holder that has stalled is
+listed apart), never a Hydra config, so it answers from another shell while the sweep runs or after a crash. The
+counting is pure (`summarize`): done by the rule run_point follows (scaling.store.record.answers), the time left by
+the grid's forecast (scaling.sweep.grid.wall_estimate_s), the device time as the report counts it
+(scaling.store.device_time). What it prints, line by line: docs/sweeps.md.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import socket
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,10 +20,9 @@ from typing import Any, Mapping, Optional
 
 from scaling.core.files import read_json
 from scaling.core.schema import LaunchConfig
-from scaling.engine.jobfiles import RESULT_FILE
 from scaling.store import inflight
 from scaling.store.device_time import DeviceTime, total
-from scaling.store.read import RecordError, load_record, set_aside_records
+from scaling.store.read import RecordError, load_record, record_paths, set_aside_records
 from scaling.store.record import SWEEP_INDEX, answers
 from scaling.sweep.grid import format_duration, launch_wall_s, status_list, wall_estimate_s
 
@@ -62,6 +62,8 @@ class Status:
     to_run: Optional[int] = None
     stale: list[str] = field(default_factory=list)
     """`job_key: why` for markers whose job is gone without a record."""
+    stalled: list[str] = field(default_factory=list)
+    """`job_key: pid P on HOST (since T), stopped, heartbeat 3.0 min old` for live holders that do not progress."""
     not_in_grid: Optional[int] = None
     """Records whose key is not among the last run's grid keys (another grid's points, records of an older
     schema, merged from another store); None without a grid."""
@@ -96,8 +98,10 @@ def summarize(
     markers: Mapping[str, Mapping[str, Any]],
     live: Mapping[str, Optional[bool]],
     states: Optional[Mapping[str, str]] = None,
+    stalled: Optional[Mapping[str, str]] = None,
 ) -> Status:
-    """Count a sweep directory's points: done per status, in flight, to run, stale; the time per point and left."""
+    """Count a sweep directory's points: done per status, in flight, stalled (`stalled`: how each live holder that
+    does not progress is so, by job key), to run, stale; the time per point and left."""
     runs = (index or {}).get("runs") or []
     last = runs[-1] if runs else {}
     keys = last.get("job_keys")
@@ -117,6 +121,7 @@ def summarize(
     )
     done = {k for k in grid if k in records and _done(records[k], k, launch, run_started)}
     status.done = dict(Counter(records[k].get("status") for k in done))
+    held: set[str] = set()  # points a live job holds, running or stalled
     for key, marker in sorted(
         markers.items(), key=lambda kv: kv[1].get("started_at") or kv[1].get("submitted_at") or ""
     ):
@@ -129,6 +134,10 @@ def summarize(
                 else f"pid {marker.get('pid')} on {marker.get('host')} is gone"
             )
             status.stale.append(f"{key}: {holder} without a record (a re-run runs it again)")
+            continue
+        if (stalled or {}).get(key):
+            status.stalled.append(f"{key}: {inflight.holder(marker)}, {stalled[key]}")
+            held.add(key)
             continue
         job_id = marker.get("slurm_job_id")
         queued = (states or {}).get(
@@ -144,7 +153,7 @@ def summarize(
                 live.get(key) is not None,
             )
         )
-    held = {f.job_key for f in status.in_flight}
+    held |= {f.job_key for f in status.in_flight}
     if keys is not None:
         status.to_run = len([k for k in grid if k not in done and k not in held])
     status.device_time = total(record.get("timing") or {} for record in records.values())
@@ -196,6 +205,8 @@ def render(s: Status, now: dt.datetime) -> list[str]:
         lines.append(f"  to run   {s.to_run:5d}")
     for i, why in enumerate(s.stale[:SHOWN]):
         lines.append((f"  stale    {len(s.stale):5d}  " if i == 0 else " " * 18) + why)
+    for i, how in enumerate(s.stalled[:SHOWN]):
+        lines.append((f"  stalled  {len(s.stalled):5d}  " if i == 0 else " " * 18) + how)
     if s.not_in_grid:
         lines.append(
             f"  not in the current grid: {s.not_in_grid} (records of another grid or key; `scaling report` reads them)"
@@ -212,7 +223,7 @@ def render(s: Status, now: dt.datetime) -> list[str]:
             else "; nothing left to run"
             if s.eta_s == 0
             else f"; about {format_duration(s.eta_s)} left at {s.at_once} at once"
-        )
+        ) + (f", {len(s.stalled)} stalled point{'s' * (len(s.stalled) > 1)} not counted" if s.stalled else "")
         lines.append(f"  time     median {s.median_wall_s:.1f} s per launched point ({s.launched} recorded){left}")
     spent = s.device_time
     if spent.records:
@@ -235,15 +246,15 @@ class Store:
         """Status and timing of each record, by job key (those that cannot be read in `problems`)."""
         fresh = {}
         self.problems = {str(e.path.relative_to(self.sweep_dir)): e.reason for e in set_aside_records(self.sweep_dir)}
-        for path in self.sweep_dir.glob(f"*/{RESULT_FILE}"):
+        for path in record_paths(self.sweep_dir):
             try:
                 mtime = path.stat().st_mtime_ns
             except FileNotFoundError:
-                continue
+                mtime = 0  # a dangling link: named below, never kept
             key = path.parent.name
             if key not in self._records or self._records[key][0] != mtime:
                 try:
-                    record = load_record(path)
+                    record = load_record(path, key)
                 except FileNotFoundError:
                     continue
                 except RecordError as e:
@@ -275,6 +286,8 @@ class Store:
         if index is None and not records and not markers and not self.problems:
             return None
         states = inflight.marker_states(markers)
-        status = summarize(str(self.sweep_dir), index, records, markers, inflight.live_markers(markers, states), states)
+        live, host = inflight.live_markers(markers, states), socket.gethostname()
+        stalled = {key: how for key, m in markers.items() if live.get(key) and (how := inflight.stalled(m, host))}
+        status = summarize(str(self.sweep_dir), index, records, markers, live, states, stalled)
         status.unreadable = dict(self.problems)
         return status
