@@ -397,7 +397,7 @@ RECIPE = [
 def part_e(check: Check) -> None:
     """`scaling recipe` for llama_1b on this machine's GPUs; its recipe.md goes on the page."""
     from scaling.cli.recipe import main as recipe
-    from scaling.recipe.decide import RECIPE_MD
+    from scaling.recipe.answer import RECIPE_MD
 
     if not check.time_left(240, "(e) the recipe of llama_1b"):
         return

@@ -20,8 +20,10 @@ import pytest
 
 from scaling.perf.network_figures import profile_estimate
 from scaling.perf.step_model import Workload
-from scaling.recipe.decide import Beyond, Candidate, Estimate, Recipe, Split, decide, max_useful_gpus, split
+from scaling.recipe.answer import Recipe
+from scaling.recipe.decide import decide
 from scaling.recipe.estimate import FromRecords
+from scaling.recipe.options import Beyond, Candidate, Estimate, Split, max_useful_gpus, split
 from scaling.recipe.render import table
 from tests.helpers.synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of
 
@@ -120,7 +122,7 @@ def test_the_report_opens_with_the_recipe(tmp_path) -> None:
     """A directory with a recipe.json: `scaling report` states the recipe first, its table and commands, and folds
     how it was found."""
     from scaling.cli.report import main as report_main
-    from scaling.recipe.decide import RECIPE_JSON, Recipe
+    from scaling.recipe.answer import RECIPE_JSON, Recipe
 
     gbs, counts = 512, [1, 8, 128, 512, 1024]
     rng = np.random.default_rng(3)
@@ -367,7 +369,7 @@ def test_an_8b_model_is_planned_at_the_gpu_count_where_it_fits_sharded(tmp_path,
     with a predicted figure, and ZeRO-0 (which shards nothing) is said to fit at no count. Past one node the
     64-GPU row shards within nodes (hybrid sharding) and says how it compares with full sharding."""
     from scaling.cli.recipe import main
-    from scaling.recipe.decide import Recipe
+    from scaling.recipe.answer import Recipe
 
     sweep_dir = tmp_path / "plan"
     argv = ["--gbs-tokens", "2Mi", "--gpus", "4,8,64", "--zero", "0,3", "--recompute", "none", "--draws", "50"]

@@ -1,2 +1,3 @@
-"""The batch-size recipe's steps that run points: the largest mbs that fits (find_mbs) and the recipe end to end
-(measure: what a sweep directory lacks, measured, then decided by scaling.recipe.decide)."""
+"""The batch-size recipe in one place: what is asked (request), the largest mbs per GPU count (mbs_search), the points
+measured (measure), each row's figure (estimate, predicted), the decision (options, decide, answer), the next
+measurement (next_point), and the answer written (render). `scaling recipe` (scaling.cli.recipe) is its entry."""

@@ -13,7 +13,7 @@ from scaling.model.shape import ModelShape
 from scaling.perf.extrapolation import Extrapolation, extrapolate, rate_band
 from scaling.perf.network import NetworkEstimate
 from scaling.perf.step_model import Point, Workload
-from scaling.recipe.decide import EXTRAPOLATED, MEASURED, Beyond, Candidate, Estimate, Split
+from scaling.recipe.options import EXTRAPOLATED, MEASURED, Beyond, Candidate, Estimate, Split
 
 
 def _matches(record: Mapping[str, Any], c: Candidate, mbs: int) -> bool:

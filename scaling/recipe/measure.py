@@ -32,11 +32,13 @@ from scaling.perf.network_figures import sources
 from scaling.perf.step_model import step_collectives
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
-from scaling.recipe.decide import Candidate, Estimate, Recipe, Split, knee_of_full_sharding, split
+from scaling.recipe.answer import Recipe
 from scaling.recipe.decide import decide as decide_rows
+from scaling.recipe.decide import knee_of_full_sharding
 from scaling.recipe.estimate import FromRecords, workload_of
 from scaling.recipe.mbs_search import find_mbs, largest_mbs_by_gpus
 from scaling.recipe.next_point import suggest
+from scaling.recipe.options import Candidate, Estimate, Split, split
 from scaling.recipe.predicted import Predicted, assumed_mfu, measured_mfu
 from scaling.recipe.request import RecipeRequest
 from scaling.store.read import RecordError, read_record

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from scaling.recipe.decide import MEASURED, Candidate, Estimate, Estimator, Row, Split, split
+from scaling.recipe.answer import Row
+from scaling.recipe.options import MEASURED, Candidate, Estimate, Estimator, Split, split
 
 LAUNCH_OVERHEAD_S = {"cuda": 90.0, "cpu": 10.0}
 """Device-seconds a launch holds besides its steps, per device: interpreter, torch, process group, build, teardown

@@ -24,7 +24,7 @@ from scaling.perf.dp_fit import Fit
 from scaling.perf.extrapolation import Draw, model_form, rate_band
 from scaling.perf.network import NetworkEstimate
 from scaling.perf.step_model import Workload
-from scaling.recipe.decide import PREDICTED, Candidate, Estimate, Split
+from scaling.recipe.options import PREDICTED, Candidate, Estimate, Split
 
 ASSUMED_SPREAD = 0.10
 """The relative band of `--assume-mfu` where the hardware has no measured points to take the spread from."""

@@ -17,8 +17,9 @@ from analysis.figures import PALETTE, new_figure, themed
 from analysis.sections import Section
 from scaling.core.files import write_json_atomic
 from scaling.core.units import format_bytes
-from scaling.recipe.decide import EXTRAPOLATED, MEASURED, RECIPE_JSON, RECIPE_MD, Recipe
+from scaling.recipe.answer import RECIPE_JSON, RECIPE_MD, Recipe
 from scaling.recipe.next_point import NextMeasurement
+from scaling.recipe.options import EXTRAPOLATED, MEASURED
 
 
 def _fmt_rate(v: Optional[float]) -> str:

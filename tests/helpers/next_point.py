@@ -9,9 +9,10 @@ import numpy as np
 
 from scaling.perf.network_figures import profile_estimate
 from scaling.perf.step_model import Workload
-from scaling.recipe.decide import Candidate, decide, split
+from scaling.recipe.decide import decide
 from scaling.recipe.estimate import FromRecords
 from scaling.recipe.next_point import half_width, suggest
+from scaling.recipe.options import Candidate, split
 from tests.helpers.synthetic_dp import Truth, measure, profile_of
 
 
