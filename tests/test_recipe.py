@@ -150,7 +150,7 @@ def test_the_report_opens_with_the_recipe(tmp_path) -> None:
         and "| 512 | – | – | beyond_horizon |" in head
         and "past dp=128, 4× the largest measured dp, 32" in head
     )
-    assert head.index("can use at most 512 GPUs") < head.index("<details>") < head.index("Network: fitted.")
+    assert head.index("at most 512 data-parallel ranks") < head.index("<details>") < head.index("Network: fitted.")
 
 
 @pytest.mark.parametrize("gbs", [64, 512, 1000])
@@ -364,9 +364,9 @@ def test_with_nothing_measured_every_row_is_predicted_from_flops_and_a_measured_
 @pytest.mark.slow
 def test_an_8b_model_is_planned_at_the_gpu_count_where_it_fits_sharded(tmp_path, capsys) -> None:
     """llama_8b in bf16 at seq 8192 needs 128 GB of model state: no H100 holds it, ZeRO-3 over 8 does (16 GB each).
-    The fit is judged per rank at the count a configuration runs at, by the pre-screen's predictor: the 4-GPU row
-    says no configuration fits there and from how many GPUs ZeRO-3 would, the 8- and 64-GPU rows are ZeRO-3 plans
-    with a predicted figure, and ZeRO-0 (which shards nothing) is said to fit at no count. Past one node the
+    The fit is judged per rank at the count a configuration runs at, by the pre-screen's predictor: at 4 GPUs only
+    tensor parallelism within the node fits it (the row says so), the 8- and 64-GPU rows are ZeRO-3 plans with a
+    predicted figure, and ZeRO-0 (which shards nothing) is said to fit at no count. Past one node the
     64-GPU row shards within nodes (hybrid sharding) and says how it compares with full sharding."""
     from scaling.cli.recipe import main
     from scaling.recipe.answer import Recipe
@@ -377,17 +377,18 @@ def test_an_8b_model_is_planned_at_the_gpu_count_where_it_fits_sharded(tmp_path,
     assert main([*argv, "--sweep-dir", str(sweep_dir), *overrides]) == 0
     recipe = Recipe.from_json(json.loads((sweep_dir / "recipe.json").read_text()))
     zero3 = recipe.candidates[0]
-    assert [(c.zero_stage, c.dp_shard) for c in recipe.candidates] == [(3, None), (3, 8), (3, 16), (3, 32)]
+    layouts = [(c.zero_stage, c.dp_shard, c.tp) for c in recipe.candidates]
+    assert layouts == [(3, None, 1), (3, 8, 1), (3, 16, 1), (3, 32, 1), (3, None, 2), (3, None, 4), (3, None, 8)]
     assert zero3.fit_gpus == 8 and zero3.mbs_for(4) == 0 and zero3.mbs_for(64) >= 1
     four, eight, sixty_four = recipe.rows
-    assert four.zero_stage is None and four.reason.startswith(
-        "no configuration fits per rank at 4 GPUs: ZeRO-3, recompute none fits from 8 GPUs"
-    )
-    for row in (eight, sixty_four):
+    # at 4 GPUs only tensor parallelism fits it (ZeRO-3 alone needs 8): the row says why it runs tp
+    assert (four.zero_stage, four.tp, four.dp) == (3, 4, 1), four
+    assert four.tp_why == "no configuration without tensor parallelism fits per rank at 4 GPUs"
+    for row in (four, eight, sixty_four):
         assert row.zero_stage == 3 and row.source == "predicted" and row.memory_headroom_frac > 0, row
         assert row.tokens_per_s_per_gpu_low <= row.tokens_per_s_per_gpu <= row.tokens_per_s_per_gpu_high
     notes = " ".join(recipe.notes)
-    assert recipe.baseline_gpus == 8 and "ZeRO-0, recompute none: not even mbs=1 fits per rank" in notes
+    assert recipe.baseline_gpus == 4 and "ZeRO-0, recompute none: not even mbs=1 fits per rank" in notes
     # past one node (published H100 figures: NVLink within, InfiniBand between), sharding within a node and
     # all-reducing the shards across nodes beats gathering over all 64: the row says by how much, at what memory
     assert eight.dp_shard is None and sixty_four.dp_shard == 8 and "parallel.dp_shard=8" in sixty_four.command

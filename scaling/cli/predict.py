@@ -156,7 +156,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     try:
         validate(cfg)
-        checked(cfg.model, cfg.train.seq_len)  # the model's contract, as `scaling run` checks it
+        checked(cfg.model, cfg.train.seq_len, cfg.parallel.tp)  # the model's contract, as `scaling run` checks it
     except InvalidConfig as e:
         print(f"scaling predict: invalid point: {e}", file=sys.stderr)
         return 2

@@ -340,7 +340,7 @@ def derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
     """The record's `derived` (scaling.store.record_blocks.Derived): the batch arithmetic, the parameter count and
     the FLOPs per token (the built-in family's closed form; a model the user brings counted by torch's
     FlopCounterMode and named in `model`); InvalidConfig when a model the user brings breaks the contract."""
-    counted = checked(c.model, c.train.seq_len)
+    counted = checked(c.model, c.train.seq_len, c.parallel.tp)
     block = DerivedBlock(
         **derived.as_dict(),
         n_params=counted.n_params,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Optional, Union
 
-from scaling.core.model_group import CustomModel, ModelConfig
+from scaling.core.model_group import HF_TARGET, CustomModel, ModelConfig
 from scaling.core.validate import InvalidConfig
 from scaling.model.shape import Counted
 
@@ -72,6 +72,10 @@ class Family(ABC):
     @abstractmethod
     def counted(self, seq_len: int) -> Counted:
         """Its size, FLOPs and parameter tensors at one sequence length; ModelError if it breaks the contract."""
+
+    def tp_widths(self) -> dict[str, int]:
+        """What tensor parallelism splits evenly: heads, key/value heads and widths, by name (empty: unknown)."""
+        return {}
 
     @abstractmethod
     def tp_plan(self) -> dict[str, str]:
@@ -176,16 +180,33 @@ class Custom(Family):
 
         return tp_plan(self.config)
 
+    def tp_widths(self) -> dict[str, int]:
+        if self.config.target != HF_TARGET:
+            return {}
+        from scaling.model.hf.causal_lm import hf_widths
+
+        return hf_widths(**self.config.kwargs)
+
 
 def family_of(model: Union[ModelConfig, CustomModel]) -> Family:
     """The family of a `model` config group."""
     return Custom(model) if isinstance(model, CustomModel) else Llama(model)
 
 
-def checked(model: Union[ModelConfig, CustomModel], seq_len: int) -> Counted:
+def checked(model: Union[ModelConfig, CustomModel], seq_len: int, tp: int = 1) -> Counted:
     """`counted`, with the contract checked on the way, as every command checks it before any process starts (`run`,
-    `predict`, `find-mbs`, a sweep's forecast): InvalidConfig, one line, for a model that breaks it."""
+    `predict`, `find-mbs`, a sweep's forecast), and with tensor parallelism its plan and widths: InvalidConfig, one
+    line, for a model that breaks it."""
     try:
-        return family_of(model).counted(seq_len)
+        family = family_of(model)
+        if tp > 1:
+            family.tp_plan()  # a model without a plan is refused naming the key to add
+            split = [f"{name}={value}" for name, value in family.tp_widths().items() if value % tp]
+            if split:
+                raise ModelError(
+                    f"parallel.tp={tp} does not divide {', '.join(split)} of model {model.name!r}: tensor parallelism "
+                    "splits heads and widths evenly"
+                )
+        return family.counted(seq_len)
     except ModelError as e:
         raise InvalidConfig([str(e)]) from e

@@ -119,7 +119,7 @@ def rate_band(
 ) -> tuple[float, float, float, float]:
     """At dp=n and `grad_acc`: the nominal fit's seconds per step and tokens/s per GPU, and the BAND percentiles of
     the tokens/s per GPU of the draws whose network reaches n (the nominal figure, when none does)."""
-    tokens = w.mbs * w.seq_len * grad_acc
+    tokens = w.mbs * w.seq_len * grad_acc / w.tp  # a GPU's share of its dp rank's tokens
     step = nominal.step_time_s(w, n, grad_acc)
     rates = [tokens / d.step_time_s(w, n, grad_acc) for d in draws if d.network.reaches(n)]
     lo, hi = (float(v) for v in np.percentile(rates, BAND)) if rates else (tokens / step, tokens / step)
@@ -344,7 +344,7 @@ def extrapolate(
     knee_dp, next_dp = find_knee(shown, list(eff[: len(shown)]), threshold)
     low, high = np.nanpercentile(curves_arr, BAND, axis=0)
     spread = {k: (v, *_quantiles(np.array([p[k] for p in params]))) for k, v in _params(nominal).items()}
-    measured = {p.dp: w.mbs * w.seq_len * p.grad_acc / p.step_time_s for p in points}
+    measured = {p.dp: w.mbs * w.seq_len * p.grad_acc / w.tp / p.step_time_s for p in points}
     if dps[-1] < max_dp and dps[-1] <= limit:
         notes.append(_why_it_stops(w, dps[-1], reaches, max_dp))
     misfit = max(abs(nominal.step_time_s(w, p.dp, p.grad_acc) / p.step_time_s - 1) for p in points if reaches(p.dp))

@@ -43,6 +43,10 @@ class Row:
     reason: Optional[str] = None
     dp_shard: Optional[int] = None
     """Hybrid sharding: the ranks each shard spans (None: full sharding, or a stage that does not shard)."""
+    tp: int = 1
+    """Tensor parallelism: GPUs per dp rank (dp × tp = gpus)."""
+    tp_why: Optional[str] = None
+    """Why this row runs tensor parallelism (None without it)."""
     versus_full: Optional[dict[str, Any]] = None
     """Where hybrid sharding is run: the best full-sharding option beside it (its tokens/s per GPU and band, and the
     peak memory per rank of both), so the row says by how much hybrid wins and at what memory cost."""

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from scaling.perf.knee import DEFAULT_THRESHOLD
 from scaling.recipe.answer import Row
-from scaling.recipe.options import BEYOND_HORIZON, Beyond, Candidate, Estimator, Option, Split, max_useful_gpus, split
+from scaling.recipe.options import BEYOND_HORIZON, Beyond, Candidate, Estimator, Option, Split, max_useful_gpus
 
 
 def best_option(
@@ -30,14 +30,15 @@ def best_option(
     options, why, seen = [], [], set()
     beyond: Optional[str] = None
     for c in candidates:
-        same = (c.zero_stage, c.recompute, c.shard_at(gpus), c.mbs_for(gpus))
+        dp = c.dp_at(gpus) or 0
+        same = (c.zero_stage, c.recompute, c.shard_at(dp), c.tp, c.mbs_for(gpus))
         if same in seen:  # a hybrid candidate whose groups span every rank at this count is its full sharding
             continue
         seen.add(same)
         if c.mbs_for(gpus) < 1:
             why.append(f"ZeRO-{c.zero_stage} {c.recompute} does not fit at {gpus} GPUs")
             continue
-        s = split(gbs_samples, seq_len, gpus, c.mbs_for(gpus))
+        s = c.split_at(gbs_samples, seq_len, gpus)
         if s is None:
             continue
         e = estimate(c, s)
@@ -102,7 +103,7 @@ def decide(
     """The rows for the requested GPU counts, the first GPU count past the baseline below `threshold` with its range,
     the baseline (the most tokens/s per GPU at any count: 1 GPU but for a model that only sharding, or recompute,
     fits on few) and its count. Pure: every figure comes from `estimate`."""
-    top = max_useful_gpus(gbs_samples)
+    top = max_useful_gpus(gbs_samples) * max((c.tp for c in candidates), default=1)
     counts = sorted({*(2**k for k in range(top.bit_length()) if 2**k <= top), *(n for n in gpus if n <= top)})
     baseline = baseline_gpus = None
     for n in counts:  # the most tokens/s per GPU at any count: one device, unless only sharding or recompute fits it
@@ -116,8 +117,10 @@ def decide(
         if n > top:
             row.reason = (
                 f"more GPUs than the batch can use: {gbs_samples} samples split over at most {top} GPUs "
-                f"(mbs=1, grad_acc=1); use at most {top} GPUs, a larger global batch (at least {n * seq_len:,} "
-                "tokens), or tensor or pipeline parallelism to use the rest"
+                f"(mbs=1, grad_acc=1{', the largest tp' if top > gbs_samples else ''}); use at most {top} GPUs, a "
+                f"larger global batch (at least {n * seq_len:,} tokens), or "
+                + ("more tensor or " if top > gbs_samples else "tensor or ")
+                + "pipeline parallelism to use the rest"
             )
         elif best is None and candidates and all(c.mbs_for(n) < 1 for c in candidates):
             starts = sorted((c.fit_gpus, c.name) for c in candidates if c.fit_gpus is not None)
@@ -136,8 +139,15 @@ def decide(
             rows.append(row)
             continue
         c, s, e = best.candidate, best.split, best.estimate
-        row.dp, row.zero_stage, row.mbs, row.grad_acc, row.recompute = n, c.zero_stage, s.mbs, s.grad_acc, c.recompute
-        row.dp_shard = c.shard_at(n)
+        row.dp, row.zero_stage, row.mbs, row.grad_acc, row.recompute = (
+            s.gpus,
+            c.zero_stage,
+            s.mbs,
+            s.grad_acc,
+            c.recompute,
+        )
+        row.dp_shard, row.tp = c.shard_at(s.gpus), c.tp
+        row.tp_why = _tp_why(c, candidates, n, gbs_samples, seq_len, estimate) if c.tp > 1 else None
         row.gbs_tokens, row.gbs_exact = s.gbs_tokens, s.exact
         row.tokens_per_s_per_gpu, row.tokens_per_s_per_gpu_low, row.tokens_per_s_per_gpu_high = (
             e.tokens_per_s_per_gpu,
@@ -157,7 +167,8 @@ def decide(
             {
                 "zero_stage": o.candidate.zero_stage,
                 "recompute": o.candidate.recompute,
-                "dp_shard": o.candidate.shard_at(n),
+                "dp_shard": o.candidate.shard_at(o.split.gpus),
+                "tp": o.candidate.tp,
                 "mbs": o.split.mbs,
                 "grad_acc": o.split.grad_acc,
                 "tokens_per_s_per_gpu": o.estimate.tokens_per_s_per_gpu,
@@ -227,6 +238,24 @@ def knee_of_full_sharding(
     full = full_sharding(candidates)
     if len(full) == len(candidates) or not full or not baseline or baseline_gpus is None:
         return None
-    top = max_useful_gpus(gbs_samples)
+    top = max_useful_gpus(gbs_samples) * max((c.tp for c in candidates), default=1)
     counts = [2**k for k in range(top.bit_length()) if baseline_gpus <= 2**k <= top]
     return knee(full, gbs_samples, seq_len, counts, estimate, baseline, threshold)[0]
+
+
+def _tp_why(
+    c: Candidate, candidates: Sequence[Candidate], gpus: int, gbs_samples: int, seq_len: int, estimate: Estimator
+) -> str:
+    """Why a row runs tensor parallelism: the batch has fewer samples than GPUs, no configuration without it fits,
+    or it is the fastest there."""
+    plain = [o for o in candidates if o.tp == 1]
+    if gpus > gbs_samples:
+        return (
+            f"the batch's {gbs_samples} samples split over at most {gbs_samples} dp ranks: tp {c.tp} uses {gpus} GPUs"
+        )
+    if not any(o.mbs_for(gpus) >= 1 for o in plain):
+        return f"no configuration without tensor parallelism fits per rank at {gpus} GPUs"
+    best, _, _, _ = best_option(plain, gbs_samples, seq_len, gpus, estimate)
+    if best is None:
+        return "no configuration without tensor parallelism has a figure here"
+    return f"the fastest: {best.candidate.name} gives {best.estimate.tokens_per_s_per_gpu:,.0f} tokens/s per GPU here"

@@ -25,6 +25,7 @@ def _matches(record: Mapping[str, Any], c: Candidate, mbs: int) -> bool:
         and cfg["train"]["recompute"] == c.recompute
         and cfg["train"]["mbs"] == mbs
         and parallel.get("dp_shard") == c.shard_at(parallel["dp"])
+        and parallel.get("tp", 1) == c.tp
     )
 
 
@@ -115,6 +116,7 @@ def workload_of(
         float(t.grad_clip),
         float(p.bucket_mb),
         c.dp_shard,
+        c.tp,
     )
 
 

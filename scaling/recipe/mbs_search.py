@@ -88,7 +88,7 @@ def find_mbs(
     if capacity is None:
         raise ValueError("hardware.memory_gb=null: find-mbs needs a capacity per rank, e.g. hardware.memory_gb=0.02")
     validate(_with_mbs(cfg, 1))
-    checked(cfg.model, cfg.train.seq_len)  # the model's contract, as `scaling run` checks it
+    checked(cfg.model, cfg.train.seq_len, cfg.parallel.tp)  # the model's contract, as `scaling run` checks it
     predictions: dict[int, int] = {}
 
     def analytic_fits(m: int) -> bool:
@@ -211,20 +211,26 @@ def largest_mbs_by_gpus(
     max_samples: int,
     traces_in: Optional[str | os.PathLike] = None,
     dp_shard: Optional[int] = None,
+    tp: int = 1,
 ) -> dict[int, int]:
     """The largest mbs that fits per rank at each GPU count (0: not even mbs=1; at most max_samples // count, the
     batch's share of a rank), as the pre-screen's predictor says (analytic; a model the user brings, traced in a
     fake world of that many ranks): a plan for the target hardware, whatever this host could run. `dp_shard`: hybrid
-    sharding where it properly divides the count."""
+    sharding where it properly divides the dp ranks; `tp`: each count's GPUs as dp = count / tp ranks of tp (0 where
+    tp does not divide it)."""
     cfg = _search_point(cfg)
     capacity = capacity_bytes(cfg.hardware)
     if capacity is None:
         raise ValueError("hardware.memory_gb=null: a fit per rank needs a capacity, e.g. hardware.memory_gb=0.02")
     out, guess = {}, 1
     for n in sorted(set(counts)):
-        hybrid = dp_shard if dp_shard and dp_shard < n and n % dp_shard == 0 else None
-        at = cfg.changed(parallel={"dp": n, "dp_shard": hybrid})
-        limit = max_samples // n
+        if n % tp or n < tp:
+            out[n] = 0
+            continue
+        dp = n // tp
+        hybrid = dp_shard if dp_shard and dp_shard < dp and dp % dp_shard == 0 else None
+        at = cfg.changed(parallel={"dp": dp, "dp_shard": hybrid, "tp": tp})
+        limit = max_samples // dp
         out[n] = largest_true(lambda m, at=at: _predicted_peak(_with_mbs(at, m), traces_in) <= capacity, guess, limit)
         guess = max(out[n], 1)
     return out

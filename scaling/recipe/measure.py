@@ -93,16 +93,17 @@ def point_config(
     dp: int,
     grad_acc: int,
     dp_shard: Optional[int] = None,
+    tp: int = 1,
 ) -> ExperimentConfig:
-    """The base config at one point of the recipe: ZeRO stage, recompute, mbs, dp, grad_acc and dp_shard set, no
+    """The base config at one point of the recipe: ZeRO stage, recompute, mbs, dp, grad_acc, dp_shard and tp set, no
     batch target."""
     train = {"mbs": mbs, "grad_acc": grad_acc, "gbs": None, "gbs_tokens": None, "recompute": recompute}
-    return cfg.changed(train=train, parallel={"zero_stage": zero, "dp": dp, "dp_shard": dp_shard})
+    return cfg.changed(train=train, parallel={"zero_stage": zero, "dp": dp, "dp_shard": dp_shard, "tp": tp})
 
 
 def candidate_point(cfg: ExperimentConfig, c: Candidate, mbs: int, dp: int, grad_acc: int) -> ExperimentConfig:
-    """A candidate's point at dp GPUs (its dp_shard where it divides dp)."""
-    return point_config(cfg, c.zero_stage, c.recompute, mbs, dp, grad_acc, c.shard_at(dp))
+    """A candidate's point at dp data-parallel ranks (its dp_shard where it divides dp, its tp)."""
+    return point_config(cfg, c.zero_stage, c.recompute, mbs, dp, grad_acc, c.shard_at(dp), c.tp)
 
 
 HYBRID_POLICIES = 3
@@ -110,12 +111,37 @@ HYBRID_POLICIES = 3
 asked for)."""
 
 
-def shard_policies(zero: int, devices_per_node: Optional[int], gpus: list[int]) -> list[Optional[int]]:
-    """parallel.dp_shard settings to weigh: full sharding, and for ZeRO-2/3 on nodes, shard groups of 1, 2, 4 nodes."""
-    if zero < 2 or not devices_per_node:
-        return [None]
+TP_DEGREES = (2, 4, 8)
+"""Tensor-parallel degrees the recipe weighs, where they split every head and width and fit a node."""
+
+
+def layouts(cfg: ExperimentConfig, zero: int, gpus: list[int]) -> list[tuple[Optional[int], int]]:
+    """(parallel.dp_shard, parallel.tp) layouts to weigh for a ZeRO stage: full sharding; for ZeRO-2/3 on nodes,
+    shard groups of 1, 2, 4 nodes (hybrid), and tp 2, 4, 8 within a node where the model's plan allows them."""
+    dpn = cfg.hardware.devices_per_node
+    if zero < 2 or not dpn:
+        return [(None, 1)]
     top = max(gpus)
-    return [None, *(devices_per_node * 2**j for j in range(HYBRID_POLICIES) if devices_per_node * 2**j < top)]
+    hybrid = [(dpn * 2**j, 1) for j in range(HYBRID_POLICIES) if dpn * 2**j < top]
+    return [(None, 1), *hybrid, *((None, t) for t in tp_degrees(cfg, top))]
+
+
+def tp_degrees(cfg: ExperimentConfig, most: int) -> list[int]:
+    """The tensor-parallel degrees a model runs (scaling.core.validate's check) within a node and the GPUs asked."""
+    from scaling.core.validate import InvalidConfig, validate
+    from scaling.model.family import checked
+
+    out = []
+    for t in TP_DEGREES:
+        if t > most:
+            break
+        try:
+            validate(cfg.changed(parallel={"tp": t, "zero_stage": 3, "dp_shard": None}), host=False)
+            checked(cfg.model, cfg.train.seq_len, t)  # a plan, and heads and widths it splits
+        except InvalidConfig:
+            continue
+        out.append(t)
+    return out
 
 
 @dataclass(frozen=True)
@@ -210,11 +236,9 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
     # requested GPU count needs
     counts = sorted({1, *a.gpus})
     for c in candidates:
-        dps = sorted({c.fit_gpus, at_hand}) if c.fit_gpus is not None and at_hand >= c.fit_gpus else []
-        for mbs in sorted(
-            {s.mbs for n in counts if c.mbs_for(n) and (s := split(gbs_samples, seq_len, n, c.mbs_for(n)))}
-        ):
-            for dp in (d for d in dps if c.mbs_for(d) >= mbs):
+        at = sorted({c.fit_gpus, at_hand}) if c.fit_gpus is not None and at_hand >= c.fit_gpus else []
+        for mbs in sorted({s.mbs for n in counts if (s := c.split_at(gbs_samples, seq_len, n))}):
+            for dp in (c.dp_at(g) for g in at if c.mbs_for(g) >= mbs and c.dp_at(g)):
                 s = split(gbs_samples, seq_len, dp, mbs)
                 if s is None or s.mbs != mbs:
                     continue
@@ -263,6 +287,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
             f"train.mbs={s.mbs}",
             f"train.grad_acc={s.grad_acc}",
             f"parallel.dp={s.gpus}",
+            *([f"parallel.tp={c.tp}"] if c.tp > 1 else []),
             f"parallel.zero_stage={c.zero_stage}",
             f"train.recompute={c.recompute}",
             *([f"parallel.dp_shard={c.shard_at(s.gpus)}"] if c.shard_at(s.gpus) else []),
@@ -311,7 +336,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         rows=rows,
         dp_stops_paying_off_at=first,
         dp_stops_paying_off_range=band,
-        max_useful_gpus=gbs_samples,
+        max_useful_gpus=gbs_samples * max((c.tp for c in candidates), default=1),
         baseline_tokens_per_s_per_gpu=baseline,
         notes=notes,
         baseline_gpus=baseline_gpus,
@@ -333,19 +358,18 @@ def _candidates(
     (predicted; confirmed by two runs at the fewest GPUs it fits on where those are at hand); a setting that fits at
     no count is left out and said, and when none fits the notes say from how many GPUs each would."""
     hw = cfg.hardware
-    judged = sorted(
-        {*(2**k for k in range(gbs_samples.bit_length())), *a.gpus, at_hand} & set(range(1, gbs_samples + 1))
-    )
+    most = gbs_samples * max(tp_degrees(cfg, max(a.gpus)) or [1]) if hw.devices_per_node else gbs_samples
+    judged = sorted({*(2**k for k in range(most.bit_length())), *a.gpus, at_hand} & set(range(1, most + 1)))
     if cfg.custom:  # each count is a trace: only the counts asked for and those at hand
-        judged = sorted({1, *a.gpus, at_hand} & set(range(1, gbs_samples + 1)))
+        judged = sorted({1, *a.gpus, at_hand} & set(range(1, most + 1)))
     found: list[Candidate] = []
-    for zero, recompute, dp_shard in (
-        (z, r, k) for z in a.zero for r in a.recompute for k in shard_policies(z, hw.devices_per_node, a.gpus)
+    for zero, recompute, (dp_shard, tp) in (
+        (z, r, k) for z in a.zero for r in a.recompute for k in layouts(cfg, z, a.gpus)
     ):
         base = point_config(cfg, zero, recompute, 1, 1, 1)
-        mbs_at = largest_mbs_by_gpus(base, judged, gbs_samples, sweep_dir, dp_shard)
+        mbs_at = largest_mbs_by_gpus(base, judged, gbs_samples, sweep_dir, dp_shard, tp)
         fit = next((n for n in judged if mbs_at[n] >= 1), None)
-        name = Candidate(zero, recompute, 0, "", dp_shard=dp_shard).name
+        name = Candidate(zero, recompute, 0, "", dp_shard=dp_shard, tp=tp).name
         if fit is None:
             notes.append(f"{name}: not even mbs=1 fits per rank at any GPU count up to {judged[-1]}")
             continue
@@ -363,7 +387,7 @@ def _candidates(
         if mbs_at[fit] < 1:
             notes.append(f"{name}: not even mbs=1 fits at {fit} GPU(s) ({how})")
             continue
-        found.append(Candidate(zero, recompute, mbs_at[fit], how, tuple(sorted(mbs_at.items())), dp_shard))
+        found.append(Candidate(zero, recompute, mbs_at[fit], how, tuple(sorted(mbs_at.items())), dp_shard, tp))
         where = "one device" if fit == 1 else f"{fit} GPUs (sharded)"
         print(f"[recipe] {name}: largest mbs {mbs_at[fit]} on {where} ({how})", flush=True)
     if not found:

@@ -29,18 +29,32 @@ class Candidate:
     """(GPUs, the largest mbs that fits per rank there; 0: not even mbs=1) at the counts it was judged at, in order;
     empty: mbs_max at every count."""
     dp_shard: Optional[int] = None
-    """Hybrid sharding: the ranks each shard spans wherever it divides the GPU count (None: full sharding)."""
+    """Hybrid sharding: the dp ranks each shard spans wherever it divides their count (None: full sharding)."""
+    tp: int = 1
+    """Tensor parallelism: the GPUs of each dp rank (its block's matmuls split over them); GPUs = dp × tp."""
 
     @property
     def name(self) -> str:
-        """`ZeRO-2, recompute none` (`, sharded over 8` under hybrid sharding)."""
+        """`ZeRO-2, recompute none` (`, sharded over 8` under hybrid sharding, `, tp 2` under tensor parallelism)."""
         hybrid = f", sharded over {self.dp_shard}" if self.dp_shard else ""
-        return f"ZeRO-{self.zero_stage}, recompute {self.recompute}{hybrid}"
+        return f"ZeRO-{self.zero_stage}, recompute {self.recompute}{hybrid}" + (
+            f", tp {self.tp}" if self.tp > 1 else ""
+        )
 
-    def shard_at(self, gpus: int) -> Optional[int]:
-        """parallel.dp_shard at `gpus` GPUs: dp_shard where it is a proper divisor, else None (full sharding)."""
+    def shard_at(self, dp: int) -> Optional[int]:
+        """parallel.dp_shard at `dp` ranks: dp_shard where it is a proper divisor, else None (full sharding)."""
         k = self.dp_shard
-        return k if k and k < gpus and gpus % k == 0 else None
+        return k if k and k < dp and dp % k == 0 else None
+
+    def dp_at(self, gpus: int) -> Optional[int]:
+        """The data-parallel ranks at `gpus` GPUs: gpus / tp, None where tp does not divide them."""
+        return gpus // self.tp if gpus >= self.tp and gpus % self.tp == 0 else None
+
+    def split_at(self, gbs_samples: int, seq_len: int, gpus: int) -> Optional[Split]:
+        """How the batch splits at `gpus` GPUs over its dp ranks (`split`), at the largest mbs that fits there; None
+        where nothing fits or tp does not divide the count."""
+        dp, mbs = self.dp_at(gpus), self.mbs_for(gpus)
+        return split(gbs_samples, seq_len, dp, mbs) if dp is not None and mbs >= 1 else None
 
     def mbs_for(self, gpus: int) -> int:
         """The largest mbs that fits per rank at `gpus` GPUs: that of the largest count judged at or below it (memory
@@ -57,7 +71,8 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Split:
-    """How `gpus` GPUs split the global batch: gbs = mbs × grad_acc × gpus samples."""
+    """How `gpus` data-parallel ranks split the global batch: gbs = mbs × grad_acc × gpus samples (under tensor
+    parallelism each rank is tp GPUs)."""
 
     gpus: int
     mbs: int

@@ -120,7 +120,7 @@ class Predicted:
             return None
 
         def compute_s(mfu: float) -> float:
-            return self.flops_per_token * s.mbs * w.seq_len / (mfu * self.peak_flops_per_s)
+            return self.flops_per_token * s.mbs * w.seq_len / w.tp / (mfu * self.peak_flops_per_s)  # a rank's part
 
         nominal = Fit(compute_s(self.mfu.nominal), 0.0, NOMINAL_OVERLAP, self.network.nominal)
         rng = np.random.default_rng(self.seed)

@@ -53,7 +53,8 @@ def table(recipe: Recipe) -> list[list[str]]:
             )
             continue
         shard = f" (shard over {r.dp_shard})" if r.dp_shard else ""
-        run = f"ZeRO-{r.zero_stage}{shard}, mbs {r.mbs}, grad_acc {r.grad_acc}, recompute {r.recompute}"
+        tp = f", tp {r.tp} × dp {r.dp}" if r.tp > 1 else ""
+        run = f"ZeRO-{r.zero_stage}{shard}{tp}, mbs {r.mbs}, grad_acc {r.grad_acc}, recompute {r.recompute}"
         band = f"{_fmt_rate(r.tokens_per_s_per_gpu)} [{_fmt_rate(r.tokens_per_s_per_gpu_low)}, {_fmt_rate(r.tokens_per_s_per_gpu_high)}]"
         batch = f"{r.gbs_tokens:,}" + (
             "" if r.gbs_exact else f" ({100 * (r.gbs_tokens / recipe.gbs_tokens - 1):+.1f}%)"
@@ -75,7 +76,8 @@ def table(recipe: Recipe) -> list[list[str]]:
             else f"{r.memory_headroom_frac:.0%} ({format_bytes(r.peak_mem_bytes)})"
         )
         ties = "; ".join(
-            f"ZeRO-{t['zero_stage']}{'/' + str(t['dp_shard']) if t.get('dp_shard') else ''} mbs {t['mbs']} "
+            f"ZeRO-{t['zero_stage']}{'/' + str(t['dp_shard']) if t.get('dp_shard') else ''}"
+            f"{' tp ' + str(t['tp']) if t.get('tp', 1) > 1 else ''} mbs {t['mbs']} "
             f"rc {t['recompute']}: {_fmt_rate(t['tokens_per_s_per_gpu'])}"
             for t in r.ties
         )
@@ -119,9 +121,16 @@ def headline(recipe: Recipe) -> list[str]:
         stops,
         *hybrid_lines(recipe),
         *([NextMeasurement(**nxt).sentence()] if nxt else []),
-        f"The batch ({recipe.gbs_tokens:,} tokens = {recipe.gbs_samples:,} samples of {recipe.seq_len}) can use at "
-        f"most {recipe.max_useful_gpus} GPUs (mbs=1, grad_acc=1). Beyond that: fewer GPUs, a larger batch, or tensor "
-        "or pipeline parallelism (not measured here).",
+        f"The batch ({recipe.gbs_tokens:,} tokens = {recipe.gbs_samples:,} samples of {recipe.seq_len}) splits over "
+        f"at most {recipe.gbs_samples} data-parallel ranks (mbs=1, grad_acc=1)"
+        + (
+            f"; tensor parallelism within a node takes it to {recipe.max_useful_gpus} GPUs. Beyond that: fewer GPUs, "
+            "a larger batch, or pipeline parallelism (not measured here)."
+            if recipe.max_useful_gpus > recipe.gbs_samples
+            else f". Beyond {recipe.max_useful_gpus} GPUs: fewer GPUs, a larger batch, or tensor or pipeline "
+            "parallelism (not measured here)."
+        ),
+        *[f"{r.gpus} GPUs run tp {r.tp}: {r.tp_why}." for r in recipe.rows if r.tp > 1 and r.tp_why],
     ]
 
 

@@ -222,7 +222,7 @@ def predict_new(cfg: ExperimentConfig, traced: bool = False) -> dict[str, Any]:
     try:
         grad_acc = validate(cfg).grad_acc
         if cfg.custom:  # the contract of a model the user brings, as run_point checks it
-            checked(cfg.model, cfg.train.seq_len)
+            checked(cfg.model, cfg.train.seq_len, cfg.parallel.tp)
     except InvalidConfig as e:
         return {"status": Status.INVALID, "error": str(e), "predicted": None}
     predicted = prescreen(cfg, grad_acc, trace=traced)

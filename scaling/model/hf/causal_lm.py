@@ -86,3 +86,10 @@ def hf_tp_plan(config: str, **arguments: Any) -> dict[str, str]:
     base model (`model.`), in the engine's words; empty when it has none."""
     plan = getattr(read_config(config, **arguments).text, "base_model_tp_plan", None) or {}
     return {f"model.{pattern}": HF_STYLES[word] for pattern, word in plan.items() if word in HF_STYLES}
+
+
+def hf_widths(config: str, **arguments: Any) -> dict[str, int]:
+    """The (text decoder's) heads, key/value heads and widths that tensor parallelism splits, by the config's names."""
+    text = read_config(config, **arguments).text
+    names = ("num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size")
+    return {name: int(getattr(text, name)) for name in names if isinstance(getattr(text, name, None), int)}
