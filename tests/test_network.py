@@ -250,6 +250,41 @@ def test_scaling_collectives_measures_through_torchrun_into_the_sweep_dir(tmp_pa
 
 
 @pytest.mark.parametrize(
+    "layout, plan",
+    [
+        (("parallel.dp=4",), {2: None, 4: None}),
+        (("parallel.dp=2", "parallel.tp=2"), {2: None, 4: "2"}),
+        (("parallel.dp=4", "parallel.dp_shard=2"), {2: None, 4: "2"}),
+        (("parallel.dp=2", "parallel.dp_shard=2", "parallel.tp=4"), {2: None, 4: None, 8: "4"}),
+        (("parallel.dp=4", "parallel.dp_shard=2", "parallel.tp=2"), {2: None, 4: None, 8: "2,4"}),
+    ],
+)
+def test_the_largest_launch_also_times_the_rings_of_the_layout(tmp_path, layout, plan):
+    """A point of dp × tp ranks runs rings of every rank (tp's own, within its group), of the dp ranks of one
+    tensor-parallel rank (tp apart) and of hybrid sharding's replicas (dp_shard × tp apart): the benchmark plans up
+    to dp × tp ranks, its largest launch timing each strided ring besides every rank's."""
+    from scaling.launch.network_probe import plan_launches
+    from scaling.sweep.compose import compose_config
+
+    cfg = compose_config(["hardware=h100", *layout])
+    launches = plan_launches(cfg, tmp_path, [4096], 2, {})
+    strides = {n: argv[argv.index("--stride") + 1] if "--stride" in argv else None for n, (_, argv) in launches.items()}
+    assert strides == plan
+
+
+@pytest.mark.torchrun
+def test_scaling_collectives_times_the_dp_rings_of_a_tensor_parallel_layout(tmp_path, capsys):
+    """dp=2 × tp=2 on CPU: launches of 2 and 4 ranks, the 4's also timing the two rings of ranks 2 apart at once."""
+    sweep = tmp_path / "sweep"
+    args = ["--sweep-dir", str(sweep), "--iters", "2", "--sizes", "4Ki,4Mi", "parallel.dp=2", "parallel.tp=2"]
+    assert main([*args, "hardware.oversubscribe=true", "launch.timeout_s=120"]) == 0
+    profile = load_profile(sweep / PROFILE_FILE)
+    rings = sorted({(r["world_size"], r.get("stride", 1)) for r in profile.samples})
+    assert profile.name.endswith(", n=2,4") and rings == [(2, 1), (2, 2), (4, 1)], rings
+    assert all(r["time_s"] > 0 for r in profile.samples)
+
+
+@pytest.mark.parametrize(
     "args, message",
     [
         (["--iters", "1"], "--iters=1: at least 2 timed calls"),

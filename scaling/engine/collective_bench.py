@@ -128,6 +128,18 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _strides(text: str) -> list[int]:
+    try:
+        strides = [int(s) for s in text.split(",") if s]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--stride={text!r}: give rank distances separated by commas, e.g. 2,8"
+        ) from None
+    if min(strides, default=0) < 1:
+        raise argparse.ArgumentTypeError(f"--stride={text!r}: every stride must be a positive rank distance")
+    return strides
+
+
 def _ops(text: str) -> list[str]:
     ops = [s for s in text.split(",") if s]
     bad = [op for op in ops if op not in OPS]
@@ -148,9 +160,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="JSON file rank 0 writes")
     p.add_argument(
         "--stride",
-        type=int,
-        default=1,
-        help="also time rings of ranks this far apart (the replicas of hybrid sharding's shards), all at once",
+        type=_strides,
+        default=[1],
+        help="also time rings of ranks this far apart, all at once, for each distance given (comma-separated): "
+        "tensor parallelism's dp rings (tp apart), hybrid sharding's replicas (dp_shard × tp apart)",
     )
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 0:
@@ -175,10 +188,10 @@ def main(argv: list[str] | None = None) -> None:
             for op in args.ops
             for size in args.sizes
         ]
-        if args.stride > 1:
-            group = strided_group(args.stride)
+        for stride in sorted({s for s in args.stride if s > 1}):
+            group = strided_group(stride)
             results += [
-                time_op(op, size, args.iters, args.warmup, DTYPES[args.dtype], device, group, args.stride)
+                time_op(op, size, args.iters, args.warmup, DTYPES[args.dtype], device, group, stride)
                 for op in args.ops
                 for size in args.sizes
             ]

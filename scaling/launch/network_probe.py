@@ -41,7 +41,9 @@ def _launch_one(
     """One benchmark launch of n ranks in its job directory, holding its devices as a point does; the worker's JSON."""
 
     hw, out = cfg.hardware, launch_dir / BENCH_OUTPUT
-    with warm.fresh_lease(devices.request(cfg.changed(parallel={"dp": n}), env), cfg.launch.devices) as held:
+    with warm.fresh_lease(
+        devices.request(cfg.changed(parallel={"dp": n, "tp": 1, "dp_shard": None}), env), cfg.launch.devices
+    ) as held:
         outcome = torchrun.launch_torchrun(
             argv,
             launch_dir,
@@ -70,19 +72,22 @@ def plan_launches(
             "scaling collectives runs as one process that starts every launch: run it with salloc or "
             "in a batch script, not as one of several srun tasks"
         )
-    plan = world_sizes(cfg.parallel.dp, dpn)
+    par = cfg.parallel
+    plan = world_sizes(par.world_size, dpn)
     if "SLURM_JOB_ID" not in env and plan[-1] > (dpn or plan[-1]):
         nodes = nodes_needed(plan[-1], dpn)
+        ranks = f"parallel.dp={par.dp}" + (f" × parallel.tp={par.tp} = {plan[-1]} ranks" if par.tp > 1 else "")
         raise ValueError(
-            f"parallel.dp={plan[-1]} with hardware.devices_per_node={dpn} spans {nodes} nodes: run "
-            f"scaling collectives inside a SLURM allocation of them (salloc --nodes={nodes} scaling "
-            f"collectives ...) or lower parallel.dp to {dpn}"
+            f"{ranks} with hardware.devices_per_node={dpn} spans {nodes} nodes: run scaling collectives inside a SLURM allocation of them (salloc --nodes={nodes} "
+            f"scaling collectives ...) or lower parallel.dp to {max(1, (dpn or 1) // par.tp)}"
         )
     args = ["--sizes", ",".join(map(str, sizes_bytes)), "--iters", str(iters), "--backend", hw.backend]
-    shard = cfg.parallel.dp_shard  # hybrid sharding: the largest launch also times the replicas' strided rings
+    # the largest launch also times the rings a point of this layout runs besides every rank's: the dp ranks of one
+    # tensor-parallel rank (tp apart), hybrid sharding's replicas of one shard (dp_shard × tp apart)
+    strides = [s for s in (par.tp, (par.dp_shard or 0) * par.tp) if 1 < s < plan[-1] and plan[-1] % s == 0]
     launches = {}
     for n in plan:
-        stride = ["--stride", str(shard)] if shard and n == plan[-1] and n % shard == 0 and n > shard else []
+        stride = ["--stride", ",".join(map(str, strides))] if strides and n == plan[-1] else []
         launch_dir = sweep_dir / BENCH_DIR / f"n{n}"
         module_args = [*args, *stride, "--out", str(launch_dir / BENCH_OUTPUT)]
         launches[n] = (
@@ -104,7 +109,7 @@ def plan_launches(
 def measure(
     cfg: ExperimentConfig, sweep_dir: Path, sizes_bytes: Sequence[int], iters: int, env: Mapping[str, str]
 ) -> Profile:
-    """Benchmark the collectives at every world size up to parallel.dp and fit each tier (`plan_launches` first, so
+    """Benchmark the collectives at every world size up to parallel.dp × parallel.tp and fit each tier (`plan_launches` first, so
     a launch that cannot be placed fails before any process starts)."""
     hw = cfg.hardware
     dpn = hw.devices_per_node
