@@ -234,6 +234,26 @@ def hf_point(model: str, sweep_dir: Path) -> dict:
 
 
 @pytest.mark.torchrun
+def test_nanogpt_by_a_plan_of_its_users_trains_at_tp_2_as_on_one_rank(project):
+    """nanoGPT (nano.py's adapter) with a tp_plan that splits each MLP (c_fc colwise, c_proj rowwise: its fused
+    c_attn splits q, k and v unevenly, so its attention stays whole) trains the losses of one rank, clipped."""
+    from scaling.sweep.compose import compose_config
+
+    plan = "+model.tp_plan={h.*.mlp.c_fc:colwise,h.*.mlp.c_proj:rowwise}"
+    base = [
+        "model=nanogpt_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2", "train.steps=2",
+        "parallel.zero_stage=3", "hardware.oversubscribe=true", "launch.reuse=true", TIMEOUT, CLIP, plan,
+        f"sweep_dir={project / 'runs'}",
+    ]  # fmt: skip
+    one, tp = (run_point(compose_config([*base, f"parallel.tp={n}"])) for n in (1, 2))
+    assert one["status"] == tp["status"] == "ok", (one["error"], tp["error"])
+    assert tp["derived"]["world_size"] == 2 and tp["config"]["model"]["tp_plan"]["h.*.mlp.c_proj"] == "rowwise"
+    l1, l2 = one["metrics"]["losses"], tp["metrics"]["losses"]
+    assert len(l1) == len(l2) == 4 and max(rel(a, b) for a, b in zip(l1, l2)) <= 1e-5, (l1, l2)
+    assert rel(tp["metrics"]["final_param_norm"], one["metrics"]["final_param_norm"]) <= 1e-5
+
+
+@pytest.mark.torchrun
 def test_a_hugging_face_llama_from_its_config_trains_at_zero_3_and_is_counted_and_predicted(tmp_path):
     """conf/model/hf_llama_tiny.yaml (`hf_config:`, transformers, no weights): the tiny model's shapes, so its counted
     FLOPs are the built-in tiny's closed form; trained at ZeRO-3 on 2 ranks, its losses on random tokens at

@@ -79,6 +79,6 @@ def test_a_model_of_ones_own_without_a_plan_is_refused_with_the_key_to_add():
     with pytest.raises(InvalidConfig) as err:
         validate(cfg, host=False)
     assert "model 'gpt2_tiny' (gpt.GPT) has no tensor-parallel plan: give its file a tp_plan" in str(err.value)
-    planned = {**own, "tp_plan": {"blocks.*.attn.c_attn": "colwise", "blocks.*.attn.c_proj": "rowwise"}}
+    planned = {**own, "tp_plan": {"h.*.fc": "colwise", "h.*.fc_out": "rowwise"}}
     cfg = ExperimentConfig.from_dict({"model": planned, "parallel": {"dp": 1, "tp": 2, "zero_stage": 3}})
-    assert validate(cfg, host=False).world_size == 2 and cfg.model.tp_plan["blocks.*.attn.c_proj"] == "rowwise"
+    assert validate(cfg, host=False).world_size == 2 and cfg.model.tp_plan["h.*.fc_out"] == "rowwise"

@@ -387,6 +387,8 @@ def _summary_line(record: Record) -> str:
         f"ga={(record.derived or {}).get('grad_acc', c['train']['grad_acc'])} "
         f"dp={c['parallel']['dp']} zero={c['parallel']['zero_stage']}"
     )
+    layout = {k: c["parallel"].get(k) for k in ("dp_shard", "tp")}
+    point += "".join(f" {k}={v}" for k, v in layout.items() if v not in (None, 1))
     figures = ""
     if m:
         figures = (
