@@ -245,6 +245,12 @@ def test_nanogpt_by_a_plan_of_its_users_trains_at_tp_2_as_on_one_rank(project):
         "parallel.zero_stage=3", "hardware.oversubscribe=true", "launch.reuse=true", TIMEOUT, CLIP, plan,
         f"sweep_dir={project / 'runs'}",
     ]  # fmt: skip
+    from scaling.core.validate import InvalidConfig
+    from scaling.model.family import checked
+
+    typo = compose_config([*base[:-2], "+model.tp_plan={h.*.mlp.c_fc:colwise,h.*.mlp.cproj:rowwise}", "parallel.tp=2"])
+    with pytest.raises(InvalidConfig, match=r"model.tp_plan: 'h.\*.mlp.cproj' matches no submodule of model "):
+        checked(typo.model, 32, tp=2)  # as every command checks it before any process starts
     one, tp = (run_point(compose_config([*base, f"parallel.tp={n}"])) for n in (1, 2))
     assert one["status"] == tp["status"] == "ok", (one["error"], tp["error"])
     assert tp["derived"]["world_size"] == 2 and tp["config"]["model"]["tp_plan"]["h.*.mlp.c_proj"] == "rowwise"

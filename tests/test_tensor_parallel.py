@@ -82,3 +82,7 @@ def test_a_model_of_ones_own_without_a_plan_is_refused_with_the_key_to_add():
     planned = {**own, "tp_plan": {"h.*.fc": "colwise", "h.*.fc_out": "rowwise"}}
     cfg = ExperimentConfig.from_dict({"model": planned, "parallel": {"dp": 1, "tp": 2, "zero_stage": 3}})
     assert validate(cfg, host=False).world_size == 2 and cfg.model.tp_plan["h.*.fc_out"] == "rowwise"
+    worded = {**own, "tp_plan": {"h.*.fc": "columnwise"}}
+    with pytest.raises(InvalidConfig) as err:
+        validate(ExperimentConfig.from_dict({"model": worded, "parallel": {"dp": 1, "tp": 2, "zero_stage": 3}}))
+    assert "model.tp_plan: h.*.fc: 'columnwise': a style is one of colwise, rowwise, colwise_rep" in str(err.value)

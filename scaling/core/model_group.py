@@ -54,6 +54,12 @@ keys, so it stays the dotted path the factory first had; scaling.model.custom.bu
 now (scaling.model.hf.causal_lm). transformers: `pip install 'scaling[hf]'`."""
 
 
+TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "embedding")
+"""A tensor-parallel plan's words: colwise (output sharded: its heads or width split), rowwise (input sharded, output
+all-reduced), colwise_rep (colwise, output gathered: a head whose logits every rank needs), rowwise_rep (rowwise),
+embedding (an nn.Embedding split along its vocabulary, the ids replicated)."""
+
+
 @dataclass
 class CustomModel:
     """A model the user brings: their own `nn.Module` (`_target_`: a class or a factory, imported from their project).
@@ -70,7 +76,7 @@ class CustomModel:
     """The target's keyword arguments."""
     tp_plan: Optional[dict[str, str]] = None
     """Tensor parallelism (parallel.tp > 1): module-name patterns (`layers.*.attn.q`, fnmatch) -> colwise |
-    rowwise | colwise_rep | rowwise_rep; null: no plan (a Hugging Face config brings its own)."""
+    rowwise | colwise_rep | rowwise_rep | embedding (TP_STYLES); null: no plan (a Hugging Face config brings its own)."""
 
     @property
     def source(self) -> str:

@@ -19,7 +19,7 @@ from scaling.core.batch import (
 )
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.core.host import usable_cores as host_cores
-from scaling.core.model_group import HF_TARGET
+from scaling.core.model_group import HF_TARGET, TP_STYLES
 from scaling.core.schema import (
     CustomModel,
     ExperimentConfig,
@@ -220,6 +220,11 @@ def _check_tp(c: _Checker, cfg: ExperimentConfig) -> None:
             m.tp_plan is not None or m.target == HF_TARGET,
             f"parallel.tp={tp}: model {m.name!r} ({m.source}) has no tensor-parallel plan: give its file a tp_plan "
             "mapping module-name patterns to colwise or rowwise (docs/own-project.md), or leave tp at 1",
+        )
+        bad = {k: v for k, v in (m.tp_plan or {}).items() if v not in TP_STYLES}
+        c.require(
+            not bad,
+            f"model.tp_plan: {', '.join(f'{k}: {v!r}' for k, v in bad.items())}: a style is one of {', '.join(TP_STYLES)}",
         )
         return
     widths = {"n_heads": m.n_heads, "n_kv_heads": m.n_kv_heads, "ffn_hidden": m.ffn_hidden, "hidden": m.hidden}

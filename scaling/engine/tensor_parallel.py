@@ -16,12 +16,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from scaling.core.model_group import TP_STYLES
 from scaling.core.schema import ParallelConfig
-
-STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "embedding")
-"""A plan's words: colwise (output sharded: its heads or width split), rowwise (input sharded, output all-reduced),
-colwise_rep (colwise, output gathered: a head whose logits every rank needs), rowwise_rep (rowwise), embedding (an
-nn.Embedding split along its vocabulary, the ids replicated)."""
 
 
 @dataclass
@@ -73,12 +69,12 @@ def _style(word: str) -> Any:
 
 def apply_plan(model: nn.Module, plan: Mapping[str, str], tp_mesh: Any) -> list[str]:
     """Shard each submodule whose name matches a pattern of `plan` (fnmatch: `layers.*.attention.wq`) by its style;
-    the names sharded, in module order. ValueError for a word outside STYLES or a plan that matches nothing."""
+    the names sharded, in module order. ValueError for a word outside TP_STYLES or a plan that matches nothing."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    bad = sorted({w for w in plan.values() if w not in STYLES})
+    bad = sorted({w for w in plan.values() if w not in TP_STYLES})
     if bad:
-        raise ValueError(f"tp_plan styles {bad} are not among {', '.join(STYLES)}")
+        raise ValueError(f"tp_plan styles {bad} are not among {', '.join(TP_STYLES)}")
     chosen: dict[str, Any] = {}
     for name, _ in model.named_modules():
         word = next((w for pattern, w in plan.items() if name and fnmatch.fnmatchcase(name, pattern)), None)

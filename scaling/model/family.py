@@ -80,7 +80,7 @@ class Family(ABC):
     @abstractmethod
     def tp_plan(self) -> dict[str, str]:
         """Tensor parallelism: module-name patterns -> colwise | rowwise | colwise_rep | rowwise_rep | embedding
-        (scaling.engine.tensor_parallel.STYLES); ModelError when the model has none."""
+        (scaling.core.model_group.TP_STYLES); ModelError when the model has none."""
 
 
 class Llama(Family):
@@ -193,6 +193,20 @@ def family_of(model: Union[ModelConfig, CustomModel]) -> Family:
     return Custom(model) if isinstance(model, CustomModel) else Llama(model)
 
 
+def _check_plan_matches(family: Family, model: CustomModel) -> None:
+    """Every pattern of the file's tp_plan names a submodule of the model as built (on meta): ModelError naming the
+    patterns that match none and how the submodules are named."""
+    import fnmatch
+
+    names = [name for name, _ in family.build("meta").named_modules() if name]
+    unmatched = [p for p in model.tp_plan or {} if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+    if unmatched:
+        raise ModelError(
+            f"model.tp_plan: {', '.join(repr(p) for p in unmatched)} matches no submodule of model {model.name!r}; "
+            f"its submodules are named {', '.join(names[:8])}{', ...' if len(names) > 8 else ''}"
+        )
+
+
 def checked(model: Union[ModelConfig, CustomModel], seq_len: int, tp: int = 1) -> Counted:
     """`counted`, with the contract checked on the way, as every command checks it before any process starts (`run`,
     `predict`, `find-mbs`, a sweep's forecast), and with tensor parallelism its plan and widths: InvalidConfig, one
@@ -201,6 +215,8 @@ def checked(model: Union[ModelConfig, CustomModel], seq_len: int, tp: int = 1) -
         family = family_of(model)
         if tp > 1:
             family.tp_plan()  # a model without a plan is refused naming the key to add
+            if isinstance(model, CustomModel) and model.tp_plan is not None:
+                _check_plan_matches(family, model)
             split = [f"{name}={value}" for name, value in family.tp_widths().items() if value % tp]
             if split:
                 raise ModelError(
