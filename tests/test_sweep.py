@@ -170,6 +170,7 @@ def test_records_keep_the_hydra_job_and_overrides_that_made_them_and_count_attem
         "slurm_job_id": None,
         "attempt": 1,
         "took_over": None,
+        "model_code": None,  # the built-in model's code is the project's: no fingerprint
     }
     assert by_stage[6]["hydra_job_num"] == 1 and "parallel.zero_stage=6" in by_stage[6]["overrides"]
     # launch.rerun=all records a second attempt of each point; a single run has no job number
