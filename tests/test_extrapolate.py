@@ -50,7 +50,7 @@ from scaling.perf.step_model import (
     step_collectives,
     step_time_s,
 )
-from tests.helpers.published_dp import TABLES
+from tests.helpers.published_dp import LLM_FOUNDRY
 from tests.helpers.synthetic_dp import (
     LLAMA_1B,
     MISMATCHED,
@@ -773,16 +773,14 @@ def test_a_published_table_fitted_on_dp_up_to_32_holds_the_larger_dp_in_its_band
     reads a sweep's table and fitted on the dp up to 32 under the sweep alone and the published network figures:
     every held-out dp (64 and 128) inside its band, dp 256 past the horizon. A published figure has no timed steps:
     the bootstrap alone gives a band of zero width, which misses them."""
-    for table in TABLES:
-        fitted = tuple(d for d in table.tokens_per_s_per_gpu if d <= 32)
-        w, points = workload_and_points(table.frame(fitted))
+    for table in LLM_FOUNDRY:
+        w, points = workload_and_points(table.frame(table.fitted))
         found, _ = network_sources(None, None, Path("."), table.hardware, 8, 100)
         for src in found:
             r = extrapolate(table.name, w, points, 8, src, n_draws=100)
-            for n, (_, truth) in table.tokens_per_s_per_gpu.items():
-                if n > 32:
-                    i = r.dps.index(n)
-                    assert r.within(n) and r.low[i] <= truth <= r.high[i], (table.name, r.source, n)
+            for n in table.held_out:
+                i, truth = r.dps.index(n), table.tokens_per_s_per_gpu[n][1]
+                assert r.within(n) and r.low[i] <= truth <= r.high[i], (table.name, r.source, n)
             assert not r.within(256)
         alone = extrapolate(table.name, w, points, 8, None, n_draws=20, run_to_run=0.0, model_form_doubt=False)
         assert alone.low == alone.high
