@@ -8,10 +8,11 @@ the first forward or every forward), overlap 0-0.8, the optimizer step of a fuse
 recomputation, NVLink-like and InfiniBand-like tiers on 8-GPU nodes, a fixed global batch).
 Its points are drawn with `--noise` relative noise on each of 5 timed steps, and fitted under each source:
 (a) the sweep alone, measured at dp 1-32 (both tiers); (b) a profile of the truth's network as
-`scaling collectives` would measure it (5% noise per call) with dp 1-8 (one node); (c) the published
-H100 figures with dp 1-8; then the Playbook's case, dp 8-32 only, under (a) and (b). Per truth and source,
-over the seeds: the median and largest relative error of the nominal tokens/s per GPU at each held-out dp, how often the knee (first dp below 80%) is within one
-power of two and inside the stated knee range, how often the 95% band covers the truth at every held-out dp,
+`scaling collectives` would measure it (5% noise per call) with dp 1-8 (one node); (c) published ranges that
+hold the truth's network (tests/helpers/network/synthetic.yaml) with dp 1-8; then the Playbook's case, dp 8-32
+only, under (a) and (b). Per truth and source, over the seeds: the median and largest relative error of the
+nominal tokens/s per GPU at each held-out dp, how often the knee (first dp below 80%) is within one power of two
+and inside the stated knee range, how often the 95% band covers the truth at every held-out dp,
 and the optimizer's time per parameter, true and fitted (median over the seeds; 0 where the points leave it to
 the compute and the bandwidth terms). Then, per truth, the information limit of source (a): the standard deviation
 of the extrapolated step time that its points allow at all (`--limits` prints only that). No timing: the figures
@@ -46,10 +47,19 @@ from scaling.perf.dp_fit import COLUMNS, OPTIMIZER, design, identifiable
 from scaling.perf.extrapolation import BAND, Extrapolation, extrapolate
 from scaling.perf.knee import find_knee
 from scaling.perf.network import NetworkEstimate
-from scaling.perf.network_figures import network_sources, profile_estimate, published_estimate
+from scaling.perf.network_figures import network_sources, profile_estimate
 from scaling.perf.step_model import Point
 from tests.helpers.published_dp import TABLES, Table
-from tests.helpers.synthetic_dp import MISMATCHED, TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
+from tests.helpers.synthetic_dp import (
+    MISMATCHED,
+    TRUTHS,
+    Truth,
+    h100_network,
+    llama_1b,
+    measure,
+    profile_of,
+    published_synthetic,
+)
 
 EXTRA = (
     Truth("1B ZeRO-2, overlap 0.8 (plateau near 80%)", llama_1b(2, gbs=1024, mbs=2), h100_network(), 0.15, 0.8),
@@ -68,7 +78,7 @@ optimizer step (an unfused AdamW, 62 ms a step for every rank) is most of the st
 SOURCES = (
     ("(a) sweep, dp 1-32", (1, 2, 4, 8, 16, 32)),
     ("(b) profile, dp 1-8", (1, 2, 4, 8)),
-    ("(c) published h100, dp 1-8", (1, 2, 4, 8)),
+    ("(c) published, dp 1-8", (1, 2, 4, 8)),
     ("(a) sweep, dp 8-32", (8, 16, 32)),
     ("(b) profile, dp 8-32", (8, 16, 32)),
 )
@@ -86,7 +96,7 @@ def run(
     if source.startswith("(b)"):
         net = profile_estimate(profile_of(truth, rng), 8, draws, rng)
     elif source.startswith("(c)"):
-        net = published_estimate("h100", 8, draws, rng)
+        net = published_synthetic(draws, rng)
     return extrapolate(
         truth.name,
         truth.workload,

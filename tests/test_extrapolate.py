@@ -36,7 +36,7 @@ from scaling.perf.dp_fit import (
 from scaling.perf.extrapolation import extrapolate
 from scaling.perf.knee import find_knee
 from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, ring_cost
-from scaling.perf.network_figures import network_sources, profile_estimate, published_estimate
+from scaling.perf.network_figures import network_sources, profile_estimate
 from scaling.perf.step_model import (
     BACKWARD,
     BACKWARD_SHARE,
@@ -60,6 +60,7 @@ from tests.helpers.synthetic_dp import (
     llama_1b,
     measure,
     profile_of,
+    published_synthetic,
 )
 
 NET = Network({INTRA: AlphaBeta(2e-6, 100e9), INTER: AlphaBeta(10e-6, 10e9)}, 4)
@@ -574,14 +575,14 @@ def _assert_knee(r, truth: Truth) -> None:
 
 def test_the_band_covers_a_truth_that_bends_past_the_measured_node():
     """Measured on one node (dp 1-8) only; between nodes the truth is 10x slower. The sweep alone cannot
-    see it and says so; the published H100 figures predict the bend, and their band covers the truth."""
+    see it and says so; published figures of that network predict the bend, and their band covers the truth."""
     truth = Truth("bend", llama_1b(0, gbs=512), h100_network(inter_alpha_s=15e-6, inter_beta=37e9), 0.075, 0.5)
     rng = np.random.default_rng(3)
     points = measure(truth, [1, 2, 4, 8], rng)
     alone = extrapolate("bend", truth.workload, points, 8)
     assert alone.dps[-1] == 8 and any("no figures for the tier between nodes" in n for n in alone.notes)
     assert any("the tier between nodes (no measured dp spans more than 8 ranks)" in n for n in alone.notes)
-    pub = extrapolate("bend", truth.workload, points, 8, published_estimate("h100", 8, 200, rng))
+    pub = extrapolate("bend", truth.workload, points, 8, published_synthetic(200, rng))
     eff = dict(zip(pub.dps, pub.efficiency))
     true_eff = dict(zip(pub.dps, truth.efficiency(list(pub.dps))))
     assert true_eff[8] > 0.99 and true_eff[64] < 0.8  # the truth bends past the measured range ...
@@ -702,14 +703,14 @@ def test_figure_and_table_carry_every_source():
     results = [
         extrapolate("c", truth.workload, points, 8, n_draws=20),
         extrapolate("c", truth.workload, points, 8, profile_estimate(profile_of(truth, rng), 8, 20, rng), n_draws=20),
-        extrapolate("c", truth.workload, points, 8, published_estimate("h100", 8, 20, rng), n_draws=20),
+        extrapolate("c", truth.workload, points, 8, published_synthetic(20, rng), n_draws=20),
     ]
     ax = plot(results).axes[0]
     bands = {c.get_gid() for c in ax.collections}
     assert {"band:sweep", "band:profile", "band:published"} <= bands
     labels = ax.get_legend_handles_labels()[1]
     assert labels[0].startswith("(a) fitted to this sweep") and labels[1].startswith("(b) scaling collectives profile")
-    assert labels[2] == "(c) published h100 figures (conf/network/h100.yaml)" and labels[3] == "measured"
+    assert labels[2] == "(c) published synthetic figures (conf/network/synthetic.yaml)" and labels[3] == "measured"
     table = summary_table({"c": results})
     assert list(table["source"]) == ["(a) sweep", "(b) profile", "(c) published"]
     assert table.loc[0, "α inter_node"] == "unknown" and table.loc[2, "β inter_node"].startswith("41 GB/s [")
