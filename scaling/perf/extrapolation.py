@@ -31,7 +31,7 @@ from scaling.perf.dp_fit import (
     resolved_columns,
 )
 from scaling.perf.knee import DEFAULT_THRESHOLD, find_knee
-from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, NetworkEstimate
+from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, NetworkEstimate, tier_of
 from scaling.perf.network_figures import N_DRAWS
 from scaling.perf.step_model import Point, Workload, step_time_s
 
@@ -73,7 +73,8 @@ class ModelForm:
     measured: int
     """The largest measured dp."""
     kappa: float = 0.0
-    """Communication and optimizer time × (1 + κ) per doubling past `measured`."""
+    """Communication (of the tier a ring of that size crosses last) and optimizer time × (1 + κ) per doubling past
+    `measured`."""
     straggler: float = 0.0
     """Relative spread of a rank's compute: the slowest of n ranks sets the step."""
 
@@ -85,10 +86,12 @@ class ModelForm:
         return (1 + self.kappa) ** doublings, 1 + self.straggler * (_max_of(n) - _max_of(self.measured))
 
 
-def _scaled(net: Network, k: float) -> Network:
-    """Every collective k times slower: each tier's α × k, β / k."""
+def _scaled(net: Network, k: float, tier: str) -> Network:
+    """The collectives of one tier k times slower: its α × k, β / k (a network tier, congestion or a straggling link
+    of rings larger than measured; the tiers within a node stay as they are)."""
     return Network(
-        {t: AlphaBeta(ab.alpha_s * k, ab.beta_bytes_per_s / k) for t, ab in net.tiers.items()}, net.devices_per_node
+        {t: AlphaBeta(ab.alpha_s * k, ab.beta_bytes_per_s / k) if t == tier else ab for t, ab in net.tiers.items()},
+        net.devices_per_node,
     )
 
 
@@ -110,7 +113,7 @@ class Draw:
         if comm == compute == 1.0:
             return self.fit.step_time_s(w, n, grad_acc)
         f = self.fit
-        net = _scaled(f.network, comm)
+        net = _scaled(f.network, comm, tier_of(n, f.network.devices_per_node))
         return step_time_s(w, net, n, f.compute_s * compute, f.overlap, f.optimizer_s_per_param * comm, grad_acc)
 
 
