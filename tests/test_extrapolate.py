@@ -785,3 +785,23 @@ def test_a_published_table_fitted_on_dp_up_to_32_holds_the_larger_dp_in_its_band
             assert not r.within(256)
         alone = extrapolate(table.name, w, points, 8, None, n_draws=20, run_to_run=0.0, model_form_doubt=False)
         assert alone.low == alone.high
+
+
+def test_a_band_with_a_measured_or_published_network_is_sharp_enough_to_decide_on():
+    """A truth of the step model (1B ZeRO-0) measured on one node, its network profiled or published: the band
+    holds the truth at 2× and 4× past the largest measured dp with a half-width of at most 15% and 25%. A truth
+    that is communication-bound 4× past dp 32 keeps a wide band, and its notes say which unknown makes it so."""
+    truth = TRUTHS[0]
+    rng = np.random.default_rng(0)
+    points = measure(truth, [1, 2, 4, 8], rng)
+    for source in (profile_estimate(profile_of(truth, rng), 8, 100, rng), published_synthetic(100, rng)):
+        r = extrapolate("c", truth.workload, points, 8, source, n_draws=100)
+        for n, target in ((16, 0.15), (32, 0.25)):
+            i, true = r.dps.index(n), truth.tokens_per_s_per_gpu(n)
+            assert r.low[i] <= true <= r.high[i] and (r.high[i] - r.low[i]) / 2 / r.tokens_per_s_per_gpu[i] <= target
+    wide = TRUTHS[3]  # ZeRO-3: at dp 128 its gathers and reduce-scatters outlast the compute
+    points = measure(wide, [8, 16, 32], rng)
+    r = extrapolate("c", wide.workload, points, 8, profile_estimate(profile_of(wide, rng), 8, 100, rng), n_draws=100)
+    i = r.dps.index(128)
+    assert (r.high[i] - r.low[i]) / 2 / r.tokens_per_s_per_gpu[i] > 0.25
+    assert any("the band at dp=128" in n and "past the largest measured dp, 32" in n for n in r.notes), r.notes

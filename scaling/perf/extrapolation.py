@@ -129,6 +129,28 @@ def rate_band(
     return step, tokens / step, lo, hi
 
 
+WIDE = 0.25
+"""A band whose half-width exceeds this (relative to its figure) names the unknown that makes it wide."""
+
+
+def wide_because(w: Workload, nominal: Fit, draws: Sequence[Draw], n: int, grad_acc: int) -> Optional[str]:
+    """Why the band at dp=n is wider than WIDE, in words (None: it is not): the model form past the measured dp
+    when the draws without it are less than half as wide, else the fit of the measured points."""
+    _, rate, lo, hi = rate_band(w, nominal, draws, n, grad_acc)
+    if (hi - lo) / 2 / rate <= WIDE:
+        return None
+    _, _, flo, fhi = rate_band(w, nominal, [Draw(d.fit, ModelForm(d.form.measured)) for d in draws], n, grad_acc)
+    half, fitted = (hi - lo) / 2 / rate, (fhi - flo) / 2 / rate
+    if fitted <= half / 2:
+        return (
+            f"the band at dp={n} (±{half:.0%}) is wide mostly because of the network and the optimizer past the "
+            f"largest measured dp, {draws[0].form.measured} (a tier or congestion no measured ring crossed: "
+            f"{OVERHEAD_PER_DOUBLING[0]:+.0%} to {OVERHEAD_PER_DOUBLING[1]:+.0%} per doubling); without it ±{fitted:.0%}: "
+            "measure a larger dp, or the network there (`scaling collectives`)"
+        )
+    return f"the band at dp={n} (±{half:.0%}) is wide mostly because of the fit of the measured points (±{fitted:.0%} alone)"
+
+
 @dataclass(frozen=True)
 class Extrapolation:
     """One configuration's DP curve under one source: nominal, band, knee and how far past the measured range."""
@@ -350,6 +372,9 @@ def extrapolate(
     measured = {p.dp: w.mbs * w.seq_len * p.grad_acc / p.step_time_s for p in points}
     if dps[-1] < max_dp and dps[-1] <= limit:
         notes.append(_why_it_stops(w, dps[-1], reaches, max_dp))
+    last = shown[-1]
+    why = wide_because(w, nominal, draws, last, w.grad_acc_at(last) or 1) if last > top else None
+    notes += [why] if why else []
     misfit = max(abs(nominal.step_time_s(w, p.dp, p.grad_acc) / p.step_time_s - 1) for p in points if reaches(p.dp))
     if misfit > MISFIT_WARNING:
         notes.insert(

@@ -23,7 +23,7 @@ from scaling.core.enums import Status
 from scaling.core.schema import ExperimentConfig, ModelConfig
 from scaling.model.family import family_of
 from scaling.perf.dp_fit import Fit
-from scaling.perf.extrapolation import Draw, ModelForm, model_form, rate_band
+from scaling.perf.extrapolation import WIDE, Draw, ModelForm, model_form, rate_band
 from scaling.perf.mfu_model import Estimate as Compute
 from scaling.perf.mfu_model import FlopsSplit, Measured, MfuModel, Work, conf_points, fit
 from scaling.perf.network import NetworkEstimate
@@ -36,8 +36,6 @@ OVERLAP_LOSS = 0.3
 """Up to this share of what the engine's schedule could hide stays exposed (collective kernels share the device's
 SMs and memory with the compute, and a late issue delays a prefetch): the band draws the overlap uniformly between
 (1 − OVERLAP_LOSS) × the scheduled one and the scheduled one, the nominal figure takes the middle."""
-WIDE = 0.25
-"""A band whose half-width exceeds this names the unknown that makes it wide."""
 
 
 def own_points(records: Sequence[Mapping[str, Any]], hardware: str) -> list[Measured]:
@@ -139,7 +137,7 @@ class Predicted:
         two_nodes = 2 * (self.network.nominal.devices_per_node or 1)
         step, rate, lo, hi = rate_band(w, nominal, self._draws(compute, scheduled, two_nodes), s.gpus, s.grad_acc)
         detail = (
-            f"nothing measured at this mbs: compute {compute.seconds * 1e3:.3g} ms a micro-step, MFU "
+            f"nothing measured at this mbs: compute {compute.seconds:.3g} s a micro-step, MFU "
             f"{compute.mfu:.1%} ± {compute.sigma:.0%} from {basis}; overlap {nominal.overlap:.2f} (the engine's "
             f"schedule hides up to {scheduled:.2f}); network: {self.network.label}"
         )
