@@ -24,8 +24,8 @@ from scaling.core.schema import ExperimentConfig, ModelConfig
 from scaling.model.family import family_of
 from scaling.perf.dp_fit import Fit
 from scaling.perf.extrapolation import WIDE, Draw, ModelForm, model_form, rate_band
+from scaling.perf.mfu_model import MEASURED_SIGMA, FlopsSplit, Measured, MfuModel, Work, conf_points, fit
 from scaling.perf.mfu_model import Estimate as Compute
-from scaling.perf.mfu_model import FlopsSplit, Measured, MfuModel, Work, conf_points, fit
 from scaling.perf.network import NetworkEstimate
 from scaling.perf.step_model import Workload, scheduled_overlap
 from scaling.recipe.decide import PREDICTED, Candidate, Estimate, Split
@@ -58,7 +58,7 @@ def own_points(records: Sequence[Mapping[str, Any]], hardware: str) -> list[Meas
             int(t["seq_len"]),
         )
         m = r["metrics"]
-        sigma = max(0.05, float(m.get("noise_band_frac") or 0.0))
+        sigma = max(MEASURED_SIGMA, float(m.get("noise_band_frac") or 0.0))
         out.append(
             Measured(work, int(r["derived"]["grad_acc"]), float(m["step_time_s"]), sigma, f"record {r['job_key']}")
         )
@@ -69,7 +69,7 @@ def record_flops(r: Mapping[str, Any]) -> FlopsSplit:
     """A record's FLOPs split: the built-in decoder's closed form from its config.model, else its counted figures."""
     model, d = r["config"]["model"], r["derived"]
     names = ModelConfig.__dataclass_fields__
-    if "_target_" not in model and "hf_config" not in model:
+    if all(isinstance(model.get(k), int) for k in ("n_layers", "hidden", "n_heads", "ffn_hidden", "vocab_size")):
         return FlopsSplit.of(
             ModelConfig(**{k: v for k, v in model.items() if k in names}), r["config"]["train"]["seq_len"]
         )
