@@ -73,10 +73,13 @@ class ModelForm:
     measured: int
     """The largest measured dp."""
     kappa: float = 0.0
-    """Communication (of the tier a ring of that size crosses last) and optimizer time × (1 + κ) per doubling past
-    `measured`."""
+    """Communication and optimizer time × (1 + κ) per doubling past `measured`."""
     straggler: float = 0.0
     """Relative spread of a rank's compute: the slowest of n ranks sets the step."""
+    last_tier: bool = False
+    """κ scales only the tier a ring of that size crosses last (a network given by a profile or published figures,
+    whose tiers within a node hold for any ring), not every tier (source (a), whose figures within a node are
+    fitted on short rings)."""
 
     def scale(self, n: int) -> tuple[float, float]:
         """(factor on the communication and optimizer time, factor on the compute) at dp=n."""
@@ -86,11 +89,13 @@ class ModelForm:
         return (1 + self.kappa) ** doublings, 1 + self.straggler * (_max_of(n) - _max_of(self.measured))
 
 
-def _scaled(net: Network, k: float, tier: str) -> Network:
-    """The collectives of one tier k times slower: its α × k, β / k (a network tier, congestion or a straggling link
-    of rings larger than measured; the tiers within a node stay as they are)."""
+def _scaled(net: Network, k: float, tier: Optional[str] = None) -> Network:
+    """The collectives of `tier` (None: of every tier) k times slower: α × k, β / k."""
     return Network(
-        {t: AlphaBeta(ab.alpha_s * k, ab.beta_bytes_per_s / k) if t == tier else ab for t, ab in net.tiers.items()},
+        {
+            t: AlphaBeta(ab.alpha_s * k, ab.beta_bytes_per_s / k) if tier in (None, t) else ab
+            for t, ab in net.tiers.items()
+        },
         net.devices_per_node,
     )
 
@@ -113,7 +118,7 @@ class Draw:
         if comm == compute == 1.0:
             return self.fit.step_time_s(w, n, grad_acc)
         f = self.fit
-        net = _scaled(f.network, comm, tier_of(n, f.network.devices_per_node))
+        net = _scaled(f.network, comm, tier_of(n, f.network.devices_per_node) if self.form.last_tier else None)
         return step_time_s(w, net, n, f.compute_s * compute, f.overlap, f.optimizer_s_per_param * comm, grad_acc)
 
 
@@ -139,7 +144,8 @@ def wide_because(w: Workload, nominal: Fit, draws: Sequence[Draw], n: int, grad_
     _, rate, lo, hi = rate_band(w, nominal, draws, n, grad_acc)
     if (hi - lo) / 2 / rate <= WIDE:
         return None
-    _, _, flo, fhi = rate_band(w, nominal, [Draw(d.fit, ModelForm(d.form.measured)) for d in draws], n, grad_acc)
+    bare = [Draw(d.fit, ModelForm(d.form.measured)) for d in draws]
+    _, _, flo, fhi = rate_band(w, nominal, bare, n, grad_acc)
     half, fitted = (hi - lo) / 2 / rate, (fhi - flo) / 2 / rate
     if fitted <= half / 2:
         return (
@@ -273,9 +279,9 @@ def _with_latency(f: Fit, alpha_s: dict[str, float]) -> Fit:
     return replace(f, network=Network(tiers, f.network.devices_per_node))
 
 
-def model_form(measured: int, rng: np.random.Generator) -> ModelForm:
+def model_form(measured: int, rng: np.random.Generator, last_tier: bool = False) -> ModelForm:
     """A draw of what the measured points cannot identify, from the stated priors."""
-    return ModelForm(measured, float(rng.uniform(*OVERHEAD_PER_DOUBLING)), float(rng.uniform(*STRAGGLER)))
+    return ModelForm(measured, float(rng.uniform(*OVERHEAD_PER_DOUBLING)), float(rng.uniform(*STRAGGLER)), last_tier)
 
 
 def horizon(measured: int, source: Optional[NetworkEstimate]) -> tuple[int, str]:
@@ -357,7 +363,7 @@ def extrapolate(
         f = fit_sweep(w, data, dpn, free) if source is None else fit_given(w, data, source.draws[i], free, rng)
         if model_form_doubt and unknown:
             f = _with_latency(f, {t: float(form_rng.uniform(*ALPHA_PRIOR[t])) for t in unknown})
-        d = Draw(f, model_form(top, form_rng) if model_form_doubt else ModelForm(top))
+        d = Draw(f, model_form(top, form_rng, source is not None) if model_form_doubt else ModelForm(top))
         draws.append(d)
         tps = _curve(w, d, dps)
         curves.append(tps)

@@ -160,7 +160,7 @@ class Predicted:
         for i in range(self.n_draws):
             seconds = compute.draw(rng) if part in ("all", "compute") else compute.seconds
             lost = rng.uniform(0.0, OVERLAP_LOSS) if part in ("all", "overlap") else OVERLAP_LOSS / 2
-            form = model_form(two_nodes, rng) if part in ("all", "network") else ModelForm(two_nodes)
+            form = model_form(two_nodes, rng, True) if part in ("all", "network") else ModelForm(two_nodes)
             net = (
                 self.network.draws[i % len(self.network.draws)] if part in ("all", "network") else self.network.nominal
             )
