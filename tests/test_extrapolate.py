@@ -36,7 +36,7 @@ from scaling.perf.dp_fit import (
 from scaling.perf.extrapolation import extrapolate
 from scaling.perf.knee import find_knee
 from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, ring_cost
-from scaling.perf.network_figures import network_sources, profile_estimate
+from scaling.perf.network_figures import N_DRAWS, network_sources, profile_estimate
 from scaling.perf.step_model import (
     BACKWARD,
     BACKWARD_SHARE,
@@ -772,13 +772,13 @@ def test_past_the_horizon_no_figure_is_given_and_the_report_says_why():
 def test_a_published_table_fitted_on_dp_up_to_32_holds_the_larger_dp_in_its_bands():
     """llm-foundry's published A100 and H100 throughput per GPU (tests/helpers/published_dp.py), read as the report
     reads a sweep's table and fitted on the dp up to 32 under the sweep alone and the published network figures:
-    every held-out dp (64 and 128) inside its band, dp 256 past the horizon. A published figure has no timed steps:
-    the bootstrap alone gives a band of zero width, which misses them."""
+    every held-out dp (64 and 128) inside its band at the report's draws, dp 256 past the horizon. A published
+    figure has no timed steps: the bootstrap alone gives a band of zero width, which misses them."""
     for table in LLM_FOUNDRY:
         w, points = workload_and_points(table.frame(table.fitted))
-        found, _ = network_sources(None, None, Path("."), table.hardware, 8, 100)
+        found, _ = network_sources(None, None, Path("."), table.hardware, 8, N_DRAWS)
         for src in found:
-            r = extrapolate(table.name, w, points, 8, src, n_draws=100)
+            r = extrapolate(table.name, w, points, 8, src, n_draws=N_DRAWS)
             for n in table.held_out:
                 i, truth = r.dps.index(n), table.tokens_per_s_per_gpu[n][1]
                 assert r.within(n) and r.low[i] <= truth <= r.high[i], (table.name, r.source, n)
