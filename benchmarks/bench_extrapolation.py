@@ -8,22 +8,24 @@ the first forward or every forward), overlap 0-0.8, the optimizer step of a fuse
 recomputation, NVLink-like and InfiniBand-like tiers on 8-GPU nodes, a fixed global batch).
 Its points are drawn with `--noise` relative noise on each of 5 timed steps, and fitted under each source:
 (a) the sweep alone, measured at dp 1-32 (both tiers); (b) a profile of the truth's network as
-`scaling collectives` would measure it (5% noise per call) with dp 1-8 (one node); (c) the published
-H100 figures with dp 1-8; then the Playbook's case, dp 8-32 only, under (a) and (b). Per truth and source,
-over the seeds: the median and largest relative error of the nominal tokens/s per GPU at each held-out dp, how often the knee (first dp below 80%) is within one
-power of two and inside the stated knee range, how often the 95% band covers the truth at every held-out dp,
+`scaling collectives` would measure it (5% noise per call) with dp 1-8 (one node); (c) published ranges that
+hold the truth's network (tests/helpers/network/synthetic.yaml) with dp 1-8; then the Playbook's case, dp 8-32
+only, under (a) and (b). Per truth and source, over the seeds: the median and largest relative error of the
+nominal tokens/s per GPU at each held-out dp, how often the knee (first dp below 80%) is within one power of two
+and inside the stated knee range, how often the 95% band covers the truth at every held-out dp,
 and the optimizer's time per parameter, true and fitted (median over the seeds; 0 where the points leave it to
 the compute and the bandwidth terms). Then, per truth, the information limit of source (a): the standard deviation
 of the extrapolated step time that its points allow at all (`--limits` prints only that). No timing: the figures
 depend on the seeds only. Prints Markdown; asserts nothing.
 
-`--coverage` prints the calibration of the bands instead: over the truths above and over truths with effects
-the step model does not contain (tests/helpers/synthetic_dp.py `MISMATCHED`: a third network tier, congestion
-that grows with the ring, a straggler rank, an optimizer step that grows with the shard count), the share of
-held-out points 2× and 4× past the largest measured dp whose truth lies inside the band, and the median and
-largest error of the nominal curve, with the band of the bootstrap alone ("before") and with the model-form
-uncertainty (scaling.perf.extrapolation, "after"); then the same over published DP tables (tests/helpers/published_dp.py),
-fitted on their dp up to 32 through the report's own functions and held out above.
+`--coverage` prints the calibration and the sharpness of the bands instead: over the truths above and over truths
+with effects the step model does not contain (tests/helpers/synthetic_dp.py `MISMATCHED`: a third network tier,
+congestion that grows with the ring, a straggler rank, an optimizer step that grows with the shard count), at the
+held-out points 2× and 4× past the largest measured dp: the share whose truth lies inside the band, the median
+relative half-width, the mean relative interval score (Gneiting & Raftery: the width plus 2/α times the miss) and
+the median and largest error of the nominal curve; then each published table (tests/helpers/published_dp.py),
+fitted on its smaller GPU counts through the report's own functions and held out above (`--published`: those
+only; `--tuning-only`: without the tables kept out of tuning).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import argparse
 import math
 import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -41,14 +44,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.dp_extrapolation import workload_and_points
 from scaling.perf.dp_fit import COLUMNS, OPTIMIZER, design, identifiable
-from scaling.perf.extrapolation import Extrapolation, extrapolate
+from scaling.perf.extrapolation import BAND, Extrapolation, extrapolate
 from scaling.perf.knee import find_knee
 from scaling.perf.network import NetworkEstimate
-from scaling.perf.network_figures import network_sources, profile_estimate, published_estimate
+from scaling.perf.network_figures import network_sources, profile_estimate
 from scaling.perf.step_model import Point
-from tests.helpers.published_dp import SOURCE as PUBLISHED_SOURCE
-from tests.helpers.published_dp import TABLES
-from tests.helpers.synthetic_dp import MISMATCHED, TRUTHS, Truth, h100_network, llama_1b, measure, profile_of
+from tests.helpers.published_dp import TABLES, Table
+from tests.helpers.synthetic_dp import (
+    MISMATCHED,
+    TRUTHS,
+    Truth,
+    h100_network,
+    llama_1b,
+    measure,
+    profile_of,
+    published_synthetic,
+)
 
 EXTRA = (
     Truth("1B ZeRO-2, overlap 0.8 (plateau near 80%)", llama_1b(2, gbs=1024, mbs=2), h100_network(), 0.15, 0.8),
@@ -67,7 +78,7 @@ optimizer step (an unfused AdamW, 62 ms a step for every rank) is most of the st
 SOURCES = (
     ("(a) sweep, dp 1-32", (1, 2, 4, 8, 16, 32)),
     ("(b) profile, dp 1-8", (1, 2, 4, 8)),
-    ("(c) published h100, dp 1-8", (1, 2, 4, 8)),
+    ("(c) published, dp 1-8", (1, 2, 4, 8)),
     ("(a) sweep, dp 8-32", (8, 16, 32)),
     ("(b) profile, dp 8-32", (8, 16, 32)),
 )
@@ -85,7 +96,7 @@ def run(
     if source.startswith("(b)"):
         net = profile_estimate(profile_of(truth, rng), 8, draws, rng)
     elif source.startswith("(c)"):
-        net = published_estimate("h100", 8, draws, rng)
+        net = published_synthetic(draws, rng)
     return extrapolate(
         truth.name,
         truth.workload,
@@ -104,91 +115,111 @@ def _inside(r: Extrapolation, n: int, truth: float) -> bool:
     return r.low[i] <= truth <= r.high[i]
 
 
+ALPHA = 1 - (BAND[1] - BAND[0]) / 100
+"""The band is the central (1 − α) interval of the draws: α = 0.05."""
+
+
+def interval_score(low: float, high: float, truth: float) -> float:
+    """Gneiting & Raftery's interval score of a central (1 − α) interval (JASA 2007, eq. 43), relative to the truth:
+    its width plus 2/α times the distance by which the truth falls outside it, divided by the truth."""
+    miss = max(low - truth, 0.0) + max(truth - high, 0.0)
+    return (high - low + 2 / ALPHA * miss) / truth
+
+
+@dataclass
+class Scores:
+    """The held-out points of one cell: whether each is covered, its relative half-width, interval score, error."""
+
+    covered: list[bool] = field(default_factory=list)
+    half_width: list[float] = field(default_factory=list)
+    score: list[float] = field(default_factory=list)
+    error: list[float] = field(default_factory=list)
+
+    def add(self, r: Extrapolation, n: int, truth: float) -> None:
+        """Score the extrapolation `r` at dp=n against the truth."""
+        i = r.dps.index(n)
+        lo, hi, nominal = r.low[i], r.high[i], r.tokens_per_s_per_gpu[i]
+        self.covered.append(lo <= truth <= hi)
+        self.half_width.append((hi - lo) / 2 / nominal)
+        self.score.append(interval_score(lo, hi, truth))
+        self.error.append(abs(nominal / truth - 1))
+
+    def cell(self) -> str:
+        """`covered/n (%) · median half-width % · mean interval score % · median/largest error %`."""
+        if not self.covered:
+            return "–"
+        k, n = sum(self.covered), len(self.covered)
+        return (
+            f"{k}/{n} ({100 * k / n:.0f}%) · ±{100 * statistics.median(self.half_width):.1f} · "
+            f"{100 * statistics.mean(self.score):.1f} · {100 * statistics.median(self.error):.1f}/"
+            f"{100 * max(self.error):.1f}"
+        )
+
+
 def coverage_rows(truths: tuple[Truth, ...], seeds: int, draws: int, noise: float) -> list[str]:
-    """Markdown rows: per source, over the truths and seeds, the band's coverage at 2× and 4× past the largest
-    measured dp and the nominal's median/largest error there, before and after the model-form uncertainty."""
+    """Markdown rows: per source, over the truths and seeds, at 2× and 4× past the largest measured dp: the band's
+    coverage, its median relative half-width, its mean relative interval score and the nominal's median/largest
+    error."""
     rows = []
     for source, dps in SOURCES:
         top = max(dps)
-        cells = []
-        for doubt in (False, True):
-            hits = {2: [], 4: []}
-            errors = {2: [], 4: []}
-            for truth in truths:
-                for seed in range(seeds):
-                    r = run(truth, source, dps, seed, draws, noise, doubt)
-                    for k in (2, 4):
-                        n = k * top
-                        if n in r.dps:
-                            t = truth.tokens_per_s_per_gpu(n)
-                            hits[k].append(_inside(r, n, t))
-                            errors[k].append(abs(r.tokens_per_s_per_gpu[r.dps.index(n)] / t - 1))
-            for k in (2, 4):
-                if hits[k]:
-                    cells.append(
-                        f"{sum(hits[k])}/{len(hits[k])} ({100 * sum(hits[k]) / len(hits[k]):.0f}%) · "
-                        f"{100 * statistics.median(errors[k]):.1f}/{100 * max(errors[k]):.1f}"
-                    )
-                else:
-                    cells.append("–")
-        rows.append(f"| {source} | " + " | ".join(cells) + " |")
+        cells = {2: Scores(), 4: Scores()}
+        for truth in truths:
+            for seed in range(seeds):
+                r = run(truth, source, dps, seed, draws, noise)
+                for k, scores in cells.items():
+                    if k * top in r.dps:
+                        scores.add(r, k * top, truth.tokens_per_s_per_gpu(k * top))
+        rows.append(f"| {source} | {cells[2].cell()} | {cells[4].cell()} |")
     return rows
 
 
-def published_rows(draws: int) -> list[str]:
-    """Markdown rows: each published table fitted on its dp up to 32 under (a) and (c), every held-out dp."""
+def published_rows(draws: int, tables: tuple[Table, ...] = TABLES) -> list[str]:
+    """Markdown rows: each published table fitted on its smaller GPU counts under (a) and (c), every held-out count:
+    the nominal [band] against the published figure, its error, covered or not, the band's half-width and interval
+    score."""
     rows = []
-    for table in TABLES:
-        fitted = tuple(d for d in table.tokens_per_s_per_gpu if d <= 32)
-        held = [d for d in table.tokens_per_s_per_gpu if d > 32]
-        w, points = workload_and_points(table.frame(fitted))
+    for table in tables:
+        w, points = workload_and_points(table.frame(table.fitted))
         found, _ = network_sources(None, None, Path("."), table.hardware, 8, draws)
         for src in found:
-            for doubt in (False, True):
-                r = extrapolate(
-                    table.name,
-                    w,
-                    points,
-                    8,
-                    src,
-                    n_draws=draws,
-                    run_to_run=0.02 if doubt else 0.0,
-                    model_form_doubt=doubt,
+            r = extrapolate(table.name, w, points, 8, src, n_draws=draws)
+            cells = []
+            for n in table.held_out:
+                truth = table.tokens_per_s_per_gpu[n][1]
+                if n not in r.dps or not r.within(n):
+                    cells.append(f"{n}: {'past the horizon' if n in r.dps else 'not reached'}")
+                    continue
+                i = r.dps.index(n)
+                lo, hi, nominal = r.low[i], r.high[i], r.tokens_per_s_per_gpu[i]
+                cells.append(
+                    f"{n}: {nominal:,.0f} [{lo:,.0f}, {hi:,.0f}] vs {truth:,.0f}: {100 * (nominal / truth - 1):+.1f}%, "
+                    f"{'in' if lo <= truth <= hi else 'OUT'}, ±{100 * (hi - lo) / 2 / nominal:.1f}%, "
+                    f"score {100 * interval_score(lo, hi, truth):.1f}%"
                 )
-                cells = []
-                for n in (*held, 256):
-                    truth = table.tokens_per_s_per_gpu.get(n, (None, None))[1]
-                    if n not in r.dps:
-                        cells.append(f"{n}: not reached")
-                        continue
-                    i = r.dps.index(n)
-                    where = "" if r.within(n) else " (past the horizon)"
-                    fig = f"{r.tokens_per_s_per_gpu[i]:,.0f} [{r.low[i]:,.0f}, {r.high[i]:,.0f}]{where}"
-                    if truth is not None:
-                        fig += f" vs {truth:,.0f}: {'in' if r.low[i] <= truth <= r.high[i] else 'OUT'}"
-                    cells.append(f"{n}: {fig}")
-                kind = "(a) sweep" if src is None else f"(c) {table.hardware}"
-                rows.append(
-                    f"| {table.name} | {', '.join(map(str, fitted))} | {kind} | "
-                    f"{'after' if doubt else 'before'} | {'; '.join(cells)} |"
-                )
+            kind = "(a) sweep" if src is None else f"(c) {table.hardware}"
+            tuned = "" if table.tuning else " (kept out of tuning)"
+            rows.append(f"| {table.name}{tuned} | {', '.join(map(str, table.fitted))} | {kind} | {'; '.join(cells)} |")
     return rows
 
 
-def coverage(seeds: int, draws: int, noise: float) -> None:
-    """Markdown: the bands' calibration on synthetic truths (with and without model mismatch) and published tables."""
+def coverage(seeds: int, draws: int, noise: float, synthetic: bool = True, tuning_only: bool = False) -> None:
+    """Markdown: the bands' calibration and sharpness on synthetic truths (with and without model mismatch) and on
+    published tables."""
     head = (
-        "| source (measured dp) | before: 2× past, covered · median/largest error % | before: 4× past | "
-        "after: 2× past | after: 4× past |\n|---|---|---|---|---|"
+        "| source (measured dp) | 2× past: covered · median half-width % · mean interval score % · median/largest "
+        "error % | 4× past |\n|---|---|---|"
     )
-    print(f"{seeds} seeds, {draws} draws, {noise:.0%} noise per timed step\n")
-    print("Truths the step model contains (TRUTHS and EXTRA):\n\n" + head)
-    print("\n".join(coverage_rows((*TRUTHS, *EXTRA), seeds, draws, noise)), flush=True)
-    print("\nTruths with effects it does not contain (MISMATCHED):\n\n" + head)
-    print("\n".join(coverage_rows(MISMATCHED, seeds, draws, noise)), flush=True)
-    print(f"\nPublished tables ({PUBLISHED_SOURCE}), fitted on dp ≤ 32:\n")
-    print("| table | fitted dp | source | band | held-out dp: nominal [band] vs published |\n|---|---|---|---|---|")
-    print("\n".join(published_rows(draws)))
+    if synthetic:
+        print(f"{seeds} seeds, {draws} draws, {noise:.0%} noise per timed step\n")
+        print("Truths the step model contains (TRUTHS and EXTRA):\n\n" + head)
+        print("\n".join(coverage_rows((*TRUTHS, *EXTRA), seeds, draws, noise)), flush=True)
+        print("\nTruths with effects it does not contain (MISMATCHED):\n\n" + head)
+        print("\n".join(coverage_rows(MISMATCHED, seeds, draws, noise)), flush=True)
+    tables = tuple(t for t in TABLES if t.tuning or not tuning_only)
+    print(f"\nPublished tables (tests/helpers/published_dp.py), {draws} draws, fitted on their smaller GPU counts:\n")
+    print("| table | fitted GPUs | source | held-out GPUs: nominal [band] vs published |\n|---|---|---|---|")
+    print("\n".join(published_rows(draws, tables)))
 
 
 def summarise(truth: Truth, source: str, results: list[Extrapolation]) -> list[str]:
@@ -261,13 +292,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--draws", type=int, default=200)
     p.add_argument("--noise", type=float, default=0.02, help="relative noise of each timed step")
     p.add_argument("--limits", action="store_true", help="print only the information limit of source (a)")
-    p.add_argument("--coverage", action="store_true", help="print only the bands' calibration")
+    p.add_argument("--coverage", action="store_true", help="print only the bands' calibration and sharpness")
+    p.add_argument("--published", action="store_true", help="with --coverage: the published tables only")
+    p.add_argument("--tuning-only", action="store_true", help="leave out the tables kept out of tuning")
     a = p.parse_args(argv)
     if a.limits:
         limits(a.noise)
         return 0
     if a.coverage:
-        coverage(a.seeds, a.draws, a.noise)
+        coverage(a.seeds, a.draws, a.noise, not a.published, a.tuning_only)
         return 0
     print(f"{a.seeds} seeds, {a.draws} draws, {a.noise:.0%} noise per timed step, 5 timed steps per point\n")
     print(

@@ -36,7 +36,7 @@ from scaling.perf.dp_fit import (
 from scaling.perf.extrapolation import extrapolate
 from scaling.perf.knee import find_knee
 from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, ring_cost
-from scaling.perf.network_figures import network_sources, profile_estimate, published_estimate
+from scaling.perf.network_figures import N_DRAWS, network_sources, profile_estimate
 from scaling.perf.step_model import (
     BACKWARD,
     BACKWARD_SHARE,
@@ -50,7 +50,7 @@ from scaling.perf.step_model import (
     step_collectives,
     step_time_s,
 )
-from tests.helpers.published_dp import TABLES
+from tests.helpers.published_dp import LLM_FOUNDRY
 from tests.helpers.synthetic_dp import (
     LLAMA_1B,
     MISMATCHED,
@@ -60,6 +60,7 @@ from tests.helpers.synthetic_dp import (
     llama_1b,
     measure,
     profile_of,
+    published_synthetic,
 )
 
 NET = Network({INTRA: AlphaBeta(2e-6, 100e9), INTER: AlphaBeta(10e-6, 10e9)}, 4)
@@ -574,14 +575,14 @@ def _assert_knee(r, truth: Truth) -> None:
 
 def test_the_band_covers_a_truth_that_bends_past_the_measured_node():
     """Measured on one node (dp 1-8) only; between nodes the truth is 10x slower. The sweep alone cannot
-    see it and says so; the published H100 figures predict the bend, and their band covers the truth."""
+    see it and says so; published figures of that network predict the bend, and their band covers the truth."""
     truth = Truth("bend", llama_1b(0, gbs=512), h100_network(inter_alpha_s=15e-6, inter_beta=37e9), 0.075, 0.5)
     rng = np.random.default_rng(3)
     points = measure(truth, [1, 2, 4, 8], rng)
     alone = extrapolate("bend", truth.workload, points, 8)
     assert alone.dps[-1] == 8 and any("no figures for the tier between nodes" in n for n in alone.notes)
     assert any("the tier between nodes (no measured dp spans more than 8 ranks)" in n for n in alone.notes)
-    pub = extrapolate("bend", truth.workload, points, 8, published_estimate("h100", 8, 200, rng))
+    pub = extrapolate("bend", truth.workload, points, 8, published_synthetic(200, rng))
     eff = dict(zip(pub.dps, pub.efficiency))
     true_eff = dict(zip(pub.dps, truth.efficiency(list(pub.dps))))
     assert true_eff[8] > 0.99 and true_eff[64] < 0.8  # the truth bends past the measured range ...
@@ -702,14 +703,14 @@ def test_figure_and_table_carry_every_source():
     results = [
         extrapolate("c", truth.workload, points, 8, n_draws=20),
         extrapolate("c", truth.workload, points, 8, profile_estimate(profile_of(truth, rng), 8, 20, rng), n_draws=20),
-        extrapolate("c", truth.workload, points, 8, published_estimate("h100", 8, 20, rng), n_draws=20),
+        extrapolate("c", truth.workload, points, 8, published_synthetic(20, rng), n_draws=20),
     ]
     ax = plot(results).axes[0]
     bands = {c.get_gid() for c in ax.collections}
     assert {"band:sweep", "band:profile", "band:published"} <= bands
     labels = ax.get_legend_handles_labels()[1]
     assert labels[0].startswith("(a) fitted to this sweep") and labels[1].startswith("(b) scaling collectives profile")
-    assert labels[2] == "(c) published h100 figures (conf/network/h100.yaml)" and labels[3] == "measured"
+    assert labels[2] == "(c) published synthetic figures (conf/network/synthetic.yaml)" and labels[3] == "measured"
     table = summary_table({"c": results})
     assert list(table["source"]) == ["(a) sweep", "(b) profile", "(c) published"]
     assert table.loc[0, "α inter_node"] == "unknown" and table.loc[2, "β inter_node"].startswith("41 GB/s [")
@@ -771,18 +772,36 @@ def test_past_the_horizon_no_figure_is_given_and_the_report_says_why():
 def test_a_published_table_fitted_on_dp_up_to_32_holds_the_larger_dp_in_its_bands():
     """llm-foundry's published A100 and H100 throughput per GPU (tests/helpers/published_dp.py), read as the report
     reads a sweep's table and fitted on the dp up to 32 under the sweep alone and the published network figures:
-    every held-out dp (64 and 128) inside its band, dp 256 past the horizon. A published figure has no timed steps:
-    the bootstrap alone gives a band of zero width, which misses them."""
-    for table in TABLES:
-        fitted = tuple(d for d in table.tokens_per_s_per_gpu if d <= 32)
-        w, points = workload_and_points(table.frame(fitted))
-        found, _ = network_sources(None, None, Path("."), table.hardware, 8, 100)
+    every held-out dp (64 and 128) inside its band at the report's draws, dp 256 past the horizon. A published
+    figure has no timed steps: the bootstrap alone gives a band of zero width, which misses them."""
+    for table in LLM_FOUNDRY:
+        w, points = workload_and_points(table.frame(table.fitted))
+        found, _ = network_sources(None, None, Path("."), table.hardware, 8, N_DRAWS)
         for src in found:
-            r = extrapolate(table.name, w, points, 8, src, n_draws=100)
-            for n, (_, truth) in table.tokens_per_s_per_gpu.items():
-                if n > 32:
-                    i = r.dps.index(n)
-                    assert r.within(n) and r.low[i] <= truth <= r.high[i], (table.name, r.source, n)
+            r = extrapolate(table.name, w, points, 8, src, n_draws=N_DRAWS)
+            for n in table.held_out:
+                i, truth = r.dps.index(n), table.tokens_per_s_per_gpu[n][1]
+                assert r.within(n) and r.low[i] <= truth <= r.high[i], (table.name, r.source, n)
             assert not r.within(256)
         alone = extrapolate(table.name, w, points, 8, None, n_draws=20, run_to_run=0.0, model_form_doubt=False)
         assert alone.low == alone.high
+
+
+def test_a_band_with_a_measured_or_published_network_is_sharp_enough_to_decide_on():
+    """A truth of the step model (1B ZeRO-0) measured on one node, its network profiled or published: the band
+    holds the truth at 2× and 4× past the largest measured dp with a half-width of at most 15% and 25%. A truth
+    that is communication-bound 4× past dp 32 keeps a wide band, and its notes say which unknown makes it so."""
+    truth = TRUTHS[0]
+    rng = np.random.default_rng(0)
+    points = measure(truth, [1, 2, 4, 8], rng)
+    for source in (profile_estimate(profile_of(truth, rng), 8, 100, rng), published_synthetic(100, rng)):
+        r = extrapolate("c", truth.workload, points, 8, source, n_draws=100)
+        for n, target in ((16, 0.15), (32, 0.25)):
+            i, true = r.dps.index(n), truth.tokens_per_s_per_gpu(n)
+            assert r.low[i] <= true <= r.high[i] and (r.high[i] - r.low[i]) / 2 / r.tokens_per_s_per_gpu[i] <= target
+    wide = TRUTHS[3]  # ZeRO-3: at dp 128 its gathers and reduce-scatters outlast the compute
+    points = measure(wide, [8, 16, 32], rng)
+    r = extrapolate("c", wide.workload, points, 8, profile_estimate(profile_of(wide, rng), 8, 100, rng), n_draws=100)
+    i = r.dps.index(128)
+    assert (r.high[i] - r.low[i]) / 2 / r.tokens_per_s_per_gpu[i] > 0.25
+    assert any("the band at dp=128" in n and "past the largest measured dp, 32" in n for n in r.notes), r.notes

@@ -169,12 +169,12 @@ def test_an_old_profile_is_refused_with_the_command_that_replaces_it(tmp_path):
 def test_published_figures_are_ranges_and_draws_stay_inside(tmp_path):
     tiers = published("h100")
     assert set(tiers) == {INTRA, INTER}
-    assert tiers[INTRA].beta_bytes_per_s == (3.0e11, 4.5e11) and tiers[INTER].beta_bytes_per_s == (3.5e10, 4.8e10)
+    assert tiers[INTRA].beta_bytes_per_s == (3.0e11, 4.5e11) and tiers[INTER].beta_bytes_per_s == (2.8e11, 3.84e11)
     assert published("cpu") is None and published("no_such_profile") is None
     assert all(published(h) for h in ("a100", "h200"))
     est = published_estimate("h100", 8, 200, np.random.default_rng(0))
     assert est.kind == "published" and est.nominal.tiers[INTER].beta_bytes_per_s == pytest.approx(
-        (3.5e10 * 4.8e10) ** 0.5
+        (2.8e11 * 3.84e11) ** 0.5
     )
     for d in est.draws:
         assert 5e-6 <= d.tiers[INTER].alpha_s <= 2e-5 and 3.0e11 <= d.tiers[INTRA].beta_bytes_per_s <= 4.5e11
@@ -194,7 +194,8 @@ def test_a_profile_measured_on_one_node_borrows_the_inter_node_tier():
     assert both.kind == "profile" and both.label.endswith(
         "inter_node from published h100 figures (conf/network/h100.yaml)"
     )
-    assert both.nominal.tiers[INTRA] == prof.nominal.tiers[INTRA] and both.nominal.tiers[INTER].beta_bytes_per_s < 5e10
+    assert both.nominal.tiers[INTRA] == prof.nominal.tiers[INTRA]
+    assert both.nominal.tiers[INTER].beta_bytes_per_s == pytest.approx((2.8e11 * 3.84e11) ** 0.5)
     assert all(d.reaches(1024) for d in both.draws)
 
 

@@ -35,7 +35,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--iters", type=int, default=10, help="timed calls per collective and size (default 10)")
     p.add_argument("--dry-run", action="store_true", help="print the launches it would make and launch nothing")
     p.add_argument("overrides", nargs="*", help="Hydra overrides of `scaling run`, e.g. hardware=h100 parallel.dp=16")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    a = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     if a.iters < 2:
         p.error(f"--iters={a.iters}: at least 2 timed calls, so the profile has a spread")
     try:

@@ -26,7 +26,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument(
         "overrides", nargs="*", help="Hydra overrides, e.g. model=small train.seq_len=256 hardware.memory_gb=0.05"
     )
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    a = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     if a.max_mbs < 1:
         p.error(f"--max-mbs={a.max_mbs} must be >= 1")
     from scaling.sweep.compose import compose_config

@@ -146,7 +146,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "--traced", action="store_true", help="with --sweep: trace near-capacity points, as the pre-screen does"
     )
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=llama_8b parallel.dp=8")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    a = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     if a.sweep:
         return _sweep(a.sweep, a.overrides, a.traced, a.json)
     try:

@@ -89,7 +89,7 @@ def _refuse(message: str) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     """`scaling recipe`: measure what the sweep directory lacks, then print and write the recipe."""
     p = parser()
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    a = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     if not 0 < a.threshold < 1:
         p.error(f"--threshold={a.threshold} must lie between 0 and 1, e.g. 0.8")
     if a.max_grad_acc < 1:

@@ -170,10 +170,14 @@ def published(hardware: str, network_dir: Optional[Path] = None) -> Optional[dic
 
 
 def published_estimate(
-    hardware: str, devices_per_node: Optional[int], n_draws: int, rng: np.random.Generator
+    hardware: str,
+    devices_per_node: Optional[int],
+    n_draws: int,
+    rng: np.random.Generator,
+    network_dir: Optional[Path] = None,
 ) -> Optional[NetworkEstimate]:
-    """The published figures of a hardware profile as a source, or None when there are none."""
-    tiers = published(hardware)
+    """The published figures of a hardware profile (`published`) as a source, or None when there are none."""
+    tiers = published(hardware, network_dir)
     if tiers is None:
         return None
     draws = tuple(Network({t: p.draw(rng) for t, p in tiers.items()}, devices_per_node) for _ in range(n_draws))

@@ -385,6 +385,21 @@ def comm_windows(w: Workload, net: Network, n: int, grad_acc: int) -> list[tuple
     return out
 
 
+def scheduled_overlap(w: Workload, n: int, grad_acc: int) -> float:
+    """The share of a step's hidden-window communication the engine's schedule can run behind compute: all of it
+    but, in each window, its largest call, which no compute precedes (a forward's first gather: FSDP2 prefetches
+    each next module behind the current one's compute) or none follows (a backward's last reduce-scatter or DDP
+    bucket); 1 when the step communicates nothing."""
+    total, largest = 0.0, {}
+    for call in step_collectives(w, n, grad_acc) if n > 1 else ():
+        if call.window is None:
+            continue
+        total += call.count * call.bytes_per_call
+        times = grad_acc if call.window.micro_steps == EACH_MICRO else 1
+        largest[call.window] = max(largest.get(call.window, 0.0), times * call.bytes_per_call)
+    return 1.0 - sum(largest.values()) / total if total > 0 else 1.0
+
+
 def step_time_s(
     w: Workload,
     net: Network,

@@ -258,4 +258,7 @@ def _tp_why(
     best, _, _, _ = best_option(plain, gbs_samples, seq_len, gpus, estimate)
     if best is None:
         return "no configuration without tensor parallelism has a figure here"
-    return f"the fastest: {best.candidate.name} gives {best.estimate.tokens_per_s_per_gpu:,.0f} tokens/s per GPU here"
+    return (
+        f"the fastest by the estimate: without tensor parallelism the best is {best.candidate.name}, "
+        f"{best.estimate.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
+    )

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from scaling.core.enums import Status
 from scaling.core.schema import ExperimentConfig
 from scaling.model.shape import ModelShape
-from scaling.perf.extrapolation import Extrapolation, extrapolate, rate_band
+from scaling.perf.extrapolation import Extrapolation, extrapolate, rate_band, wide_because
 from scaling.perf.network import NetworkEstimate
 from scaling.perf.step_model import Point, Workload
 from scaling.recipe.options import EXTRAPOLATED, MEASURED, Beyond, Candidate, Estimate, Split
@@ -79,7 +79,9 @@ class Model:
             return Beyond(ex.horizon_reason)
         step, rate, lo, hi = rate_band(self.workload, ex.fit, ex.draws, gpus, grad_acc)
         measured = ", ".join(str(d) for d in sorted(ex.measured))
-        return Estimate(rate, lo, hi, step, EXTRAPOLATED, f"{self.source}; fitted on measured dp {measured}")
+        why = wide_because(self.workload, ex.fit, ex.draws, gpus, grad_acc) if gpus > max(ex.measured) else None
+        detail = f"{self.source}; fitted on measured dp {measured}" + (f"; {why}" if why else "")
+        return Estimate(rate, lo, hi, step, EXTRAPOLATED, detail)
 
 
 def fit_model(

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from scaling.core.batch import nearest_whole_batch
 from scaling.core.host import usable_cores
@@ -27,6 +27,7 @@ from scaling.job.run import run_point
 from scaling.launch.network_probe import measure_and_save
 from scaling.model.family import family_of
 from scaling.model.shape import ModelShape
+from scaling.perf.mfu_model import Work
 from scaling.perf.network import CPU_SIZES, CUDA_SIZES, NetworkEstimate
 from scaling.perf.network_figures import sources
 from scaling.perf.step_model import step_collectives
@@ -39,7 +40,7 @@ from scaling.recipe.estimate import FromRecords, workload_of
 from scaling.recipe.mbs_search import find_mbs, largest_mbs_by_gpus
 from scaling.recipe.next_point import suggest
 from scaling.recipe.options import Candidate, Estimate, Split, split
-from scaling.recipe.predicted import Predicted, assumed_mfu, measured_mfu
+from scaling.recipe.predicted import Predicted, flops_split, mfu_model
 from scaling.recipe.request import RecipeRequest
 from scaling.store.read import RecordError, read_record
 from scaling.store.record import answers, job_key
@@ -187,30 +188,29 @@ def plan(
     source: Optional[NetworkEstimate],
     a: RecipeRequest,
     figures: ModelFigures,
+    records: Sequence[dict[str, Any]] = (),
 ) -> tuple[Optional[Callable[[Candidate, Split], Optional[Estimate]]], Optional[str]]:
-    """The predicted figures for candidates with nothing measured (scaling.recipe.predicted), and a note when there are
-    none: no network figures, no peak FLOP/s, or no MFU measured on the hardware and none assumed."""
+    """The predicted figures for candidates with nothing measured (scaling.recipe.predicted: the hardware's MFU model,
+    fitted to conf/mfu/ and to `records` on that hardware), and a note when there are none: no network figures, no
+    peak FLOP/s, or no MFU model of the hardware and none assumed."""
     hw, t = cfg.hardware, cfg.train
     peak = configured_peak_flops_per_s(hw, str(t.precision))
     if source is None or peak is None:
         return None, None
-    # the assumed MFU's spread falls back on the points without recomputation
-    measured = {
-        r: measured_mfu(hw.name, figures.n_params, t.seq_len, r, bool(t.compile)) for r in {*a.recompute, "none"}
-    }
-    by_recompute = {r: measured[r] for r in a.recompute}
-    if a.assume_mfu is None and not all(by_recompute.values()):
-        missing = [r for r, m in by_recompute.items() if m is None]
+    model = mfu_model(hw.name, str(t.precision), peak, records)
+    if model is None and a.assume_mfu is None:
         return None, (
-            f"no MFU measured on {hw.name} for recompute {', '.join(missing)} (conf/mfu/{hw.name}.yaml): pass "
+            f"no MFU measured on {hw.name} in {t.precision} (conf/mfu/{hw.name}.yaml, or records at dp=1 here): pass "
             "--assume-mfu to plan the GPU counts nothing was measured for"
         )
-    priors = {
-        r: assumed_mfu(a.assume_mfu, m or measured["none"]) if a.assume_mfu is not None else m
-        for r, m in by_recompute.items()
-    }
-    per = {r: Predicted(workload, figures.flops_per_token, peak, p, source, a.draws) for r, p in priors.items() if p}
-    return (lambda c, s: per[c.recompute](c, s)), None
+    split = flops_split(cfg)
+    seq = t.seq_len
+
+    def work(c: Candidate, mbs: int) -> Work:
+        return Work(split, mbs * seq, c.zero_stage, c.recompute == "full", bool(t.compile), seq)
+
+    optimizer = model.optimizer_s_per_param if model is not None else 0.0
+    return Predicted(workload, work, peak, source, model, a.assume_mfu, optimizer, a.draws), None
 
 
 def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: RecipeRequest) -> Recipe:
@@ -269,7 +269,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
     notes += [n for n in source_notes if "No measured profile" not in n or source is None]
 
     workload = lambda c, mbs: workload_of(cfg, c, mbs, gbs_samples, figures.shape)  # noqa: E731
-    planned, plan_note = plan(cfg, workload, source, a, figures)
+    planned, plan_note = plan(cfg, workload, source, a, figures, launch.records)
     if plan_note:
         notes.append(plan_note)
     estimate = FromRecords(launch.records, workload, dpn, source, a.draws, planned)

@@ -1,142 +1,187 @@
-"""A recipe row before anything is measured on the hardware: `predicted` from the model's FLOPs, an MFU measured on
-that hardware, and the network's figures through the step model.
+"""A recipe row before anything is measured at its micro-batch: `predicted` from the model's FLOPs split through the
+hardware's MFU model, and the network's figures through the step model.
 
-    compute per micro-step = FLOPs per micro-step / (MFU · peak FLOP/s);  step(n) = the step model at dp=n
+    compute per micro-step = the MFU model's (scaling.perf.mfu_model: fitted to conf/mfu/<hardware>.yaml and the
+    user's own records on that hardware) or FLOPs / (--assume-mfu · peak);  step(n) = the step model at dp=n
 
-The MFU comes from conf/mfu/<hardware>.yaml (points measured on that hardware) or `--assume-mfu`; the band draws
-the MFU, the network and the overlap, and the model form past one node (scaling.perf.extrapolation). A measured or
-extrapolated figure replaces it as soon as the store has records (scaling.recipe.estimate). docs/recipe.md.
+The band draws the compute from the MFU model's spread at that configuration, the overlap below what the engine's
+schedule hides (`step_model.scheduled_overlap`), the network's draws and the model form past two nodes
+(scaling.perf.extrapolation); a row says what its compute rests on, how far it lies from the fitted points and,
+where the band is wide, which unknown makes it so. A measured or extrapolated figure replaces it as soon as the store
+has records (scaling.recipe.estimate). docs/recipe.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import statistics
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
-import yaml
 
-from scaling.core.schema import CONF_DIR
+from scaling.core.enums import Status
+from scaling.core.schema import ExperimentConfig, ModelConfig
+from scaling.model.family import family_of
 from scaling.perf.dp_fit import Fit
-from scaling.perf.extrapolation import Draw, model_form, rate_band
+from scaling.perf.extrapolation import WIDE, Draw, ModelForm, model_form, rate_band
+from scaling.perf.mfu_model import MEASURED_SIGMA, FlopsSplit, Measured, MfuModel, Work, conf_points, fit
+from scaling.perf.mfu_model import Estimate as Compute
 from scaling.perf.network import NetworkEstimate
-from scaling.perf.step_model import Workload
+from scaling.perf.step_model import Workload, scheduled_overlap
 from scaling.recipe.options import PREDICTED, Candidate, Estimate, Split
 
-ASSUMED_SPREAD = 0.10
-"""The relative band of `--assume-mfu` where the hardware has no measured points to take the spread from."""
-NOMINAL_OVERLAP = 0.5
-"""The overlap of the nominal figure: the middle of what the band draws."""
+ASSUMED_SPREAD = 0.05
+"""The σ (relative) of `--assume-mfu` where the hardware has no MFU model to take the spread from."""
+OVERLAP_LOSS = 0.3
+"""Up to this share of what the engine's schedule could hide stays exposed (collective kernels share the device's
+SMs and memory with the compute, and a late issue delays a prefetch): the band draws the overlap uniformly between
+(1 − OVERLAP_LOSS) × the scheduled one and the scheduled one, the nominal figure takes the middle."""
 
 
-@dataclass(frozen=True)
-class MfuPrior:
-    """An MFU to plan with: nominal, its band, and where it comes from (in words)."""
-
-    nominal: float
-    low: float
-    high: float
-    source: str
-
-
-@dataclass(frozen=True)
-class MfuPoint:
-    """One measured MFU of conf/mfu/<hardware>.yaml."""
-
-    model: str
-    n_params: int
-    seq_len: int
-    mbs: int
-    zero_stage: int
-    recompute: str
-    compile: bool
-    mfu: float
-
-
-def mfu_points(hardware: str, conf_dir: Path = CONF_DIR) -> tuple[list[MfuPoint], str]:
-    """The measured MFU points of a hardware profile and their source (none: an empty list)."""
-    path = conf_dir / "mfu" / f"{hardware}.yaml"
-    if not path.is_file():
-        return [], ""
-    doc = yaml.safe_load(path.read_text()) or {}
-    return [MfuPoint(*p) for p in doc.get("points") or []], f"{doc.get('source', path.name)} (conf/mfu/{path.name})"
+def own_points(records: Sequence[Mapping[str, Any]], hardware: str) -> list[Measured]:
+    """The user's records measured on one device of `hardware` as points of its MFU model."""
+    out = []
+    for r in records:
+        cfg = r.get("config") or {}
+        if r.get("status") != Status.OK or (cfg.get("hardware") or {}).get("name") != hardware:
+            continue
+        t, p = cfg["train"], cfg["parallel"]
+        if p.get("dp") != 1 or p.get("tp", 1) != 1:  # one device running the whole model
+            continue
+        split = record_flops(r)
+        work = Work(
+            split,
+            int(t["mbs"]) * int(t["seq_len"]),
+            int(p["zero_stage"]),
+            t["recompute"] == "full",
+            bool(t.get("compile")),
+            int(t["seq_len"]),
+        )
+        m = r["metrics"]
+        sigma = max(MEASURED_SIGMA, float(m.get("noise_band_frac") or 0.0))
+        out.append(
+            Measured(work, int(r["derived"]["grad_acc"]), float(m["step_time_s"]), sigma, f"record {r['job_key']}")
+        )
+    return out
 
 
-def measured_mfu(
-    hardware: str, n_params: int, seq_len: int, recompute: str, compile_: bool, conf_dir: Path = CONF_DIR
-) -> Optional[MfuPrior]:
-    """The MFU of the hardware's measured points nearest this run: the nearest model by parameter count, the same
-    recompute and compile setting, the nearest seq_len (log scale); None when the hardware has no such point."""
-    points, source = mfu_points(hardware, conf_dir)
-    points = [p for p in points if p.recompute == recompute and p.compile == compile_]
-    if not points:
-        return None
-    nearest = min(abs(math.log(p.n_params / n_params)) for p in points)
-    points = [p for p in points if abs(math.log(p.n_params / n_params)) == nearest]
-    nearest = min(abs(math.log(p.seq_len / seq_len)) for p in points)
-    points = [p for p in points if abs(math.log(p.seq_len / seq_len)) == nearest]
-    values = [p.mfu for p in points]
-    p0 = points[0]
-    return MfuPrior(
-        statistics.median(values),
-        min(values),
-        max(values),
-        f"{len(values)} point(s) of {p0.model} at seq {p0.seq_len}, recompute {recompute}"
-        f"{', compiled' if compile_ else ''}, measured on {hardware}: {source}",
+def record_flops(r: Mapping[str, Any]) -> FlopsSplit:
+    """A record's FLOPs split: the built-in decoder's closed form from its config.model, else its counted figures."""
+    model, d = r["config"]["model"], r["derived"]
+    names = ModelConfig.__dataclass_fields__
+    if all(isinstance(model.get(k), int) for k in ("n_layers", "hidden", "n_heads", "ffn_hidden", "vocab_size")):
+        return FlopsSplit.of(
+            ModelConfig(**{k: v for k, v in model.items() if k in names}), r["config"]["train"]["seq_len"]
+        )
+    blocks = (d.get("model") or {}).get("n_blocks") or 1
+    return FlopsSplit.counted(
+        d["flops_per_token"], d["hw_flops_per_token"] - d["flops_per_token"], blocks, d["n_params"]
     )
 
 
-def assumed_mfu(value: float, measured: Optional[MfuPrior]) -> MfuPrior:
-    """`--assume-mfu`: the value, its band the measured points' relative spread (or ±ASSUMED_SPREAD)."""
-    if measured is not None and measured.nominal > 0:
-        low, high = value * measured.low / measured.nominal, value * measured.high / measured.nominal
-        how = "the relative spread of the hardware's measured points"
-    else:
-        low, high = value * (1 - ASSUMED_SPREAD), value * (1 + ASSUMED_SPREAD)
-        how = f"±{ASSUMED_SPREAD:.0%}"
-    return MfuPrior(value, low, min(high, 1.0), f"--assume-mfu {value:g} (band: {how})")
+def mfu_model(hardware: str, precision: str, peak: float, records: Sequence[Mapping[str, Any]]) -> Optional[MfuModel]:
+    """The MFU model of `hardware` in `precision`: conf/mfu/<hardware>.yaml's points (when measured in it) and the
+    user's records on it at dp=1 (None: neither)."""
+    points, optimizer, _ = conf_points(hardware, peak, precision=precision)
+    points += own_points([r for r in records if r["config"]["train"].get("precision") == precision], hardware)
+    return fit(hardware, peak, points, optimizer) if points else None
+
+
+def flops_split(cfg: ExperimentConfig) -> FlopsSplit:
+    """The FLOPs split of the config's model: the built-in decoder's closed form, else its counted figures."""
+    if not cfg.custom:
+        return FlopsSplit.of(cfg.model, cfg.train.seq_len)
+    counted = family_of(cfg.model).counted(cfg.train.seq_len)
+    recomputed = counted.recomputed_flops_per_token
+    return FlopsSplit.counted(counted.flops_per_token, recomputed, counted.n_blocks, counted.n_params)
 
 
 @dataclass
 class Predicted:
-    """The recipe's figure of a candidate with nothing measured: the step model with the compute from FLOPs and MFU."""
+    """The recipe's figure of a candidate with nothing measured at its mbs: the step model with the compute of the
+    MFU model (or of an assumed MFU), the overlap the engine schedules, the network's figures."""
 
     workload: Callable[[Candidate, int], Workload]
     """The step model's workload of a candidate at an mbs."""
-    flops_per_token: float
-    """Model FLOPs per trained token (MFU's numerator)."""
+    work: Callable[[Candidate, int], Work]
+    """What one micro-step of a candidate at an mbs computes (its FLOPs split, tokens, stage, recompute)."""
     peak_flops_per_s: float
-    mfu: MfuPrior
     network: NetworkEstimate
+    model: Optional[MfuModel]
+    assume_mfu: Optional[float] = None
+    optimizer_s_per_param: float = 0.0
     n_draws: int = 200
     seed: int = 0
+
+    def compute(self, c: Candidate, mbs: int) -> tuple[Compute, str]:
+        """A micro-step's compute on one rank with its spread, and what it rests on in words. Under tensor
+        parallelism a rank runs 1/tp of each matmul's columns or rows: as many FLOPs as a micro-step of 1/tp the
+        tokens, and the efficiency of matmuls that narrow, so it is estimated as that micro-step (every layer's
+        fixed cost still paid)."""
+        w = self.work(c, mbs)
+        if c.tp > 1:
+            w = dataclasses.replace(w, tokens=max(1, w.tokens // c.tp))
+        fitted = self.model.estimate(w) if self.model is not None else None
+        if self.assume_mfu is None and fitted is not None and self.model is not None:
+            return fitted, f"{self.model.describe()}; {fitted.distance}"
+        if self.assume_mfu is None:
+            raise ValueError("a predicted figure needs an MFU model of the hardware or --assume-mfu")
+        seconds = w.flops.model * w.tokens / (self.assume_mfu * self.peak_flops_per_s)
+        sigma = fitted.sigma if fitted is not None else ASSUMED_SPREAD
+        spread = "the MFU model's spread there" if fitted is not None else f"σ {ASSUMED_SPREAD:.0%}"
+        return Compute(seconds, sigma, self.assume_mfu, ""), f"--assume-mfu {self.assume_mfu:g} ({spread})"
 
     def __call__(self, c: Candidate, s: Split) -> Optional[Estimate]:
         w = self.workload(c, s.mbs)
         if not self.network.nominal.reaches(s.gpus):
             return None
-
-        def compute_s(mfu: float) -> float:
-            return self.flops_per_token * s.mbs * w.seq_len / w.tp / (mfu * self.peak_flops_per_s)  # a rank's part
-
-        nominal = Fit(compute_s(self.mfu.nominal), 0.0, NOMINAL_OVERLAP, self.network.nominal)
-        rng = np.random.default_rng(self.seed)
-        one_node = self.network.nominal.devices_per_node or 1
-        draws = []
-        for i in range(self.n_draws):
-            net = self.network.draws[i % len(self.network.draws)]
-            fit = Fit(compute_s(rng.uniform(self.mfu.low, self.mfu.high)), 0.0, rng.uniform(0.0, 1.0), net)
-            draws.append(Draw(fit, model_form(one_node, rng)))
-        step, rate, lo, hi = rate_band(w, nominal, draws, s.gpus, s.grad_acc)
-        return Estimate(
-            rate,
-            min(lo, rate),
-            max(hi, rate),
-            step,
-            PREDICTED,
-            f"nothing measured on this hardware: MFU {self.mfu.nominal:.1%} [{self.mfu.low:.1%}, "
-            f"{self.mfu.high:.1%}] from {self.mfu.source}; network: {self.network.label}",
+        compute, basis = self.compute(c, s.mbs)
+        scheduled = scheduled_overlap(w, s.gpus, s.grad_acc)
+        k = self.optimizer_s_per_param
+        nominal = Fit(compute.seconds, k, scheduled * (1 - OVERLAP_LOSS / 2), self.network.nominal)
+        two_nodes = 2 * (self.network.nominal.devices_per_node or 1)
+        step, rate, lo, hi = rate_band(w, nominal, self._draws(compute, scheduled, two_nodes), s.gpus, s.grad_acc)
+        detail = (
+            f"nothing measured at this mbs: compute {compute.seconds:.3g} s a micro-step, MFU "
+            f"{compute.mfu:.1%} ± {compute.sigma:.0%} from {basis}; overlap {nominal.overlap:.2f} (the engine's "
+            f"schedule hides up to {scheduled:.2f}); network: {self.network.label}"
         )
+        half = (hi - lo) / 2 / rate
+        if half > WIDE:
+            widths = {
+                part: _half(rate_band(w, nominal, self._draws(compute, scheduled, two_nodes, part), s.gpus, s.grad_acc))
+                for part in UNKNOWNS
+            }
+            worst = max(widths, key=widths.__getitem__)
+            detail += (
+                f"; the band (±{half:.0%}) is wide mostly because of {UNKNOWNS[worst]} (±{widths[worst]:.0%} alone)"
+            )
+        return Estimate(rate, min(lo, rate), max(hi, rate), step, PREDICTED, detail)
+
+    def _draws(self, compute: Compute, scheduled: float, two_nodes: int, part: str = "all") -> list[Draw]:
+        """The band's draws, every unknown drawn (`all`) or only one of UNKNOWNS (the others at their nominal)."""
+        rng = np.random.default_rng(self.seed)
+        out = []
+        for i in range(self.n_draws):
+            seconds = compute.draw(rng) if part in ("all", "compute") else compute.seconds
+            lost = rng.uniform(0.0, OVERLAP_LOSS) if part in ("all", "overlap") else OVERLAP_LOSS / 2
+            form = model_form(two_nodes, rng, True) if part in ("all", "network") else ModelForm(two_nodes)
+            net = (
+                self.network.draws[i % len(self.network.draws)] if part in ("all", "network") else self.network.nominal
+            )
+            out.append(Draw(Fit(seconds, self.optimizer_s_per_param, scheduled * (1 - lost), net), form))
+        return out
+
+
+UNKNOWNS = {
+    "compute": "the compute (the MFU model's spread at this configuration)",
+    "overlap": "how much of the scheduled overlap the engine achieves",
+    "network": "the network (its published ranges, and past two nodes a tier or congestion nothing measured)",
+}
+"""The unknowns a predicted band draws, each named where it makes the band wide."""
+
+
+def _half(band: tuple[float, float, float, float]) -> float:
+    _, rate, lo, hi = band
+    return (hi - lo) / 2 / rate if rate > 0 else math.inf

@@ -272,8 +272,9 @@ def hybrid_lines(recipe: Recipe) -> list[str]:
         if r.peak_mem_bytes is not None and v["peak_mem_bytes"] is not None:
             more = r.peak_mem_bytes - v["peak_mem_bytes"]
             memory = f", at {'+' if more >= 0 else '-'}{format_bytes(abs(more))} per rank"
+        verdict = f"beats it by {gain:+.0%}" if gain >= 0.005 else f"is even with it ({gain:+.1%})"
         out.append(
-            f"{r.gpus} GPUs: hybrid sharding over {r.dp_shard} beats full sharding's best there ({v['run']}, mbs "
-            f"{v['mbs']}: {_fmt_rate(v['tokens_per_s_per_gpu'])}) by {gain:+.0%} (bands: {lo:+.0%} to {hi:+.0%}){memory}."
+            f"{r.gpus} GPUs: hybrid sharding over {r.dp_shard} against full sharding's best there ({v['run']}, mbs "
+            f"{v['mbs']}: {_fmt_rate(v['tokens_per_s_per_gpu'])}): {verdict} (bands: {lo:+.0%} to {hi:+.0%}){memory}."
         )
     return out

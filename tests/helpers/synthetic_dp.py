@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import yaml
 
 from scaling.core.schema import CONF_DIR, ModelConfig
-from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, fit_tiers
-from scaling.perf.network_figures import Profile
+from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, NetworkEstimate, fit_tiers
+from scaling.perf.network_figures import Profile, published_estimate
 from scaling.perf.step_model import Point, Workload, step_time_s
 
 
@@ -73,6 +74,17 @@ def profile_of(
                 )
     dpn = truth.network.devices_per_node
     return Profile(f"synthetic, n={','.join(map(str, world_sizes))}", dpn, fit_tiers(samples, dpn), tuple(samples))
+
+
+SYNTHETIC_NETWORK = Path(__file__).parent / "network"
+"""Where the published ranges of the truths' network live (`published_estimate("synthetic", ..., SYNTHETIC_NETWORK)`)."""
+
+
+def published_synthetic(n_draws: int, rng: np.random.Generator) -> NetworkEstimate:
+    """Published figures that hold the truths' network (tests/helpers/network/synthetic.yaml), as source (c)."""
+    est = published_estimate("synthetic", 8, n_draws, rng, SYNTHETIC_NETWORK)
+    assert est is not None
+    return est
 
 
 def h100_network(

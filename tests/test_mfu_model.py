@@ -1,0 +1,131 @@
+"""The MFU model (scaling/perf/mfu_model.py): fitted to the H100 points, its spread carried into a predicted band, a
+predicted row sharp enough to decide on, and the engine's scheduled overlap. Pure arithmetic: milliseconds each."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from scaling.perf.mfu_model import MEASURED_SIGMA, FlopsSplit, Measured, Work, conf_points, fit, preset, with_points
+from scaling.perf.network_figures import published_estimate
+from scaling.perf.step_model import Workload, scheduled_overlap, step_collectives
+from scaling.recipe.options import Candidate, split
+from scaling.recipe.predicted import Predicted, mfu_model, own_points
+
+PEAK = 989e12
+SEQ = 4096
+
+
+def _work(model: str, mbs: int, zero: int = 0, seq: int = SEQ) -> Work:
+    return Work(FlopsSplit.of(preset(model), seq), mbs * seq, zero, False, False, seq)
+
+
+def test_the_mfu_model_is_fitted_on_the_h100_points_and_says_how_far_a_model_lies_from_them():
+    model = mfu_model("h100", "bf16", PEAK, [])
+    assert model is not None and "16 measured point(s) and 2 published figure(s)" in model.describe()
+    errors = {p.source: e for p, e in zip(model.points, model.residuals())}
+    big = [e for p, e in zip(model.points, model.residuals()) if p.work.tokens >= 8192 and not p.published]
+    assert len(big) == 12 and max(abs(e) for e in big) < 0.10  # the micro-steps a recipe runs: within 10%
+    assert any("torchtitan" in s for s in errors)
+    one, eight = model.estimate(_work("llama_1b", 4)), model.estimate(_work("llama_8b", 1, 3, 8192))
+    # the 1B point it was measured at: within the GPU page's eager MFU at seq 4096 (39.7-44.3%)
+    assert 0.39 <= one.mfu <= 0.46 and one.sigma >= MEASURED_SIGMA
+    assert "1× the parameters of the nearest fitted model (llama_1b)" in one.distance
+    assert "6.5× the parameters" in eight.distance and eight.sigma > one.sigma  # farther from the data: wider
+
+
+def test_its_spread_is_the_band_of_a_predicted_row_on_one_gpu():
+    """On one GPU nothing is communicated: the band is the compute's, ±1.96 σ of the MFU model there."""
+    model = mfu_model("h100", "bf16", PEAK, [])
+    net = published_estimate("h100", 8, 200, np.random.default_rng(0))
+    c = Candidate(0, "none", 4, "test")
+    w = Workload(0, preset("llama_1b"), "bf16", 4, SEQ, 256)
+    p = Predicted(lambda c, mbs: w, lambda c, mbs: _work("llama_1b", mbs), PEAK, net, model, None, 12e-12, 200)
+    e = p(c, split(256, SEQ, 1, 4))
+    sigma = model.estimate(_work("llama_1b", 4)).sigma
+    assert e.low / e.tokens_per_s_per_gpu == pytest.approx(math.exp(-1.96 * sigma), rel=0.03)
+    assert "MFU model of h100" in e.detail and "the engine's schedule hides up to 1.00" in e.detail
+
+
+def test_a_record_of_the_user_on_that_hardware_joins_the_fit():
+    """A dp=1 record of llama_1b measured 30% faster than the model predicts pulls the model's 1B figure up."""
+    model = mfu_model("h100", "bf16", PEAK, [])
+    w = _work("llama_1b", 4)
+    before = model.estimate(w).seconds
+    record = {
+        "status": "ok",
+        "job_key": "k",
+        "config": {
+            "hardware": {"name": "h100"},
+            "model": {
+                k: getattr(preset("llama_1b"), k)
+                for k in ("name", "n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size")
+            },
+            "train": {"mbs": 4, "seq_len": SEQ, "recompute": "none", "compile": False, "precision": "bf16"},
+            "parallel": {"dp": 1, "zero_stage": 0},
+        },
+        "derived": {"grad_acc": 1},
+        "metrics": {"step_time_s": (before + w.flops.n_params * 12e-12) / 1.3, "noise_band_frac": 0.01},
+    }
+    points = own_points([record], "h100")
+    assert len(points) == 1 and points[0].source == "record k" and not own_points([record], "a100")
+    assert with_points(model, points).estimate(w).seconds < before
+
+
+def test_a_predicted_row_is_within_a_quarter_up_to_128_gpus():
+    """llama_1b and llama_3b at seq 4096 on H100 with a 4Mi-token batch, nothing measured, at the largest micro-batch
+    the recipe finds for ZeRO-2 and ZeRO-3 (what it recommends): at every GPU count up to 128 the predicted band's
+    half-width is at most 25% (the compute from the MFU model, the overlap the engine schedules, the published
+    network with its model form past two nodes). A micro-batch of 4096 tokens or fewer scatters more on the GPU
+    page (its 2048-token points are off by up to 31%), and its band is wider."""
+    model = mfu_model("h100", "bf16", PEAK, [])
+    net = published_estimate("h100", 8, 100, np.random.default_rng(0))
+    gbs = 4 * 2**20 // SEQ
+    for name, zero, mbs in (("llama_1b", 2, 4), ("llama_3b", 3, 2)):
+        m = preset(name)
+        c = Candidate(zero, "none", mbs, "test")
+        predict = Predicted(
+            lambda c, mbs, m=m: Workload(c.zero_stage, m, "bf16", mbs, SEQ, gbs),
+            lambda c, mbs, m=m: Work(FlopsSplit.of(m, SEQ), mbs * SEQ, c.zero_stage, False, False, SEQ),
+            PEAK,
+            net,
+            model,
+            None,
+            12e-12,
+            100,
+        )
+        for gpus in (8, 16, 32, 64, 128):
+            e = predict(c, split(gbs, SEQ, gpus, mbs))
+            half = (e.high - e.low) / 2 / e.tokens_per_s_per_gpu
+            assert half <= 0.25, (name, gpus, half, e.detail)
+
+
+def test_the_engine_schedules_all_but_each_windows_largest_call_behind_compute():
+    w = Workload(3, preset("llama_1b"), "bf16", 1, SEQ, 512)
+    calls = step_collectives(w, 64, 8)
+    hidden = [c for c in calls if c.window is not None]
+    total = sum(c.count * c.bytes_per_call for c in hidden)
+    # per window, its largest call, once per micro-step for the windows of every micro-step
+    exposed = {}
+    for c in hidden:
+        times = 8 if c.window.micro_steps == "every micro-step" else 1
+        exposed[c.window] = max(exposed.get(c.window, 0.0), times * c.bytes_per_call)
+    assert scheduled_overlap(w, 64, 8) == pytest.approx(1 - sum(exposed.values()) / total)
+    assert 0.5 < scheduled_overlap(w, 64, 8) < 1.0
+    assert scheduled_overlap(w, 1, 8) == 1.0  # one rank communicates nothing
+
+
+def test_a_point_is_read_with_its_doubt_and_the_fit_needs_one(tmp_path):
+    (tmp_path / "x.yaml").write_text(
+        "name: x\nprecision: bf16\noptimizer_s_per_param: 1.0e-11\n"
+        "points:\n  - [llama_1b, 1, 4096, 4, 0, none, false, 0.4, 0.2]\n"
+    )
+    points, optimizer, source = conf_points("x", PEAK, tmp_path)
+    assert optimizer == 1e-11 and "conf/mfu/x.yaml" in source and points[0].sigma == 0.2
+    assert conf_points("x", PEAK, tmp_path, precision="fp32")[0] == []
+    with pytest.raises(ValueError, match="no measured point"):
+        fit("x", PEAK, [], 0.0)
+    one = fit("x", PEAK, [Measured(_work("llama_1b", 4), 1, 0.3, 0.05, "a")], 0.0)
+    assert one.residuals()[0] == pytest.approx(0.0, abs=0.02)
