@@ -471,3 +471,13 @@ def test_the_suggested_next_measurement_narrows_the_least_certain_band_most_on_a
     assert set(outcomes) == {2, 4, 16} and suggested in outcomes, (suggested, outcomes)
     assert outcomes[suggested] <= min(outcomes.values()) * 1.05, (suggested, outcomes)
     assert outcomes[16] < outcomes[2], outcomes
+
+
+def test_overrides_may_stand_among_the_options(tmp_path, capsys) -> None:
+    """As Hydra's users write them: `scaling recipe model=tiny --gbs-tokens 64Ki logger=none --gpus 1,2 ...`."""
+    from scaling.cli.recipe import main
+
+    argv = ["model=tiny", "--gbs-tokens", "64Ki", "logger=none", "--gpus", "1,2", "hardware.memory_gb=0.05"]
+    assert main([*argv, "--dry-run", "--sweep-dir", str(tmp_path / "plan")]) == 0
+    assert "tiny at seq_len 64 on cpu, a global batch of 1,024 sequences" in capsys.readouterr().out
+    assert not (tmp_path / "plan").exists()
