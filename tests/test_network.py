@@ -215,41 +215,6 @@ def test_world_sizes_of_the_benchmark(dp, dpn, sizes):
     assert world_sizes(dp, dpn) == sizes
 
 
-@pytest.mark.torchrun
-def test_scaling_collectives_measures_through_torchrun_into_the_sweep_dir(tmp_path, capsys):
-    """The real command: 2 ranks over gloo, JSON back in the job directory, the profile fitted and written;
-    the sweep's earlier profile (planted: one measured long ago) is kept beside it, not overwritten."""
-    sweep = tmp_path / "sweep"
-    samples = _samples({INTRA: AlphaBeta(5e-6, 100e9)}, None, (2, 4), random.Random(2), noise=0.1)
-    earlier = Profile("gloo on host", None, fit_tiers(samples, None), tuple(samples), "2026-01-01T00:00:00+00:00")
-    sweep.mkdir()
-    save_profile(sweep / PROFILE_FILE, earlier)
-    args = ["--sweep-dir", str(sweep), "--iters", "3", "--sizes", "4Ki,16Mi", "parallel.dp=2", "launch.timeout_s=120"]
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    assert f"profile: {sweep / PROFILE_FILE}" in out and "intra_node: α = " in out
-    profile = load_profile(sweep / PROFILE_FILE)
-    assert profile.name.startswith("gloo on ") and profile.name.endswith(", n=2") and set(profile.tiers) == {INTRA}
-    results = {(r["op"], r["size_bytes"]): r for r in profile.samples}
-    assert set(results) == {(op, s) for op in OPS for s in (4096, 16 * 2**20)}
-    for (op, size), r in results.items():
-        assert r["world_size"] == 2 and r["time_s"] > 0 and len(r["times_s"]) == 3
-        assert r["busbw_bytes_per_s"] == pytest.approx(size / r["time_s"] * bus_factor(op, 2))
-    job = sweep / BENCH_DIR / "n2"
-    assert (job / BENCH_OUTPUT).exists() and (job / TORCHRUN_LOG).exists()
-    config = json.loads((job / CONFIG_FILE).read_text())
-    assert (
-        config["world_size"] == 2 and "--standalone" in config["argv"]
-    )  # scaling.launch.torchrun's torchrun, as a point's
-    assert (
-        config["argv"][-2:] == ["--out", str(job / BENCH_OUTPUT)]
-        and "scaling.engine.collective_bench" in config["argv"]
-    )
-    kept = [p for p in sweep.glob("alpha_beta.*.json")]
-    assert [p.name for p in kept] == ["alpha_beta.2026-01-01T00-00-00+00-00.json"] and load_profile(kept[0]) == earlier
-    assert f"the earlier one kept as {kept[0].name}" in out
-
-
 @pytest.mark.parametrize(
     "layout, plan",
     [
@@ -274,15 +239,41 @@ def test_the_largest_launch_also_times_the_rings_of_the_layout(tmp_path, layout,
 
 
 @pytest.mark.torchrun
-def test_scaling_collectives_times_the_dp_rings_of_a_tensor_parallel_layout(tmp_path, capsys):
-    """dp=2 × tp=2 on CPU: launches of 2 and 4 ranks, the 4's also timing the two rings of ranks 2 apart at once."""
+def test_scaling_collectives_measures_through_torchrun_into_the_sweep_dir(tmp_path, capsys):
+    """The real command at dp=2 × tp=2: launches of 2 and 4 ranks over gloo (torchrun, as a point's), the 4's also
+    timing the two rings of ranks 2 apart at once; JSON back in each job directory, the profile fitted and written;
+    the sweep's earlier profile (planted: one measured long ago) is kept beside it, not overwritten."""
     sweep = tmp_path / "sweep"
+    samples = _samples({INTRA: AlphaBeta(5e-6, 100e9)}, None, (2, 4), random.Random(2), noise=0.1)
+    earlier = Profile("gloo on host", None, fit_tiers(samples, None), tuple(samples), "2026-01-01T00:00:00+00:00")
+    sweep.mkdir()
+    save_profile(sweep / PROFILE_FILE, earlier)
     args = ["--sweep-dir", str(sweep), "--iters", "2", "--sizes", "4Ki,4Mi", "parallel.dp=2", "parallel.tp=2"]
     assert main([*args, "hardware.oversubscribe=true", "launch.timeout_s=120"]) == 0
+    out = capsys.readouterr().out
+    assert f"profile: {sweep / PROFILE_FILE}" in out and "intra_node: α = " in out
     profile = load_profile(sweep / PROFILE_FILE)
-    rings = sorted({(r["world_size"], r.get("stride", 1)) for r in profile.samples})
-    assert profile.name.endswith(", n=2,4") and rings == [(2, 1), (2, 2), (4, 1)], rings
-    assert all(r["time_s"] > 0 for r in profile.samples)
+    assert profile.name.startswith("gloo on ") and profile.name.endswith(", n=2,4") and set(profile.tiers) == {INTRA}
+    rings = {(r["world_size"], r.get("stride", 1)) for r in profile.samples}
+    assert rings == {(2, 1), (2, 2), (4, 1)}, rings
+    for ring in rings:
+        timed = {
+            (r["op"], r["size_bytes"]): r for r in profile.samples if (r["world_size"], r.get("stride", 1)) == ring
+        }
+        assert set(timed) == {(op, s) for op in OPS for s in (4096, 4 * 2**20)}, ring
+        for (op, size), r in timed.items():
+            assert r["time_s"] > 0 and len(r["times_s"]) == 2
+            assert r["busbw_bytes_per_s"] == pytest.approx(size / r["time_s"] * bus_factor(op, ring[0]))
+    for n in (2, 4):
+        job = sweep / BENCH_DIR / f"n{n}"
+        assert (job / BENCH_OUTPUT).exists() and (job / TORCHRUN_LOG).exists()
+        config = json.loads((job / CONFIG_FILE).read_text())
+        assert config["world_size"] == n and "--standalone" in config["argv"]  # scaling.launch.torchrun's, as a point's
+        assert config["argv"][-2:] == ["--out", str(job / BENCH_OUTPUT)]
+        assert "scaling.engine.collective_bench" in config["argv"] and ("--stride" in config["argv"]) == (n == 4)
+    kept = [p for p in sweep.glob("alpha_beta.*.json")]
+    assert [p.name for p in kept] == ["alpha_beta.2026-01-01T00-00-00+00-00.json"] and load_profile(kept[0]) == earlier
+    assert f"the earlier one kept as {kept[0].name}" in out
 
 
 @pytest.mark.parametrize(

@@ -178,8 +178,8 @@ def rel(a: float, b: float) -> float:
 @pytest.mark.torchrun
 def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predicted(project):
     """gpt.py's GPT-2-style model (LayerNorm, learned positions, biases, untied head): dp=2 at ZeRO 0-3 against
-    dp=1 x grad_acc=2, clipped; bf16; recompute per block; train.compile; the traced prediction against the tracked
-    peak."""
+    dp=1 x grad_acc=2, clipped; tp=2 by its own plan; bf16; recompute per block; train.compile; the traced prediction
+    against the tracked peak."""
     from scaling.sweep.compose import compose_config
 
     base = [
@@ -202,6 +202,20 @@ def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predi
             predicted,
             measured,
         )
+    # tensor parallelism by the file's own plan (its MLPs: c_attn packs q, k and v side by side, so its attention
+    # stays whole), on the warm ranks of dp=2: dp=1 × tp=2 trains what one rank does; a pattern that names no
+    # submodule is refused before any process, naming it
+    from scaling.core.validate import InvalidConfig
+    from scaling.model.family import checked
+
+    tp = [*base, "parallel.dp=1", "train.grad_acc=2", "parallel.zero_stage=3", "parallel.tp=2"]
+    typo = compose_config([*tp, "+model.tp_plan={h.*.fc:colwise,h.*.fcout:rowwise}"])
+    with pytest.raises(InvalidConfig, match=r"model.tp_plan: 'h.\*.fcout' matches no submodule of model 'gpt2_tiny'"):
+        checked(typo.model, 32, tp=2)
+    split = run_point(compose_config([*tp, "+model.tp_plan={h.*.fc:colwise,h.*.fc_out:rowwise}"]))
+    assert split["status"] == "ok" and split["derived"]["world_size"] == 2, split["error"]
+    assert max(rel(a, b) for a, b in zip(split["metrics"]["losses"], one["metrics"]["losses"])) <= 1e-5
+    assert rel(split["metrics"]["final_param_norm"], one["metrics"]["final_param_norm"]) <= 1e-5
     # bf16 (the warm ranks of dp=2 again): the same training within bf16's rounding
     bf16 = run_point(compose_config([*base, "parallel.dp=2", "parallel.zero_stage=3", "train.precision=bf16"]))
     assert bf16["status"] == "ok", bf16["error"]
@@ -231,32 +245,6 @@ def hf_point(model: str, sweep_dir: Path) -> dict:
         *ON_WARM_RANKS, "parallel.dp=2", "parallel.zero_stage=3", f"sweep_dir={sweep_dir}",
     ]  # fmt: skip
     return run_point(compose_config(overrides))
-
-
-@pytest.mark.torchrun
-def test_nanogpt_by_a_plan_of_its_users_trains_at_tp_2_as_on_one_rank(project):
-    """nanoGPT (nano.py's adapter) with a tp_plan that splits each MLP (c_fc colwise, c_proj rowwise: its fused
-    c_attn splits q, k and v unevenly, so its attention stays whole) trains the losses of one rank, clipped."""
-    from scaling.sweep.compose import compose_config
-
-    plan = "+model.tp_plan={h.*.mlp.c_fc:colwise,h.*.mlp.c_proj:rowwise}"
-    base = [
-        "model=nanogpt_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2", "train.steps=2",
-        "parallel.zero_stage=3", "hardware.oversubscribe=true", "launch.reuse=true", TIMEOUT, CLIP, plan,
-        f"sweep_dir={project / 'runs'}",
-    ]  # fmt: skip
-    from scaling.core.validate import InvalidConfig
-    from scaling.model.family import checked
-
-    typo = compose_config([*base[:-2], "+model.tp_plan={h.*.mlp.c_fc:colwise,h.*.mlp.cproj:rowwise}", "parallel.tp=2"])
-    with pytest.raises(InvalidConfig, match=r"model.tp_plan: 'h.\*.mlp.cproj' matches no submodule of model "):
-        checked(typo.model, 32, tp=2)  # as every command checks it before any process starts
-    one, tp = (run_point(compose_config([*base, f"parallel.tp={n}"])) for n in (1, 2))
-    assert one["status"] == tp["status"] == "ok", (one["error"], tp["error"])
-    assert tp["derived"]["world_size"] == 2 and tp["config"]["model"]["tp_plan"]["h.*.mlp.c_proj"] == "rowwise"
-    l1, l2 = one["metrics"]["losses"], tp["metrics"]["losses"]
-    assert len(l1) == len(l2) == 4 and max(rel(a, b) for a, b in zip(l1, l2)) <= 1e-5, (l1, l2)
-    assert rel(tp["metrics"]["final_param_norm"], one["metrics"]["final_param_norm"]) <= 1e-5
 
 
 @pytest.mark.torchrun

@@ -24,18 +24,17 @@ def rel(a: float, b: float) -> float:
 @pytest.mark.parametrize(
     "settings, tol",
     [
-        (["parallel.zero_stage=3"], 1e-5),
         (["parallel.zero_stage=2", "train.precision=bf16", "train.recompute=full"], 1e-3),
         (["parallel.zero_stage=3", *HF], 1e-5),
     ],
-    ids=["zero3", "zero2-bf16-recompute", "hf-llama-zero3"],
+    ids=["zero2-bf16-recompute", "hf-llama-zero3"],
 )
 def test_tensor_parallelism_trains_the_batch_of_one_rank_and_is_measured_and_predicted_per_gpu(
     point_store, settings, tol
 ):
     """dp=2 × tp=2 trains the losses, gradient norms and weights of dp=1 × grad_acc=2: within 1e-5 in fp32 (TP only
-    reorders the sums of each row-split matmul), within 1e-3 in bf16 (each partial sum rounded to bf16 before its
-    all-reduce). Its throughput per GPU divides by dp × tp, and both memory predictors see each rank's part (within
+    reorders the sums of each row-split matmul: the Hugging Face Llama by its own plan), within 1e-3 in bf16 (the
+    built-in decoder with recompute: each partial sum rounded to bf16 before its all-reduce). Its throughput per GPU divides by dp × tp, and both memory predictors see each rank's part (within
     10% of the tracked peak; the pre-screen's figure is in the record)."""
     tp = point(point_store, *TP, *settings)
     one = point(point_store, *ONE_RANK, *settings)
