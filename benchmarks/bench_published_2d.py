@@ -15,19 +15,16 @@ Prints Markdown; asserts nothing.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scaling.perf.network_figures import sources  # noqa: E402
-from scaling.recipe.estimate import workload_of  # noqa: E402
-from scaling.recipe.measure import ModelFigures, plan  # noqa: E402
-from scaling.recipe.options import Candidate, Split  # noqa: E402
-from scaling.recipe.request import RecipeRequest  # noqa: E402
-from scaling.sweep.compose import compose_config  # noqa: E402
+from scaling.perf.network_figures import sources
+from scaling.recipe.estimate import workload_of
+from scaling.recipe.measure import ModelFigures, plan
+from scaling.recipe.options import Candidate, Split
+from scaling.recipe.request import RecipeRequest
+from scaling.sweep.compose import compose_config
 
 PAGE_2D = "asyncTP_llama3_h100_2025-06_torchtitan.md (torchtitan 820504e, 2025-06), vanilla TP, bf16"
 PAGE_1D = "llama3_h100_202412_torchtitan.md (torchtitan 9dec370, 2024-12), Tables 1 and 3"
