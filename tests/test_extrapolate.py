@@ -355,6 +355,17 @@ def test_clipping_adds_one_exposed_all_reduce_of_the_partial_norms_at_zero_2_and
     assert clipped - step_time_s(_w(stage), NET, n, 1e-3, 1.0, grad_acc=1) == pytest.approx(extra, abs=1e-15)
 
 
+def test_tensor_parallel_ranks_communicate_at_dp_1_too():
+    """dp=1 × tp=2: no data-parallel collective, but the pair's activation all-reduces and the logits' gather are
+    paid, exposed, on every micro-step (a row of one dp rank split over tp GPUs is not free of communication)."""
+    w = _w(2, "fp32", tp=2)
+    calls = [c for c in step_collectives(w, 1, 2) if c.group == "tp"]
+    assert {c.op for c in calls} == {"all_reduce", "all_gather"}
+    tp_cost = sum(c.count * _ring(c.op, 2, c.bytes_per_call) for c in calls)
+    assert step_time_s(w, NET, 1, 1e-3, 1.0, grad_acc=2) == pytest.approx(2e-3 + tp_cost)
+    assert step_time_s(_w(2, "fp32"), NET, 1, 1e-3, 1.0, grad_acc=2) == pytest.approx(2e-3)
+
+
 def test_a_collective_past_one_node_pays_the_inter_node_latency_at_its_node_crossings():
     """dp=16 on nodes of 4: the all-reduce's 30 steps, 6 of them between nodes (2(N−1), N = 4) at the inter-node α
     and 24 within a node at the intra-node α, its bytes at the inter-node β. Within one node: all at the intra-node

@@ -362,8 +362,9 @@ def _micro_step_kinds(grad_acc: int) -> list[tuple[int, set[str]]]:
 
 def comm_windows(w: Workload, net: Network, n: int, grad_acc: int) -> list[tuple[int, float, float]]:
     """The communication of one step at dp=n by window: (how many such windows the step has, seconds of
-    communication in each, the share of a micro-step's compute it can hide behind; 0 for exposed)."""
-    if n < 2:
+    communication in each, the share of a micro-step's compute it can hide behind; 0 for exposed); none on one rank
+    (a dp rank's tp ranks communicate at dp=1 too)."""
+    if n * w.tp < 2:
         return []
     per_window: dict[Optional[Window], float] = {}
     for call in step_collectives(w, n, grad_acc):
@@ -391,7 +392,7 @@ def scheduled_overlap(w: Workload, n: int, grad_acc: int) -> float:
     each next module behind the current one's compute) or none follows (a backward's last reduce-scatter or DDP
     bucket); 1 when the step communicates nothing."""
     total, largest = 0.0, {}
-    for call in step_collectives(w, n, grad_acc) if n > 1 else ():
+    for call in step_collectives(w, n, grad_acc) if n * w.tp > 1 else ():
         if call.window is None:
             continue
         total += call.count * call.bytes_per_call
