@@ -402,6 +402,27 @@ def test_an_8b_model_is_planned_at_the_gpu_count_where_it_fits_sharded(tmp_path,
     assert "best there (ZeRO-3, recompute none" in line and "): beats it by +" in line, line
 
 
+def test_the_fit_per_rank_is_judged_at_the_grad_acc_the_split_runs() -> None:
+    """llama_3b in bf16 on 64 H100s, ZeRO-3 sharded over 32: an mbs below a rank's share of the batch runs with
+    gradient accumulation, whose accumulated gradient shards stay between micro-steps. The largest mbs the recipe
+    takes fits at grad_acc 2 (judged at grad_acc 1 it took one that only fits without accumulating)."""
+    from scaling.predictor.analytic import predict_config
+    from scaling.predictor.prescreen import capacity_bytes
+    from scaling.recipe.mbs_search import largest_mbs_by_gpus
+    from scaling.recipe.measure import point_config
+    from scaling.sweep.compose import compose_config
+
+    cfg = compose_config(["model=llama_3b", "hardware=h100", "train.precision=bf16", "logger=none"])
+    base = point_config(cfg, 3, "none", 1, 1, 1)
+    share = 65536 // 64
+    mbs = largest_mbs_by_gpus(base, [64], 65536, dp_shard=32)[64]
+    at = base.changed(parallel={"dp": 64, "dp_shard": 32}, launch={"prescreen": False})
+    peak = lambda m, ga: predict_config(at.changed(train={"mbs": m, "grad_acc": ga})).total_bytes  # noqa: E731
+    capacity = capacity_bytes(cfg.hardware)
+    assert 1 <= mbs < share and peak(mbs, 2) <= capacity < peak(mbs + 1, 2)
+    assert peak(mbs + 1, 1) <= capacity  # without accumulating, a larger mbs would have fitted
+
+
 def test_a_candidate_knows_the_largest_mbs_at_each_count_it_was_judged_at() -> None:
     """Memory per rank falls as ZeRO shards over more GPUs: a count between two judged ones takes the smaller's mbs."""
     c = Candidate(3, "none", 1, "predicted", ((1, 0), (8, 1), (64, 4)))

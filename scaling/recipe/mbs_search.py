@@ -217,7 +217,8 @@ def largest_mbs_by_gpus(
     batch's share of a rank), as the pre-screen's predictor says (analytic; a model the user brings, traced in a
     fake world of that many ranks): a plan for the target hardware, whatever this host could run. `dp_shard`: hybrid
     sharding where it properly divides the dp ranks; `tp`: each count's GPUs as dp = count / tp ranks of tp (0 where
-    tp does not divide it)."""
+    tp does not divide it). Each mbs is judged at the grad_acc its split runs: 1 where it takes the rank's whole share of
+    the batch, else 2 (accumulating holds the gradients between micro-steps; every grad_acc >= 2 the same)."""
     cfg = _search_point(cfg)
     capacity = capacity_bytes(cfg.hardware)
     if capacity is None:
@@ -231,9 +232,14 @@ def largest_mbs_by_gpus(
         hybrid = dp_shard if dp_shard and dp_shard < dp and dp % dp_shard == 0 else None
         at = cfg.changed(parallel={"dp": dp, "dp_shard": hybrid, "tp": tp})
         limit = max_samples // dp
-        out[n] = largest_true(lambda m, at=at: _predicted_peak(_with_mbs(at, m), traces_in) <= capacity, guess, limit)
+        out[n] = largest_true(lambda m, at=at: _predicted_peak(_at(at, m, limit), traces_in) <= capacity, guess, limit)
         guess = max(out[n], 1)
     return out
+
+
+def _at(cfg: ExperimentConfig, mbs: int, share: int) -> ExperimentConfig:
+    """The point at `mbs` and the grad_acc a split of a rank's `share` of samples runs at that mbs (1 or 2)."""
+    return cfg.changed(train={"mbs": mbs, "grad_acc": 1 if mbs >= share else 2})
 
 
 def _predicted_peak(cfg: ExperimentConfig, traces_in: Optional[str | os.PathLike]) -> int:
