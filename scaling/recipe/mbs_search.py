@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Optional, Sequence
 
 from scaling.core.enums import Status
@@ -217,8 +218,9 @@ def largest_mbs_by_gpus(
     batch's share of a rank), as the pre-screen's predictor says (analytic; a model the user brings, traced in a
     fake world of that many ranks): a plan for the target hardware, whatever this host could run. `dp_shard`: hybrid
     sharding where it properly divides the dp ranks; `tp`: each count's GPUs as dp = count / tp ranks of tp (0 where
-    tp does not divide it). Each mbs is judged at the grad_acc its split runs: 1 where it takes the rank's whole share of
-    the batch, else 2 (accumulating holds the gradients between micro-steps; every grad_acc >= 2 the same)."""
+    tp does not divide it). Each mbs is judged at the grad_acc its split runs: below a rank's whole share of the batch
+    at 2 (accumulating holds the gradients between micro-steps; every grad_acc >= 2 the same), the share itself at 1
+    when every mbs below it fits."""
     cfg = _search_point(cfg)
     capacity = capacity_bytes(cfg.hardware)
     if capacity is None:
@@ -232,14 +234,18 @@ def largest_mbs_by_gpus(
         hybrid = dp_shard if dp_shard and dp_shard < dp and dp % dp_shard == 0 else None
         at = cfg.changed(parallel={"dp": dp, "dp_shard": hybrid, "tp": tp})
         limit = max_samples // dp
-        out[n] = largest_true(lambda m, at=at: _predicted_peak(_at(at, m, limit), traces_in) <= capacity, guess, limit)
+        fits = partial(_fits, at, capacity, traces_in)
+        below = largest_true(partial(fits, grad_acc=2), guess, limit - 1) if limit > 1 else 0
+        out[n] = limit if below == limit - 1 and fits(limit, grad_acc=1) else below
         guess = max(out[n], 1)
     return out
 
 
-def _at(cfg: ExperimentConfig, mbs: int, share: int) -> ExperimentConfig:
-    """The point at `mbs` and the grad_acc a split of a rank's `share` of samples runs at that mbs (1 or 2)."""
-    return cfg.changed(train={"mbs": mbs, "grad_acc": 1 if mbs >= share else 2})
+def _fits(
+    cfg: ExperimentConfig, capacity: int, traces_in: Optional[str | os.PathLike], mbs: int, grad_acc: int
+) -> bool:
+    """Whether the point at `mbs` and `grad_acc` is predicted to fit `capacity` bytes per rank."""
+    return _predicted_peak(cfg.changed(train={"mbs": mbs, "grad_acc": grad_acc}), traces_in) <= capacity
 
 
 def _predicted_peak(cfg: ExperimentConfig, traces_in: Optional[str | os.PathLike]) -> int:
