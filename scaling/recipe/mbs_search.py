@@ -218,9 +218,9 @@ def largest_mbs_by_gpus(
     batch's share of a rank), as the pre-screen's predictor says (analytic; a model the user brings, traced in a
     fake world of that many ranks): a plan for the target hardware, whatever this host could run. `dp_shard`: hybrid
     sharding where it properly divides the dp ranks; `tp`: each count's GPUs as dp = count / tp ranks of tp (0 where
-    tp does not divide it). Each mbs is judged at the grad_acc its split runs: below a rank's whole share of the batch
-    at 2 (accumulating holds the gradients between micro-steps; every grad_acc >= 2 the same), the share itself at 1
-    when every mbs below it fits."""
+    tp does not divide it). Each mbs is judged at grad_acc 2 where the rank's share of the batch leaves room for
+    accumulating (its gradients then stay between micro-steps; every grad_acc >= 2 the same): the share itself, run
+    without accumulating, is judged so too (a little conservative, and one predicate for the bisection)."""
     cfg = _search_point(cfg)
     capacity = capacity_bytes(cfg.hardware)
     if capacity is None:
@@ -234,9 +234,8 @@ def largest_mbs_by_gpus(
         hybrid = dp_shard if dp_shard and dp_shard < dp and dp % dp_shard == 0 else None
         at = cfg.changed(parallel={"dp": dp, "dp_shard": hybrid, "tp": tp})
         limit = max_samples // dp
-        fits = partial(_fits, at, capacity, traces_in)
-        below = largest_true(partial(fits, grad_acc=2), guess, limit - 1) if limit > 1 else 0
-        out[n] = limit if below == limit - 1 and fits(limit, grad_acc=1) else below
+        fits = partial(_fits, at, capacity, traces_in, grad_acc=2 if limit > 1 else 1)
+        out[n] = largest_true(fits, guess, limit)
         guess = max(out[n], 1)
     return out
 
