@@ -502,3 +502,16 @@ def test_overrides_may_stand_among_the_options(tmp_path, capsys) -> None:
     assert main([*argv, "--dry-run", "--sweep-dir", str(tmp_path / "plan")]) == 0
     assert "tiny at seq_len 64 on cpu, a global batch of 1,024 sequences" in capsys.readouterr().out
     assert not (tmp_path / "plan").exists()
+
+
+@pytest.mark.parametrize("seq", [None, "train.seq_len=64", "train.seq_len=4096"])
+def test_a_gpu_plan_at_the_default_sequence_length_says_so(tmp_path, capsys, seq) -> None:
+    """`scaling recipe model=llama_3b hardware=h100 ...` with no train.seq_len plans for the CPU demo's 64 tokens: it
+    says so (once asked for, 64 is the user's own)."""
+    from scaling.cli.recipe import main
+
+    argv = ["model=llama_3b", "hardware=h100", "train.precision=bf16", "--gbs-tokens", "4Mi", "--gpus", "8"]
+    argv += [seq] if seq else []
+    assert main([*argv, "--dry-run", "--sweep-dir", str(tmp_path / "plan")]) == 0
+    said = capsys.readouterr().err
+    assert ("train.seq_len=64 is the default, sized for a CPU demo" in said) == (seq is None), said

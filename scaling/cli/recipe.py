@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from scaling.cli.arg_types import parse_count
-from scaling.core.schema import ExperimentConfig
+from scaling.core.schema import ExperimentConfig, TrainConfig
 from scaling.recipe.request import RecipeError, RecipeRequest, check
 
 STAGES = (0, 1, 2, 3)
@@ -110,6 +110,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         gbs_samples = check(cfg, request)
     except RecipeError as e:
         return _refuse(str(e))
+    if (note := _default_seq_len(cfg, overrides)) is not None:
+        print(f"scaling recipe: {note}", file=sys.stderr, flush=True)
     if a.dry_run:
         seq_len = cfg.train.seq_len
         print(
@@ -127,6 +129,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     written = write(recipe, sweep_dir)
     print(dumps(recipe) if a.json else terminal(recipe) + f"\n\nwritten: {', '.join(map(str, written))}")
     return 0
+
+
+def _default_seq_len(cfg: ExperimentConfig, overrides: list[str]) -> Optional[str]:
+    """A word when a GPU plan runs at the default sequence length (sized for a CPU demo) that nothing asked for."""
+    given = any(o.lstrip("+").startswith("train.seq_len=") for o in overrides)
+    if cfg.hardware.device != "cuda" or given or cfg.train.seq_len != TrainConfig.seq_len:
+        return None
+    return (
+        f"train.seq_len={cfg.train.seq_len} is the default, sized for a CPU demo: this {cfg.hardware.name} plan is for "
+        f"{cfg.train.seq_len}-token sequences; give the length you train at, e.g. train.seq_len=4096"
+    )
 
 
 def _compose(overrides: list[str], sweep_dir: Path) -> ExperimentConfig | str:
