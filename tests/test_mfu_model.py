@@ -49,6 +49,28 @@ def test_its_spread_is_the_band_of_a_predicted_row_on_one_gpu():
     assert "MFU model of h100" in e.detail and "the engine's schedule hides up to 1.00" in e.detail
 
 
+def test_a_tensor_parallel_row_past_the_networks_node_gets_no_figure():
+    """A profile measured within one node of 8 has no figures between nodes: dp=4 × tp=2 (8 GPUs) is predicted, dp=8 ×
+    tp=2 (16 GPUs, its dp rings tp apart crossing nodes) gets no figure rather than a figure without its slowest
+    tier (or an error)."""
+    from scaling.perf.network import INTRA, AlphaBeta, Network, NetworkEstimate
+
+    one_node = Network({INTRA: AlphaBeta(5e-6, 100e9)}, 8)
+    net = NetworkEstimate("profile", "one node", one_node, (one_node,) * 20)
+    c = Candidate(3, "none", 1, "test", tp=2)
+    p = Predicted(
+        lambda c, mbs: Workload(3, preset("llama_1b"), "bf16", mbs, SEQ, 256, tp=c.tp),
+        lambda c, mbs: _work("llama_1b", mbs, 3),
+        PEAK,
+        net,
+        None,
+        0.4,
+        0.0,
+        20,
+    )
+    assert p(c, split(256, SEQ, 4, 1)) is not None and p(c, split(256, SEQ, 8, 1)) is None
+
+
 def test_a_record_of_the_user_on_that_hardware_joins_the_fit():
     """A dp=1 record of llama_1b measured 30% faster than the model predicts pulls the model's 1B figure up."""
     model = mfu_model("h100", "bf16", PEAK, [])

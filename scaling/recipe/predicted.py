@@ -134,7 +134,7 @@ class Predicted:
 
     def __call__(self, c: Candidate, s: Split) -> Optional[Estimate]:
         w = self.workload(c, s.mbs)
-        if not self.network.nominal.reaches(s.gpus):
+        if not self.network.nominal.reaches(s.gpus * c.tp):  # a dp ring tp apart spans the nodes of all its GPUs
             return None
         compute, basis = self.compute(c, s.mbs)
         scheduled = scheduled_overlap(w, s.gpus, s.grad_acc)
