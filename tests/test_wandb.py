@@ -57,6 +57,26 @@ def test_init_respects_wandb_dir_console_and_silent_and_is_quiet_otherwise(tmp_p
 
 
 @pytest.mark.subprocess
+def test_a_model_of_ones_own_is_logged_by_its_name(tmp_path, monkeypatch):
+    """A record of a model the user brings has a `derived.model` block: its run is named and tagged by the model's
+    name (the block whole made a 700-character tag that W&B refused), and any tag is cut to W&B's 64 characters."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    record = make_record(sweep="own", model="qwen2_tiny")
+    tensors = {"module": ["root", "block", "root"], "rows": [1024, 128, 128], "cols": [128, 128, 1]}
+    own = {"name": "qwen2_tiny", "source": "scaling.engine.hf_model.causal_lm", "block": "Qwen2DecoderLayer"}
+    own |= {"n_blocks": 1, "config_hash": "755ea0355bab", "param_tensors": tensors}
+    record["derived"] |= {"model": own, "hw_flops_per_token": record["derived"]["flops_per_token"]}
+    assert log_point(record, LoggerConfig(name="wandb", project="p"), str(tmp_path)) is None
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + 20
+    while (run := read_offline_run(run_file))["id"] is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # W&B's service may still be writing the file when finish() returns
+    assert "model=qwen2_tiny" in run["tags"] and run["name"].startswith("qwen2_tiny seq256"), run
+    record["config"]["model"]["name"] = record["derived"]["model"]["name"] = "m" * 80
+    assert max(len(t) for t in init_kwargs(record, LoggerConfig(name="wandb"), str(tmp_path), {})["tags"]) == 64
+
+
+@pytest.mark.subprocess
 def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_collect(tmp_path):
     sweep_dir = tmp_path / "wb"
     env = {**os.environ, "WANDB_SILENT": "true", "WANDB_PROJECT": "from-env"}

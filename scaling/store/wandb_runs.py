@@ -33,6 +33,8 @@ AXES = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage")
 """The axes every run is named and tagged by: columns of the experiment config (scaling.core.schema.config_fields);
 grad_acc as the record's derived block resolved it (`auto` -> 4) where it has one."""
 _FIELDS = {c.column: c.path for c in config_fields()}
+TAG_CHARS = 64
+"""The longest tag W&B takes."""
 
 
 def flat(prefix: str, tree: Mapping[str, Any]) -> dict[str, Any]:
@@ -48,10 +50,12 @@ def flat(prefix: str, tree: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def axis_value(record: Mapping[str, Any], axis: str) -> Any:
-    """The value of one of `AXES` in a record: its derived field when the typed block has one, else its config's."""
+    """The value of one of `AXES` in a record: its derived field when the typed block has one (a block, such as a
+    model of the user's, by its name), else its config's."""
     derived = record.get("derived")
     if isinstance(derived, Mapping) and axis in {f.name for f in fields(Derived)} and derived.get(axis) is not None:
-        return derived[axis]
+        value = derived[axis]
+        return value.get("name") if isinstance(value, Mapping) else value
     node: Any = record.get("config")
     for key in _FIELDS[axis]:
         node = node.get(key) if isinstance(node, Mapping) else None
@@ -102,8 +106,8 @@ def run_name(record: Mapping[str, Any]) -> str:
 
 
 def run_tags(record: Mapping[str, Any]) -> list[str]:
-    """The status and one `axis=value` tag per axis."""
-    return [record["status"]] + [f"{axis}={axis_value(record, axis)}" for axis in AXES]
+    """The status and one `axis=value` tag per axis, each cut to W&B's 64 characters."""
+    return [record["status"]] + [f"{axis}={axis_value(record, axis)}"[:TAG_CHARS] for axis in AXES]
 
 
 def run_config(record: Mapping[str, Any]) -> dict[str, Any]:
