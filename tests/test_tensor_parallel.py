@@ -8,6 +8,7 @@ import pytest
 
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import InvalidConfig, validate
+from scaling.model.family import checked
 from tests.helpers.compose import compose_point
 from tests.helpers.points import CLIP, ON_WARM_RANKS, point
 
@@ -58,18 +59,28 @@ def test_tensor_parallelism_trains_the_batch_of_one_rank_and_is_measured_and_pre
             ["parallel.tp=3", "parallel.zero_stage=3"],
             "parallel.tp=3 does not divide model.n_heads=4, model.n_kv_heads=2",
         ),
+        (
+            ["model=hf_llama_tiny", "parallel.tp=3", "parallel.zero_stage=3"],
+            "parallel.tp=3 does not divide num_attention_heads=4, num_key_value_heads=2",
+        ),
         (["parallel.tp=2", "parallel.zero_stage=1"], "tensor parallelism composes with ZeRO-2 and 3"),
         (
             ["hardware=h100", "train.precision=bf16", "parallel.tp=16", "parallel.zero_stage=3", "model=llama_8b"],
             "a tensor-parallel group stays within a node of hardware.devices_per_node=8: try tp in {1, 2, 4, 8}",
         ),
     ],
-    ids=["heads", "stage", "node"],
+    ids=["heads", "hf-heads", "stage", "node"],
 )
 def test_a_tensor_parallel_degree_that_cannot_run_is_refused_naming_the_field(overrides, expected):
+    """Each refusal names the field, the value and what would run (a Hugging Face config's widths by its own names)."""
+    cfg = compose_point([*overrides, "hardware.oversubscribe=true"])
     with pytest.raises(InvalidConfig) as err:
-        validate(compose_point([*overrides, "hardware.oversubscribe=true"]), host=False)
+        validate(cfg, host=False)
+        checked(
+            cfg.model, cfg.train.seq_len, cfg.parallel.tp
+        )  # a model the user brings: its contract, as run checks it
     assert expected in str(err.value)
+    assert "does not divide" not in expected or "try tp in {1, 2}" in str(err.value), str(err.value)
 
 
 def test_a_model_of_ones_own_without_a_plan_is_refused_with_the_key_to_add():

@@ -217,11 +217,13 @@ def checked(model: Union[ModelConfig, CustomModel], seq_len: int, tp: int = 1) -
             family.tp_plan()  # a model without a plan is refused naming the key to add
             if isinstance(model, CustomModel) and model.tp_plan is not None:
                 _check_plan_matches(family, model)
-            split = [f"{name}={value}" for name, value in family.tp_widths().items() if value % tp]
+            widths = family.tp_widths()
+            split = [f"{name}={value}" for name, value in widths.items() if value % tp]
             if split:
+                valid = ", ".join(str(d) for d in (1, 2, 4, 8) if all(v % d == 0 for v in widths.values()))
                 raise ModelError(
                     f"parallel.tp={tp} does not divide {', '.join(split)} of model {model.name!r}: tensor parallelism "
-                    "splits heads and widths evenly"
+                    f"splits heads and widths evenly; try tp in {{{valid}}}"
                 )
         return family.counted(seq_len)
     except ModelError as e:
