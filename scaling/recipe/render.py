@@ -73,7 +73,7 @@ def table(recipe: Recipe) -> list[list[str]]:
         headroom = (
             "–"
             if r.memory_headroom_frac is None
-            else f"{r.memory_headroom_frac:.0%} ({format_bytes(r.peak_mem_bytes)})"
+            else f"{r.memory_headroom_frac:.0%} (peak {format_bytes(r.peak_mem_bytes)})"
         )
         ties = "; ".join(
             f"ZeRO-{t['zero_stage']}{'/' + str(t['dp_shard']) if t.get('dp_shard') else ''}"
