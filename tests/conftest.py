@@ -17,6 +17,9 @@ from scaling.engine.lifetime import TORCHRUN_MARKERS
 if TYPE_CHECKING:
     from tests.helpers.slurm_cluster import SlurmCluster
 
+pytest_plugins = ("tests.helpers.own_project",)
+"""Fixtures kept in helper modules: `project`, the worked example copied out as the working directory."""
+
 
 @pytest.fixture(scope="session")
 def point_store(tmp_path_factory: pytest.TempPathFactory) -> Path:

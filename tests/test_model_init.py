@@ -7,10 +7,8 @@ in nanoGPT's style behind the 10-line adapter nano.py (docs/own-project.md)."""
 from __future__ import annotations
 
 import math
-import shutil
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,22 +21,11 @@ from scaling.model.custom.count import CONTRACT_BATCH
 from scaling.model.family import ModelError, family_of
 from scaling.store.record import job_dir, job_key
 from tests.helpers.compose import REPO
+from tests.helpers.own_project import PROJECT
 from tests.helpers.points import ON_WARM_RANKS
 
-PROJECT = REPO / "tests" / "own_project"
 NANO = {"vocab_size": 512, "max_seq_len": 256, "n_layer": 2, "n_head": 4, "n_embd": 64}
 """conf/model/nanogpt_tiny.yaml's arguments."""
-
-
-@pytest.fixture
-def project(tmp_path, monkeypatch) -> Path:
-    """The worked example (tests/own_project) copied outside the repository, as the working directory."""
-    root = tmp_path / "project"
-    shutil.copytree(PROJECT, root)
-    monkeypatch.chdir(root)
-    monkeypatch.syspath_prepend(str(root))
-    monkeypatch.setenv("PYTHONPATH", str(root))
-    return root
 
 
 def nano() -> CustomModel:

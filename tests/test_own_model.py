@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -25,8 +24,6 @@ from scaling.model.llama.args import ModelArgs
 from scaling.store.record import job_dir, job_key
 from tests.helpers.compose import REPO
 from tests.helpers.points import CLIP, ON_WARM_RANKS, TIMEOUT
-
-PROJECT = REPO / "tests" / "own_project"
 
 
 def preset(name: str) -> dict:
@@ -158,17 +155,6 @@ def test_two_user_models_of_one_name_never_share_a_key():
     assert job_key(one) != job_key(other)
     assert one.experiment()["model"] == {"name": "gpt", "_target_": "gpt.GPT", **SIZES, "n_layer": 2}
     assert ExperimentConfig.from_dict(one.to_dict()) == one  # what config.json carries to the ranks reads back equal
-
-
-@pytest.fixture
-def project(tmp_path, monkeypatch) -> Path:
-    """The worked example (tests/own_project: gpt.py beside conf/) copied outside the repository, as the cwd."""
-    root = tmp_path / "project"
-    shutil.copytree(PROJECT, root)
-    monkeypatch.chdir(root)
-    monkeypatch.syspath_prepend(str(root))
-    monkeypatch.setenv("PYTHONPATH", str(root))
-    return root
 
 
 def rel(a: float, b: float) -> float:
