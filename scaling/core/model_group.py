@@ -59,6 +59,14 @@ TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "embedding")
 all-reduced), colwise_rep (colwise, output gathered: a head whose logits every rank needs), rowwise_rep (rowwise),
 embedding (an nn.Embedding split along its vocabulary, the ids replicated)."""
 
+TP_DEGREES = (1, 2, 4, 8)
+"""Tensor-parallel degrees within a node of 8 GPUs: those a refusal suggests and the recipe weighs."""
+
+
+def tp_degrees_dividing(widths: Mapping[str, int]) -> str:
+    """`{1, 2}`: the degrees of TP_DEGREES that split each of a model's heads and widths evenly."""
+    return "{" + ", ".join(str(d) for d in TP_DEGREES if all(v % d == 0 for v in widths.values())) + "}"
+
 
 @dataclass
 class CustomModel:

@@ -19,7 +19,7 @@ from scaling.core.batch import (
 )
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.core.host import usable_cores as host_cores
-from scaling.core.model_group import HF_TARGET, TP_STYLES
+from scaling.core.model_group import HF_TARGET, TP_STYLES, tp_degrees_dividing
 from scaling.core.schema import (
     CustomModel,
     ExperimentConfig,
@@ -232,7 +232,7 @@ def _check_tp(c: _Checker, cfg: ExperimentConfig) -> None:
     c.require(
         not split,
         f"parallel.tp={tp} does not divide {', '.join(split)}: tensor parallelism splits heads and widths evenly; "
-        f"try tp in {{{', '.join(str(d) for d in (1, 2, 4, 8) if all(v % d == 0 for v in widths.values()))}}}",
+        f"try tp in {tp_degrees_dividing(widths)}",
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Optional, Union
 
-from scaling.core.model_group import HF_TARGET, CustomModel, ModelConfig
+from scaling.core.model_group import HF_TARGET, CustomModel, ModelConfig, tp_degrees_dividing
 from scaling.core.validate import InvalidConfig
 from scaling.model.shape import Counted
 
@@ -220,10 +220,9 @@ def checked(model: Union[ModelConfig, CustomModel], seq_len: int, tp: int = 1) -
             widths = family.tp_widths()
             split = [f"{name}={value}" for name, value in widths.items() if value % tp]
             if split:
-                valid = ", ".join(str(d) for d in (1, 2, 4, 8) if all(v % d == 0 for v in widths.values()))
                 raise ModelError(
                     f"parallel.tp={tp} does not divide {', '.join(split)} of model {model.name!r}: tensor parallelism "
-                    f"splits heads and widths evenly; try tp in {{{valid}}}"
+                    f"splits heads and widths evenly; try tp in {tp_degrees_dividing(widths)}"
                 )
         return family.counted(seq_len)
     except ModelError as e:

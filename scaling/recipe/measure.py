@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from scaling.core.batch import nearest_whole_batch
 from scaling.core.host import usable_cores
+from scaling.core.model_group import TP_DEGREES
 from scaling.core.schema import ExperimentConfig, HardwareConfig
 from scaling.engine.peak_flops import configured_peak_flops_per_s
 from scaling.job.run import run_point
@@ -112,10 +113,6 @@ HYBRID_POLICIES = 3
 asked for)."""
 
 
-TP_DEGREES = (2, 4, 8)
-"""Tensor-parallel degrees the recipe weighs, where they split every head and width and fit a node."""
-
-
 def layouts(cfg: ExperimentConfig, zero: int, gpus: list[int]) -> list[tuple[Optional[int], int]]:
     """(parallel.dp_shard, parallel.tp) layouts to weigh for a ZeRO stage: full sharding; for ZeRO-2/3 on nodes,
     shard groups of 1, 2, 4 nodes (hybrid), and tp 2, 4, 8 within a node where the model's plan allows them."""
@@ -133,7 +130,7 @@ def tp_degrees(cfg: ExperimentConfig, most: int) -> list[int]:
     from scaling.model.family import checked
 
     out = []
-    for t in TP_DEGREES:
+    for t in TP_DEGREES[1:]:  # above 1, where they split every head and width and fit a node
         if t > most:
             break
         try:
