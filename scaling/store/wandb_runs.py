@@ -33,6 +33,7 @@ AXES = ("model", "seq_len", "mbs", "grad_acc", "dp", "zero_stage")
 """The axes every run is named and tagged by: columns of the experiment config (scaling.core.schema.config_fields);
 grad_acc as the record's derived block resolved it (`auto` -> 4) where it has one."""
 _FIELDS = {c.column: c.path for c in config_fields()}
+_DERIVED = {f.name for f in fields(Derived)}
 TAG_CHARS = 64
 """The longest tag W&B takes."""
 
@@ -50,12 +51,12 @@ def flat(prefix: str, tree: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def axis_value(record: Mapping[str, Any], axis: str) -> Any:
-    """The value of one of `AXES` in a record: its derived field when the typed block has one (a block, such as a
-    model of the user's, by its name), else its config's."""
+    """The value of one of `AXES` in a record: its derived field when the typed block resolves it (grad_acc), else its
+    config's (a derived block, such as the model one brings, is not the axis' value)."""
     derived = record.get("derived")
-    if isinstance(derived, Mapping) and axis in {f.name for f in fields(Derived)} and derived.get(axis) is not None:
-        value = derived[axis]
-        return value.get("name") if isinstance(value, Mapping) else value
+    value = derived.get(axis) if isinstance(derived, Mapping) and axis in _DERIVED else None
+    if value is not None and not isinstance(value, Mapping):
+        return value
     node: Any = record.get("config")
     for key in _FIELDS[axis]:
         node = node.get(key) if isinstance(node, Mapping) else None
