@@ -116,28 +116,25 @@ def time_op(
     }
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(s) for s in text.split(",") if s]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--sizes={text!r}: give byte counts separated by commas, e.g. 4096,65536"
-        ) from None
-    if not sizes or min(sizes) <= 0:
-        raise argparse.ArgumentTypeError(f"--sizes={text!r}: every size must be a positive byte count")
-    return sizes
+def _positive_ints(flag: str, noun: str, unit: str, example: str) -> Callable[[str], list[int]]:
+    """An argparse type: a comma-separated list of positive integers, refused naming `flag` and what each one is."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(s) for s in text.split(",") if s]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{flag}={text!r}: give {unit}s separated by commas, e.g. {example}"
+            ) from None
+        if min(values, default=0) < 1:
+            raise argparse.ArgumentTypeError(f"{flag}={text!r}: every {noun} must be a positive {unit}")
+        return values
+
+    return parse
 
 
-def _strides(text: str) -> list[int]:
-    try:
-        strides = [int(s) for s in text.split(",") if s]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--stride={text!r}: give rank distances separated by commas, e.g. 2,8"
-        ) from None
-    if min(strides, default=0) < 1:
-        raise argparse.ArgumentTypeError(f"--stride={text!r}: every stride must be a positive rank distance")
-    return strides
+_sizes = _positive_ints("--sizes", "size", "byte count", "4096,65536")
+_strides = _positive_ints("--stride", "stride", "rank distance", "2,8")
 
 
 def _ops(text: str) -> list[str]:
