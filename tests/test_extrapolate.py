@@ -44,6 +44,7 @@ from scaling.perf.step_model import (
     FIRST_MICRO,
     FORWARD,
     LAST_MICRO,
+    TP,
     Point,
     Window,
     Workload,
@@ -359,7 +360,7 @@ def test_tensor_parallel_ranks_communicate_at_dp_1_too():
     """dp=1 × tp=2: no data-parallel collective, but the pair's activation all-reduces and the logits' gather are
     paid, exposed, on every micro-step (a row of one dp rank split over tp GPUs is not free of communication)."""
     w = _w(2, "fp32", tp=2)
-    calls = [c for c in step_collectives(w, 1, 2) if c.group == "tp"]
+    calls = [c for c in step_collectives(w, 1, 2) if c.group == TP]
     assert {c.op for c in calls} == {"all_reduce", "all_gather"}
     tp_cost = sum(c.count * _ring(c.op, 2, c.bytes_per_call) for c in calls)
     assert step_time_s(w, NET, 1, 1e-3, 1.0, grad_acc=2) == pytest.approx(2e-3 + tp_cost)
