@@ -28,7 +28,7 @@ from analysis.heatmaps import facet_label
 from scaling.core.enums import Status
 from scaling.core.noise import NOISE_BAND_KEY
 from scaling.core.schema import BATCH_SPLIT
-from scaling.perf.knee import DEFAULT_THRESHOLD, find_knee, knee_range
+from scaling.perf.knee import DEFAULT_THRESHOLD, find_knee, knee_range, stops_paying_off
 
 NAME_FIRST = ("model", "seq_len", "mbs", "zero_stage")
 """The keys a configuration's name states first, in this order; the others follow in the schema's order."""
@@ -111,24 +111,22 @@ def knee_sentence(
     within_noise: Sequence[int] = (),
     noise_frac: Sequence[float] = (),
 ) -> str:
-    """The knee in words, e.g. 'for llama_1b, seq 4096, ZeRO-1: DP stops paying off after dp=8 (dp=16
-    within noise); ...'."""
+    """Where DP stops paying off in words (scaling.perf.knee.stops_paying_off, the recipe's sentence), e.g. 'for
+    llama_1b, seq 4096, ZeRO-1: DP stops paying off at dp=16: the first count whose efficiency falls below 80% of
+    dp=1 (the last that pays: dp=8, or dp=4 within noise); ...'."""
     eff = dict(zip(dps, efficiency))
     band = dict(zip(dps, noise_frac))
-    ref = f"relative to dp={dps[0]}"
 
     def pct(dp: int) -> str:  # the band in percentage points of efficiency
         return f"{eff[dp]:.0%}" + (f" ± {100 * eff[dp] * band[dp]:.0f} pts" if band.get(dp) else "")
 
-    noise = f" ({', '.join(f'dp={d}' for d in within_noise)} within noise)" if within_noise else ""
+    noise = f", or {', '.join(f'dp={d}' for d in within_noise)} within noise" if within_noise else ""
+    head = stops_paying_off(next_dp, threshold, f"dp={dps[0]}", dps[-1], lambda d: f"dp={d}")
     if next_dp is None:
-        return (
-            f"for {config}: DP keeps paying off up to dp={dps[-1]}, the largest measured{noise}; efficiency "
-            f"stays ≥ {threshold:.0%} ({pct(dps[-1])} at dp={dps[-1]}, {ref})"
-        )
+        return f"for {config}: {head}, the largest measured ({pct(dps[-1])} at dp={dps[-1]}{noise})"
     return (
-        f"for {config}: DP stops paying off after dp={knee_dp}{noise}; efficiency falls from {pct(knee_dp)} "
-        f"(dp={knee_dp}) to {pct(next_dp)} (dp={next_dp}), {ref}, below the {threshold:.0%} threshold"
+        f"for {config}: {head} (the last that pays: dp={knee_dp}{noise}); efficiency falls from {pct(knee_dp)} "
+        f"(dp={knee_dp}) to {pct(next_dp)} (dp={next_dp})"
     )
 
 

@@ -101,8 +101,8 @@ def noise_paragraphs(df: pd.DataFrame) -> list[str]:
     words = [
         "Every throughput figure is a median with its noise band: the relative half-range (max − min) / "
         "(2 · median) of a launch's timed steps (within a run) and of a point's launches' tokens/s (across "
-        "repeats, launch.repeats), the larger of the two. Two figures whose bands overlap are ties: the report "
-        f"does not rank them. Over {len(ok)} ok points the band is ±{ok[NOISE_BAND_KEY].median():.1%} at the "
+        "repeats, launch.repeats), the larger of the two. Two figures tie when either lies within the other's "
+        f"band: the report does not rank them. Over {len(ok)} ok points the band is ±{ok[NOISE_BAND_KEY].median():.1%} at the "
         f"median (largest ±{ok[NOISE_BAND_KEY].max():.1%}); within a run ±{ok['step_time_spread_frac'].median():.1%}."
     ]
     repeated = ok[ok["repeats_ok"].fillna(1) > 1]
@@ -136,7 +136,8 @@ def _mfu_words(df: pd.DataFrame) -> list[str]:
 
 
 def knee_table(found: list[dp_scaling.Knee]) -> pd.DataFrame:
-    """Every configuration's knee: the last dp at or above the threshold, the dps within noise, the first below."""
+    """Every configuration's knee: where DP stops paying off (the first dp below the threshold, the recipe's
+    definition), its efficiency, the last dp that pays and the dps the knee may lie at within noise."""
     rows = []
     for k in found:
         eff = dict(zip(k.dps, k.efficiency))
@@ -144,11 +145,11 @@ def knee_table(found: list[dp_scaling.Knee]) -> pd.DataFrame:
             {
                 "configuration": k.config,
                 "dp measured": ", ".join(map(str, k.dps)),
-                "knee dp": k.knee_dp,
-                "within noise": ", ".join(map(str, k.within_noise)),
-                "efficiency at knee": f"{eff[k.knee_dp]:.0%}",
-                "next dp": k.next_dp if k.next_dp is not None else "none below threshold",
+                "stops paying off at dp": k.next_dp if k.next_dp is not None else "none below threshold",
                 "efficiency there": f"{eff[k.next_dp]:.0%}" if k.next_dp is not None else "",
+                "last dp that pays": k.knee_dp,
+                "efficiency at it": f"{eff[k.knee_dp]:.0%}",
+                "within noise": ", ".join(map(str, k.within_noise)),
             }
         )
     return pd.DataFrame(rows)

@@ -19,10 +19,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from scaling.core.layout import Layout
 from scaling.perf.network_figures import sources
 from scaling.recipe.estimate import workload_of
-from scaling.recipe.measure import ModelFigures, plan
 from scaling.recipe.options import Candidate, Split
+from scaling.recipe.predicted import ModelFigures, predicted_figures
 from scaling.recipe.request import RecipeRequest
 from scaling.sweep.compose import compose_config
 
@@ -79,23 +80,20 @@ def predict(run: Published, recompute: str, draws: int) -> tuple[float, float, f
             "logger=none",
         ]
     )
-    dp = run.gpus // run.tp
-    gbs = dp * run.local_batch
-    candidate = Candidate(3, recompute, run.local_batch, "published", tp=run.tp)
+    layout = Layout.over(run.gpus, 3, tp=run.tp)
+    assert layout is not None, f"{run.name}: tp {run.tp} does not divide {run.gpus} GPUs"
+    gbs = layout.dp * run.local_batch
+    candidate = Candidate(Layout(3, tp=run.tp), recompute, run.local_batch, "published")
     with tempfile.TemporaryDirectory() as empty:  # no profile: the published network figures
         found, _ = sources(Path(empty), "h100", cfg.hardware.devices_per_node, draws)
     request = RecipeRequest(gbs * run.seq_len, [run.gpus], [3], [recompute], draws=draws)
     figures = ModelFigures.of(cfg)
-    predicted, note = plan(
-        cfg,
-        lambda c, mbs: workload_of(cfg, c, mbs, gbs, figures.shape),
-        found[1],
-        request,
-        figures,
+    predicted, note = predicted_figures(
+        cfg, lambda c, mbs: workload_of(cfg, c, mbs, gbs, figures.shape), found[1], request
     )
     if predicted is None:
         raise SystemExit(f"{run.name}: no plan ({note})")
-    estimate = predicted(candidate, Split(dp, run.local_batch, 1, gbs * run.seq_len, True))
+    estimate = predicted(candidate, Split(layout.dp, run.local_batch, 1, gbs * run.seq_len, True))
     if estimate is None:
         raise SystemExit(f"{run.name}: past the network's reach")
     return estimate.tokens_per_s_per_gpu, estimate.low, estimate.high, estimate.detail

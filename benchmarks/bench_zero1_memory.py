@@ -38,7 +38,7 @@ from scaling.sweep.compose import compose_config  # noqa: E402
 def peaks_per_step(cfg: ExperimentConfig, device: torch.device, fused: bool, steps: int) -> tuple[int, list[int]]:
     """Ψ and the peak bytes from the end of the build to the end of each step (a running maximum)."""
     train, parallel, grad_acc = cfg.train, cfg.parallel, validate(cfg, host=False).grad_acc
-    load_wrappers(parallel)
+    load_wrappers(parallel.layout)
     args = ModelArgs.of(cfg.model)
     wrapped = parallelize(args, train, parallel, device, fused_optimizer=fused)
     psi = sum(p.numel() for p in wrapped.model.parameters())

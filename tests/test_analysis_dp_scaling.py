@@ -31,12 +31,12 @@ def test_find_knee_rejects_bad_input():
 
 def test_sentences_state_where_dp_stops_paying_off():
     s = knee_sentence("llama_1b, seq 4096, ZeRO-1", [1, 2, 4, 8, 16], [1.0, 0.97, 0.92, 0.85, 0.62], 8, 16, 0.8)
-    assert s.startswith(
-        "for llama_1b, seq 4096, ZeRO-1: DP stops paying off after dp=8; "
-        "efficiency falls from 85% (dp=8) to 62% (dp=16)"
+    assert s == (
+        "for llama_1b, seq 4096, ZeRO-1: DP stops paying off at dp=16: the first count whose efficiency falls below "
+        "80% of dp=1 (the last that pays: dp=8); efficiency falls from 85% (dp=8) to 62% (dp=16)"
     )
     s = knee_sentence("tiny, seq 256, ZeRO-0", [1, 2, 4], [1.0, 0.95, 0.9], 4, None, 0.8)
-    assert "DP keeps paying off up to dp=4, the largest measured; efficiency stays ≥ 80% (90% at dp=4" in s
+    assert "DP keeps paying off up to dp=4: efficiency stays at or above 80% of dp=1, the largest measured (90%" in s
 
 
 def test_scaling_table_relative_to_smallest_dp(df):
@@ -52,7 +52,8 @@ def test_knees_of_the_sweep(df):
     found = {k.config: k for k in knees(df)}
     k = found["tiny, seq 256, mbs=1, ZeRO-0"]
     assert (k.knee_dp, k.next_dp) == (8, 16)
-    assert "DP stops paying off after dp=8; efficiency falls from 85% (dp=8) to 62% (dp=16)" in k.sentence
+    assert "DP stops paying off at dp=16: the first count" in k.sentence
+    assert "(the last that pays: dp=8); efficiency falls from 85% (dp=8) to 62% (dp=16)" in k.sentence
     only_small = df[df["dp"] <= 4]
     k = {k.config: k for k in knees(only_small)}["tiny, seq 256, mbs=1, ZeRO-0"]
     assert k.next_dp is None and "keeps paying off up to dp=4" in k.sentence
@@ -98,8 +99,8 @@ def test_the_knee_is_stated_with_the_dps_it_may_lie_at_within_noise():
     assert (k.knee_dp, k.next_dp, k.within_noise) == (8, 16, (4,))
     assert k.noise_frac == pytest.approx((0.0, 0.1, 0.1, 0.1, 0.1))
     assert (
-        "DP stops paying off after dp=8 (dp=4 within noise); efficiency falls from 85% ± 8 pts (dp=8) to "
-        "62% ± 6 pts (dp=16)"
+        "DP stops paying off at dp=16: the first count whose efficiency falls below 80% of dp=1 (the last that pays: "
+        "dp=8, or dp=4 within noise); efficiency falls from 85% ± 8 pts (dp=8) to 62% ± 6 pts (dp=16)"
     ) in k.sentence
     (k,) = knees(to_frame(record_to_row(r) for r in _curve(0.15)))  # ±30%: 62% may be 81%, 97% may be 68%
     assert k.within_noise == (1, 2, 4, 16)

@@ -50,7 +50,8 @@ def test_report_files_and_sections(report):
         assert heading in md, heading
     assert "% in timed steps" in md and "The search recorded" not in md  # a grid, not a search
     assert "| oom | 6 |" in md and "| predicted_oom | 6 |" in md and "| invalid | 1 |" in md
-    assert "DP stops paying off after dp=8; efficiency falls from 85% (dp=8) to 62% (dp=16)" in md
+    assert "DP stops paying off at dp=16: the first count" in md
+    assert "(the last that pays: dp=8); efficiency falls from 85% (dp=8) to 62% (dp=16)" in md
     assert "Those are the 8 fastest configurations; the table has the knees of all 20." in md
     # the fastest point heads the table, its memory in the unit that reads best
     assert "| tiny | 256 | 8 | 8 | 1 | 0 | bf16 | none | 28,284 | ±0.0% | 1 | ★ best | 21.3% | 10.0 GiB |" in md
@@ -106,18 +107,23 @@ def test_extrapolation_names_each_source_its_knee_range_and_reach(tmp_path):
     section = md[md.index("## DP extrapolation beyond the measured dp") : md.index("## Predicted vs measured")]
     assert "llama_1b, seq 4096, ZeRO-0: global batch fixed at 512 samples: grad_acc = 512 / (1 × dp)." in section
     assert (
-        "(a) fitted to this sweep's DP curve: efficiency stays ≥ 80% up to dp=8, the last dp it predicts "
+        "(a) fitted to this sweep's DP curve: DP keeps paying off up to dp=8: efficiency stays at or above 80% of "
+        "dp=1, the last dp it predicts "
         "(in 95% of the draws the first dp below 80% is beyond dp=8; no dp beyond the measured 8 can be "
         "predicted). Measured dp 1, 2, 4, 8: 3 point(s) with communication identify"
     ) in section
     assert "; the tier between nodes (no measured dp spans more than 8 ranks). Stops at dp=8: " in section
     assert "Stops at dp=8: this source has no figures for the tier between nodes." in section
     profile = next(p for p in section.split("\n\n") if p.startswith("(b) scaling collectives profile"))
-    assert ": efficiency falls below 80% between dp=32 and dp=64 (in 95% of the draws the first dp below " in profile
+    assert (
+        ": DP stops paying off at dp=64: the first count whose efficiency falls below 80% of dp=1 (in 95% of "
+        in profile
+    )
     assert "extrapolated from dp ≤ 8 to dp=128, 16× past the largest measured dp" in profile
     published = next(p for p in section.split("\n\n") if p.startswith("(c) published h100 figures"))
-    assert "efficiency stays ≥ 80% up to dp=32, the last dp it predicts (past dp=32, 4× the largest measured dp, 8" in (
-        published
+    assert (
+        "efficiency stays at or above 80% of dp=1, the last dp it predicts (past dp=32, 4× the largest measured dp, 8"
+        in (published)
     )
     assert "| llama_1b, seq 4096, ZeRO-0 | (b) profile | 1, 2, 4, 8 | 128 | 64 |" in section
     assert "| llama_1b, seq 4096, ZeRO-0 | (b) measured network | 256 | beyond the horizon | past dp=128, 4× " in (
@@ -126,7 +132,7 @@ def test_extrapolation_names_each_source_its_knee_range_and_reach(tmp_path):
     assert "![dp_extrapolation_0](figures/dp_extrapolation_0.png)" in section
     # the answer first, in a sentence per configuration under its best-informed source; the rest folded below it
     summary, folded = section.split("<details>", 1)
-    assert "llama_1b, seq 4096, ZeRO-0 ((b) profile): efficiency falls below 80% between dp=32 and dp=64" in summary
+    assert "llama_1b, seq 4096, ZeRO-0 ((b) profile): DP stops paying off at dp=64: the first count" in summary
     assert "(a) fitted to this sweep's DP curve" not in summary and "| (b) profile |" not in summary
     assert "(a) fitted to this sweep's DP curve" in folded and folded.rstrip().endswith("</details>")
 
@@ -356,13 +362,13 @@ def test_ties_noise_knee_uncertainty_and_oversubscription_in_words(tmp_path):
     top = md.split("## Top configurations")[1].split("## Noise")[0]
     rows = [line for line in top.splitlines() if line.startswith("| tiny")]
     assert "★ best" in rows[0] and "| ±5.0% | 3 |" in rows[0]
-    assert "≈ within noise" in rows[1]  # dp=2: 3% below, the bands ±5% overlap
+    assert "≈ within noise" in rows[1]  # dp=2: 3% below, within the ±5% band
     assert not any("within noise" in row for row in rows if "| 16 |" in row)
     assert (
         "Over 7 ok points the band is ±5.0% at the median (largest ±5.0%)" in md
         and "2 points were launched 3 to 3 times: their repeat-to-repeat spread is ±5.0%" in md
     )
-    assert "DP stops paying off after dp=8 (dp=4 within noise); efficiency falls from 85% ± 8 pts (dp=8)" in md
+    assert "(the last that pays: dp=8, or dp=4 within noise); efficiency falls from 85% ± 8 pts (dp=8)" in md
     assert (
         "Oversubscribed (hardware.oversubscribe=true, ranks sharing cores): tiny, seq 256, mbs=2, ZeRO-0, "
         "oversubscription allowed at dp=1, 2."

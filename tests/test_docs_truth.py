@@ -93,13 +93,25 @@ def _constants(tree: ast.Module, path: Path, follow: bool = True) -> dict[str, A
     return out
 
 
+def _request_default(node: ast.AST) -> Any:
+    """`default("threshold")` in scaling.cli.recipe: the request's own field default (RecipeRequest.default), else
+    `...`."""
+    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "default" and node.args:
+        from scaling.recipe.request import RecipeRequest
+
+        return RecipeRequest.default(node.args[0].value)
+    return ...
+
+
 def _default(call: ast.Call, constants: dict[str, Any]) -> Any:
-    """An add_argument's default: its literal or a constant it names, False for a switch, else what its help's
-    "(default X)" says; `...` when none of them tells."""
+    """An add_argument's default: its literal, a constant it names or the request's field it reads, False for a
+    switch, else what its help's "(default X)" says; `...` when none of them tells."""
     kw = {k.arg: k.value for k in call.keywords}
     value = kw.get("default")
     if isinstance(value, ast.Name) and value.id in constants:
         return constants[value.id]
+    if value is not None and _request_default(value) is not ...:
+        return _request_default(value)
     with contextlib.suppress(ValueError, TypeError):
         literal = ast.literal_eval(value) if value is not None else None
         if literal is not None:

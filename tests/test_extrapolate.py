@@ -629,7 +629,7 @@ def test_dp_1_and_2_identify_compute_and_one_communication_figure():
     assert r.dps[-1] == 1024 and r.last_dp == 8 and "4× past the largest measured dp" in r.knee_sentence()
     assert "the global batch growing with dp" in r.batch
     assert r.knee_sentence().startswith(
-        f"efficiency falls below 80% between dp={r.knee_dp} and dp={r.next_dp} (in 95% "
+        f"DP stops paying off at dp={r.next_dp}: the first count whose efficiency falls below 80% of dp=1 (in 95% "
         "of the draws the first dp below 80% "
     )
 

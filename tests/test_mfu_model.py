@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from scaling.core.layout import Layout
 from scaling.perf.mfu_model import MEASURED_SIGMA, FlopsSplit, Measured, Work, conf_points, fit, preset, with_points
 from scaling.perf.network_figures import published_estimate
 from scaling.perf.step_model import Workload, scheduled_overlap, step_collectives
@@ -40,7 +41,7 @@ def test_its_spread_is_the_band_of_a_predicted_row_on_one_gpu():
     """On one GPU nothing is communicated: the band is the compute's, ±1.96 σ of the MFU model there."""
     model = mfu_model("h100", "bf16", PEAK, [])
     net = published_estimate("h100", 8, 200, np.random.default_rng(0))
-    c = Candidate(0, "none", 4, "test")
+    c = Candidate(Layout(0), "none", 4, "test")
     w = Workload(0, preset("llama_1b"), "bf16", 4, SEQ, 256)
     p = Predicted(lambda c, mbs: w, lambda c, mbs: _work("llama_1b", mbs), PEAK, net, model, None, 12e-12, 200)
     e = p(c, split(256, SEQ, 1, 4))
@@ -57,9 +58,9 @@ def test_a_tensor_parallel_row_past_the_networks_node_gets_no_figure():
 
     one_node = Network({INTRA: AlphaBeta(5e-6, 100e9)}, 8)
     net = NetworkEstimate("profile", "one node", one_node, (one_node,) * 20)
-    c = Candidate(3, "none", 1, "test", tp=2)
+    c = Candidate(Layout(3, tp=2), "none", 1, "test")
     p = Predicted(
-        lambda c, mbs: Workload(3, preset("llama_1b"), "bf16", mbs, SEQ, 256, tp=c.tp),
+        lambda c, mbs: Workload(3, preset("llama_1b"), "bf16", mbs, SEQ, 256, tp=c.layout.tp),
         lambda c, mbs: _work("llama_1b", mbs, 3),
         PEAK,
         net,
@@ -107,10 +108,10 @@ def test_a_predicted_row_is_within_a_quarter_up_to_128_gpus():
     gbs = 4 * 2**20 // SEQ
     for name, zero, mbs in (("llama_1b", 2, 4), ("llama_3b", 3, 2)):
         m = preset(name)
-        c = Candidate(zero, "none", mbs, "test")
+        c = Candidate(Layout(zero), "none", mbs, "test")
         predict = Predicted(
-            lambda c, mbs, m=m: Workload(c.zero_stage, m, "bf16", mbs, SEQ, gbs),
-            lambda c, mbs, m=m: Work(FlopsSplit.of(m, SEQ), mbs * SEQ, c.zero_stage, False, False, SEQ),
+            lambda c, mbs, m=m: Workload(c.layout.zero_stage, m, "bf16", mbs, SEQ, gbs),
+            lambda c, mbs, m=m: Work(FlopsSplit.of(m, SEQ), mbs * SEQ, c.layout.zero_stage, False, False, SEQ),
             PEAK,
             net,
             model,

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from scaling.core.noise import relative_spread, within_noise
+from scaling.core.noise import relative_spread, tied, within_noise
 from scaling.core.schema import LaunchConfig
 from scaling.job.throughput import repeats_metrics
 from scaling.store.record import (
@@ -52,11 +52,21 @@ def test_relative_spread_is_the_half_range_over_the_median():
         relative_spread([])
 
 
-def test_within_noise_when_the_bands_overlap():
-    assert within_noise(95.0, 0.03, 100.0, 0.03) and within_noise(100.0, 0.03, 95.0, 0.03)  # 97.85 >= 97
-    assert not within_noise(90.0, 0.03, 100.0, 0.03) and not within_noise(100.0, 0.03, 90.0, 0.03)  # 92.7 < 97
+def test_two_figures_tie_when_either_lies_within_the_others_band():
+    assert within_noise(98.0, 0.01, 100.0, 0.03) and within_noise(100.0, 0.03, 98.0, 0.01)  # 98 in [97, 103]
+    assert within_noise(100.0, 0.01, 97.0, 0.04)  # 100 in 97's [93.1, 100.9], though 97 is not in [99, 101]
     assert within_noise(100.0, 0.0, 100.0, 0.0)
-    assert within_noise(105.0, 0.03, 100.0, 0.02) and not within_noise(110.0, 0.03, 100.0, 0.02)  # 106.7 > 102
+    # bands that overlap without holding the other's figure are not a tie: 95 ± 3% and 100 ± 3% meet at 97.85 >= 97
+    assert not within_noise(95.0, 0.03, 100.0, 0.03) and not within_noise(100.0, 0.03, 95.0, 0.03)
+    assert not within_noise(90.0, 0.03, 100.0, 0.03)
+
+
+def test_the_recipe_and_the_reports_share_the_one_tie_rule():
+    """A predicted ±24% band: an option 20% slower ties with the winner, one 40% slower does not (overlapping bands
+    would have tied it)."""
+    assert tied(80.0, 61.0, 99.0, 100.0, 76.0, 124.0)
+    assert not tied(60.0, 46.0, 74.0, 100.0, 76.0, 124.0)
+    assert within_noise(80.0, 0.24, 100.0, 0.24) and not within_noise(60.0, 0.24, 100.0, 0.24)
 
 
 def test_one_launch_states_its_within_run_spread():

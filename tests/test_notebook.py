@@ -32,7 +32,7 @@ def test_notebook_executes_and_shows_heatmaps_and_dp_curve(tmp_path, monkeypatch
     # jupyter_client runs a kernel spec's bare "python" as the client's own interpreter: this venv's
     assert f"python: {sys.executable}" in text
     assert f"{len(list(sweep.glob('*/result.json')))} records in {sweep}" in text
-    assert "tiny, seq 256, mbs=1, ZeRO-0: DP stops paying off after dp=8" in text
+    assert "tiny, seq 256, mbs=1, ZeRO-0: DP stops paying off at dp=16" in text
     images = [o for o in outputs if o.output_type == "display_data" and "image/png" in o.data]
     assert len(images) == 7  # three standard heatmaps, the edited one, the DP curve, the seaborn facets and heatmap
     tables = [o for o in outputs if o.output_type == "execute_result" and "text/html" in o.data]

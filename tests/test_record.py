@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from scaling.core.derived import Derived
 from scaling.core.enums import Status
 from scaling.engine.jobfiles import WorkerReport
 from scaling.store.record import (
@@ -136,7 +137,7 @@ def full_record() -> Record:
         sweep="demo",
         status=Status.OK,
         config={"model": {"name": "tiny"}},
-        derived={"gbs": 8, "world_size": 2},
+        derived=Derived(gbs=8, gbs_tokens=512, grad_acc=2, world_size=2),
         metrics=metrics,
         repeats=launches,
         predicted={"peak_mem_bytes": 4096, "method": "analytic", "fits": True},

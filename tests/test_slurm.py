@@ -165,6 +165,8 @@ def test_rendezvous_port_is_shared_by_the_nodes_of_a_point_and_differs_between_p
         (["hardware=h100", "parallel.dp=16", "launch.timeout_s=300"], 2, 8, 8 * 8, 10),
         (["hardware=h100", "parallel.dp=4"], 1, 4, 4 * 8, 15),
         (["hardware=h100", "parallel.dp=1"], 1, 1, 8, 15),
+        (["hardware=h100", "parallel.dp=2", "parallel.tp=2", "parallel.zero_stage=3"], 1, 4, 4 * 8, 15),
+        (["hardware=h100", "parallel.dp=4", "parallel.tp=4", "parallel.zero_stage=3"], 2, 8, 8 * 8, 15),
     ],
 )
 def test_launcher_config_asks_for_what_the_point_needs(overrides, nodes, gpus, cpus, timeout_min):

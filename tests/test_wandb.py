@@ -19,7 +19,7 @@ from scaling.core.schema import LoggerConfig
 from scaling.job.wandb_log import init_kwargs, log_point
 from scaling.store.index import store_id
 from scaling.store.read import iter_records
-from scaling.store.wandb_runs import read_offline_run
+from scaling.store.wandb_runs import read_offline_run, run_name, run_tags
 from tests.helpers.cli import scaling
 from tests.helpers.compose import compose_point
 from tests.helpers.records import make_record
@@ -54,6 +54,23 @@ def test_init_respects_wandb_dir_console_and_silent_and_is_quiet_otherwise(tmp_p
     user = init_kwargs(record, logger, store, {"WANDB_DIR": "/w", "WANDB_CONSOLE": "wrap", "WANDB_SILENT": "false"})
     assert user["dir"] == "/w" and "silent" not in user["settings"] and "console" not in user["settings"]
     assert init_kwargs(record, dataclasses.replace(logger, dir="/l"), store, {"WANDB_DIR": "/w"})["dir"] == "/l"
+
+
+def test_two_layouts_never_share_a_run_name_or_tags():
+    """A run is named and tagged by every axis of its layout that is not neutral (scaling.core.layout): dp=2 × tp=2
+    and hybrid sharding are not plain dp=2."""
+    plain = make_record(dp=2, zero_stage=3)
+    tp = make_record(dp=2, zero_stage=3)
+    tp["config"]["parallel"]["tp"] = 2
+    hybrid = make_record(dp=4, zero_stage=3)
+    hybrid["config"]["parallel"]["dp_shard"] = 2
+    names = [run_name(r) for r in (plain, tp, hybrid)]
+    assert names == [
+        "tiny seq256 mbs1 ga1 dp2 zero3",
+        "tiny seq256 mbs1 ga1 dp2 zero3 tp2",
+        "tiny seq256 mbs1 ga1 dp4 zero3 dp_shard2",
+    ]
+    assert "tp=2" in run_tags(tp) and "dp_shard=2" in run_tags(hybrid) and not any("tp=" in t for t in run_tags(plain))
 
 
 @pytest.mark.subprocess

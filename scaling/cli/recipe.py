@@ -1,5 +1,5 @@
 """`scaling recipe`: the batch-size recipe end to end and what to run on each GPU count; its arguments parsed and
-checked before anything runs, handed to scaling.recipe.measure, its answer printed and written
+checked before anything runs, handed to scaling.recipe.end_to_end, its answer printed and written
 (scaling.recipe.render: DIR/recipe.md and DIR/recipe.json).
 
     scaling recipe [overrides] --gbs-tokens 4M --gpus 8,32,128,512 [--tokens 1T] [--sweep-dir DIR] [--json]
@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Optional
 
 from scaling.cli.arg_types import parse_count
+from scaling.core.enums import Recompute, ZeroStage
 from scaling.core.schema import ExperimentConfig, TrainConfig
 from scaling.recipe.request import RecipeError, RecipeRequest, check
 
-STAGES = (0, 1, 2, 3)
-RECOMPUTE = ("none", "full")
 DEFAULT_DIR = "runs/recipe"
 
 
@@ -52,23 +51,36 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dry-run", action="store_true", help="check the request (batch, config, capacity) and launch nothing"
     )
+    default = RecipeRequest.default
+    stages, settings = tuple(int(z) for z in ZeroStage), tuple(str(r) for r in Recompute)
     p.add_argument(
-        "--zero", type=lambda t: _choices(t, STAGES, int), default=list(STAGES), help="ZeRO stages (default 0,1,2,3)"
+        "--zero",
+        type=lambda t: _choices(t, stages, int),
+        default=default("zero"),
+        help=f"ZeRO stages (default {','.join(map(str, default('zero')))})",
     )
     p.add_argument(
         "--recompute",
-        type=lambda t: _choices(t, RECOMPUTE, str),
-        default=list(RECOMPUTE),
-        help="train.recompute settings (default none,full)",
+        type=lambda t: _choices(t, settings, str),
+        default=default("recompute"),
+        help=f"train.recompute settings (default {','.join(default('recompute'))})",
     )
-    p.add_argument("--threshold", type=float, default=0.8, help="efficiency below which DP stops paying off (0.8)")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=default("threshold"),
+        help=f"efficiency below which DP stops paying off ({default('threshold')})",
+    )
     p.add_argument(
         "--max-grad-acc",
         type=int,
-        default=16,
-        help="a measured point runs at most this many micro-steps (a larger grad_acc is extrapolated; default 16)",
+        default=default("max_grad_acc"),
+        help="a measured point runs at most this many micro-steps (a larger grad_acc is extrapolated; default "
+        f"{default('max_grad_acc')})",
     )
-    p.add_argument("--draws", type=int, default=200, help="bootstrap draws of each band (default 200)")
+    p.add_argument(
+        "--draws", type=int, default=default("draws"), help=f"bootstrap draws of each band (default {default('draws')})"
+    )
     p.add_argument(
         "--assume-mfu",
         type=float,
@@ -122,7 +134,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             f"{', '.join(a.recompute)}, records in {sweep_dir}: valid; --dry-run, nothing launched"
         )
         return 0
-    from scaling.recipe.measure import run_recipe
+    from scaling.recipe.end_to_end import run_recipe
     from scaling.recipe.render import dumps, terminal, write
 
     recipe = run_recipe(cfg, overrides, sweep_dir, request)

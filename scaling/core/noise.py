@@ -2,7 +2,8 @@
 
 Every spread in records, reports and searches is the relative half-range
 `(max - min) / (2 · median)` (`relative_spread`): a figure v with spread s was seen within
-v·(1 ± s). Two figures are within noise of each other when those bands overlap (`within_noise`).
+v·(1 ± s). Two figures tie, one rule for the heatmaps, the report, Optuna and the recipe, when either lies
+within the other's band (`tied`; `within_noise` for relative bands): neither figure then rules out the other.
 A record states its band as `metrics.noise_band_frac`; it applies to the figures that move with
 the step time (`THROUGHPUT_KEYS`), not to memory.
 
@@ -30,6 +31,15 @@ def relative_spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / (2.0 * middle)
 
 
+def tied(a: float, a_low: float, a_high: float, b: float, b_low: float, b_high: float) -> bool:
+    """The one tie rule: figures a and b (with their bands [low, high]) cannot be told apart when either lies within
+    the other's band. (Bands that merely overlap would tie figures two half-widths apart: a predicted ±24% band
+    would call an option 40% slower even.)"""
+    return b_low <= a <= b_high or a_low <= b <= a_high
+
+
 def within_noise(a: float, band_a_frac: float, b: float, band_b_frac: float) -> bool:
-    """Whether figures a and b cannot be told apart: their bands v·(1 ± band) overlap."""
-    return a * (1.0 - band_a_frac) <= b * (1.0 + band_b_frac) and b * (1.0 - band_b_frac) <= a * (1.0 + band_a_frac)
+    """`tied` for figures with relative bands v·(1 ± band)."""
+    return tied(
+        a, a * (1.0 - band_a_frac), a * (1.0 + band_a_frac), b, b * (1.0 - band_b_frac), b * (1.0 + band_b_frac)
+    )

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute
 from scaling.core.field_meta import COLUMN, GROUP, NEUTRAL, RUN_ONLY
 from scaling.core.files import CONF_DIR
+from scaling.core.layout import Layout
 from scaling.core.model_group import CustomModel, ModelConfig, is_custom, model_dict
 
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
@@ -100,7 +101,7 @@ class ParallelConfig:
     """How the global batch and the model state are spread over ranks."""
 
     dp: int = 1
-    """Data-parallel degree (world size)."""
+    """Data-parallel degree: the ranks that split the batch (the world is dp × tp: scaling.core.layout)."""
     zero_stage: int = 0
     """0 plain DDP, 1 shards optimizer states, 2 also gradients, 3 also parameters."""
     bucket_mb: float = 25.0
@@ -122,19 +123,9 @@ class ParallelConfig:
             self.dp_shard = None
 
     @property
-    def world_size(self) -> int:
-        """Ranks (devices) of a point: dp × tp."""
-        return self.dp * self.tp
-
-    @property
-    def shard_size(self) -> int:
-        """Ranks one shard spans: dp_shard, or dp (full sharding)."""
-        return self.dp_shard or self.dp
-
-    @property
-    def replicas(self) -> int:
-        """Groups that each hold a whole copy of what is sharded: dp / shard_size (1: full sharding)."""
-        return self.dp // self.shard_size if self.shard_size else 1
+    def layout(self) -> Layout:
+        """The point's parallel layout (scaling.core.layout): world size, shard group, name, identity."""
+        return Layout.of(self)
 
 
 @dataclass

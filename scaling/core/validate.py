@@ -2,13 +2,13 @@
 
 `validate(cfg)` runs before any process starts. An impossible point raises `InvalidConfig`, whose
 message names each offending field, its value and what would be valid; the job records it as
-status `invalid`. A possible point returns its derived batch layout.
+status `invalid`. A possible point returns its derived block (scaling.core.derived.Derived: the batch arithmetic and
+the world; the job adds the model's counts).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from scaling.core.batch import (
@@ -17,6 +17,7 @@ from scaling.core.batch import (
     nodes_needed,
     target_gbs_samples,
 )
+from scaling.core.derived import Derived
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.core.host import usable_cores as host_cores
 from scaling.core.model_group import HF_TARGET, TP_STYLES, tp_degrees_dividing
@@ -45,21 +46,6 @@ class InvalidConfig(ValueError):
     def __init__(self, errors: list[str]):
         self.errors = errors
         super().__init__("; ".join(errors))
-
-
-@dataclass(frozen=True)
-class Derived:
-    """What a valid point's config implies for the batch and the world."""
-
-    gbs: int
-    gbs_tokens: int
-    grad_acc: int
-    world_size: int
-    nnodes: int
-
-    def as_dict(self) -> dict[str, int]:
-        """Plain dict for the record."""
-        return asdict(self)
 
 
 def _is_int(value: Any) -> bool:
@@ -269,18 +255,19 @@ def _check_kernels(c: _Checker, cfg: ExperimentConfig) -> None:
 
 def _check_cores(c: _Checker, cfg: ExperimentConfig, usable_cores: int) -> None:
     """On CPU every rank of a node is a device of threads_per_device cores of its own."""
-    hw, dp, world = cfg.hardware, cfg.parallel.dp, cfg.parallel.world_size
+    hw, layout = cfg.hardware, cfg.parallel.layout
+    world = layout.world_size
     if hw.device != "cpu" or hw.oversubscribe:
         return
     per_node = hw.devices_per_node
     ranks = min(world, per_node) if per_node else world
     threads = hw.threads_per_device
-    ranks_of = f"parallel.dp={dp}" + (f" x parallel.tp={cfg.parallel.tp}" if cfg.parallel.tp > 1 else "")
+    ranks_of = layout.ranks(total=False)
     c.require(
         ranks * threads <= usable_cores,
         f"{ranks_of} x hardware.threads_per_device={threads} = {ranks * threads} threads on one host "
         f"but this host has {usable_cores} usable cores: the largest dp that fits is "
-        f"{max(usable_cores // threads, 0)} (or set hardware.oversubscribe=true to let ranks share cores; "
+        f"{max(usable_cores // threads // layout.model_parallel, 0)} (or set hardware.oversubscribe=true to let ranks share cores; "
         "the record and the report then say so)",
     )
 
@@ -324,11 +311,11 @@ def _derive(c: _Checker, cfg: ExperimentConfig) -> Derived | None:
         c.errors.append(str(e))
         return None
     try:
-        nnodes = nodes_needed(p.world_size, hw.devices_per_node)
+        nnodes = nodes_needed(p.layout.world_size, hw.devices_per_node)
     except ValueError as e:
         c.errors.append(str(e))
         return None
-    return Derived(gbs=gbs, gbs_tokens=gbs * seq, grad_acc=ga, world_size=p.world_size, nnodes=nnodes)
+    return Derived(gbs=gbs, gbs_tokens=gbs * seq, grad_acc=ga, world_size=p.layout.world_size, nnodes=nnodes)
 
 
 def validate(cfg: ExperimentConfig, usable_cores: Optional[int] = None, host: bool = True) -> Derived:

@@ -20,7 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from scaling.core.enums import FsdpGradReduce, Precision, Recompute
+from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
+from scaling.core.layout import Layout
 from scaling.core.model_group import CustomModel, ModelConfig
 from scaling.core.schema import ParallelConfig, TrainConfig
 from scaling.engine.tensor_parallel import PointMesh, apply_plan, point_mesh
@@ -33,7 +34,7 @@ class Parallelized:
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    zero_stage: int
+    zero_stage: ZeroStage
     autocast_dtype: torch.dtype | None
     device: torch.device
     fsdp_grad_reduce: str = FsdpGradReduce.every_micro_step
@@ -45,11 +46,11 @@ class Parallelized:
     def micro_step(self, index: int, count: int) -> ContextManager[None]:
         """Context for micro-step `index` of `count`: how its gradients are reduced across ranks."""
         last = index == count - 1
-        if self.zero_stage <= 1:
+        if self.zero_stage < ZeroStage.GRADIENTS:
             return contextlib.nullcontext() if last else self.model.no_sync()
         if self.fsdp_grad_reduce == FsdpGradReduce.last_micro_step:
             self.model.set_requires_gradient_sync(last)
-        if self.zero_stage == 2:
+        if self.zero_stage == ZeroStage.GRADIENTS:
             # ZeRO-2 shards gradients, not parameters: keep them gathered until the step's last backward, so a
             # step gathers once (first forward) whichever way its gradients are reduced.
             self.model.set_reshard_after_backward(last)
@@ -74,7 +75,7 @@ class Parallelized:
     def zero_grad(self) -> None:
         """Clear gradients before a step. Under DDP they are views of its buckets: zero them in place,
         since setting them to None makes no_sync micro-steps allocate a second copy outside the buckets."""
-        self.optimizer.zero_grad(set_to_none=self.zero_stage >= 2)
+        self.optimizer.zero_grad(set_to_none=self.zero_stage >= ZeroStage.GRADIENTS)
 
     def autocast(self) -> ContextManager[None]:
         """bf16 autocast under DDP stages; FSDP2 casts through its MixedPrecisionPolicy instead."""
@@ -86,7 +87,9 @@ class Parallelized:
         """L2 norm of all parameters, gathered across shards (identical on every rank)."""
         if self.mesh is not None and self.mesh.tp is not None:  # DTensors on two meshes: their own norms
             return float(_total_norm([p.detach() for p in self.model.parameters()]))
-        sharded = self.zero_stage >= 2  # fully_shard on the root makes every parameter a DTensor shard
+        sharded = (
+            self.zero_stage >= ZeroStage.GRADIENTS
+        )  # fully_shard on the root makes every parameter a DTensor shard
         group = self.mesh.shard_group if self.mesh is not None else None  # one shard group holds the model once
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.model.parameters():
@@ -102,19 +105,19 @@ def _adamw(params: Iterator[nn.Parameter] | list[nn.Parameter], lr: float, weigh
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
 
 
-def load_wrappers(parallel: ParallelConfig) -> None:
+def load_wrappers(layout: Layout) -> None:
     """Import what this layout wraps the model with, now: each is imported only by the layouts that use it
     (FSDP2 and DTensor cost a second of start-up), and the worker calls this before it takes its memory
     baseline, so that imports are not counted as building."""
-    if parallel.zero_stage >= 2:
+    if layout.fsdp:
         import torch.distributed.fsdp
-    elif parallel.zero_stage == 1:
+    elif layout.zero_stage == ZeroStage.OPTIMIZER:
         import torch.distributed.optim
-    if parallel.tp > 1:
+    if layout.tp > 1:
         import torch.distributed.tensor.parallel  # noqa: F401
 
 
-def _shard(model: nn.Module, blocks: list[nn.Module], zero_stage: int, bf16: bool, mesh: Optional[Any]) -> None:
+def _shard(model: nn.Module, blocks: list[nn.Module], zero_stage: ZeroStage, bf16: bool, mesh: Optional[Any]) -> None:
     """fully_shard every block, then the root (embedding, final norm, output projection), over `mesh` (hybrid
     sharding: sharded within its `shard` dim, replicated across its `replicate` dim) or every rank."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -123,7 +126,7 @@ def _shard(model: nn.Module, blocks: list[nn.Module], zero_stage: int, bf16: boo
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     )
     for block in blocks:
-        fully_shard(block, mesh=mesh, reshard_after_forward=zero_stage == 3, mp_policy=mp)
+        fully_shard(block, mesh=mesh, reshard_after_forward=zero_stage == ZeroStage.PARAMETERS, mp_policy=mp)
     # The root's parameters are needed again by backward right after forward: never resharded in between.
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
 
@@ -144,13 +147,13 @@ def parallelize(
     tracing on CPU).
     """
     fused = device.type == "cuda" if fused_optimizer is None else fused_optimizer
-    zero_stage, bf16 = parallel.zero_stage, train.precision == Precision.bf16
+    layout, bf16 = parallel.layout, train.precision == Precision.bf16
     recompute = train.recompute == Recompute.full
     where = "meta" if on_meta else device
     family = family_of(args)
     model = family.build(where)  # 1. shapes only
     blocks = family.blocks(model)
-    mesh = point_mesh(parallel, device) if zero_stage >= 1 else PointMesh(None, None, None)
+    mesh = point_mesh(layout, device) if layout.zero_stage > ZeroStage.NONE else PointMesh(None, None, None)
     if mesh.tp is not None:  # 1b. tensor parallelism: the family's plan splits each block's matmuls over tp ranks
         apply_plan(model, family.tp_plan(), mesh.tp)
     if recompute:  # 2. recompute
@@ -158,19 +161,19 @@ def parallelize(
     if train.compile:  # 3. compile
         for block in blocks:
             block.compile()
-    if zero_stage >= 2:  # 4. shard
-        _shard(model, blocks, zero_stage, bf16, mesh.dp)
+    if layout.fsdp:  # 4. shard
+        _shard(model, blocks, layout.zero_stage, bf16, mesh.dp)
     if on_meta:  # 5. materialise what this rank owns (ties restored, NaN until initialised), initialise, check
         family.materialise(model, device)
     family.initialise(model, train.seed)
     if on_meta:
         family.check_initialised(model)
     lr, weight_decay = train.lr, train.weight_decay
-    if zero_stage >= 2:
+    if layout.fsdp:
         return Parallelized(
             model,
             _adamw(model.parameters(), lr, weight_decay, fused),
-            zero_stage,
+            layout.zero_stage,
             None,
             device,
             parallel.fsdp_grad_reduce,
@@ -183,7 +186,7 @@ def parallelize(
         bucket_cap_mb=parallel.bucket_mb,
         gradient_as_bucket_view=True,  # gradients live in the buckets: no second copy
     )
-    if zero_stage == 0:
+    if layout.zero_stage == ZeroStage.NONE:
         optimizer = _adamw(ddp.parameters(), lr, weight_decay, fused)
     else:
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -196,7 +199,9 @@ def parallelize(
             weight_decay=weight_decay,
             fused=fused,
         )
-    return Parallelized(ddp, optimizer, zero_stage, torch.bfloat16 if bf16 else None, device, grad_clip=train.grad_clip)
+    return Parallelized(
+        ddp, optimizer, layout.zero_stage, torch.bfloat16 if bf16 else None, device, grad_clip=train.grad_clip
+    )
 
 
 def _by_mesh(tensors: list[torch.Tensor]) -> dict[Any, list[torch.Tensor]]:

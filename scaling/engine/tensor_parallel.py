@@ -16,8 +16,8 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from scaling.core.layout import Layout
 from scaling.core.model_group import TP_STYLES
-from scaling.core.schema import ParallelConfig
 
 
 @dataclass
@@ -40,15 +40,15 @@ class PointMesh:
         )
 
 
-def point_mesh(parallel: ParallelConfig, device: torch.device) -> PointMesh:
+def point_mesh(layout: Layout, device: torch.device) -> PointMesh:
     """The mesh of a point (None parts where every rank forms one group: FSDP2's default)."""
-    hybrid, tp = parallel.dp_shard is not None, parallel.tp > 1
+    hybrid, tp = layout.hybrid, layout.tp > 1
     if not hybrid and not tp:
         return PointMesh(None, None, None)
     from torch.distributed.device_mesh import init_device_mesh
 
-    dims = [("replicate", parallel.replicas)] if hybrid else []
-    dims += [("shard", parallel.shard_size)] + ([("tp", parallel.tp)] if tp else [])
+    dims = [("replicate", layout.replicas)] if hybrid else []
+    dims += [("shard", layout.shard_size)] + ([("tp", layout.tp)] if tp else [])
     mesh = init_device_mesh(device.type, tuple(n for _, n in dims), mesh_dim_names=tuple(name for name, _ in dims))
     dp = mesh["replicate", "shard"] if hybrid else mesh["shard"]
     return PointMesh(mesh, dp, mesh["tp"] if tp else None)
@@ -84,8 +84,3 @@ def apply_plan(model: nn.Module, plan: Mapping[str, str], tp_mesh: Any) -> list[
         raise ValueError(f"tp_plan {dict(plan)} matches no submodule of the model")
     parallelize_module(model, tp_mesh, chosen)
     return list(chosen)
-
-
-def tp_rank(rank: int, parallel: ParallelConfig) -> tuple[int, int]:
-    """(dp rank, tp rank) of a global rank: tp consecutive ranks share a dp rank (its data)."""
-    return rank // parallel.tp, rank % parallel.tp

@@ -1,6 +1,6 @@
 """What each torchrun rank runs: train a few steps of one experiment point and measure them.
 
-    torchrun --standalone --nproc-per-node=<dp> -m scaling.engine.worker <launch_dir>/config.json
+    torchrun --standalone --nproc-per-node=<world size> -m scaling.engine.worker <launch_dir>/config.json
 
 `measure_point`, read top-down, is a rank's whole job: the device, the process group, the model built for its ZeRO
 stage (scaling.engine.parallel), the warm-up steps (on CPU the last under the memory tracker), the timed steps,
@@ -60,7 +60,6 @@ from scaling.engine.jobfiles import (
 from scaling.engine.lifetime import gate
 from scaling.engine.parallel import load_wrappers, parallelize
 from scaling.engine.step import train_step
-from scaling.engine.tensor_parallel import tp_rank
 from scaling.model.family import family_of
 
 MEMORY_HISTORY_ENTRIES = 2_000_000
@@ -133,7 +132,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
             device_id=dev.device if cuda else None,
             timeout=dt.timedelta(seconds=job.pg_timeout_s),
         )
-    load_wrappers(par)  # imported now, so that their memory is part of the baseline
+    load_wrappers(par.layout)  # imported now, so that their memory is part of the baseline
     family_of(cfg.model).load_code()  # the model's own modules too
     if not cuda:
         memtrack.load_trackers()
@@ -164,7 +163,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     losses: list[torch.Tensor] = []
     grad_norms: list[torch.Tensor] = []
 
-    dp_rank, _ = tp_rank(rank, par)  # a tensor-parallel group's ranks train on one dp rank's rows
+    dp_rank, _ = par.layout.coordinates(rank)  # a tensor-parallel group's ranks train on one dp rank's rows
 
     def batches(step: int) -> list[torch.Tensor]:
         return step_batches(data, step, dp_rank, mbs, grad_acc, pin=cuda)

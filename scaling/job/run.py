@@ -25,12 +25,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from scaling.core.derived import Derived, DerivedModel, ParamTensors
 from scaling.core.enums import Status
 from scaling.core.files import NO_SPACE, Reservation, short_of_space, stop_when_unwritable, write_json_atomic
 from scaling.core.model_group import model_hash
 from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.core.units import format_bytes
-from scaling.core.validate import Derived, InvalidConfig, validate
+from scaling.core.validate import InvalidConfig, validate
 from scaling.engine import peak_flops
 from scaling.engine.jobfiles import CONFIG_FILE, LAUNCHES_DIR, RESULT_FILE, TORCHRUN_LOG, WORKER_OUTPUT, WorkerReport
 from scaling.engine.lifetime import gate
@@ -58,8 +59,6 @@ from scaling.store.record import (
     output_dir,
     record_room_bytes,
 )
-from scaling.store.record_blocks import Derived as DerivedBlock
-from scaling.store.record_blocks import DerivedModel, ParamTensors
 
 OPTUNA_SWEEPER = "hydra_plugins.scaling_optuna_sweeper.sweeper.ScalingOptunaSweeper"
 """The `_target_` of the Optuna sweeper (hydra_plugins.scaling_optuna_sweeper takes it from here): its jobs are
@@ -102,7 +101,7 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
         argv = functools.partial(  # under SLURM the allocation decides how torchrun starts; elsewhere --standalone
             slurm.point_argv,
             job_key=key,
-            dp=derived.world_size,
+            world_size=derived.world_size,
             devices_per_node=c.hardware.devices_per_node,
             env=os.environ,
             port=c.launch.master_port,
@@ -219,10 +218,11 @@ def _launch_repeats(
     log_name = TORCHRUN_LOG if lead else f"torchrun.task{os.environ['SLURM_PROCID']}.log"
     # Warm ranks serve points that run as one torchrun on this node (a multi-node SLURM point starts fresh).
     warm_ranks = (
-        c.launch.reuse and slurm.placement(c.parallel.world_size, c.hardware.devices_per_node, os.environ).nodes == 1
+        c.launch.reuse
+        and slurm.placement(c.parallel.layout.world_size, c.hardware.devices_per_node, os.environ).nodes == 1
     )
-    config = ranks_config(c, record.derived, record.job_key)
-    derived = DerivedBlock.from_dict(record.derived)
+    assert record.derived is not None, "a point is counted before it launches"
+    config, derived = ranks_config(c, record.derived.to_dict(), record.job_key), record.derived
 
     def new_launch() -> tuple[Path, Path]:  # this launch's directory and the config.json its ranks read there
         launch_dir = _new_launch_dir(point_dir, record.provenance.attempt or 1, len(launches), os.environ)
@@ -280,7 +280,7 @@ def _launch_repeats(
 
 def _launch_entry(
     c: ExperimentConfig,
-    derived: DerivedBlock,
+    derived: Derived,
     outcome: torchrun.Outcome,
     launch_dir: Path,
     launched_at: str,
@@ -336,16 +336,13 @@ def ranks_config(c: ExperimentConfig, derived: Mapping[str, Any], key: str) -> d
     return {**c.to_dict(), "derived": derived, "runtime": runtime}
 
 
-def derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
-    """The record's `derived` (scaling.store.record_blocks.Derived): the batch arithmetic, the parameter count and
-    the FLOPs per token (the built-in family's closed form; a model the user brings counted by torch's
-    FlopCounterMode and named in `model`); InvalidConfig when a model the user brings breaks the contract."""
+def derived_block(c: ExperimentConfig, derived: Derived) -> Derived:
+    """The record's `derived` block as validation made it, with the parameter count and the FLOPs per token (the
+    built-in family's closed form; a model the user brings counted by torch's FlopCounterMode and named in `model`);
+    InvalidConfig when a model the user brings breaks the contract."""
     counted = checked(c.model, c.train.seq_len, c.parallel.tp)
-    block = DerivedBlock(
-        **derived.as_dict(),
-        n_params=counted.n_params,
-        flops_per_token=counted.flops_per_token,
-        hw_flops_per_token=counted.hw_flops_per_token(c.train.recompute == "full"),
+    block = derived.counted(
+        counted.n_params, counted.flops_per_token, counted.hw_flops_per_token(c.train.recompute == "full")
     )
     if c.custom:
         block.flops_source, block.uncounted_ops = counted.source, list(counted.uncounted_ops)
@@ -363,7 +360,7 @@ def derived_block(c: ExperimentConfig, derived: Derived) -> dict[str, Any]:
                 cols=[cols for _, _, _, cols in counted.tensors],
             ),
         )
-    return block.to_dict()
+    return block
 
 
 def _finish(
@@ -384,7 +381,7 @@ def _summary_line(record: Record) -> str:
     c, m = record.config, record.metrics or {}
     point = (
         f"model={c['model']['name']} seq={c['train']['seq_len']} mbs={c['train']['mbs']} "
-        f"ga={(record.derived or {}).get('grad_acc', c['train']['grad_acc'])} "
+        f"ga={record.derived.grad_acc if record.derived else c['train']['grad_acc']} "
         f"dp={c['parallel']['dp']} zero={c['parallel']['zero_stage']}"
     )
     layout = {k: c["parallel"].get(k) for k in ("dp_shard", "tp")}

@@ -17,10 +17,11 @@ import math
 import statistics
 from typing import Any, Mapping, Optional, Sequence
 
+from scaling.core.derived import Derived
 from scaling.core.noise import relative_spread
 from scaling.engine import peak_flops
 from scaling.engine.jobfiles import WorkerReport
-from scaling.store.record_blocks import Derived, Metrics
+from scaling.store.record_blocks import Metrics
 
 PEAK_KEYS = (
     "peak_mem_bytes",

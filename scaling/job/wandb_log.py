@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping, Optional
 
+from scaling.core.derived import Derived
 from scaling.core.schema import LoggerConfig
 from scaling.job.throughput import tokens_per_s
 from scaling.store.index import store_id
-from scaling.store.record_blocks import Derived
 from scaling.store.wandb_runs import run_config, run_dir, run_id, run_name, run_settings, run_tags, summary_of
 
 STEP = "step/timed_step"

@@ -16,17 +16,20 @@ import errno
 import fcntl
 import multiprocessing
 import os
+import shutil
 import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
-from scaling.core.schema import ExperimentConfig
+from scaling.core.host import usable_cores
+from scaling.core.schema import ExperimentConfig, HardwareConfig
 from scaling.launch.stalled import stalled_for_s
 from scaling.store.inflight import process_stopped
 
@@ -333,7 +336,7 @@ def request(cfg: ExperimentConfig, environ: Mapping[str, str]) -> Optional[Reque
     unless `launch.devices` fixes them or devices_per_node is unknown. A point spanning several nodes
     leases nothing: under SLURM those nodes are its own.
     """
-    hw, dp = cfg.hardware, cfg.parallel.world_size  # its ranks: dp × tp
+    hw, dp = cfg.hardware, cfg.parallel.layout.world_size  # its ranks
     if hw.device == "cpu":
         checked_lock_dir(environ)  # refused before anything starts
         return Request("cpu", 1, (CPU_SLOT,))
@@ -354,7 +357,7 @@ def request(cfg: ExperimentConfig, environ: Mapping[str, str]) -> Optional[Reque
             else f"hardware.devices_per_node={per_node}"
         )
         raise ValueError(
-            f"{ranks_of(cfg.parallel)} needs {dp} GPUs on this node but {where}: widen CUDA_VISIBLE_DEVICES "
+            f"{cfg.parallel.layout.ranks()} needs {dp} GPUs on this node but {where}: widen CUDA_VISIBLE_DEVICES "
             f"(under SLURM: ask for more GPUs) or lower it to {len(slots)}"
         )
     checked_lock_dir(environ)
@@ -419,8 +422,18 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("scaling.points_in_flight", points_in_flight)
 
 
-def ranks_of(parallel: Any) -> str:
-    """`parallel.dp=2`, or `parallel.dp=2 x parallel.tp=2 = 4` with tensor parallelism."""
-    if parallel.tp == 1:
-        return f"parallel.dp={parallel.dp}"
-    return f"parallel.dp={parallel.dp} x parallel.tp={parallel.tp} = {parallel.world_size}"
+def devices_at_hand(hw: HardwareConfig) -> int:
+    """Devices of the target's kind this host offers: CPU ranks of hardware.threads_per_device cores each, or the
+    GPUs CUDA_VISIBLE_DEVICES (else nvidia-smi) lists, at most devices_per_node; 0 when none."""
+    if hw.device == "cpu":
+        return max(1, usable_cores() // hw.threads_per_device)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = len([d for d in visible.split(",") if d.strip()])
+    elif shutil.which("nvidia-smi"):
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
+        count = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    else:
+        count = 0
+    per_node = hw.devices_per_node
+    return min(count, per_node) if per_node else count

@@ -72,19 +72,23 @@ def plan_launches(
             "scaling collectives runs as one process that starts every launch: run it with salloc or "
             "in a batch script, not as one of several srun tasks"
         )
-    par = cfg.parallel
-    plan = world_sizes(par.world_size, dpn)
+    layout = cfg.parallel.layout
+    plan = world_sizes(layout.world_size, dpn)
     if "SLURM_JOB_ID" not in env and plan[-1] > (dpn or plan[-1]):
         nodes = nodes_needed(plan[-1], dpn)
-        ranks = f"parallel.dp={par.dp}" + (f" × parallel.tp={par.tp} = {plan[-1]} ranks" if par.tp > 1 else "")
+        ranks = layout.ranks() + (" ranks" if layout.model_parallel > 1 else "")
         raise ValueError(
             f"{ranks} with hardware.devices_per_node={dpn} spans {nodes} nodes: run scaling collectives inside a SLURM allocation of them (salloc --nodes={nodes} "
-            f"scaling collectives ...) or lower parallel.dp to {max(1, (dpn or 1) // par.tp)}"
+            f"scaling collectives ...) or lower parallel.dp to {max(1, (dpn or 1) // layout.model_parallel)}"
         )
     args = ["--sizes", ",".join(map(str, sizes_bytes)), "--iters", str(iters), "--backend", hw.backend]
     # the largest launch also times the rings a point of this layout runs besides every rank's: the dp ranks of one
     # tensor-parallel rank (tp apart), hybrid sharding's replicas of one shard (dp_shard × tp apart)
-    strides = [s for s in (par.tp, (par.dp_shard or 0) * par.tp) if 1 < s < plan[-1] and plan[-1] % s == 0]
+    strides = [
+        s
+        for s in (layout.model_parallel, (layout.dp_shard or 0) * layout.model_parallel)
+        if 1 < s < plan[-1] and plan[-1] % s == 0
+    ]
     launches = {}
     for n in plan:
         stride = ["--stride", ",".join(map(str, strides))] if strides and n == plan[-1] else []

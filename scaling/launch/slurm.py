@@ -16,9 +16,10 @@ import subprocess
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from scaling.core.batch import nodes_needed
+from scaling.core.layout import Layout
 from scaling.engine.jobfiles import ELASTIC_LOGS
 from scaling.launch.torchrun import WORKER, torchrun_argv
 
@@ -37,33 +38,33 @@ class Placement:
     """True: this process starts one torchrun per node with srun. False: it starts its own node's torchrun."""
 
 
-def placement(dp: int, devices_per_node: Optional[int], env: Mapping[str, str]) -> Placement:
-    """Decide how the point's ranks are started from this process's SLURM environment."""
-    nodes = nodes_needed(dp, devices_per_node)
+def placement(world_size: int, devices_per_node: Optional[int], env: Mapping[str, str]) -> Placement:
+    """Decide how the point's `world_size` ranks are started from this process's SLURM environment."""
+    nodes = nodes_needed(world_size, devices_per_node)
     copies = int(env.get("SLURM_STEP_NUM_TASKS", "1"))
     if copies > 1:
         step_nodes = int(env.get("SLURM_STEP_NUM_NODES", "1"))
         if copies != step_nodes or step_nodes != nodes:
             raise ValueError(
-                f"parallel.dp={dp} needs {nodes} node(s) but this process is one of {copies} SLURM tasks on "
+                f"a point of {world_size} ranks needs {nodes} node(s) but this process is one of {copies} SLURM tasks on "
                 f"{step_nodes} node(s): run one task per node on exactly the nodes the point needs "
                 f"(hydra.launcher.nodes={nodes} hydra.launcher.tasks_per_node=1)"
             )
-        return Placement(nodes, dp // nodes, via_srun=False)
+        return Placement(nodes, world_size // nodes, via_srun=False)
     if nodes == 1:
-        return Placement(1, dp, via_srun=False)
+        return Placement(1, world_size, via_srun=False)
     if "SLURM_JOB_ID" not in env:
         raise ValueError(
-            f"parallel.dp={dp} with hardware.devices_per_node={devices_per_node} spans {nodes} nodes: "
-            f"run it under SLURM (hydra/launcher=slurm) or lower dp to {devices_per_node}"
+            f"a point of {world_size} ranks with hardware.devices_per_node={devices_per_node} spans {nodes} nodes: "
+            f"run it under SLURM (hydra/launcher=slurm) or use at most {devices_per_node} ranks"
         )
     have = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
     if have < nodes:
         raise ValueError(
-            f"parallel.dp={dp} with hardware.devices_per_node={devices_per_node} needs {nodes} nodes but "
+            f"a point of {world_size} ranks with hardware.devices_per_node={devices_per_node} needs {nodes} nodes but "
             f"SLURM job {env['SLURM_JOB_ID']} has {have}: set hydra.launcher.nodes={nodes}"
         )
-    return Placement(nodes, dp // nodes, via_srun=True)
+    return Placement(nodes, world_size // nodes, via_srun=True)
 
 
 def rendezvous_port(job_id: str, rdzv_name: str) -> int:
@@ -158,17 +159,17 @@ def is_lead_task(env: Mapping[str, str]) -> bool:
 def torchrun_here(
     module: str,
     module_args: Sequence[str],
-    dp: int,
+    world_size: int,
     devices_per_node: Optional[int],
     env: Mapping[str, str],
     rdzv_name: str,
     port: Optional[int] = None,
     log_dir: Optional[Path] = None,
 ) -> list[str]:
-    """The command that runs `python -m module` as dp ranks from this process: torchrun on one node, or one
+    """The command that runs `python -m module` as `world_size` ranks from this process: torchrun on one node, or one
     torchrun per node (through srun, or this task's own) joined by a c10d rendezvous named after the SLURM
     job and `rdzv_name`."""
-    p = placement(dp, devices_per_node, env)
+    p = placement(world_size, devices_per_node, env)
     if p.nodes == 1:
         return torchrun_argv(module, module_args, p.nproc_per_node, log_dir=log_dir)
     job_id = env["SLURM_JOB_ID"]
@@ -189,14 +190,21 @@ def torchrun_here(
 def point_argv(
     config_path: Path,
     job_key: str,
-    dp: int,
+    world_size: int,
     devices_per_node: Optional[int],
     env: Mapping[str, str],
     port: Optional[int] = None,
 ) -> list[str]:
     """The command that runs a point's ranks from this process, its rendezvous named after the point."""
     return torchrun_here(
-        WORKER, [str(config_path)], dp, devices_per_node, env, job_key, port, log_dir=config_path.parent / ELASTIC_LOGS
+        WORKER,
+        [str(config_path)],
+        world_size,
+        devices_per_node,
+        env,
+        job_key,
+        port,
+        log_dir=config_path.parent / ELASTIC_LOGS,
     )
 
 
@@ -205,20 +213,25 @@ def slurm_timeout_min(timeout_s: float) -> int:
     return math.ceil(float(timeout_s) / 60) + TIMEOUT_MARGIN_MIN
 
 
-def ranks_per_node(dp: int, devices_per_node: Optional[int]) -> int:
-    """Ranks each node of a point runs: dp on one node, devices_per_node on each of several."""
-    return dp // nodes_needed(dp, devices_per_node)
+def ranks_per_node(world_size: int, devices_per_node: Optional[int]) -> int:
+    """Ranks each node of a point runs: all on one node, devices_per_node on each of several."""
+    return world_size // nodes_needed(world_size, devices_per_node)
 
 
-def slurm_gpus_per_node(device: str, dp: int, devices_per_node: Optional[int]) -> Optional[int]:
-    """GPUs a point asks of each node: one per rank there on CUDA (dp=2 takes 2 of 8), none on CPU."""
-    return ranks_per_node(dp, devices_per_node) if device == "cuda" else None
+def slurm_world_size(parallel: Mapping[str, Any]) -> int:
+    """The ranks of a point's `parallel` group (dp × tp: scaling.core.layout), for the launcher's interpolations."""
+    return Layout.of(parallel).world_size
 
 
-def slurm_cpus_per_task(dp: int, devices_per_node: Optional[int], threads_per_device: int) -> int:
+def slurm_gpus_per_node(device: str, world_size: int, devices_per_node: Optional[int]) -> Optional[int]:
+    """GPUs a point asks of each node: one per rank there on CUDA (2 ranks take 2 of 8), none on CPU."""
+    return ranks_per_node(world_size, devices_per_node) if device == "cuda" else None
+
+
+def slurm_cpus_per_task(world_size: int, devices_per_node: Optional[int], threads_per_device: int) -> int:
     """CPUs of each node's task (its torchrun and ranks): threads_per_device for every rank there, so that
     ranks never share a core."""
-    return ranks_per_node(dp, devices_per_node) * int(threads_per_device)
+    return ranks_per_node(world_size, devices_per_node) * int(threads_per_device)
 
 
 def register_resolvers() -> None:
@@ -226,6 +239,7 @@ def register_resolvers() -> None:
     from omegaconf import OmegaConf
 
     resolvers = {
+        "scaling.slurm_world_size": slurm_world_size,
         "scaling.slurm_nodes": nodes_needed,
         "scaling.slurm_timeout_min": slurm_timeout_min,
         "scaling.slurm_gpus_per_node": slurm_gpus_per_node,

@@ -90,7 +90,7 @@ class Shape:
 def shape_of(cfg: ExperimentConfig, request: Optional[devices.Request], environ: Mapping[str, str]) -> Shape:
     """The shape of a point about to launch on this node (pure)."""
     return Shape(
-        nproc=cfg.parallel.world_size,
+        nproc=cfg.parallel.layout.world_size,
         hardware=json.dumps(asdict(cfg.hardware), sort_keys=True),
         pg_timeout_s=torchrun.process_group_timeout_s(cfg.launch.timeout_s),
         request=request,

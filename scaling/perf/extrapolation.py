@@ -30,7 +30,7 @@ from scaling.perf.dp_fit import (
     overlap_words,
     resolved_columns,
 )
-from scaling.perf.knee import DEFAULT_THRESHOLD, find_knee
+from scaling.perf.knee import DEFAULT_THRESHOLD, find_knee, stops_paying_off
 from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, NetworkEstimate, tier_of
 from scaling.perf.network_figures import N_DRAWS
 from scaling.perf.step_model import Point, Workload, step_time_s
@@ -129,9 +129,10 @@ def rate_band(
 ) -> tuple[float, float, float, float]:
     """At dp=n and `grad_acc`: the nominal fit's seconds per step and tokens/s per GPU, and the BAND percentiles of
     the tokens/s per GPU of the draws whose network reaches n (the nominal figure, when none does)."""
-    tokens = w.mbs * w.seq_len * grad_acc / w.tp  # a GPU's share of its dp rank's tokens
+    layout = w.layout_at(n)
+    tokens = layout.per_gpu(w.mbs * w.seq_len * grad_acc)  # a GPU's share of its dp rank's tokens
     step = nominal.step_time_s(w, n, grad_acc)
-    rates = [tokens / d.step_time_s(w, n, grad_acc) for d in draws if d.network.reaches(n)]
+    rates = [tokens / d.step_time_s(w, n, grad_acc) for d in draws if d.network.reaches(layout.world_size)]
     lo, hi = (float(v) for v in np.percentile(rates, BAND)) if rates else (tokens / step, tokens / step)
     return step, tokens / step, lo, hi
 
@@ -213,12 +214,9 @@ class Extrapolation:
         """The knee as a range in words, with its band and how far past the measured range it lies."""
         thr = f"{self.threshold:.0%}"
         last = self.last_dp
+        head = stops_paying_off(self.next_dp, self.threshold, f"dp={self.dps[0]}", last, lambda d: f"dp={d}")
         if self.next_dp is None:
-            head = f"efficiency stays ≥ {thr} up to dp={last}, the last dp it predicts"
-            if last < self.dps[-1]:
-                head += f" ({self.horizon_reason})"
-        else:
-            head = f"efficiency falls below {thr} between dp={self.knee_dp} and dp={self.next_dp}"
+            head += ", the last dp it predicts" + (f" ({self.horizon_reason})" if last < self.dps[-1] else "")
         lo, hi = (f"dp={d}" if d is not None else f"beyond dp={last}" for d in self.next_dp_band)
         band = (
             f"in {BAND[1] - BAND[0]:.0f}% of the draws the first dp below {thr} is {lo}"
@@ -377,7 +375,7 @@ def extrapolate(
     knee_dp, next_dp = find_knee(shown, list(eff[: len(shown)]), threshold)
     low, high = np.nanpercentile(curves_arr, BAND, axis=0)
     spread = {k: (v, *_quantiles(np.array([p[k] for p in params]))) for k, v in _params(nominal).items()}
-    measured = {p.dp: w.mbs * w.seq_len * p.grad_acc / w.tp / p.step_time_s for p in points}
+    measured = {p.dp: w.layout_at(p.dp).per_gpu(w.mbs * w.seq_len * p.grad_acc) / p.step_time_s for p in points}
     if dps[-1] < max_dp and dps[-1] <= limit:
         notes.append(_why_it_stops(w, dps[-1], reaches, max_dp))
     last = shown[-1]

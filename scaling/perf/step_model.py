@@ -19,6 +19,7 @@ from typing import Optional
 
 import numpy as np
 
+from scaling.core.layout import Layout
 from scaling.core.schema import ModelConfig
 from scaling.model.shape import BLOCK, ROOT, ModelShape, ParamTensor, shape_of
 from scaling.perf.network import Network
@@ -194,10 +195,13 @@ class Workload:
         backward = BACKWARD_SHARE[self.recompute]
         return backward if phase == BACKWARD else 1 - backward
 
+    def layout_at(self, n: int) -> Layout:
+        """The parallel layout at dp=n (scaling.core.layout): its shard group where dp_shard divides n."""
+        return Layout(self.zero_stage, n, tp=self.tp).with_shard_group(self.dp_shard)
+
     def shard_size(self, n: int) -> int:
         """Ranks a shard spans at dp=n: dp_shard where it is a proper divisor of n, else n."""
-        k = self.dp_shard
-        return k if k and k < n and n % k == 0 else n
+        return self.layout_at(n).shard_size
 
     def ring(self, group: str, n: int, devices_per_node: Optional[int]) -> tuple[int, Optional[int]]:
         """(ranks, ranks of them on one node) of a collective over `group` at dp=n: a tensor-parallel group is tp
@@ -205,8 +209,11 @@ class Workload:
         lie a shard group apart."""
         if group == TP:
             return self.tp, devices_per_node
-        k = self.shard_size(n)
-        per_node = None if devices_per_node is None else max(1, devices_per_node // self.tp)  # of one dp group
+        layout = self.layout_at(n)
+        k = layout.shard_size
+        per_node = (
+            None if devices_per_node is None else max(1, devices_per_node // layout.model_parallel)
+        )  # one dp rank's
         if group == ALL:
             return n, per_node
         if group == SHARD:
@@ -270,7 +277,7 @@ class Workload:
 
     def tokens_per_rank(self, n: int) -> float:
         """Tokens per optimizer step of one rank (one GPU) at dp=n: a dp rank's, shared by its tp ranks."""
-        return float(self.mbs * self.seq_len * (self.grad_acc_at(n) or np.nan)) / self.tp
+        return self.layout_at(n).per_gpu(float(self.mbs * self.seq_len * (self.grad_acc_at(n) or np.nan)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -364,7 +371,7 @@ def comm_windows(w: Workload, net: Network, n: int, grad_acc: int) -> list[tuple
     """The communication of one step at dp=n by window: (how many such windows the step has, seconds of
     communication in each, the share of a micro-step's compute it can hide behind; 0 for exposed); none on one rank
     (a dp rank's tp ranks communicate at dp=1 too)."""
-    if n * w.tp < 2:
+    if w.layout_at(n).world_size < 2:
         return []
     per_window: dict[Optional[Window], float] = {}
     for call in step_collectives(w, n, grad_acc):
@@ -392,7 +399,7 @@ def scheduled_overlap(w: Workload, n: int, grad_acc: int) -> float:
     each next module behind the current one's compute) or none follows (a backward's last reduce-scatter or DDP
     bucket); 1 when the step communicates nothing."""
     total, largest = 0.0, {}
-    for call in step_collectives(w, n, grad_acc) if n * w.tp > 1 else ():
+    for call in step_collectives(w, n, grad_acc) if w.layout_at(n).world_size > 1 else ():
         if call.window is None:
             continue
         total += call.count * call.bytes_per_call

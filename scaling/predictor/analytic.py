@@ -247,7 +247,8 @@ def analytic_peak(
     a = model if isinstance(model, ModelArgs) else ModelArgs.of(model)
     seq_len, mbs, precision, recompute = train.seq_len, train.mbs, train.precision, train.recompute
     # `dp` below is the ranks a state is sharded over: dp, or dp_shard under hybrid sharding (the replicas hold copies)
-    dp, zero_stage, fsdp_grad_reduce = parallel.shard_size, parallel.zero_stage, parallel.fsdp_grad_reduce
+    layout, fsdp_grad_reduce = parallel.layout, parallel.fsdp_grad_reduce
+    dp, zero_stage = layout.shard_size, layout.zero_stage
     fused_optimizer = fused_norm = hardware.device == "cuda"
     gloo = hardware.backend == "gloo"
     if precision not in tuple(Precision):
@@ -267,7 +268,7 @@ def analytic_peak(
         mbs,
         parallel.tp,
     )
-    bf16, fsdp, full = precision == Precision.bf16, zero_stage >= 2, recompute == Recompute.full
+    bf16, fsdp, full = precision == Precision.bf16, layout.fsdp, recompute == Recompute.full
     psi, t, h, V = s.L * s.block_params + s.root_params, s.t, s.h, s.V  # a rank's part under tensor parallelism
     cu = BF16 if bf16 else FP32  # bytes of a weight's compute copy
 

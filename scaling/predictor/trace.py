@@ -24,6 +24,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from scaling.core.enums import ZeroStage
 from scaling.core.schema import ExperimentConfig
 
 TRACED = "traced"
@@ -293,8 +294,8 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
     t0 = time.perf_counter()
     grad_acc = validate(cfg, host=False).grad_acc
     train, par = cfg.train, cfg.parallel
-    micro_steps = min(grad_acc, MAX_MICRO_STEPS + (par.zero_stage == 2))
-    mbs, dp = train.mbs, par.world_size
+    micro_steps = min(grad_acc, MAX_MICRO_STEPS + (par.zero_stage == ZeroStage.GRADIENTS))
+    mbs, dp = train.mbs, par.layout.world_size
     cpu, cuda = torch.device("cpu"), cfg.hardware.device == "cuda"
     gloo = _gloo_collectives() if cfg.hardware.backend == "gloo" else contextlib.nullcontext()
     with _fake_world(dp), _cuda_kernels() if cuda else contextlib.nullcontext(), gloo:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Optional
 
+from scaling.core.layout import Layout, configuration_name
 from scaling.perf.extrapolation import BAND
 from scaling.recipe.options import PREDICTED, Candidate
 
@@ -50,6 +51,21 @@ class Row:
     versus_full: Optional[dict[str, Any]] = None
     """Where hybrid sharding is run: the best full-sharding option beside it (its tokens/s per GPU and band, and the
     peak memory per rank of both), so the row says by how much hybrid wins and at what memory cost."""
+
+    def place(self, layout: Layout) -> None:
+        """Set the row's layout fields (recipe.json keeps them flat) from `layout`."""
+        self.zero_stage, self.dp, self.dp_shard, self.tp = int(layout.zero_stage), layout.dp, layout.dp_shard, layout.tp
+
+    @property
+    def layout(self) -> Optional[Layout]:
+        """The layout the row runs (None where it has none)."""
+        return None if self.dp is None else Layout(self.zero_stage or 0, self.dp, self.dp_shard, self.tp)
+
+    @property
+    def run(self) -> Optional[str]:
+        """The configuration's one name (scaling.core.layout.configuration_name)."""
+        layout = self.layout
+        return None if layout is None else configuration_name(layout, self.recompute, self.mbs, self.grad_acc)
 
 
 @dataclass
@@ -159,7 +175,8 @@ class Recipe:
             "bootstrap draws (fitted on each candidate's measured points at that mbs, under the network above, with "
             "the run-to-run spread and the model-form terms past the measured dp: docs/dp-extrapolation.md); past "
             "the horizon a row gives no figure and says why (beyond_horizon). "
-            "Ties are configurations whose band reaches the recommended one's figure: equally good within the noise.",
+            "Ties are configurations whose figure lies within the recommended one's band, or whose band holds its "
+            "figure (scaling.core.noise.tied): equally good within the noise.",
             *self.notes,
         ]
 
@@ -174,5 +191,11 @@ def _from(c: Candidate) -> str:
 
 
 def _candidate(fields: dict[str, Any]) -> Candidate:
-    """A candidate as recipe.json holds it (its pairs as lists)."""
-    return Candidate(**{**fields, "mbs_at": tuple(tuple(p) for p in fields.get("mbs_at") or ())})
+    """A candidate as recipe.json holds it (its layout a dict, its pairs as lists)."""
+    return Candidate(
+        **{
+            **fields,
+            "layout": Layout(**fields["layout"]),
+            "mbs_at": tuple(tuple(p) for p in fields.get("mbs_at") or ()),
+        }
+    )

@@ -4,10 +4,10 @@ batch can use.
 
 The lecture notes' recipe: (1) fix the global batch in tokens, (2) fix seq_len, (3) find the largest micro-batch
 that fits one device, (4) take the GPUs you have: grad_acc = gbs / (mbs × dp); when that falls below 1 there are
-more GPUs than the batch can use. Each `Candidate` (a ZeRO stage and a recompute setting with its largest mbs) is
-fitted on its measured records (scaling.perf.extrapolation, under the network source the sweep directory has), and each GPU
-count gets the candidate with the most tokens/s per GPU; candidates whose band reaches the winner's are its ties,
-listed, not ranked. This module decides (inputs in, rows out: scaling.recipe.options, scaling.recipe.answer);
+more GPUs than the batch can use. Each `Candidate` (a parallel layout and a recompute setting with its largest mbs)
+is fitted on its measured records (scaling.perf.extrapolation, under the network source the sweep directory has), and
+each GPU count gets the candidate with the most tokens/s per GPU; candidates tied with it (scaling.core.noise.tied)
+are listed, not ranked. This module decides (inputs in, rows out: scaling.recipe.options, scaling.recipe.answer);
 scaling.recipe.estimate says where each figure comes from, scaling.recipe.render writes it out, and
 scaling.recipe.measure measures what is missing.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
+from scaling.core.noise import tied
 from scaling.perf.knee import DEFAULT_THRESHOLD
 from scaling.recipe.answer import Row
 from scaling.recipe.options import BEYOND_HORIZON, Beyond, Candidate, Estimator, Option, Split, max_useful_gpus
@@ -30,13 +31,12 @@ def best_option(
     options, why, seen = [], [], set()
     beyond: Optional[str] = None
     for c in candidates:
-        dp = c.dp_at(gpus) or 0
-        same = (c.zero_stage, c.recompute, c.shard_at(dp), c.tp, c.mbs_for(gpus))
+        same = (c.at(gpus), c.recompute, c.mbs_for(gpus))
         if same in seen:  # a hybrid candidate whose groups span every rank at this count is its full sharding
             continue
         seen.add(same)
         if c.mbs_for(gpus) < 1:
-            why.append(f"ZeRO-{c.zero_stage} {c.recompute} does not fit at {gpus} GPUs")
+            why.append(f"{c.name} does not fit at {gpus} GPUs")
             continue
         s = c.split_at(gbs_samples, seq_len, gpus)
         if s is None:
@@ -44,10 +44,10 @@ def best_option(
         e = estimate(c, s)
         if isinstance(e, Beyond):
             beyond = beyond or e.reason
-            why.append(f"ZeRO-{c.zero_stage} {c.recompute} past its horizon")
+            why.append(f"{c.name} past its horizon")
             continue
         if e is None:
-            why.append(f"ZeRO-{c.zero_stage} {c.recompute}")
+            why.append(c.name)
             continue
         options.append(Option(c, s, e))
     if not options:
@@ -57,7 +57,10 @@ def best_option(
     ties = [
         o
         for o in options
-        if o is not best and (o.estimate.high >= b.tokens_per_s_per_gpu or b.low <= o.estimate.tokens_per_s_per_gpu)
+        if o is not best
+        and tied(
+            o.estimate.tokens_per_s_per_gpu, o.estimate.low, o.estimate.high, b.tokens_per_s_per_gpu, b.low, b.high
+        )
     ]
     return best, ties, why, beyond
 
@@ -103,7 +106,7 @@ def decide(
     """The rows for the requested GPU counts, the first GPU count past the baseline below `threshold` with its range,
     the baseline (the most tokens/s per GPU at any count: 1 GPU but for a model that only sharding, or recompute,
     fits on few) and its count. Pure: every figure comes from `estimate`."""
-    top = max_useful_gpus(gbs_samples) * max((c.tp for c in candidates), default=1)
+    top = max_useful_gpus(gbs_samples, candidates)
     counts = sorted({*(2**k for k in range(top.bit_length()) if 2**k <= top), *(n for n in gpus if n <= top)})
     baseline = baseline_gpus = None
     for n in counts:  # the most tokens/s per GPU at any count: one device, unless only sharding or recompute fits it
@@ -139,15 +142,9 @@ def decide(
             rows.append(row)
             continue
         c, s, e = best.candidate, best.split, best.estimate
-        row.dp, row.zero_stage, row.mbs, row.grad_acc, row.recompute = (
-            s.gpus,
-            c.zero_stage,
-            s.mbs,
-            s.grad_acc,
-            c.recompute,
-        )
-        row.dp_shard, row.tp = c.shard_at(s.gpus), c.tp
-        row.tp_why = _tp_why(c, candidates, n, gbs_samples, seq_len, estimate) if c.tp > 1 else None
+        row.place(best.layout)
+        row.mbs, row.grad_acc, row.recompute = s.mbs, s.grad_acc, c.recompute
+        row.tp_why = _tp_why(c, candidates, n, gbs_samples, seq_len, estimate) if best.layout.tp > 1 else None
         row.gbs_tokens, row.gbs_exact = s.gbs_tokens, s.exact
         row.tokens_per_s_per_gpu, row.tokens_per_s_per_gpu_low, row.tokens_per_s_per_gpu_high = (
             e.tokens_per_s_per_gpu,
@@ -165,10 +162,9 @@ def decide(
             row.memory_headroom_frac = 1 - peak / capacity_bytes
         row.ties = [
             {
-                "zero_stage": o.candidate.zero_stage,
+                "run": o.name,
+                **o.layout.parallel(),
                 "recompute": o.candidate.recompute,
-                "dp_shard": o.candidate.shard_at(o.split.gpus),
-                "tp": o.candidate.tp,
                 "mbs": o.split.mbs,
                 "grad_acc": o.split.grad_acc,
                 "tokens_per_s_per_gpu": o.estimate.tokens_per_s_per_gpu,
@@ -193,7 +189,7 @@ def decide(
 
 def full_sharding(candidates: Sequence[Candidate]) -> list[Candidate]:
     """The candidates that shard over every rank (none of hybrid sharding)."""
-    return [c for c in candidates if c.dp_shard is None]
+    return [c for c in candidates if not c.layout.hybrid]
 
 
 def _versus_full(
@@ -215,7 +211,7 @@ def _versus_full(
         else (predicted_peak(best.candidate, best.split) if predicted_peak else None)
     )
     return {
-        "run": best.candidate.name,
+        "run": best.name,
         "mbs": best.split.mbs,
         "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
         "low": e.low,
@@ -238,7 +234,7 @@ def knee_of_full_sharding(
     full = full_sharding(candidates)
     if len(full) == len(candidates) or not full or not baseline or baseline_gpus is None:
         return None
-    top = max_useful_gpus(gbs_samples) * max((c.tp for c in candidates), default=1)
+    top = max_useful_gpus(gbs_samples, candidates)
     counts = [2**k for k in range(top.bit_length()) if baseline_gpus <= 2**k <= top]
     return knee(full, gbs_samples, seq_len, counts, estimate, baseline, threshold)[0]
 
@@ -248,10 +244,11 @@ def _tp_why(
 ) -> str:
     """Why a row runs tensor parallelism: the batch has fewer samples than GPUs, no configuration without it fits,
     or it is the fastest there."""
-    plain = [o for o in candidates if o.tp == 1]
+    plain = [o for o in candidates if o.layout.tp == 1]
     if gpus > gbs_samples:
         return (
-            f"the batch's {gbs_samples} samples split over at most {gbs_samples} dp ranks: tp {c.tp} uses {gpus} GPUs"
+            f"the batch's {gbs_samples} samples split over at most {gbs_samples} dp ranks: tp {c.layout.tp} uses "
+            f"{gpus} GPUs"
         )
     if not any(o.mbs_for(gpus) >= 1 for o in plain):
         return f"no configuration without tensor parallelism fits per rank at {gpus} GPUs"

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from scaling.core.enums import Status
+from scaling.core.layout import Layout
 from scaling.core.schema import ExperimentConfig
 from scaling.model.shape import ModelShape
 from scaling.perf.extrapolation import Extrapolation, extrapolate, rate_band, wide_because
@@ -18,14 +19,10 @@ from scaling.recipe.options import EXTRAPOLATED, MEASURED, Beyond, Candidate, Es
 
 def _matches(record: Mapping[str, Any], c: Candidate, mbs: int) -> bool:
     cfg = record["config"]
-    parallel = cfg["parallel"]
     return (
         record.get("status") == Status.OK
-        and parallel["zero_stage"] == c.zero_stage
-        and cfg["train"]["recompute"] == c.recompute
         and cfg["train"]["mbs"] == mbs
-        and parallel.get("dp_shard") == c.shard_at(parallel["dp"])
-        and parallel.get("tp", 1) == c.tp
+        and c.runs(Layout.of(cfg["parallel"]), cfg["train"]["recompute"])
     )
 
 
@@ -36,16 +33,15 @@ def measured_points(records: Sequence[Mapping[str, Any]], c: Candidate, mbs: int
         if _matches(r, c, mbs):
             m = r["metrics"]
             times = tuple(float(t) for t in (m.get("step_times_s") or [m["step_time_s"]]))
-            points[r["config"]["parallel"]["dp"], r["derived"]["grad_acc"]] = Point(
-                r["config"]["parallel"]["dp"], r["derived"]["grad_acc"], times
-            )
+            dp = r["config"]["parallel"]["dp"]
+            points[dp, r["derived"]["grad_acc"]] = Point(dp, r["derived"]["grad_acc"], times)
     return [points[k] for k in sorted(points)]
 
 
 def measured_at(records: Sequence[Mapping[str, Any]], c: Candidate, s: Split) -> Optional[Estimate]:
     """The record of a candidate at exactly this split, as an estimate (its band: the record's noise band)."""
     for r in records:
-        if _matches(r, c, s.mbs) and r["config"]["parallel"]["dp"] == s.gpus and r["derived"]["grad_acc"] == s.grad_acc:
+        if _matches(r, c, s.mbs) and r["config"]["parallel"]["dp"] == s.dp and r["derived"]["grad_acc"] == s.grad_acc:
             m = r["metrics"]
             tps, band = float(m["tokens_per_s_per_gpu"]), float(m.get("noise_band_frac") or 0.0)
             return Estimate(
@@ -69,17 +65,17 @@ class Model:
     source: str
     """The network source's label, or why there is no fit."""
 
-    def estimate(self, gpus: int, grad_acc: int) -> Optional[Estimate | Beyond]:
-        """Tokens/s per GPU at `gpus` and `grad_acc`, nominal and its band over the draws (None: the source has no
+    def estimate(self, dp: int, grad_acc: int) -> Optional[Estimate | Beyond]:
+        """Tokens/s per GPU at `dp` and `grad_acc`, nominal and its band over the draws (None: the source has no
         figures for that many GPUs, or nothing was measured; Beyond: past the extrapolation's horizon)."""
         ex = self.extrapolation
-        if ex is None or not ex.fit.network.reaches(gpus):
+        if ex is None or not ex.fit.network.reaches(self.workload.layout_at(dp).world_size):
             return None
-        if not ex.within(gpus):
+        if not ex.within(dp):
             return Beyond(ex.horizon_reason)
-        step, rate, lo, hi = rate_band(self.workload, ex.fit, ex.draws, gpus, grad_acc)
+        step, rate, lo, hi = rate_band(self.workload, ex.fit, ex.draws, dp, grad_acc)
         measured = ", ".join(str(d) for d in sorted(ex.measured))
-        why = wide_because(self.workload, ex.fit, ex.draws, gpus, grad_acc) if gpus > max(ex.measured) else None
+        why = wide_because(self.workload, ex.fit, ex.draws, dp, grad_acc) if dp > max(ex.measured) else None
         detail = f"{self.source}; fitted on measured dp {measured}" + (f"; {why}" if why else "")
         return Estimate(rate, lo, hi, step, EXTRAPOLATED, detail)
 
@@ -106,7 +102,7 @@ def workload_of(
     `model`: the shape of a model the user brings (counted: scaling.model.custom.build), else `cfg.model`'s."""
     t, p = cfg.train, cfg.parallel
     return Workload(
-        c.zero_stage,
+        c.layout.zero_stage,
         model if model is not None else cfg.model,
         str(t.precision),
         mbs,
@@ -117,8 +113,8 @@ def workload_of(
         c.recompute,
         float(t.grad_clip),
         float(p.bucket_mb),
-        c.dp_shard,
-        c.tp,
+        c.layout.dp_shard,
+        c.layout.tp,
     )
 
 
@@ -135,13 +131,14 @@ class FromRecords:
     n_draws: int = 200
     fallback: Optional[Callable[[Candidate, Split], Optional[Estimate]]] = None
     """The figure of a candidate with no record at the split's mbs (scaling.recipe.predicted.Predicted), or None."""
-    models: dict[tuple[int, str, int], Model] = field(default_factory=dict)
+    models: dict[tuple[Layout, str, int], Model] = field(default_factory=dict)
+    """One fit per candidate (its whole layout and recompute setting: its identity) and mbs."""
 
     def __call__(self, c: Candidate, s: Split) -> Optional[Estimate | Beyond]:
         hit = measured_at(self.records, c, s)
         if hit is not None:
             return hit
-        key = (c.zero_stage, c.recompute, s.mbs)
+        key = (c.layout, c.recompute, s.mbs)
         if key not in self.models:
             points = measured_points(self.records, c, s.mbs)
             self.models[key] = fit_model(
@@ -150,4 +147,4 @@ class FromRecords:
         model = self.models[key]
         if model.extrapolation is None and self.fallback is not None:
             return self.fallback(c, s)
-        return model.estimate(s.gpus, s.grad_acc)
+        return model.estimate(s.dp, s.grad_acc)

@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any, Callable, Optional, Sequence
 
 from scaling.core.enums import Status
+from scaling.core.layout import Layout
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import validate
 from scaling.model.family import checked
@@ -89,7 +90,7 @@ def find_mbs(
     if capacity is None:
         raise ValueError("hardware.memory_gb=null: find-mbs needs a capacity per rank, e.g. hardware.memory_gb=0.02")
     validate(_with_mbs(cfg, 1))
-    checked(cfg.model, cfg.train.seq_len, cfg.parallel.tp)  # the model's contract, as `scaling run` checks it
+    checked(cfg.model, cfg.train.seq_len, cfg.parallel.layout.tp)  # the model's contract, as `scaling run` checks it
     predictions: dict[int, int] = {}
 
     def analytic_fits(m: int) -> bool:
@@ -211,29 +212,28 @@ def largest_mbs_by_gpus(
     counts: Sequence[int],
     max_samples: int,
     traces_in: Optional[str | os.PathLike] = None,
-    dp_shard: Optional[int] = None,
-    tp: int = 1,
+    layout: Optional[Layout] = None,
 ) -> dict[int, int]:
-    """The largest mbs that fits per rank at each GPU count (0: not even mbs=1; at most max_samples // count, the
-    batch's share of a rank), as the pre-screen's predictor says (analytic; a model the user brings, traced in a
-    fake world of that many ranks): a plan for the target hardware, whatever this host could run. `dp_shard`: hybrid
-    sharding where it properly divides the dp ranks; `tp`: each count's GPUs as dp = count / tp ranks of tp (0 where
-    tp does not divide it). Each mbs is judged at grad_acc 2 where the rank's share of the batch leaves room for
+    """The largest mbs that fits per rank at each GPU count (0: not even mbs=1; at most max_samples // dp, the
+    batch's share of a dp rank), as the pre-screen's predictor says (analytic; a model the user brings, traced in a
+    fake world of that many ranks): a plan for the target hardware, whatever this host could run. `layout` (default
+    the config's) is spread over each count (scaling.core.layout.Layout.at: 0 where its degrees do not divide it).
+    Each mbs is judged at grad_acc 2 where the rank's share of the batch leaves room for
     accumulating (its gradients then stay between micro-steps; every grad_acc >= 2 the same): the share itself, run
     without accumulating, is judged so too (a little conservative, and one predicate for the bisection)."""
     cfg = _search_point(cfg)
     capacity = capacity_bytes(cfg.hardware)
     if capacity is None:
         raise ValueError("hardware.memory_gb=null: a fit per rank needs a capacity, e.g. hardware.memory_gb=0.02")
+    template = layout if layout is not None else cfg.parallel.layout
     out, guess = {}, 1
     for n in sorted(set(counts)):
-        if n % tp or n < tp:
+        spread = template.at(n)
+        if spread is None:
             out[n] = 0
             continue
-        dp = n // tp
-        hybrid = dp_shard if dp_shard and dp_shard < dp and dp % dp_shard == 0 else None
-        at = cfg.changed(parallel={"dp": dp, "dp_shard": hybrid, "tp": tp})
-        limit = max_samples // dp
+        at = cfg.changed(parallel=spread.parallel())
+        limit = max_samples // spread.dp
         fits = partial(_fits, at, capacity, traces_in, grad_acc=2 if limit > 1 else 1)
         out[n] = largest_true(fits, guess, limit)
         guess = max(out[n], 1)

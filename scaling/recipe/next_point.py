@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from scaling.core.layout import Layout, configuration_name
 from scaling.recipe.answer import Row
 from scaling.recipe.options import MEASURED, Candidate, Estimate, Estimator, Split, split
 
@@ -38,16 +39,24 @@ class NextMeasurement:
     """The relative half-width of that row's band now, and as the simulation expects it after the measurement."""
     command: Optional[str] = None
     tp: int = 1
+    dp_shard: Optional[int] = None
+
+    @property
+    def layout(self) -> Layout:
+        """The layout of the point to measure."""
+        layout = Layout.over(self.gpus, self.zero_stage, shard_group=self.dp_shard, tp=self.tp)
+        assert layout is not None, f"tp={self.tp} does not divide {self.gpus} GPUs"
+        return layout
 
     def sentence(self) -> str:
-        """`Next measurement: 64 GPUs, ZeRO-3 mbs 1 grad_acc 4 recompute none (one 8-node job, about 0.1
+        """`Next measurement: 64 GPUs, ZeRO-3, mbs 1, grad_acc 4, recompute none (one 8-node job, about 0.1
         device-hours): the 256-GPU band would narrow from ±38% to about ±10%.`"""
         job = f"one {self.nodes}-node job" if self.nodes > 1 else "one job"
+        run = configuration_name(self.layout, self.recompute, self.mbs, self.grad_acc)
         return (
-            f"Next measurement: {self.gpus} GPUs, ZeRO-{self.zero_stage}{f' tp {self.tp}' if self.tp > 1 else ''} mbs "
-            f"{self.mbs} grad_acc {self.grad_acc} "
-            f"recompute {self.recompute} ({job}, about {_hours(self.device_hours)}): the {self.narrows}-GPU band "
-            f"would narrow from ±{self.half_width_now:.0%} to about ±{self.half_width_after:.0%}."
+            f"Next measurement: {self.gpus} GPUs, {run} ({job}, about {_hours(self.device_hours)}): the "
+            f"{self.narrows}-GPU band would narrow from ±{self.half_width_now:.0%} to about "
+            f"±{self.half_width_after:.0%}."
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -67,18 +76,16 @@ def half_width(e: Estimate) -> float:
 def simulated_record(c: Candidate, s: Split, e: Estimate, seq_len: int) -> dict[str, Any]:
     """A record at split `s` whose timed steps are `e`'s nominal step time with the run-to-run spread."""
     times = [e.step_time_s * (1 + d) for d in SIMULATED_SPREAD]
+    layout = c.layout.with_dp(s.dp)
     return {
-        "job_key": f"simulated-z{c.zero_stage}-{c.recompute}-m{s.mbs}-d{s.gpus}",
+        "job_key": f"simulated-{configuration_name(layout, c.recompute, s.mbs, s.grad_acc)}",
         "status": "ok",
-        "config": {
-            "parallel": {"zero_stage": c.zero_stage, "dp": s.gpus, "dp_shard": c.shard_at(s.gpus), "tp": c.tp},
-            "train": {"recompute": c.recompute, "mbs": s.mbs},
-        },
+        "config": {"parallel": layout.parallel(), "train": {"recompute": c.recompute, "mbs": s.mbs}},
         "derived": {"grad_acc": s.grad_acc},
         "metrics": {
             "step_times_s": times,
             "step_time_s": e.step_time_s,
-            "tokens_per_s_per_gpu": s.mbs * s.grad_acc * seq_len / c.tp / e.step_time_s,
+            "tokens_per_s_per_gpu": layout.per_gpu(s.mbs * s.grad_acc * seq_len) / e.step_time_s,
             "noise_band_frac": max(SIMULATED_SPREAD),
             "peak_mem_bytes": None,
         },
@@ -105,21 +112,20 @@ def suggest(
     target = max(
         open_rows, key=lambda r: (r.tokens_per_s_per_gpu_high - r.tokens_per_s_per_gpu_low) / r.tokens_per_s_per_gpu
     )
-    c = next(
-        c
-        for c in candidates
-        if (c.zero_stage, c.recompute, c.tp, c.shard_at(target.dp))
-        == (target.zero_stage, target.recompute, target.tp, target.dp_shard)
-    )
-    at_target = Split(target.dp, target.mbs, target.grad_acc, target.gbs_tokens, bool(target.gbs_exact))
+    layout = target.layout
+    assert layout is not None and target.recompute is not None, "an open row runs a configuration"
+    c = next(c for c in candidates if c.runs(layout, target.recompute))
+    at_target = Split(layout.dp, target.mbs, target.grad_acc, target.gbs_tokens, bool(target.gbs_exact))
     now_estimator = rebuild(list(records))
     now = now_estimator(c, at_target)
     if not isinstance(now, Estimate):
         return None
     counts = sorted({2**k for k in range(target.gpus.bit_length())} | {r.gpus for r in rows})
     best: Optional[NextMeasurement] = None
-    for n in (n for n in counts if n < target.gpus and c.mbs_for(n) >= target.mbs and c.dp_at(n)):
-        s = split(gbs_samples, seq_len, c.dp_at(n), target.mbs)
+    for n, at in ((n, c.at(n)) for n in counts if n < target.gpus and c.mbs_for(n) >= target.mbs):
+        if at is None:
+            continue
+        s = split(gbs_samples, seq_len, at.dp, target.mbs)
         e = now_estimator(c, s) if s is not None and s.mbs == target.mbs else None
         if not isinstance(e, Estimate) or e.source == MEASURED:
             continue
@@ -130,7 +136,7 @@ def suggest(
         seconds = LAUNCH_OVERHEAD_S.get(device, LAUNCH_OVERHEAD_S["cuda"]) + step_count * e.step_time_s
         option = NextMeasurement(
             n,
-            c.zero_stage,
+            int(at.zero_stage),
             c.recompute,
             s.mbs,
             s.grad_acc,
@@ -140,7 +146,8 @@ def suggest(
             half_width(now),
             half_width(after),
             command(c, s) if command else None,
-            c.tp,
+            at.tp,
+            at.dp_shard,
         )
         if best is None or (option.half_width_after, option.device_hours) < (best.half_width_after, best.device_hours):
             best = option

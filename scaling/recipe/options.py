@@ -1,5 +1,5 @@
-"""A recipe's choices: a `Candidate` (a ZeRO stage, a recompute setting and hybrid sharding, with the largest mbs
-that fits per rank at each GPU count), how a GPU count splits the global batch (`split`, `scaling plan`'s rule), and
+"""A recipe's choices: a `Candidate` (a parallel layout and a recompute setting, with the largest mbs that fits per
+rank at each GPU count), how a dp count splits the global batch (`split`, `scaling plan`'s rule), and
 a candidate's figure at a split (`Estimate`: measured, extrapolated or predicted, with its band; `Beyond`: past the
 horizon). scaling.recipe.decide picks among them; scaling.recipe.answer holds what it picked."""
 
@@ -7,19 +7,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from scaling.core.batch import plan
+from scaling.core.layout import Layout, configuration_name
 
 MEASURED, EXTRAPOLATED, PREDICTED, BEYOND_HORIZON = "measured", "extrapolated", "predicted", "beyond_horizon"
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way to train the model: a ZeRO stage and a recompute setting, with the largest mbs that fits per rank at
-    the GPU counts it runs at (sharding makes room as they grow: ZeRO-3 fits a model no one device holds)."""
+    """One way to train the model: a parallel layout and a recompute setting, with the largest mbs that fits per rank
+    at the GPU counts it runs at (sharding makes room as they grow: ZeRO-3 fits a model no one device holds)."""
 
-    zero_stage: int
+    layout: Layout
+    """Its layout at the fewest GPUs it names (scaling.core.layout): the ZeRO stage, tp, and the shard group of
+    hybrid sharding; `at` spreads it over any count."""
     recompute: str
     mbs_max: int
     """The largest mbs at the fewest GPUs it fits on (`fit_gpus`)."""
@@ -28,33 +31,26 @@ class Candidate:
     mbs_at: tuple[tuple[int, int], ...] = ()
     """(GPUs, the largest mbs that fits per rank there; 0: not even mbs=1) at the counts it was judged at, in order;
     empty: mbs_max at every count."""
-    dp_shard: Optional[int] = None
-    """Hybrid sharding: the dp ranks each shard spans wherever it divides their count (None: full sharding)."""
-    tp: int = 1
-    """Tensor parallelism: the GPUs of each dp rank (its block's matmuls split over them); GPUs = dp × tp."""
 
     @property
     def name(self) -> str:
-        """`ZeRO-2, recompute none` (`, sharded over 8` under hybrid sharding, `, tp 2` under tensor parallelism)."""
-        hybrid = f", sharded over {self.dp_shard}" if self.dp_shard else ""
-        return f"ZeRO-{self.zero_stage}, recompute {self.recompute}{hybrid}" + (
-            f", tp {self.tp}" if self.tp > 1 else ""
-        )
+        """`ZeRO-2 (shard over 8), tp 2, recompute none`: its layout's axes and its recompute setting."""
+        return f"{self.layout.kind}, recompute {self.recompute}"
 
-    def shard_at(self, dp: int) -> Optional[int]:
-        """parallel.dp_shard at `dp` ranks: dp_shard where it is a proper divisor, else None (full sharding)."""
-        k = self.dp_shard
-        return k if k and k < dp and dp % k == 0 else None
+    def at(self, gpus: int) -> Optional[Layout]:
+        """Its layout over `gpus` GPUs (None where its model-parallel degrees do not divide them)."""
+        return self.layout.at(gpus)
 
-    def dp_at(self, gpus: int) -> Optional[int]:
-        """The data-parallel ranks at `gpus` GPUs: gpus / tp, None where tp does not divide them."""
-        return gpus // self.tp if gpus >= self.tp and gpus % self.tp == 0 else None
+    def runs(self, layout: Layout, recompute: str) -> bool:
+        """Whether a point of this layout and recompute setting is this candidate's (the one identity the estimator's
+        cache, record matching and the next measurement use)."""
+        return recompute == self.recompute and self.at(layout.world_size) == layout
 
     def split_at(self, gbs_samples: int, seq_len: int, gpus: int) -> Optional[Split]:
         """How the batch splits at `gpus` GPUs over its dp ranks (`split`), at the largest mbs that fits there; None
-        where nothing fits or tp does not divide the count."""
-        dp, mbs = self.dp_at(gpus), self.mbs_for(gpus)
-        return split(gbs_samples, seq_len, dp, mbs) if dp is not None and mbs >= 1 else None
+        where nothing fits or its layout does not divide the count."""
+        layout, mbs = self.at(gpus), self.mbs_for(gpus)
+        return split(gbs_samples, seq_len, layout.dp, mbs) if layout is not None and mbs >= 1 else None
 
     def mbs_for(self, gpus: int) -> int:
         """The largest mbs that fits per rank at `gpus` GPUs: that of the largest count judged at or below it (memory
@@ -71,10 +67,10 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Split:
-    """How `gpus` data-parallel ranks split the global batch: gbs = mbs × grad_acc × gpus samples (under tensor
-    parallelism each rank is tp GPUs)."""
+    """How `dp` data-parallel ranks split the global batch: gbs = mbs × grad_acc × dp samples (each dp rank is the
+    layout's model-parallel GPUs)."""
 
-    gpus: int
+    dp: int
     mbs: int
     grad_acc: int
     gbs_tokens: int
@@ -82,28 +78,29 @@ class Split:
     exact: bool
 
 
-def split(gbs_samples: int, seq_len: int, gpus: int, mbs_max: int) -> Optional[Split]:
-    """The recipe's split at `gpus` GPUs: the largest mbs ≤ mbs_max that leaves grad_acc ≥ 1, grad_acc = gbs /
-    (mbs × gpus) (`scaling plan`'s rule). An mbs down to half of that which splits the batch exactly is preferred
+def split(gbs_samples: int, seq_len: int, dp: int, mbs_max: int) -> Optional[Split]:
+    """The recipe's split over `dp` ranks: the largest mbs ≤ mbs_max that leaves grad_acc ≥ 1, grad_acc = gbs /
+    (mbs × dp) (`scaling plan`'s rule). An mbs down to half of that which splits the batch exactly is preferred
     (mbs 16 × grad_acc 2 over mbs 18 × grad_acc 1.8); otherwise grad_acc is the whole number ≥ 1 whose batch is
     nearest the target, and the split says the batch it makes. None when even mbs=1 leaves grad_acc below 1."""
-    top = min(mbs_max, gbs_samples // gpus)
+    top = min(mbs_max, gbs_samples // dp)
     if top < 1:
         return None
-    mbs = next((m for m in range(top, (top - 1) // 2, -1) if gbs_samples % (m * gpus) == 0), top)
-    p = plan(gbs_samples * seq_len, seq_len, mbs, gpus)
+    mbs = next((m for m in range(top, (top - 1) // 2, -1) if gbs_samples % (m * dp) == 0), top)
+    p = plan(gbs_samples * seq_len, seq_len, mbs, dp)
     if p.grad_acc is not None:
-        return Split(gpus, mbs, p.grad_acc, gbs_samples * seq_len, True)
+        return Split(dp, mbs, p.grad_acc, gbs_samples * seq_len, True)
     ga = min(
         {max(1, math.floor(p.grad_acc_exact)), max(1, math.ceil(p.grad_acc_exact))},
-        key=lambda g: (abs(g * mbs * gpus - gbs_samples), g),
+        key=lambda g: (abs(g * mbs * dp - gbs_samples), g),
     )
-    return Split(gpus, mbs, ga, ga * mbs * gpus * seq_len, False)
+    return Split(dp, mbs, ga, ga * mbs * dp * seq_len, False)
 
 
-def max_useful_gpus(gbs_samples: int) -> int:
-    """The most GPUs the batch can use at all: dp × mbs ≤ gbs at the smallest mbs, 1 (so grad_acc = 1)."""
-    return gbs_samples
+def max_useful_gpus(gbs_samples: int, candidates: Sequence[Candidate] = ()) -> int:
+    """The most GPUs the batch can use at all: one sample per dp rank (mbs 1, grad_acc 1), each dp rank as many GPUs
+    as the widest model-parallel layout among the candidates."""
+    return gbs_samples * max((c.layout.model_parallel for c in candidates), default=1)
 
 
 @dataclass(frozen=True)
@@ -132,11 +129,21 @@ class Beyond:
 
 @dataclass
 class Option:
-    """One candidate at one GPU count: its split and estimate."""
+    """One candidate at one GPU count: its layout there, its split and estimate."""
 
     candidate: Candidate
     split: Split
     estimate: Estimate
+
+    @property
+    def layout(self) -> Layout:
+        """The candidate's layout at the split's dp."""
+        return self.candidate.layout.with_dp(self.split.dp)
+
+    @property
+    def name(self) -> str:
+        """The configuration's one name (scaling.core.layout.configuration_name)."""
+        return configuration_name(self.layout, self.candidate.recompute, self.split.mbs, self.split.grad_acc)
 
 
 Estimator = Callable[[Candidate, Split], "Optional[Estimate | Beyond]"]

@@ -21,8 +21,11 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from scaling.core.enums import Status
+from scaling.core.layout import Layout
 from scaling.core.schema import ExperimentConfig, ModelConfig
+from scaling.engine.peak_flops import configured_peak_flops_per_s
 from scaling.model.family import family_of
+from scaling.model.shape import ModelShape
 from scaling.perf.dp_fit import Fit
 from scaling.perf.extrapolation import WIDE, Draw, ModelForm, model_form, rate_band
 from scaling.perf.mfu_model import MEASURED_SIGMA, FlopsSplit, Measured, MfuModel, Work, conf_points, fit
@@ -30,6 +33,7 @@ from scaling.perf.mfu_model import Estimate as Compute
 from scaling.perf.network import NetworkEstimate
 from scaling.perf.step_model import Workload, scheduled_overlap
 from scaling.recipe.options import PREDICTED, Candidate, Estimate, Split
+from scaling.recipe.request import RecipeRequest
 
 ASSUMED_SPREAD = 0.05
 """The σ (relative) of `--assume-mfu` where the hardware has no MFU model to take the spread from."""
@@ -47,7 +51,7 @@ def own_points(records: Sequence[Mapping[str, Any]], hardware: str) -> list[Meas
         if r.get("status") != Status.OK or (cfg.get("hardware") or {}).get("name") != hardware:
             continue
         t, p = cfg["train"], cfg["parallel"]
-        if p.get("dp") != 1 or p.get("tp", 1) != 1:  # one device running the whole model
+        if Layout.of(p).world_size != 1:  # one device running the whole model
             continue
         split = record_flops(r)
         work = Work(
@@ -120,8 +124,8 @@ class Predicted:
         tokens, and the efficiency of matmuls that narrow, so it is estimated as that micro-step (every layer's
         fixed cost still paid)."""
         w = self.work(c, mbs)
-        if c.tp > 1:
-            w = dataclasses.replace(w, tokens=max(1, w.tokens // c.tp))
+        if c.layout.model_parallel > 1:
+            w = dataclasses.replace(w, tokens=max(1, int(c.layout.per_gpu(w.tokens))))
         fitted = self.model.estimate(w) if self.model is not None else None
         if self.assume_mfu is None and fitted is not None and self.model is not None:
             return fitted, f"{self.model.describe()}; {fitted.distance}"
@@ -134,14 +138,14 @@ class Predicted:
 
     def __call__(self, c: Candidate, s: Split) -> Optional[Estimate]:
         w = self.workload(c, s.mbs)
-        if not self.network.nominal.reaches(s.gpus * c.tp):  # a dp ring tp apart spans the nodes of all its GPUs
+        if not self.network.nominal.reaches(c.layout.with_dp(s.dp).world_size):  # a dp ring tp apart spans them all
             return None
         compute, basis = self.compute(c, s.mbs)
-        scheduled = scheduled_overlap(w, s.gpus, s.grad_acc)
+        scheduled = scheduled_overlap(w, s.dp, s.grad_acc)
         k = self.optimizer_s_per_param
         nominal = Fit(compute.seconds, k, scheduled * (1 - OVERLAP_LOSS / 2), self.network.nominal)
         two_nodes = 2 * (self.network.nominal.devices_per_node or 1)
-        step, rate, lo, hi = rate_band(w, nominal, self._draws(compute, scheduled, two_nodes), s.gpus, s.grad_acc)
+        step, rate, lo, hi = rate_band(w, nominal, self._draws(compute, scheduled, two_nodes), s.dp, s.grad_acc)
         detail = (
             f"nothing measured at this mbs: compute {compute.seconds:.3g} s a micro-step, MFU "
             f"{compute.mfu:.1%} ± {compute.sigma:.0%} from {basis}; overlap {nominal.overlap:.2f} (the engine's "
@@ -150,7 +154,7 @@ class Predicted:
         half = (hi - lo) / 2 / rate
         if half > WIDE:
             widths = {
-                part: _half(rate_band(w, nominal, self._draws(compute, scheduled, two_nodes, part), s.gpus, s.grad_acc))
+                part: _half(rate_band(w, nominal, self._draws(compute, scheduled, two_nodes, part), s.dp, s.grad_acc))
                 for part in UNKNOWNS
             }
             worst = max(widths, key=widths.__getitem__)
@@ -185,3 +189,53 @@ UNKNOWNS = {
 def _half(band: tuple[float, float, float, float]) -> float:
     _, rate, lo, hi = band
     return (hi - lo) / 2 / rate if rate > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class ModelFigures:
+    """What the recipe plans with: the model's parameters and model FLOPs per token (the built-in family's closed
+    form; a model the user brings counted on fake tensors), and the shape its step model is made of."""
+
+    n_params: int
+    flops_per_token: float
+    shape: Optional[ModelShape]
+    """None for the built-in family (the step model derives it from config.model)."""
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> ModelFigures:
+        """Counted once per model and seq_len (a model the user brings: cached); ModelError when a model
+        the user brings breaks the contract."""
+        counted = family_of(cfg.model).counted(cfg.train.seq_len)
+        if not cfg.custom:
+            return cls(counted.n_params, counted.flops_per_token, None)
+        shape = ModelShape.of(cfg.model.name, counted.tensors, counted.n_blocks)
+        return cls(counted.n_params, counted.flops_per_token, shape)
+
+
+def predicted_figures(
+    cfg: ExperimentConfig,
+    workload: Callable[[Candidate, int], Workload],
+    source: Optional[NetworkEstimate],
+    a: RecipeRequest,
+    records: Sequence[Mapping[str, Any]] = (),
+) -> tuple[Optional[Predicted], Optional[str]]:
+    """The predicted figures for candidates with nothing measured (`Predicted`: the hardware's MFU model, fitted to
+    conf/mfu/ and to `records` on that hardware), and a note when there are none: no network figures, no peak
+    FLOP/s, or no MFU model of the hardware and none assumed."""
+    hw, t = cfg.hardware, cfg.train
+    peak = configured_peak_flops_per_s(hw, str(t.precision))
+    if source is None or peak is None:
+        return None, None
+    model = mfu_model(hw.name, str(t.precision), peak, records)
+    if model is None and a.assume_mfu is None:
+        return None, (
+            f"no MFU measured on {hw.name} in {t.precision} (conf/mfu/{hw.name}.yaml, or records at dp=1 here): pass "
+            "--assume-mfu to plan the GPU counts nothing was measured for"
+        )
+    split, seq = flops_split(cfg), t.seq_len
+
+    def work(c: Candidate, mbs: int) -> Work:
+        return Work(split, mbs * seq, c.layout.zero_stage, c.recompute == "full", bool(t.compile), seq)
+
+    optimizer = model.optimizer_s_per_param if model is not None else 0.0
+    return Predicted(workload, work, peak, source, model, a.assume_mfu, optimizer, a.draws), None

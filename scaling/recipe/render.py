@@ -16,7 +16,9 @@ from analysis.dp_scaling import dp_axis
 from analysis.figures import PALETTE, new_figure, themed
 from analysis.sections import Section
 from scaling.core.files import write_json_atomic
+from scaling.core.noise import tied
 from scaling.core.units import format_bytes
+from scaling.perf.knee import stops_paying_off
 from scaling.recipe.answer import RECIPE_JSON, RECIPE_MD, Recipe
 from scaling.recipe.next_point import NextMeasurement
 from scaling.recipe.options import EXTRAPOLATED, MEASURED
@@ -52,9 +54,7 @@ def table(recipe: Recipe) -> list[list[str]]:
                 + ["–", r.reason]
             )
             continue
-        shard = f" (shard over {r.dp_shard})" if r.dp_shard else ""
-        tp = f", tp {r.tp} × dp {r.dp}" if r.tp > 1 else ""
-        run = f"ZeRO-{r.zero_stage}{shard}{tp}, mbs {r.mbs}, grad_acc {r.grad_acc}, recompute {r.recompute}"
+        run = r.run or "–"
         band = f"{_fmt_rate(r.tokens_per_s_per_gpu)} [{_fmt_rate(r.tokens_per_s_per_gpu_low)}, {_fmt_rate(r.tokens_per_s_per_gpu_high)}]"
         batch = f"{r.gbs_tokens:,}" + (
             "" if r.gbs_exact else f" ({100 * (r.gbs_tokens / recipe.gbs_tokens - 1):+.1f}%)"
@@ -75,12 +75,7 @@ def table(recipe: Recipe) -> list[list[str]]:
             if r.memory_headroom_frac is None
             else f"{r.memory_headroom_frac:.0%} (peak {format_bytes(r.peak_mem_bytes)})"
         )
-        ties = "; ".join(
-            f"ZeRO-{t['zero_stage']}{'/' + str(t['dp_shard']) if t.get('dp_shard') else ''}"
-            f"{' tp ' + str(t['tp']) if t.get('tp', 1) > 1 else ''} mbs {t['mbs']} "
-            f"rc {t['recompute']}: {_fmt_rate(t['tokens_per_s_per_gpu'])}"
-            for t in r.ties
-        )
+        ties = "; ".join(f"{t['run']}: {_fmt_rate(t['tokens_per_s_per_gpu'])}" for t in r.ties)
         cells += [headroom, ties or "none"]
         out.append(cells)
     return out
@@ -88,7 +83,6 @@ def table(recipe: Recipe) -> list[list[str]]:
 
 def headline(recipe: Recipe) -> list[str]:
     """The answer in a few sentences: where DP stops paying off and how far the batch reaches."""
-    thr = f"{recipe.threshold:.0%}"
     lo, hi = recipe.dp_stops_paying_off_range
     base = "the best single GPU" if recipe.baseline_gpus in (None, 1) else f"the best on {recipe.baseline_gpus} GPUs"
     if recipe.baseline_tokens_per_s_per_gpu is None:
@@ -97,19 +91,15 @@ def headline(recipe: Recipe) -> list[str]:
             "where data parallelism stops paying off is unknown: run the recipe where devices of this hardware are "
             "at hand, or pass --assume-mfu."
         )
-    elif recipe.dp_stops_paying_off_at is None:
-        stops = (
-            f"Efficiency stays at or above {thr} of {base} up to {recipe.max_useful_gpus} GPUs, the most "
-            "this batch can use"
-            + ("" if hi is None and lo is None else f" (its band dips below {thr} from {lo} GPUs)")
-            + "."
-        )
     else:
-        rng = f"{lo if lo is not None else '?'} to {hi if hi is not None else f'beyond {recipe.max_useful_gpus}'}"
-        stops = (
-            f"Data parallelism stops paying off at {recipe.dp_stops_paying_off_at} GPUs: the first count whose efficiency "
-            f"falls below {thr} of {base} (within the band: {rng} GPUs)."
-        )
+        first, last = recipe.dp_stops_paying_off_at, recipe.max_useful_gpus
+        stops = stops_paying_off(first, recipe.threshold, base, last, lambda n: f"{n} GPUs")
+        if first is None:
+            stops += ", the most this batch can use" + ("" if lo is None else f" (its band dips below from {lo} GPUs)")
+        else:
+            rng = f"{lo if lo is not None else '?'} to {hi if hi is not None else f'beyond {last}'}"
+            stops += f" (within the band: {rng} GPUs)"
+        stops += "."
     nxt = recipe.next_measurement
     full = recipe.dp_stops_paying_off_full
     if full is not None and full != recipe.dp_stops_paying_off_at:
@@ -272,9 +262,17 @@ def hybrid_lines(recipe: Recipe) -> list[str]:
         if r.peak_mem_bytes is not None and v["peak_mem_bytes"] is not None:
             more = r.peak_mem_bytes - v["peak_mem_bytes"]
             memory = f", at {'+' if more >= 0 else '-'}{format_bytes(abs(more))} per rank"
-        verdict = f"beats it by {gain:+.0%}" if gain >= 0.005 else f"is even with it ({gain:+.1%})"
+        even = tied(
+            r.tokens_per_s_per_gpu,
+            r.tokens_per_s_per_gpu_low,
+            r.tokens_per_s_per_gpu_high,
+            v["tokens_per_s_per_gpu"],
+            v["low"],
+            v["high"],
+        )
+        verdict = f"ties with it ({gain:+.1%}, within the bands)" if even else f"beats it by {gain:+.0%}"
         out.append(
-            f"{r.gpus} GPUs: hybrid sharding over {r.dp_shard} against full sharding's best there ({v['run']}, mbs "
-            f"{v['mbs']}: {_fmt_rate(v['tokens_per_s_per_gpu'])}): {verdict} (bands: {lo:+.0%} to {hi:+.0%}){memory}."
+            f"{r.gpus} GPUs: hybrid sharding over {r.dp_shard} against full sharding's best there ({v['run']}: "
+            f"{_fmt_rate(v['tokens_per_s_per_gpu'])}): {verdict} (bands: {lo:+.0%} to {hi:+.0%}){memory}."
         )
     return out

@@ -19,6 +19,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from scaling.core.derived import Derived
 from scaling.core.enums import FINAL, Status
 from scaling.core.files import Reservation, write_json_atomic
 from scaling.core.sample import sampled
@@ -239,8 +240,9 @@ def _total(values: Iterable[Optional[float]]) -> Optional[float]:
 class Record:
     """One experiment point's `result.json`: `to_dict()` is the file, field by field in this order.
 
-    The blocks stay dicts as JSON holds them: `metrics` is written from scaling.store.record_blocks.Metrics, `config` from
-    the schema; derived, predicted and env are open by design (docs/record.md lists their keys).
+    `derived` is typed (scaling.core.derived.Derived, from validation on); the other blocks stay dicts as JSON holds
+    them: `metrics` is written from scaling.store.record_blocks.Metrics, `config` from the schema; predicted and env
+    are open by design (docs/record.md lists their keys).
     """
 
     schema_version: Optional[int] = SCHEMA_VERSION
@@ -255,7 +257,7 @@ class Record:
     """Why the point is not ok, in one line; None when ok."""
     config: dict[str, Any] = field(default_factory=dict)
     """The resolved experiment config: model, train, parallel, hardware (`experiment_config`)."""
-    derived: Optional[dict[str, Any]] = None
+    derived: Optional[Derived] = None
     """Batch arithmetic, parameter count and FLOPs per token; None for an invalid point."""
     metrics: Optional[dict[str, Any]] = None
     """Throughput, efficiency and memory over the ok launches (scaling.job.throughput); None unless ok."""
@@ -270,7 +272,9 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         """The record as result.json holds it."""
-        return plain(dataclasses.asdict(self))
+        out = plain(dataclasses.asdict(dataclasses.replace(self, derived=None)))
+        out["derived"] = self.derived.to_dict() if self.derived is not None else None  # its None fields left out
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Record:
@@ -285,7 +289,7 @@ class Record:
             status=data.get("status"),
             error=data.get("error"),
             config=data.get("config") or {},
-            derived=data.get("derived"),
+            derived=Derived.from_dict(data["derived"]) if data.get("derived") is not None else None,
             metrics=data.get("metrics"),
             repeats=None if repeats is None else [Launch.from_dict(launch) for launch in repeats],
             predicted=data.get("predicted"),

@@ -15,8 +15,9 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from scaling.core.derived import Derived
+from scaling.core.layout import MODEL_PARALLEL, Layout
 from scaling.core.schema import EXPERIMENT_GROUPS, config_fields
-from scaling.store.record_blocks import Derived
 
 TOP_LEVEL = ("status", "error", "job_key", "sweep", "schema_version")
 """Record fields kept under their own names in the run summary."""
@@ -98,17 +99,30 @@ def attempt_of(record: Mapping[str, Any]) -> int:
     return int((record.get("provenance") or {}).get("attempt") or 1)
 
 
+def layout_axes(record: Mapping[str, Any]) -> dict[str, int]:
+    """The record's parallel axes beyond dp and the stage that are not neutral (`tp`, `dp_shard`:
+    scaling.core.layout), so that two layouts never share a name."""
+    layout = Layout.of((record.get("config") or {}).get("parallel") or {})
+    axes = {"dp_shard": layout.dp_shard, **{axis: getattr(layout, axis) for axis in MODEL_PARALLEL}}
+    return {axis: value for axis, value in axes.items() if value not in (None, 1)}
+
+
 def run_name(record: Mapping[str, Any]) -> str:
-    """`tiny seq64 mbs2 ga1 dp2 zero3`, with ` #2` from the second attempt on."""
+    """`tiny seq64 mbs2 ga1 dp2 zero3` (` tp2`, ` dp_shard4` where not neutral), with ` #2` from the second attempt
+    on."""
     short = {"model": "", "seq_len": "seq", "grad_acc": "ga", "zero_stage": "zero"}
     parts = [f"{short.get(axis, axis)}{axis_value(record, axis)}" for axis in AXES]
+    parts += [f"{axis}{value}" for axis, value in layout_axes(record).items()]
     attempt = attempt_of(record)
     return " ".join(parts) + (f" #{attempt}" if attempt > 1 else "")
 
 
 def run_tags(record: Mapping[str, Any]) -> list[str]:
-    """The status and one `axis=value` tag per axis, each cut to W&B's 64 characters."""
-    return [record["status"]] + [f"{axis}={axis_value(record, axis)}"[:TAG_CHARS] for axis in AXES]
+    """The status and one `axis=value` tag per axis (the layout's beyond dp where not neutral), each cut to W&B's 64
+    characters."""
+    tags = [f"{axis}={axis_value(record, axis)}" for axis in AXES]
+    tags += [f"{axis}={value}" for axis, value in layout_axes(record).items()]
+    return [record["status"]] + [tag[:TAG_CHARS] for tag in tags]
 
 
 def run_config(record: Mapping[str, Any]) -> dict[str, Any]:

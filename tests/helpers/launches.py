@@ -3,10 +3,10 @@ their noise (the job writes it through scaling.job.throughput)."""
 
 from __future__ import annotations
 
+from scaling.core.derived import Derived
 from scaling.engine.jobfiles import WorkerReport
 from scaling.engine.peak_flops import PeakFlops
 from scaling.job.throughput import throughput_metrics
-from scaling.store.record_blocks import Derived
 
 DERIVED = Derived(
     gbs=10, gbs_tokens=1000, grad_acc=1, world_size=2, n_params=1000, flops_per_token=6e6, hw_flops_per_token=8e6

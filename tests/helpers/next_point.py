@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from scaling.core.layout import Layout
 from scaling.perf.network_figures import profile_estimate
 from scaling.perf.step_model import Workload
 from scaling.recipe.decide import decide
@@ -45,7 +46,7 @@ def next_point_outcomes(
     truth is measured there (a noisy point, the band refitted)."""
     rng = np.random.default_rng(seed)
     w, gbs, seq = t.workload, t.workload.gbs, t.workload.seq_len
-    c = Candidate(w.zero_stage, w.recompute, w.mbs, "synthetic")
+    c = Candidate(Layout(w.zero_stage), w.recompute, w.mbs, "synthetic")
     records = [record(w, p.dp, p.grad_acc, p.step_times_s) for p in measure(t, measured, rng, steps=8)]
     source = profile_estimate(profile_of(t, rng), t.network.devices_per_node, draws, rng)
 

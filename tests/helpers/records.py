@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from scaling.core.derived import Derived
 from scaling.core.enums import Status
 from scaling.core.files import write_json_atomic
 from scaling.core.schema import ExperimentConfig, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
@@ -146,14 +147,14 @@ def make_record(
         status=status,
         error=errors[status],
         config=config,
-        derived={
-            "n_params": n_params,
-            "flops_per_token": flops_per_token,
-            "gbs": gbs,
-            "gbs_tokens": gbs * seq_len,
-            "grad_acc": grad_acc,
-            "world_size": dp,
-        },
+        derived=Derived(
+            n_params=n_params,
+            flops_per_token=flops_per_token,
+            gbs=gbs,
+            gbs_tokens=gbs * seq_len,
+            grad_acc=grad_acc,
+            world_size=dp,
+        ),
         metrics=metrics,
         repeats=repeats,
         predicted=None
