@@ -225,7 +225,7 @@ def test_a_recipe_of_ones_own_model_measures_once_extrapolates_and_answers_from_
     from analysis.collect import collect
     from analysis.dp_extrapolation import model_of
     from scaling.core.model_group import CustomModel
-    from scaling.model.custom.count import count
+    from scaling.model.family import family_of
     from scaling.model.shape import BLOCK, ROOT
 
     project = tmp_path / "project"
@@ -272,7 +272,7 @@ def test_a_recipe_of_ones_own_model_measures_once_extrapolates_and_answers_from_
     shape = model_of(ok.iloc[0])
     record = json.loads(next(sweep_dir.glob("*/result.json")).read_text())
     monkeypatch.chdir(project)  # the model's module, gpt.py, is the project's
-    counted = count(CustomModel.from_dict(record["config"]["model"]), 32)
+    counted = family_of(CustomModel.from_dict(record["config"]["model"])).counted(32)
     assert [(t.module, t.rows, t.cols) for t in shape.tensors] == [
         (BLOCK if b else ROOT, rows, cols) for _, b, rows, cols in counted.tensors
     ]

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute
 from scaling.core.field_meta import COLUMN, GROUP, NEUTRAL, RUN_ONLY
 from scaling.core.files import CONF_DIR
-from scaling.core.model_group import CustomModel, ModelConfig, is_custom, model_dict
+from scaling.core.model_group import ModelConfig, model_dict, model_of
 
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
 
@@ -258,7 +258,7 @@ class ExperimentConfig:
         if self.model is None:
             self.model = ModelConfig()
         elif isinstance(self.model, Mapping):
-            self.model = CustomModel.from_dict(self.model) if is_custom(self.model) else _built_in(self.model)
+            self.model = model_of(self.model)
 
     def to_dict(self) -> dict[str, Any]:
         """The plain config, for a file or another process (`from_dict` reads it back to an equal config)."""
@@ -272,28 +272,10 @@ class ExperimentConfig:
             for group in EXPERIMENT_GROUPS
         }
 
-    @property
-    def custom(self) -> bool:
-        """Whether the model is one the user brings (not the built-in family)."""
-        return isinstance(self.model, CustomModel)
-
     def changed(self, **groups: Mapping[str, Any]) -> ExperimentConfig:
         """A copy with some fields of some groups set, e.g. `c.changed(train={"mbs": 2}, parallel={"dp": 4})`;
         a field the group lacks raises TypeError."""
         return replace(self, **{group: replace(getattr(self, group), **values) for group, values in groups.items()})
-
-
-def _built_in(values: Mapping[str, Any]) -> ModelConfig:
-    """The built-in family's model config; a key it lacks is named, with the fields it has (a model of the user's own
-    names a `_target_`)."""
-    known = {f.name for f in fields(ModelConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(
-            f"model.{unknown[0]} is not a field of the built-in decoder (model {values.get('name')!r}): its fields are "
-            f"{', '.join(sorted(known))}; a model of your own names its class or factory with _target_"
-        )
-    return ModelConfig(**values)
 
 
 def _build(kind: type, values: Mapping[str, Any]) -> Any:

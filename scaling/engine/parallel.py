@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute
-from scaling.core.model_group import CustomModel, ModelConfig
+from scaling.core.model_group import ModelGroup
 from scaling.core.schema import ParallelConfig, TrainConfig
 from scaling.engine.tensor_parallel import PointMesh, apply_plan, point_mesh
 from scaling.model.family import family_of
@@ -129,7 +129,7 @@ def _shard(model: nn.Module, blocks: list[nn.Module], zero_stage: int, bf16: boo
 
 
 def parallelize(
-    args: ModelConfig | CustomModel,
+    args: ModelGroup,
     train: TrainConfig,
     parallel: ParallelConfig,
     device: torch.device,

@@ -89,6 +89,11 @@ class ModelShape:
         return cls(name, tensors, n_blocks)
 
     @classmethod
+    def cached(cls, name: str, shapes: tuple[tuple[str, bool, int, int], ...], n_blocks: int) -> ModelShape:
+        """`of`, one object per distinct model (what a family's `shape` gives: the caches keyed on it hit)."""
+        return _cached_shape(name, tuple(shapes), n_blocks)
+
+    @classmethod
     def from_record(cls, name: str, tensors: Mapping[str, Sequence[Any]], n_blocks: int) -> ModelShape:
         """The shape a record's derived.model holds: param_tensors (lists `module`, `rows`, `cols`) and n_blocks."""
         try:
@@ -110,6 +115,11 @@ class ModelShape:
         return cls(name, found, int(n_blocks))
 
 
+@functools.lru_cache(maxsize=64)
+def _cached_shape(name: str, shapes: tuple[tuple[str, bool, int, int], ...], n_blocks: int) -> ModelShape:
+    return ModelShape.of(name, shapes, n_blocks)
+
+
 def _shape_key(model: ModelConfig) -> tuple[str, int, int, int, int, int, bool]:
     return (
         model.name,
@@ -124,7 +134,7 @@ def _shape_key(model: ModelConfig) -> tuple[str, int, int, int, int, int, bool]:
 
 @functools.lru_cache(maxsize=64)
 def _builtin_shape(key: tuple[str, int, int, int, int, int, bool]) -> ModelShape:
-    return ModelShape.of(key[0], param_shapes_of(*key[1:]), key[1])
+    return ModelShape.cached(key[0], param_shapes_of(*key[1:]), key[1])
 
 
 def shape_of(model: ModelConfig | ModelShape) -> ModelShape:

@@ -156,10 +156,9 @@ class ModelFigures:
     def of(cls, cfg: ExperimentConfig) -> ModelFigures:
         """Counted once per model and seq_len (a model the user brings: cached); ModelError when a model
         the user brings breaks the contract."""
-        counted = family_of(cfg.model).counted(cfg.train.seq_len)
-        if not cfg.custom:
-            return cls(counted.n_params, counted.flops_per_token, None)
-        shape = ModelShape.of(cfg.model.name, counted.tensors, counted.n_blocks)
+        family = family_of(cfg.model)
+        counted = family.counted(cfg.train.seq_len)
+        shape = None if family.closed_form else family.shape(cfg.train.seq_len)
         return cls(counted.n_params, counted.flops_per_token, shape)
 
 
@@ -273,7 +272,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
 
     def predicted_peak(c: Candidate, s: Any) -> int:
         point = candidate_point(cfg, c, s.mbs, s.gpus, s.grad_acc)
-        if cfg.custom:  # no closed form: traced on fake tensors in a fake world of s.gpus ranks
+        if not family_of(cfg.model).closed_form:  # traced on fake tensors in a fake world of s.gpus ranks
             from scaling.predictor.trace import trace_peak_kept
 
             return trace_peak_kept(point, sweep_dir).peak_mem_bytes
@@ -357,7 +356,8 @@ def _candidates(
     hw = cfg.hardware
     most = gbs_samples * max(tp_degrees(cfg, max(a.gpus)) or [1]) if hw.devices_per_node else gbs_samples
     judged = sorted({*(2**k for k in range(most.bit_length())), *a.gpus, at_hand} & set(range(1, most + 1)))
-    if cfg.custom:  # each count is a trace: only the counts asked for and those at hand
+    closed_form = family_of(cfg.model).closed_form
+    if not closed_form:  # each count is a trace: only the counts asked for and those at hand
         judged = sorted({1, *a.gpus, at_hand} & set(range(1, most + 1)))
     found: list[Candidate] = []
     for zero, recompute, (dp_shard, tp) in (
@@ -370,7 +370,7 @@ def _candidates(
         if fit is None:
             notes.append(f"{name}: not even mbs=1 fits per rank at any GPU count up to {judged[-1]}")
             continue
-        how = f"predicted (analytic{', traced' if cfg.custom else ''}): no {hw.name} device at hand"
+        how = f"predicted (analytic{'' if closed_form else ', traced'}): no {hw.name} device at hand"
         if at_hand >= fit:  # confirmed on the devices at hand, at the fewest GPUs it fits on
             confirmed = find_mbs(
                 base.changed(parallel={"dp": fit}),

@@ -1,0 +1,69 @@
+"""The built-in decoder as a family (scaling.model.spec): built from its `model` config (scaling.core.model_group's
+ModelConfig), counted in closed form (args.py, flops.py), split into its `layers`, sharded by its own TP_PLAN
+(decoder.py). The standard library only until it builds: the driver counts it without torch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from scaling.core.model_group import ModelConfig, ModelGroup
+from scaling.model.llama.args import ModelArgs, param_count, param_shapes
+from scaling.model.llama.flops import flops_per_token, recomputed_flops_per_token
+from scaling.model.shape import Counted, ModelShape, shape_of
+from scaling.model.spec import Family
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+class Llama(Family):
+    """The built-in decoder: closed forms for its counts and its shapes."""
+
+    closed_form = True
+    config: ModelConfig
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.args = ModelArgs.of(config)
+
+    @classmethod
+    def claims(cls, config: ModelGroup) -> bool:
+        return isinstance(config, ModelConfig)
+
+    def sizes(self) -> tuple[Any, Any]:
+        return self.args.vocab_size, self.args.max_seq_len
+
+    def build(self, device: torch.device | str) -> nn.Module:
+        from scaling.model.llama.decoder import Transformer
+
+        return Transformer(self.args, device=device)
+
+    def blocks(self, module: nn.Module) -> list[nn.Module]:
+        return list(module.layers)
+
+    def recompute(self, module: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+        module.set_recompute(True)  # the checkpoint sits inside each block's forward
+        return blocks
+
+    def initialise(self, module: nn.Module, seed: int) -> None:
+        module.init_weights(seed)
+
+    def tp_plan(self) -> dict[str, str]:
+        from scaling.model.llama.decoder import TP_PLAN
+
+        return dict(TP_PLAN)
+
+    def counted(self, seq_len: int) -> Counted:
+        return Counted(
+            n_params=param_count(self.args),
+            flops_per_token=flops_per_token(self.args, seq_len),
+            recomputed_flops_per_token=recomputed_flops_per_token(self.args, seq_len),
+            block="Block",
+            n_blocks=self.args.n_layers,
+            tensors=param_shapes(self.config),
+            source="closed_form",
+        )
+
+    def shape(self, seq_len: int) -> ModelShape:
+        return shape_of(self.config)
