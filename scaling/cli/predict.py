@@ -3,8 +3,8 @@
     scaling predict [--json | --analytic] [overrides]    both breakdowns (analytic and traced), or one
     scaling predict --sweep NAME [--traced] [overrides]  the grid's fit / OOM per point and its forecast
 
-Overrides are those of `scaling run`. Also owns composing one config outside a Hydra job (`compose_config`),
-which `scaling find-mbs` shares. docs/memory.md.
+Overrides are those of `scaling run`, composed outside a Hydra job as `scaling find-mbs` composes them
+(scaling.sweep.compose.compose_config). docs/memory.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What each torchrun rank runs: train a few steps of one experiment point and measure them.
 
-    torchrun --standalone --nproc-per-node=<dp> -m scaling.engine.worker <launch_dir>/config.json
+    torchrun --standalone --nproc-per-node=<world size: dp × tp> -m scaling.engine.worker <launch_dir>/config.json
 
 `measure_point`, read top-down, is a rank's whole job: the device, the process group, the model built for its ZeRO
 stage (scaling.engine.parallel), the warm-up steps (on CPU the last under the memory tracker), the timed steps,

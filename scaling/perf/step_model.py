@@ -27,7 +27,7 @@ BACKWARD_SHARE = {"none": 2 / 3, "full": 3 / 4}
 """Share of a micro-step's compute in backward, by `train.recompute`: twice the forward's FLOPs, and with full
 recomputation the forward once more."""
 EVERY, LAST = "every_micro_step", "last_micro_step"
-"""`parallel.fsdp_grad_reduce` (scaling.core.validate.FSDP_GRAD_REDUCE)."""
+"""`parallel.fsdp_grad_reduce` (scaling.core.enums.FsdpGradReduce)."""
 FORWARD, BACKWARD = "forward", "backward"
 FIRST_MICRO, EACH_MICRO, LAST_MICRO = "the first micro-step", "every micro-step", "the last micro-step"
 # what one call of a collective moves

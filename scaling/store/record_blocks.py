@@ -58,7 +58,7 @@ class Derived:
     grad_acc: int
     """Gradient-accumulation steps (`auto` resolved)."""
     world_size: int
-    """Ranks (devices): dp."""
+    """Ranks (devices): dp × tp (scaling.core.schema.ParallelConfig.world_size)."""
     nnodes: int = field(default=1, metadata=NOT_A_COLUMN)
     """Nodes the ranks span (hardware.devices_per_node)."""
     n_params: int
