@@ -25,7 +25,7 @@ from scaling.recipe.decide import decide
 from scaling.recipe.estimate import FromRecords
 from scaling.recipe.options import Beyond, Candidate, Estimate, Split, max_useful_gpus, split
 from scaling.recipe.render import table
-from tests.helpers.synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of
+from tests.helpers.synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of, shape
 
 SEQ = 4096
 NETWORK = h100_network()
@@ -36,7 +36,7 @@ LLAMA_1B_PARAMS = 1_235_814_400
 
 
 def workload(c: Candidate, mbs: int, gbs: int) -> Workload:
-    return Workload(c.zero_stage, LLAMA_1B, "bf16", mbs, SEQ, gbs, recompute=c.recompute)
+    return Workload(c.zero_stage, shape(LLAMA_1B), "bf16", mbs, SEQ, gbs, recompute=c.recompute)
 
 
 def truth(c: Candidate, mbs: int, gbs: int) -> Truth:
@@ -455,12 +455,13 @@ def test_a_hugging_face_model_is_planned_as_the_built_in_model_of_its_shapes(tmp
 
 
 def test_an_assumed_mfu_sets_the_compute_and_the_mfu_model_its_spread() -> None:
+    from scaling.model.family import family_of
     from scaling.perf.mfu_model import FlopsSplit, Work
     from scaling.perf.network_figures import published_estimate
     from scaling.recipe.predicted import ASSUMED_SPREAD, Predicted, mfu_model
 
     net = published_estimate("h100", 8, 50, np.random.default_rng(0))
-    split_1b = FlopsSplit.of(LLAMA_1B, SEQ)
+    split_1b = FlopsSplit.of(family_of(LLAMA_1B).counted(SEQ))
 
     def work(c: Candidate, mbs: int) -> Work:
         return Work(split_1b, mbs * SEQ, c.zero_stage, False, False, SEQ)

@@ -149,8 +149,8 @@ class ModelFigures:
 
     n_params: int
     flops_per_token: float
-    shape: Optional[ModelShape]
-    """None for the built-in family (the step model derives it from config.model)."""
+    shape: ModelShape
+    """Its parameter tensors and blocks, as its family gives them."""
 
     @classmethod
     def of(cls, cfg: ExperimentConfig) -> ModelFigures:
@@ -158,8 +158,7 @@ class ModelFigures:
         the user brings breaks the contract."""
         family = family_of(cfg.model)
         counted = family.counted(cfg.train.seq_len)
-        shape = None if family.closed_form else family.shape(cfg.train.seq_len)
-        return cls(counted.n_params, counted.flops_per_token, shape)
+        return cls(counted.n_params, counted.flops_per_token, family.shape(cfg.train.seq_len))
 
 
 def network_sizes(

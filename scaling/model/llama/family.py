@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from scaling.core.model_group import ModelConfig, ModelGroup
+from scaling.model.llama import flops
 from scaling.model.llama.args import ModelArgs, param_count, param_shapes
-from scaling.model.llama.flops import flops_per_token, recomputed_flops_per_token
-from scaling.model.shape import Counted, ModelShape, shape_of
+from scaling.model.shape import Counted, ModelShape
 from scaling.model.spec import Family
 
 if TYPE_CHECKING:
@@ -57,8 +57,10 @@ class Llama(Family):
     def counted(self, seq_len: int) -> Counted:
         return Counted(
             n_params=param_count(self.args),
-            flops_per_token=flops_per_token(self.args, seq_len),
-            recomputed_flops_per_token=recomputed_flops_per_token(self.args, seq_len),
+            flops_per_token=flops.flops_per_token(self.args, seq_len),
+            recomputed_flops_per_token=flops.recomputed_flops_per_token(self.args, seq_len),
+            attention_flops_per_token=flops.attention_flops_per_token(self.args, seq_len),
+            recomputed_attention_flops_per_token=flops.recomputed_attention_flops_per_token(self.args, seq_len),
             block="Block",
             n_blocks=self.args.n_layers,
             tensors=param_shapes(self.config),
@@ -66,4 +68,6 @@ class Llama(Family):
         )
 
     def shape(self, seq_len: int) -> ModelShape:
-        return shape_of(self.config)
+        """From its config, whatever the sequence length: the embedding; per block attention_norm, wq, wk, wv, wo,
+        ffn_norm, w1, w3, w2; the final norm; the output unless tied (scaling.model.llama.args.param_shapes)."""
+        return ModelShape.cached(self.config.name, param_shapes(self.config), self.args.n_layers)
