@@ -54,6 +54,10 @@ class ModelConfig:
     tie_embeddings: bool = False
     """Share the token embedding with the output projection (Llama 3.2 1B/3B do)."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """The model as its file says it (the record's `config.model`)."""
+        return asdict(self)
+
     @property
     def grouped_query(self) -> bool:
         """Whether its attention is grouped-query (fewer key/value heads than query heads): the kernels that run it."""
@@ -263,7 +267,7 @@ def model_of(values: Mapping[str, Any]) -> ModelGroup:
 
 def model_dict(model: ModelGroup) -> dict[str, Any]:
     """The plain form of either kind of model config."""
-    return model.to_dict() if isinstance(model, CustomModel) else asdict(model)
+    return model.to_dict()
 
 
 def model_hash(model: ModelGroup) -> str:

@@ -234,7 +234,8 @@ class ExperimentConfig:
     """The primary config: one experiment point and how to run it."""
 
     model: Any = field(default=None, metadata={GROUP: ModelConfig})
-    """ModelConfig (the built-in family) or CustomModel (the user's module or an HF config); None: ModelConfig().
+    """A model config of either kind (scaling.core.model_group.ModelGroup: the built-in family's, or the user's module
+    or an HF config); None: ModelConfig().
     Typed Any for Hydra, so that a model file with `_target_` and its own keys composes; the built-in presets
     take ModelConfig's schema in their defaults list (`/llama_schema@_here_`)."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -281,7 +282,7 @@ class ExperimentConfig:
 def _build(kind: type, values: Mapping[str, Any]) -> Any:
     """The dataclass `kind` of a plain dict, its nested groups (fields made by a dataclass default_factory) built too."""
     nested = {f.name: f.default_factory for f in fields(kind) if is_dataclass(f.default_factory)}
-    # the model group: a mapping that __post_init__ turns into the kind its keys say (ModelConfig or CustomModel)
+    # the model group: a mapping that __post_init__ turns into the kind its keys say (model_group.model_of)
     return kind(
         **{
             name: _build(nested[name], value) if name in nested and isinstance(value, Mapping) else value

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Optional
 
-from scaling.core.model_group import ModelGroup
+from scaling.core.model_group import ModelError, ModelGroup, tp_degrees_dividing
 from scaling.model.shape import Counted, ModelShape
 
 if TYPE_CHECKING:
@@ -102,6 +102,18 @@ class Family(ABC):
     def tp_plan(self) -> dict[str, str]:
         """Tensor parallelism: module-name patterns -> colwise | rowwise | colwise_rep | rowwise_rep | embedding
         (scaling.core.model_group.TP_STYLES); ModelError when the model has none."""
+
+    def check_tp(self, tp: int) -> None:
+        """ModelError when tensor parallelism of degree `tp` cannot run the model: it has no plan (the refusal names
+        the key to add), or the degree does not split one of its heads or widths evenly."""
+        self.tp_plan()
+        widths = self.tp_widths()
+        split = [f"{name}={value}" for name, value in widths.items() if value % tp]
+        if split:
+            raise ModelError(
+                f"parallel.tp={tp} does not divide {', '.join(split)} of model {self.config.name!r}: tensor "
+                f"parallelism splits heads and widths evenly; try tp in {tp_degrees_dividing(widths)}"
+            )
 
 
 def logits_of(out: Any) -> torch.Tensor:

@@ -4,9 +4,10 @@ tensor-parallel plan is its file's `tp_plan`."""
 
 from __future__ import annotations
 
+import fnmatch
 from typing import TYPE_CHECKING, Any, Optional
 
-from scaling.core.model_group import CustomModel, ModelGroup
+from scaling.core.model_group import CustomModel, ModelError, ModelGroup
 from scaling.model.shape import Counted
 from scaling.model.spec import Family
 
@@ -68,3 +69,17 @@ class OwnModule(Family):
         if self.config.tp_plan is None:
             raise no_tp_plan(self.config)
         return dict(self.config.tp_plan)
+
+    def check_tp(self, tp: int) -> None:
+        """As every family, and every pattern of the file's tp_plan names a submodule of the model as built on meta
+        (ModelError naming the patterns that match none and how the submodules are named)."""
+        if self.config.tp_plan is not None:
+            names = [name for name, _ in self.build("meta").named_modules() if name]
+            unmatched = [p for p in self.config.tp_plan if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+            if unmatched:
+                raise ModelError(
+                    f"model.tp_plan: {', '.join(repr(p) for p in unmatched)} matches no submodule of model "
+                    f"{self.config.name!r}; its submodules are named {', '.join(names[:8])}"
+                    f"{', ...' if len(names) > 8 else ''}"
+                )
+        super().check_tp(tp)
