@@ -54,6 +54,10 @@ class Llama(Family):
 
         return dict(TP_PLAN)
 
+    def check_tp(self, tp: int) -> None:
+        """Nothing to build or import: its plan is its own (decoder.TP_PLAN) and the validation checks that the degree
+        splits its heads and widths (scaling.core.model_group.ModelConfig.check_tp)."""
+
     def counted(self, seq_len: int) -> Counted:
         return Counted(
             n_params=param_count(self.args),
