@@ -8,7 +8,6 @@ points under each source), scaling.perf.extrapolation (the extrapolation with it
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 import numpy as np
@@ -17,8 +16,9 @@ from matplotlib.figure import Figure
 
 from analysis.dp_scaling import dp_axis
 from analysis.figures import PALETTE, new_figure, themed
-from scaling.core.schema import ModelConfig
-from scaling.model.shape import ModelShape, param_tensors
+from scaling.core import model_group
+from scaling.model.family import family_of
+from scaling.model.shape import ModelShape
 from scaling.perf.extrapolation import BAND, MAX_DP, Extrapolation, extrapolate
 from scaling.perf.knee import DEFAULT_THRESHOLD
 from scaling.perf.network import TIERS, NetworkEstimate
@@ -50,22 +50,21 @@ def _counted(value: object) -> bool:
     return isinstance(value, Mapping) and len(value.get("rows", ())) > 0
 
 
-def model_of(row: pd.Series) -> ModelConfig | ModelShape:
-    """The model a record trained: a model the user brings from its derived.model.param_tensors, the built-in decoder
-    from its config.model columns (a record without `tie_embeddings` has it read from derived.n_params, which counts
-    a tied output projection once)."""
+def model_of(row: pd.Series) -> ModelShape:
+    """The shape of the model a record trained: a model the user brings's from its derived.model.param_tensors, the
+    built-in decoder's as its family gives it from the config.model columns (a record without `tie_embeddings` has it
+    read from derived.n_params, which counts a tied output projection once)."""
     if _counted(row.get("param_tensors")):
         return ModelShape.from_record(str(row["model"]), row["param_tensors"], int(row["n_blocks"]))
-    shape = {k: int(row[k]) for k in SHAPE}
-    tied = ModelConfig(name=str(row["model"]), tie_embeddings=True, **shape)
+    columns = {"name": str(row["model"]), **{k: int(row[k]) for k in SHAPE}}
+    seq_len = int(row["seq_len"])
     recorded = _setting(row, "tie_embeddings", None)
     if recorded is not None:
-        return replace(tied, tie_embeddings=bool(recorded))
-    return (
-        tied
-        if sum(t.numel for t in param_tensors(tied)) == int(row["n_params"])
-        else replace(tied, tie_embeddings=False)
-    )
+        return family_of(model_group.model_of({**columns, "tie_embeddings": bool(recorded)})).shape(seq_len)
+    tied = family_of(model_group.model_of({**columns, "tie_embeddings": True})).shape(seq_len)
+    if sum(t.numel for t in tied.tensors) == int(row["n_params"]):
+        return tied
+    return family_of(model_group.model_of({**columns, "tie_embeddings": False})).shape(seq_len)
 
 
 def _setting(row: pd.Series, key: str, default: object) -> object:

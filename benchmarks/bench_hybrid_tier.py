@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scaling.core.validate import validate
 from scaling.job.run import derived_block, ranks_config
+from scaling.model.family import family_of
 from scaling.perf.extrapolation import extrapolate, rate_band
 from scaling.perf.network import fit_tiers
 from scaling.perf.network_figures import Profile, profile_estimate
@@ -133,7 +134,7 @@ def workload(dp_shard: Optional[int]) -> Workload:
     """The points' step model (their config, a fixed global batch of 8)."""
     cfg = compose_config([*POINT, "parallel.dp=1"])
     t = cfg.train
-    return Workload(3, cfg.model, str(t.precision), t.mbs, t.seq_len, 8, 1, str(cfg.parallel.fsdp_grad_reduce),
+    return Workload(3, family_of(cfg.model).shape(cfg.train.seq_len), str(t.precision), t.mbs, t.seq_len, 8, 1, str(cfg.parallel.fsdp_grad_reduce),
                     str(t.recompute), float(t.grad_clip), float(cfg.parallel.bucket_mb), dp_shard)  # fmt: skip
 
 

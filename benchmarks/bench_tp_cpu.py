@@ -26,6 +26,7 @@ from pathlib import Path
 
 from scaling.core.validate import validate
 from scaling.job.run import derived_block, ranks_config
+from scaling.model.family import family_of
 from scaling.perf.network import Network, fit_tiers
 from scaling.perf.step_model import Workload, step_collectives, step_time_s
 from scaling.store.record import job_key
@@ -88,7 +89,7 @@ def workload(tp: int, mbs: int, grad_acc: int) -> Workload:
     """The step model's workload of one launch."""
     cfg = compose_config([*POINT, f"parallel.tp={tp}", f"train.mbs={mbs}", f"train.grad_acc={grad_acc}"])
     t = cfg.train
-    return Workload(2, cfg.model, str(t.precision), mbs, SEQ, None, grad_acc, str(cfg.parallel.fsdp_grad_reduce),
+    return Workload(2, family_of(cfg.model).shape(cfg.train.seq_len), str(t.precision), mbs, SEQ, None, grad_acc, str(cfg.parallel.fsdp_grad_reduce),
                     str(t.recompute), float(t.grad_clip), float(cfg.parallel.bucket_mb), None, tp)  # fmt: skip
 
 

@@ -45,6 +45,7 @@ from scaling.core.enums import Status  # noqa: E402
 from scaling.core.schema import ExperimentConfig  # noqa: E402
 from scaling.core.units import GIB  # noqa: E402
 from scaling.core.validate import validate  # noqa: E402
+from scaling.model.family import family_of  # noqa: E402
 from scaling.predictor.analytic import predict_config  # noqa: E402
 from scaling.sweep.compose import compose_config  # noqa: E402
 
@@ -129,7 +130,9 @@ class Check:
             "peak_reserved": m.get("peak_mem_reserved_bytes"),
             "device_used": m.get("device_used_bytes"),
             "build_peak": m.get("build_peak_mem_bytes"),
-            "predicted": predict_config(cfg).total_bytes if predicted is None and not cfg.custom else predicted,
+            "predicted": predict_config(cfg).total_bytes
+            if predicted is None and family_of(cfg.model).closed_form
+            else predicted,
             "flops_per_token": (record.get("derived") or {}).get("flops_per_token"),
             "flops_source": (record.get("derived") or {}).get("flops_source", "closed form"),
             "kernel": env.get("attention_kernel"),
@@ -271,7 +274,7 @@ def part_g(check: Check) -> None:
                 traced = None
                 check.notes.append(f"{what}: no traced prediction ({e})")
             row = check.add("g", run_point(cfg), cfg, predicted=traced)
-            row["analytic"] = None if cfg.custom else predict_config(cfg).total_bytes
+            row["analytic"] = predict_config(cfg).total_bytes if family_of(cfg.model).closed_form else None
             check.expect(row["status"] == Status.OK, f"{what}: {row['status']} {row['error']}")
             check.own.append(row)
 

@@ -22,7 +22,7 @@ from scaling.cli.report import main
 from scaling.perf.network_figures import PROFILE_FILE, save_profile
 from scaling.store.wandb_runs import read_offline_run
 from tests.helpers.records import grid_records, key_of, make_record, write_sweep
-from tests.helpers.synthetic_dp import TRUTHS, profile_of
+from tests.helpers.synthetic_dp import LLAMA_1B, TRUTHS, profile_of
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def _truth_sweep(path, truth, dps, rng):
             memory_gb=80.0,
         )
         r["config"]["hardware"]["devices_per_node"] = 8
-        r["config"]["model"].update(dataclasses.asdict(w.model))
+        r["config"]["model"].update(dataclasses.asdict(LLAMA_1B))  # the truths' model (their workload holds its shape)
         r["job_key"] = key_of(r["config"])
         r["derived"]["n_params"] = w.n_params
         step = float(np.median(times))

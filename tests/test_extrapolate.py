@@ -17,7 +17,7 @@ from analysis.dp_extrapolation import curve_table, plot, summary_table, workload
 from scaling.core.schema import ModelConfig
 from scaling.model.llama.args import ModelArgs, param_count
 from scaling.model.llama.decoder import Transformer
-from scaling.model.shape import ModelShape, param_tensor_count, param_tensors
+from scaling.model.shape import ModelShape
 from scaling.perf.dp_fit import (
     COLUMNS,
     COMPUTE,
@@ -60,8 +60,10 @@ from tests.helpers.synthetic_dp import (
     h100_network,
     llama_1b,
     measure,
+    preset,
     profile_of,
     published_synthetic,
+    shape,
 )
 
 NET = Network({INTRA: AlphaBeta(2e-6, 100e9), INTER: AlphaBeta(10e-6, 10e9)}, 4)
@@ -75,7 +77,7 @@ BWD_EACH, BWD_LAST = Window(BACKWARD, EACH_MICRO), Window(BACKWARD, LAST_MICRO)
 def _w(stage: int, precision: str = "bf16", **settings) -> Workload:
     """SMALL at a global batch of 12 samples of mbs 1, DDP buckets of 1 MiB (6 buckets)."""
     settings = {"gbs": 12, "bucket_mb": 1.0, **settings}
-    return Workload(stage, SMALL, precision, mbs=1, seq_len=64, **settings)
+    return Workload(stage, shape(SMALL), precision, mbs=1, seq_len=64, **settings)
 
 
 def _ring(op: str, n: int, size: float, net: Network = NET) -> float:
@@ -111,20 +113,20 @@ def test_the_parameter_tensors_are_the_decoders(model):
     """param_tensors lists `Transformer.parameters()` shape by shape (two blocks stand for all: they repeat)."""
     two_blocks = dataclasses.replace(model, n_layers=2)
     engine = Transformer(ModelArgs(**dataclasses.asdict(two_blocks)), device="meta")
-    assert [(t.rows, t.cols) for t in param_tensors(two_blocks)] == [
+    assert [(t.rows, t.cols) for t in shape(two_blocks).tensors] == [
         (p.shape[0], p.shape[1] if p.dim() == 2 else 1) for p in engine.parameters()
     ]
-    assert sum(t.numel for t in param_tensors(model)) == param_count(ModelArgs(**dataclasses.asdict(model)))
-    assert param_tensor_count(model) == 9 * model.n_layers + (2 if model.tie_embeddings else 3)
-    assert param_tensor_count(SMALL) == 21 and sum(t.numel for t in param_tensors(SMALL)) == PSI
+    assert sum(t.numel for t in shape(model).tensors) == param_count(ModelArgs(**dataclasses.asdict(model)))
+    assert len(shape(model).tensors) == 9 * model.n_layers + (2 if model.tie_embeddings else 3)
+    assert len(shape(SMALL).tensors) == 21 and sum(t.numel for t in shape(SMALL).tensors) == PSI
 
 
 def _counted_like(model: ModelConfig) -> ModelShape:
     """The shape a record of the model built as a Hugging Face Llama would hold: each block's tensors in HF's order
     (q, k, v, o, gate, up, down, then the two norms), the names gone (derived.model.param_tensors)."""
-    block = [t for t in param_tensors(model) if t.module == "block"][:9]
+    block = [t for t in shape(model).tensors if t.module == "block"][:9]
     hf_order = [block[i] for i in (1, 2, 3, 4, 6, 7, 8, 0, 5)]
-    tensors = [param_tensors(model)[0], *hf_order * model.n_layers, *param_tensors(model)[1 + 9 * model.n_layers :]]
+    tensors = [shape(model).tensors[0], *hf_order * model.n_layers, *shape(model).tensors[1 + 9 * model.n_layers :]]
     record = {
         "module": [t.module for t in tensors],
         "rows": [t.rows for t in tensors],
@@ -142,7 +144,9 @@ def test_a_counted_model_communicates_as_the_built_in_model_of_its_shapes(stage)
     assert counted.n_blocks == SMALL.n_layers and sum(t.numel for t in counted.tensors) == PSI
     for n in (2, 3, 8):
         settings = {"grad_clip": 1.0, "bucket_mb": 25.0}
-        ours, theirs = (Workload(stage, m, "bf16", 1, 64, None, grad_acc=2, **settings) for m in (SMALL, counted))
+        ours, theirs = (
+            Workload(stage, m, "bf16", 1, 64, None, grad_acc=2, **settings) for m in (shape(SMALL), counted)
+        )
         assert step_collectives(theirs, n, 2) == step_collectives(ours, n, 2)
         assert theirs.params_updated(n) == ours.params_updated(n) and theirs.n_params == ours.n_params
 
@@ -172,7 +176,7 @@ def test_ddp_buckets_are_the_reducers(model, bucket_mb, buckets):
     ready = list(reversed(params))
     assigned, _ = dist._compute_bucket_assignment_by_size(ready, [cap, cap])
     sizes = sorted(4 * sum(ready[i].numel() for i in b) for b in assigned)
-    calls = step_collectives(Workload(0, model, "bf16", 1, 64, None, bucket_mb=bucket_mb), 4, 1)
+    calls = step_collectives(Workload(0, shape(model), "bf16", 1, 64, None, bucket_mb=bucket_mb), 4, 1)
     assert sorted(size for c in calls for size in [c.bytes_per_call] * c.count) == sizes
     assert len(sizes) == buckets
 
@@ -246,7 +250,7 @@ def test_each_stage_issues_what_the_engine_does(stage, reduce, clip, expected):
 def test_fsdp_gathers_pad_each_parameter_to_a_multiple_of_dp():
     """dp=3 does not divide SMALL's dims: every parameter's dim 0 is padded to 3·ceil(rows/3) before gathering."""
     issued = _issued(step_collectives(_w(2, "fp32"), 3, 1))
-    padded = sum(3 * -(-t.rows // 3) * t.cols for t in param_tensors(SMALL))
+    padded = sum(3 * -(-t.rows // 3) * t.cols for t in shape(SMALL).tensors)
     assert padded > PSI and issued["all_gather", FWD_FIRST] == (L + 1, 4 * padded)
     assert _w(2).params_updated(3) == padded // 3
 
@@ -396,7 +400,7 @@ def test_noise_free_points_give_back_the_parameters():
     shrinking once it holds the embedding alone); (b)/(c) compute, optimizer and overlap from ZeRO-0 at dp 1-4."""
     truth = Truth(
         "exact",
-        Workload(1, LLAMA_1B, "bf16", 1, 1024, gbs=64),
+        Workload(1, shape(LLAMA_1B), "bf16", 1, 1024, gbs=64),
         NET,
         compute_s=0.05,
         overlap=0.0,
@@ -412,7 +416,7 @@ def test_noise_free_points_give_back_the_parameters():
         assert f.network.tiers[tier].beta_bytes_per_s == pytest.approx(NET.tiers[tier].beta_bytes_per_s, rel=1e-6)
     truth = Truth(
         "overlap",
-        Workload(0, LLAMA_1B, "bf16", 1, 1024, gbs=8),
+        Workload(0, shape(LLAMA_1B), "bf16", 1, 1024, gbs=8),
         NET,
         compute_s=0.05,
         overlap=0.3,
@@ -654,7 +658,7 @@ def test_noise_in_the_timed_steps_widens_the_band():
 def _table(truth: Truth, dps, noise_steps=(1.0, 1.02, 0.98)) -> pd.DataFrame:
     """`dp_scaling.scaling_table` rows of the truth's configuration: config.model.* as collect reads them (no
     tie_embeddings), the settings, derived.n_params."""
-    w, m = truth.workload, truth.workload.model
+    w, m = truth.workload, preset(truth.workload.model.name)
     return pd.DataFrame(
         [
             {
@@ -690,7 +694,7 @@ def _table(truth: Truth, dps, noise_steps=(1.0, 1.02, 0.98)) -> pd.DataFrame:
 def test_a_sweep_table_becomes_a_workload_and_its_points(truth):
     """The model's tensors from config.model (tied embeddings read from n_params), recompute, clipping and buckets."""
     w, points = workload_and_points(_table(truth, [4, 1, 2]))
-    assert param_tensors(w.model) == param_tensors(truth.workload.model)
+    assert w.model.tensors == truth.workload.model.tensors
     assert dataclasses.replace(w, model=truth.workload.model) == truth.workload and [p.dp for p in points] == [1, 2, 4]
     assert points[0].step_times_s == pytest.approx([truth.step_time_s(1) * f for f in (1.0, 1.02, 0.98)])
 
@@ -705,7 +709,7 @@ def test_older_records_read_as_they_were_measured():
     assert w.fsdp_grad_reduce == "last_micro_step" and w.grad_clip == 0.0
     assert workload_and_points(_table(TRUTHS[3], [1, 2]))[0].grad_clip == 1.0
     untied = _table(TRUTHS[0], [1, 2]).assign(n_params=TRUTHS[0].workload.n_params + 128256 * 2048)
-    assert workload_and_points(untied)[0].model.tie_embeddings is False
+    assert "output" in [t.name for t in workload_and_points(untied)[0].model.tensors]  # the untied projection
 
 
 def test_figure_and_table_carry_every_source():

@@ -10,12 +10,12 @@ import math
 
 import pytest
 
+from scaling.core.model_group import ModelError
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import validate
 from scaling.job.run import run_point
 from scaling.model.custom.build import build
-from scaling.model.custom.count import count
-from scaling.model.family import ModelError
+from scaling.model.family import family_of
 from scaling.model.hf.config import read_config
 from scaling.store.record import job_dir, job_key
 from tests.helpers import hf_families as families
@@ -39,7 +39,7 @@ def test_every_family_is_counted_and_checked_or_refused_on_fake_tensors(tmp_path
     assert len(families.CAUSAL) >= 12 and families.MOE and families.TIED and families.SLIDING
     for name in families.CAUSAL:
         model = config_of(name, tmp_path).model
-        counted = count(model, 32)
+        counted = family_of(model).counted(32)
         module, text = build(model, "meta"), read_config(**model.kwargs).text
         closed = families.palm_flops_per_token(module, text, 32)
         assert abs(counted.flops_per_token / closed - 1) <= 0.02, (name, counted.flops_per_token, closed)
@@ -50,7 +50,7 @@ def test_every_family_is_counted_and_checked_or_refused_on_fake_tensors(tmp_path
         assert bool(getattr(text, "sliding_window", None)) == (name in families.SLIDING), name
     for name in families.REFUSED:
         with pytest.raises(ModelError, match=rf"model.hf_config='.*{name}.json' \({name}\) is not a causal decoder: "):
-            count(config_of(name, tmp_path).model, 32)
+            family_of(config_of(name, tmp_path).model).counted(32)
 
 
 def test_gpt2s_own_config_needs_no_key_and_its_n_positions_bounds_the_sequence(tmp_path):
@@ -58,9 +58,9 @@ def test_gpt2s_own_config_needs_no_key_and_its_n_positions_bounds_the_sequence(t
     counted with nothing added by hand, and a longer train.seq_len is refused naming that key and the file."""
     cfg = config_of("gpt2", tmp_path)
     assert cfg.model.max_seq_len is None and validate(cfg).world_size == 1
-    assert count(cfg.model, 32).n_params == 124672
+    assert family_of(cfg.model).counted(32).n_params == 124672
     with pytest.raises(ModelError, match=r"train.seq_len=256 exceeds n_positions of model.hf_config='.*gpt2.json'=128"):
-        count(cfg.model, 256)
+        family_of(cfg.model).counted(256)
 
 
 def test_an_encoder_is_recorded_invalid_before_any_rank_starts(tmp_path):

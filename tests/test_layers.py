@@ -188,3 +188,81 @@ def test_one_module_imports_hydras_private_api(tmp_path: Path) -> None:
     (tmp_path / "scaling").mkdir()
     (tmp_path / "scaling" / "late.py").write_text("def f():\n    from hydra._internal.utils import _run_hydra\n")
     assert private_hydra_importers(tmp_path) == ["scaling/late.py"]
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the project's modules it imports, at its top or inside a function (a lazy import closes a circle
+    all the same)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name and not name.startswith(target + "."):
+                    graph[name].add(target)
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            nxt = next(edges, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+    return circles
+
+
+def test_no_module_imports_itself_through_others(tmp_path: Path) -> None:
+    """No import circle anywhere in the tree (a lazy import inside a function counts); a planted one is found."""
+    assert import_circles(import_graph(REPO)) == []
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "scaling/core/units.py", "a") as f:  # core imports the layout, which now imports core.units
+        f.write("\n\ndef _planted() -> None:\n    import scaling.core.layout  # noqa: F401\n")
+    with open(tmp_path / "scaling/core/layout.py", "a") as f:
+        f.write("\n\ndef _planted() -> None:\n    import scaling.core.units  # noqa: F401\n")
+    assert import_circles(import_graph(tmp_path)) == [["scaling.core.layout", "scaling.core.units"]]

@@ -9,18 +9,19 @@ import numpy as np
 import pytest
 
 from scaling.core.layout import Layout
+from scaling.model.family import family_of
 from scaling.perf.mfu_model import MEASURED_SIGMA, FlopsSplit, Measured, Work, conf_points, fit, preset, with_points
 from scaling.perf.network_figures import published_estimate
 from scaling.perf.step_model import Workload, scheduled_overlap, step_collectives
 from scaling.recipe.options import Candidate, split
-from scaling.recipe.predicted import Predicted, mfu_model, own_points
+from scaling.recipe.predicted import Predicted, counted, mfu_model, own_points
 
 PEAK = 989e12
 SEQ = 4096
 
 
 def _work(model: str, mbs: int, zero: int = 0, seq: int = SEQ) -> Work:
-    return Work(FlopsSplit.of(preset(model), seq), mbs * seq, zero, False, False, seq)
+    return Work(FlopsSplit.of(counted(preset(model), seq)), mbs * seq, zero, False, False, seq)
 
 
 def test_the_mfu_model_is_fitted_on_the_h100_points_and_says_how_far_a_model_lies_from_them():
@@ -42,7 +43,7 @@ def test_its_spread_is_the_band_of_a_predicted_row_on_one_gpu():
     model = mfu_model("h100", "bf16", PEAK, [])
     net = published_estimate("h100", 8, 200, np.random.default_rng(0))
     c = Candidate(Layout(0), "none", 4, "test")
-    w = Workload(0, preset("llama_1b"), "bf16", 4, SEQ, 256)
+    w = Workload(0, family_of(preset("llama_1b")).shape(SEQ), "bf16", 4, SEQ, 256)
     p = Predicted(lambda c, mbs: w, lambda c, mbs: _work("llama_1b", mbs), PEAK, net, model, None, 12e-12, 200)
     e = p(c, split(256, SEQ, 1, 4))
     sigma = model.estimate(_work("llama_1b", 4)).sigma
@@ -60,7 +61,7 @@ def test_a_tensor_parallel_row_past_the_networks_node_gets_no_figure():
     net = NetworkEstimate("profile", "one node", one_node, (one_node,) * 20)
     c = Candidate(Layout(3, tp=2), "none", 1, "test")
     p = Predicted(
-        lambda c, mbs: Workload(3, preset("llama_1b"), "bf16", mbs, SEQ, 256, tp=c.layout.tp),
+        lambda c, mbs: Workload(3, family_of(preset("llama_1b")).shape(SEQ), "bf16", mbs, SEQ, 256, tp=c.layout.tp),
         lambda c, mbs: _work("llama_1b", mbs, 3),
         PEAK,
         net,
@@ -110,8 +111,8 @@ def test_a_predicted_row_is_within_a_quarter_up_to_128_gpus():
         m = preset(name)
         c = Candidate(Layout(zero), "none", mbs, "test")
         predict = Predicted(
-            lambda c, mbs, m=m: Workload(c.layout.zero_stage, m, "bf16", mbs, SEQ, gbs),
-            lambda c, mbs, m=m: Work(FlopsSplit.of(m, SEQ), mbs * SEQ, c.layout.zero_stage, False, False, SEQ),
+            lambda c, mbs, m=m: Workload(c.layout.zero_stage, family_of(m).shape(SEQ), "bf16", mbs, SEQ, gbs),
+            lambda c, mbs, m=m: Work(FlopsSplit.of(counted(m, SEQ)), mbs * SEQ, c.layout.zero_stage, False, False, SEQ),
             PEAK,
             net,
             model,
@@ -126,7 +127,7 @@ def test_a_predicted_row_is_within_a_quarter_up_to_128_gpus():
 
 
 def test_the_engine_schedules_all_but_each_windows_largest_call_behind_compute():
-    w = Workload(3, preset("llama_1b"), "bf16", 1, SEQ, 512)
+    w = Workload(3, family_of(preset("llama_1b")).shape(SEQ), "bf16", 1, SEQ, 512)
     calls = step_collectives(w, 64, 8)
     hidden = [c for c in calls if c.window is not None]
     total = sum(c.count * c.bytes_per_call for c in hidden)
@@ -145,9 +146,9 @@ def test_a_point_is_read_with_its_doubt_and_the_fit_needs_one(tmp_path):
         "name: x\nprecision: bf16\noptimizer_s_per_param: 1.0e-11\n"
         "points:\n  - [llama_1b, 1, 4096, 4, 0, none, false, 0.4, 0.2]\n"
     )
-    points, optimizer, source = conf_points("x", PEAK, tmp_path)
+    points, optimizer, source = conf_points("x", PEAK, tmp_path, counted=counted)
     assert optimizer == 1e-11 and "conf/mfu/x.yaml" in source and points[0].sigma == 0.2
-    assert conf_points("x", PEAK, tmp_path, precision="fp32")[0] == []
+    assert conf_points("x", PEAK, tmp_path, precision="fp32", counted=counted)[0] == []
     with pytest.raises(ValueError, match="no measured point"):
         fit("x", PEAK, [], 0.0)
     one = fit("x", PEAK, [Measured(_work("llama_1b", 4), 1, 0.3, 0.05, "a")], 0.0)

@@ -13,12 +13,13 @@ import textwrap
 import pytest
 import torch
 
-from scaling.core.schema import CustomModel, ExperimentConfig
+from scaling.core.model_group import CustomModel, ModelError
+from scaling.core.schema import ExperimentConfig
 from scaling.engine.data import GlobalBatch, step_batches, to_device
 from scaling.job.run import run_point
 from scaling.model.custom import build as custom_model
 from scaling.model.custom.count import CONTRACT_BATCH
-from scaling.model.family import ModelError, family_of
+from scaling.model.family import family_of
 from scaling.store.record import job_dir, job_key
 from tests.helpers.compose import REPO
 from tests.helpers.own_project import PROJECT

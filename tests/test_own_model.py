@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scaling.core.schema import CONF_DIR, CustomModel, ExperimentConfig
+from scaling.core.model_group import CustomModel
+from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.job.run import run_point
 from scaling.model.custom import build as custom_model
-from scaling.model.custom.count import count as counted_of
+from scaling.model.family import family_of
 from scaling.model.llama import flops
 from scaling.model.llama.args import ModelArgs
 from scaling.store.record import job_dir, job_key
@@ -40,7 +41,7 @@ def test_flops_counted_on_fake_tensors_equal_the_closed_form_on_the_presets(name
     model = CustomModel(
         name=name, target="scaling.model.llama.decoder.decoder", kwargs={k: v for k, v in fields.items() if k != "name"}
     )
-    counted = counted_of(model, seq_len)
+    counted = family_of(model).counted(seq_len)
     closed = flops.flops_per_token(ModelArgs(**fields), seq_len)
     assert abs(counted.flops_per_token / closed - 1) <= 0.01, (counted.flops_per_token, closed)
     assert counted.uncounted_ops == () and counted.block == "Block" and counted.n_blocks == fields["n_layers"]
@@ -137,7 +138,7 @@ def test_only_a_module_of_ones_own_puts_the_working_directory_on_pythonpath(tmp_
 def test_a_forward_that_returns_an_object_with_logits_keeps_the_contract(tmp_path, monkeypatch):
     (tmp_path / "broken.py").write_text(BROKEN)
     monkeypatch.syspath_prepend(str(tmp_path))
-    counted = counted_of(CustomModel(name="wrapped", target="broken.Wrapped", kwargs=SIZES), 16)
+    counted = family_of(CustomModel(name="wrapped", target="broken.Wrapped", kwargs=SIZES)).counted(16)
     assert counted.block == "Linear" and counted.n_blocks == 2 + 1  # the two in its ModuleList, and its head
     assert counted.flops_per_token == 6 * (2 * 8 * 8 + 8 * 64)  # forward and backward of its matmuls
 
@@ -253,13 +254,13 @@ LOADS_ALL_A_BUILD_IMPORTS = """
 import gc, json, sys
 gc.disable()  # what is imported is the question, not how fast
 from scaling.core.schema import ExperimentConfig
-from scaling.model.custom import build as custom_model
+from scaling.model.family import family_of
 new = {}
 for name in sys.argv[1:]:
-    model = ExperimentConfig.from_dict({"model": {"name": name, "hf_config": f"model/{name}.json"}}).model
-    custom_model.load_code(model)
+    family = family_of(ExperimentConfig.from_dict({"model": {"name": name, "hf_config": f"model/{name}.json"}}).model)
+    family.load_code()
     before = set(sys.modules)
-    custom_model.build(model, "meta")
+    family.build("meta")
     new[name] = sorted(set(sys.modules) - before)
 print(json.dumps(new))
 """
@@ -267,7 +268,7 @@ print(json.dumps(new))
 
 @pytest.mark.subprocess
 def test_a_rank_imports_a_models_code_before_its_memory_baseline_so_no_import_is_counted_as_building():
-    """What a rank imports before its resident-memory baseline (`custom_model.load_code`, beside the ZeRO wrappers)
+    """What a rank imports before its resident-memory baseline (the family's `load_code`, beside the ZeRO wrappers)
     is everything the model's build imports: building it afterwards imports no module, in a fresh interpreter.
     Imported during the build instead, transformers' modeling modules were in the record's `build_peak_mem_bytes`
     (97 MB for the 164k-parameter hf_llama_tiny on CPU, 15 MB with them imported first)."""

@@ -26,7 +26,7 @@ from scaling.recipe.decide import decide
 from scaling.recipe.estimate import FromRecords
 from scaling.recipe.options import Beyond, Candidate, Estimate, Split, max_useful_gpus, split
 from scaling.recipe.render import table
-from tests.helpers.synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of
+from tests.helpers.synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of, shape
 
 SEQ = 4096
 NETWORK = h100_network()
@@ -37,7 +37,7 @@ LLAMA_1B_PARAMS = 1_235_814_400
 
 
 def workload(c: Candidate, mbs: int, gbs: int) -> Workload:
-    return Workload(c.layout.zero_stage, LLAMA_1B, "bf16", mbs, SEQ, gbs, recompute=c.recompute)
+    return Workload(c.layout.zero_stage, shape(LLAMA_1B), "bf16", mbs, SEQ, gbs, recompute=c.recompute)
 
 
 def truth(c: Candidate, mbs: int, gbs: int) -> Truth:
@@ -226,7 +226,7 @@ def test_a_recipe_of_ones_own_model_measures_once_extrapolates_and_answers_from_
     from analysis.collect import collect
     from analysis.dp_extrapolation import model_of
     from scaling.core.model_group import CustomModel
-    from scaling.model.custom.count import count
+    from scaling.model.family import family_of
     from scaling.model.shape import BLOCK, ROOT
 
     project = tmp_path / "project"
@@ -273,7 +273,7 @@ def test_a_recipe_of_ones_own_model_measures_once_extrapolates_and_answers_from_
     shape = model_of(ok.iloc[0])
     record = json.loads(next(sweep_dir.glob("*/result.json")).read_text())
     monkeypatch.chdir(project)  # the model's module, gpt.py, is the project's
-    counted = count(CustomModel.from_dict(record["config"]["model"]), 32)
+    counted = family_of(CustomModel.from_dict(record["config"]["model"])).counted(32)
     assert [(t.module, t.rows, t.cols) for t in shape.tensors] == [
         (BLOCK if b else ROOT, rows, cols) for _, b, rows, cols in counted.tensors
     ]
@@ -459,12 +459,13 @@ def test_a_hugging_face_model_is_planned_as_the_built_in_model_of_its_shapes(tmp
 
 
 def test_an_assumed_mfu_sets_the_compute_and_the_mfu_model_its_spread() -> None:
+    from scaling.model.family import family_of
     from scaling.perf.mfu_model import FlopsSplit, Work
     from scaling.perf.network_figures import published_estimate
     from scaling.recipe.predicted import ASSUMED_SPREAD, Predicted, mfu_model
 
     net = published_estimate("h100", 8, 50, np.random.default_rng(0))
-    split_1b = FlopsSplit.of(LLAMA_1B, SEQ)
+    split_1b = FlopsSplit.of(family_of(LLAMA_1B).counted(SEQ))
 
     def work(c: Candidate, mbs: int) -> Work:
         return Work(split_1b, mbs * SEQ, c.layout.zero_stage, False, False, SEQ)
@@ -531,7 +532,7 @@ def test_the_estimators_fits_are_one_per_layout_whatever_the_order_they_are_aske
 
     def workload_of(c: Candidate, m: int) -> Workload:
         layout = c.layout
-        return Workload(layout.zero_stage, LLAMA_1B, "bf16", m, SEQ, gbs, dp_shard=layout.dp_shard, tp=layout.tp)
+        return Workload(layout.zero_stage, shape(LLAMA_1B), "bf16", m, SEQ, gbs, dp_shard=layout.dp_shard, tp=layout.tp)
 
     def measured(c: Candidate, dps: list[int], slower: float) -> list[dict[str, Any]]:
         t = Truth(c.name, workload_of(c, mbs), NETWORK, COMPUTE_S_PER_SAMPLE[3] * mbs * slower, 0.5, ADAMW_S_PER_PARAM)

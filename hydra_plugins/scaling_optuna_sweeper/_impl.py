@@ -27,7 +27,6 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import Trial, TrialState
 
-from scaling.core.model_group import is_custom
 from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, LaunchConfig
 from scaling.model.family import family_of
 from scaling.store.read import RecordError, read_record
@@ -265,11 +264,11 @@ class OptunaSearch(Sweeper):
             return None
         experiment = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS}
         sweep_dir = output_dir(cfg.sweep_dir, cfg.hydra)
-        # The whole experiment, so the point runs the same from the default primary config too; a model of one's
-        # own first by its file (its fields are not the built-in family's, which the default config's model has).
+        # The whole experiment, so the point runs the same from the default primary config too; the model first by
+        # its file (a model of one's own has fields that are not the built-in family's, which the default's has).
         choice = OmegaConf.select(cfg, "hydra.runtime.choices.model", default=None)
-        own = [f"model={choice}"] if choice and is_custom(experiment["model"]) else []
-        run_overrides = own + leaf_overrides({**experiment, "sweep": cfg.sweep, "sweep_dir": sweep_dir})
+        model = [f"model={choice}"] if choice else []
+        run_overrides = model + leaf_overrides({**experiment, "sweep": cfg.sweep, "sweep_dir": sweep_dir})
         point = ExperimentConfig.from_dict(experiment)
         key = job_key(point)
         try:
@@ -282,9 +281,7 @@ class OptunaSearch(Sweeper):
             repeats=OmegaConf.select(cfg, "launch.repeats", default=1),
             prescreen_sample=OmegaConf.select(cfg, "launch.prescreen_sample", default=0.0),
         )
-        code = (
-            family_of(point.model).code() if record is not None and point.custom else None
-        )  # an edited model's failure runs again
+        code = family_of(point.model).code() if record is not None else None  # an edited model's failure runs again
         return ExperimentPoint(run_overrides, record if answers(record, key, launch, code) else None, launch.repeats)
 
     def _check_failures(self, study: Study) -> None:

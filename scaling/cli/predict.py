@@ -3,8 +3,8 @@
     scaling predict [--json | --analytic] [overrides]    both breakdowns (analytic and traced), or one
     scaling predict --sweep NAME [--traced] [overrides]  the grid's fit / OOM per point and its forecast
 
-Overrides are those of `scaling run`. Also owns composing one config outside a Hydra job (`compose_config`),
-which `scaling find-mbs` shares. docs/memory.md.
+Overrides are those of `scaling run`, composed outside a Hydra job as `scaling find-mbs` composes them
+(scaling.sweep.compose.compose_config). docs/memory.md.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Optional
 from scaling.core.schema import ExperimentConfig
 from scaling.core.units import memory_unit
 from scaling.core.validate import InvalidConfig, validate
-from scaling.model.family import checked
+from scaling.model.family import checked, family_of
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
 from scaling.sweep.compose import ComposeError, compose_config
@@ -55,12 +55,13 @@ def _point_line(cfg: ExperimentConfig) -> str:
 def predict_point(cfg: ExperimentConfig, traced: bool = True) -> dict[str, Any]:
     """Both predictions of one point: {capacity_bytes, analytic: {...}, traced: {...} or None}. A model the user
     brings has the traced one only (analytic None), whatever `traced` says."""
+    closed_form = family_of(cfg.model).closed_form
     out: dict[str, Any] = {
         "capacity_bytes": capacity_bytes(cfg.hardware),
-        "analytic": None if cfg.custom else predict_config(cfg).as_dict(),
+        "analytic": predict_config(cfg).as_dict() if closed_form else None,
         "traced": None,
     }
-    if traced or cfg.custom:
+    if traced or not closed_form:
         from scaling.predictor.trace import trace_peak
 
         out["traced"] = trace_peak(cfg).as_dict()

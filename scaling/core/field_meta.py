@@ -6,8 +6,8 @@ NEUTRAL = "neutral"
 COLUMN = "column"
 """The analysis column of a field whose own name would not say what it is (model.name: `model`); None: no column."""
 GROUP = "group"
-"""(A dataclass) of a group field whose default is not a default_factory: the `model` group, which holds either the
-built-in family (ModelConfig) or a model the user brings (CustomModel)."""
+"""(A dataclass) of a group field whose default is not a default_factory: the `model` group, which holds a model
+config of either kind (scaling.core.model_group.ModelGroup)."""
 RUN_ONLY = "run_only"
 """(True) the field says how long or how a point is run (steps, seed, fault), not which configuration it is. It is
 part of the job key all the same; it is never a configuration axis."""

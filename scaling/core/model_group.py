@@ -1,18 +1,30 @@
 """The `model` config group's two kinds, as the schema composes them: the built-in decoder family (ModelConfig) and a
-model the user brings (CustomModel: their module by `_target_`, or a Hugging Face config by `hf_config`).
-Standard library only. Everything else about a model (its module, builder, FLOPs, shape and contract check) is in
-scaling.model, one folder per family."""
+model the user brings (CustomModel: their module by `_target_`, or a Hugging Face config by `hf_config`); `model_of`
+reads either from its plain form. Standard library only. Everything else about a model (its module, builder, FLOPs,
+shape and contract check) is its family's in scaling.model (scaling.model.family picks it)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Protocol, Union
 
 from scaling.core.field_meta import COLUMN
 from scaling.core.files import CONF_DIR
+
+
+class ModelError(ValueError):
+    """A model that cannot be used: one line naming the field, the value and what would be valid."""
+
+
+class Checks(Protocol):
+    """What a model config checks itself with (scaling.core.validate's checker: it collects every problem)."""
+
+    def require(self, ok: bool, message: str) -> bool: ...
+
+    def positive(self, name: str, value: Any, *, allow_none: bool = False, integer: bool = True) -> bool: ...
 
 
 @dataclass
@@ -41,6 +53,51 @@ class ModelConfig:
     """RMSNorm epsilon."""
     tie_embeddings: bool = False
     """Share the token embedding with the output projection (Llama 3.2 1B/3B do)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The model as its file says it (the record's `config.model`)."""
+        return asdict(self)
+
+    @property
+    def grouped_query(self) -> bool:
+        """Whether its attention is grouped-query (fewer key/value heads than query heads): the kernels that run it."""
+        return self.n_kv_heads != self.n_heads
+
+    def check(self, c: Checks) -> None:
+        """Its sizes positive, heads dividing the width into an even head_dim (RoPE), key/value heads dividing heads."""
+        sizes_ok = all(
+            [
+                c.positive(f"model.{k}", getattr(self, k))
+                for k in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "max_seq_len")
+            ]
+        )
+        c.positive("model.rope_theta", self.rope_theta, integer=False)
+        c.positive("model.norm_eps", self.norm_eps, integer=False)
+        if not sizes_ok:
+            return
+        h, heads, kv = self.hidden, self.n_heads, self.n_kv_heads
+        if c.require(
+            h % heads == 0,
+            f"model.n_heads={heads} does not divide model.hidden={h}: try n_heads in "
+            f"{{{', '.join(str(d) for d in range(1, h + 1) if h % d == 0 and (h // d) % 2 == 0)}}}",
+        ):
+            c.require((h // heads) % 2 == 0, f"model.hidden/n_heads = {h // heads} is odd: RoPE needs an even head_dim")
+        c.require(
+            heads % kv == 0,
+            f"model.n_kv_heads={kv} does not divide model.n_heads={heads}: try n_kv_heads in "
+            f"{{{', '.join(str(d) for d in range(1, heads + 1) if heads % d == 0)}}}",
+        )
+
+    def check_tp(self, c: Checks, tp: int) -> None:
+        """Tensor parallelism splits its heads and widths evenly."""
+        widths = {"n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads, "ffn_hidden": self.ffn_hidden}
+        widths["hidden"] = self.hidden
+        split = [f"model.{k}={v}" for k, v in widths.items() if v % tp]
+        c.require(
+            not split,
+            f"parallel.tp={tp} does not divide {', '.join(split)}: tensor parallelism splits heads and widths evenly; "
+            f"try tp in {tp_degrees_dividing(widths)}",
+        )
 
 
 TARGET_KEY = "_target_"
@@ -86,10 +143,43 @@ class CustomModel:
     """Tensor parallelism (parallel.tp > 1): module-name patterns (`layers.*.attn.q`, fnmatch) -> colwise |
     rowwise | colwise_rep | rowwise_rep | embedding (TP_STYLES); null: no plan (a Hugging Face config brings its own)."""
 
+    grouped_query = False
+    """Its attention is its own: what runs it is the model's choice."""
+
     @property
     def source(self) -> str:
         """What builds it: the target's dotted path."""
         return str(self.target)
+
+    def check(self, c: Checks) -> None:
+        """What the driver can check without torch: a dotted target, and the sizes the data needs (the rest is checked
+        on fake tensors by its family: scaling.model.custom.count)."""
+        c.require(
+            isinstance(self.target, str) and "." in self.target,
+            f"model._target_={self.target!r} must be a dotted path to a class or factory, e.g. my_pkg.models.GPT",
+        )
+        for key in ("vocab_size", "max_seq_len"):
+            if self.target == HF_TARGET and self.kwargs.get(key) is None:
+                continue  # a Hugging Face config's own name for it (n_positions) is read through transformers
+            if c.require(
+                key in self.kwargs,
+                f"model.{key} is missing: a model's _target_ ({self.target}) takes vocab_size and max_seq_len among "
+                "its keyword arguments (the data and the validation need both)",
+            ):
+                c.positive(f"model.{key}", self.kwargs[key])
+
+    def check_tp(self, c: Checks, tp: int) -> None:
+        """Tensor parallelism needs a plan (its file's `tp_plan`, or a Hugging Face config's own) in the plan's words."""
+        c.require(
+            self.tp_plan is not None or self.target == HF_TARGET,
+            f"parallel.tp={tp}: model {self.name!r} ({self.source}) has no tensor-parallel plan: give its file a "
+            "tp_plan mapping module-name patterns to colwise or rowwise (docs/own-project.md), or leave tp at 1",
+        )
+        bad = {k: v for k, v in (self.tp_plan or {}).items() if v not in TP_STYLES}
+        c.require(
+            not bad,
+            f"model.tp_plan: {', '.join(f'{k}: {v!r}' for k, v in bad.items())}: a style is one of {', '.join(TP_STYLES)}",
+        )
 
     @property
     def vocab_size(self) -> Any:
@@ -152,17 +242,35 @@ def _hf_arguments(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+ModelGroup = Union[ModelConfig, CustomModel]
+"""A `model` config of either kind."""
+
+
 def is_custom(values: Mapping[str, Any]) -> bool:
     """Whether a model config's plain form is a model the user brings (it names a target or an HF config)."""
     return TARGET_KEY in values or HF_KEY in values
 
 
-def model_dict(model: ModelConfig | CustomModel) -> dict[str, Any]:
+def model_of(values: Mapping[str, Any]) -> ModelGroup:
+    """The typed model config of its plain form (a model file, a record's `config.model`): the kind its keys say."""
+    if is_custom(values):
+        return CustomModel.from_dict(values)
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(
+            f"model.{unknown[0]} is not a field of the built-in decoder (model {values.get('name')!r}): its fields are "
+            f"{', '.join(sorted(known))}; a model of your own names its class or factory with _target_"
+        )
+    return ModelConfig(**values)
+
+
+def model_dict(model: ModelGroup) -> dict[str, Any]:
     """The plain form of either kind of model config."""
-    return model.to_dict() if isinstance(model, CustomModel) else asdict(model)
+    return model.to_dict()
 
 
-def model_hash(model: ModelConfig | CustomModel) -> str:
+def model_hash(model: ModelGroup) -> str:
     """A short hash of a model config (what the record names it by beside its name: two models of one name differ)."""
     canonical = json.dumps(model_dict(model), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]

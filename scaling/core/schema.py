@@ -19,7 +19,7 @@ from scaling.core.enums import FsdpGradReduce, Precision, Recompute
 from scaling.core.field_meta import COLUMN, GROUP, NEUTRAL, RUN_ONLY
 from scaling.core.files import CONF_DIR
 from scaling.core.layout import Layout
-from scaling.core.model_group import CustomModel, ModelConfig, is_custom, model_dict
+from scaling.core.model_group import ModelConfig, model_dict, model_of
 
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
 
@@ -225,7 +225,8 @@ class ExperimentConfig:
     """The primary config: one experiment point and how to run it."""
 
     model: Any = field(default=None, metadata={GROUP: ModelConfig})
-    """ModelConfig (the built-in family) or CustomModel (the user's module or an HF config); None: ModelConfig().
+    """A model config of either kind (scaling.core.model_group.ModelGroup: the built-in family's, or the user's module
+    or an HF config); None: ModelConfig().
     Typed Any for Hydra, so that a model file with `_target_` and its own keys composes; the built-in presets
     take ModelConfig's schema in their defaults list (`/llama_schema@_here_`)."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -249,7 +250,7 @@ class ExperimentConfig:
         if self.model is None:
             self.model = ModelConfig()
         elif isinstance(self.model, Mapping):
-            self.model = CustomModel.from_dict(self.model) if is_custom(self.model) else _built_in(self.model)
+            self.model = model_of(self.model)
 
     def to_dict(self) -> dict[str, Any]:
         """The plain config, for a file or another process (`from_dict` reads it back to an equal config)."""
@@ -263,34 +264,16 @@ class ExperimentConfig:
             for group in EXPERIMENT_GROUPS
         }
 
-    @property
-    def custom(self) -> bool:
-        """Whether the model is one the user brings (not the built-in family)."""
-        return isinstance(self.model, CustomModel)
-
     def changed(self, **groups: Mapping[str, Any]) -> ExperimentConfig:
         """A copy with some fields of some groups set, e.g. `c.changed(train={"mbs": 2}, parallel={"dp": 4})`;
         a field the group lacks raises TypeError."""
         return replace(self, **{group: replace(getattr(self, group), **values) for group, values in groups.items()})
 
 
-def _built_in(values: Mapping[str, Any]) -> ModelConfig:
-    """The built-in family's model config; a key it lacks is named, with the fields it has (a model of the user's own
-    names a `_target_`)."""
-    known = {f.name for f in fields(ModelConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(
-            f"model.{unknown[0]} is not a field of the built-in decoder (model {values.get('name')!r}): its fields are "
-            f"{', '.join(sorted(known))}; a model of your own names its class or factory with _target_"
-        )
-    return ModelConfig(**values)
-
-
 def _build(kind: type, values: Mapping[str, Any]) -> Any:
     """The dataclass `kind` of a plain dict, its nested groups (fields made by a dataclass default_factory) built too."""
     nested = {f.name: f.default_factory for f in fields(kind) if is_dataclass(f.default_factory)}
-    # the model group: a mapping that __post_init__ turns into the kind its keys say (ModelConfig or CustomModel)
+    # the model group: a mapping that __post_init__ turns into the kind its keys say (model_group.model_of)
     return kind(
         **{
             name: _build(nested[name], value) if name in nested and isinstance(value, Mapping) else value

@@ -20,12 +20,9 @@ from scaling.core.batch import (
 from scaling.core.derived import Derived
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.core.host import usable_cores as host_cores
-from scaling.core.model_group import HF_TARGET, TP_STYLES, tp_degrees_dividing
 from scaling.core.schema import (
-    CustomModel,
     ExperimentConfig,
     HardwareConfig,
-    ModelConfig,
     ParallelConfig,
     TrainConfig,
 )
@@ -74,49 +71,6 @@ class _Checker:
         return self.require(
             value in valid, f"{name}={value!r} is not valid: choose one of {', '.join(map(str, valid))}"
         )
-
-
-def _check_model(c: _Checker, m: ModelConfig) -> None:
-    sizes_ok = all(
-        [
-            c.positive(f"model.{k}", getattr(m, k))
-            for k in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "max_seq_len")
-        ]
-    )
-    c.positive("model.rope_theta", m.rope_theta, integer=False)
-    c.positive("model.norm_eps", m.norm_eps, integer=False)
-    if not sizes_ok:
-        return
-    h, heads, kv = m.hidden, m.n_heads, m.n_kv_heads
-    if c.require(
-        h % heads == 0,
-        f"model.n_heads={heads} does not divide model.hidden={h}: try n_heads in "
-        f"{{{', '.join(str(d) for d in range(1, h + 1) if h % d == 0 and (h // d) % 2 == 0)}}}",
-    ):
-        c.require((h // heads) % 2 == 0, f"model.hidden/n_heads = {h // heads} is odd: RoPE needs an even head_dim")
-    c.require(
-        heads % kv == 0,
-        f"model.n_kv_heads={kv} does not divide model.n_heads={heads}: try n_kv_heads in "
-        f"{{{', '.join(str(d) for d in range(1, heads + 1) if heads % d == 0)}}}",
-    )
-
-
-def _check_custom_model(c: _Checker, m: CustomModel) -> None:
-    """What the driver can check without torch: a dotted target, and the sizes the data needs (the rest is checked on
-    fake tensors: scaling.model.custom.count)."""
-    c.require(
-        isinstance(m.target, str) and "." in m.target,
-        f"model._target_={m.target!r} must be a dotted path to a class or factory, e.g. my_pkg.models.GPT",
-    )
-    for key in ("vocab_size", "max_seq_len"):
-        if m.target == HF_TARGET and m.kwargs.get(key) is None:
-            continue  # a Hugging Face config's own name for it (n_positions) is read through transformers on fake tensors
-        if c.require(
-            key in m.kwargs,
-            f"model.{key} is missing: a model's _target_ ({m.target}) takes vocab_size and max_seq_len among its "
-            "keyword arguments (the data and the validation need both)",
-        ):
-            c.positive(f"model.{key}", m.kwargs[key])
 
 
 def _check_train(c: _Checker, t: TrainConfig, max_seq_len: Any) -> None:
@@ -201,25 +155,7 @@ def _check_tp(c: _Checker, cfg: ExperimentConfig) -> None:
             f"parallel.tp={tp}: a tensor-parallel group stays within a node of hardware.devices_per_node={per_node}: "
             f"try tp in {{{', '.join(str(d) for d in range(1, per_node + 1) if per_node % d == 0)}}}",
         )
-    if isinstance(m, CustomModel):
-        c.require(
-            m.tp_plan is not None or m.target == HF_TARGET,
-            f"parallel.tp={tp}: model {m.name!r} ({m.source}) has no tensor-parallel plan: give its file a tp_plan "
-            "mapping module-name patterns to colwise or rowwise (docs/own-project.md), or leave tp at 1",
-        )
-        bad = {k: v for k, v in (m.tp_plan or {}).items() if v not in TP_STYLES}
-        c.require(
-            not bad,
-            f"model.tp_plan: {', '.join(f'{k}: {v!r}' for k, v in bad.items())}: a style is one of {', '.join(TP_STYLES)}",
-        )
-        return
-    widths = {"n_heads": m.n_heads, "n_kv_heads": m.n_kv_heads, "ffn_hidden": m.ffn_hidden, "hidden": m.hidden}
-    split = [f"model.{k}={v}" for k, v in widths.items() if v % tp]
-    c.require(
-        not split,
-        f"parallel.tp={tp} does not divide {', '.join(split)}: tensor parallelism splits heads and widths evenly; "
-        f"try tp in {tp_degrees_dividing(widths)}",
-    )
+    m.check_tp(c, tp)
 
 
 def _check_hardware(c: _Checker, hw: HardwareConfig, precision: Any) -> None:
@@ -242,9 +178,7 @@ def _check_hardware(c: _Checker, hw: HardwareConfig, precision: Any) -> None:
 def _check_kernels(c: _Checker, cfg: ExperimentConfig) -> None:
     """CUDA runs attention only on fused kernels (scaling.engine.kernels): refuse what none of them runs."""
     m, precision = cfg.model, cfg.train.precision
-    if isinstance(m, CustomModel):  # its attention is its own: what runs it is the model's choice
-        return
-    if cfg.hardware.device == "cuda" and precision == Precision.fp32 and m.n_kv_heads != m.n_heads:
+    if cfg.hardware.device == "cuda" and precision == Precision.fp32 and m.grouped_query:
         c.errors.append(
             f"train.precision=fp32 on hardware.device=cuda with grouped-query attention (model.n_kv_heads="
             f"{m.n_kv_heads} < model.n_heads={m.n_heads}): no fused attention kernel runs it in fp32 (flash "
@@ -326,10 +260,7 @@ def validate(cfg: ExperimentConfig, usable_cores: Optional[int] = None, host: bo
     a point that may run elsewhere, pass host=False.
     """
     c = _Checker()
-    if isinstance(cfg.model, CustomModel):
-        _check_custom_model(c, cfg.model)
-    else:
-        _check_model(c, cfg.model)
+    cfg.model.check(c)  # its kind's own checks (scaling.core.model_group)
     _check_train(c, cfg.train, cfg.model.max_seq_len)
     _check_parallel(c, cfg.parallel, cfg.hardware.devices_per_node)
     if cfg.parallel.tp != 1 and c.positive("parallel.tp", cfg.parallel.tp):

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.core.layout import Layout
-from scaling.core.model_group import CustomModel, ModelConfig
+from scaling.core.model_group import ModelGroup
 from scaling.core.schema import ParallelConfig, TrainConfig
 from scaling.engine.tensor_parallel import PointMesh, apply_plan, point_mesh
 from scaling.model.family import family_of
@@ -132,7 +132,7 @@ def _shard(model: nn.Module, blocks: list[nn.Module], zero_stage: ZeroStage, bf1
 
 
 def parallelize(
-    args: ModelConfig | CustomModel,
+    args: ModelGroup,
     train: TrainConfig,
     parallel: ParallelConfig,
     device: torch.device,

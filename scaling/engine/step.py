@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from scaling.engine.data import to_device
 from scaling.engine.parallel import Parallelized
-from scaling.model.custom.build import logits_of
+from scaling.model.spec import logits_of
 
 
 def train_step(

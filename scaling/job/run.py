@@ -344,7 +344,7 @@ def derived_block(c: ExperimentConfig, derived: Derived) -> Derived:
     block = derived.counted(
         counted.n_params, counted.flops_per_token, counted.hw_flops_per_token(c.train.recompute == "full")
     )
-    if c.custom:
+    if not family_of(c.model).closed_form:  # counted: its record keeps its shape (derived.model)
         block.flops_source, block.uncounted_ops = counted.source, list(counted.uncounted_ops)
         block.model = DerivedModel(
             name=c.model.name,

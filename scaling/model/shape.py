@@ -1,9 +1,9 @@
 """A model's shape as the performance model sees it: its parameter tensors in `parameters()` order and its blocks,
 from which DDP's buckets, ZeroRedundancyOptimizer's partition and FSDP2's per-module messages follow.
 
-The built-in family's follow from its config (scaling.model.llama.args.param_shapes_of); a model the user brings has
-them counted on the fake module its FLOP count builds (scaling.model.custom.count), and its record keeps them
-(derived.model.param_tensors). The standard library only.
+A family gives them (scaling.model.spec.Family.shape): the built-in one from its config
+(scaling.model.llama.args.param_shapes), a model the user brings counted on the fake module its FLOP count builds
+(scaling.model.custom.count), and its record keeps them (derived.model.param_tensors). The standard library only.
 """
 
 from __future__ import annotations
@@ -11,9 +11,6 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
-
-from scaling.core.schema import ModelConfig
-from scaling.model.llama.args import param_shapes_of
 
 ROOT, BLOCK = "root", "block"
 """The FSDP2 module a parameter tensor belongs to: the root (embedding, final norm, output: what is in no block) or a
@@ -31,6 +28,10 @@ class Counted:
     """Model FLOPs (forward and backward) per token: the numerator of MFU."""
     recomputed_flops_per_token: float
     """What full recomputation adds per token (the numerator of HFU is their sum)."""
+    attention_flops_per_token: float = 0.0
+    """The attention scores' share of flops_per_token (0: not told apart from the matmuls, as counted)."""
+    recomputed_attention_flops_per_token: float = 0.0
+    """The attention's share of recomputed_flops_per_token (0: not told apart)."""
     uncounted_ops: tuple[str, ...] = ()
     """Operators that look like matmuls but that the counter has no formula for (their FLOPs are missing)."""
     block: str
@@ -73,9 +74,8 @@ class ParamTensor:
 @dataclass(frozen=True, eq=False)
 class ModelShape:
     """What the step model needs of a model: its parameter tensors in `parameters()` order and its blocks (FSDP2's
-    modules). The built-in family's follow from its config (`shape_of`); a model the user brings has them counted on
-    fake tensors (scaling.model.custom.count) and written in its record (`from_record`). Compared by identity: one
-    object per model (cached), so the caches below key on it cheaply."""
+    modules), as its family gives them (`cached`) or its record keeps them (`from_record`). Compared by identity: one
+    object per model (cached), so the caches that key on it do so cheaply."""
 
     name: str
     tensors: tuple[ParamTensor, ...]
@@ -87,6 +87,11 @@ class ModelShape:
         `param_shapes_of`, a family's `Counted.tensors`."""
         tensors = tuple(ParamTensor(t, BLOCK if in_block else ROOT, rows, cols) for t, in_block, rows, cols in shapes)
         return cls(name, tensors, n_blocks)
+
+    @classmethod
+    def cached(cls, name: str, shapes: tuple[tuple[str, bool, int, int], ...], n_blocks: int) -> ModelShape:
+        """`of`, one object per distinct model (what a family's `shape` gives: the caches keyed on it hit)."""
+        return _cached_shape(name, tuple(shapes), n_blocks)
 
     @classmethod
     def from_record(cls, name: str, tensors: Mapping[str, Sequence[Any]], n_blocks: int) -> ModelShape:
@@ -110,34 +115,6 @@ class ModelShape:
         return cls(name, found, int(n_blocks))
 
 
-def _shape_key(model: ModelConfig) -> tuple[str, int, int, int, int, int, bool]:
-    return (
-        model.name,
-        model.n_layers,
-        model.hidden,
-        model.n_kv_heads * (model.hidden // model.n_heads),
-        model.ffn_hidden,
-        model.vocab_size,
-        bool(model.tie_embeddings),
-    )
-
-
 @functools.lru_cache(maxsize=64)
-def _builtin_shape(key: tuple[str, int, int, int, int, int, bool]) -> ModelShape:
-    return ModelShape.of(key[0], param_shapes_of(*key[1:]), key[1])
-
-
-def shape_of(model: ModelConfig | ModelShape) -> ModelShape:
-    """The parameter tensors and blocks of a model: a ModelShape as it is, the built-in family's from its config."""
-    return model if isinstance(model, ModelShape) else _builtin_shape(_shape_key(model))
-
-
-def param_tensors(model: ModelConfig | ModelShape) -> tuple[ParamTensor, ...]:
-    """The model's parameter tensors in `parameters()` order; the built-in decoder's (scaling.model.llama.decoder): the
-    embedding; per block attention_norm, wq, wk, wv, wo, ffn_norm, w1, w3, w2; the final norm; the output unless tied."""
-    return shape_of(model).tensors
-
-
-def param_tensor_count(model: ModelConfig | ModelShape) -> int:
-    """Parameter tensors of the model (the built-in decoder: 9 per block, embedding, final norm, untied output)."""
-    return len(param_tensors(model))
+def _cached_shape(name: str, shapes: tuple[tuple[str, bool, int, int], ...], n_blocks: int) -> ModelShape:
+    return ModelShape.of(name, shapes, n_blocks)

@@ -17,14 +17,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
-from scaling.core.schema import ModelConfig, config_dirs
-from scaling.model.llama.args import ModelArgs, block_matmul_param_count, matmul_param_count, param_count
+from scaling.core.model_group import ModelGroup, model_of
+from scaling.core.schema import config_dirs
+from scaling.model.shape import Counted
 
 PARAMS = ("eta", "overhead_s", "compile_speedup", "attention_ratio")
 PRIORS = {
@@ -70,23 +71,21 @@ class FlopsSplit:
         )
 
     @classmethod
-    def of(cls, model: ModelConfig, seq_len: int) -> FlopsSplit:
-        """The built-in decoder's split in closed form (scaling.model.llama.flops)."""
-        a = ModelArgs.of(model)
-        recomputed = block_matmul_param_count(a) - a.n_layers * a.hidden * a.ffn_hidden
-        return cls(
-            6.0 * matmul_param_count(a),
-            12.0 * a.n_layers * a.hidden * seq_len,
-            2.0 * recomputed,
-            4.0 * a.n_layers * a.hidden * seq_len,
-            a.n_layers,
-            param_count(a),
+    def of(cls, counted: Counted) -> FlopsSplit:
+        """A model's split as its family counts it (scaling.model.spec.Family.counted): the built-in decoder's in
+        closed form, a counted model's with its attention not told apart from its matmuls."""
+        attention, recomputed_attention = (
+            counted.attention_flops_per_token,
+            counted.recomputed_attention_flops_per_token,
         )
-
-    @classmethod
-    def counted(cls, flops_per_token: float, recomputed: float, layers: int, n_params: int) -> FlopsSplit:
-        """A model the user brings, counted on fake tensors: its attention not told apart from its matmuls."""
-        return cls(flops_per_token, 0.0, recomputed, 0.0, layers, n_params)
+        return cls(
+            counted.flops_per_token - attention,
+            attention,
+            counted.recomputed_flops_per_token - recomputed_attention,
+            recomputed_attention,
+            counted.n_blocks,
+            counted.n_params,
+        )
 
 
 @dataclass(frozen=True)
@@ -227,13 +226,13 @@ def fit(hardware: str, peak: float, points: Sequence[Measured], optimizer_s_per_
     return MfuModel(hardware, peak, optimizer_s_per_param, res.x, cov, tuple(points))
 
 
-def preset(name: str) -> ModelConfig:
+def preset(name: str) -> ModelGroup:
     """A model preset of the `model` config group by name (conf/model/<name>.yaml, the project's own first)."""
     path = next((p for p in (d / "model" / f"{name}.yaml" for d in config_dirs()) if p.is_file()), None)
     if path is None:
         raise ValueError(f"model={name}: no conf/model/{name}.yaml to read the shapes of a point from")
-    doc = yaml.safe_load(path.read_text()) or {}
-    return ModelConfig(**{k: v for k, v in doc.items() if k in ModelConfig.__dataclass_fields__})
+    doc: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    return model_of({k: v for k, v in doc.items() if k != "defaults"})
 
 
 POINT_FIELDS = ("model", "n_params", "seq_len", "mbs", "zero_stage", "recompute", "compile", "mfu", "spread")
@@ -242,12 +241,17 @@ POINT_FIELDS = ("model", "n_params", "seq_len", "mbs", "zero_stage", "recompute"
 
 
 def conf_points(
-    hardware: str, peak: float, conf_dir: Optional[Path] = None, precision: str = "bf16"
+    hardware: str,
+    peak: float,
+    conf_dir: Optional[Path] = None,
+    precision: str = "bf16",
+    *,
+    counted: Callable[[ModelGroup, int], Counted],
 ) -> tuple[list[Measured], float, str]:
     """The points of conf/mfu/<hardware>.yaml (measured ones, then published figures with their source), the
     optimizer's seconds per parameter it states, and its source; nothing where the hardware has no file or its
     points were measured in another precision. An MFU figure is read against `peak`, a published one from its
-    tokens/s per GPU."""
+    tokens/s per GPU. `counted` counts a point's model (its preset) at its seq_len: its family's `counted`."""
     dirs = [conf_dir] if conf_dir is not None else [d / "mfu" for d in config_dirs()]
     path = next((p for p in (d / f"{hardware}.yaml" for d in dirs) if p.is_file()), None)
     if path is None:
@@ -261,7 +265,7 @@ def conf_points(
     out = []
     for entry, sigma in rows:
         seq, mbs = int(entry["seq_len"]), int(entry["mbs"])
-        split = FlopsSplit.of(preset(str(entry["model"])), seq)
+        split = FlopsSplit.of(counted(preset(str(entry["model"])), seq))
         full = entry["recompute"] == "full"
         work = Work(split, mbs * seq, int(entry["zero_stage"]), full, bool(entry["compile"]), seq)
         if "tokens_per_s_per_gpu" in entry:

@@ -14,21 +14,20 @@ from __future__ import annotations
 import functools
 import heapq
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
 from scaling.core.layout import Layout
-from scaling.core.schema import ModelConfig
-from scaling.model.shape import BLOCK, ROOT, ModelShape, ParamTensor, shape_of
+from scaling.model.shape import BLOCK, ROOT, ModelShape, ParamTensor
 from scaling.perf.network import Network
 
 BACKWARD_SHARE = {"none": 2 / 3, "full": 3 / 4}
 """Share of a micro-step's compute in backward, by `train.recompute`: twice the forward's FLOPs, and with full
 recomputation the forward once more."""
 EVERY, LAST = "every_micro_step", "last_micro_step"
-"""`parallel.fsdp_grad_reduce` (scaling.core.validate.FSDP_GRAD_REDUCE)."""
+"""`parallel.fsdp_grad_reduce` (scaling.core.enums.FsdpGradReduce)."""
 FORWARD, BACKWARD = "forward", "backward"
 FIRST_MICRO, EACH_MICRO, LAST_MICRO = "the first micro-step", "every micro-step", "the last micro-step"
 # what one call of a collective moves
@@ -142,9 +141,9 @@ class Workload:
     """The fixed part of one configuration: what it communicates and updates, how its global batch splits over dp."""
 
     zero_stage: int
-    model: ModelConfig | ModelShape
-    """The model (`config.model` of the built-in family, or a model the user brings as its ModelShape): decides the
-    parameter tensors, buckets and FSDP2 modules."""
+    model: ModelShape
+    """The model's parameter tensors and blocks, as its family gives them (scaling.model.spec.Family.shape) or its
+    record keeps them: decide the buckets and FSDP2 modules."""
     precision: str
     mbs: int
     seq_len: int
@@ -178,7 +177,7 @@ class Workload:
     @property
     def shape(self) -> ModelShape:
         """The model's parameter tensors and blocks."""
-        return shape_of(self.model)
+        return self.model
 
     @property
     def n_params(self) -> int:
@@ -252,12 +251,7 @@ class Workload:
     def params_updated(self, n: int) -> int:
         """Parameters the busiest rank updates at dp=n: all at ZeRO-0, ZeroRedundancyOptimizer's largest share at
         ZeRO-1 (whole tensors), the largest FSDP2 shards at ZeRO-2/3."""
-        return _params_updated(self.shaped(), n)
-
-    def shaped(self) -> Workload:
-        """This workload with its model given as its ModelShape (the same tensors and blocks, and hashable): the
-        key of the caches below."""
-        return self if isinstance(self.model, ModelShape) else replace(self, model=self.shape)
+        return _params_updated(self, n)
 
     def grad_acc_at(self, n: int) -> Optional[int]:
         """grad_acc at dp=n, or None when the fixed global batch does not split into whole micro-steps."""
@@ -291,7 +285,7 @@ def _params_updated(w: Workload, n: int) -> int:
 
 def step_collectives(w: Workload, n: int, grad_acc: int) -> tuple[Call, ...]:
     """The collectives of one optimizer step at dp=n and grad_acc micro-steps, as the engine issues them."""
-    return _step_collectives(w.shaped(), n, grad_acc)
+    return _step_collectives(w, n, grad_acc)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute
 from scaling.core.schema import ExperimentConfig, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
+from scaling.model.family import family_of
 from scaling.model.llama.args import ModelArgs
 from scaling.predictor.model_state import (
     BF16,
@@ -347,7 +348,7 @@ def analytic_peak(
 def predict_config(cfg: ExperimentConfig, grad_acc: Optional[int] = None) -> MemoryBreakdown:
     """`analytic_peak` of a point of the built-in family; grad_acc from scaling.core.validate unless given. A model
     the user brings has no closed form here: ValueError (scaling.predictor.trace predicts any model)."""
-    if cfg.custom:
+    if not family_of(cfg.model).closed_form:
         raise ValueError(
             f"model {cfg.model.name!r} ({cfg.model.source}) is not of the built-in family: the analytic predictor "
             "knows only its shapes; the traced predictor (scaling predict without --analytic) predicts any model"

@@ -10,6 +10,7 @@ from typing import Any, Mapping, Optional
 from scaling.core.sample import sampled
 from scaling.core.schema import ExperimentConfig, HardwareConfig
 from scaling.core.units import GIB
+from scaling.model.family import family_of
 from scaling.predictor.analytic import ANALYTIC, predict_config
 from scaling.store.record import job_key
 
@@ -46,7 +47,7 @@ def prescreen(
     """
     capacity = capacity_bytes(cfg.hardware)
     margin = float(cfg.launch.prescreen_margin)
-    if cfg.custom:  # a model the user brings: the analytic model is the built-in family's; the trace decides
+    if not family_of(cfg.model).closed_form:  # the analytic model is the built-in family's; the trace decides
         out = _block(cfg, capacity, margin, None)
         traced = trace and _trace_into(out, cfg, kept_in)
         return _decide(out, cfg, capacity, margin) if traced and capacity is not None else out

@@ -12,7 +12,7 @@ from scaling.core.layout import Layout
 from scaling.core.model_group import TP_DEGREES
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import InvalidConfig, validate
-from scaling.model.family import checked
+from scaling.model.family import checked, family_of
 from scaling.recipe.mbs_search import find_mbs, largest_mbs_by_gpus
 from scaling.recipe.options import Candidate
 
@@ -79,7 +79,8 @@ def find_candidates(
     widest = Layout(tp=max(tp_degrees(cfg, max(gpus)) or [1]))
     most = widest.with_dp(gbs_samples).world_size if hw.devices_per_node else gbs_samples
     judged = sorted({*(2**k for k in range(most.bit_length())), *gpus, at_hand} & set(range(1, most + 1)))
-    if cfg.custom:  # each count is a trace: only the counts asked for and those at hand
+    closed_form = family_of(cfg.model).closed_form
+    if not closed_form:  # each count is a trace: only the counts asked for and those at hand
         judged = sorted({1, *gpus, at_hand} & set(range(1, most + 1)))
     found: list[Candidate] = []
     for layout, r in ((layout, r) for z in zero for r in recompute for layout in layouts(cfg, z, gpus)):
@@ -90,7 +91,7 @@ def find_candidates(
         if fit is None:
             notes.append(f"{name}: not even mbs=1 fits per rank at any GPU count up to {judged[-1]}")
             continue
-        how = f"predicted (analytic{', traced' if cfg.custom else ''}): no {hw.name} device at hand"
+        how = f"predicted (analytic{'' if closed_form else ', traced'}): no {hw.name} device at hand"
         if at_hand >= fit:  # confirmed on the devices at hand, at the fewest GPUs it fits on
             confirmed = find_mbs(
                 point_config(cfg, layout.at(fit) or Layout(layout.zero_stage, fit), r, 1),

@@ -16,6 +16,7 @@ from scaling.core.batch import nearest_whole_batch
 from scaling.core.layout import AXES
 from scaling.core.schema import ExperimentConfig
 from scaling.launch.devices import devices_at_hand
+from scaling.model.family import family_of
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
 from scaling.recipe.answer import Recipe
@@ -64,7 +65,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
 
     def predicted_peak(c: Candidate, s: Split) -> int:
         point = candidate_point(cfg, c, s.mbs, s.dp, s.grad_acc)
-        if cfg.custom:  # no closed form: traced on fake tensors in a fake world of the point's ranks
+        if not family_of(cfg.model).closed_form:  # traced on fake tensors in a fake world of the point's ranks
             from scaling.predictor.trace import trace_peak_kept
 
             return trace_peak_kept(point, sweep_dir).peak_mem_bytes

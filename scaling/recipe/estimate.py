@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from scaling.core.enums import Status
 from scaling.core.layout import Layout
 from scaling.core.schema import ExperimentConfig
+from scaling.model.family import family_of
 from scaling.model.shape import ModelShape
 from scaling.perf.extrapolation import Extrapolation, extrapolate, rate_band, wide_because
 from scaling.perf.network import NetworkEstimate
@@ -99,11 +100,11 @@ def workload_of(
     cfg: ExperimentConfig, c: Candidate, mbs: int, gbs_samples: int, model: Optional[ModelShape] = None
 ) -> Workload:
     """The step model's workload of a candidate at `mbs` under the config `cfg` (model, precision, clipping, ...);
-    `model`: the shape of a model the user brings (counted: scaling.model.custom.build), else `cfg.model`'s."""
+    `model`: the model's shape where it is at hand (ModelFigures), else its family's (scaling.model.spec)."""
     t, p = cfg.train, cfg.parallel
     return Workload(
         c.layout.zero_stage,
-        model if model is not None else cfg.model,
+        model if model is not None else family_of(cfg.model).shape(t.seq_len),
         str(t.precision),
         mbs,
         t.seq_len,

@@ -21,7 +21,7 @@ from scaling.core.enums import Status
 from scaling.core.layout import Layout
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import validate
-from scaling.model.family import checked
+from scaling.model.family import checked, family_of
 from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
 
@@ -96,10 +96,11 @@ def find_mbs(
     def analytic_fits(m: int) -> bool:
         return predict_config(_with_mbs(cfg, m)).total_bytes <= capacity
 
-    # a model the user brings has no analytic model: the trace searches from mbs=1
-    guess = 1 if cfg.custom else largest_true(analytic_fits, 1, max_mbs)
+    # a family without a closed form has no analytic model: the trace searches from mbs=1
+    closed_form = family_of(cfg.model).closed_form
+    guess = largest_true(analytic_fits, 1, max_mbs) if closed_form else 1
     method = "analytic"
-    if traced or cfg.custom:
+    if traced or not closed_form:
         from scaling.predictor.trace import trace_peak, trace_peak_kept
 
         def traced_fits(m: int) -> bool:
@@ -249,7 +250,7 @@ def _fits(
 
 def _predicted_peak(cfg: ExperimentConfig, traces_in: Optional[str | os.PathLike]) -> int:
     """Predicted peak bytes per rank: the analytic model (its grad_acc as set), the trace for a model the user brings."""
-    if not cfg.custom:
+    if family_of(cfg.model).closed_form:
         return predict_config(cfg, int(cfg.train.grad_acc)).total_bytes
     from scaling.predictor.trace import trace_peak, trace_peak_kept
 

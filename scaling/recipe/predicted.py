@@ -22,10 +22,11 @@ import numpy as np
 
 from scaling.core.enums import Status
 from scaling.core.layout import Layout
-from scaling.core.schema import ExperimentConfig, ModelConfig
+from scaling.core.model_group import ModelGroup, model_of
+from scaling.core.schema import ExperimentConfig
 from scaling.engine.peak_flops import configured_peak_flops_per_s
 from scaling.model.family import family_of
-from scaling.model.shape import ModelShape
+from scaling.model.shape import Counted, ModelShape
 from scaling.perf.dp_fit import Fit
 from scaling.perf.extrapolation import WIDE, Draw, ModelForm, model_form, rate_band
 from scaling.perf.mfu_model import MEASURED_SIGMA, FlopsSplit, Measured, MfuModel, Work, conf_points, fit
@@ -71,34 +72,32 @@ def own_points(records: Sequence[Mapping[str, Any]], hardware: str) -> list[Meas
 
 
 def record_flops(r: Mapping[str, Any]) -> FlopsSplit:
-    """A record's FLOPs split: the built-in decoder's closed form from its config.model, else its counted figures."""
-    model, d = r["config"]["model"], r["derived"]
-    names = ModelConfig.__dataclass_fields__
-    if all(isinstance(model.get(k), int) for k in ("n_layers", "hidden", "n_heads", "ffn_hidden", "vocab_size")):
-        return FlopsSplit.of(
-            ModelConfig(**{k: v for k, v in model.items() if k in names}), r["config"]["train"]["seq_len"]
-        )
+    """A record's FLOPs split: its family's count where that is in closed form (the built-in decoder's, from its
+    config.model), else the figures counted when it ran (its attention not told apart from its matmuls)."""
+    family, d = family_of(model_of(r["config"]["model"])), r["derived"]
+    if family.closed_form:
+        return FlopsSplit.of(family.counted(r["config"]["train"]["seq_len"]))
     blocks = (d.get("model") or {}).get("n_blocks") or 1
-    return FlopsSplit.counted(
-        d["flops_per_token"], d["hw_flops_per_token"] - d["flops_per_token"], blocks, d["n_params"]
-    )
+    recomputed = d["hw_flops_per_token"] - d["flops_per_token"]
+    return FlopsSplit(d["flops_per_token"], 0.0, recomputed, 0.0, blocks, d["n_params"])
 
 
 def mfu_model(hardware: str, precision: str, peak: float, records: Sequence[Mapping[str, Any]]) -> Optional[MfuModel]:
     """The MFU model of `hardware` in `precision`: conf/mfu/<hardware>.yaml's points (when measured in it) and the
     user's records on it at dp=1 (None: neither)."""
-    points, optimizer, _ = conf_points(hardware, peak, precision=precision)
+    points, optimizer, _ = conf_points(hardware, peak, precision=precision, counted=counted)
     points += own_points([r for r in records if r["config"]["train"].get("precision") == precision], hardware)
     return fit(hardware, peak, points, optimizer) if points else None
 
 
+def counted(model: ModelGroup, seq_len: int) -> Counted:
+    """A model's size and FLOPs at a sequence length, as its family counts them."""
+    return family_of(model).counted(seq_len)
+
+
 def flops_split(cfg: ExperimentConfig) -> FlopsSplit:
-    """The FLOPs split of the config's model: the built-in decoder's closed form, else its counted figures."""
-    if not cfg.custom:
-        return FlopsSplit.of(cfg.model, cfg.train.seq_len)
-    counted = family_of(cfg.model).counted(cfg.train.seq_len)
-    recomputed = counted.recomputed_flops_per_token
-    return FlopsSplit.counted(counted.flops_per_token, recomputed, counted.n_blocks, counted.n_params)
+    """The FLOPs split of the config's model, as its family counts it."""
+    return FlopsSplit.of(counted(cfg.model, cfg.train.seq_len))
 
 
 @dataclass
@@ -198,18 +197,16 @@ class ModelFigures:
 
     n_params: int
     flops_per_token: float
-    shape: Optional[ModelShape]
-    """None for the built-in family (the step model derives it from config.model)."""
+    shape: ModelShape
+    """Its parameter tensors and blocks, as its family gives them."""
 
     @classmethod
     def of(cls, cfg: ExperimentConfig) -> ModelFigures:
         """Counted once per model and seq_len (a model the user brings: cached); ModelError when a model
         the user brings breaks the contract."""
-        counted = family_of(cfg.model).counted(cfg.train.seq_len)
-        if not cfg.custom:
-            return cls(counted.n_params, counted.flops_per_token, None)
-        shape = ModelShape.of(cfg.model.name, counted.tensors, counted.n_blocks)
-        return cls(counted.n_params, counted.flops_per_token, shape)
+        family = family_of(cfg.model)
+        counted = family.counted(cfg.train.seq_len)
+        return cls(counted.n_params, counted.flops_per_token, family.shape(cfg.train.seq_len))
 
 
 def predicted_figures(

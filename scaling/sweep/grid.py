@@ -206,9 +206,7 @@ def survey(points: Sequence[Sequence[str]], configs: PointConfigs, set_aside: bo
             record = read_record(sweep_dir, key, set_aside_corrupt=set_aside)
         except RecordError as e:
             record, problem = None, e
-        done = answers(
-            record, key, cfg.launch, family_of(cfg.model).code() if record is not None and cfg.custom else None
-        )
+        done = answers(record, key, cfg.launch, family_of(cfg.model).code() if record is not None else None)
         yield GridPoint(num, list(overrides), cfg, key, sweep_dir, record, done, problem)
 
 
@@ -221,8 +219,7 @@ def predict_new(cfg: ExperimentConfig, traced: bool = False) -> dict[str, Any]:
 
     try:
         grad_acc = validate(cfg).grad_acc
-        if cfg.custom:  # the contract of a model the user brings, as run_point checks it
-            checked(cfg.model, cfg.train.seq_len, cfg.parallel.tp)
+        checked(cfg.model, cfg.train.seq_len, cfg.parallel.tp)  # the model's contract, as run_point checks it
     except InvalidConfig as e:
         return {"status": Status.INVALID, "error": str(e), "predicted": None}
     predicted = prescreen(cfg, grad_acc, trace=traced)

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.launch.resolvers import register_configs
+from scaling.model.family import family_of
 from scaling.perf.step_model import Workload
 from scaling.sweep.grid import is_value_override
 from scaling.sweep.hydra_adapter import apply_overrides
@@ -82,7 +83,7 @@ def workload_of(cfg: ExperimentConfig | dict[str, Any], grad_acc: int) -> Worklo
     train, parallel = c.train, c.parallel
     return Workload(
         parallel.zero_stage,
-        c.model,
+        family_of(c.model).shape(train.seq_len),
         train.precision,
         train.mbs,
         train.seq_len,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from scaling.core.schema import ModelConfig
-from scaling.model.shape import param_tensors
+from scaling.model.family import family_of
 
 SOURCE = "llm-foundry scripts/train/benchmarking/README.md @ 061f2c7c"
 DGXC = "github.com/NVIDIA/dgxc-benchmarking v25.01 @ 143b90dd91f9be958fed4773ae95d941a3356a82"
@@ -59,7 +59,7 @@ class Table:
 
     def frame(self, dps: tuple[int, ...]) -> pd.DataFrame:
         """The rows at `dps` as `analysis.dp_scaling.scaling_table` has them (one timed step: the published figure)."""
-        n_params = sum(t.numel for t in param_tensors(self.model))
+        n_params = sum(t.numel for t in family_of(self.model).shape(self.seq_len).tensors)
         rows = []
         for dp in dps:
             ga, tps = self.tokens_per_s_per_gpu[dp]

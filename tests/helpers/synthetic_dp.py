@@ -17,6 +17,8 @@ import numpy as np
 import yaml
 
 from scaling.core.schema import CONF_DIR, ModelConfig
+from scaling.model.family import family_of
+from scaling.model.shape import ModelShape
 from scaling.perf.network import INTER, INTRA, AlphaBeta, Network, NetworkEstimate, fit_tiers
 from scaling.perf.network_figures import Profile, published_estimate
 from scaling.perf.step_model import Point, Workload, step_time_s
@@ -108,9 +110,14 @@ def preset(name: str) -> ModelConfig:
 LLAMA_1B, LLAMA_8B = preset("llama_1b"), preset("llama_8b")
 
 
+def shape(model: ModelConfig) -> ModelShape:
+    """A built-in preset's parameter tensors and blocks, as its family gives them (the same at any seq_len)."""
+    return family_of(model).shape(1)
+
+
 def llama_1b(zero_stage: int, gbs: int = 512, mbs: int = 1, **settings: Any) -> Workload:
     """Llama 3.2 1B at seq 4096, bf16, a fixed global batch; `settings` the Workload's other fields."""
-    return Workload(zero_stage, LLAMA_1B, "bf16", mbs, 4096, gbs, **settings)
+    return Workload(zero_stage, shape(LLAMA_1B), "bf16", mbs, 4096, gbs, **settings)
 
 
 ADAMW_S_PER_PARAM = 12e-12
@@ -159,7 +166,7 @@ TRUTHS = (
     ),
     Truth(
         "8B ZeRO-1, overlap 0.3",
-        Workload(1, LLAMA_8B, "bf16", 1, 8192, 1024),
+        Workload(1, shape(LLAMA_8B), "bf16", 1, 8192, 1024),
         h100_network(),
         compute_s=0.95,
         overlap=0.3,
@@ -242,7 +249,7 @@ MISMATCHED = (
     ),
     Mismatch(
         "8B ZeRO-1 + all four",
-        Workload(1, LLAMA_8B, "bf16", 1, 8192, 1024),
+        Workload(1, shape(LLAMA_8B), "bf16", 1, 8192, 1024),
         h100_network(),
         0.95,
         0.3,

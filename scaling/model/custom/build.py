@@ -20,9 +20,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from scaling.core.model_group import HF_TARGET, CustomModel
+from scaling.core.model_group import HF_TARGET, CustomModel, ModelError
 from scaling.model.custom.init import INIT_WEIGHTS, OWN_INIT, init_kind
-from scaling.model.family import ModelError
 
 BUILT_IN_TARGETS = {
     HF_TARGET: "scaling.model.hf.causal_lm.causal_lm",
@@ -82,26 +81,9 @@ def build(model: CustomModel, device: torch.device | str) -> nn.Module:
 
 
 def load_code(model: CustomModel) -> None:
-    """Import the model's code without building it: the target's module and, for a Hugging Face config, the modeling
-    module of its type. A rank calls this before its memory baseline (as `parallel.load_wrappers`), so that what an
-    import keeps resident (transformers: tens of MB) is not counted as building the model."""
+    """Import the model's code without building it: the target's module. A rank calls this before its memory baseline
+    (as `parallel.load_wrappers`), so that what an import keeps resident is not counted as building the model."""
     _import(str(model.target), "model._target_")
-    if model.target == HF_TARGET:
-        from scaling.model.hf.causal_lm import load_modeling
-
-        load_modeling(**model.kwargs)
-
-
-def sizes(model: CustomModel) -> tuple[Any, Any]:
-    """(vocab_size, max_seq_len): the model file's, and for a Hugging Face config what transformers reads of the
-    config where the file gives none (GPT-2's `n_positions`; None: the model has no longest sequence, as BLOOM)."""
-    vocab, longest = model.vocab_size, model.max_seq_len
-    if model.target == HF_TARGET and (vocab is None or longest is None):
-        from scaling.model.hf.config import read_config
-
-        read_vocab, read_longest = read_config(**model.kwargs).sizes()
-        vocab, longest = read_vocab if vocab is None else vocab, read_longest if longest is None else longest
-    return vocab, longest
 
 
 def block_class(model: CustomModel, module: nn.Module) -> type:
@@ -134,14 +116,6 @@ def blocks(model: CustomModel, module: nn.Module) -> list[nn.Module]:
     if not found:
         raise ModelError(f"model.blocks={model.blocks!r}: the model has no submodule of that class")
     return found
-
-
-def logits_of(out: Any) -> torch.Tensor:
-    """The logits of a forward: the tensor itself, the first of a tuple (`(logits, loss)`, as single-file GPTs return),
-    or an output object's `.logits` (as Hugging Face models return)."""
-    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        return out[0]
-    return out if isinstance(out, torch.Tensor) else out.logits
 
 
 def wrap_recompute(module: nn.Module, kind: type) -> list[nn.Module]:
@@ -227,18 +201,9 @@ def _own_init(model: CustomModel, module: nn.Module, seed: int) -> None:
                     t.copy_(values[f"{prefix}.{name}" if prefix else name])
 
 
-def tp_plan(model: CustomModel) -> dict[str, str]:
-    """The model file's `tp_plan`, else a Hugging Face model's own (its config's `base_model_tp_plan`, under the
-    causal LM's `model.`); ModelError naming the fix when there is none."""
-    if model.tp_plan is not None:
-        return dict(model.tp_plan)
-    if model.target == HF_TARGET:
-        from scaling.model.hf.causal_lm import hf_tp_plan
-
-        plan = hf_tp_plan(**model.kwargs)
-        if plan:
-            return plan
-    raise ModelError(
+def no_tp_plan(model: CustomModel) -> ModelError:
+    """The refusal of tensor parallelism for a model that has no plan, naming the fix."""
+    return ModelError(
         f"model {model.name!r} ({model.source}) has no tensor-parallel plan: give its file a tp_plan mapping "
         "module-name patterns to colwise or rowwise (docs/own-project.md)"
     )

@@ -7,19 +7,17 @@ compute but have no formula in the counter are named, so a low MFU says why. tor
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import sys
 from typing import Any
 
 import torch
 from torch import nn
 
-from scaling.core.model_group import HF_TARGET, CustomModel
-from scaling.model.custom.build import ModelError, blocks, build, initialise, logits_of, sizes
+from scaling.core.model_group import ModelError
 from scaling.model.custom.init import Writes, unwritten_line
 from scaling.model.shape import Counted
+from scaling.model.spec import Family, logits_of
 
 CONTRACT_BATCH = 2
 """Sequences in the batch the contract is checked on: more than one, so that a forward that folds the batch into
@@ -39,23 +37,26 @@ class _OpsSeen(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@functools.lru_cache(maxsize=64)
-def _count(model_json: str, seq_len: int) -> Counted:
+_COUNTED: dict[tuple[str, int], Counted] = {}
+"""What `count` found, by (model config, seq_len): each model is counted once per process."""
+
+
+def _count(family: Family, seq_len: int) -> Counted:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-    model = CustomModel.from_dict(json.loads(model_json))
+    model = family.config
     # Fake tensors, not meta ones: a model may branch on its inputs' values where it is not being traced, and
     # libraries skip such checks for fake tensors (transformers' masks do). The math kernel of SDPA runs attention as
     # the matmuls the counter has formulas for (the fused CPU kernel has none): the PaLM convention, as the closed form.
     label = f"model {model.name!r} ({model.source})"
     with FakeTensorMode(), sdpa_kernel(SDPBackend.MATH):
         with Writes() as writes:
-            module = build(model, "cpu")
-        found = blocks(model, module)
-        vocab, longest = sizes(model)
-        _check_sizes(model, label, vocab, longest, seq_len)
+            module = family.build("cpu")
+        found = family.blocks(module)
+        vocab, longest = family.sizes()
+        _check_sizes(family, label, vocab, longest, seq_len)
         batch = (CONTRACT_BATCH, seq_len)
         # what training feeds: contiguous (B, T) int64 ids (scaling.engine.data.to_device)
         ids = torch.zeros(batch, dtype=torch.long)
@@ -76,20 +77,8 @@ def _count(model_json: str, seq_len: int) -> Counted:
         total = counter.get_total_flops()
         n_params = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
         tensors = _param_shapes(module, found)
-        attention = None
-        if model.target == HF_TARGET:
-            from scaling.model.hf.causal_lm import DEFAULT_ATTENTION, as_built_on_meta, attention_of
-
-            as_built_on_meta(module)
-            attention = attention_of(module)
-            if attention != DEFAULT_ATTENTION and model.kwargs.get("attn_implementation") is None:
-                print(
-                    f"[scaling] {label}: {type(module).__name__} has no SDPA attention in this transformers: it runs "
-                    f"{attention} (model.attn_implementation chooses)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        kind, unwritten = writes.unwritten_after(module, lambda m: initialise(model, m, 0))
+        attention = family.attention_of(module)
+        kind, unwritten = writes.unwritten_after(module, lambda m: family.initialise(m, 0))
         if unwritten:
             of = len([*module.named_parameters(), *module.named_buffers()])
             raise ModelError(unwritten_line(label, unwritten, of, kind))
@@ -114,16 +103,13 @@ def _count(model_json: str, seq_len: int) -> Counted:
     )
 
 
-def _check_sizes(model: CustomModel, label: str, vocab: Any, longest: Any, seq_len: int) -> None:
-    """The sizes a Hugging Face config gives by its own names, checked as the validation checks a model file's."""
+def _check_sizes(family: Family, label: str, vocab: Any, longest: Any, seq_len: int) -> None:
+    """The sizes a family reads (a Hugging Face config's by its own names), checked as the validation checks a model
+    file's."""
     if not isinstance(vocab, int) or vocab < 1:
         raise ModelError(f"{label}: model.vocab_size={vocab!r} must be a positive integer")
     if isinstance(longest, int) and seq_len > longest:
-        where = "model.max_seq_len"
-        if model.target == HF_TARGET and model.max_seq_len is None:
-            from scaling.model.hf.config import read_config
-
-            where = f"{read_config(**model.kwargs).longest_name()} of model.hf_config={model.kwargs['config']!r}"
+        where = family.longest_name()
         raise ModelError(f"train.seq_len={seq_len} exceeds {where}={longest}: use seq_len <= {longest}")
 
 
@@ -137,7 +123,10 @@ def _param_shapes(module: nn.Module, found: list[nn.Module]) -> tuple[tuple[str,
     )
 
 
-def count(model: CustomModel, seq_len: int) -> Counted:
-    """Parameters and FLOPs of a user's model at one sequence length, counted once per process (cached), and the
+def count(family: Family, seq_len: int) -> Counted:
+    """Parameters and FLOPs of a family's model at one sequence length, counted once per process (cached), and the
     checks of the contract on the way (the module docstring). Raises ModelError naming what is wrong."""
-    return _count(json.dumps(model.to_dict(), sort_keys=True, default=str), int(seq_len))
+    key = (json.dumps(family.config.to_dict(), sort_keys=True, default=str), int(seq_len))
+    if key not in _COUNTED:
+        _COUNTED[key] = _count(family, int(seq_len))
+    return _COUNTED[key]

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from scaling.model.family import ModelError
+from scaling.core.model_group import ModelError
 
 INIT_WEIGHTS, OWN_INIT, RESET_PARAMETERS = "init_weights", "own_init", "reset_parameters"
 """How a model is initialised after materialisation: its `init_weights()`; its own `__init__` run once more for

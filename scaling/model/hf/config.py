@@ -10,8 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from scaling.core.model_group import hf_config_path
-from scaling.model.family import ModelError
+from scaling.core.model_group import ModelError, hf_config_path
 
 HF_EXTRA = "pip install 'scaling[hf]'"
 """What to install for a model made from a Hugging Face config."""

@@ -1,1 +1,2 @@
-"""The built-in Llama-style decoder: args.py (its shapes and closed-form counts), decoder.py (the module), flops.py."""
+"""The built-in Llama-style decoder: family.py (its entry in the registry), args.py (its shapes and closed-form counts),
+decoder.py (the module), flops.py."""

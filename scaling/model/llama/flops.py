@@ -18,7 +18,12 @@ def flops_per_token(args: ModelArgs, seq_len: int) -> float:
     """
     if seq_len < 1:
         raise ValueError(f"train.seq_len={seq_len} is invalid: it must be >= 1")
-    return 6.0 * matmul_param_count(args) + 12.0 * args.n_layers * args.hidden * seq_len
+    return 6.0 * matmul_param_count(args) + attention_flops_per_token(args, seq_len)
+
+
+def attention_flops_per_token(args: ModelArgs, seq_len: int) -> float:
+    """The attention scores' and weighted sum's share of `flops_per_token`: 12·L·h·seq."""
+    return 12.0 * args.n_layers * args.hidden * seq_len
 
 
 def hardware_flops_per_token(args: ModelArgs, seq_len: int, recompute: bool) -> float:
@@ -37,4 +42,9 @@ def hardware_flops_per_token(args: ModelArgs, seq_len: int, recompute: bool) -> 
 def recomputed_flops_per_token(args: ModelArgs, seq_len: int) -> float:
     """What full recomputation adds per token: 2·(N_blocks_matmul − L·h·f) + 4·L·h·seq (see above)."""
     recomputed_matmul = block_matmul_param_count(args) - args.n_layers * args.hidden * args.ffn_hidden
-    return 2.0 * recomputed_matmul + 4.0 * args.n_layers * args.hidden * seq_len
+    return 2.0 * recomputed_matmul + recomputed_attention_flops_per_token(args, seq_len)
+
+
+def recomputed_attention_flops_per_token(args: ModelArgs, seq_len: int) -> float:
+    """The attention's share of `recomputed_flops_per_token`: its forward once more, 4·L·h·seq."""
+    return 4.0 * args.n_layers * args.hidden * seq_len

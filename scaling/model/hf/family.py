@@ -1,0 +1,83 @@
+"""A Hugging Face causal LM from its config (`hf_config:`) as a family (scaling.model.spec): a module the user brings
+whose factory is the project's (causal_lm.py), whose sizes, longest sequence, tensor-parallel plan and widths are read
+through transformers (config.py) where the model file gives none, and whose attention transformers chooses."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, Optional
+
+from scaling.core.model_group import HF_TARGET, CustomModel, ModelGroup
+from scaling.model.custom.family import OwnModule
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+class HuggingFace(OwnModule):
+    """A causal LM that transformers builds from a config file alone (no weights)."""
+
+    @classmethod
+    def claims(cls, config: ModelGroup) -> bool:
+        return isinstance(config, CustomModel) and config.target == HF_TARGET
+
+    def load_code(self) -> None:
+        """The factory's module and the modeling module of the config's type: what transformers imports when it first
+        builds one (tens of MB resident), imported before a rank's memory baseline."""
+        from scaling.model.hf.causal_lm import load_modeling
+
+        super().load_code()
+        load_modeling(**self.config.kwargs)
+
+    def sizes(self) -> tuple[Any, Any]:
+        """The model file's, else what transformers reads of the config (GPT-2's `n_positions`; None: the model has no
+        longest sequence, as BLOOM)."""
+        vocab, longest = super().sizes()
+        if vocab is None or longest is None:
+            from scaling.model.hf.config import read_config
+
+            read_vocab, read_longest = read_config(**self.config.kwargs).sizes()
+            vocab, longest = read_vocab if vocab is None else vocab, read_longest if longest is None else longest
+        return vocab, longest
+
+    def longest_name(self) -> str:
+        if self.config.max_seq_len is not None:
+            return super().longest_name()
+        from scaling.model.hf.config import read_config
+
+        kwargs = self.config.kwargs
+        return f"{read_config(**kwargs).longest_name()} of model.hf_config={kwargs['config']!r}"
+
+    def attention_of(self, module: nn.Module) -> Optional[str]:
+        """transformers' choice (said on stderr when it is not SDPA and the file did not ask for it); the module is
+        left as built on meta (scaling.model.hf.causal_lm.as_built_on_meta)."""
+        from scaling.model.hf.causal_lm import DEFAULT_ATTENTION, as_built_on_meta, attention_of
+
+        as_built_on_meta(module)
+        attention = attention_of(module)
+        if attention != DEFAULT_ATTENTION and self.config.kwargs.get("attn_implementation") is None:
+            label = f"model {self.config.name!r} ({self.config.source})"
+            print(
+                f"[scaling] {label}: {type(module).__name__} has no SDPA attention in this transformers: it runs "
+                f"{attention} (model.attn_implementation chooses)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return attention
+
+    def tp_plan(self) -> dict[str, str]:
+        """The model file's `tp_plan`, else the config's `base_model_tp_plan` (under the causal LM's `model.`)."""
+        if self.config.tp_plan is not None:
+            return super().tp_plan()
+        from scaling.model.custom.build import no_tp_plan
+        from scaling.model.hf.causal_lm import hf_tp_plan
+
+        plan = hf_tp_plan(**self.config.kwargs)
+        if not plan:
+            raise no_tp_plan(self.config)
+        return plan
+
+    def tp_widths(self) -> dict[str, int]:
+        from scaling.model.hf.causal_lm import hf_widths
+
+        return hf_widths(**self.config.kwargs)

@@ -1,0 +1,126 @@
+"""What every model family answers to (torchtitan's model spec): how the engine builds, splits, recomputes, shards and
+initialises its module, what the driver and the performance model count of it (`counted`, `shape`) and its
+tensor-parallel plan. Each family (scaling.model.llama, scaling.model.custom, scaling.model.hf) subclasses `Family` in
+its folder; scaling.model.family is the registry that picks one for a `model` config. `logits_of` is the contract of
+every forward. torch is imported only by the methods that build, so the driver counts the built-in family without it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Optional
+
+from scaling.core.model_group import ModelError, ModelGroup, tp_degrees_dividing
+from scaling.model.shape import Counted, ModelShape
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+class Family(ABC):
+    """A model config and how its module is built, split into blocks, recomputed, initialised and counted."""
+
+    closed_form: bool = False
+    """Its counts and memory follow from its config in closed form (the analytic predictor and the step model's own
+    shapes); else it is counted by torch's FlopCounterMode and traced on fake tensors, and its record keeps its shape
+    (derived.model)."""
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    @classmethod
+    @abstractmethod
+    def claims(cls, config: ModelGroup) -> bool:
+        """Whether this family builds the `model` config (the registry asks each in turn)."""
+
+    def load_code(self) -> None:  # noqa: B027 (the built-in family's code is the project's: nothing to import)
+        """Import the model's code without building it (a rank does, before its memory baseline)."""
+
+    def code(self) -> Optional[str]:
+        """The fingerprint of the user's code that makes the model (scaling.model.custom.code); None: the project's."""
+        return None
+
+    @abstractmethod
+    def sizes(self) -> tuple[Any, Any]:
+        """(vocab_size, max_seq_len): the vocabulary the data draws tokens from and the longest sequence (None: none)."""
+
+    def vocab_size(self) -> int:
+        """The vocabulary the data draws tokens from."""
+        return int(self.sizes()[0])
+
+    def longest_name(self) -> str:
+        """Where the longest sequence is set, as a refusal names it."""
+        return "model.max_seq_len"
+
+    @abstractmethod
+    def build(self, device: torch.device | str) -> nn.Module:
+        """The module with its parameters on `device` ("meta": shapes only)."""
+
+    @abstractmethod
+    def blocks(self, module: nn.Module) -> list[nn.Module]:
+        """The blocks, in order: what is recomputed, compiled and sharded one by one."""
+
+    @abstractmethod
+    def recompute(self, module: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+        """Checkpoint every block's activations; returns the blocks as they now run (to compile and shard)."""
+
+    def materialise(self, module: nn.Module, device: torch.device) -> None:
+        """Allocate what this rank owns of the module built on meta, ties restored, every float NaN until initialised."""
+        from scaling.model.custom.init import materialise
+
+        materialise(module, device)
+
+    @abstractmethod
+    def initialise(self, module: nn.Module, seed: int) -> None:
+        """Seeded init of the materialised (possibly sharded) module: the same weights for every dp and stage."""
+
+    def check_initialised(self, module: nn.Module) -> None:
+        """ModelError naming every parameter and buffer that initialisation left as `materialise` made it (NaN)."""
+        from scaling.model.custom.init import raise_if_unwritten
+
+        raise_if_unwritten(self.config.name, module)
+
+    def attention_of(self, module: nn.Module) -> Optional[str]:
+        """The attention implementation the counted module runs, when its library chooses one (None: its own)."""
+        return None
+
+    @abstractmethod
+    def counted(self, seq_len: int) -> Counted:
+        """Its size, FLOPs and parameter tensors at one sequence length; ModelError if it breaks the contract."""
+
+    def shape(self, seq_len: int) -> ModelShape:
+        """Its parameter tensors and blocks, as the step model and the extrapolation take any model."""
+        counted = self.counted(seq_len)
+        return ModelShape.cached(self.config.name, counted.tensors, counted.n_blocks)
+
+    def tp_widths(self) -> dict[str, int]:
+        """What tensor parallelism splits evenly: heads, key/value heads and widths, by name (empty: unknown)."""
+        return {}
+
+    @abstractmethod
+    def tp_plan(self) -> dict[str, str]:
+        """Tensor parallelism: module-name patterns -> colwise | rowwise | colwise_rep | rowwise_rep | embedding
+        (scaling.core.model_group.TP_STYLES); ModelError when the model has none."""
+
+    def check_tp(self, tp: int) -> None:
+        """ModelError when tensor parallelism of degree `tp` cannot run the model: it has no plan (the refusal names
+        the key to add), or the degree does not split one of its heads or widths evenly."""
+        self.tp_plan()
+        widths = self.tp_widths()
+        split = [f"{name}={value}" for name, value in widths.items() if value % tp]
+        if split:
+            raise ModelError(
+                f"parallel.tp={tp} does not divide {', '.join(split)} of model {self.config.name!r}: tensor "
+                f"parallelism splits heads and widths evenly; try tp in {tp_degrees_dividing(widths)}"
+            )
+
+
+def logits_of(out: Any) -> torch.Tensor:
+    """The logits of a forward: the tensor itself, the first of a tuple (`(logits, loss)`, as single-file GPTs return),
+    or an output object's `.logits` (as Hugging Face models return)."""
+    import torch
+
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return out if isinstance(out, torch.Tensor) else out.logits
