@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
+from scaling.core.enums import ZeroStage
 from scaling.core.schema import HardwareConfig, TrainConfig
 from scaling.engine import device as devices
 from scaling.engine import kernels, memtrack
@@ -187,7 +188,9 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     tracked_peak, breakdown = None, {}
     if not cuda:  # the second step: live tensor bytes under torch's tracker, against the capacity
         micro_batches = batches(len(losses))
-        with memtrack.tracked_step(wrapped.model, wrapped.optimizer, par.zero_stage >= 2, dev.capacity_bytes) as peak:
+        with memtrack.tracked_step(
+            wrapped.model, wrapped.optimizer, par.zero_stage >= ZeroStage.GRADIENTS, dev.capacity_bytes
+        ) as peak:
             warmup_times.append(one_step(micro_batches, peak.new_micro_step))
         tracked_peak, breakdown = peak.peak_bytes, peak.breakdown
         memtrack.raise_if_exceeded(peak.exceeded)

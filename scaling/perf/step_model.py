@@ -19,6 +19,7 @@ from typing import Optional
 
 import numpy as np
 
+from scaling.core.enums import ZeroStage
 from scaling.core.layout import Layout
 from scaling.model.shape import BLOCK, ROOT, ModelShape, ParamTensor
 from scaling.perf.network import Network
@@ -186,8 +187,10 @@ class Workload:
 
     def collectives(self) -> tuple[Collective, ...]:
         """The collectives this configuration issues (STAGE_COLLECTIVES, and clipping's norm at ZeRO-2/3)."""
-        stage = STAGE_COLLECTIVES[self.zero_stage, EVERY if self.zero_stage <= 1 else self.fsdp_grad_reduce]
-        return stage + ((CLIP_REDUCE,) if self.zero_stage >= 2 and self.grad_clip > 0 else ())
+        stage = STAGE_COLLECTIVES[
+            self.zero_stage, EVERY if self.zero_stage < ZeroStage.GRADIENTS else self.fsdp_grad_reduce
+        ]
+        return stage + ((CLIP_REDUCE,) if self.zero_stage >= ZeroStage.GRADIENTS and self.grad_clip > 0 else ())
 
     def window_share(self, phase: str) -> float:
         """Share of a micro-step's compute in the forward or the backward."""
@@ -276,9 +279,9 @@ class Workload:
 
 @functools.lru_cache(maxsize=4096)
 def _params_updated(w: Workload, n: int) -> int:
-    if w.zero_stage == 0:
+    if w.zero_stage == ZeroStage.NONE:
         return w.n_params
-    if w.zero_stage == 1:
+    if w.zero_stage == ZeroStage.OPTIMIZER:
         return zero1_busiest(w.shape, w.shard_size(n))
     return sum(t.shard_numel(w.shard_size(n)) for t in w.local_shape.tensors)
 
@@ -322,7 +325,7 @@ def tp_calls(w: Workload, grad_acc: int) -> tuple[Call, ...]:
         Call("all_reduce", reduces * grad_acc, float(act), None, TP),
         Call("all_gather", grad_acc, float(logits), None, TP),
     ]
-    if w.grad_clip > 0 and w.zero_stage >= 2:
+    if w.grad_clip > 0 and w.zero_stage >= ZeroStage.GRADIENTS:
         calls.append(Call("all_reduce", 1, float(4 * sum(1 for t in w.shape.tensors if t.cols > 1)), None, TP))
     return tuple(calls)
 

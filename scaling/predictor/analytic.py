@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
 
-from scaling.core.enums import FsdpGradReduce, Precision, Recompute
+from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.core.schema import ExperimentConfig, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
 from scaling.model.family import family_of
 from scaling.model.llama.args import ModelArgs
@@ -129,7 +129,7 @@ def _phases(
     fused_norm: bool = False,
 ) -> dict[str, _Phase]:
     """The candidate peaks of forward and backward, each relative to the memory at the end of forward."""
-    fsdp = zero_stage >= 2
+    fsdp = zero_stage >= ZeroStage.GRADIENTS
     t, h, V, cu = s.t, s.h, s.V, (BF16 if bf16 else FP32)
     tf, hf, th = t * s.f // s.tp, h * s.f // s.tp, t * h  # the MLP's width: its part on one tensor-parallel rank
     logits = (BF16 if bf16 else FP32) * t * V
@@ -157,14 +157,14 @@ def _phases(
     root_grads = 0 if accumulating else cu * s.root_params
     scratch += 0 if accumulating else cu * hf
     block_unsharded = cu * s.block_params
-    regathered = block_unsharded if zero_stage == 3 else 0
+    regathered = block_unsharded if zero_stage == ZeroStage.PARAMETERS else 0
     phases["block_backward"] = _Phase(logits, temps=scratch, comm=regathered, grads=root_grads, freed=head)
     # End of a block's backward: its activations are freed, its gradients sit in the fp32
     # reduce-scatter buffer.
     phases["reduce_scatter"] = _Phase(
         logits, temps=FP32 * s.block_params, comm=regathered, grads=root_grads, freed=head + top_saved
     )
-    if zero_stage == 3 and s.L > 1:
+    if zero_stage == ZeroStage.PARAMETERS and s.L > 1:
         # The next block down: the one above is reduced (its gradient shard out, its
         # reduce-scatter buffer not yet released) while the one below is prefetched (none below block 0).
         block_sh, _ = sharded_params(s, dp)
@@ -218,7 +218,7 @@ def _end_of_backward(
     )
     embedding = 3 * vh + FP32 * s.block_params
     variants = [(0, grads if grad_acc > 1 else new_shards)]  # the last micro-step: the blocks resharded
-    if zero_stage == 2 and grad_acc > 1:
+    if zero_stage == ZeroStage.GRADIENTS and grad_acc > 1:
         variants.append((cu * psi, grads if grad_acc > 2 else new_shards))  # one before the last: all gathered
     ends = []
     for gathered, held_grads in variants:
@@ -278,7 +278,7 @@ def analytic_peak(
     if not fsdp:
         params = FP32 * psi
         grads = FP32 * psi  # DDP's buckets; accumulation adds into them (gradients are views of the buckets)
-        own_numel, own_tensors = zero1_worst_rank(s, dp) if zero_stage == 1 else (psi, s.n_tensors)
+        own_numel, own_tensors = zero1_worst_rank(s, dp) if zero_stage == ZeroStage.OPTIMIZER else (psi, s.n_tensors)
         optimizer = 2 * FP32 * own_numel + FP32 * own_tensors
         unsharded = 0
         step_grads = FP32 * psi
@@ -290,7 +290,7 @@ def analytic_peak(
         # or whole unsharded gradients (fsdp_grad_reduce=last_micro_step).
         grads = 0 if grad_acc == 1 else FP32 * (psi if accumulate_unsharded else sharded)
         optimizer = 2 * FP32 * sharded + FP32 * s.n_tensors
-        unsharded = cu * (psi if zero_stage == 2 else s.root_params)
+        unsharded = cu * (psi if zero_stage == ZeroStage.GRADIENTS else s.root_params)
         step_grads = FP32 * sharded
 
     # Saved activations at the end of forward: the embedding output, every block, the final norm.
@@ -320,7 +320,7 @@ def analytic_peak(
     # The optimizer step: weights, gradients, states and AdamW's scratch (`adamw_scratch`) in the order the rank
     # steps its tensors; the activations are gone. ZeroRedundancyOptimizer: the rank whose states and scratch
     # are largest together.
-    if zero_stage == 1:
+    if zero_stage == ZeroStage.OPTIMIZER:
         step_state = zero1_step_state(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp, fused_optimizer)
         scratch = step_state - optimizer  # the worst rank by elements is among them: never negative
     else:

@@ -57,9 +57,9 @@ def model_state_bytes(n_params: int, zero_stage: int, dp: int, per_param: StateB
         raise ValueError(f"parallel.dp={dp!r} must be a positive integer")
     psi = float(n_params)
     return ModelState(
-        params_bytes=per_param.weights * psi / (dp if zero_stage >= 3 else 1),
-        grads_bytes=per_param.grads * psi / (dp if zero_stage >= 2 else 1),
-        optimizer_bytes=per_param.k * psi / (dp if zero_stage >= 1 else 1),
+        params_bytes=per_param.weights * psi / (dp if zero_stage >= ZeroStage.PARAMETERS else 1),
+        grads_bytes=per_param.grads * psi / (dp if zero_stage >= ZeroStage.GRADIENTS else 1),
+        optimizer_bytes=per_param.k * psi / (dp if zero_stage >= ZeroStage.OPTIMIZER else 1),
     )
 
 

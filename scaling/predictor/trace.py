@@ -302,16 +302,16 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
         # The worker's build order; fake tensors hold no memory, so the shapes are made on the fake device.
         no_compile = dataclasses.replace(train, compile=False)
         wrapped = parallelize(cfg.model, no_compile, par, cpu, on_meta=False, fused_optimizer=cuda)
-        if par.zero_stage <= 1:
+        if par.zero_stage < ZeroStage.GRADIENTS:
             wrapped.model.register_comm_hook(None, _completed_allreduce(dp))
             params = [p for p in wrapped.model.parameters() if p.requires_grad]
             wrapped.model.reducer = _LocalBucketRebuild(wrapped.model.reducer, params)
         data = GlobalBatch(family_of(cfg.model).vocab_size(), train.seq_len, train.seed)  # token values do not matter
         train_step(wrapped, step_batches(data, 0, 0, mbs, micro_steps))
         micro_batches = step_batches(data, 1, 0, mbs, micro_steps)  # built before the step, as the worker does
-        if par.zero_stage <= 1:
+        if par.zero_stage < ZeroStage.GRADIENTS:
             wrapped.model.reducer.armed = True  # DDP rebuilds its buckets in the second step's first forward
-        with tracked_step(wrapped.model, wrapped.optimizer, par.zero_stage >= 2, None) as peak:
+        with tracked_step(wrapped.model, wrapped.optimizer, par.zero_stage >= ZeroStage.GRADIENTS, None) as peak:
             train_step(wrapped, micro_batches, peak.new_micro_step)
     breakdown = {_category(k): v for k, v in peak.breakdown.items() if k != "Total" and v}
     return TracedPrediction(int(peak.peak_bytes), breakdown, time.perf_counter() - t0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from scaling.core.enums import ZeroStage
 from scaling.core.layout import Layout
 from scaling.core.model_group import TP_DEGREES
 from scaling.core.schema import ExperimentConfig
@@ -128,7 +129,7 @@ def fits_from(cfg: ExperimentConfig, zero: list[int], recompute: list[str], most
     for z in zero:
         for r in recompute:
             layout = Layout(z)
-            counts = [2**k for k in range(most.bit_length()) if layout.zero_stage > 0 or k == 0]
+            counts = [2**k for k in range(most.bit_length()) if layout.zero_stage > ZeroStage.NONE or k == 0]
             mbs_at = largest_mbs_by_gpus(point_config(cfg, layout, r, 1), counts, most)
             n: Optional[int] = next((n for n in counts if mbs_at[n] >= 1), None)
             starts.append(f"{layout.kind} recompute {r} " + (f"from {n} GPUs" if n else "at no count"))
