@@ -510,16 +510,16 @@ def test_overrides_may_stand_among_the_options(tmp_path, capsys) -> None:
 
 
 @pytest.mark.parametrize("seq", [None, "train.seq_len=64", "train.seq_len=4096"])
-def test_a_gpu_plan_at_the_default_sequence_length_says_so(tmp_path, capsys, seq) -> None:
-    """`scaling recipe model=llama_3b hardware=h100 ...` with no train.seq_len plans for the CPU demo's 64 tokens: it
-    says so (once asked for, 64 is the user's own)."""
+def test_a_gpu_plan_at_the_default_sequence_length_is_refused_with_the_line_to_add(tmp_path, capsys, seq) -> None:
+    """`scaling recipe model=llama_3b hardware=h100 ...` with no train.seq_len would plan for the CPU demo's 64
+    tokens: refused (exit 2) naming the line to add; once asked for, 64 is the user's own."""
     from scaling.cli.recipe import main
 
     argv = ["model=llama_3b", "hardware=h100", "train.precision=bf16", "--gbs-tokens", "4Mi", "--gpus", "8"]
     argv += [seq] if seq else []
-    assert main([*argv, "--dry-run", "--sweep-dir", str(tmp_path / "plan")]) == 0
+    assert main([*argv, "--dry-run", "--sweep-dir", str(tmp_path / "plan")]) == (2 if seq is None else 0)
     said = capsys.readouterr().err
-    assert ("train.seq_len=64 is the default, sized for a CPU demo" in said) == (seq is None), said
+    assert ("add train.seq_len=4096" in said) == (seq is None), said
 
 
 def test_the_estimators_fits_are_one_per_layout_whatever_the_order_they_are_asked_in() -> None:
@@ -552,3 +552,16 @@ def test_the_estimators_fits_are_one_per_layout_whatever_the_order_they_are_aske
     assert isinstance(alone, Estimate) and isinstance(after, Estimate)
     assert after.tokens_per_s_per_gpu == alone.tokens_per_s_per_gpu and after.detail == alone.detail
     assert "fitted on measured dp 1, 8, 16, 32" in after.detail, after.detail  # full sharding up to a shard group
+
+
+def test_a_point_measured_at_a_rounded_split_is_not_fitted_as_the_target_batch() -> None:
+    """977 sequences (4M tokens at seq 4096) split exactly over no dp above 1: a point the recipe ran at dp=2 with
+    grad_acc rounded to 488 measured another batch. The fit leaves it out instead of failing on it (`scaling recipe
+    ... --gbs-tokens 4M` raised "dp=2: gbs=977 does not split" from the next measurement's simulation)."""
+    gbs, c, rng = 977, CANDIDATES[0], np.random.default_rng(5)
+    t = truth(c, 1, gbs)
+    records = [record(c, 1, 1, 977, tuple(t.step_time_s(1) * (1 + rng.normal(0, 0.02, 8))))]
+    records.append(record(c, 1, 2, 488, tuple(0.55 * t.step_time_s(1) * (1 + rng.normal(0, 0.02, 8)))))
+    source = profile_estimate(profile_of(t, rng), 8, 50, rng)
+    e = FromRecords(records, lambda cand, m: workload(cand, m, gbs), 8, source, n_draws=50)(c, split(gbs, SEQ, 4, 1))
+    assert isinstance(e, Estimate) and e.detail.endswith("fitted on measured dp 1"), e

@@ -122,8 +122,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         gbs_samples = check(cfg, request)
     except RecipeError as e:
         return _refuse(str(e))
-    if (note := _default_seq_len(cfg, overrides)) is not None:
-        print(f"scaling recipe: {note}", file=sys.stderr, flush=True)
+    if (refusal := _default_seq_len(cfg, overrides)) is not None:
+        return _refuse(refusal)
     if a.dry_run:
         seq_len = cfg.train.seq_len
         print(
@@ -144,13 +144,15 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _default_seq_len(cfg: ExperimentConfig, overrides: list[str]) -> Optional[str]:
-    """A word when a GPU plan runs at the default sequence length (sized for a CPU demo) that nothing asked for."""
+    """Why a GPU plan is refused when its sequence length is the default one (sized for a CPU demo) that nothing
+    asked for: the CPU default never reaches a GPU plan silently."""
     given = any(o.lstrip("+").startswith("train.seq_len=") for o in overrides)
     if cfg.hardware.device != "cuda" or given or cfg.train.seq_len != TrainConfig.seq_len:
         return None
     return (
-        f"train.seq_len={cfg.train.seq_len} is the default, sized for a CPU demo: this {cfg.hardware.name} plan is for "
-        f"{cfg.train.seq_len}-token sequences; give the length you train at, e.g. train.seq_len=4096"
+        f"train.seq_len is not given and its default, {cfg.train.seq_len}, is sized for a CPU demo: a "
+        f"hardware={cfg.hardware.name} plan needs the length you train at: add train.seq_len=4096 (or your own; "
+        f"train.seq_len={cfg.train.seq_len} to plan at {cfg.train.seq_len} after all)"
     )
 
 

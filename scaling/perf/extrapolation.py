@@ -249,10 +249,12 @@ def _band_of_first_below(firsts: list[Optional[int]]) -> tuple[Optional[int], Op
 
 
 def grid(w: Workload, measured: Sequence[int], reaches: Callable[[int], bool], max_dp: int = MAX_DP) -> list[int]:
-    """Measured dps and the powers of two from the smallest to max_dp that split the batch and the network reaches."""
+    """Measured dps and the powers of two from the smallest to max_dp that the network reaches, each where the batch
+    splits into whole micro-steps (a point measured at a rounded split, as the recipe runs a batch of a prime number
+    of sequences, has no place on the fixed batch's curve)."""
     dp0 = min(measured)
     powers = [2**k for k in range(max_dp.bit_length()) if dp0 <= 2**k <= max_dp]
-    return [n for n in sorted({*measured, *powers}) if n in measured or (w.grad_acc_at(n) is not None and reaches(n))]
+    return [n for n in sorted({*measured, *powers}) if w.grad_acc_at(n) is not None and (n in measured or reaches(n))]
 
 
 def _resample(points: Sequence[Point], rng: np.random.Generator, by_point: bool) -> list[Point]:

@@ -88,8 +88,10 @@ def fit_model(
     source: Optional[NetworkEstimate],
     n_draws: int,
 ) -> Model:
-    """Fit one candidate's measured points under `source` ((a), the points alone, when None)."""
+    """Fit one candidate's measured points under `source` ((a), the points alone, when None): those at a dp the
+    target batch splits over in whole micro-steps (a point run at a rounded split measured another batch)."""
     label = source.label if source is not None else "fitted to the measured DP curve alone"
+    points = [p for p in points if workload.grad_acc_at(p.dp) is not None]
     if not points:
         return Model(workload, None, "nothing measured")
     ex = extrapolate("recipe", workload, points, devices_per_node, source, n_draws=n_draws)

@@ -126,7 +126,7 @@ def suggest(
         if at is None:
             continue
         s = split(gbs_samples, seq_len, at.dp, target.mbs)
-        e = now_estimator(c, s) if s is not None and s.mbs == target.mbs else None
+        e = now_estimator(c, s) if s is not None and s.mbs == target.mbs and s.exact else None
         if not isinstance(e, Estimate) or e.source == MEASURED:
             continue
         after = rebuild([*records, simulated_record(c, s, e, seq_len)])(c, at_target)
