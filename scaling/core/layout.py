@@ -108,6 +108,12 @@ class Layout:
         return self.dp_shard is not None
 
     @property
+    def axes(self) -> int:
+        """Parallel axes in use besides data parallelism and the ZeRO stage: hybrid sharding, tp, pp, cp (a tie in
+        the recipe goes to the fewest)."""
+        return int(self.hybrid) + sum(getattr(self, axis) > 1 for axis in MODEL_PARALLEL)
+
+    @property
     def fsdp(self) -> bool:
         """Whether FSDP2 holds the model (ZeRO-2 and 3); ZeRO-0/1 run DDP."""
         return self.zero_stage >= ZeroStage.GRADIENTS

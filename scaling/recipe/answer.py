@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional
 
 from scaling.core.layout import Layout, configuration_name
 from scaling.perf.extrapolation import BAND
-from scaling.recipe.options import PREDICTED, Candidate
+from scaling.recipe.options import PREDICTED, TIE_RULE, Candidate
 
 RECIPE_MD, RECIPE_JSON = "recipe.md", "recipe.json"
 """The recipe's files in the sweep directory (`scaling report` opens with the first)."""
@@ -91,6 +91,8 @@ class Recipe:
     dp_stops_paying_off_full: Optional[int] = None
     """With hybrid sharding among the candidates: where DP stops paying off with full sharding alone (None: the
     same, or not at any count the batch can use)."""
+    baseline_run: Optional[str] = None
+    """The configuration efficiency is relative to (at baseline_gpus), by its name."""
     next_measurement: Optional[dict[str, Any]] = None
     """The point whose measurement would narrow the least certain row most (scaling.recipe.next_point), or None."""
     """The GPU count efficiency is relative to: where the best configuration goes fastest per GPU (1 GPU, but for a
@@ -114,6 +116,7 @@ class Recipe:
             "max_useful_gpus": self.max_useful_gpus,
             "baseline_tokens_per_s_per_gpu": self.baseline_tokens_per_s_per_gpu,
             "baseline_gpus": self.baseline_gpus,
+            "baseline_run": self.baseline_run,
             "dp_stops_paying_off_full": self.dp_stops_paying_off_full,
             "next_measurement": self.next_measurement,
             "notes": self.notes,
@@ -140,6 +143,7 @@ class Recipe:
             baseline_tokens_per_s_per_gpu=doc.get("baseline_tokens_per_s_per_gpu"),
             notes=list(doc.get("notes") or []),
             baseline_gpus=doc.get("baseline_gpus", 1),
+            baseline_run=doc.get("baseline_run"),
             dp_stops_paying_off_full=doc.get("dp_stops_paying_off_full"),
             next_measurement=doc.get("next_measurement"),
         )
@@ -176,7 +180,7 @@ class Recipe:
             "the run-to-run spread and the model-form terms past the measured dp: docs/dp-extrapolation.md); past "
             "the horizon a row gives no figure and says why (beyond_horizon). "
             "Ties are configurations whose figure lies within the recommended one's band, or whose band holds its "
-            "figure (scaling.core.noise.tied): equally good within the noise.",
+            f"figure (scaling.core.noise.tied): equally good within the noise; {TIE_RULE}.",
             *self.notes,
         ]
 

@@ -19,15 +19,31 @@ from typing import Any, Callable, Optional, Sequence
 from scaling.core.noise import tied
 from scaling.perf.knee import DEFAULT_THRESHOLD
 from scaling.recipe.answer import Row
-from scaling.recipe.options import BEYOND_HORIZON, Beyond, Candidate, Estimator, Option, Split, max_useful_gpus
+from scaling.recipe.options import (
+    BEYOND_HORIZON,
+    Beyond,
+    Candidate,
+    Estimator,
+    Option,
+    Split,
+    max_useful_gpus,
+)
+
+Peak = Optional[Callable[[Candidate, Split], Optional[int]]]
+"""A candidate's predicted peak bytes per rank at a split (None: not known)."""
 
 
 def best_option(
-    candidates: Sequence[Candidate], gbs_samples: int, seq_len: int, gpus: int, estimate: Estimator
+    candidates: Sequence[Candidate],
+    gbs_samples: int,
+    seq_len: int,
+    gpus: int,
+    estimate: Estimator,
+    peak: Peak = None,
 ) -> tuple[Optional[Option], list[Option], list[str], Optional[str]]:
-    """The fastest candidate at `gpus` (most tokens/s per GPU, nominal), the others whose band reaches its nominal
-    figure or whose nominal figure lies in its band (ties), why each other candidate has no figure, and the reason
-    of the horizon where a candidate's figure lies past it."""
+    """The configuration to run at `gpus`: the fastest (most tokens/s per GPU, nominal), or among those tied with it
+    (scaling.core.noise.tied) the least (TIE_RULE; memory by `peak` where no record measured it); the others tied
+    with it, why each other candidate has no figure, and the reason of the horizon where a figure lies past it."""
     options, why, seen = [], [], set()
     beyond: Optional[str] = None
     for c in candidates:
@@ -52,17 +68,29 @@ def best_option(
         options.append(Option(c, s, e))
     if not options:
         return None, [], why, beyond
-    best = max(options, key=lambda o: o.estimate.tokens_per_s_per_gpu)
-    b = best.estimate
-    ties = [
-        o
-        for o in options
-        if o is not best
-        and tied(
-            o.estimate.tokens_per_s_per_gpu, o.estimate.low, o.estimate.high, b.tokens_per_s_per_gpu, b.low, b.high
-        )
-    ]
-    return best, ties, why, beyond
+    fastest = max(options, key=lambda o: o.estimate.tokens_per_s_per_gpu)
+    best = min((o for o in options if o is fastest or _tied(o, fastest)), key=lambda o: _less(o, peak))
+    return best, [o for o in options if o is not best and _tied(o, best)], why, beyond
+
+
+def _tied(a: Option, b: Option) -> bool:
+    ea, eb = a.estimate, b.estimate
+    return tied(ea.tokens_per_s_per_gpu, ea.low, ea.high, eb.tokens_per_s_per_gpu, eb.low, eb.high)
+
+
+RECOMPUTE_WORK = ("none", "selective", "full")
+"""train.recompute settings from the least work recomputed to the most."""
+
+
+def _less(o: Option, peak: Peak) -> tuple[int, bool, int, int, float]:
+    """TIE_RULE's order: fewer axes, full sharding, less recomputation, less memory per rank, then faster."""
+    memory = o.estimate.peak_mem_bytes
+    if memory is None and peak is not None:
+        memory = peak(o.candidate, o.split)
+    work = (
+        RECOMPUTE_WORK.index(o.candidate.recompute) if o.candidate.recompute in RECOMPUTE_WORK else len(RECOMPUTE_WORK)
+    )
+    return o.layout.axes, o.layout.hybrid, work, memory or 0, -o.estimate.tokens_per_s_per_gpu
 
 
 def knee(
@@ -73,12 +101,13 @@ def knee(
     estimate: Estimator,
     baseline: float,
     threshold: float,
+    peak: Peak = None,
 ) -> tuple[Optional[int], tuple[Optional[int], Optional[int]]]:
     """The first GPU count whose best configuration's efficiency (against `baseline`, the most per GPU) is below
     `threshold`, and its range: the first count whose band's high end is below it, and whose low end is."""
     first = earliest = latest = None
     for n in sorted(counts):
-        best, _, _, _ = best_option(candidates, gbs_samples, seq_len, n, estimate)
+        best, _, _, _ = best_option(candidates, gbs_samples, seq_len, n, estimate, peak)
         if best is None:
             continue
         e = best.estimate
@@ -100,7 +129,7 @@ def decide(
     threshold: float = DEFAULT_THRESHOLD,
     tokens: Optional[int] = None,
     capacity_bytes: Optional[int] = None,
-    predicted_peak: Optional[Callable[[Candidate, Split], Optional[int]]] = None,
+    predicted_peak: Peak = None,
     command: Optional[Callable[[Candidate, Split], str]] = None,
 ) -> tuple[list[Row], Optional[int], tuple[Optional[int], Optional[int]], Optional[float], Optional[int]]:
     """The rows for the requested GPU counts, the first GPU count past the baseline below `threshold` with its range,
@@ -110,13 +139,13 @@ def decide(
     counts = sorted({*(2**k for k in range(top.bit_length()) if 2**k <= top), *(n for n in gpus if n <= top)})
     baseline = baseline_gpus = None
     for n in counts:  # the most tokens/s per GPU at any count: one device, unless only sharding or recompute fits it
-        base, _, _, _ = best_option(candidates, gbs_samples, seq_len, n, estimate)
+        base, _, _, _ = best_option(candidates, gbs_samples, seq_len, n, estimate, predicted_peak)
         if base is not None and (baseline is None or base.estimate.tokens_per_s_per_gpu > baseline):
             baseline, baseline_gpus = base.estimate.tokens_per_s_per_gpu, n
     rows = []
     for n in gpus:
         row = Row(gpus=n)
-        best, ties, why, beyond = best_option(candidates, gbs_samples, seq_len, n, estimate)
+        best, ties, why, beyond = best_option(candidates, gbs_samples, seq_len, n, estimate, predicted_peak)
         if n > top:
             row.reason = (
                 f"more GPUs than the batch can use: {gbs_samples} samples split over at most {top} GPUs "
@@ -144,7 +173,9 @@ def decide(
         c, s, e = best.candidate, best.split, best.estimate
         row.place(best.layout)
         row.mbs, row.grad_acc, row.recompute = s.mbs, s.grad_acc, c.recompute
-        row.tp_why = _tp_why(c, candidates, n, gbs_samples, seq_len, estimate) if best.layout.tp > 1 else None
+        row.tp_why = (
+            _tp_why(c, candidates, n, gbs_samples, seq_len, estimate, predicted_peak) if best.layout.tp > 1 else None
+        )
         row.gbs_tokens, row.gbs_exact = s.gbs_tokens, s.exact
         row.tokens_per_s_per_gpu, row.tokens_per_s_per_gpu_low, row.tokens_per_s_per_gpu_high = (
             e.tokens_per_s_per_gpu,
@@ -177,7 +208,16 @@ def decide(
             row.versus_full = _versus_full(candidates, gbs_samples, seq_len, n, estimate, predicted_peak)
         rows.append(row)
     first, band = (
-        knee(candidates, gbs_samples, seq_len, [n for n in counts if n >= baseline_gpus], estimate, baseline, threshold)
+        knee(
+            candidates,
+            gbs_samples,
+            seq_len,
+            [n for n in counts if n >= baseline_gpus],
+            estimate,
+            baseline,
+            threshold,
+            predicted_peak,
+        )
         if baseline
         else (
             None,
@@ -198,10 +238,10 @@ def _versus_full(
     seq_len: int,
     gpus: int,
     estimate: Estimator,
-    predicted_peak: Optional[Callable[[Candidate, Split], Optional[int]]],
+    predicted_peak: Peak,
 ) -> Optional[dict[str, Any]]:
     """The best full-sharding option at `gpus` (name, tokens/s per GPU with its band, peak memory per rank)."""
-    best, _, _, _ = best_option(full_sharding(candidates), gbs_samples, seq_len, gpus, estimate)
+    best, _, _, _ = best_option(full_sharding(candidates), gbs_samples, seq_len, gpus, estimate, predicted_peak)
     if best is None:
         return None
     e = best.estimate
@@ -228,6 +268,7 @@ def knee_of_full_sharding(
     baseline: Optional[float],
     baseline_gpus: Optional[int],
     threshold: float,
+    peak: Peak = None,
 ) -> Optional[int]:
     """Where DP stops paying off with full sharding alone, when hybrid sharding is among the candidates (None
     otherwise, or when it stays above the threshold): what hybrid sharding moves."""
@@ -236,11 +277,17 @@ def knee_of_full_sharding(
         return None
     top = max_useful_gpus(gbs_samples, candidates)
     counts = [2**k for k in range(top.bit_length()) if baseline_gpus <= 2**k <= top]
-    return knee(full, gbs_samples, seq_len, counts, estimate, baseline, threshold)[0]
+    return knee(full, gbs_samples, seq_len, counts, estimate, baseline, threshold, peak)[0]
 
 
 def _tp_why(
-    c: Candidate, candidates: Sequence[Candidate], gpus: int, gbs_samples: int, seq_len: int, estimate: Estimator
+    c: Candidate,
+    candidates: Sequence[Candidate],
+    gpus: int,
+    gbs_samples: int,
+    seq_len: int,
+    estimate: Estimator,
+    peak: Peak = None,
 ) -> str:
     """Why a row runs tensor parallelism: the batch has fewer samples than GPUs, no configuration without it fits,
     or it is the fastest there."""
@@ -252,7 +299,7 @@ def _tp_why(
         )
     if not any(o.mbs_for(gpus) >= 1 for o in plain):
         return f"no configuration without tensor parallelism fits per rank at {gpus} GPUs"
-    best, _, _, _ = best_option(plain, gbs_samples, seq_len, gpus, estimate)
+    best, _, _, _ = best_option(plain, gbs_samples, seq_len, gpus, estimate, peak)
     if best is None:
         return "no configuration without tensor parallelism has a figure here"
     return (

@@ -21,7 +21,7 @@ from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
 from scaling.recipe.answer import Recipe
 from scaling.recipe.candidates import candidate_point, find_candidates
-from scaling.recipe.decide import decide, knee_of_full_sharding
+from scaling.recipe.decide import best_option, decide, knee_of_full_sharding
 from scaling.recipe.estimate import FromRecords, workload_of
 from scaling.recipe.measure import Launcher, measure_candidates
 from scaling.recipe.network_plan import network_source
@@ -79,7 +79,14 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         candidates, gbs_samples, seq_len, a.gpus, estimate, a.threshold, a.tokens, capacity_bytes(hw),
         predicted_peak, command,
     )  # fmt: skip
-    first_full = knee_of_full_sharding(candidates, gbs_samples, seq_len, estimate, baseline, baseline_gpus, a.threshold)
+    base = (
+        best_option(candidates, gbs_samples, seq_len, baseline_gpus, estimate, predicted_peak)[0]
+        if baseline_gpus
+        else None
+    )
+    first_full = knee_of_full_sharding(
+        candidates, gbs_samples, seq_len, estimate, baseline, baseline_gpus, a.threshold, predicted_peak
+    )
     steps = cfg.train.warmup_steps + cfg.train.steps
     next_point = suggest(
         candidates, rows, launch.records, estimator, gbs_samples, seq_len, dpn, steps, hw.device, command
@@ -102,6 +109,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         baseline_tokens_per_s_per_gpu=baseline,
         notes=notes,
         baseline_gpus=baseline_gpus,
+        baseline_run=base.name if base is not None else None,
         next_measurement=next_point.to_json() if next_point is not None else None,
         dp_stops_paying_off_full=first_full,
     )

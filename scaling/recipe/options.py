@@ -13,6 +13,11 @@ from scaling.core.batch import plan
 from scaling.core.layout import Layout, configuration_name
 
 MEASURED, EXTRAPOLATED, PREDICTED, BEYOND_HORIZON = "measured", "extrapolated", "predicted", "beyond_horizon"
+TIE_RULE = (
+    "a tie (either figure within the other's band) goes to less: fewer parallel axes, full sharding over hybrid, "
+    "less recomputation, then less memory per rank (more headroom), then the faster"
+)
+"""How the recipe picks among options tied at a GPU count (scaling.recipe.decide.best_option)."""
 
 
 @dataclass(frozen=True)

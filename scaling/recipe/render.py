@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -85,6 +87,8 @@ def headline(recipe: Recipe) -> list[str]:
     """The answer in a few sentences: where DP stops paying off and how far the batch reaches."""
     lo, hi = recipe.dp_stops_paying_off_range
     base = "the best single GPU" if recipe.baseline_gpus in (None, 1) else f"the best on {recipe.baseline_gpus} GPUs"
+    if recipe.baseline_run and recipe.baseline_tokens_per_s_per_gpu:  # named with its figure: it may be no row
+        base += f" ({recipe.baseline_run}: {_fmt_rate(recipe.baseline_tokens_per_s_per_gpu)} tokens/s per GPU)"
     if recipe.baseline_tokens_per_s_per_gpu is None:
         stops = (
             "Nothing says how fast the fewest GPUs go (no candidate measured, extrapolated or predicted there), so "
@@ -148,11 +152,34 @@ def markdown(recipe: Recipe) -> str:
     return "\n".join(lines) + "\n"
 
 
+TERMINAL_COLUMNS = 120
+"""The widest line of the terminal's table."""
+TERMINAL_TIES = 2
+"""Ties the terminal shows per row, the nearest first (recipe.md lists them all)."""
+
+
 def terminal(recipe: Recipe) -> str:
-    """The table for a terminal, columns aligned, with the headline above it."""
+    """The answer for a terminal, the headline above the table: per row a line of its GPUs, configuration and figure
+    (columns aligned), then its source, efficiency, step, batch and headroom, then its nearest ties; every line of
+    the table within TERMINAL_COLUMNS."""
     cells = table(recipe)
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    text = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells]
+    main = [[row[0], row[1], row[2]] for row in cells]
+    widths = [max(len(row[i]) for row in main) for i in range(3)]
+    text = ["  ".join(cell.ljust(w) for cell, w in zip(main[0], widths)).rstrip()]
+    indent = " " * (widths[0] + 2)
+    wrap = partial(textwrap.fill, width=TERMINAL_COLUMNS, initial_indent=indent, subsequent_indent=indent + "  ")
+    for r, row, first in zip(recipe.rows, cells[1:], main[1:]):
+        if r.reason is not None and r.dp is None:
+            text.append(row[0].ljust(widths[0]) + "  " + "–")
+            text.append(wrap(f"{r.source + ': ' if r.source else ''}{r.reason}"))
+            continue
+        text.append("  ".join(cell.ljust(w) for cell, w in zip(first, widths)).rstrip())
+        details = dict(zip(cells[0][3:-1], row[3:-1]))
+        text.append(wrap(", ".join(f"{name} {value}" for name, value in details.items())))
+        near = sorted(r.ties, key=lambda t: abs(t["tokens_per_s_per_gpu"] - (r.tokens_per_s_per_gpu or 0)))
+        shown = "; ".join(f"{t['run']}: {_fmt_rate(t['tokens_per_s_per_gpu'])}" for t in near[:TERMINAL_TIES])
+        more = f" (+{len(near) - TERMINAL_TIES} more in recipe.md)" if len(near) > TERMINAL_TIES else ""
+        text.append(wrap(f"ties: {shown}{more}" if near else "ties: none"))
     sources = recipe.predicted_from()  # a plan before any point ran says on what it rests, under its table
     return "\n".join([*headline(recipe), "", *text, *(["", *sources] if sources else [])])
 
