@@ -39,6 +39,9 @@ class Row:
     gpu_hours: Optional[float] = None
     peak_mem_bytes: Optional[int] = None
     memory_headroom_frac: Optional[float] = None
+    margin_frac: Optional[float] = None
+    """The share of the capacity its fit leaves for the predictor's measured error (scaling.predictor.margin; 0 where
+    runs confirm it); at most the headroom."""
     ties: list[dict[str, Any]] = field(default_factory=list)
     command: Optional[str] = None
     reason: Optional[str] = None

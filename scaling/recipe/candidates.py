@@ -14,6 +14,7 @@ from scaling.core.model_group import TP_DEGREES
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import InvalidConfig, validate
 from scaling.model.family import checked, family_of
+from scaling.predictor.margin import planning_margin
 from scaling.recipe.mbs_search import find_mbs, largest_mbs_by_gpus
 from scaling.recipe.options import Candidate
 
@@ -86,7 +87,8 @@ def find_candidates(
     found: list[Candidate] = []
     for layout, r in ((layout, r) for z in zero for r in recompute for layout in layouts(cfg, z, gpus)):
         base = point_config(cfg, Layout(layout.zero_stage), r, 1)
-        mbs_at = largest_mbs_by_gpus(base, judged, gbs_samples, sweep_dir, layout)
+        margin = planning_margin(base).frac  # what the predictor may be off by where no run confirms the fit
+        mbs_at = largest_mbs_by_gpus(base, judged, gbs_samples, sweep_dir, layout, margin)
         fit = next((n for n in judged if mbs_at[n] >= 1), None)
         name = Candidate(layout, r, 0, "").name
         if fit is None:
@@ -130,7 +132,8 @@ def fits_from(cfg: ExperimentConfig, zero: list[int], recompute: list[str], most
         for r in recompute:
             layout = Layout(z)
             counts = [2**k for k in range(most.bit_length()) if layout.zero_stage > ZeroStage.NONE or k == 0]
-            mbs_at = largest_mbs_by_gpus(point_config(cfg, layout, r, 1), counts, most)
+            base = point_config(cfg, layout, r, 1)
+            mbs_at = largest_mbs_by_gpus(base, counts, most, margin=planning_margin(base).frac)
             n: Optional[int] = next((n for n in counts if mbs_at[n] >= 1), None)
             starts.append(f"{layout.kind} recompute {r} " + (f"from {n} GPUs" if n else "at no count"))
     return f"{cfg.model.name} fits on no GPU count the batch can use; it would start to fit: {'; '.join(starts)}"

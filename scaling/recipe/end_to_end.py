@@ -18,9 +18,10 @@ from scaling.core.schema import ExperimentConfig
 from scaling.launch.devices import devices_at_hand
 from scaling.model.family import family_of
 from scaling.predictor.analytic import predict_config
+from scaling.predictor.margin import planning_margin
 from scaling.predictor.prescreen import capacity_bytes
 from scaling.recipe.answer import Recipe
-from scaling.recipe.candidates import candidate_point, find_candidates
+from scaling.recipe.candidates import candidate_point, find_candidates, point_config
 from scaling.recipe.decide import best_option, decide, knee_of_full_sharding
 from scaling.recipe.estimate import FromRecords, workload_of
 from scaling.recipe.measure import Launcher, measure_candidates
@@ -79,6 +80,9 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         candidates, gbs_samples, seq_len, a.gpus, estimate, a.threshold, a.tokens, capacity_bytes(hw),
         predicted_peak, command,
     )  # fmt: skip
+    for row in rows:  # the margin each planned fit leaves for the predictor's error
+        if row.layout is not None and row.recompute is not None:
+            row.margin_frac = planning_margin(point_config(cfg, row.layout, row.recompute, row.mbs or 1)).frac
     base = (
         best_option(candidates, gbs_samples, seq_len, baseline_gpus, estimate, predicted_peak)[0]
         if baseline_gpus

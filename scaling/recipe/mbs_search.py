@@ -214,12 +214,13 @@ def largest_mbs_by_gpus(
     max_samples: int,
     traces_in: Optional[str | os.PathLike] = None,
     layout: Optional[Layout] = None,
+    margin: float = 0.0,
 ) -> dict[int, int]:
     """The largest mbs that fits per rank at each GPU count (0: not even mbs=1; at most max_samples // dp, the
     batch's share of a dp rank), as the pre-screen's predictor says (analytic; a model the user brings, traced in a
     fake world of that many ranks): a plan for the target hardware, whatever this host could run. `layout` (default
     the config's) is spread over each count (scaling.core.layout.Layout.at: 0 where its degrees do not divide it).
-    Each mbs is judged at grad_acc 2 where the rank's share of the batch leaves room for
+    A fit leaves `margin` of the capacity unused (scaling.predictor.margin). Each mbs is judged at grad_acc 2 where the rank's share of the batch leaves room for
     accumulating (its gradients then stay between micro-steps; every grad_acc >= 2 the same): the share itself, run
     without accumulating, is judged so too (a little conservative, and one predicate for the bisection)."""
     cfg = _search_point(cfg)
@@ -235,7 +236,7 @@ def largest_mbs_by_gpus(
             continue
         at = cfg.changed(parallel=spread.parallel())
         limit = max_samples // spread.dp
-        fits = partial(_fits, at, capacity, traces_in, grad_acc=2 if limit > 1 else 1)
+        fits = partial(_fits, at, int(capacity / (1 + margin)), traces_in, grad_acc=2 if limit > 1 else 1)
         out[n] = largest_true(fits, guess, limit)
         guess = max(out[n], 1)
     return out

@@ -76,6 +76,7 @@ def table(recipe: Recipe) -> list[list[str]]:
             "–"
             if r.memory_headroom_frac is None
             else f"{r.memory_headroom_frac:.0%} (peak {format_bytes(r.peak_mem_bytes)})"
+            + (f", margin {r.margin_frac:.1%}" if r.margin_frac else "")
         )
         ties = "; ".join(f"{t['run']}: {_fmt_rate(t['tokens_per_s_per_gpu'])}" for t in r.ties)
         cells += [headroom, ties or "none"]
