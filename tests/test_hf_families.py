@@ -12,11 +12,12 @@ import pytest
 
 from scaling.core.model_group import ModelError
 from scaling.core.schema import ExperimentConfig
-from scaling.core.validate import validate
+from scaling.core.validate import InvalidConfig, validate
 from scaling.job.run import run_point
 from scaling.model.custom.build import build
-from scaling.model.family import family_of
+from scaling.model.family import checked, family_of
 from scaling.model.hf.config import read_config
+from scaling.predictor.trace import trace_peak
 from scaling.store.record import job_dir, job_key
 from tests.helpers import hf_families as families
 from tests.helpers.points import ON_WARM_RANKS
@@ -51,6 +52,37 @@ def test_every_family_is_counted_and_checked_or_refused_on_fake_tensors(tmp_path
     for name in families.REFUSED:
         with pytest.raises(ModelError, match=rf"model.hf_config='.*{name}.json' \({name}\) is not a causal decoder: "):
             family_of(config_of(name, tmp_path).model).counted(32)
+
+
+@pytest.mark.slow  # 15 training steps traced at tp=2 in a fake world: about a second each
+def test_every_family_at_tp_2_is_traced_under_its_plan_or_refused_before_launch(tmp_path):
+    """At tp=2 every family's plan (transformers' own, under its causal LM's base model: `gpt_neox.layers.*`, not
+    `model.layers.*`) is checked against the model built on meta, and its training step traced in a fake world of 2
+    ranks, where a plan that fails the first step fails; a family with no plan this engine runs is refused naming
+    `tp_plan`. Falcon's MLP-only plan runs (its in-place add to the MLP's output), and a misspelt or misplaced pattern
+    is refused in one line naming what it could mean."""
+    for name in families.CAUSAL:
+        cfg = config_of(name, tmp_path).changed(parallel={"tp": 2, "zero_stage": 3})
+        if name in families.NO_TP_PLAN:
+            with pytest.raises(InvalidConfig, match=r"tensor-parallel plan.*: give its file a tp_plan"):
+                checked(cfg.model, 32, tp=2)
+            continue
+        checked(cfg.model, 32, tp=2)
+        assert trace_peak(cfg).peak_mem_bytes > 0, name
+    mlp = {"transformer.h.*.mlp.dense_h_to_4h": "colwise", "transformer.h.*.mlp.dense_4h_to_h": "rowwise"}
+    falcon = config_of("falcon", tmp_path).changed(parallel={"tp": 2, "zero_stage": 3})
+    falcon.model.tp_plan = mlp
+    checked(falcon.model, 32, tp=2)
+    assert trace_peak(falcon).peak_mem_bytes > 0
+    falcon.model.tp_plan = {**mlp, "transformer.h.*.mlp.dense_4h_h": "rowwise"}
+    with pytest.raises(InvalidConfig, match=r"'transformer.h.\*.mlp.dense_4h_h' matches no submodule of model 'falcon'; "
+                       r"it could mean transformer.h.\*.mlp.dense_4h_to_h"):  # fmt: skip
+        checked(falcon.model, 32, tp=2)
+    falcon.model.tp_plan = {"transformer.h.*.mlp": "colwise"}
+    with pytest.raises(
+        InvalidConfig, match=r"colwise splits Linear modules only, and transformer.h.0.mlp is a FalconMLP"
+    ):
+        checked(falcon.model, 32, tp=2)
 
 
 def test_gpt2s_own_config_needs_no_key_and_its_n_positions_bounds_the_sequence(tmp_path):
@@ -90,3 +122,22 @@ def test_gpt2_and_gemma2_from_their_config_classes_train_at_zero_3(tmp_path, nam
     assert abs(record["metrics"]["losses"][0] / math.log(families.V) - 1) <= 0.02, record["metrics"]["losses"]
     predicted, measured = record["predicted"]["peak_mem_bytes"], record["metrics"]["peak_mem_bytes"]
     assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)
+
+
+@pytest.mark.torchrun
+def test_qwen3_at_tp_2_trains_what_dp_2_does_its_per_head_norms_gradients_summed(tmp_path):
+    """Qwen3's q_norm and k_norm normalise each head's width and see only this rank's heads at tp=2: transformers'
+    plan keeps them whole with their gradients summed over the tp ranks (replicated_with_grad_allreduce), and so
+    does the engine. dp=1 x tp=2 x grad_acc=2 trains the weights dp=2 does (left whole, each rank's norms drift:
+    the final parameter norm 1e-4 off), on the same 2 warm ranks."""
+    base = config_of("qwen3", tmp_path).changed(
+        train={"warmup_steps": 2, "steps": 2}, launch={"timeout_s": 180, "reuse": True, "reuse_idle_s": 600}
+    )
+    records = []
+    for parallel, grad_acc in (({"dp": 2, "zero_stage": 3}, 1), ({"dp": 1, "tp": 2, "zero_stage": 3}, 2)):
+        cfg = base.changed(parallel=parallel, train={"grad_acc": grad_acc})
+        cfg.sweep_dir = str(tmp_path / "runs")
+        records.append(run_point(cfg))
+        assert records[-1]["status"] == "ok", records[-1]["error"]
+    dp2, tp2 = (r["metrics"]["final_param_norm"] for r in records)
+    assert abs(tp2 / dp2 - 1) <= 1e-6, (tp2, dp2)

@@ -111,10 +111,11 @@ keys, so it stays the dotted path the factory first had; scaling.model.custom.bu
 now (scaling.model.hf.causal_lm). transformers: `pip install 'scaling[hf]'`."""
 
 
-TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "embedding")
+TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "embedding", "replicate_sum_grad")
 """A tensor-parallel plan's words: colwise (output sharded: its heads or width split), rowwise (input sharded, output
 all-reduced), colwise_rep (colwise, output gathered: a head whose logits every rank needs), rowwise_rep (rowwise),
-embedding (an nn.Embedding split along its vocabulary, the ids replicated)."""
+embedding (an nn.Embedding split along its vocabulary, the ids replicated), replicate_sum_grad (whole on every rank,
+its gradients summed over the tp ranks: a norm over each head's width, fed this rank's heads, as Qwen3's q_norm)."""
 
 TP_DEGREES = (1, 2, 4, 8)
 """Tensor-parallel degrees within a node of 8 GPUs: those a refusal suggests and the recipe weighs."""
@@ -141,15 +142,16 @@ class CustomModel:
     """The target's keyword arguments."""
     tp_plan: Optional[dict[str, str]] = None
     """Tensor parallelism (parallel.tp > 1): module-name patterns (`layers.*.attn.q`, fnmatch) -> colwise |
-    rowwise | colwise_rep | rowwise_rep | embedding (TP_STYLES); null: no plan (a Hugging Face config brings its own)."""
+    rowwise | colwise_rep | rowwise_rep | embedding | replicate_sum_grad (TP_STYLES); null: no plan (a Hugging Face config brings its own)."""
 
     grouped_query = False
     """Its attention is its own: what runs it is the model's choice."""
 
     @property
     def source(self) -> str:
-        """What builds it: the target's dotted path."""
-        return str(self.target)
+        """What builds it, as messages and the record's `derived.model.source` name it: the target's dotted path, or
+        for a Hugging Face config its file (HF_TARGET is a name records keep, not a module that exists)."""
+        return f"hf_config={self.kwargs.get('config')}" if self.target == HF_TARGET else str(self.target)
 
     def check(self, c: Checks) -> None:
         """What the driver can check without torch: a dotted target, and the sizes the data needs (the rest is checked

@@ -26,6 +26,11 @@ class Family(ABC):
     shapes); else it is counted by torch's FlopCounterMode and traced on fake tensors, and its record keeps its shape
     (derived.model)."""
 
+    tp_outputs_owned: bool = True
+    """Under tensor parallelism a rowwise module's output is a tensor of its own, not the view DTensor's `to_local()`
+    gives (scaling.engine.tensor_parallel: a forward may add to it in place, as Falcon's does); a family whose forward
+    never does keeps the view."""
+
     def __init__(self, config: Any) -> None:
         self.config = config
 

@@ -66,16 +66,27 @@ class HuggingFace(OwnModule):
         return attention
 
     def tp_plan(self) -> dict[str, str]:
-        """The model file's `tp_plan`, else the config's `base_model_tp_plan` (under the causal LM's `model.`)."""
+        """The model file's `tp_plan`, else the config's `base_model_tp_plan` (under the causal LM's base model,
+        scaling.model.hf.causal_lm.hf_tp_plan)."""
         if self.config.tp_plan is not None:
             return super().tp_plan()
         from scaling.model.custom.build import no_tp_plan
         from scaling.model.hf.causal_lm import hf_tp_plan
 
         plan = hf_tp_plan(**self.config.kwargs)
-        if not plan:
-            raise no_tp_plan(self.config)
-        return plan
+        if plan:
+            return plan
+        from scaling.core.model_group import ModelError
+        from scaling.model.hf.config import read_config
+
+        own = getattr(read_config(**self.config.kwargs).text, "base_model_tp_plan", None) or {}
+        if own:
+            raise ModelError(
+                f"model {self.config.name!r} ({self.config.source}): transformers' tensor-parallel plan for it splits "
+                f"with {', '.join(sorted(set(own.values())))} only, none of which this engine runs: give its file a "
+                "tp_plan mapping module-name patterns to colwise or rowwise (docs/own-project.md)"
+            )
+        raise no_tp_plan(self.config)
 
     def tp_widths(self) -> dict[str, int]:
         from scaling.model.hf.causal_lm import hf_widths
