@@ -85,6 +85,31 @@ def test_every_family_at_tp_2_is_traced_under_its_plan_or_refused_before_launch(
         checked(falcon.model, 32, tp=2)
 
 
+def test_a_key_nothing_reads_is_refused_naming_the_field_it_could_mean(tmp_path):
+    """A misspelt key of a config file, of its composite part or of the model file's overrides is refused before
+    anything runs (transformers would build the default width); a key Qwen3-MoE's modeling code reads without its
+    config class declaring it (`head_dim`) and an older name transformers converts (`rope_theta`) are not."""
+    import json
+
+    path = families.write_config("llama", tmp_path)
+    fields = json.loads(path.read_text())
+    fields["intermediate_sise"] = fields.pop("intermediate_size")
+    path.write_text(json.dumps({**fields, "rope_theta": 10000.0}))
+    with pytest.raises(
+        ModelError, match=r"'intermediate_sise' \(did you mean 'intermediate_size'\?\) is not a field of "
+    ):
+        read_config(str(path))
+    with pytest.raises(ModelError, match=r"model file's keys over .*: 'n_layer' is not a field of LlamaConfig"):
+        read_config(str(families.write_config("llama", tmp_path)), n_layer=1)
+    composite = families.write_config("gemma3", tmp_path)
+    fields = json.loads(composite.read_text())
+    fields["text_config"]["hiden_size"] = fields["text_config"]["hidden_size"]
+    composite.write_text(json.dumps(fields))
+    with pytest.raises(ModelError, match=r"\(gemma3\) text_config: 'hiden_size' \(did you mean 'hidden_size'\?\)"):
+        read_config(str(composite))
+    assert read_config(str(families.write_config("qwen3_moe", tmp_path))).text.head_dim == 16
+
+
 def test_gpt2s_own_config_needs_no_key_and_its_n_positions_bounds_the_sequence(tmp_path):
     """GPT-2's config names its longest sequence `n_positions`: read through transformers, the point validates and is
     counted with nothing added by hand, and a longer train.seq_len is refused naming that key and the file."""

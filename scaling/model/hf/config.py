@@ -83,6 +83,12 @@ def read_config(
         raise ModelError(
             f"model.hf_config={config!r} ({model_type}; overridden: {keys}) is not a valid config: {why}"
         ) from None
+    from scaling.model.hf.keys import check_keys
+
+    unknown = check_keys(f"model.hf_config={config!r} ({model_type})", type(whole), fields)
+    unknown += check_keys(f"the model file's keys over model.hf_config={config!r}", type(text), overrides)
+    if unknown:
+        raise ModelError("; ".join(unknown))
     hf = HFConfig(config, model_type, text, experts)
     if getattr(whole, "is_encoder_decoder", False):
         raise hf.refused(
