@@ -110,6 +110,19 @@ def test_a_key_nothing_reads_is_refused_naming_the_field_it_could_mean(tmp_path)
     assert read_config(str(families.write_config("qwen3_moe", tmp_path))).text.head_dim == 16
 
 
+def test_a_latent_attention_with_fewer_kv_heads_is_refused_naming_the_field(tmp_path):
+    """DeepSeek-V3's multi-head latent attention makes a key and a value per head; with num_key_value_heads below
+    num_attention_heads transformers repeats them onto more heads than the queries have (eager attention fails on
+    the shapes): refused before anything runs, naming the field and the value to set."""
+    import json
+
+    path = families.write_config("deepseek_v3", tmp_path)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_key_value_heads": families.KV}))
+    with pytest.raises(ModelError, match=rf"has num_key_value_heads={families.KV} and num_attention_heads="
+                       rf"{families.HEADS}: .* set num_key_value_heads={families.HEADS}$"):  # fmt: skip
+        read_config(str(path))
+
+
 def test_gpt2s_own_config_needs_no_key_and_its_n_positions_bounds_the_sequence(tmp_path):
     """GPT-2's config names its longest sequence `n_positions`: read through transformers, the point validates and is
     counted with nothing added by hand, and a longer train.seq_len is refused naming that key and the file."""

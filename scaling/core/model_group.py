@@ -253,6 +253,22 @@ def is_custom(values: Mapping[str, Any]) -> bool:
     return TARGET_KEY in values or HF_KEY in values
 
 
+class UnknownKey(TypeError, ValueError):
+    """A key a config group lacks (a misspelt model-file key, a `+train.seqlen=64`): one line naming it, what it could
+    mean and the group's fields. Raised while the config is built, before any point exists."""
+
+
+def unknown_key(where: str, key: str, known: set[str], what: str = "") -> UnknownKey:
+    """`train.seqlen is not a field of train (did you mean train.seq_len?): its fields are ...`."""
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    mean = f" (did you mean {where}.{close[0]}?)" if close else ""
+    return UnknownKey(
+        f"{where}.{key} is not a field of {what or where}{mean}: its fields are {', '.join(sorted(known))}"
+    )
+
+
 def model_of(values: Mapping[str, Any]) -> ModelGroup:
     """The typed model config of its plain form (a model file, a record's `config.model`): the kind its keys say."""
     if is_custom(values):
@@ -260,10 +276,10 @@ def model_of(values: Mapping[str, Any]) -> ModelGroup:
     known = {f.name for f in fields(ModelConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(
-            f"model.{unknown[0]} is not a field of the built-in decoder (model {values.get('name')!r}): its fields are "
-            f"{', '.join(sorted(known))}; a model of your own names its class or factory with _target_"
-        )
+        error = unknown_key("model", unknown[0], known | {TARGET_KEY, HF_KEY}, f"the built-in decoder (model "
+                            f"{values.get('name')!r})")  # fmt: skip
+        raise UnknownKey(f"{error}; a model of your own names its class or factory with _target_, a Hugging Face "
+                         "config's file with hf_config")  # fmt: skip
     return ModelConfig(**values)
 
 

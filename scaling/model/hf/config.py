@@ -94,4 +94,13 @@ def read_config(
         raise hf.refused(
             "is not a causal decoder: an encoder-decoder (is_encoder_decoder=true); give a decoder-only one"
         )
+    heads, kv = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
+    if getattr(text, "kv_lora_rank", None) and isinstance(kv, int) and kv != heads:
+        # transformers' multi-head latent attention repeats its keys and values num_attention_heads / kv times
+        # onto heads it already has one for each of: its eager attention and SDPA with a mask fail on the shapes
+        raise hf.refused(
+            f"has num_key_value_heads={kv} and num_attention_heads={heads}: its multi-head latent attention "
+            f"(kv_lora_rank) makes a key and a value for every head, and transformers' attention repeats them "
+            f"{heads}/{kv} times more (eager attention fails on the shapes): set num_key_value_heads={heads}"
+        )
     return hf
