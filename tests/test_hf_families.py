@@ -123,6 +123,28 @@ def test_a_latent_attention_with_fewer_kv_heads_is_refused_naming_the_field(tmp_
         read_config(str(path))
 
 
+def test_on_fake_tensors_attention_runs_as_on_real_ones_unmasked_and_grouped(tmp_path, monkeypatch):
+    """The engine's positions are never packed: on real tensors transformers finds so and runs SDPA with is_causal,
+    no mask and its key/value heads as they are; on fake tensors (the count, the trace) it cannot read them, and
+    without scaling.model.hf.causal_lm.masks_as_on_real_tensors it built a (T, T) mask and repeated each key and value
+    head for its query heads, which the traced step held and the real one does not."""
+    import torch
+    from transformers.integrations import sdpa_attention
+
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def seen(q, k, v, attn_mask=None, **kwargs):
+        calls.append((attn_mask is None, k.shape[1], kwargs.get("is_causal")))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(sdpa_attention.torch.nn.functional, "scaled_dot_product_attention", seen)
+    cfg = config_of("llama", tmp_path).changed(parallel={"dp": 2, "zero_stage": 3})
+    family_of(cfg.model).counted(32)
+    trace_peak(cfg)
+    assert calls and set(calls) == {(True, families.KV, True)}, calls
+
+
 def test_gpt2s_own_config_needs_no_key_and_its_n_positions_bounds_the_sequence(tmp_path):
     """GPT-2's config names its longest sequence `n_positions`: read through transformers, the point validates and is
     counted with nothing added by hand, and a longer train.seq_len is refused naming that key and the file."""

@@ -298,7 +298,8 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
     mbs, dp = train.mbs, par.layout.world_size
     cpu, cuda = torch.device("cpu"), cfg.hardware.device == "cuda"
     gloo = _gloo_collectives() if cfg.hardware.backend == "gloo" else contextlib.nullcontext()
-    with _fake_world(dp), _cuda_kernels() if cuda else contextlib.nullcontext(), gloo:
+    family = family_of(cfg.model)
+    with _fake_world(dp), _cuda_kernels() if cuda else contextlib.nullcontext(), gloo, family.as_on_real_tensors():
         # The worker's build order; fake tensors hold no memory, so the shapes are made on the fake device.
         no_compile = dataclasses.replace(train, compile=False)
         wrapped = parallelize(cfg.model, no_compile, par, cpu, on_meta=False, fused_optimizer=cuda)
@@ -306,7 +307,7 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
             wrapped.model.register_comm_hook(None, _completed_allreduce(dp))
             params = [p for p in wrapped.model.parameters() if p.requires_grad]
             wrapped.model.reducer = _LocalBucketRebuild(wrapped.model.reducer, params)
-        data = GlobalBatch(family_of(cfg.model).vocab_size(), train.seq_len, train.seed)  # token values do not matter
+        data = GlobalBatch(family.vocab_size(), train.seq_len, train.seed)  # token values do not matter
         train_step(wrapped, step_batches(data, 0, 0, mbs, micro_steps))
         micro_batches = step_batches(data, 1, 0, mbs, micro_steps)  # built before the step, as the worker does
         if par.zero_stage < ZeroStage.GRADIENTS:

@@ -5,7 +5,7 @@ through transformers (config.py) where the model file gives none, and whose atte
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, ContextManager, Optional
 
 from scaling.core.model_group import HF_TARGET, CustomModel, ModelGroup
 from scaling.model.custom.family import OwnModule
@@ -47,6 +47,13 @@ class HuggingFace(OwnModule):
 
         kwargs = self.config.kwargs
         return f"{read_config(**kwargs).longest_name()} of model.hf_config={kwargs['config']!r}"
+
+    def as_on_real_tensors(self) -> ContextManager[None]:
+        """transformers' masks on fake tensors as on real ones: SDPA with is_causal and no mask, key/value heads as
+        they are (scaling.model.hf.causal_lm.masks_as_on_real_tensors)."""
+        from scaling.model.hf.causal_lm import masks_as_on_real_tensors
+
+        return masks_as_on_real_tensors()
 
     def attention_of(self, module: nn.Module) -> Optional[str]:
         """transformers' choice (said on stderr when it is not SDPA and the file did not ask for it); the module is
