@@ -61,8 +61,8 @@ def masks_as_on_real_tensors() -> Iterator[None]:
     engine's (every row's positions 0..T-1: it never packs) are found unpacked, and attention runs SDPA with
     `is_causal` and no mask (grouped-query attention without repeating keys and values). On fake tensors the values
     cannot be read, and transformers would build a (T, T) mask for packed sequences and repeat each key and value
-    head for every query head it serves, which the real step never holds (Mistral-7B's shapes on 64 H100s: 55.75 GiB
-    of activations traced, where the real step holds the built-in family's)."""
+    head for every query head it serves, which the real step never holds (at Mistral-7B's shapes, seq 4096, 2.5 GiB
+    of activations more: docs/own-project.md)."""
     from torch._subclasses.fake_tensor import is_fake
     from transformers import masking_utils
 
