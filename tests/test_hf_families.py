@@ -188,13 +188,15 @@ def test_gpt2_and_gemma2_from_their_config_classes_train_at_zero_3(tmp_path, nam
 def test_qwen3_at_tp_2_trains_what_dp_2_does_its_per_head_norms_gradients_summed(tmp_path):
     """Qwen3's q_norm and k_norm normalise each head's width and see only this rank's heads at tp=2: transformers'
     plan keeps them whole with their gradients summed over the tp ranks (replicated_with_grad_allreduce), and so
-    does the engine. dp=1 x tp=2 x grad_acc=2 trains the weights dp=2 does (left whole, each rank's norms drift:
-    the final parameter norm 1e-4 off), on the same 2 warm ranks."""
+    does the engine, as each gradient arrives. dp=1 x tp=2 x grad_acc=2, its gradients accumulated over both
+    micro-steps before FSDP2 reduces them, trains the weights dp=2 does (left whole, each rank's norms drift: the
+    final parameter norm 1e-4 off), on the same 2 warm ranks."""
     base = config_of("qwen3", tmp_path).changed(
         train={"warmup_steps": 2, "steps": 2}, launch={"timeout_s": 180, "reuse": True, "reuse_idle_s": 600}
     )
     records = []
-    for parallel, grad_acc in (({"dp": 2, "zero_stage": 3}, 1), ({"dp": 1, "tp": 2, "zero_stage": 3}, 2)):
+    tp2 = {"dp": 1, "tp": 2, "zero_stage": 3, "fsdp_grad_reduce": "last_micro_step"}  # accumulated, summed once
+    for parallel, grad_acc in (({"dp": 2, "zero_stage": 3}, 1), (tp2, 2)):
         cfg = base.changed(parallel=parallel, train={"grad_acc": grad_acc})
         cfg.sweep_dir = str(tmp_path / "runs")
         records.append(run_point(cfg))

@@ -56,24 +56,27 @@ def point_mesh(layout: Layout, device: torch.device) -> PointMesh:
 
 
 class _SumGradients(ParallelStyle):
-    """The `replicate_sum_grad` style: the module's parameters stay whole on every rank, and each gradient is summed
-    over the tp ranks once accumulated (a norm over a head's width sees this rank's heads only, so its gradient is
-    this rank's part of the sum). Hooked in each forward on the parameters the module holds then: FSDP2 puts its
-    unsharded ones in place for the forward."""
+    """The `replicate_sum_grad` style: the module's parameters stay whole on every rank, and each gradient that
+    reaches one is summed over the tp ranks before it is accumulated (a norm over a head's width sees this rank's
+    heads only, so its gradient is this rank's part of the sum). Summed as it arrives, not once accumulated: gradients
+    accumulated over micro-steps (`parallel.fsdp_grad_reduce=last_micro_step`) are summed once. Hooked in each
+    forward on the parameters the module holds then: FSDP2 puts its unsharded ones in place for the forward."""
 
     def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
         import torch.distributed as dist
 
         group, hooked = device_mesh.get_group(), {}
 
-        def summed(param: torch.Tensor) -> None:
-            dist.all_reduce(param.grad, group=group)
+        def summed(grad: torch.Tensor) -> torch.Tensor:
+            grad = grad.clone()  # the gradient autograd hands over may be another op's buffer
+            dist.all_reduce(grad, group=group)
+            return grad
 
         def hook(mod: nn.Module, args: Any) -> None:
             if torch.is_grad_enabled():
                 for name, param in mod.named_parameters(recurse=False):
                     if param.requires_grad and hooked.get(name) is not param:
-                        param.register_post_accumulate_grad_hook(summed)
+                        param.register_hook(summed)
                         hooked[name] = param
 
         module.register_forward_pre_hook(hook)
