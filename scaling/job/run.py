@@ -93,9 +93,9 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
         try:
             derived = validate(c)  # 3. validate: an impossible configuration is `invalid`, before any process
             record.derived = derived_block(c, derived)  # 4. the model counted (one the user brings built and checked)
-        except InvalidConfig as e:
+            record.predicted = prediction = prescreen(c, derived.grad_acc, kept_in=c.sweep_dir)  # 5. predict its memory
+        except InvalidConfig as e:  # (5: a model one brings whose first step under its tp plan fails when traced)
             return _finish(_ended(record, Status.INVALID, str(e), c), point_dir, t0, c)
-        record.predicted = prediction = prescreen(c, derived.grad_acc, kept_in=c.sweep_dir)  # 5. predict its memory
         if predicted_oom(prediction):  # predicted > (1 + prescreen_margin) x capacity, and not in the sample
             return _finish(_ended(record, Status.PREDICTED_OOM, prediction["reason"], c), point_dir, t0, c)
         argv = functools.partial(  # under SLURM the allocation decides how torchrun starts; elsewhere --standalone
