@@ -1,6 +1,7 @@
-"""Models people train, through the engine: Hugging Face families at ZeRO-3 on 2 ranks, and a nanoGPT model.py.
+"""Models people train, through the engine: Hugging Face families at ZeRO-3 on 2 ranks (dp=2, and dp=1 x tp=2 by
+the family's own tensor-parallel plan), and a nanoGPT model.py.
 
-    python benchmarks/bench_hf_families.py [--families gpt2,gemma2] [--nanogpt PATH/TO/model.py]
+    python benchmarks/bench_hf_families.py [--families gpt2,gemma2] [--tp 1,2] [--nanogpt PATH/TO/model.py]
 
 Each family's tiny config is written by its own transformers config class (tests/helpers/hf_families.py) and run as
 a point (seq 32, mbs 2, 2 warm-up and 2 timed steps, fp32, warm ranks): its status, its FLOPs per token counted on
@@ -70,14 +71,20 @@ def row(name: str, record: dict[str, Any], closed: float | None, vocab: int, kin
     )
 
 
-def hf_rows(names: list[str], work: Path) -> None:
-    print("| family | kind | status at ZeRO-3 dp=2 | n_params | FLOPs/token counted vs closed form | traced vs "
+LAYOUTS = {1: {"dp": 2, "zero_stage": 3}, 2: {"dp": 1, "tp": 2, "zero_stage": 3}}
+"""The two ranks of each row: dp=2 at tp=1, dp=1 x tp=2 (the family's own plan) at tp=2; ZeRO-3 either way."""
+
+
+def hf_rows(names: list[str], work: Path, tp: int) -> None:
+    layout = "dp=2" if tp == 1 else "dp=1 x tp=2"
+    print(f"\n| family | kind | status at ZeRO-3 {layout} | n_params | FLOPs/token counted vs closed form | traced vs "
           "tracked peak, bytes | first loss vs ln(vocab) | init, attention |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
+    work.mkdir()
     for name in names:
         path = families.write_config(name, work)
         cfg = ExperimentConfig.from_dict({"model": {"name": name, "hf_config": str(path)}, **POINT}).changed(
-            parallel={"dp": 2, "zero_stage": 3}
+            parallel=LAYOUTS[tp]
         )
         cfg.sweep_dir = str(work / "runs")
         record = run_point(cfg)
@@ -137,6 +144,7 @@ def main() -> None:
     """Run the families (and nanoGPT) and print their tables."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--families", default=",".join([*families.CAUSAL, *families.REFUSED]))
+    p.add_argument("--tp", default="1,2", help="tensor-parallel degrees, each a table (1: dp=2; 2: dp=1 x tp=2)")
     p.add_argument("--nanogpt", type=Path, default=REPO / "tests" / "own_project" / "nanogpt_style.py")
     a = p.parse_args()
     import transformers
@@ -144,7 +152,8 @@ def main() -> None:
     print(f"transformers {transformers.__version__}\n")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        hf_rows([n for n in a.families.split(",") if n], work)
+        for tp in (int(t) for t in a.tp.split(",") if t):
+            hf_rows([n for n in a.families.split(",") if n], work / f"tp{tp}", tp)
         nanogpt_rows(a.nanogpt.resolve(), work)
 
 

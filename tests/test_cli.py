@@ -113,3 +113,20 @@ def test_bash_completion_of_scaling_run_and_scaling_sweep(tmp_path):
         "model=llama_1b model=llama_3b model=llama_70b model=llama_8b",
         "parallel.zero_stage=",
     ], out.stderr[-2000:]
+
+
+def test_a_command_line_that_composes_no_config_exits_2_in_one_line_from_every_command(tmp_path, monkeypatch, capsys):
+    """An unknown config choice and an unknown key (Hydra's own suggestion `+train.seqlen=64`) are refused alike by
+    `run`, `predict` and `recipe`: exit 2, one line naming what is wrong and what it could mean, no traceback."""
+    monkeypatch.chdir(tmp_path)
+    for args in (
+        ["run", "model=does_not_exist"],
+        ["predict", "model=does_not_exist"],
+        ["recipe", "--gbs-tokens", "1024", "--gpus", "1", "model=does_not_exist"],
+        ["run", "+train.seqlen=64", "logger=none"],
+        ["predict", "+train.seqlen=64"],
+    ):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err.strip()
+        said = ("model=does_not_exist is not a config of group 'model': valid are", "did you mean train.seq_len?")
+        assert len(err.splitlines()) == 1 and err.startswith(f"scaling {args[0]}: ") and any(s in err for s in said)

@@ -12,11 +12,12 @@ import pytest
 
 from scaling.core.model_group import ModelError
 from scaling.core.schema import ExperimentConfig
-from scaling.core.validate import validate
+from scaling.core.validate import InvalidConfig, validate
 from scaling.job.run import run_point
 from scaling.model.custom.build import build
-from scaling.model.family import family_of
+from scaling.model.family import checked, family_of
 from scaling.model.hf.config import read_config
+from scaling.predictor.trace import trace_peak
 from scaling.store.record import job_dir, job_key
 from tests.helpers import hf_families as families
 from tests.helpers.points import ON_WARM_RANKS
@@ -51,6 +52,97 @@ def test_every_family_is_counted_and_checked_or_refused_on_fake_tensors(tmp_path
     for name in families.REFUSED:
         with pytest.raises(ModelError, match=rf"model.hf_config='.*{name}.json' \({name}\) is not a causal decoder: "):
             family_of(config_of(name, tmp_path).model).counted(32)
+
+
+@pytest.mark.slow  # 15 training steps traced at tp=2 in a fake world: about a second each
+def test_every_family_at_tp_2_is_traced_under_its_plan_or_refused_before_launch(tmp_path):
+    """At tp=2 every family's plan (transformers' own, under its causal LM's base model: `gpt_neox.layers.*`, not
+    `model.layers.*`) is checked against the model built on meta, and its training step traced in a fake world of 2
+    ranks, where a plan that fails the first step fails; a family with no plan this engine runs is refused naming
+    `tp_plan`. Falcon's MLP-only plan runs (its in-place add to the MLP's output), and a misspelt or misplaced pattern
+    is refused in one line naming what it could mean."""
+    for name in families.CAUSAL:
+        cfg = config_of(name, tmp_path).changed(parallel={"tp": 2, "zero_stage": 3})
+        if name in families.NO_TP_PLAN:
+            with pytest.raises(InvalidConfig, match=r"tensor-parallel plan.*: give its file a tp_plan"):
+                checked(cfg.model, 32, tp=2)
+            continue
+        checked(cfg.model, 32, tp=2)
+        assert trace_peak(cfg).peak_mem_bytes > 0, name
+    mlp = {"transformer.h.*.mlp.dense_h_to_4h": "colwise", "transformer.h.*.mlp.dense_4h_to_h": "rowwise"}
+    falcon = config_of("falcon", tmp_path).changed(parallel={"tp": 2, "zero_stage": 3})
+    falcon.model.tp_plan = mlp
+    checked(falcon.model, 32, tp=2)
+    assert trace_peak(falcon).peak_mem_bytes > 0
+    falcon.model.tp_plan = {**mlp, "transformer.h.*.mlp.dense_4h_h": "rowwise"}
+    with pytest.raises(InvalidConfig, match=r"'transformer.h.\*.mlp.dense_4h_h' matches no submodule of model 'falcon'; "
+                       r"it could mean transformer.h.\*.mlp.dense_4h_to_h"):  # fmt: skip
+        checked(falcon.model, 32, tp=2)
+    falcon.model.tp_plan = {"transformer.h.*.mlp": "colwise"}
+    with pytest.raises(
+        InvalidConfig, match=r"colwise splits Linear modules only, and transformer.h.0.mlp is a FalconMLP"
+    ):
+        checked(falcon.model, 32, tp=2)
+
+
+def test_a_key_nothing_reads_is_refused_naming_the_field_it_could_mean(tmp_path):
+    """A misspelt key of a config file, of its composite part or of the model file's overrides is refused before
+    anything runs (transformers would build the default width); a key Qwen3-MoE's modeling code reads without its
+    config class declaring it (`head_dim`) and an older name transformers converts (`rope_theta`) are not."""
+    import json
+
+    path = families.write_config("llama", tmp_path)
+    fields = json.loads(path.read_text())
+    fields["intermediate_sise"] = fields.pop("intermediate_size")
+    path.write_text(json.dumps({**fields, "rope_theta": 10000.0}))
+    with pytest.raises(
+        ModelError, match=r"'intermediate_sise' \(did you mean 'intermediate_size'\?\) is not a field of "
+    ):
+        read_config(str(path))
+    with pytest.raises(ModelError, match=r"model file's keys over .*: 'n_layer' is not a field of LlamaConfig"):
+        read_config(str(families.write_config("llama", tmp_path)), n_layer=1)
+    composite = families.write_config("gemma3", tmp_path)
+    fields = json.loads(composite.read_text())
+    fields["text_config"]["hiden_size"] = fields["text_config"]["hidden_size"]
+    composite.write_text(json.dumps(fields))
+    with pytest.raises(ModelError, match=r"\(gemma3\) text_config: 'hiden_size' \(did you mean 'hidden_size'\?\)"):
+        read_config(str(composite))
+    assert read_config(str(families.write_config("qwen3_moe", tmp_path))).text.head_dim == 16
+
+
+def test_a_latent_attention_with_fewer_kv_heads_is_refused_naming_the_field(tmp_path):
+    """DeepSeek-V3's multi-head latent attention makes a key and a value per head; with num_key_value_heads below
+    num_attention_heads transformers repeats them onto more heads than the queries have (eager attention fails on
+    the shapes): refused before anything runs, naming the field and the value to set."""
+    import json
+
+    path = families.write_config("deepseek_v3", tmp_path)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_key_value_heads": families.KV}))
+    with pytest.raises(ModelError, match=rf"has num_key_value_heads={families.KV} and num_attention_heads="
+                       rf"{families.HEADS}: .* set num_key_value_heads={families.HEADS}$"):  # fmt: skip
+        read_config(str(path))
+
+
+def test_on_fake_tensors_attention_runs_as_on_real_ones_unmasked_and_grouped(tmp_path, monkeypatch):
+    """The engine's positions are never packed: on real tensors transformers finds so and runs SDPA with is_causal,
+    no mask and its key/value heads as they are; on fake tensors (the count, the trace) it cannot read them, and
+    without scaling.model.hf.causal_lm.masks_as_on_real_tensors it built a (T, T) mask and repeated each key and value
+    head for its query heads, which the traced step held and the real one does not."""
+    import torch
+    from transformers.integrations import sdpa_attention
+
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def seen(q, k, v, attn_mask=None, **kwargs):
+        calls.append((attn_mask is None, k.shape[1], kwargs.get("is_causal")))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(sdpa_attention.torch.nn.functional, "scaled_dot_product_attention", seen)
+    cfg = config_of("llama", tmp_path).changed(parallel={"dp": 2, "zero_stage": 3})
+    family_of(cfg.model).counted(32)
+    trace_peak(cfg)
+    assert calls and set(calls) == {(True, families.KV, True)}, calls
 
 
 def test_gpt2s_own_config_needs_no_key_and_its_n_positions_bounds_the_sequence(tmp_path):
@@ -90,3 +182,24 @@ def test_gpt2_and_gemma2_from_their_config_classes_train_at_zero_3(tmp_path, nam
     assert abs(record["metrics"]["losses"][0] / math.log(families.V) - 1) <= 0.02, record["metrics"]["losses"]
     predicted, measured = record["predicted"]["peak_mem_bytes"], record["metrics"]["peak_mem_bytes"]
     assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)
+
+
+@pytest.mark.torchrun
+def test_qwen3_at_tp_2_trains_what_dp_2_does_its_per_head_norms_gradients_summed(tmp_path):
+    """Qwen3's q_norm and k_norm normalise each head's width and see only this rank's heads at tp=2: transformers'
+    plan keeps them whole with their gradients summed over the tp ranks (replicated_with_grad_allreduce), and so
+    does the engine, as each gradient arrives. dp=1 x tp=2 x grad_acc=2, its gradients accumulated over both
+    micro-steps before FSDP2 reduces them, trains the weights dp=2 does (left whole, each rank's norms drift: the
+    final parameter norm 1e-4 off), on the same 2 warm ranks."""
+    base = config_of("qwen3", tmp_path).changed(
+        train={"warmup_steps": 2, "steps": 2}, launch={"timeout_s": 180, "reuse": True, "reuse_idle_s": 600}
+    )
+    records = []
+    tp2 = {"dp": 1, "tp": 2, "zero_stage": 3, "fsdp_grad_reduce": "last_micro_step"}  # accumulated, summed once
+    for parallel, grad_acc in (({"dp": 2, "zero_stage": 3}, 1), (tp2, 2)):
+        cfg = base.changed(parallel=parallel, train={"grad_acc": grad_acc})
+        cfg.sweep_dir = str(tmp_path / "runs")
+        records.append(run_point(cfg))
+        assert records[-1]["status"] == "ok", records[-1]["error"]
+    dp2, tp2 = (r["metrics"]["final_param_norm"] for r in records)
+    assert abs(tp2 / dp2 - 1) <= 1e-6, (tp2, dp2)

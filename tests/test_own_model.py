@@ -222,6 +222,25 @@ def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predi
     assert max(rel(a, b) for a, b in zip(compiled["metrics"]["losses"], one["metrics"]["losses"])) <= 1e-4
 
 
+def test_a_plan_whose_first_step_would_fail_is_invalid_before_any_process(project):
+    """gpt.py's attention reads its head count from the config and splits its fused qkv in three: split by column
+    over tp=2 its first step fails. The pre-screen's trace of that step, on fake tensors in a fake world, fails the same
+    way, so the point is `invalid`, naming the step's error and what a forward must do, and no rank starts."""
+    from scaling.sweep.compose import compose_config
+
+    cfg = compose_config([
+        "model=gpt2_tiny", "logger=none", "train.seq_len=32", "parallel.tp=2", "parallel.zero_stage=3",
+        "+model.tp_plan={h.*.qkv:colwise,h.*.proj:rowwise}", f"sweep_dir={project / 'runs'}",
+    ])  # fmt: skip
+    record = run_point(cfg)
+    assert record["status"] == "invalid", record
+    assert record["error"].startswith(
+        "parallel.tp=2: the first training step of model 'gpt2_tiny' under its tensor-parallel plan fails (traced on "
+        "fake tensors, as its ranks would run it): ValueError: not enough values to unpack (expected 3, got 2); "
+    )
+    assert [p.name for p in job_dir(project / "runs", job_key(cfg)).iterdir()] == ["result.json"]
+
+
 def hf_point(model: str, sweep_dir: Path) -> dict:
     """A shipped Hugging Face model file's point at ZeRO-3 on 2 warm ranks (the worker's: ON_WARM_RANKS), seq 32, mbs 2,
     2 warm-up and 2 timed steps."""

@@ -26,11 +26,12 @@ def run_app(argv: Sequence[str], config: Sequence[str] = ()) -> None:
     """Run the Hydra app of scaling.job.run on `argv` (after `config`, e.g. --config-name) as its `@hydra.main`
     would on the command line, without reading or rewriting sys.argv; raise `PointsFailed` when a point failed
     or timed out."""
-    from scaling.core.schema import CONF_DIR, searchpath_override
+    from scaling.core.schema import CONF_DIR, ConfigRefused, searchpath_override
     from scaling.job import run
     from scaling.launch.resolvers import register
     from scaling.sweep import progress
-    from scaling.sweep.hydra_adapter import get_args_parser, run_hydra
+    from scaling.sweep.compose import refusal_line
+    from scaling.sweep.hydra_adapter import composition_refused, get_args_parser, run_hydra
 
     register()
     parser = get_args_parser()
@@ -48,9 +49,10 @@ def run_app(argv: Sequence[str], config: Sequence[str] = ()) -> None:
             # Where the progress callback leaves the counts; not added where Hydra only prints or completes.
             args.overrides.append(f"hydra.callbacks.progress.outcome_file={outcome}")
         # What run.main's @hydra.main does with the parsed command line (its config path and name).
-        run_hydra(
-            args=args, args_parser=parser, task_function=run.main, config_path=str(CONF_DIR), config_name="config"
-        )
+        with composition_refused(lambda e: ConfigRefused(refusal_line(e))):
+            run_hydra(
+                args=args, args_parser=parser, task_function=run.main, config_path=str(CONF_DIR), config_name="config"
+            )
         progress.raise_for_failures(progress.read_outcome(outcome))
 
 
@@ -142,6 +144,7 @@ def _complete(line: str) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     """Dispatch `scaling <command> ...`; turn the library's exceptions into exit statuses."""
     from scaling.core.files import StoreUnwritable
+    from scaling.core.schema import ConfigRefused
     from scaling.store.read import NewerRecord
     from scaling.sweep.named import SweepNotFound
     from scaling.sweep.progress import PointsFailed
@@ -161,7 +164,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (PointsFailed, StoreUnwritable) as e:
         print(f"scaling {argv[0]}: {e}", file=sys.stderr)
         return 1
-    except (SweepNotFound, NewerRecord) as e:
+    except (SweepNotFound, NewerRecord, ConfigRefused) as e:
         print(f"scaling {argv[0]}: {e}", file=sys.stderr)
         return 2
 

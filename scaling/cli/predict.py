@@ -158,10 +158,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         validate(cfg)
         checked(cfg.model, cfg.train.seq_len, cfg.parallel.tp)  # the model's contract, as `scaling run` checks it
+        result = predict_point(cfg, traced=not a.analytic)  # (its first step under a tp plan, as the pre-screen)
     except InvalidConfig as e:
         print(f"scaling predict: invalid point: {e}", file=sys.stderr)
         return 2
-    result = predict_point(cfg, traced=not a.analytic)
     if a.json:
         print(json.dumps({"point": _point_line(cfg), **result}, indent=2))
         return 0

@@ -111,10 +111,11 @@ keys, so it stays the dotted path the factory first had; scaling.model.custom.bu
 now (scaling.model.hf.causal_lm). transformers: `pip install 'scaling[hf]'`."""
 
 
-TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "embedding")
+TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "embedding", "replicate_sum_grad")
 """A tensor-parallel plan's words: colwise (output sharded: its heads or width split), rowwise (input sharded, output
 all-reduced), colwise_rep (colwise, output gathered: a head whose logits every rank needs), rowwise_rep (rowwise),
-embedding (an nn.Embedding split along its vocabulary, the ids replicated)."""
+embedding (an nn.Embedding split along its vocabulary, the ids replicated), replicate_sum_grad (whole on every rank,
+its gradients summed over the tp ranks: a norm over each head's width, fed this rank's heads, as Qwen3's q_norm)."""
 
 TP_DEGREES = (1, 2, 4, 8)
 """Tensor-parallel degrees within a node of 8 GPUs: those a refusal suggests and the recipe weighs."""
@@ -141,15 +142,16 @@ class CustomModel:
     """The target's keyword arguments."""
     tp_plan: Optional[dict[str, str]] = None
     """Tensor parallelism (parallel.tp > 1): module-name patterns (`layers.*.attn.q`, fnmatch) -> colwise |
-    rowwise | colwise_rep | rowwise_rep | embedding (TP_STYLES); null: no plan (a Hugging Face config brings its own)."""
+    rowwise | colwise_rep | rowwise_rep | embedding | replicate_sum_grad (TP_STYLES); null: no plan (a Hugging Face config brings its own)."""
 
     grouped_query = False
     """Its attention is its own: what runs it is the model's choice."""
 
     @property
     def source(self) -> str:
-        """What builds it: the target's dotted path."""
-        return str(self.target)
+        """What builds it, as messages and the record's `derived.model.source` name it: the target's dotted path, or
+        for a Hugging Face config its file (HF_TARGET is a name records keep, not a module that exists)."""
+        return f"hf_config={self.kwargs.get('config')}" if self.target == HF_TARGET else str(self.target)
 
     def check(self, c: Checks) -> None:
         """What the driver can check without torch: a dotted target, and the sizes the data needs (the rest is checked
@@ -251,6 +253,22 @@ def is_custom(values: Mapping[str, Any]) -> bool:
     return TARGET_KEY in values or HF_KEY in values
 
 
+class UnknownKey(TypeError, ValueError):
+    """A key a config group lacks (a misspelt model-file key, a `+train.seqlen=64`): one line naming it, what it could
+    mean and the group's fields. Raised while the config is built, before any point exists."""
+
+
+def unknown_key(where: str, key: str, known: set[str], what: str = "") -> UnknownKey:
+    """`train.seqlen is not a field of train (did you mean train.seq_len?): its fields are ...`."""
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    mean = f" (did you mean {where}.{close[0]}?)" if close else ""
+    return UnknownKey(
+        f"{where}.{key} is not a field of {what or where}{mean}: its fields are {', '.join(sorted(known))}"
+    )
+
+
 def model_of(values: Mapping[str, Any]) -> ModelGroup:
     """The typed model config of its plain form (a model file, a record's `config.model`): the kind its keys say."""
     if is_custom(values):
@@ -258,10 +276,10 @@ def model_of(values: Mapping[str, Any]) -> ModelGroup:
     known = {f.name for f in fields(ModelConfig)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(
-            f"model.{unknown[0]} is not a field of the built-in decoder (model {values.get('name')!r}): its fields are "
-            f"{', '.join(sorted(known))}; a model of your own names its class or factory with _target_"
-        )
+        error = unknown_key("model", unknown[0], known | {TARGET_KEY, HF_KEY}, f"the built-in decoder (model "
+                            f"{values.get('name')!r})")  # fmt: skip
+        raise UnknownKey(f"{error}; a model of your own names its class or factory with _target_, a Hugging Face "
+                         "config's file with hf_config")  # fmt: skip
     return ModelConfig(**values)
 
 

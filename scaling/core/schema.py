@@ -19,7 +19,7 @@ from scaling.core.enums import FsdpGradReduce, Precision, Recompute
 from scaling.core.field_meta import COLUMN, GROUP, NEUTRAL, RUN_ONLY
 from scaling.core.files import CONF_DIR
 from scaling.core.layout import Layout
-from scaling.core.model_group import ModelConfig, model_dict, model_of
+from scaling.core.model_group import ModelConfig, UnknownKey, model_dict, model_of, unknown_key
 
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
 
@@ -243,7 +243,7 @@ class ExperimentConfig:
     def from_dict(cls, cfg: Mapping[str, Any]) -> ExperimentConfig:
         """The typed config of a resolved plain one (what Hydra composes, a job's config.json, or a record's
         experiment groups: the groups and fields it lacks take their defaults); a key the schema lacks raises
-        TypeError. A subclass (a schema with a field added) reads its own fields."""
+        UnknownKey (a TypeError). A subclass (a schema with a field added) reads its own fields."""
         return _build(cls, cfg)
 
     def __post_init__(self) -> None:
@@ -270,13 +270,28 @@ class ExperimentConfig:
         return replace(self, **{group: replace(getattr(self, group), **values) for group, values in groups.items()})
 
 
-def _build(kind: type, values: Mapping[str, Any]) -> Any:
-    """The dataclass `kind` of a plain dict, its nested groups (fields made by a dataclass default_factory) built too."""
+class ConfigRefused(BaseException):
+    """The command line composes no config the schema takes (an unknown config choice, key or override): one line,
+    and `scaling` exits 2 before anything runs. A BaseException, as scaling.core.files.StoreUnwritable is: Hydra takes
+    a job's Exception for that job's failure (a traceback, exit 1) and goes on with the next, which would fail alike."""
+
+
+def _build(kind: type, values: Mapping[str, Any], where: str = "") -> Any:
+    """The dataclass `kind` of a plain dict, its nested groups (fields made by a dataclass default_factory) built too;
+    UnknownKey for a key `kind` lacks (`where`: the group's dotted name)."""
     nested = {f.name: f.default_factory for f in fields(kind) if is_dataclass(f.default_factory)}
+    known = {f.name for f in fields(kind)}
+    for name in values:
+        if name not in known:
+            if where:
+                raise unknown_key(where, name, known)
+            raise UnknownKey(f"{name} is not a config group or field: they are {', '.join(sorted(known))}")
     # the model group: a mapping that __post_init__ turns into the kind its keys say (model_group.model_of)
     return kind(
         **{
-            name: _build(nested[name], value) if name in nested and isinstance(value, Mapping) else value
+            name: _build(nested[name], value, f"{where}.{name}" if where else name)
+            if name in nested and isinstance(value, Mapping)
+            else value
             for name, value in values.items()
         }
     )

@@ -155,7 +155,7 @@ def parallelize(
     blocks = family.blocks(model)
     mesh = point_mesh(layout, device) if layout.zero_stage > ZeroStage.NONE else PointMesh(None, None, None)
     if mesh.tp is not None:  # 1b. tensor parallelism: the family's plan splits each block's matmuls over tp ranks
-        apply_plan(model, family.tp_plan(), mesh.tp)
+        apply_plan(model, family.tp_plan(), mesh.tp, owned_outputs=family.tp_outputs_owned)
     if recompute:  # 2. recompute
         blocks = family.recompute(model, blocks)
     if train.compile:  # 3. compile

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from scaling.core.layout import Layout
 from scaling.core.model_group import TP_STYLES
@@ -54,22 +55,71 @@ def point_mesh(layout: Layout, device: torch.device) -> PointMesh:
     return PointMesh(mesh, dp, mesh["tp"] if tp else None)
 
 
-def _style(word: str) -> Any:
+class _SumGradients(ParallelStyle):
+    """The `replicate_sum_grad` style: the module's parameters stay whole on every rank, and each gradient that
+    reaches one is summed over the tp ranks before it is accumulated (a norm over a head's width sees this rank's
+    heads only, so its gradient is this rank's part of the sum). Summed as it arrives, not once accumulated: gradients
+    accumulated over micro-steps (`parallel.fsdp_grad_reduce=last_micro_step`) are summed once. Hooked in each
+    forward on the parameters the module holds then: FSDP2 puts its unsharded ones in place for the forward."""
+
+    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        import torch.distributed as dist
+
+        group, hooked = device_mesh.get_group(), {}
+
+        def summed(grad: torch.Tensor) -> torch.Tensor:
+            grad = grad.clone()  # the gradient autograd hands over may be another op's buffer
+            dist.all_reduce(grad, group=group)
+            return grad
+
+        def hook(mod: nn.Module, args: Any) -> None:
+            if torch.is_grad_enabled():
+                for name, param in mod.named_parameters(recurse=False):
+                    if param.requires_grad and hooked.get(name) is not param:
+                        param.register_hook(summed)
+                        hooked[name] = param
+
+        module.register_forward_pre_hook(hook)
+        return module
+
+
+def _owning(style: type) -> type:
+    """`style` (torch's RowwiseParallel) whose local output is a tensor of its own, not the view of the DTensor's
+    local tensor that `to_local()` gives: that view is made inside an autograd Function, so an in-place op on it
+    fails the first step ("Output 0 of _ToTorchTensor is a view and is being modified inplace"), and a model one
+    brings may add to a block's output in place (Falcon: `mlp_output += attention_output`). The copy holds the
+    output's bytes once more until the view it replaces is freed, right after."""
+
+    class Owning(style):  # type: ignore[misc, valid-type]
+        @staticmethod
+        def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: Any, outputs: Any, mesh: Any) -> Any:
+            out = style._prepare_output_fn(output_layouts, use_local_output, mod, outputs, mesh)
+            return out.clone() if isinstance(out, torch.Tensor) and out._base is not None else out
+
+    Owning.__name__ = f"Owning{style.__name__}"
+    return Owning
+
+
+def _style(word: str, owned_outputs: bool) -> Any:
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+    rowwise = _owning(RowwiseParallel) if owned_outputs else RowwiseParallel
     return {
         "colwise": ColwiseParallel(),
-        "rowwise": RowwiseParallel(),
+        "rowwise": rowwise(),
         "colwise_rep": ColwiseParallel(output_layouts=Replicate()),
-        "rowwise_rep": RowwiseParallel(),
+        "rowwise_rep": rowwise(),
         "embedding": RowwiseParallel(input_layouts=Replicate()),
+        "replicate_sum_grad": _SumGradients(),
     }[word]
 
 
-def apply_plan(model: nn.Module, plan: Mapping[str, str], tp_mesh: Any) -> list[str]:
+def apply_plan(model: nn.Module, plan: Mapping[str, str], tp_mesh: Any, owned_outputs: bool = False) -> list[str]:
     """Shard each submodule whose name matches a pattern of `plan` (fnmatch: `layers.*.attention.wq`) by its style;
-    the names sharded, in module order. ValueError for a word outside TP_STYLES or a plan that matches nothing."""
+    the names sharded, in module order. With `owned_outputs` (a model one brings, whose forward may add to a block's
+    output in place) a rowwise output is a tensor of its own (`_owning`). ValueError for a word outside TP_STYLES or
+    a plan that matches nothing."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     bad = sorted({w for w in plan.values() if w not in TP_STYLES})
@@ -79,7 +129,7 @@ def apply_plan(model: nn.Module, plan: Mapping[str, str], tp_mesh: Any) -> list[
     for name, _ in model.named_modules():
         word = next((w for pattern, w in plan.items() if name and fnmatch.fnmatchcase(name, pattern)), None)
         if word is not None:
-            chosen[name] = _style(word)
+            chosen[name] = _style(word, owned_outputs)
     if not chosen:
         raise ValueError(f"tp_plan {dict(plan)} matches no submodule of the model")
     parallelize_module(model, tp_mesh, chosen)

@@ -29,7 +29,7 @@ from scaling.core.derived import Derived, DerivedModel, ParamTensors
 from scaling.core.enums import Status
 from scaling.core.files import NO_SPACE, Reservation, short_of_space, stop_when_unwritable, write_json_atomic
 from scaling.core.model_group import model_hash
-from scaling.core.schema import CONF_DIR, ExperimentConfig
+from scaling.core.schema import CONF_DIR, ConfigRefused, ExperimentConfig, UnknownKey
 from scaling.core.units import format_bytes
 from scaling.core.validate import InvalidConfig, validate
 from scaling.engine import peak_flops
@@ -93,9 +93,9 @@ def run_point(c: ExperimentConfig, provenance: Optional[Provenance] = None) -> d
         try:
             derived = validate(c)  # 3. validate: an impossible configuration is `invalid`, before any process
             record.derived = derived_block(c, derived)  # 4. the model counted (one the user brings built and checked)
-        except InvalidConfig as e:
+            record.predicted = prediction = prescreen(c, derived.grad_acc, kept_in=c.sweep_dir)  # 5. predict its memory
+        except InvalidConfig as e:  # (5: a model one brings whose first step under its tp plan fails when traced)
             return _finish(_ended(record, Status.INVALID, str(e), c), point_dir, t0, c)
-        record.predicted = prediction = prescreen(c, derived.grad_acc, kept_in=c.sweep_dir)  # 5. predict its memory
         if predicted_oom(prediction):  # predicted > (1 + prescreen_margin) x capacity, and not in the sample
             return _finish(_ended(record, Status.PREDICTED_OOM, prediction["reason"], c), point_dir, t0, c)
         argv = functools.partial(  # under SLURM the allocation decides how torchrun starts; elsewhere --standalone
@@ -407,10 +407,12 @@ def hydra_provenance(hydra: DictConfig) -> Provenance:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> dict[str, Any]:
     """Hydra entry point: resolve the config and run the point."""
-    devices.start_sweep_watcher()  # a worker of the parallel launcher dies with a killed sweep
     hydra_cfg = HydraConfig.get()
     cfg.sweep_dir = output_dir(cfg.sweep_dir, hydra_cfg)
+    try:
+        point = ExperimentConfig.from_dict(OmegaConf.to_container(cfg, resolve=True))
+    except UnknownKey as e:  # `+train.seqlen=64`, a misspelt model-file key: the command line is refused, exit 2
+        raise ConfigRefused(str(e)) from None
+    devices.start_sweep_watcher()  # a worker of the parallel launcher dies with a killed sweep
     with stop_when_unwritable(cfg.sweep_dir):  # a store that refuses a write stops the run, not each point in turn
-        return run_point(
-            ExperimentConfig.from_dict(OmegaConf.to_container(cfg, resolve=True)), hydra_provenance(hydra_cfg)
-        )
+        return run_point(point, hydra_provenance(hydra_cfg))

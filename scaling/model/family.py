@@ -33,8 +33,9 @@ def checked(model: ModelGroup, seq_len: int, tp: int = 1) -> Counted:
     line, for a model that breaks it."""
     try:
         family = family_of(model)
+        counted = family.counted(seq_len)  # what is not a model at all (an encoder) is refused as such first
         if tp > 1:
             family.check_tp(tp)
-        return family.counted(seq_len)
+        return counted
     except ModelError as e:
         raise InvalidConfig([str(e)]) from e

@@ -8,7 +8,7 @@ every forward. torch is imported only by the methods that build, so the driver c
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, ContextManager, Optional
 
 from scaling.core.model_group import ModelError, ModelGroup, tp_degrees_dividing
 from scaling.model.shape import Counted, ModelShape
@@ -25,6 +25,11 @@ class Family(ABC):
     """Its counts and memory follow from its config in closed form (the analytic predictor and the step model's own
     shapes); else it is counted by torch's FlopCounterMode and traced on fake tensors, and its record keeps its shape
     (derived.model)."""
+
+    tp_outputs_owned: bool = True
+    """Under tensor parallelism a rowwise module's output is a tensor of its own, not the view DTensor's `to_local()`
+    gives (scaling.engine.tensor_parallel: a forward may add to it in place, as Falcon's does); a family whose forward
+    never does keeps the view."""
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -80,6 +85,13 @@ class Family(ABC):
         from scaling.model.custom.init import raise_if_unwritten
 
         raise_if_unwritten(self.config.name, module)
+
+    def as_on_real_tensors(self) -> ContextManager[None]:
+        """While inside, its forward on fake tensors (the FLOP count, the traced predictor) runs as on real ones where
+        its library would otherwise take another path (scaling.model.hf.causal_lm.masks_as_on_real_tensors)."""
+        import contextlib
+
+        return contextlib.nullcontext()
 
     def attention_of(self, module: nn.Module) -> Optional[str]:
         """The attention implementation the counted module runs, when its library chooses one (None: its own)."""

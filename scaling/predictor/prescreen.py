@@ -10,6 +10,7 @@ from typing import Any, Mapping, Optional
 from scaling.core.sample import sampled
 from scaling.core.schema import ExperimentConfig, HardwareConfig
 from scaling.core.units import GIB
+from scaling.core.validate import InvalidConfig
 from scaling.model.family import family_of
 from scaling.predictor.analytic import ANALYTIC, predict_config
 from scaling.store.record import job_key
@@ -91,6 +92,8 @@ def _trace_into(out: dict[str, Any], cfg: ExperimentConfig, kept_in: Optional[st
             traced = trace_peak_isolated(cfg, timeout_s=min(float(cfg.launch.timeout_s), 300.0))
         else:
             traced = trace_peak(cfg) if kept_in is None else trace_peak_kept(cfg, kept_in)
+    except InvalidConfig:  # a plan whose first step fails: refused, not launched
+        raise
     except Exception as e:
         out["trace_error"] = f"{type(e).__name__}: {e}".splitlines()[0]
         return False

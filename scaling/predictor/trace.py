@@ -276,6 +276,31 @@ def _fake_world(dp: int) -> Iterator[Any]:
         yield stack.enter_context(FakeTensorMode())
 
 
+@contextlib.contextmanager
+def _plan_refused(cfg: ExperimentConfig, family: Any) -> Iterator[None]:
+    """A model one brings whose first training step under its tensor-parallel plan fails here, on fake tensors, fails
+    so on its ranks (a forward that reads the config's head count, a fused projection split where its parts do not
+    line up): InvalidConfig, one line, so the point is refused before launch."""
+    if family.closed_form or cfg.parallel.tp == 1:  # the built-in family's plan is the project's own
+        yield
+        return
+    try:
+        yield
+    except Exception as e:
+        from scaling.core.validate import InvalidConfig
+
+        said = (
+            f"parallel.tp={cfg.parallel.tp}: the first training step of model {cfg.model.name!r} under its "
+            f"tensor-parallel plan fails (traced on fake tensors, as its ranks would run it): {type(e).__name__}: {e}"
+        ).splitlines()[0]
+        raise InvalidConfig(
+            [
+                f"{said}; a forward must take each rank's heads from the tensors (view(B, T, -1, head_dim)), and a fused "
+                "projection split only where its parts line up (docs/own-project.md, Tensor parallelism)"
+            ]
+        ) from e
+
+
 def trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
     """Peak live bytes per rank of a resolved point's training step, traced on fake tensors in this process, whose
     environment variables it leaves as it found them (the parts of torch it imports set some)."""
@@ -298,7 +323,8 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
     mbs, dp = train.mbs, par.layout.world_size
     cpu, cuda = torch.device("cpu"), cfg.hardware.device == "cuda"
     gloo = _gloo_collectives() if cfg.hardware.backend == "gloo" else contextlib.nullcontext()
-    with _fake_world(dp), _cuda_kernels() if cuda else contextlib.nullcontext(), gloo:
+    family = family_of(cfg.model)
+    with _fake_world(dp), _cuda_kernels() if cuda else contextlib.nullcontext(), gloo, family.as_on_real_tensors():
         # The worker's build order; fake tensors hold no memory, so the shapes are made on the fake device.
         no_compile = dataclasses.replace(train, compile=False)
         wrapped = parallelize(cfg.model, no_compile, par, cpu, on_meta=False, fused_optimizer=cuda)
@@ -306,8 +332,9 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
             wrapped.model.register_comm_hook(None, _completed_allreduce(dp))
             params = [p for p in wrapped.model.parameters() if p.requires_grad]
             wrapped.model.reducer = _LocalBucketRebuild(wrapped.model.reducer, params)
-        data = GlobalBatch(family_of(cfg.model).vocab_size(), train.seq_len, train.seed)  # token values do not matter
-        train_step(wrapped, step_batches(data, 0, 0, mbs, micro_steps))
+        data = GlobalBatch(family.vocab_size(), train.seq_len, train.seed)  # token values do not matter
+        with _plan_refused(cfg, family):
+            train_step(wrapped, step_batches(data, 0, 0, mbs, micro_steps))
         micro_batches = step_batches(data, 1, 0, mbs, micro_steps)  # built before the step, as the worker does
         if par.zero_stage < ZeroStage.GRADIENTS:
             wrapped.model.reducer.armed = True  # DDP rebuilds its buckets in the second step's first forward

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from scaling.core.schema import CONF_DIR, ExperimentConfig, config_dirs, searchpath_override
+from scaling.core.schema import CONF_DIR, ExperimentConfig, UnknownKey, config_dirs, searchpath_override
 from scaling.launch.resolvers import register
 from scaling.sweep.grid import PointConfigs, expand
 
@@ -25,18 +25,24 @@ def compose_config(overrides: Sequence[str] = (), sweep_file: Optional[Path] = N
 
     try:
         return ExperimentConfig.from_dict(_resolve(_compose(overrides, sweep_file)))
-    except (HydraException, OmegaConfBaseException) as e:
-        text, inner = str(e).strip().splitlines()[0], e.__cause__
-        while inner is not None and inner.__cause__ is not None:
-            inner = inner.__cause__
-        if inner is not None:  # what OmegaConf said: the key the group lacks, the value its type refuses
-            text = f"{text.rstrip('.')}: {str(inner).strip().splitlines()[0]}"
-        missing = re.search(r"Could not find '(\w+)/([^']+)'", text)
-        if missing:
-            group = missing.group(1)
-            names = sorted({f.stem for d in config_dirs() for f in (d / group).glob("*.yaml")})
-            text = f"{group}={missing.group(2)} is not a config of group {group!r}: valid are {', '.join(names)}"
-        raise ComposeError(text) from e
+    except (HydraException, OmegaConfBaseException, UnknownKey) as e:
+        raise ComposeError(refusal_line(e)) from e
+
+
+def refusal_line(e: BaseException) -> str:
+    """One line for an error of composing a config (Hydra's, OmegaConf's or the schema's UnknownKey): what OmegaConf
+    said beneath Hydra's words, and an unknown config choice with the group's valid ones."""
+    text, inner = str(e).strip().splitlines()[0], e.__cause__
+    while inner is not None and inner.__cause__ is not None:
+        inner = inner.__cause__
+    if inner is not None:  # what OmegaConf said: the key the group lacks, the value its type refuses
+        text = f"{text.rstrip('.')}: {str(inner).strip().splitlines()[0]}"
+    missing = re.search(r"Could not find '(\w+)/([^']+)'", text)
+    if missing:
+        group = missing.group(1)
+        names = sorted({f.stem for d in config_dirs() for f in (d / group).glob("*.yaml")})
+        text = f"{group}={missing.group(2)} is not a config of group {group!r}: valid are {', '.join(names)}"
+    return text
 
 
 def _compose(overrides: Sequence[str], sweep_file: Optional[Path]) -> Any:

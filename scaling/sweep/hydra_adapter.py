@@ -10,9 +10,11 @@ Import it where it is used: `scaling status` never loads Hydra.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from typing import Any
+from typing import Any, Callable, Iterator
 
+from hydra._internal import utils as _hydra_utils
 from hydra._internal.callbacks import Callbacks
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 from hydra._internal.utils import _run_hydra, get_args_parser
@@ -20,6 +22,7 @@ from hydra._internal.utils import _run_hydra, get_args_parser
 __all__ = [
     "Callbacks",
     "apply_overrides",
+    "composition_refused",
     "get_args_parser",
     "get_overrides_dirname",
     "run_hydra",
@@ -28,6 +31,32 @@ __all__ = [
 run_hydra = _run_hydra
 """What an `@hydra.main` app does with its parsed command line (args, args_parser, task_function, config_path,
 config_name)."""
+
+
+@contextlib.contextmanager
+def composition_refused(refuse: Callable[[Exception], BaseException]) -> Iterator[None]:
+    """While inside, an error of Hydra's composition (an unknown config choice, key or override: a HydraException or
+    an OmegaConf error) leaves `run_hydra` as `refuse(error)`, a BaseException Hydra's runner lets through, where
+    the runner would print it and exit 1 like any failure."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    original = _hydra_utils.run_and_report
+
+    def run_and_report(func: Any) -> Any:
+        def guarded() -> Any:
+            try:
+                return func()
+            except (HydraException, OmegaConfBaseException) as e:
+                raise refuse(e) from e
+
+        return original(guarded)
+
+    _hydra_utils.run_and_report = run_and_report
+    try:
+        yield
+    finally:
+        _hydra_utils.run_and_report = original
 
 
 def apply_overrides(overrides: list[Any], cfg: Any) -> None:

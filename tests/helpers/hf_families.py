@@ -115,6 +115,10 @@ TIED = ("gpt2", "gemma2", "gemma3_text", "falcon", "starcoder2", "cohere", "bloo
 SLIDING = ("mistral", "gemma2", "gemma3_text", "starcoder2", "gemma3")
 EAGER = ("gemma2", "bloom")
 """Families transformers has no SDPA attention for: eager by default."""
+NO_TP_PLAN = ("gpt2", "phi3", "falcon", "stablelm", "bloom")
+"""Families with no tensor-parallel plan this engine runs: none in transformers (GPT-2, Falcon, StableLM, BLOOM), or
+one of words it does not run (Phi-3's gathered colwise and split-input rowwise); at tp > 1 each is refused naming
+`tp_plan`."""
 REFUSED = ("bert", "roberta", "t5", "bart")
 """Encoders and encoder-decoders: not causal decoders."""
 

@@ -74,7 +74,8 @@ def build(model: CustomModel, device: torch.device | str) -> nn.Module:
     except ModelError:  # the project's own factories word their refusals
         raise
     except Exception as e:
-        raise ModelError(f"model._target_={model.target!r} raised {type(e).__name__}: {e}".splitlines()[0]) from e
+        what = f"model.{model.source}" if model.target == HF_TARGET else f"model._target_={model.target!r}"
+        raise ModelError(f"{what} raised {type(e).__name__}: {e}".splitlines()[0]) from e
     if not isinstance(built, nn.Module):
         raise ModelError(f"model._target_={model.target!r} returned {type(built).__name__}, not an nn.Module")
     return built

@@ -51,7 +51,7 @@ def _count(family: Family, seq_len: int) -> Counted:
     # libraries skip such checks for fake tensors (transformers' masks do). The math kernel of SDPA runs attention as
     # the matmuls the counter has formulas for (the fused CPU kernel has none): the PaLM convention, as the closed form.
     label = f"model {model.name!r} ({model.source})"
-    with FakeTensorMode(), sdpa_kernel(SDPBackend.MATH):
+    with FakeTensorMode(), sdpa_kernel(SDPBackend.MATH), family.as_on_real_tensors():
         with Writes() as writes:
             module = family.build("cpu")
         found = family.blocks(module)

@@ -4,10 +4,9 @@ tensor-parallel plan is its file's `tp_plan`."""
 
 from __future__ import annotations
 
-import fnmatch
 from typing import TYPE_CHECKING, Any, Optional
 
-from scaling.core.model_group import CustomModel, ModelError, ModelGroup
+from scaling.core.model_group import CustomModel, ModelGroup
 from scaling.model.shape import Counted
 from scaling.model.spec import Family
 
@@ -71,15 +70,13 @@ class OwnModule(Family):
         return dict(self.config.tp_plan)
 
     def check_tp(self, tp: int) -> None:
-        """As every family, and every pattern of the file's tp_plan names a submodule of the model as built on meta
-        (ModelError naming the patterns that match none and how the submodules are named)."""
-        if self.config.tp_plan is not None:
-            names = [name for name, _ in self.build("meta").named_modules() if name]
-            unmatched = [p for p in self.config.tp_plan if not any(fnmatch.fnmatchcase(n, p) for n in names)]
-            if unmatched:
-                raise ModelError(
-                    f"model.tp_plan: {', '.join(repr(p) for p in unmatched)} matches no submodule of model "
-                    f"{self.config.name!r}; its submodules are named {', '.join(names[:8])}"
-                    f"{', ...' if len(names) > 8 else ''}"
-                )
+        """As every family, and its plan checked against the model as built on meta (scaling.model.custom.plan): every
+        pattern of the file's `tp_plan` names a submodule it can split (a refusal names the pattern and what it could
+        mean); of a plan the model brings (transformers'), the plan as a whole."""
+        from scaling.model.custom.plan import check_plan
+
+        plan = self.tp_plan()
+        own = self.config.tp_plan is not None
+        where = "model.tp_plan" if own else f"the tensor-parallel plan of {self.config.source}"
+        check_plan(repr(self.config.name), self.build("meta"), plan, where, every=own)
         super().check_tp(tp)

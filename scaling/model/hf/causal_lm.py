@@ -8,7 +8,7 @@ has it, else eager (said in the record). `transformers` is the `[hf]` extra."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from torch import nn
 
@@ -54,6 +54,34 @@ def causal_lm(
     return model
 
 
+@contextlib.contextmanager
+def masks_as_on_real_tensors() -> Iterator[None]:
+    """While inside, transformers masks a forward on fake tensors (the FLOP count, the traced predictor) as it masks
+    the same forward on real ones. Its masks look for packed sequences in the position ids; on real tensors the
+    engine's (every row's positions 0..T-1: it never packs) are found unpacked, and attention runs SDPA with
+    `is_causal` and no mask (grouped-query attention without repeating keys and values). On fake tensors the values
+    cannot be read, and transformers would build a (T, T) mask for packed sequences and repeat each key and value
+    head for every query head it serves, which the real step never holds (at Mistral-7B's shapes, seq 4096, 2.5 GiB
+    of activations more: docs/own-project.md)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    try:
+        from transformers import masking_utils
+    except ImportError:  # without the [hf] extra: the build refuses the model, naming what to install
+        yield
+        return
+    find = masking_utils.find_packed_sequence_indices
+
+    def unpacked_when_fake(position_ids: Any) -> Any:
+        return None if is_fake(position_ids) else find(position_ids)
+
+    masking_utils.find_packed_sequence_indices = unpacked_when_fake
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = find
+
+
 def attention_of(model: nn.Module) -> Optional[str]:
     """The attention implementation a built model runs (None: not a transformers model)."""
     return getattr(getattr(model, "config", None), "_attn_implementation", None)
@@ -77,15 +105,41 @@ def as_built_on_meta(module: nn.Module) -> None:
         t.__dict__.pop("_is_hf_initialized", None)
 
 
-HF_STYLES = {"colwise": "colwise", "rowwise": "rowwise", "colwise_rep": "colwise_rep", "rowwise_rep": "rowwise_rep"}
-"""transformers' plan words this engine runs (others, such as expert-parallel ones, are left out of the plan)."""
+HF_STYLES = {
+    "colwise": "colwise",
+    "rowwise": "rowwise",
+    "colwise_rep": "colwise_rep",
+    "rowwise_rep": "rowwise_rep",
+    "replicated_with_grad_allreduce": "replicate_sum_grad",
+}
+"""transformers' plan words this engine runs, in its own words. The others leave their module whole on every rank:
+`colwise_gather_output` and `rowwise_split_input` come in pairs whose parts are whole between them (Phi-3's fused
+qkv, OLMo 2's q/k/v), `embedding_rowwise` splits a vocabulary a tied head shares, and the expert-parallel words
+(`packed_colwise`, `moe_tp_experts`) name experts fed the whole hidden state; a whole module computes what its
+split would, at its full cost."""
 
 
 def hf_tp_plan(config: str, **arguments: Any) -> dict[str, str]:
     """The (text decoder's) config's `base_model_tp_plan`, transformers' own per model type, under the causal LM's
-    base model (`model.`), in the engine's words; empty when it has none."""
-    plan = getattr(read_config(config, **arguments).text, "base_model_tp_plan", None) or {}
-    return {f"model.{pattern}": HF_STYLES[word] for pattern, word in plan.items() if word in HF_STYLES}
+    base model (its `base_model_prefix`: `model.` for Llama, `gpt_neox.` for GPT-NeoX, `transformer.` for GPT-J), in
+    the engine's words; empty when it has none."""
+    hf = read_config(config, **arguments)
+    plan = getattr(hf.text, "base_model_tp_plan", None) or {}
+    if not plan:
+        return {}
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        prefix = MODEL_FOR_CAUSAL_LM_MAPPING[type(hf.text)].base_model_prefix
+    except KeyError:  # not a causal LM: causal_lm says so when the model is built
+        return {}
+    whole = [pattern for pattern, word in plan.items() if word not in HF_STYLES]
+    # under a module left whole (the experts), the plan's words name its parameters, not submodules: left whole too
+    return {
+        f"{prefix}.{pattern}": HF_STYLES[word]
+        for pattern, word in plan.items()
+        if word in HF_STYLES and not any(pattern.startswith(f"{w}.") for w in whole)
+    }
 
 
 def hf_widths(config: str, **arguments: Any) -> dict[str, int]:

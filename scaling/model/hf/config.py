@@ -83,9 +83,24 @@ def read_config(
         raise ModelError(
             f"model.hf_config={config!r} ({model_type}; overridden: {keys}) is not a valid config: {why}"
         ) from None
+    from scaling.model.hf.keys import check_keys
+
+    unknown = check_keys(f"model.hf_config={config!r} ({model_type})", type(whole), fields)
+    unknown += check_keys(f"the model file's keys over model.hf_config={config!r}", type(text), overrides)
+    if unknown:
+        raise ModelError("; ".join(unknown))
     hf = HFConfig(config, model_type, text, experts)
     if getattr(whole, "is_encoder_decoder", False):
         raise hf.refused(
             "is not a causal decoder: an encoder-decoder (is_encoder_decoder=true); give a decoder-only one"
+        )
+    heads, kv = getattr(text, "num_attention_heads", None), getattr(text, "num_key_value_heads", None)
+    if getattr(text, "kv_lora_rank", None) and isinstance(kv, int) and kv != heads:
+        # transformers' multi-head latent attention repeats its keys and values num_attention_heads / kv times
+        # onto heads it already has one for each of: its eager attention and SDPA with a mask fail on the shapes
+        raise hf.refused(
+            f"has num_key_value_heads={kv} and num_attention_heads={heads}: its multi-head latent attention "
+            f"(kv_lora_rank) makes a key and a value for every head, and transformers' attention repeats them "
+            f"{heads}/{kv} times more (eager attention fails on the shapes): set num_key_value_heads={heads}"
         )
     return hf

@@ -5,7 +5,7 @@ through transformers (config.py) where the model file gives none, and whose atte
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, ContextManager, Optional
 
 from scaling.core.model_group import HF_TARGET, CustomModel, ModelGroup
 from scaling.model.custom.family import OwnModule
@@ -48,6 +48,13 @@ class HuggingFace(OwnModule):
         kwargs = self.config.kwargs
         return f"{read_config(**kwargs).longest_name()} of model.hf_config={kwargs['config']!r}"
 
+    def as_on_real_tensors(self) -> ContextManager[None]:
+        """transformers' masks on fake tensors as on real ones: SDPA with is_causal and no mask, key/value heads as
+        they are (scaling.model.hf.causal_lm.masks_as_on_real_tensors)."""
+        from scaling.model.hf.causal_lm import masks_as_on_real_tensors
+
+        return masks_as_on_real_tensors()
+
     def attention_of(self, module: nn.Module) -> Optional[str]:
         """transformers' choice (said on stderr when it is not SDPA and the file did not ask for it); the module is
         left as built on meta (scaling.model.hf.causal_lm.as_built_on_meta)."""
@@ -66,16 +73,27 @@ class HuggingFace(OwnModule):
         return attention
 
     def tp_plan(self) -> dict[str, str]:
-        """The model file's `tp_plan`, else the config's `base_model_tp_plan` (under the causal LM's `model.`)."""
+        """The model file's `tp_plan`, else the config's `base_model_tp_plan` (under the causal LM's base model,
+        scaling.model.hf.causal_lm.hf_tp_plan)."""
         if self.config.tp_plan is not None:
             return super().tp_plan()
         from scaling.model.custom.build import no_tp_plan
         from scaling.model.hf.causal_lm import hf_tp_plan
 
         plan = hf_tp_plan(**self.config.kwargs)
-        if not plan:
-            raise no_tp_plan(self.config)
-        return plan
+        if plan:
+            return plan
+        from scaling.core.model_group import ModelError
+        from scaling.model.hf.config import read_config
+
+        own = getattr(read_config(**self.config.kwargs).text, "base_model_tp_plan", None) or {}
+        if own:
+            raise ModelError(
+                f"model {self.config.name!r} ({self.config.source}): transformers' tensor-parallel plan for it splits "
+                f"with {', '.join(sorted(set(own.values())))} only, none of which this engine runs: give its file a "
+                "tp_plan mapping module-name patterns to colwise or rowwise (docs/own-project.md)"
+            )
+        raise no_tp_plan(self.config)
 
     def tp_widths(self) -> dict[str, int]:
         from scaling.model.hf.causal_lm import hf_widths

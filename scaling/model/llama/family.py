@@ -21,6 +21,7 @@ class Llama(Family):
     """The built-in decoder: closed forms for its counts and its shapes."""
 
     closed_form = True
+    tp_outputs_owned = False  # its forward adds to a block's outputs out of place
     config: ModelConfig
 
     def __init__(self, config: ModelConfig) -> None:
