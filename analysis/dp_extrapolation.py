@@ -99,6 +99,7 @@ def workload_and_points(group: pd.DataFrame) -> tuple[Workload, list[Point]]:
         float(_setting(last, "bucket_mb", 25.0)),
         _shard(_setting(last, "dp_shard", None)),
         int(_setting(last, "tp", 1)),  # type: ignore[call-overload]  # a dp rank's GPUs: its tokens per GPU
+        recompute_every=int(_setting(last, "recompute_every", 1)),  # type: ignore[arg-type]
     )  # type: ignore[arg-type]
     points = []
     for _, row in group.iterrows():

@@ -23,6 +23,7 @@ from scaling.store import device_time
 FORMATS: dict[str, Callable[[Any], str]] = {
     "tokens_per_s_per_gpu": "{:,.0f}".format,
     "mfu": "{:.1%}".format,
+    "hfu": "{:.1%}".format,
     "peak_mem_bytes": format_bytes,
     NOISE_BAND_KEY: "±{:.1%}".format,
 }
@@ -46,9 +47,13 @@ TOP_HEADERS = {
 
 def top_columns(ok: pd.DataFrame) -> list[str]:
     """The top table's columns: TOP_LEAD, then every other configuration axis (dp_scaling.GROUP_KEYS, from the
-    schema) that tells these points apart, then the figures."""
+    schema) that tells these points apart, then the figures; HFU beside MFU where a point recomputes matmuls (full
+    recomputation: its hardware FLOPs exceed its model FLOPs)."""
     named = dp_scaling.naming_keys(ok, [k for k in dp_scaling.GROUP_KEYS if k in ok.columns])
-    return [*TOP_LEAD, *(k for k in named if k not in TOP_LEAD), *TOP_FIGURES]
+    figures = list(TOP_FIGURES)
+    if "hfu" in ok.columns and "mfu" in ok.columns and bool((ok["hfu"] > ok["mfu"]).any()):
+        figures.insert(figures.index("mfu") + 1, "hfu")
+    return [*TOP_LEAD, *(k for k in named if k not in TOP_LEAD), *figures]
 
 
 @dataclass

@@ -16,7 +16,7 @@ import yaml
 
 from analysis.collect import collect
 from analysis.report_writer import write_report
-from analysis.sections import build_sections, device_time_section
+from analysis.sections import build_sections, device_time_section, top_columns
 from analysis.sweep_data import SweepData
 from scaling.cli.report import main
 from scaling.perf.network_figures import PROFILE_FILE, save_profile
@@ -407,3 +407,12 @@ def test_the_sections_are_built_from_one_read_of_the_store(tmp_path):
     titles = [s.title for s in build_sections(data, 0.8)]
     assert {"Status counts", "Top configurations", "Data-parallel scaling"} <= set(titles)
     assert "DP extrapolation beyond the measured dp" in titles
+
+
+def test_the_top_table_shows_hfu_beside_mfu_where_a_point_recomputes_matmuls():
+    """Full recomputation runs matmuls again: HFU above MFU, a column beside it; selective and none run none again."""
+    lead = {"model": "tiny", "seq_len": 64, "mbs": 2, "grad_acc": 1, "dp": 1, "zero_stage": 0, "precision": "fp32"}
+    rows = [{**lead, "recompute": rc, "mfu": 0.3, "hfu": hfu} for rc, hfu in [("none", 0.3), ("selective", 0.3)]]
+    assert "hfu" not in top_columns(pd.DataFrame(rows))
+    columns = top_columns(pd.DataFrame([*rows, {**lead, "recompute": "full", "mfu": 0.25, "hfu": 0.31}]))
+    assert columns[columns.index("mfu") + 1] == "hfu"

@@ -56,6 +56,23 @@ def test_recompute_gives_same_losses(sweep_dir):
     assert recomputed["metrics"]["peak_mem_bytes"] < plain["metrics"]["peak_mem_bytes"]
 
 
+@pytest.mark.parametrize(
+    "precision, every, tolerance", [("fp32", 1, 1e-5), ("bf16", 2, 1e-3)], ids=["fp32", "bf16-every-2"]
+)
+def test_selective_recompute_gives_the_same_losses_at_zero3(sweep_dir, precision, every, tolerance):
+    """train.recompute=selective at dp=2 ZeRO-3 (FSDP2 gathers a block's parameters again for its recomputation)
+    trains as without recomputation; bf16 with only every second block checkpointed (recompute_every=2). No matmul
+    runs twice: its hardware FLOPs are its model FLOPs; it keeps less than no recomputation."""
+    at = ["parallel.dp=2", "train.grad_acc=2", "parallel.zero_stage=3", f"train.precision={precision}", CLIP]
+    plain = point(sweep_dir, *at)
+    selective = point(sweep_dir, *at, "train.recompute=selective", f"train.recompute_every={every}")
+    assert plain["status"] == selective["status"] == "ok", (plain["error"], selective["error"])
+    l0, l1 = plain["metrics"]["losses"], selective["metrics"]["losses"]
+    assert max(rel(a, b) for a, b in zip(l0, l1)) <= tolerance, (l0, l1)
+    assert selective["derived"]["hw_flops_per_token"] == selective["derived"]["flops_per_token"]
+    assert selective["metrics"]["peak_mem_bytes"] < plain["metrics"]["peak_mem_bytes"]  # fewer tensors kept
+
+
 def test_record_schema(sweep_dir):
     rec = point(sweep_dir, "parallel.dp=2", "train.grad_acc=2", "parallel.zero_stage=0")
     on_disk = json.loads((sweep_dir / rec["job_key"] / RESULT_FILE).read_text())

@@ -13,7 +13,11 @@ from scaling.core.enums import FINAL, LAUNCHED, FsdpGradReduce, Precision, Recom
 
 def test_members_format_and_serialise_as_their_plain_values():
     assert [f"{s}" for s in Status] == ["ok", "oom", "predicted_oom", "timeout", "failed", "invalid"]
-    assert [str(p) for p in Precision] == ["fp32", "bf16"] and [str(r) for r in Recompute] == ["none", "full"]
+    assert [str(p) for p in Precision] == ["fp32", "bf16"] and [str(r) for r in Recompute] == [
+        "none",
+        "selective",
+        "full",
+    ]
     assert f"{FsdpGradReduce.last_micro_step}" == "last_micro_step"
     assert [f"{z}" for z in ZeroStage] == ["0", "1", "2", "3"] and str(ZeroStage.PARAMETERS) == "3"
     record = {"status": Status.PREDICTED_OOM, "precision": Precision.bf16, "zero_stage": ZeroStage(2)}

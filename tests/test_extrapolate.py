@@ -48,6 +48,7 @@ from scaling.perf.step_model import (
     Point,
     Window,
     Workload,
+    backward_share,
     step_collectives,
     step_time_s,
 )
@@ -259,8 +260,8 @@ def test_the_ddp_stages_do_not_read_fsdp_grad_reduce_and_settings_are_checked():
     assert _w(0, fsdp_grad_reduce="last_micro_step").collectives() == _w(0).collectives()
     with pytest.raises(ValueError, match="fsdp_grad_reduce='sometimes': valid are every_micro_step, last_micro_step"):
         _w(2, fsdp_grad_reduce="sometimes")
-    with pytest.raises(ValueError, match="recompute='selective': valid are none, full"):
-        _w(2, recompute="selective")
+    with pytest.raises(ValueError, match="recompute='partial': valid are none, selective, full"):
+        _w(2, recompute="partial")
 
 
 # --- the step time ----------------------------------------------------------------------------------------
@@ -337,10 +338,13 @@ def test_zero3_splits_its_windows_forward_gathers_forward_backward_gathers_and_s
     assert expected > 2 * compute  # one window pooled over the micro-step would have hidden it all
 
 
-@pytest.mark.parametrize("recompute, backward", [("none", 2 / 3), ("full", 3 / 4)])
+@pytest.mark.parametrize("recompute, backward", [("none", 2 / 3), ("selective", 2 / 3), ("full", 3 / 4)])
 def test_recompute_moves_a_quarter_of_the_compute_into_backward(recompute, backward):
-    """train.recompute=full runs the forward again in backward: 3/4 of the compute is backward, 1/4 forward."""
+    """train.recompute=full runs the forward again in backward: 3/4 of the compute is backward, 1/4 forward;
+    selective runs no matmul twice (its FLOPs split as without recomputation); every second block of 2 at full: a
+    half forward more, 5/7."""
     assert BACKWARD_SHARE[recompute] == backward
+    assert backward_share("full", 2, 2) == pytest.approx(5 / 7)
     n, small = 2, 1e-5  # compute far below the communication: each window hides its share of it, no more
     w0 = _w(0, "fp32", recompute=recompute, bucket_mb=25.0, gbs=2)
     reduce = _ring("all_reduce", n, 4 * PSI)

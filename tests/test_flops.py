@@ -35,7 +35,7 @@ def load(group: str, name: str) -> dict:
     return {k: v for k, v in yaml.safe_load((CONF / group / f"{name}.yaml").read_text()).items() if k != "defaults"}
 
 
-def counted_flops_per_token(args: ModelArgs, seq_len: int, recompute: bool) -> float:
+def counted_flops_per_token(args: ModelArgs, seq_len: int, recompute: str) -> float:
     """FLOPs FlopCounterMode sees in one forward + backward (cross-entropy loss), per token."""
     model = Transformer(args, recompute=recompute)
     model.init_weights(0)
@@ -51,17 +51,28 @@ def counted_flops_per_token(args: ModelArgs, seq_len: int, recompute: bool) -> f
 @pytest.mark.parametrize("name, seq_len", [("tiny", 64), ("small", 128)])
 def test_flops_per_token_matches_flop_counter(name, seq_len):
     args = ModelArgs.from_dict(load("model", name))
-    counted = counted_flops_per_token(args, seq_len, recompute=False)
+    counted = counted_flops_per_token(args, seq_len, recompute="none")
     assert flops.flops_per_token(args, seq_len) == pytest.approx(counted, rel=0.02)
-    assert flops.hardware_flops_per_token(args, seq_len, recompute=False) == flops.flops_per_token(args, seq_len)
+    assert flops.hardware_flops_per_token(args, seq_len, recompute="none") == flops.flops_per_token(args, seq_len)
 
 
 @pytest.mark.parametrize("name, seq_len", [("tiny", 64), ("small", 128)])
 def test_hardware_flops_with_recompute_match_flop_counter(name, seq_len):
     args = ModelArgs.from_dict(load("model", name))
-    counted = counted_flops_per_token(args, seq_len, recompute=True)
-    assert flops.hardware_flops_per_token(args, seq_len, recompute=True) == pytest.approx(counted, rel=0.02)
+    counted = counted_flops_per_token(args, seq_len, recompute="full")
+    assert flops.hardware_flops_per_token(args, seq_len, recompute="full") == pytest.approx(counted, rel=0.02)
     assert counted > flops.flops_per_token(args, seq_len) * 1.1  # the blocks' forward really ran twice
+
+
+def test_selective_recompute_runs_no_matmul_twice():
+    """train.recompute=selective keeps every matmul and attention output: the counter sees the FLOPs of no
+    recomputation (its HFU is its MFU), where full recomputation runs the checkpointed blocks' matmuls again."""
+    args = ModelArgs.from_dict(load("model", "tiny"))
+    counted = counted_flops_per_token(args, 64, recompute="selective")
+    assert counted == pytest.approx(counted_flops_per_token(args, 64, recompute="none"), rel=1e-9)
+    assert flops.hardware_flops_per_token(args, 64, "selective") == flops.flops_per_token(args, 64)
+    half = flops.flops_per_token(args, 64) + flops.recomputed_flops_per_token(args, 64) / 2  # 1 block of 2 at full
+    assert flops.hardware_flops_per_token(args, 64, "full", every=2) == pytest.approx(half)
 
 
 def test_flops_per_token_formula_by_hand():

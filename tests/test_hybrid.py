@@ -19,8 +19,8 @@ def rel(a: float, b: float) -> float:
 
 @pytest.mark.parametrize(
     "stage, settings",
-    [(1, []), (2, ["train.precision=bf16", "train.recompute=full"]), (3, [])],
-    ids=["zero1", "zero2-bf16-recompute", "zero3"],
+    [(1, []), (2, ["train.precision=bf16", "train.recompute=full"]), (3, ["train.recompute=selective"])],
+    ids=["zero1", "zero2-bf16-recompute", "zero3-selective"],
 )
 def test_hybrid_sharding_trains_the_batch_of_one_rank_and_is_predicted(point_store, stage, settings):
     """dp=4 sharded over groups of 2 (replicated across 2) trains the losses, gradient norms and weights of dp=1 ×

@@ -110,11 +110,13 @@ def loss_and_grads(model: Transformer, tokens: torch.Tensor) -> tuple[torch.Tens
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def test_recompute_gives_same_loss_and_gradients():
+@pytest.mark.parametrize("recompute, every", [("full", 1), ("selective", 1), ("selective", 2), ("full", 2)])
+def test_recompute_gives_same_loss_and_gradients(recompute, every):
     model = tiny_model(seed=1)
     tokens = torch.randint(0, model.args.vocab_size, (2, 33), generator=torch.Generator().manual_seed(0))
     loss, grads = loss_and_grads(model, tokens)
-    model.set_recompute(True)
+    model.set_recompute(recompute, every)
+    assert [layer.recompute for layer in model.layers][every - 1 :: every] == [recompute] * (len(model.layers) // every)
     loss_rc, grads_rc = loss_and_grads(model, tokens)
     assert torch.allclose(loss, loss_rc)
     for name, grad in grads.items():

@@ -23,7 +23,7 @@ from scaling.model.family import family_of
 from scaling.model.llama import flops
 from scaling.model.llama.args import ModelArgs
 from scaling.store.record import job_dir, job_key
-from tests.helpers.compose import REPO
+from tests.helpers.compose import REPO, compose_point
 from tests.helpers.points import CLIP, ON_WARM_RANKS, TIMEOUT
 
 
@@ -213,9 +213,12 @@ def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predi
     assert max(rel(a, b) for a, b in zip(recomputed["metrics"]["losses"], one["metrics"]["losses"])) <= 1e-5
     assert recomputed["derived"]["hw_flops_per_token"] > recomputed["derived"]["flops_per_token"]
     assert recomputed["metrics"]["peak_mem_bytes"] < one["metrics"]["peak_mem_bytes"]
-    # train.compile (each block compiled by inductor, on the warm rank of dp=1): the same training within float
-    # rounding, compiled once in the warm-up (no recompile in the timed steps)
-    compiled = run_point(compose_config([*base, "parallel.dp=1", "train.grad_acc=2", "train.compile=true"]))
+    # train.compile (each block compiled by inductor, on the warm rank of dp=1), under selective recomputation (its
+    # policy traced into the compiled block): the same training within float rounding, compiled once in the warm-up
+    # (no recompile in the timed steps)
+    compiled = run_point(
+        compose_config([*base, "parallel.dp=1", "train.grad_acc=2", "train.compile=true", "train.recompute=selective"])
+    )
     assert compiled["status"] == "ok", compiled["error"]
     assert compiled["env"]["compile"] is True and compiled["metrics"]["compile_s"] > 0
     assert compiled["metrics"]["recompiles_after_warmup"] == 0
@@ -358,3 +361,15 @@ def test_find_mbs_takes_a_model_of_ones_own_and_answers_what_its_trace_says(caps
 
     capacity = capacity_bytes(compose_config(point).hardware)
     assert found["mbs"] >= 2 and peak(found["mbs"]) <= capacity < peak(found["mbs"] + 1), found
+
+
+def test_recompute_every_past_the_blocks_of_a_model_one_brings_is_invalid_before_any_process(tmp_path):
+    """A model one brings has its blocks known once counted (on fake tensors, in the driver): recompute_every above
+    them is refused there, naming the field and the valid values, before any rank starts."""
+    overrides = ["model=hf_llama_tiny", "logger=none", "train.seq_len=32", "train.recompute=selective"]
+    cfg = compose_point([*overrides, "train.recompute_every=3"], tmp_path / "runs")
+    record = run_point(cfg)
+    assert record["status"] == "invalid", record["error"]
+    assert "train.recompute_every=3 exceeds the model's 2 blocks" in record["error"], record["error"]
+    assert "try recompute_every in {1, ..., 2}" in record["error"]
+    assert [p.name for p in job_dir(tmp_path / "runs", job_key(cfg)).iterdir()] == ["result.json"]

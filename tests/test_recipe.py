@@ -619,3 +619,30 @@ def test_a_planned_fit_leaves_the_predictors_measured_error_for_its_setting() ->
     without = largest_mbs_by_gpus(base, [8], 1024)[8]
     capacity = capacity_bytes(cfg.hardware)
     assert with_margin < without and peak(with_margin) * (1 + margin.frac) <= capacity < peak(without) * 1.069
+
+
+def test_a_row_that_recomputes_says_why_it_won() -> None:
+    """Recomputation is chosen when nothing lighter fits, or when it is faster: at a larger mbs (it makes room for
+    it), or by running a layout that fits only with it. A row that does not recompute says nothing of it."""
+    none, selective, full = (
+        Candidate(Layout(3), rc, m, "synthetic") for rc, m in [("none", 1), ("selective", 2), ("full", 4)]
+    )
+    rate = {"none": 1000.0, "selective": 1100.0, "full": 1050.0}
+
+    def estimate(c: Candidate, s: Split) -> Estimate:
+        r = rate[c.recompute]
+        return Estimate(r, 0.99 * r, 1.01 * r, 1.0, "predicted", "synthetic")
+
+    rows, *_ = decide([none, selective, full], 64, SEQ, [8], estimate)
+    assert rows[0].recompute == "selective", rows[0]
+    assert rows[0].recompute_why.startswith("faster at a larger mbs (2, where recompute none fits 1): 1,100"), rows[0]
+    only = Candidate(Layout(3), "none", 0, "synthetic", mbs_at=((8, 0),))
+    rows, *_ = decide([only, full], 64, SEQ, [8], estimate)
+    assert rows[0].recompute_why == "fits only with it: with recompute none not even mbs=1 fits per rank at 8 GPUs"
+    sharded_only = Candidate(Layout(2), "selective", 2, "synthetic")
+    rows, *_ = decide(
+        [Candidate(Layout(2), "none", 0, "synthetic", mbs_at=((8, 0),)), none, sharded_only], 64, SEQ, [8], estimate
+    )
+    assert rows[0].recompute_why.startswith("ZeRO-2 fits only with it: 1,100 tokens/s per GPU against 1,000"), rows[0]
+    rows, *_ = decide([none], 64, SEQ, [8], estimate)
+    assert rows[0].recompute_why is None

@@ -39,6 +39,14 @@ INVALID = [
     (["hardware.threads_per_device=0"], "hardware.threads_per_device=0 must be a positive integer"),
     (["launch.prescreen_sample=2"], "launch.prescreen_sample=2.0 must be a fraction in [0, 1]"),
     (["train.grad_clip=-1"], "train.grad_clip=-1.0 must be >= 0"),
+    (
+        ["train.recompute=selective", "train.recompute_every=0"],
+        "train.recompute_every=0 must be an integer >= 1 (try recompute_every in {1, ..., 2})",
+    ),
+    (
+        ["train.recompute=full", "train.recompute_every=3"],
+        "train.recompute_every=3 exceeds the model's 2 blocks: it would checkpoint none; try recompute_every in {1, ...,",
+    ),
 ]
 
 
@@ -52,7 +60,7 @@ def test_invalid_points_are_named(overrides, expected):
 
 CHOICES = [
     ("train.precision=fp8", "Invalid value 'fp8', expected one of [fp32, bf16]"),
-    ("train.recompute=some", "Invalid value 'some', expected one of [none, full]"),
+    ("train.recompute=partial", "Invalid value 'partial', expected one of [none, selective, full]"),
     ("parallel.fsdp_grad_reduce=never", "Invalid value 'never', expected one of [every_micro_step, last_micro_step]"),
 ]
 
@@ -73,7 +81,7 @@ def test_a_choice_outside_its_enum_in_a_plain_config_is_invalid():
     with pytest.raises(InvalidConfig) as err:
         validate(c)
     assert "train.precision='fp8' is not valid: choose one of fp32, bf16" in str(err.value)
-    assert "train.recompute='some' is not valid: choose one of none, full" in str(err.value)
+    assert "train.recompute='some' is not valid: choose one of none, selective, full" in str(err.value)
 
 
 def test_several_problems_are_all_reported():

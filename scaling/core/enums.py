@@ -47,9 +47,11 @@ class Precision(str, Enum):
 
 
 class Recompute(str, Enum):
-    """train.recompute: activation recomputation of each decoder block."""
+    """train.recompute: activation recomputation of the decoder blocks (scaling.core.recompute: which, and what it
+    runs again)."""
 
     none = "none"
+    selective = "selective"
     full = "full"
 
     __str__ = str.__str__

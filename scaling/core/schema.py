@@ -76,7 +76,12 @@ class TrainConfig:
     precision: Precision = Precision.fp32
     """fp32, or bf16 mixed precision (bf16 compute, fp32 master weights and optimizer states)."""
     recompute: Recompute = Recompute.none
-    """Activation recomputation: `none` or `full` (checkpoint every decoder block)."""
+    """Activation recomputation of the checkpointed blocks: `none`, `selective` (per op: matmul and attention outputs
+    kept, the cheap ops between them run again in backward) or `full` (only each block's input kept)."""
+    recompute_every: int = field(default=1, metadata={NEUTRAL: 1})
+    """Checkpoint every k-th block (the k-th, 2k-th, ...; torchtitan's layer mode), 1: every block. Ignored at
+    recompute=none. Neutral at 1 (the job key leaves it out): points recorded before the field existed checkpointed
+    every block."""
     compile: bool = False
     """Wrap each decoder block with torch.compile."""
     lr: float = 1e-3

@@ -20,6 +20,7 @@ from scaling.core.batch import (
 from scaling.core.derived import Derived
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.core.host import usable_cores as host_cores
+from scaling.core.recompute import every_error
 from scaling.core.schema import (
     ExperimentConfig,
     HardwareConfig,
@@ -73,7 +74,7 @@ class _Checker:
         )
 
 
-def _check_train(c: _Checker, t: TrainConfig, max_seq_len: Any) -> None:
+def _check_train(c: _Checker, t: TrainConfig, max_seq_len: Any, n_blocks: Optional[int]) -> None:
     if c.positive("train.seq_len", t.seq_len) and _is_int(max_seq_len):
         c.require(
             t.seq_len <= max_seq_len,
@@ -91,6 +92,8 @@ def _check_train(c: _Checker, t: TrainConfig, max_seq_len: Any) -> None:
     c.positive("train.steps", t.steps)
     c.choice("train.precision", t.precision, tuple(Precision))
     c.choice("train.recompute", t.recompute, tuple(Recompute))
+    error = every_error(t.recompute_every, n_blocks)
+    c.require(error is None, error or "")
     c.positive("train.lr", t.lr, integer=False)
     c.require(t.weight_decay >= 0, f"train.weight_decay={t.weight_decay!r} must be >= 0")
     c.require(
@@ -261,7 +264,8 @@ def validate(cfg: ExperimentConfig, usable_cores: Optional[int] = None, host: bo
     """
     c = _Checker()
     cfg.model.check(c)  # its kind's own checks (scaling.core.model_group)
-    _check_train(c, cfg.train, cfg.model.max_seq_len)
+    n_layers = getattr(cfg.model, "n_layers", None)  # the built-in family's; a model one brings: once counted
+    _check_train(c, cfg.train, cfg.model.max_seq_len, n_layers if _is_int(n_layers) else None)
     _check_parallel(c, cfg.parallel, cfg.hardware.devices_per_node)
     if cfg.parallel.tp != 1 and c.positive("parallel.tp", cfg.parallel.tp):
         _check_tp(c, cfg)

@@ -148,7 +148,7 @@ def parallelize(
     """
     fused = device.type == "cuda" if fused_optimizer is None else fused_optimizer
     layout, bf16 = parallel.layout, train.precision == Precision.bf16
-    recompute = train.recompute == Recompute.full
+    recompute = train.recompute != Recompute.none
     where = "meta" if on_meta else device
     family = family_of(args)
     model = family.build(where)  # 1. shapes only
@@ -157,7 +157,7 @@ def parallelize(
     if mesh.tp is not None:  # 1b. tensor parallelism: the family's plan splits each block's matmuls over tp ranks
         apply_plan(model, family.tp_plan(), mesh.tp, owned_outputs=family.tp_outputs_owned)
     if recompute:  # 2. recompute
-        blocks = family.recompute(model, blocks)
+        blocks = family.recompute(model, blocks, str(train.recompute), train.recompute_every)
     if train.compile:  # 3. compile
         for block in blocks:
             block.compile()

@@ -29,6 +29,7 @@ from scaling.core.derived import Derived, DerivedModel, ParamTensors
 from scaling.core.enums import Status
 from scaling.core.files import NO_SPACE, Reservation, short_of_space, stop_when_unwritable, write_json_atomic
 from scaling.core.model_group import model_hash
+from scaling.core.recompute import every_error
 from scaling.core.schema import CONF_DIR, ConfigRefused, ExperimentConfig, UnknownKey
 from scaling.core.units import format_bytes
 from scaling.core.validate import InvalidConfig, validate
@@ -341,8 +342,14 @@ def derived_block(c: ExperimentConfig, derived: Derived) -> Derived:
     built-in family's closed form; a model the user brings counted by torch's FlopCounterMode and named in `model`);
     InvalidConfig when a model the user brings breaks the contract."""
     counted = checked(c.model, c.train.seq_len, c.parallel.tp)
+    if c.train.recompute != "none" and not family_of(c.model).closed_form:  # the built-in family's: in validate
+        error = every_error(c.train.recompute_every, counted.n_blocks)
+        if error:
+            raise InvalidConfig([error])
     block = derived.counted(
-        counted.n_params, counted.flops_per_token, counted.hw_flops_per_token(c.train.recompute == "full")
+        counted.n_params,
+        counted.flops_per_token,
+        counted.hw_flops_per_token(c.train.recompute, c.train.recompute_every),
     )
     if not family_of(c.model).closed_form:  # counted: its record keeps its shape (derived.model)
         block.flops_source, block.uncounted_ops = counted.source, list(counted.uncounted_ops)

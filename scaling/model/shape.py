@@ -12,6 +12,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+from scaling.core.recompute import recomputed_share
+
 ROOT, BLOCK = "root", "block"
 """The FSDP2 module a parameter tensor belongs to: the root (embedding, final norm, output: what is in no block) or a
 block; the words of the record's derived.model.param_tensors (`module`, `rows`: dim 0, `cols`: the rest, a list each,
@@ -47,9 +49,12 @@ class Counted:
     attention: Optional[str] = None
     """The attention implementation a Hugging Face model runs (transformers' name: sdpa, eager, ...)."""
 
-    def hw_flops_per_token(self, recompute: bool) -> float:
-        """Hardware FLOPs per token (recomputation counted): the numerator of HFU."""
-        return self.flops_per_token + (self.recomputed_flops_per_token if recompute else 0.0)
+    def hw_flops_per_token(self, recompute: str, every: int = 1) -> float:
+        """Hardware FLOPs per token under `train.recompute` and `recompute_every` (the share of full recomputation
+        they run again, scaling.core.recompute): the numerator of HFU."""
+        return (
+            self.flops_per_token + recomputed_share(recompute, every, self.n_blocks) * self.recomputed_flops_per_token
+        )
 
 
 @dataclass(frozen=True)

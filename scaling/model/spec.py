@@ -67,8 +67,9 @@ class Family(ABC):
         """The blocks, in order: what is recomputed, compiled and sharded one by one."""
 
     @abstractmethod
-    def recompute(self, module: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
-        """Checkpoint every block's activations; returns the blocks as they now run (to compile and shard)."""
+    def recompute(self, module: nn.Module, blocks: list[nn.Module], recompute: str, every: int) -> list[nn.Module]:
+        """Checkpoint every `every`-th block under `recompute` (selective or full; scaling.model.checkpoint); returns
+        the blocks as they now run (to compile and shard)."""
 
     def materialise(self, module: nn.Module, device: torch.device) -> None:
         """Allocate what this rank owns of the module built on meta, ties restored, every float NaN until initialised."""

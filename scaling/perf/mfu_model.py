@@ -24,6 +24,7 @@ import yaml
 from scipy.optimize import least_squares
 
 from scaling.core.model_group import ModelGroup, model_of
+from scaling.core.recompute import recomputed_share
 from scaling.core.schema import config_dirs
 from scaling.model.shape import Counted
 
@@ -49,7 +50,8 @@ GEMMs' shapes, and so their efficiency, change with the width, which points of o
 
 @dataclass(frozen=True)
 class FlopsSplit:
-    """FLOPs per token by kind: the model's (matmul and attention) and what full recomputation adds to each."""
+    """FLOPs per token by kind: the model's (matmul and attention) and what full recomputation of every block adds
+    to each."""
 
     matmul: float
     attention: float
@@ -63,12 +65,10 @@ class FlopsSplit:
         """Model FLOPs per token: MFU's numerator."""
         return self.matmul + self.attention
 
-    def run(self, recompute: bool) -> tuple[float, float]:
-        """(matmul, attention) FLOPs per token the hardware runs."""
-        return (
-            self.matmul + (self.recompute_matmul if recompute else 0.0),
-            self.attention + (self.recompute_attention if recompute else 0.0),
-        )
+    def run(self, recomputed: float) -> tuple[float, float]:
+        """(matmul, attention) FLOPs per token the hardware runs when `recomputed` of full recomputation's FLOPs
+        run again (scaling.core.recompute.recomputed_share: 1 full, 0 none and selective)."""
+        return self.matmul + recomputed * self.recompute_matmul, self.attention + recomputed * self.recompute_attention
 
     @classmethod
     def of(cls, counted: Counted) -> FlopsSplit:
@@ -96,7 +96,8 @@ class Work:
     tokens: int
     """Tokens of one micro-step (mbs × seq_len)."""
     zero_stage: int = 0
-    recompute: bool = False
+    recomputed: float = 0.0
+    """Share of full recomputation's FLOPs run again (scaling.core.recompute.recomputed_share)."""
     compile: bool = False
     seq_len: int = 0
 
@@ -131,7 +132,7 @@ class Estimate:
 def micro_step_s(theta: np.ndarray, w: Work, peak: float) -> float:
     """Seconds of one micro-step of `w` at parameters `theta` (natural logs, in the order of PARAMS)."""
     eta, overhead, c, r_att = np.exp(theta)
-    mm, att = w.flops.run(w.recompute)
+    mm, att = w.flops.run(w.recomputed)
     busy = w.tokens * (mm + att / r_att) / (eta * peak) + w.flops.layers * overhead
     return busy / (c if w.compile else 1.0)
 
@@ -266,8 +267,8 @@ def conf_points(
     for entry, sigma in rows:
         seq, mbs = int(entry["seq_len"]), int(entry["mbs"])
         split = FlopsSplit.of(counted(preset(str(entry["model"])), seq))
-        full = entry["recompute"] == "full"
-        work = Work(split, mbs * seq, int(entry["zero_stage"]), full, bool(entry["compile"]), seq)
+        again = recomputed_share(str(entry["recompute"]), int(entry.get("recompute_every", 1)), split.layers)
+        work = Work(split, mbs * seq, int(entry["zero_stage"]), again, bool(entry["compile"]), seq)
         if "tokens_per_s_per_gpu" in entry:
             step = mbs * seq / float(entry["tokens_per_s_per_gpu"])
         else:

@@ -19,14 +19,23 @@ from typing import Optional
 
 import numpy as np
 
-from scaling.core.enums import ZeroStage
+from scaling.core.enums import Recompute, ZeroStage
 from scaling.core.layout import Layout
+from scaling.core.recompute import checkpointed_blocks, recomputed_share
 from scaling.model.shape import BLOCK, ROOT, ModelShape, ParamTensor
 from scaling.perf.network import Network
 
-BACKWARD_SHARE = {"none": 2 / 3, "full": 3 / 4}
-"""Share of a micro-step's compute in backward, by `train.recompute`: twice the forward's FLOPs, and with full
-recomputation the forward once more."""
+
+def backward_share(recompute: str, every: int = 1, n_blocks: int = 1) -> float:
+    """Share of a micro-step's compute in backward: twice the forward's FLOPs, and the share of the forward that
+    recomputation runs again (scaling.core.recompute: all of it at full, a share under recompute_every, none of it
+    selective, which runs no matmul twice)."""
+    again = recomputed_share(recompute, every, n_blocks)
+    return (2 + again) / (3 + again)
+
+
+BACKWARD_SHARE = {str(r): backward_share(r) for r in Recompute}
+"""`backward_share` of each `train.recompute` with every block checkpointed: 2/3, 2/3 (selective), 3/4 (full)."""
 EVERY, LAST = "every_micro_step", "last_micro_step"
 """`parallel.fsdp_grad_reduce` (scaling.core.enums.FsdpGradReduce)."""
 FORWARD, BACKWARD = "forward", "backward"
@@ -155,7 +164,7 @@ class Workload:
     fsdp_grad_reduce: str = EVERY
     """Stages 2-3: reduce-scatter on every micro-step or only the last (`parallel.fsdp_grad_reduce`)."""
     recompute: str = "none"
-    """`train.recompute`: none or full (the forward runs again in backward)."""
+    """`train.recompute`: none, selective (no matmul runs twice) or full (the forward runs again in backward)."""
     grad_clip: float = 0.0
     """`train.grad_clip`: the gradient norm clipped to it, 0 for no clipping."""
     bucket_mb: float = 25.0
@@ -166,6 +175,8 @@ class Workload:
     tp: int = 1
     """`parallel.tp`: tensor parallelism, each block's matmuls (and the embedding and output) split over tp ranks;
     n counts dp ranks, the world is n × tp."""
+    recompute_every: int = 1
+    """`train.recompute_every`: every k-th block checkpointed."""
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -194,7 +205,7 @@ class Workload:
 
     def window_share(self, phase: str) -> float:
         """Share of a micro-step's compute in the forward or the backward."""
-        backward = BACKWARD_SHARE[self.recompute]
+        backward = backward_share(self.recompute, self.recompute_every, self.shape.n_blocks)
         return backward if phase == BACKWARD else 1 - backward
 
     def layout_at(self, n: int) -> Layout:
@@ -320,7 +331,10 @@ def tp_calls(w: Workload, grad_acc: int) -> tuple[Call, ...]:
     act, logits = width * w.mbs * w.seq_len * hidden, width * w.mbs * w.seq_len * vocab
     blocks = w.shape.n_blocks
     forward = ROWWISE_PER_BLOCK * blocks + 1
-    reduces = forward + COLWISE_PER_BLOCK * blocks + 1 + (ROWWISE_PER_BLOCK * blocks if w.recompute == "full" else 0)
+    again = (
+        checkpointed_blocks(blocks, w.recompute_every) if w.recompute == Recompute.full else 0
+    )  # selective keeps them
+    reduces = forward + COLWISE_PER_BLOCK * blocks + 1 + ROWWISE_PER_BLOCK * again
     calls = [
         Call("all_reduce", reduces * grad_acc, float(act), None, TP),
         Call("all_gather", grad_acc, float(logits), None, TP),

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
 
 from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
+from scaling.core.recompute import checkpointed, checkpointed_blocks
 from scaling.core.schema import ExperimentConfig, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
 from scaling.model.family import family_of
 from scaling.model.llama.args import ModelArgs
@@ -105,6 +106,32 @@ def _block_activation_bytes(s: Shapes, bf16: bool, fsdp: bool, fused_norm: bool 
     return t * (18 * s.h + 8 * s.h // tp + 4 * kvd + 8 * f + 4 * nh + 8) + FP32 * s.T * (s.hd // 2) - cpu_only
 
 
+def _block_selective_bytes(s: Shapes, bf16: bool, fsdp: bool) -> int:
+    """Bytes one block saves under selective recomputation (scaling.model.checkpoint): its input (the residual
+    stream's dtype) and the outputs of its matmuls and attention, nothing between them.
+
+    Per token: the input (h), q, k, v (h + 2 kvd), the attention output and its log-sum-exp (h, and nh in fp32),
+    the two projections back to h (wo, w2: 2h), the gate and up projections (2f), in the compute's dtype. Under tensor
+    parallelism the column-split outputs are a tp-th, the row-split ones whole, and kept twice (the partial sum and
+    its all-reduce). FSDP2's bf16 keeps the fp32 RoPE table per block too, as without recomputation.
+    """
+    t, tp, h = s.t, s.tp, s.h
+    cu, resid = (BF16 if bf16 else FP32), (BF16 if bf16 and fsdp else FP32)
+    split = (2 * h + 2 * s.kvd + 2 * s.f) // tp
+    whole = 2 * h * (2 if tp > 1 else 1)
+    rope = FP32 * s.T * (s.hd // 2) if bf16 and fsdp else 0
+    return t * (resid * h + cu * (split + whole) + FP32 * (s.nh // tp)) + rope
+
+
+def _block_saved_bytes(s: Shapes, bf16: bool, fsdp: bool, fused_norm: bool, recompute: str) -> int:
+    """Bytes one block keeps from its forward to its backward under `recompute` (full: only its input)."""
+    if recompute == Recompute.full:
+        return (BF16 if bf16 and fsdp else FP32) * s.t * s.h
+    if recompute == Recompute.selective:
+        return _block_selective_bytes(s, bf16, fsdp)
+    return _block_activation_bytes(s, bf16, fsdp, fused_norm)
+
+
 @dataclass(frozen=True)
 class _Phase:
     """What a phase of the step adds to (or frees from) the state and activations at the end of forward."""
@@ -122,19 +149,21 @@ def _phases(
     dp: int,
     zero_stage: int,
     bf16: bool,
-    full: bool,
+    top: str,
     grad_acc: int,
     accumulating: bool,
     head: float,
     fused_norm: bool = False,
 ) -> dict[str, _Phase]:
-    """The candidate peaks of forward and backward, each relative to the memory at the end of forward."""
+    """The candidate peaks of forward and backward, each relative to the memory at the end of forward; `top` is the
+    recomputation of the top block (none when recompute_every leaves it out)."""
     fsdp = zero_stage >= ZeroStage.GRADIENTS
     t, h, V, cu = s.t, s.h, s.V, (BF16 if bf16 else FP32)
     tf, hf, th = t * s.f // s.tp, h * s.f // s.tp, t * h  # the MLP's width: its part on one tensor-parallel rank
     logits = (BF16 if bf16 else FP32) * t * V
     block_full = _block_activation_bytes(s, bf16, fsdp, fused_norm)
-    top_saved = (BF16 if bf16 and fsdp else FP32) * th if full else block_full
+    top_saved = _block_saved_bytes(s, bf16, fsdp, fused_norm, top)
+    full = top == Recompute.full
     phases = {
         # Logits, fp32 log-probabilities and both their gradients (bf16: the logits are bf16 and
         # cross-entropy works on an fp32 copy).
@@ -144,11 +173,12 @@ def _phases(
     }
     # Backward of the top block: the logits are still referenced by the step, the final norm's
     # tensors are freed; the SwiGLU backward adds (h, f) weight gradients and (t, f) input
-    # gradients, recomputation the block's whole activations.
+    # gradients, recomputation the block's whole activations (selective: what it did not keep).
     if not bf16:
         scratch = (block_full + 4 * max(tf, hf) + 8 * th) if full else 4 * tf + 4 * max(tf, hf)
     else:
         scratch = (block_full + 2 * tf + 2 * th) if full else max(2 * tf + 2 * hf + 2 * th, 4 * hf)
+    scratch += block_full - top_saved if top == Recompute.selective else 0
     if not fsdp:
         phases["block_backward"] = _Phase(logits, temps=scratch, freed=head)
         return phases
@@ -269,7 +299,9 @@ def analytic_peak(
         mbs,
         parallel.tp,
     )
-    bf16, fsdp, full = precision == Precision.bf16, layout.fsdp, recompute == Recompute.full
+    bf16, fsdp = precision == Precision.bf16, layout.fsdp
+    checkpointed_n = checkpointed_blocks(s.L, train.recompute_every) if recompute != Recompute.none else 0
+    top = recompute if checkpointed(s.L - 1, train.recompute_every) else Recompute.none
     psi, t, h, V = s.L * s.block_params + s.root_params, s.t, s.h, s.V  # a rank's part under tensor parallelism
     cu = BF16 if bf16 else FP32  # bytes of a weight's compute copy
 
@@ -295,15 +327,16 @@ def analytic_peak(
 
     # Saved activations at the end of forward: the embedding output, every block, the final norm.
     resid = BF16 if (bf16 and fsdp) else FP32  # dtype of the residual stream
-    block_saved = resid * t * h if full else _block_activation_bytes(s, bf16, fsdp, fused_norm)
+    block_saved = _block_saved_bytes(s, bf16, fsdp, fused_norm, recompute)
+    block_plain = _block_activation_bytes(s, bf16, fsdp, fused_norm)
     head = t * (8 * h + 4) if not bf16 else t * (4 * h + 4) + BF16 * t * h
     head -= _norm_saved_on_cpu_only(s, bf16, fsdp) if fused_norm else 0  # the final norm
     head += BF16 * V * h if (bf16 and not fsdp) else 0  # autocast's bf16 copy of the output weight
-    activations = resid * t * h + s.L * block_saved + head
+    activations = resid * t * h + checkpointed_n * block_saved + (s.L - checkpointed_n) * block_plain + head
     overhead = 8 * mbs * (seq_len + 1) + FP32 * seq_len * s.hd + 64  # token ids, RoPE tables, scalars
 
     name, ph = max(
-        _phases(s, dp, zero_stage, bf16, full, grad_acc, accumulate_unsharded, head, fused_norm).items(),
+        _phases(s, dp, zero_stage, bf16, top, grad_acc, accumulate_unsharded, head, fused_norm).items(),
         key=lambda kv: kv[1].logits + kv[1].temps + kv[1].comm + kv[1].grads - kv[1].freed,
     )
     peak = MemoryBreakdown(

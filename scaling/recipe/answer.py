@@ -51,6 +51,9 @@ class Row:
     """Tensor parallelism: GPUs per dp rank (dp × tp = gpus)."""
     tp_why: Optional[str] = None
     """Why this row runs tensor parallelism (None without it)."""
+    recompute_why: Optional[str] = None
+    """Why this row recomputes (None without recomputation): it fits only with it, or it is faster (at a larger mbs)
+    than the best option that recomputes less."""
     versus_full: Optional[dict[str, Any]] = None
     """Where hybrid sharding is run: the best full-sharding option beside it (its tokens/s per GPU and band, and the
     peak memory per rank of both), so the row says by how much hybrid wins and at what memory cost."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
+from scaling.core.enums import Recompute
 from scaling.core.noise import tied
 from scaling.perf.knee import DEFAULT_THRESHOLD
 from scaling.recipe.answer import Row
@@ -176,6 +177,7 @@ def decide(
         row.tp_why = (
             _tp_why(c, candidates, n, gbs_samples, seq_len, estimate, predicted_peak) if best.layout.tp > 1 else None
         )
+        row.recompute_why = _recompute_why(best, candidates, n, gbs_samples, seq_len, estimate, predicted_peak)
         row.gbs_tokens, row.gbs_exact = s.gbs_tokens, s.exact
         row.tokens_per_s_per_gpu, row.tokens_per_s_per_gpu_low, row.tokens_per_s_per_gpu_high = (
             e.tokens_per_s_per_gpu,
@@ -278,6 +280,44 @@ def knee_of_full_sharding(
     top = max_useful_gpus(gbs_samples, candidates)
     counts = [2**k for k in range(top.bit_length()) if baseline_gpus <= 2**k <= top]
     return knee(full, gbs_samples, seq_len, counts, estimate, baseline, threshold, peak)[0]
+
+
+def _recompute_why(
+    chosen: Option,
+    candidates: Sequence[Candidate],
+    gpus: int,
+    gbs_samples: int,
+    seq_len: int,
+    estimate: Estimator,
+    peak: Peak = None,
+) -> Optional[str]:
+    """Why a row recomputes (None when it does not): no option that recomputes less fits per rank at `gpus`, or its
+    layout fits only with it, or it beats the best of them by the estimate (at a larger mbs, when recomputation is
+    what lets that mbs fit)."""
+    order = [str(r) for r in Recompute]
+    c = chosen.candidate
+    lighter = [o for o in candidates if order.index(o.recompute) < order.index(c.recompute)]
+    if c.recompute == Recompute.none or not lighter:
+        return None
+    names = " or ".join(dict.fromkeys(o.recompute for o in lighter))
+    if not any(o.mbs_for(gpus) >= 1 for o in lighter):
+        return f"fits only with it: with recompute {names} not even mbs=1 fits per rank at {gpus} GPUs"
+    same = [o for o in lighter if o.at(gpus) == c.at(gpus) and o.mbs_for(gpus) >= 1]
+    best, _, _, _ = best_option(lighter, gbs_samples, seq_len, gpus, estimate, peak)
+    if best is None:
+        return f"no option with recompute {names} has a figure at {gpus} GPUs"
+    mbs = chosen.split.mbs
+    if not same:
+        how = f"{c.layout.kind} fits only with it"
+    elif mbs > max(o.mbs_for(gpus) for o in same):
+        how = f"faster at a larger mbs ({mbs}, where recompute {names} fits {max(o.mbs_for(gpus) for o in same)})"
+    else:
+        how = "faster"
+    ours, theirs = chosen.estimate.tokens_per_s_per_gpu, best.estimate.tokens_per_s_per_gpu
+    return (
+        f"{how}: {ours:,.0f} tokens/s per GPU against {theirs:,.0f} for the best with recompute "
+        f"{best.candidate.recompute} ({best.candidate.name}, mbs {best.split.mbs}: {ours / theirs - 1:+.1%})"
+    )
 
 
 def _tp_why(

@@ -118,6 +118,7 @@ def workload_of(
         float(p.bucket_mb),
         c.layout.dp_shard,
         c.layout.tp,
+        t.recompute_every,
     )
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from scaling.core.enums import Status
 from scaling.core.layout import Layout
 from scaling.core.model_group import ModelGroup, model_of
+from scaling.core.recompute import recomputed_share
 from scaling.core.schema import ExperimentConfig
 from scaling.engine.peak_flops import configured_peak_flops_per_s
 from scaling.model.family import family_of
@@ -59,7 +60,7 @@ def own_points(records: Sequence[Mapping[str, Any]], hardware: str) -> list[Meas
             split,
             int(t["mbs"]) * int(t["seq_len"]),
             int(p["zero_stage"]),
-            t["recompute"] == "full",
+            recomputed_share(t["recompute"], int(t.get("recompute_every", 1)), split.layers),
             bool(t.get("compile")),
             int(t["seq_len"]),
         )
@@ -77,8 +78,9 @@ def record_flops(r: Mapping[str, Any]) -> FlopsSplit:
     family, d = family_of(model_of(r["config"]["model"])), r["derived"]
     if family.closed_form:
         return FlopsSplit.of(family.counted(r["config"]["train"]["seq_len"]))
-    blocks = (d.get("model") or {}).get("n_blocks") or 1
-    recomputed = d["hw_flops_per_token"] - d["flops_per_token"]
+    blocks, t = (d.get("model") or {}).get("n_blocks") or 1, r["config"]["train"]
+    share = recomputed_share(t["recompute"], int(t.get("recompute_every", 1)), blocks)  # of full recomputation's
+    recomputed = (d["hw_flops_per_token"] - d["flops_per_token"]) / share if share else 0.0
     return FlopsSplit(d["flops_per_token"], 0.0, recomputed, 0.0, blocks, d["n_params"])
 
 
@@ -232,7 +234,8 @@ def predicted_figures(
     split, seq = flops_split(cfg), t.seq_len
 
     def work(c: Candidate, mbs: int) -> Work:
-        return Work(split, mbs * seq, c.layout.zero_stage, c.recompute == "full", bool(t.compile), seq)
+        again = recomputed_share(c.recompute, t.recompute_every, split.layers)
+        return Work(split, mbs * seq, c.layout.zero_stage, again, bool(t.compile), seq)
 
     optimizer = model.optimizer_s_per_param if model is not None else 0.0
     return Predicted(workload, work, peak, source, model, a.assume_mfu, optimizer, a.draws), None

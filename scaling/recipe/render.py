@@ -126,6 +126,7 @@ def headline(recipe: Recipe) -> list[str]:
             "parallelism (not measured here)."
         ),
         *[f"{r.gpus} GPUs run tp {r.tp}: {r.tp_why}." for r in recipe.rows if r.tp > 1 and r.tp_why],
+        *[f"{r.gpus} GPUs run recompute {r.recompute}: {r.recompute_why}." for r in recipe.rows if r.recompute_why],
     ]
 
 

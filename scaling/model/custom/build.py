@@ -119,19 +119,26 @@ def blocks(model: CustomModel, module: nn.Module) -> list[nn.Module]:
     return found
 
 
-def wrap_recompute(module: nn.Module, kind: type) -> list[nn.Module]:
-    """Checkpoint every block's activations: torch's non-reentrant checkpoint wrapper put in each block's place;
-    returns the wrappers (what is then compiled and sharded, as torchtitan does)."""
+def wrap_recompute(module: nn.Module, kind: type, recompute: str, every: int) -> list[nn.Module]:
+    """Checkpoint every `every`-th block under `recompute` (selective or full): torch's non-reentrant checkpoint
+    wrapper (with the selective policy's contexts, scaling.model.checkpoint) put in the place of each block it
+    checkpoints; returns the blocks as they now run, wrappers or not, in order (what is then compiled and sharded, as
+    torchtitan does)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
-    wrappers = []
+    from scaling.core.recompute import checkpointed
+    from scaling.model.checkpoint import checkpoint_kwargs
+
+    kwargs = {k: v for k, v in checkpoint_kwargs(recompute).items() if k != "use_reentrant"}
+    found = []
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, kind):
-                wrapper = checkpoint_wrapper(child, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
-                parent.register_module(name, wrapper)
-                wrappers.append(wrapper)
-    return wrappers
+                if checkpointed(len(found), every):
+                    child = checkpoint_wrapper(child, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **kwargs)
+                    parent.register_module(name, child)
+                found.append(child)
+    return found
 
 
 @contextlib.contextmanager

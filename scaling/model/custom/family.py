@@ -47,10 +47,10 @@ class OwnModule(Family):
 
         return blocks(self.config, module)
 
-    def recompute(self, module: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
+    def recompute(self, module: nn.Module, blocks: list[nn.Module], recompute: str, every: int) -> list[nn.Module]:
         from scaling.model.custom.build import wrap_recompute
 
-        return wrap_recompute(module, type(blocks[0]))
+        return wrap_recompute(module, type(blocks[0]), recompute, every)
 
     def initialise(self, module: nn.Module, seed: int) -> None:
         from scaling.model.custom.build import initialise

@@ -17,8 +17,9 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
+from scaling.core.recompute import checkpointed
+from scaling.model.checkpoint import run_checkpointed
 from scaling.model.llama.args import ModelArgs
 
 Device = Optional[Union[torch.device, str]]
@@ -98,9 +99,10 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """One pre-norm decoder block: the unit that activation checkpointing wraps, compile compiles and FSDP2 shards.
 
-    With `recompute` the block runs under `torch.utils.checkpoint` (full recomputation): only its
-    inputs are kept for backward and its forward runs again during backward. The checkpoint sits
-    inside the block's own forward, so a compiled block compiles the recomputation with it.
+    With `recompute` set (`full` or `selective`) the block runs under `torch.utils.checkpoint`: `full` keeps only
+    its inputs for backward and runs its forward again during backward, `selective` keeps its matmul and attention
+    outputs too and runs only the ops between them again (scaling.model.checkpoint). The checkpoint sits inside the
+    block's own forward, so a compiled block compiles the recomputation with it.
     """
 
     def __init__(self, args: ModelArgs, device: Device = None):
@@ -109,22 +111,23 @@ class Block(nn.Module):
         self.attention = Attention(args, device)
         self.ffn_norm = nn.RMSNorm(args.hidden, eps=args.norm_eps, device=device)
         self.feed_forward = FeedForward(args, device)
-        self.recompute = False
+        self.recompute = "none"
 
     def _compute(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.feed_forward(self.ffn_norm(x))  # (B, T, C)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.recompute:
-            return checkpoint(self._compute, x, cos, sin, use_reentrant=False)
+        if self.recompute != "none":
+            return run_checkpointed(self._compute, self.recompute, x, cos, sin)
         return self._compute(x, cos, sin)
 
 
 class Transformer(nn.Module):
-    """Llama-style decoder: tokens (B, T) -> logits (B, T, V); `recompute` checkpoints every block."""
+    """Llama-style decoder: tokens (B, T) -> logits (B, T, V); `recompute` (none, selective, full) checkpoints every
+    block."""
 
-    def __init__(self, args: ModelArgs, recompute: bool = False, device: Device = None):
+    def __init__(self, args: ModelArgs, recompute: str = "none", device: Device = None):
         # `device="meta"` builds the shapes without memory (then `to_empty` + `init_weights`); it is
         # passed to each layer rather than set with `with torch.device(...)`, whose first use
         # imports the compiler stack.
@@ -148,10 +151,10 @@ class Transformer(nn.Module):
         self._tie()
         return self
 
-    def set_recompute(self, flag: bool) -> None:
-        """Switch full activation recomputation of every block on or off."""
-        for layer in self.layers:
-            layer.recompute = flag
+    def set_recompute(self, recompute: str, every: int = 1) -> None:
+        """Checkpoint every `every`-th block under `recompute` (none, selective or full; scaling.core.recompute)."""
+        for i, layer in enumerate(self.layers):
+            layer.recompute = recompute if checkpointed(i, every) else "none"
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         T = tokens.shape[1]

@@ -43,8 +43,8 @@ class Llama(Family):
     def blocks(self, module: nn.Module) -> list[nn.Module]:
         return list(module.layers)
 
-    def recompute(self, module: nn.Module, blocks: list[nn.Module]) -> list[nn.Module]:
-        module.set_recompute(True)  # the checkpoint sits inside each block's forward
+    def recompute(self, module: nn.Module, blocks: list[nn.Module], recompute: str, every: int) -> list[nn.Module]:
+        module.set_recompute(recompute, every)  # the checkpoint sits inside each block's forward
         return blocks
 
     def initialise(self, module: nn.Module, seed: int) -> None:

@@ -3,6 +3,7 @@ in the tests. The standard library only: the driver and the predictor count with
 
 from __future__ import annotations
 
+from scaling.core.recompute import recomputed_share
 from scaling.model.llama.args import ModelArgs, block_matmul_param_count, matmul_param_count
 
 
@@ -26,17 +27,19 @@ def attention_flops_per_token(args: ModelArgs, seq_len: int) -> float:
     return 12.0 * args.n_layers * args.hidden * seq_len
 
 
-def hardware_flops_per_token(args: ModelArgs, seq_len: int, recompute: bool) -> float:
+def hardware_flops_per_token(args: ModelArgs, seq_len: int, recompute: str, every: int = 1) -> float:
     """FLOPs the hardware executes per token, counting recomputation: the numerator of HFU.
 
-    Full recomputation runs each block's forward again during backward, adding
+    Full recomputation runs each checkpointed block's forward again during backward, adding (every block)
     2·(N_blocks_matmul − L·h·f) + 4·L·h·seq per token. The output projection is outside the
     blocks and is not recomputed; neither is each block's last matmul, the SwiGLU down projection
     w2 (L·h·f parameters): torch's non-reentrant checkpoint stops recomputing as soon as the
     tensors backward needs are regenerated, and no backward needs w2's output. Without
-    recomputation this equals `flops_per_token`.
+    recomputation, and with selective recomputation (no matmul or attention runs twice), this equals
+    `flops_per_token`; `recompute_every` checkpoints a share of the blocks (scaling.core.recompute).
     """
-    return flops_per_token(args, seq_len) + (recomputed_flops_per_token(args, seq_len) if recompute else 0.0)
+    share = recomputed_share(recompute, every, args.n_layers)
+    return flops_per_token(args, seq_len) + share * recomputed_flops_per_token(args, seq_len)
 
 
 def recomputed_flops_per_token(args: ModelArgs, seq_len: int) -> float:
