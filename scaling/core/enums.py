@@ -48,7 +48,7 @@ class Precision(str, Enum):
 
 class Recompute(str, Enum):
     """train.recompute: activation recomputation of the decoder blocks (scaling.core.recompute: which, and what it
-    runs again)."""
+    runs again); the members in order of the work they recompute."""
 
     none = "none"
     selective = "selective"

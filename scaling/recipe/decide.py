@@ -79,8 +79,8 @@ def _tied(a: Option, b: Option) -> bool:
     return tied(ea.tokens_per_s_per_gpu, ea.low, ea.high, eb.tokens_per_s_per_gpu, eb.low, eb.high)
 
 
-RECOMPUTE_WORK = ("none", "selective", "full")
-"""train.recompute settings from the least work recomputed to the most."""
+RECOMPUTE_WORK = tuple(str(r) for r in Recompute)
+"""train.recompute settings from the least work recomputed to the most (the enum's order)."""
 
 
 def _less(o: Option, peak: Peak) -> tuple[int, bool, int, int, float]:
@@ -294,9 +294,8 @@ def _recompute_why(
     """Why a row recomputes (None when it does not): no option that recomputes less fits per rank at `gpus`, or its
     layout fits only with it, or it beats the best of them by the estimate (at a larger mbs, when recomputation is
     what lets that mbs fit)."""
-    order = [str(r) for r in Recompute]
     c = chosen.candidate
-    lighter = [o for o in candidates if order.index(o.recompute) < order.index(c.recompute)]
+    lighter = [o for o in candidates if RECOMPUTE_WORK.index(o.recompute) < RECOMPUTE_WORK.index(c.recompute)]
     if c.recompute == Recompute.none or not lighter:
         return None
     names = " or ".join(dict.fromkeys(o.recompute for o in lighter))
@@ -316,7 +315,7 @@ def _recompute_why(
     ours, theirs = chosen.estimate.tokens_per_s_per_gpu, best.estimate.tokens_per_s_per_gpu
     return (
         f"{how}: {ours:,.0f} tokens/s per GPU against {theirs:,.0f} for the best with recompute "
-        f"{best.candidate.recompute} ({best.candidate.name}, mbs {best.split.mbs}: {ours / theirs - 1:+.1%})"
+        f"{best.candidate.recompute} ({best.name}: {ours / theirs - 1:+.1%})"
     )
 
 
