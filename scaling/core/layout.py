@@ -122,25 +122,23 @@ class Layout:
         """A dp rank's figure (tokens, samples) shared by its model-parallel GPUs: per GPU."""
         return per_dp_rank / self.model_parallel
 
-    def dp_of(self, gpus: int) -> Optional[int]:
-        """dp ranks at `gpus` GPUs of this layout's model-parallel degrees (None where they do not divide)."""
-        at = self.at(gpus)
-        return at.dp if at is not None else None
-
     @property
     def name(self) -> str:
         """Every axis that is not neutral, e.g. `ZeRO-2 (shard over 32), tp 2 × dp 256`; plain data parallelism
         names no dp (the GPU count says it)."""
-        shard = f" (shard over {self.dp_shard})" if self.dp_shard else ""
-        split = [f"{axis} {getattr(self, axis)}" for axis in MODEL_PARALLEL if getattr(self, axis) > 1]
-        return f"ZeRO-{int(self.zero_stage)}{shard}" + (f", {' × '.join([*split, f'dp {self.dp}'])}" if split else "")
+        split = self._split()
+        return self._stage() + (f", {' × '.join([*split, f'dp {self.dp}'])}" if split else "")
 
     @property
     def kind(self) -> str:
         """The name without its dp: what stays the same across GPU counts (`ZeRO-2 (shard over 32), tp 2`)."""
-        shard = f" (shard over {self.dp_shard})" if self.dp_shard else ""
-        split = [f"{axis} {getattr(self, axis)}" for axis in MODEL_PARALLEL if getattr(self, axis) > 1]
-        return f"ZeRO-{int(self.zero_stage)}{shard}" + "".join(f", {s}" for s in split)
+        return ", ".join([self._stage(), *self._split()])
+
+    def _stage(self) -> str:
+        return f"ZeRO-{int(self.zero_stage)}" + (f" (shard over {self.dp_shard})" if self.dp_shard else "")
+
+    def _split(self) -> list[str]:
+        return [f"{axis} {getattr(self, axis)}" for axis in MODEL_PARALLEL if getattr(self, axis) > 1]
 
     def parallel(self) -> dict[str, Any]:
         """The `parallel` config group's fields this layout sets (cfg.changed(parallel=...)); pp and cp only when
@@ -160,7 +158,7 @@ class Layout:
     def ranks(self, total: bool = True) -> str:
         """The world as the product of its degrees: `parallel.dp=2`, or `parallel.dp=2 x parallel.tp=2 = 4` (without
         ` = 4` when not `total`)."""
-        split = [f"parallel.{axis}={getattr(self, axis)}" for axis in MODEL_PARALLEL if getattr(self, axis) > 1]
+        split = [f"parallel.{axis.replace(' ', '=')}" for axis in self._split()]
         product = " x ".join([f"parallel.dp={self.dp}", *split])
         return product + (f" = {self.world_size}" if split and total else "")
 
