@@ -88,9 +88,7 @@ def _less(o: Option, peak: Peak) -> tuple[int, bool, int, int, float]:
     memory = o.estimate.peak_mem_bytes
     if memory is None and peak is not None:
         memory = peak(o.candidate, o.split)
-    work = (
-        RECOMPUTE_WORK.index(o.candidate.recompute) if o.candidate.recompute in RECOMPUTE_WORK else len(RECOMPUTE_WORK)
-    )
+    work = RECOMPUTE_WORK.index(o.candidate.recompute)
     return o.layout.axes, o.layout.hybrid, work, memory or 0, -o.estimate.tokens_per_s_per_gpu
 
 

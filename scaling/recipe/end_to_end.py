@@ -8,6 +8,7 @@ scaling.recipe.predicted), and the next measurement suggested (scaling.recipe.ne
 
 from __future__ import annotations
 
+import functools
 import shlex
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
     def estimator(records: list[dict[str, Any]]) -> FromRecords:
         return FromRecords(records, workload, dpn, source, a.draws, planned)
 
+    @functools.cache  # the tie rule asks it of the same options at every count the knee and the rows weigh
     def predicted_peak(c: Candidate, s: Split) -> int:
         point = candidate_point(cfg, c, s.mbs, s.dp, s.grad_acc)
         if not family_of(cfg.model).closed_form:  # traced on fake tensors in a fake world of the point's ranks
