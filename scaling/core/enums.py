@@ -68,6 +68,22 @@ class FsdpGradReduce(str, Enum):
     __str__ = str.__str__
 
 
+class PipelineSchedule(str, Enum):
+    """parallel.pp_schedule: how a step's micro-batches flow through the pipeline stages (torch.distributed.pipelining's
+    schedules); only read where parallel.pp > 1."""
+
+    gpipe = "gpipe"
+    """Every micro-batch forward, then every backward: all m micro-batches' activations held at once."""
+    one_f_one_b = "one_f_one_b"
+    """One forward, one backward in steady state: at most pp micro-batches in flight on the first stage."""
+    interleaved_1f1b = "interleaved_1f1b"
+    """1F1B over virtual stages (parallel.pp_virtual per rank): the bubble divided by them, more sends."""
+    zero_bubble = "zero_bubble"
+    """Interleaved zero-bubble (backward split into input and weight gradients), where torch offers it."""
+
+    __str__ = str.__str__
+
+
 class ZeroStage(IntEnum):
     """parallel.zero_stage: what data parallelism shards (scaling.engine.parallel)."""
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from scaling.core.enums import FsdpGradReduce, Precision, Recompute
+from scaling.core.enums import FsdpGradReduce, PipelineSchedule, Precision, Recompute
 from scaling.core.field_meta import COLUMN, GROUP, NEUTRAL, RUN_ONLY
 from scaling.core.files import CONF_DIR
 from scaling.core.layout import Layout
@@ -106,7 +106,7 @@ class ParallelConfig:
     """How the global batch and the model state are spread over ranks."""
 
     dp: int = 1
-    """Data-parallel degree: the ranks that split the batch (the world is dp × tp: scaling.core.layout)."""
+    """Data-parallel degree: the ranks that split the batch (the world is dp × tp × pp: scaling.core.layout)."""
     zero_stage: int = 0
     """0 plain DDP, 1 shards optimizer states, 2 also gradients, 3 also parameters."""
     bucket_mb: float = 25.0
@@ -118,6 +118,17 @@ class ParallelConfig:
     """Ranks each ZeRO-1/2/3 shard spans: null (or dp) shards over every rank, as before the field existed; a divisor
     of dp shards within groups of that many consecutive ranks (within a node where it fits) and replicates across
     the dp / dp_shard groups: hybrid sharding (FSDP2's 2-D mesh, ZeRO++ hpZ)."""
+    pp: int = field(default=1, metadata={NEUTRAL: 1})
+    """Pipeline stages: the blocks split over pp ranks (across nodes; tp within), balanced by FLOPs, the embedding
+    with the first stage and the norm and head with the last; world size = dp × tp × pp. 1: none, as before the field
+    existed."""
+    pp_schedule: PipelineSchedule = field(
+        default=PipelineSchedule.one_f_one_b, metadata={NEUTRAL: PipelineSchedule.one_f_one_b}
+    )
+    """With pp > 1: the schedule (gpipe, one_f_one_b, interleaved_1f1b, zero_bubble); the step's micro-batches are its
+    grad_acc micro-batches of mbs samples."""
+    pp_virtual: int = field(default=1, metadata={NEUTRAL: 1})
+    """Interleaved schedules: stages (model chunks) per pipeline rank; 1 otherwise."""
     fsdp_grad_reduce: FsdpGradReduce = FsdpGradReduce.every_micro_step
     """Stages 2-3 with grad_acc > 1: reduce-scatter gradients on every micro-step into shards (ZeRO's way,
     the default), or only on the last one, accumulating unsharded gradients (`last_micro_step`: 4Ψ more

@@ -269,6 +269,8 @@ def validate(cfg: ExperimentConfig, usable_cores: Optional[int] = None, host: bo
     _check_parallel(c, cfg.parallel, cfg.hardware.devices_per_node)
     if cfg.parallel.tp != 1 and c.positive("parallel.tp", cfg.parallel.tp):
         _check_tp(c, cfg)
+    if cfg.parallel.pp != 1 and c.positive("parallel.pp", cfg.parallel.pp):
+        c.require(False, f"parallel.pp={cfg.parallel.pp}: pipeline stages do not run yet; valid: 1")
     _check_hardware(c, cfg.hardware, cfg.train.precision)
     _check_run(c, cfg)
     if c.errors:
