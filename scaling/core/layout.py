@@ -172,8 +172,14 @@ class Layout:
         return replace(self, dp_shard=_group_within(ranks, self.dp))
 
     def coordinates(self, rank: int) -> tuple[int, int]:
-        """(dp rank, tp rank) of a global rank: tp consecutive ranks form a tensor-parallel group."""
-        return rank // self.tp, rank % self.tp
+        """(dp rank, tp rank) of a global rank. Ranks are numbered pp outermost, then dp, then tp (torchtitan's mesh
+        order): tp consecutive ranks form a tensor-parallel group, and a pipeline stage's dp × tp ranks are
+        consecutive, so stages are the groups that cross nodes first."""
+        return (rank // self.tp) % self.dp, rank % self.tp
+
+    def stage_of(self, rank: int) -> int:
+        """The pipeline stage a global rank runs (0 at pp 1): rank // (dp × tp)."""
+        return rank // (self.dp * self.tp)
 
 
 def _group_within(shard_group: Optional[int], dp: int) -> Optional[int]:
