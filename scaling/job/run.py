@@ -268,7 +268,11 @@ def _launch_repeats(
         launches.append(this)
         record.status, record.error, record.repeats = this.status, this.error, launches
         record.env = {**env_block, "devices": held.visible}
-        record.metrics = repeats_metrics([r.metrics for r in launches], derived) if this.status == Status.OK else None
+        record.metrics = (
+            repeats_metrics([r.metrics for r in launches], derived, c.parallel.layout)
+            if this.status == Status.OK
+            else None
+        )
         record.timing = record.timing.with_launches(launches[kept:]).with_device_time(launches)
         if this.status != Status.OK or len(launches) >= c.launch.repeats:
             return  # its record is written once, by _finish, into the room set aside for it
@@ -304,7 +308,7 @@ def _launch_entry(
     report = WorkerReport.read(launch_dir / WORKER_OUTPUT)
     diverged = not_finite(report) if outcome.status == Status.OK and report is not None else None
     if outcome.status == Status.OK and report is not None and diverged is None:
-        this.metrics = throughput_metrics(report, derived, peak)
+        this.metrics = throughput_metrics(report, derived, peak, c.parallel.layout)
         this.timing.launch_overhead_s = outcome.wall_s - stopped_s - report.measured_window_s
         this.timing = this.timing.with_device_time(
             derived.world_size, report.measured_window_s, report.phases_s.get("warmup_s")

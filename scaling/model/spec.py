@@ -81,11 +81,12 @@ class Family(ABC):
     def initialise(self, module: nn.Module, seed: int) -> None:
         """Seeded init of the materialised (possibly sharded) module: the same weights for every dp and stage."""
 
-    def check_initialised(self, module: nn.Module) -> None:
-        """ModelError naming every parameter and buffer that initialisation left as `materialise` made it (NaN)."""
+    def check_initialised(self, module: nn.Module, group: Any = None) -> None:
+        """ModelError naming every parameter and buffer that initialisation left as `materialise` made it (NaN), agreed
+        over `group` (the ranks that hold the same tensors: every rank, or a pipeline stage's)."""
         from scaling.model.custom.init import raise_if_unwritten
 
-        raise_if_unwritten(self.config.name, module)
+        raise_if_unwritten(self.config.name, module, group)
 
     def as_on_real_tensors(self) -> ContextManager[None]:
         """While inside, its forward on fake tensors (the FLOP count, the traced predictor) runs as on real ones where
@@ -106,6 +107,34 @@ class Family(ABC):
         """Its parameter tensors and blocks, as the step model and the extrapolation take any model."""
         counted = self.counted(seq_len)
         return ModelShape.cached(self.config.name, counted.tensors, counted.n_blocks)
+
+    def stage_costs(self, seq_len: int) -> tuple[list[float], float, float]:
+        """What a pipeline split weighs (scaling.core.stages.split_blocks): each block's FLOPs per token, the embedding's
+        (with the first stage) and the final norm's and head's (with the last). Here from the counted figures: the
+        head is the last parameter tensor outside the blocks when that is a matrix (6 FLOPs per weight per token), the
+        embedding lookup costs none, and the blocks share the rest equally (they are one class repeated)."""
+        counted = self.counted(seq_len)
+        roots = [t for t in counted.tensors if not t[1]]
+        head = 6.0 * roots[-1][2] * roots[-1][3] if len(roots) > 1 and roots[-1][3] > 1 else 0.0
+        block = (counted.flops_per_token - head) / counted.n_blocks
+        return [block] * counted.n_blocks, 0.0, head
+
+    def stages(self, seq_len: int, count: int) -> list[range]:
+        """The blocks of each of `count` pipeline stages (pp × pp_virtual), balanced by `stage_costs`: the one split
+        the engine runs and the predictors weigh (scaling.core.stages.split_blocks)."""
+        from scaling.core.stages import split_blocks
+
+        blocks, first, last = self.stage_costs(seq_len)
+        return split_blocks(blocks, count, first_extra=first, last_extra=last)
+
+    def pipeline_stage(self, module: nn.Module, blocks: range, first: bool, last: bool) -> nn.Module:
+        """The module of one pipeline stage of `module`: its `blocks`, with the embedding when `first` and the final
+        norm and head when `last`; tokens (B, T) in on the first stage, hidden states between stages, logits out of
+        the last. ModelError where the family cannot cut its forward between blocks."""
+        raise ModelError(
+            f"model {self.config.name!r}: pipeline stages (parallel.pp > 1) run the built-in decoder; this model's "
+            "forward is not cut between its blocks here: use parallel.pp=1"
+        )
 
     def tp_widths(self) -> dict[str, int]:
         """What tensor parallelism splits evenly: heads, key/value heads and widths, by name (empty: unknown)."""
