@@ -395,8 +395,11 @@ def _summary_line(record: Record) -> str:
         f"ga={record.derived.grad_acc if record.derived else c['train']['grad_acc']} "
         f"dp={c['parallel']['dp']} zero={c['parallel']['zero_stage']}"
     )
-    layout = {k: c["parallel"].get(k) for k in ("dp_shard", "tp")}
+    layout = {k: c["parallel"].get(k) for k in ("dp_shard", "tp", "pp")}
     point += "".join(f" {k}={v}" for k, v in layout.items() if v not in (None, 1))
+    if (c["parallel"].get("pp") or 1) > 1:  # the schedule (and its virtual stages) of a pipeline
+        virtual = c["parallel"].get("pp_virtual") or 1
+        point += f" pp_schedule={c['parallel'].get('pp_schedule')}" + (f" pp_virtual={virtual}" if virtual > 1 else "")
     figures = ""
     if m:
         figures = (
