@@ -186,13 +186,7 @@ def _check_pp(c: _Checker, cfg: ExperimentConfig) -> None:
             f"parallel.pp_virtual={virtual} with parallel.pp_schedule={schedule}: virtual stages need an interleaved "
             f"schedule ({', '.join(s.value for s in INTERLEAVED)}); valid: pp_virtual=1",
         )
-    if not isinstance(m, ModelConfig):
-        c.errors.append(
-            f"parallel.pp={pp} with model {getattr(m, 'name', m)!r}: pipeline stages run the built-in decoder "
-            "(model=tiny, llama_*): a Hugging Face config's or one's own model's forward is not cut between its blocks "
-            "yet; use parallel.pp=1"
-        )
-    else:
+    if isinstance(m, ModelConfig):  # a model one brings is checked once built (scaling.model.family.checked)
         stages = pp * (virtual if interleaved else 1)
         if _is_int(m.n_layers) and m.n_layers > 0:
             fits = [d for d in range(1, m.n_layers + 1) if d * (virtual if interleaved else 1) <= m.n_layers]
@@ -225,6 +219,11 @@ def _check_pp(c: _Checker, cfg: ExperimentConfig) -> None:
             "train.compile=true with parallel.pp_schedule=zero_bubble: torch's zero-bubble schedules split each "
             "backward into input and weight parts, which compiled blocks do not; use compile=false or one_f_one_b",
         )
+
+
+def pipeline_stages(p: ParallelConfig) -> int:
+    """The pipeline stages a point splits its blocks into: pp, times pp_virtual under an interleaved schedule."""
+    return p.pp * (p.pp_virtual if p.pp > 1 and PipelineSchedule(p.pp_schedule) in INTERLEAVED else 1)
 
 
 def _check_microbatches(c: _Checker, p: ParallelConfig, grad_acc: int) -> None:

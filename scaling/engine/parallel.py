@@ -97,8 +97,9 @@ class Parallelized:
 
     def param_norm(self) -> float:
         """L2 norm of all parameters, gathered across shards (identical on every rank)."""
-        if self.pipeline is not None:  # each stage's norm, then the pipeline's
-            local = _total_norm([p.detach() for p in self.model.parameters()])
+        if self.pipeline is not None:  # each stage's norm of what it trains (has a gradient for), then the pipeline's:
+            # what every stage of a model one brings holds (its embedding, its head) is trained, and counted, once
+            local = _total_norm([p.detach() for p in self.model.parameters() if p.grad is not None])
             return float(across_stages(local, self.pipeline.group))
         if self.mesh is not None and self.mesh.tp is not None:  # DTensors on two meshes: their own norms
             return float(_total_norm([p.detach() for p in self.model.parameters()]))
@@ -259,16 +260,18 @@ def _pipelined(
     family = family_of(args)
     model = family.build("meta")
     mesh = point_mesh(layout, device)
-    indices, split, modules = build_stages(
+    indices, _, modules = build_stages(
         family, model, train.seq_len, layout, parallel.pp_virtual, mesh.pp.get_local_rank()
     )
-    all_blocks = family.blocks(model)
     if mesh.tp is not None:
         for module in modules:
-            apply_plan(module, family.tp_plan(), mesh.tp, owned_outputs=family.tp_outputs_owned)
+            apply_plan(family.stage_root(module), family.tp_plan(), mesh.tp, owned_outputs=family.tp_outputs_owned)
+    owned = [family.stage_blocks(module) for module in modules]
     if train.recompute != Recompute.none:
-        all_blocks = family.recompute(model, all_blocks, str(train.recompute), train.recompute_every)
-    owned = [[all_blocks[b] for b in split[i]] for i in indices]
+        owned = [
+            family.recompute(family.stage_root(m), blocks, str(train.recompute), train.recompute_every)
+            for m, blocks in zip(modules, owned)
+        ]
     if train.compile:
         for block in (b for blocks in owned for b in blocks):
             block.compile()
@@ -277,7 +280,7 @@ def _pipelined(
             _shard(module, blocks, layout.zero_stage, bf16, mesh.dp)
     for module in modules:
         family.materialise(module, device)
-    family.initialise(model, train.seed)
+    family.initialise_stages(model, modules, train.seed)
     for module in modules:  # a stage's ranks hold the same tensors: they agree on what is unwritten
         family.check_initialised(module, mesh.dp_group)
     held = nn.ModuleList(modules)

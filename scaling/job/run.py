@@ -32,7 +32,7 @@ from scaling.core.model_group import model_hash
 from scaling.core.recompute import every_error
 from scaling.core.schema import CONF_DIR, ConfigRefused, ExperimentConfig, UnknownKey
 from scaling.core.units import format_bytes
-from scaling.core.validate import InvalidConfig, validate
+from scaling.core.validate import InvalidConfig, pipeline_stages, validate
 from scaling.engine import peak_flops
 from scaling.engine.jobfiles import CONFIG_FILE, LAUNCHES_DIR, RESULT_FILE, TORCHRUN_LOG, WORKER_OUTPUT, WorkerReport
 from scaling.engine.lifetime import gate
@@ -345,7 +345,7 @@ def derived_block(c: ExperimentConfig, derived: Derived) -> Derived:
     """The record's `derived` block as validation made it, with the parameter count and the FLOPs per token (the
     built-in family's closed form; a model the user brings counted by torch's FlopCounterMode and named in `model`);
     InvalidConfig when a model the user brings breaks the contract."""
-    counted = checked(c.model, c.train.seq_len, c.parallel.tp)
+    counted = checked(c.model, c.train.seq_len, c.parallel.tp, pipeline_stages(c.parallel))
     if c.train.recompute != "none" and not family_of(c.model).closed_form:  # the built-in family's: in validate
         error = every_error(c.train.recompute_every, counted.n_blocks)
         if error:

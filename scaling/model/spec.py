@@ -127,14 +127,32 @@ class Family(ABC):
         blocks, first, last = self.stage_costs(seq_len)
         return split_blocks(blocks, count, first_extra=first, last_extra=last)
 
+    @abstractmethod
     def pipeline_stage(self, module: nn.Module, blocks: range, first: bool, last: bool) -> nn.Module:
-        """The module of one pipeline stage of `module`: its `blocks`, with the embedding when `first` and the final
-        norm and head when `last`; tokens (B, T) in on the first stage, hidden states between stages, logits out of
-        the last. ModelError where the family cannot cut its forward between blocks."""
-        raise ModelError(
-            f"model {self.config.name!r}: pipeline stages (parallel.pp > 1) run the built-in decoder; this model's "
-            "forward is not cut between its blocks here: use parallel.pp=1"
-        )
+        """The module of one pipeline stage of `module` (built on meta): its `blocks`, with the embedding when `first`
+        and the final norm and head when `last`; tokens (B, T) in on the first stage, hidden states between stages,
+        logits out of the last. ModelError where the family cannot cut its forward between blocks."""
+
+    def stage_root(self, stage: nn.Module) -> nn.Module:
+        """What a stage's tensor-parallel plan and recompute address, by the model's own module names (the stage)."""
+        return stage
+
+    def stage_blocks(self, stage: nn.Module) -> list[nn.Module]:
+        """The blocks a stage runs, in order (what is compiled and sharded one by one)."""
+        return self.blocks(self.stage_root(stage))
+
+    def initialise_stages(self, module: nn.Module, stages: list[nn.Module], seed: int) -> None:
+        """Seeded init of this rank's materialised stages of `module`: the values they have at pp 1. Here the whole
+        module's `initialise` (what a stage does not hold is left on meta)."""
+        self.initialise(module, seed)
+
+    def check_pp(self, stages: int, n_blocks: int) -> None:
+        """ModelError when the model cannot be cut into `stages` pipeline stages: fewer blocks than stages."""
+        if stages > n_blocks:
+            raise ModelError(
+                f"{stages} pipeline stages (parallel.pp x pp_virtual) but model {self.config.name!r} has {n_blocks} "
+                f"blocks: each stage holds at least one block; try pp <= {n_blocks}"
+            )
 
     def tp_widths(self) -> dict[str, int]:
         """What tensor parallelism splits evenly: heads, key/value heads and widths, by name (empty: unknown)."""

@@ -217,6 +217,11 @@ class Stage(nn.Module):
         self.norm = model.norm if last else None
         self.output = model.output if last else None
 
+    def set_recompute(self, recompute: str, every: int = 1) -> None:
+        """As `Transformer.set_recompute`, by each block's index in the whole model."""
+        for i, layer in self.layers.items():
+            layer.recompute = recompute if checkpointed(int(i), every) else "none"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x  # (B, T, C)
         cos, sin = rope_cos_sin(h.shape[1], self.args.head_dim, self.args.rope_theta, h.device)

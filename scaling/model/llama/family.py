@@ -59,6 +59,12 @@ class Llama(Family):
 
         return Stage(module, blocks, first, last)
 
+    def stage_blocks(self, stage: nn.Module) -> list[nn.Module]:
+        return list(stage.layers.values())
+
+    def check_pp(self, stages: int, n_blocks: int) -> None:
+        """Nothing to build: the validation checks the blocks against the stages (scaling.core.validate)."""
+
     def tp_plan(self) -> dict[str, str]:
         from scaling.model.llama.decoder import TP_PLAN
 

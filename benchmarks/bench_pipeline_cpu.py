@@ -1,0 +1,123 @@
+"""Pipeline stages on CPU: the bubble measured beside `scaling.perf.pipeline.bubble_fraction`, and each stage's peak.
+
+    python benchmarks/bench_pipeline_cpu.py [--repeats 3] [--microbatches 1,2,4,8]
+
+One rank (one pinned thread) stands for one GPU. A ~3.5M-parameter built-in decoder of 4 blocks runs on one rank
+(pp=1) and on two (pp=2: blocks 0-1 with the embedding, blocks 2-3 with the norm and head, the split
+`Family.stages` makes) at the same micro-batches (grad_acc m of mbs 2), GPipe at every m and 1F1B where it runs
+(m >= pp), the launches alternating `--repeats` times on warm ranks. A stage's busy time is its share of the
+model's FLOPs per token (`Family.stage_costs`) of one rank's step; the measured bubble is the rest of the pipeline's
+step: 1 - T1 × (costliest stage's share) / Tpp, where T1 and Tpp are median timed steps of the same repeat. It
+holds what the formula leaves out too (the sends between stages, torch's schedule bookkeeping, the optimizer's
+step, which runs once per step on each stage whatever m is). Each stage's peak is the memory tracker's (live tensor
+bytes) on its rank. Prints Markdown; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from scaling.core.enums import PipelineSchedule
+from scaling.job.run import run_point
+from scaling.model.family import family_of
+from scaling.perf.pipeline import bubble_fraction
+from scaling.sweep.compose import compose_config
+
+MODEL = [
+    "model=tiny",
+    "model.hidden=256",
+    "model.n_heads=4",
+    "model.n_kv_heads=4",
+    "model.ffn_hidden=688",
+    "model.n_layers=4",
+]
+SEQ, MBS = 128, 2
+POINT = [
+    *MODEL,
+    "logger=none",
+    f"train.seq_len={SEQ}",
+    f"train.mbs={MBS}",
+    "train.precision=fp32",
+    "train.warmup_steps=2",
+    "train.steps=6",
+    "hardware.threads_per_device=1",
+    "launch.timeout_s=600",
+    "launch.reuse=true",
+    "launch.reuse_idle_s=120",
+]
+
+
+def measure(store: Path, overrides: list[str]) -> dict:
+    """The record of one point (its own launch: the store is the repeat's)."""
+    record = run_point(compose_config([*POINT, *overrides, f"sweep_dir={store}"]))
+    if record["status"] != "ok":
+        raise RuntimeError(f"{overrides}: {record['status']}: {record['error']}")
+    return record
+
+
+def costliest_share(pp: int) -> tuple[float, list[range]]:
+    """The costliest stage's share of the model's FLOPs per token, and the split."""
+    family = family_of(compose_config(POINT).model)
+    blocks, first, last = family.stage_costs(SEQ)
+    split = family.stages(SEQ, pp)
+    costs = [sum(blocks[i] for i in r) for r in split]
+    costs[0] += first
+    costs[-1] += last
+    return max(costs) / sum(costs), split
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--microbatches", default="1,2,4,8")
+    args = parser.parse_args()
+    counts = [int(m) for m in args.microbatches.split(",")]
+    share, split = costliest_share(2)
+    runs: dict[tuple[str, int], list[float]] = {}
+    spreads: dict[tuple[str, int], list[float]] = {}
+    peaks: dict[tuple[str, int], list[int]] = {}
+    for repeat in range(args.repeats):
+        with tempfile.TemporaryDirectory(prefix="bench-pp-") as tmp:
+            store = Path(tmp)
+            for m in counts:
+                base = [f"train.grad_acc={m}"]
+                one = measure(store, base)
+                t1 = one["metrics"]["step_time_s"]
+                peaks.setdefault(("pp1", m), one["metrics"]["peak_mem_bytes_per_rank"])
+                for schedule in (PipelineSchedule.gpipe, PipelineSchedule.one_f_one_b):
+                    if schedule == PipelineSchedule.one_f_one_b and m < 2:
+                        continue
+                    pp = measure(store, [*base, "parallel.pp=2", f"parallel.pp_schedule={schedule.value}"])
+                    tpp = pp["metrics"]["step_time_s"]
+                    runs.setdefault((schedule.value, m), []).append(1 - t1 * share / tpp)
+                    spreads.setdefault((schedule.value, m), []).append(
+                        pp["metrics"]["step_time_spread_frac"] + one["metrics"]["step_time_spread_frac"]
+                    )
+                    peaks.setdefault((schedule.value, m), pp["metrics"]["peak_mem_bytes_per_rank"])
+        print(f"repeat {repeat + 1} of {args.repeats} done", flush=True)
+
+    print(f"\nsplit {[f'{r.start}-{r.stop - 1}' for r in split]}: costliest stage {share:.3f} of the FLOPs per token")
+    print(
+        "\n| schedule | m | bubble measured (median of repeats) | runs | steps' spread | predicted | measured - predicted |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for (schedule, m), values in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        predicted = bubble_fraction(schedule, 2, m)
+        measured = statistics.median(values)
+        spread = statistics.median(spreads[schedule, m])
+        listed = ", ".join(f"{v:.3f}" for v in values)
+        print(
+            f"| {schedule} | {m} | {measured:.3f} | {listed} | ±{spread:.0%} of a step | {predicted:.3f} | "
+            f"{measured - predicted:+.3f} |"
+        )
+    print("\n| point | m | peak per stage (MiB, the tracker's) |")
+    print("|---|---|---|")
+    for (name, m), per_rank in sorted(peaks.items()):
+        print(f"| {name} | {m} | {', '.join(f'{b / 2**20:.2f}' for b in per_rank)} |")
+
+
+if __name__ == "__main__":
+    main()
