@@ -1,7 +1,7 @@
 """Pipeline parallelism (`parallel.pp`): the blocks split into stages on torch.distributed.pipelining, each schedule
 checked against the same global batch on one rank (real torchrun points on warm ranks, oversubscribed: they check
-correctness, not speed), data parallelism over the stages' ranks with ZeRO, the record's stage of the peak, and
-the refusals before any process starts."""
+correctness, not speed), data parallelism over the stages' ranks with ZeRO, a model one brings and a Hugging Face
+config cut between their blocks, the record's stage of the peak, and the refusals before any process starts."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ def test_two_stages_train_the_losses_of_one_rank_for_each_schedule(point_store, 
     assert pp["derived"]["world_size"] == pp["env"]["world_size"] == 2
     m = pp["metrics"]
     assert m["tokens_per_s_per_gpu"] == pytest.approx(m["tokens_per_s"] / 2)
+    assert m["mfu"] == pytest.approx(pp["derived"]["flops_per_token"] * m["tokens_per_s"] / 2 / m["peak_flops_per_s"])
     per_rank = m["peak_mem_bytes_per_rank"]
     assert len(per_rank) == 2 and m["peak_mem_stage"] == per_rank.index(max(per_rank))
     assert one["metrics"]["peak_mem_stage"] is None
