@@ -170,7 +170,7 @@ def parallelize(
     layout, bf16 = parallel.layout, train.precision == Precision.bf16
     if layout.pp > 1:
         count = microbatches or (train.grad_acc if isinstance(train.grad_acc, int) else 1)
-        return _pipelined(args, train, parallel, device, fused, count)
+        return _pipelined(args, train, parallel, device, fused, count, on_meta)
     recompute = train.recompute != Recompute.none
     where = "meta" if on_meta else device
     family = family_of(args)
@@ -251,14 +251,16 @@ def _pipelined(
     device: torch.device,
     fused: bool,
     microbatches: int,
+    on_meta: bool = True,
 ) -> Parallelized:
     """`parallelize` with pipeline stages (scaling.engine.pipeline), in the same order per stage module: the whole
-    model's shapes on meta, this rank's stage modules cut from it, tensor parallelism, recompute, compile, shard over
-    the stage's dp ranks (2-3), materialise what the stages hold, the seeded init of the whole model (what other
-    stages hold is drawn and dropped), the optimizer and the schedule (at ZeRO-0/1 without DDP: `Parallelized.pipeline`)."""
+    model's shapes on meta (on `device` without `on_meta`), this rank's stage modules cut from it, tensor
+    parallelism, recompute, compile, shard over the stage's dp ranks (2-3), materialise what the stages hold, the
+    seeded init of what they hold (Family.initialise_stages), the optimizer and the schedule (at ZeRO-0/1 without
+    DDP: `Parallelized.pipeline`)."""
     layout, bf16 = parallel.layout, train.precision == Precision.bf16
     family = family_of(args)
-    model = family.build("meta")
+    model = family.build("meta" if on_meta else device)
     mesh = point_mesh(layout, device)
     indices, _, modules = build_stages(
         family, model, train.seq_len, layout, parallel.pp_virtual, mesh.pp.get_local_rank()
@@ -278,10 +280,11 @@ def _pipelined(
     if layout.fsdp:
         for module, blocks in zip(modules, owned):
             _shard(module, blocks, layout.zero_stage, bf16, mesh.dp)
-    for module in modules:
-        family.materialise(module, device)
+    if on_meta:
+        for module in modules:
+            family.materialise(module, device)
     family.initialise_stages(model, modules, train.seed)
-    for module in modules:  # a stage's ranks hold the same tensors: they agree on what is unwritten
+    for module in modules if on_meta else []:  # a stage's ranks hold the same tensors: they agree on what is unwritten
         family.check_initialised(module, mesh.dp_group)
     held = nn.ModuleList(modules)
     if layout.zero_stage == ZeroStage.OPTIMIZER:
