@@ -5,12 +5,13 @@
 One rank (one pinned thread) stands for one GPU. A ~3.5M-parameter built-in decoder of 4 blocks runs on one rank
 (pp=1) and on two (pp=2: blocks 0-1 with the embedding, blocks 2-3 with the norm and head, the split
 `Family.stages` makes) at the same micro-batches (grad_acc m of mbs 2), GPipe at every m and 1F1B where it runs
-(m >= pp), the launches alternating `--repeats` times on warm ranks. A stage's busy time is its share of the
-model's FLOPs per token (`Family.stage_costs`) of one rank's step; the measured bubble is the rest of the pipeline's
-step: 1 - T1 × (costliest stage's share) / Tpp, where T1 and Tpp are median timed steps of the same repeat. It
-holds what the formula leaves out too (the sends between stages, torch's schedule bookkeeping, the optimizer's
-step, which runs once per step on each stage whatever m is). Each stage's peak is the memory tracker's (live tensor
-bytes) on its rank. Prints Markdown; asserts nothing.
+(m >= pp), the launches alternating `--repeats` times on warm ranks. The bubble is measured two ways: in the run,
+each stage's idle share of the schedule's time over the timed steps (`metrics.pipeline_idle_frac_per_rank`: the
+time its rank was not inside a micro-batch's forward or backward: waits on the other stage and the sends; the
+optimizer's step is outside it), and across runs, 1 - T1 × (costliest stage's share of the FLOPs per token) / Tpp
+(T1, Tpp: median timed steps of the same repeat; the optimizer's step and the sends count as bubble there, and two
+launches' load). Each stage's peak is the memory tracker's (live tensor bytes) on its rank. Prints Markdown;
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def main() -> None:
     counts = [int(m) for m in args.microbatches.split(",")]
     share, split = costliest_share(2)
     runs: dict[tuple[str, int], list[float]] = {}
+    idle: dict[tuple[str, int], list[list[float]]] = {}
     spreads: dict[tuple[str, int], list[float]] = {}
     peaks: dict[tuple[str, int], list[int]] = {}
     for repeat in range(args.repeats):
@@ -93,6 +95,7 @@ def main() -> None:
                     pp = measure(store, [*base, "parallel.pp=2", f"parallel.pp_schedule={schedule.value}"])
                     tpp = pp["metrics"]["step_time_s"]
                     runs.setdefault((schedule.value, m), []).append(1 - t1 * share / tpp)
+                    idle.setdefault((schedule.value, m), []).append(pp["metrics"]["pipeline_idle_frac_per_rank"])
                     spreads.setdefault((schedule.value, m), []).append(
                         pp["metrics"]["step_time_spread_frac"] + one["metrics"]["step_time_spread_frac"]
                     )
@@ -101,17 +104,18 @@ def main() -> None:
 
     print(f"\nsplit {[f'{r.start}-{r.stop - 1}' for r in split]}: costliest stage {share:.3f} of the FLOPs per token")
     print(
-        "\n| schedule | m | bubble measured (median of repeats) | runs | steps' spread | predicted | measured - predicted |"
+        "\n| schedule | m | predicted | idle in the run, stage 0 / 1: median [range] | across runs: median | runs |"
+        " steps' spread |"
     )
     print("|---|---|---|---|---|---|---|")
     for (schedule, m), values in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         predicted = bubble_fraction(schedule, 2, m)
-        measured = statistics.median(values)
+        in_run = " / ".join(f"{statistics.median(s):.3f} [{min(s):.3f}, {max(s):.3f}]" for s in zip(*idle[schedule, m]))
         spread = statistics.median(spreads[schedule, m])
         listed = ", ".join(f"{v:.3f}" for v in values)
         print(
-            f"| {schedule} | {m} | {measured:.3f} | {listed} | ±{spread:.0%} of a step | {predicted:.3f} | "
-            f"{measured - predicted:+.3f} |"
+            f"| {schedule} | {m} | {predicted:.3f} | {in_run} | {statistics.median(values):.3f} | {listed} | "
+            f"±{spread:.0%} of a step |"
         )
     print("\n| point | m | peak per stage (MiB, the tracker's) |")
     print("|---|---|---|")

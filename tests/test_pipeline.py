@@ -53,7 +53,9 @@ def test_two_stages_train_the_losses_of_one_rank_for_each_schedule(point_store, 
     assert m["mfu"] == pytest.approx(pp["derived"]["flops_per_token"] * m["tokens_per_s"] / 2 / m["peak_flops_per_s"])
     per_rank = m["peak_mem_bytes_per_rank"]
     assert len(per_rank) == 2 and m["peak_mem_stage"] == per_rank.index(max(per_rank))
-    assert one["metrics"]["peak_mem_stage"] is None
+    assert one["metrics"]["peak_mem_stage"] is None and one["metrics"]["pipeline_idle_frac_per_rank"] is None
+    idle = m["pipeline_idle_frac_per_rank"]  # each stage waits for the other some of the time: the bubble, measured
+    assert len(idle) == 2 and all(0 < f < 1 for f in idle), idle
 
 
 @pytest.mark.torchrun

@@ -15,6 +15,7 @@ library only.
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
@@ -73,6 +74,19 @@ class Pipeline:
     them, or there is one dp rank)."""
     bucket_bytes: int = 25 * 2**20
     """The most gradient bytes one all-reduce carries (parallel.bucket_mb)."""
+    schedule_s: float = 0.0
+    """Seconds inside the schedule's steps since `reset_clock` (the bubble's denominator)."""
+    busy_s: float = 0.0
+    """Of those, seconds this rank's stages computed: forward and backward (input and weight) of a micro-batch, the
+    rest being waits on the other stages and the sends between them (the bubble, measured)."""
+
+    def reset_clock(self) -> None:
+        """Start counting `schedule_s` and `busy_s` from zero."""
+        self.schedule_s = self.busy_s = 0.0
+
+    def idle_frac(self) -> Optional[float]:
+        """The share of the schedule's time this rank did not compute since `reset_clock` (None before any step)."""
+        return 1.0 - self.busy_s / self.schedule_s if self.schedule_s > 0 else None
 
     def step(
         self,
@@ -85,8 +99,10 @@ class Pipeline:
         called with the stage's module before each micro-batch's forward on it (the memory tracker's reset)."""
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.first else ()
+        t0 = time.perf_counter()
         with _before_each_forward(self.stages, before_forward):
             self.schedule.step(*args, target=targets if self.last else None, losses=losses, return_outputs=False)
+        self.schedule_s += time.perf_counter() - t0
         if self.dp_group is not None:
             grads = [p.grad for m in self.modules for p in m.parameters() if p.grad is not None]
             average(grads, self.dp_group, self.bucket_bytes)
@@ -115,8 +131,8 @@ def _before_each_forward(stages: list[Any], call: Optional[Callable[[nn.Module],
     try:
         yield
     finally:
-        for stage in stages:
-            del stage.forward_one_chunk  # the class's method again
+        for stage, original in zip(stages, originals):
+            stage.forward_one_chunk = original  # as it was (timed: `_clock`)
 
 
 def average(grads: list[torch.Tensor], group: Any, bucket_bytes: int) -> None:
@@ -177,7 +193,32 @@ def make_pipeline(
     target = stages if PipelineSchedule(schedule) in MULTI_STAGE else stages[0]
     made = cls(target, n_microbatches=microbatches, loss_fn=_loss, scale_grads=True)
     split = PipelineSchedule(schedule) == PipelineSchedule.zero_bubble
-    return Pipeline(made, modules, indices, 0 in indices, count - 1 in indices, group, stages, split)
+    pipeline = Pipeline(made, modules, indices, 0 in indices, count - 1 in indices, group, stages, split)
+    for stage in stages:
+        _clock(stage, pipeline)
+    return pipeline
+
+
+COMPUTE = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+"""The methods of torch's stage that compute a micro-batch (the rest of a schedule's time is waits and sends)."""
+
+
+def _clock(stage: Any, pipeline: Pipeline) -> None:
+    """Add the time of each of `stage`'s compute methods to `pipeline.busy_s` (the class's method, timed, set on the
+    stage; `_before_each_forward` wraps it in turn)."""
+
+    def timed(method: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                pipeline.busy_s += time.perf_counter() - t0
+
+        return run
+
+    for name in COMPUTE:
+        setattr(stage, name, timed(getattr(stage, name)))
 
 
 def across_stages(value: torch.Tensor, group: Optional[Any]) -> torch.Tensor:

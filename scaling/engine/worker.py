@@ -207,11 +207,18 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     timed_batches = [batches(len(losses) + i) for i in range(train.steps)]
     graphs_after_warmup = kernels.compiled_graphs()
     rows_before_window = data.rows_built
+    if wrapped.pipeline is not None:
+        wrapped.pipeline.reset_clock()
     dist.barrier()
     window_start = time.perf_counter()
     step_times = [one_step(micro_batches) for micro_batches in timed_batches]
     window_s = time.perf_counter() - window_start
     recompiles = kernels.compiled_graphs() - graphs_after_warmup
+    idle = (
+        None
+        if wrapped.pipeline is None
+        else [row[0] for row in _gather_floats([wrapped.pipeline.idle_frac() or 0.0], dev.device)]
+    )
     rows_built_in_window = data.rows_built - rows_before_window
 
     # Every rank joins the collectives below, in the same order (keyword arguments run left to right).
@@ -252,6 +259,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
         rows_built_in_timed_window=rows_built_in_window,
         grad_norms=[float(n) for n in grad_norms] if grad_norms else None,
         points_before=points_before,
+        pipeline_idle_frac_per_rank=idle,
     )
     if rank == 0:
         report.write(job_dir / WORKER_OUTPUT)

@@ -101,6 +101,7 @@ def throughput_metrics(
         peak_mem_bytes=max(worker.peak_mem_bytes_per_rank),
         peak_mem_bytes_per_rank=list(worker.peak_mem_bytes_per_rank),
         peak_mem_stage=peak_stage(worker.peak_mem_bytes_per_rank, layout),
+        pipeline_idle_frac_per_rank=worker.pipeline_idle_frac_per_rank,
         peak_mem_source=worker.peak_mem_source,
         peak_mem_reserved_bytes=_max(worker.peak_mem_reserved_bytes_per_rank),
         peak_mem_reserved_bytes_per_rank=worker.peak_mem_reserved_bytes_per_rank,
