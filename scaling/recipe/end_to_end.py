@@ -18,9 +18,9 @@ from scaling.core.layout import AXES
 from scaling.core.schema import ExperimentConfig
 from scaling.launch.devices import devices_at_hand
 from scaling.model.family import family_of
-from scaling.predictor.analytic import predict_config
 from scaling.predictor.margin import planning_margin
 from scaling.predictor.prescreen import capacity_bytes
+from scaling.predictor.stage_memory import predict_peak
 from scaling.recipe.answer import Recipe
 from scaling.recipe.candidates import candidate_point, find_candidates, point_config
 from scaling.recipe.decide import best_option, decide, knee_of_full_sharding
@@ -72,7 +72,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
             from scaling.predictor.trace import trace_peak_kept
 
             return trace_peak_kept(point, sweep_dir).peak_mem_bytes
-        return predict_config(point, s.grad_acc).total_bytes
+        return predict_peak(point, s.grad_acc).total_bytes
 
     def command(c: Candidate, s: Split) -> str:
         return run_command(overrides, c.layout.with_dp(s.dp).overrides(), c.recompute, s, sweep_dir)
