@@ -402,11 +402,19 @@ def stage_shape(shape: ModelShape, pp: int, seq_len: int) -> ModelShape:
     return ModelShape(f"{shape.name} stage {fullest}/{pp}", tuple(held(fullest)), sizes[fullest])
 
 
+@functools.lru_cache(maxsize=1024)
 def block_flops(shape: ModelShape, seq_len: int) -> float:
     """FLOPs per token of one block: 6 × its matrices' parameters + 12 × hidden × seq_len (attention)."""
     hidden, _ = widths(shape)
     matrices = sum(t.numel for t in shape.tensors if t.module == BLOCK and t.cols > 1)
     return 6.0 * matrices / shape.n_blocks + 12.0 * hidden * seq_len
+
+
+@functools.lru_cache(maxsize=1024)
+def _imbalance(shape: ModelShape, seq_len: int, stages: int) -> tuple[int, float]:
+    # (hidden, the split's imbalance), kept: a band's hundreds of draws ask for the same few
+    hidden, vocab = widths(shape)
+    return hidden, stage_costs(shape.n_blocks, block_flops(shape, seq_len), 6.0 * hidden * vocab, stages)[1]
 
 
 def pipeline_compute_s(w: Workload, net: Network, n: int, grad_acc: int, compute_s: float) -> float:
@@ -416,9 +424,8 @@ def pipeline_compute_s(w: Workload, net: Network, n: int, grad_acc: int, compute
     chunk's boundary (mbs × seq × hidden at the compute's width, on the tier the stages cross: `send_s`), stretched
     by the schedule's bubble (scaling.perf.pipeline.bubble_fraction): m·(imbalance·compute + 2·v·send) / (1 − b).
     Sends are charged whole (torch's schedules wait for each receive before the compute that needs it)."""
-    hidden, vocab = widths(w.shape)
     virtual = w.pp_virtual if w.pp_schedule in ("interleaved_1f1b", "zero_bubble") else 1
-    _, imbalance = stage_costs(w.shape.n_blocks, block_flops(w.shape, w.seq_len), 6.0 * hidden * vocab, w.pp * virtual)
+    hidden, imbalance = _imbalance(w.shape, w.seq_len, w.pp * virtual)
     width = 2 if w.precision == "bf16" else 4
     send = send_s(net, w.layout_at(n), width * w.mbs * w.seq_len * hidden)
     bubble = bubble_fraction(w.pp_schedule, w.pp, grad_acc, virtual)

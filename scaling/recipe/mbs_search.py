@@ -234,7 +234,9 @@ def largest_mbs_by_gpus(
             continue
         at = cfg.changed(parallel=spread.parallel())
         limit = max_samples // spread.dp
-        fits = partial(_fits, at, int(capacity / (1 + margin)), traces_in, grad_acc=2 if limit > 1 else 1)
+        # pipeline stages: at least pp micro-batches, the most a 1F1B stage keeps in flight (scaling.predictor.stage_memory)
+        accumulating = max(2, spread.pp) if limit > 1 else 1
+        fits = partial(_fits, at, int(capacity / (1 + margin)), traces_in, grad_acc=accumulating)
         out[n] = largest_true(fits, guess, limit)
         guess = max(out[n], 1)
     return out
