@@ -32,8 +32,12 @@ def test_the_sends_cross_nodes_when_a_stage_fills_one():
 def test_the_step_pays_the_bubble_at_the_costliest_stage(schedule, virtual):
     w, plain = workload(4, schedule, virtual), workload()
     compute, m = 0.5, 8
-    _, imbalance = stage_costs(32, block_flops(w.shape, 4096), 6.0 * 4096 * 128256, 4 * virtual)
-    assert imbalance > 1.0  # 32 equal blocks and the head over 4·v stages: one stage carries more
+    block, head = block_flops(w.shape, 4096), 6.0 * 4096 * 128256
+    chunks, _ = stage_costs(32, block, head, 4 * virtual)
+    cost = [len(r) * block + (head if k == len(chunks) - 1 else 0.0) for k, r in enumerate(chunks)]
+    ranks = [sum(cost[r::4]) for r in range(4)]  # a rank runs every 4th chunk: their sum sets its pace
+    imbalance = max(ranks) / (sum(ranks) / 4)
+    assert imbalance > 1.0  # 32 equal blocks and the head over 4 ranks: one carries more
     seconds = step_time_s(w, FREE, 1, compute, 0.0, grad_acc=m)
     expected = m * imbalance * compute / (1 - bubble_fraction(schedule, 4, m, virtual))
     assert seconds == pytest.approx(expected, rel=1e-9)

@@ -338,7 +338,7 @@ def tp_calls(w: Workload, grad_acc: int) -> tuple[Call, ...]:
     hidden, vocab = widths(w.shape)
     width = 2 if w.precision == "bf16" else 4
     act, logits = width * w.mbs * w.seq_len * hidden, width * w.mbs * w.seq_len * vocab
-    blocks = w.shape.n_blocks
+    blocks = stage_shape(w.shape, w.pp, w.seq_len).n_blocks  # a pipeline stage's blocks (the fullest stage's)
     forward = ROWWISE_PER_BLOCK * blocks + 1
     again = (
         checkpointed_blocks(blocks, w.recompute_every) if w.recompute == Recompute.full else 0
@@ -411,10 +411,15 @@ def block_flops(shape: ModelShape, seq_len: int) -> float:
 
 
 @functools.lru_cache(maxsize=1024)
-def _imbalance(shape: ModelShape, seq_len: int, stages: int) -> tuple[int, float]:
-    # (hidden, the split's imbalance), kept: a band's hundreds of draws ask for the same few
+def _imbalance(shape: ModelShape, seq_len: int, pp: int, virtual: int) -> tuple[int, float]:
+    # (hidden, the costliest rank's FLOPs over the mean's), kept: a band's hundreds of draws ask for the same few. A
+    # rank of an interleaved schedule runs every pp-th chunk: its chunks' sum sets its pace
     hidden, vocab = widths(shape)
-    return hidden, stage_costs(shape.n_blocks, block_flops(shape, seq_len), 6.0 * hidden * vocab, stages)[1]
+    block, head = block_flops(shape, seq_len), 6.0 * hidden * vocab
+    chunks, _ = stage_costs(shape.n_blocks, block, head, pp * virtual)
+    cost = [len(r) * block + (head if k == len(chunks) - 1 else 0.0) for k, r in enumerate(chunks)]
+    ranks = [sum(cost[r::pp]) for r in range(pp)]
+    return hidden, max(ranks) * pp / sum(ranks)
 
 
 def pipeline_compute_s(w: Workload, net: Network, n: int, grad_acc: int, compute_s: float) -> float:
@@ -425,7 +430,7 @@ def pipeline_compute_s(w: Workload, net: Network, n: int, grad_acc: int, compute
     by the schedule's bubble (scaling.perf.pipeline.bubble_fraction): m·(imbalance·compute + 2·v·send) / (1 − b).
     Sends are charged whole (torch's schedules wait for each receive before the compute that needs it)."""
     virtual = w.pp_virtual if w.pp_schedule in ("interleaved_1f1b", "zero_bubble") else 1
-    hidden, imbalance = _imbalance(w.shape, w.seq_len, w.pp * virtual)
+    hidden, imbalance = _imbalance(w.shape, w.seq_len, w.pp, virtual)
     width = 2 if w.precision == "bf16" else 4
     send = send_s(net, w.layout_at(n), width * w.mbs * w.seq_len * hidden)
     bubble = bubble_fraction(w.pp_schedule, w.pp, grad_acc, virtual)
