@@ -96,7 +96,13 @@ def pipeline_decision(
 ) -> tuple[list[int], str]:
     """The pipeline degrees the recipe weighs beside `found` (the candidates without pipeline stages), and why in one
     sentence: those of `asked` that divide the model's blocks, else PP_DEGREES that do where `pp_needed` says so,
-    else none and the reason."""
+    else none and the reason (none for a model of another family: its stages have no predicted memory)."""
+    why = pp_needed([c for c in found if c.layout.pp == 1], gpus, gbs_samples)
+    if not family_of(cfg.model).closed_form and (asked or why):
+        return [], (
+            f"pipeline parallelism not weighed ({why or 'as asked'}): a stage's memory is predicted for the built-in "
+            "family only (the traced predictor runs no stages)"
+        )
     blocks = pp_degrees(cfg)
     if asked:
         degrees = [p for p in asked if p in blocks]
@@ -109,7 +115,6 @@ def pipeline_decision(
                 else ""
             )
         )
-    why = pp_needed([c for c in found if c.layout.pp == 1], gpus, gbs_samples)
     if why is None:
         return [], PP_NOT_NEEDED.format(gbs=gbs_samples)
     if not blocks:

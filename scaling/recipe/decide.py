@@ -174,7 +174,9 @@ def decide(
         row.place(best.layout)
         row.mbs, row.grad_acc, row.recompute = s.mbs, s.grad_acc, c.recompute
         row.tp_why = (
-            _tp_why(c, candidates, n, gbs_samples, seq_len, estimate, predicted_peak) if best.layout.tp > 1 else None
+            _tp_why(c, candidates, n, gbs_samples, seq_len, estimate, predicted_peak)
+            if best.layout.tp > 1 and best.layout.pp == 1  # a pipelined row's reason is its pp_why
+            else None
         )
         row.pp_why = _pp_why(best, candidates, n, gbs_samples, seq_len, estimate, predicted_peak)
         row.recompute_why = _recompute_why(best, candidates, n, gbs_samples, seq_len, estimate, predicted_peak)
