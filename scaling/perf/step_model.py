@@ -6,7 +6,9 @@
 the comparison with a real step read); `comm_windows` and `step_time_s` cost them on a `Network` (scaling.perf.
 network) and hide what the compute window of their phase covers (an overlap fraction). `Workload` is one
 configuration (model shape, seq_len, mbs, stage, precision, recompute, clipping), `Point` one measured dp. What each
-stage sends per step and why: docs/dp-extrapolation.md. Arithmetic on numpy and the standard library.
+stage sends per step and why: docs/dp-extrapolation.md. Under pipeline stages (`Workload.pp`) a rank holds the fullest
+stage's part (`stage_shape`) and `pipeline_compute_s` replaces grad_acc·compute_s with the bubble, the sends and the
+costliest stage's pace. Arithmetic on numpy and the standard library.
 """
 
 from __future__ import annotations
