@@ -88,3 +88,23 @@ def test_prescreen_and_predict_judge_the_fullest_stage(capsys):
     assert predict_main(["--analytic", *base]) == 0
     out = capsys.readouterr().out
     assert "pp=2" in out and f"the fullest stage, {fullest.rank}, decides the fit" in out
+
+
+@pytest.mark.parametrize("schedule", ["one_f_one_b", "gpipe"])
+def test_the_analytic_stages_agree_with_the_traced_stages(schedule):
+    """The stage's own modules of the built-in model, run on fake tensors in the schedule's order under torch's
+    tracker (scaling.predictor.stage_trace): the analytic figure of each stage within 10% (tiny, fp32, pp 2, 4
+    micro-batches); GPipe's first stage, which holds all 4, above 1F1B's, which holds 2."""
+    from scaling.predictor.stage_trace import trace_stage_peaks
+
+    cfg = compose_point(
+        ["model=tiny", "train.mbs=2", "train.grad_acc=4", "train.seq_len=64", "parallel.pp=2"]
+        + [f"parallel.pp_schedule={schedule}"]
+    )
+    traced = trace_stage_peaks(cfg, 4)
+    analytic = [st.breakdown.total_bytes for st in stage_peaks(cfg.model, cfg.train, cfg.parallel, cfg.hardware, 4)]
+    for a, t in zip(analytic, traced):
+        assert abs(a / t - 1) < 0.10, (analytic, traced)
+    if schedule == "gpipe":
+        one_f = trace_stage_peaks(cfg.changed(parallel={"pp_schedule": "one_f_one_b"}), 4)
+        assert traced[0] > one_f[0]
