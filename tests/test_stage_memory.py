@@ -3,6 +3,8 @@ each stage's share of the model state, and the pre-screen and `scaling predict` 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from torch.distributed.pipelining.schedules import _get_warmup_ops
 
@@ -108,3 +110,13 @@ def test_the_analytic_stages_agree_with_the_traced_stages(schedule):
     if schedule == "gpipe":
         one_f = trace_stage_peaks(cfg.changed(parallel={"pp_schedule": "one_f_one_b"}), 4)
         assert traced[0] > one_f[0]
+
+
+def test_predict_prints_both_figures_of_each_stage(capsys):
+    """`scaling predict` of a pipelined point: each stage's analytic and traced peak side by side."""
+    from scaling.predictor.stage_trace import trace_stage_peaks
+
+    base = ["model=tiny", "train.mbs=2", "train.grad_acc=4", "train.seq_len=64", "parallel.pp=2"]
+    assert predict_main(["--json", *base]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    assert [st["traced_peak_mem_bytes"] for st in stages] == trace_stage_peaks(compose_point(base), 4)

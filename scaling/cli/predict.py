@@ -47,11 +47,15 @@ def _breakdown_rows(analytic: Optional[dict[str, Any]], traced: Optional[dict[st
 def _stage_rows(stages: list[dict[str, Any]]) -> list[str]:
     """One line per pipeline stage: its blocks, the micro-batches it keeps in flight, its peak and where."""
     unit, div = memory_unit(max(st["peak_mem_bytes"] for st in stages))
-    rows = [f"{'stage':<6} {'blocks':<8} {'in flight':>9} {'weights+grads+states':>21} {'activations':>12} {'peak':>9}"]
+    rows = [
+        f"{'stage':<6} {'blocks':<8} {'in flight':>9} {'weights+grads+states':>21} {'activations':>12} {'peak':>9} "
+        f"{'traced':>9}"
+    ]
     rows += [
         f"{st['stage']:<6} {st['blocks']:<8} {st['in_flight']:>9g} "
         f"{_fmt(st['params_bytes'] + st['grads_bytes'] + st['optimizer_bytes'], div):>21} "
-        f"{_fmt(st['activations_bytes'], div):>12} {_fmt(st['peak_mem_bytes'], div):>9}  {st['phase']}"
+        f"{_fmt(st['activations_bytes'], div):>12} {_fmt(st['peak_mem_bytes'], div):>9} "
+        f"{_fmt(st.get('traced_peak_mem_bytes'), div):>9}  {st['phase']}"
         for st in stages
     ]
     fullest = max(stages, key=lambda st: st["peak_mem_bytes"])
@@ -77,10 +81,21 @@ def predict_point(cfg: ExperimentConfig, traced: bool = True) -> dict[str, Any]:
         "analytic": predict_peak(cfg).as_dict() if closed_form else None,
         "traced": None,
     }
-    if cfg.parallel.pp > 1:  # per pipeline stage, analytic (the trace runs no stages)
-        from scaling.predictor.stage_memory import predict_stages
+    if cfg.parallel.pp > 1:  # per pipeline stage: analytic, and traced where the stage trace runs (dp 1, ZeRO-0)
+        from scaling.predictor.stage_memory import micro_batches, predict_stages
 
-        out["stages"] = [st.as_dict() for st in predict_stages(cfg)]
+        stages = predict_stages(cfg)
+        out["stages"] = [st.as_dict() for st in stages]
+        if traced:
+            from scaling.predictor.stage_trace import trace_stage_peaks
+
+            try:
+                traced_peaks = trace_stage_peaks(cfg, micro_batches(cfg))
+            except ValueError as e:
+                out["stages_traced_error"] = str(e)
+            else:
+                for st, peak in zip(out["stages"], traced_peaks):
+                    st["traced_peak_mem_bytes"] = peak
         return out
     if traced or not closed_form:
         from scaling.predictor.trace import trace_peak
@@ -191,6 +206,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     print("\n".join(_breakdown_rows(result["analytic"], result["traced"])))
     if result.get("stages"):
         print("\n".join(_stage_rows(result["stages"])))
+        if result.get("stages_traced_error"):
+            print(f"traced: not run ({result['stages_traced_error']})")
     cap = result["capacity_bytes"]
     if cap is not None:
         peak = (result["traced"] or result["analytic"])["peak_mem_bytes"]

@@ -217,13 +217,17 @@ def fullest_stage(stages: list[StageMemory]) -> StageMemory:
 
 
 def predict_stages(cfg: ExperimentConfig, grad_acc: Optional[int] = None) -> list[StageMemory]:
-    """`stage_peaks` of a point of the built-in family; grad_acc from the batch split (scaling.core.validate, of the
-    same point at pp 1: the split of the batch over dp and micro-steps does not depend on pp) unless given."""
-    if grad_acc is None:
-        from scaling.core.validate import validate
-
-        grad_acc = validate(cfg.changed(parallel={"pp": 1}), host=False).grad_acc
+    """`stage_peaks` of a point of the built-in family; grad_acc from `micro_batches` unless given."""
+    grad_acc = micro_batches(cfg) if grad_acc is None else grad_acc
     return stage_peaks(cfg.model, cfg.train, cfg.parallel, cfg.hardware, grad_acc)
+
+
+def micro_batches(cfg: ExperimentConfig) -> int:
+    """A pipelined point's micro-batches per step: its grad_acc, from the batch split of the same point at pp 1
+    (scaling.core.validate; the split of the batch over dp and micro-steps does not depend on pp)."""
+    from scaling.core.validate import validate
+
+    return validate(cfg.changed(parallel={"pp": 1}), host=False).grad_acc
 
 
 def predict_peak(cfg: ExperimentConfig, grad_acc: Optional[int] = None) -> MemoryBreakdown:
