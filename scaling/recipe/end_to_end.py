@@ -18,11 +18,11 @@ from scaling.core.layout import AXES
 from scaling.core.schema import ExperimentConfig
 from scaling.launch.devices import devices_at_hand
 from scaling.model.family import family_of
-from scaling.predictor.analytic import predict_config
 from scaling.predictor.margin import planning_margin
 from scaling.predictor.prescreen import capacity_bytes
+from scaling.predictor.stage_memory import predict_peak
 from scaling.recipe.answer import Recipe
-from scaling.recipe.candidates import candidate_point, find_candidates, point_config
+from scaling.recipe.candidates import candidate_point, find_candidates, pipeline_decision, point_config
 from scaling.recipe.decide import best_option, decide, knee_of_full_sharding
 from scaling.recipe.estimate import FromRecords, workload_of
 from scaling.recipe.measure import Launcher, measure_candidates
@@ -47,7 +47,10 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         )
     print(f"[recipe] {at_hand} {hw.device} device(s) of {hw.name} at hand; records in {sweep_dir}", flush=True)
     # (3) per layout and recompute setting, the largest mbs that fits per rank at each count it may run at
-    candidates = find_candidates(cfg, a.zero, a.recompute, a.gpus, gbs_samples, at_hand, launch, sweep_dir, notes)
+    candidates = find_candidates(
+        cfg, a.zero, a.recompute, a.gpus, gbs_samples, at_hand, launch, sweep_dir, notes, a.pp
+    )  # fmt: skip
+    _, pipeline = pipeline_decision(cfg, candidates, a.gpus, gbs_samples, a.pp)  # what find_candidates decided
     # measured: from the fewest GPUs each candidate fits on to all at hand, for each mbs a requested count needs
     measure_candidates(cfg, candidates, gbs_samples, a.gpus, at_hand, a.max_grad_acc, launch)
     if at_hand < 1:
@@ -72,7 +75,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
             from scaling.predictor.trace import trace_peak_kept
 
             return trace_peak_kept(point, sweep_dir).peak_mem_bytes
-        return predict_config(point, s.grad_acc).total_bytes
+        return predict_peak(point, s.grad_acc).total_bytes
 
     def command(c: Candidate, s: Split) -> str:
         return run_command(overrides, c.layout.with_dp(s.dp).overrides(), c.recompute, s, sweep_dir)
@@ -118,6 +121,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         baseline_run=base.name if base is not None else None,
         next_measurement=next_point.to_json() if next_point is not None else None,
         dp_stops_paying_off_full=first_full,
+        pipeline=pipeline,
     )
 
 
