@@ -124,7 +124,7 @@ def step_times(work: Path, nodes: int, per_node: int, extra: list[str], port: in
     cfg = compose_config([*POINT, f"parallel.dp={dp}", *extra, f"sweep_dir={work}"])
     launch = work / f"{job_key(cfg)}-{len(list(work.glob(job_key(cfg) + '*')))}"
     launch.mkdir()
-    config = ranks_config(cfg, derived_block(cfg, validate(cfg, host=False)), job_key(cfg))
+    config = ranks_config(cfg, derived_block(cfg, validate(cfg, host=False)).to_dict(), job_key(cfg))
     (launch / "config.json").write_text(json.dumps(config))
     torchrun(nodes, per_node, ["scaling.engine.worker", str(launch / "config.json")], port)
     return json.loads((launch / "worker.json").read_text())["step_times_s"]

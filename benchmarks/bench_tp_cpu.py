@@ -89,7 +89,7 @@ def step_time(work: Path, tp: int, mbs: int, grad_acc: int, port: int) -> float:
     key = job_key(cfg)
     launch = work / f"{key}-{len(list(work.glob(key + '*')))}"
     launch.mkdir()
-    config = ranks_config(cfg, derived_block(cfg, validate(cfg)), key)
+    config = ranks_config(cfg, derived_block(cfg, validate(cfg)).to_dict(), key)
     (launch / "config.json").write_text(json.dumps(config))
     torchrun(tp, ["scaling.engine.worker", str(launch / "config.json")], port)
     return statistics.median(json.loads((launch / "worker.json").read_text())["step_times_s"])
