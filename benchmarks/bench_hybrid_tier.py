@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scaling.core.validate import validate
 from scaling.job.run import derived_block, ranks_config
 from scaling.model.family import family_of
+from scaling.perf.call_cost import fit_collective_s
 from scaling.perf.extrapolation import extrapolate, rate_band
-from scaling.perf.network import fit_tiers
+from scaling.perf.network import fit_tiers, sample_ring, tier_of
 from scaling.perf.network_figures import Profile, profile_estimate
 from scaling.perf.step_model import Point, Workload
 from scaling.store.record import job_key
@@ -149,7 +150,14 @@ def main() -> None:
         profile = network(work)
         print(f"inter-node link shaped to {a.rate}; measured tiers (devices_per_node 2):")
         for tier, ab in profile.tiers.items():
-            print(f"- {tier}: α = {ab.alpha_s * 1e6:.0f} µs, β = {ab.beta_bytes_per_s / 1e6:.0f} MB/s")
+            alone = [q for q in profile.samples if tier_of(*sample_ring(q, 2)) == tier]
+            per_call = fit_collective_s(alone) if tier == "intra_node" else None  # across: α within is taken off first
+            calls = (
+                f"; with a per-call cost: {per_call[0] * 1e6:.0f} µs per call, α = {per_call[1] * 1e6:.0f} µs"
+                if per_call
+                else ""
+            )
+            print(f"- {tier}: α = {ab.alpha_s * 1e6:.0f} µs, β = {ab.beta_bytes_per_s / 1e6:.0f} MB/s{calls}")
         rng = np.random.default_rng(0)
         source = profile_estimate(profile, 2, 200, rng)
         measured: dict[str, list[float]] = {"within": [], "full": [], "hybrid": []}
