@@ -36,7 +36,7 @@ from scaling.core.validate import validate
 from scaling.job.run import derived_block, ranks_config
 from scaling.model.family import family_of
 from scaling.perf.call_cost import CallCost, fit_collective_s, fit_tp_region_s, step_time_with_calls_s
-from scaling.perf.network import Network, fit_tiers
+from scaling.perf.network import AlphaBeta, Network, fit_tiers
 from scaling.perf.step_model import Workload, step_collectives, step_time_s
 from scaling.store.record import job_key
 from scaling.sweep.compose import compose_config
@@ -146,7 +146,9 @@ def with_calls(net: Network, samples: list[dict], measured: dict[tuple[int, int,
     """The pair predicted with the per-call cost fitted on the other mbs: nominal, band, error before and after."""
     fitted = fit_collective_s(samples)
     ab = net.tiers["intra_node"]
-    if fitted is None:
+    if not samples:
+        print("No collectives benchmark samples recorded: the per-call cost of a collective not fitted.")
+    elif fitted is None:
         print("Collectives benchmark: a per-call cost and α do not tell apart on these samples.")
     else:
         c, alpha, inv_beta = fitted
@@ -185,17 +187,32 @@ def main() -> None:
     """Measure, predict, print."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--save", type=Path, help="write the network and every launch's step time to this JSON")
+    p.add_argument("--replay", type=Path, help="analyse a --save file (an earlier run) instead of measuring")
     a = p.parse_args()
-    if (os.cpu_count() or 1) < 2:
-        raise SystemExit("needs 2 cores: each rank pins one thread")
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        net, samples = network(work)
-        ab = net.tiers["intra_node"]
-        measured: dict[tuple[int, int, int], list[float]] = {k: [] for k in LAUNCHES}
-        for i in range(a.repeats):
-            for j, (tp, mbs, ga) in enumerate(LAUNCHES):
-                measured[tp, mbs, ga].append(step_time(work, tp, mbs, ga, 29720 + 10 * i + j))
+    if a.replay is not None:
+        saved = json.loads(a.replay.read_text())
+        net = Network({"intra_node": AlphaBeta(saved["alpha_s"], saved["beta_bytes_per_s"])}, None)
+        samples = saved.get("samples", [])
+        measured = {tuple(int(v) for v in k.split(",")): list(t) for k, t in saved["measured"].items()}
+        a.repeats = min(len(t) for t in measured.values())
+        print(f"Replayed: {a.replay.name} ({saved.get('note', '')}).\n")
+    else:
+        if (os.cpu_count() or 1) < 2:
+            raise SystemExit("needs 2 cores: each rank pins one thread")
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            net, samples = network(work)
+            measured = {k: [] for k in LAUNCHES}
+            for i in range(a.repeats):
+                for j, (tp, mbs, ga) in enumerate(LAUNCHES):
+                    measured[tp, mbs, ga].append(step_time(work, tp, mbs, ga, 29720 + 10 * i + j))
+        if a.save is not None:
+            ab = net.tiers["intra_node"]
+            a.save.write_text(json.dumps({"alpha_s": ab.alpha_s, "beta_bytes_per_s": ab.beta_bytes_per_s,
+                                          "samples": samples, "measured": {",".join(map(str, k)): v
+                                                                           for k, v in measured.items()}}, indent=1))  # fmt: skip
+    ab = net.tiers["intra_node"]
     med = {k: statistics.median(v) for k, v in measured.items()}
     whole = workload(1, 2, 1)
     full_compute, k_full = split(med[1, 2, 1], med[1, 2, 2], whole.params_updated(1))
@@ -238,7 +255,8 @@ def main() -> None:
     print()
     with_calls(net, samples, measured)
     print()
-    print(f"Load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end.")
+    if a.replay is None:
+        print(f"Load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end.")
 
 
 if __name__ == "__main__":
