@@ -5,8 +5,9 @@
 One rank (one pinned thread) stands for one GPU; 2 ranks at most. A small built-in decoder (4 blocks, hidden 256,
 seq 128, fp32) is measured once at each point of a grid: dp 1-2, tp 1-2, ZeRO 0-3, mbs 1-2, grad_acc 1-2 (`GRID`).
 Fitted on `FIT` (one rank at both mbs and both grad_acc: a micro-step's compute per mbs and the optimizer per
-parameter; dp=2 at ZeRO-0: the cost per collective call; dp=1 × tp=2 at mbs 2: the cost per tensor-parallel
-region, scaling.perf.call_cost) and the network's α-β from the collectives benchmark on the same two ranks; every
+parameter; dp=2 at ZeRO-0 (one gradient bucket) and ZeRO-3 (a gather and a reduce-scatter per module): the compute of
+two ranks sharing the host over one rank's, and the cost per collective call; dp=1 × tp=2 at mbs 2: the cost per
+tensor-parallel region, scaling.perf.call_cost) and the network's α-β from the collectives benchmark on the same two ranks; every
 other point predicted: its nominal with and without the per-call costs, and a band of 400 draws (each launch's
 timed steps resampled and the fit redone, the overlap drawn in [0, the schedule's bound] as no fitted point
 identifies it, and the target's own scatter at the run-to-run prior, scaling.perf.extrapolation.RUN_TO_RUN).
@@ -25,7 +26,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -59,8 +63,9 @@ GRID = [
     (2, 1, 0, 2, 1), (2, 1, 0, 1, 2), (2, 1, 1, 2, 1), (2, 1, 2, 2, 1), (2, 1, 2, 1, 2), (2, 1, 3, 2, 1),
     (2, 1, 3, 1, 2), (1, 2, 2, 2, 1), (1, 2, 2, 1, 1), (1, 2, 2, 2, 2), (1, 2, 3, 1, 2),
 ]  # fmt: skip
-FIT = {(1, 1, 0, 1, 1), (1, 1, 0, 1, 2), (1, 1, 0, 2, 1), (1, 1, 0, 2, 2), (2, 1, 0, 2, 1), (1, 2, 2, 2, 1)}
-"""The points the model is fitted on; the other nine are held out."""
+DP_FIT = ((2, 1, 0, 2, 1), (2, 1, 3, 2, 1))
+FIT = {(1, 1, 0, 1, 1), (1, 1, 0, 1, 2), (1, 1, 0, 2, 1), (1, 1, 0, 2, 2), *DP_FIT, (1, 2, 2, 2, 1)}
+"""The points the model is fitted on; the other eight are held out."""
 
 
 def torchrun(ranks: int, module: list[str], port: int) -> None:
@@ -106,31 +111,55 @@ def _calls(point: tuple[int, int, int, int, int]) -> tuple[int, int]:
     return calls_per_step(workload(point), point[0], point[4])
 
 
-def fit(net: Network, t: dict[tuple[int, int, int, int, int], float]) -> tuple[dict[int, float], float, CallCost]:
-    """(a micro-step's compute by mbs, the optimizer's seconds per parameter, the per-call costs) from FIT."""
+@dataclass(frozen=True)
+class Fitted:
+    """What the fitted points give."""
+
+    compute: dict[int, float]
+    """A micro-step's compute of one rank alone, by mbs."""
+    optimizer: float
+    """Seconds per parameter updated."""
+    shared: float
+    """A rank's compute when two ranks share the host, over one rank's alone (both cores busy)."""
+    cost: CallCost
+
+
+def fit(net: Network, t: dict[tuple[int, int, int, int, int], float]) -> Fitted:
+    """From FIT: one rank's micro-step and optimizer from its two grad_acc at each mbs; the two-rank compute factor
+    and the cost per collective call from dp=2 at ZeRO-0 (one bucket) and ZeRO-3 (a gather and a reduce-scatter per
+    module): least squares, both at least 0; the cost per tensor-parallel region from the pair."""
     params = workload((1, 1, 0, 1, 1)).params_updated(1)
-    compute = {m: t[1, 1, 0, m, 2] - t[1, 1, 0, m, 1] for m in (1, 2)}
+    compute = {m: max(t[1, 1, 0, m, 2] - t[1, 1, 0, m, 1], 1e-9) for m in (1, 2)}
     k = statistics.mean(max(t[1, 1, 0, m, 1] - compute[m], 0.0) / params for m in (1, 2))
-    ddp = (2, 1, 0, 2, 1)
-    left = t[ddp] - step_time_s(workload(ddp), net, 2, compute[2], 0.0, k, 1)
-    collective = max(left, 0.0) / _calls(ddp)[0]
+    rows, rest = [], []
+    for pt in DP_FIT:
+        dp, _, _, mbs, ga = pt
+        rows.append((ga * compute[mbs], _calls(pt)[0]))
+        rest.append(t[pt] - step_time_s(workload(pt), net, dp, 0.0, 0.0, k, ga))
+    (shared, collective), *_ = np.linalg.lstsq(np.array(rows), np.array(rest), rcond=None)
+    if collective < 0:
+        shared, collective = float(np.dot(rest, [r[0] for r in rows]) / sum(r[0] ** 2 for r in rows)), 0.0
+    shared = max(float(shared), 0.0)
     pair = (1, 2, 2, 2, 1)
-    left = t[pair] - step_time_with_calls_s(workload(pair), net, 1, compute[2] / 2, 0.0, k, 1, CallCost(collective))
-    return compute, k, CallCost(collective, max(left, 0.0) / _calls(pair)[1])
+    seconds = step_time_with_calls_s(workload(pair), net, 1, compute[2] / 2 * shared, 0.0, k, 1, CallCost(collective))
+    return Fitted(compute, k, shared, CallCost(float(collective), max(t[pair] - seconds, 0.0) / _calls(pair)[1]))
 
 
-def predict(net: Network, point: tuple[int, int, int, int, int], compute: dict[int, float], k: float,
-            cost: CallCost, overlap: float = 0.0) -> float:  # fmt: skip
-    """A point's step seconds: a rank's compute that of one rank at its mbs over tp, the optimizer, the per-call
-    costs and the collectives by α-β, `overlap` of their hidden windows behind compute."""
+def predict(
+    net: Network, point: tuple[int, int, int, int, int], f: Fitted, cost: CallCost, overlap: float = 0.0
+) -> float:
+    """A point's step seconds: a rank's compute that of one rank at its mbs over tp (times the two-rank factor on
+    two ranks), the optimizer, the per-call costs and the collectives by α-β, `overlap` of their hidden windows
+    behind compute."""
     dp, tp, _, mbs, ga = point
-    return step_time_with_calls_s(workload(point), net, dp, compute[mbs] / tp, overlap, k, ga, cost)
+    rank = f.compute[mbs] / tp * (f.shared if dp * tp > 1 else 1.0)
+    return step_time_with_calls_s(workload(point), net, dp, rank, overlap, f.optimizer, ga, cost)
 
 
 def main() -> None:
     """Measure the grid, fit on FIT, predict the rest, print."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=4, help="timed steps per launch (after one warm-up)")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per launch (after one warm-up)")
     a = p.parse_args()
     if (os.cpu_count() or 1) < 2:
         raise SystemExit("needs 2 cores: each rank pins one thread")
@@ -144,30 +173,32 @@ def main() -> None:
         steps = {pt: measure(work, pt, a.steps, 29820 + i) for i, pt in enumerate(GRID)}
     wall = time.monotonic() - start
     med = {pt: statistics.median(v) for pt, v in steps.items()}
-    compute, k, cost = fit(net, med)
+    fitted = fit(net, med)
+    compute, k, cost = fitted.compute, fitted.optimizer, fitted.cost
     ab = net.tiers["intra_node"]
     print(f"Network on two ranks (collectives benchmark, gloo): α = {ab.alpha_s * 1e6:.0f} µs, β = "
           f"{ab.beta_bytes_per_s / 1e9:.2f} GB/s. Fitted on {len(FIT)} points: a micro-step {compute[1]:.3f} s "
-          f"(mbs 1), {compute[2]:.3f} s (mbs 2); optimizer {k * 1e9:.2f} ns per parameter; "
+          f"(mbs 1), {compute[2]:.3f} s (mbs 2); optimizer {k * 1e9:.2f} ns per parameter; two ranks' compute "
+          f"{fitted.shared:.2f}× one rank's; "
           f"{cost.collective_s * 1e3:.2f} ms per collective call, {cost.tp_region_s * 1e3:.2f} ms per "
           f"tensor-parallel region.")  # fmt: skip
     print()
-    print("| held out: dp, tp, ZeRO, mbs, grad_acc | measured s [range of timed steps] | before: α-β only | error | "
-          "after: with per-call costs [95% band] | error | inside |")  # fmt: skip
+    print("| held out: dp, tp, ZeRO, mbs, grad_acc | measured s [range of timed steps] | before: α-β, one rank's compute | error | "
+          "after: two ranks' compute factor and per-call costs [95% band] | error | inside |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     rng, draws = random.Random(0), 400
     errors_before, errors_after, inside = [], [], 0
     held = [pt for pt in GRID if pt not in FIT]
     for pt in held:
         m = med[pt]
-        before = predict(net, pt, compute, k, CallCost())
-        after = predict(net, pt, compute, k, cost)
+        before = predict(net, pt, replace(fitted, shared=1.0), CallCost())
+        after = predict(net, pt, fitted, cost)
         bound = scheduled_overlap(workload(pt), pt[0], pt[4])
         band = []
         for _ in range(draws):
             sample = {q: statistics.median(rng.choices(steps[q], k=len(steps[q]))) for q in FIT}
-            c, kk, cc = fit(net, sample)
-            band.append(predict(net, pt, c, kk, cc, rng.uniform(0, bound)) * (1 + rng.gauss(0, RUN_TO_RUN)))
+            again = fit(net, sample)
+            band.append(predict(net, pt, again, again.cost, rng.uniform(0, bound)) * (1 + rng.gauss(0, RUN_TO_RUN)))
         band.sort()
         lo, hi = band[int(0.025 * draws)], band[int(0.975 * draws) - 1]
         ok = lo <= m <= hi
