@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scaling.core.layout import Layout
 from scaling.perf.network_figures import sources
@@ -176,6 +179,19 @@ def main() -> None:
     print(
         f"\nAt each run's own recompute setting, held out of every fit: mean absolute error "
         f"{100 * statistics.mean(abs(e) for e in own):.1f}% over {len(own)} runs (largest {100 * max(abs(e) for e in own):.1f}%)."
+    )
+    from benchmarks.bench_extrapolation import published_rows  # the DP tables, fitted on their smaller counts
+
+    errors: dict[str, list[float]] = {}
+    published_rows(a.draws, errors=errors)
+    dp = errors["(c) published network"]
+    every = [*own, *dp]
+    print(
+        f"Every published row held out ({len(dp)} rows of the DP tables in tests/helpers/published_dp.py, extrapolated "
+        f"from their smaller GPU counts under the published network, and the {len(own)} runs above with nothing "
+        f"measured): mean absolute error of tokens/s per GPU {100 * statistics.mean(abs(e) for e in every):.1f}% "
+        f"(the DP rows {100 * statistics.mean(abs(e) for e in dp):.1f}%, the runs above "
+        f"{100 * statistics.mean(abs(e) for e in own):.1f}%)."
     )
     print("\nWhat each prediction rests on:\n")
     print("\n".join(details))
