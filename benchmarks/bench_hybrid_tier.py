@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -35,7 +36,7 @@ from scaling.job.run import derived_block, ranks_config
 from scaling.model.family import family_of
 from scaling.perf.call_cost import fit_collective_s
 from scaling.perf.extrapolation import extrapolate, rate_band
-from scaling.perf.network import fit_tiers, sample_ring, tier_of
+from scaling.perf.network import fit_op_scale, fit_tiers, sample_ring, tier_of
 from scaling.perf.network_figures import Profile, profile_estimate
 from scaling.perf.step_model import Point, Workload
 from scaling.store.record import job_key
@@ -160,6 +161,13 @@ def main() -> None:
             print(f"- {tier}: α = {ab.alpha_s * 1e6:.0f} µs, β = {ab.beta_bytes_per_s / 1e6:.0f} MB/s{calls}")
         rng = np.random.default_rng(0)
         source = profile_estimate(profile, 2, 200, rng)
+        scale = fit_op_scale(profile.samples, source.nominal)
+        print("- each op's bytes term over the α-β fit of all ops: " + ", ".join(f"{op} {k:.2f}" for op, k in scale))
+        scaled = replace(
+            source,
+            nominal=replace(source.nominal, op_scale=scale),
+            draws=tuple(replace(d, op_scale=scale) for d in source.draws),
+        )
         measured: dict[str, list[float]] = {"within": [], "full": [], "hybrid": []}
         for i in range(a.repeats):
             measured["within"].append(statistics.median(step_times(work, 1, 4, [], 29630 + 3 * i)))
@@ -167,26 +175,30 @@ def main() -> None:
             measured["hybrid"].append(statistics.median(step_times(work, 2, 2, ["parallel.dp_shard=2"], 29632 + 3 * i)))
         within = [Point(4, 1, tuple(measured["within"]))]
         print()
-        print(
-            "| dp=4 across the link | measured step s (median [range] of repeats) | step model s [95% band] | error |"
-        )
-        print("|---|---|---|---|")
+        print("| dp=4 across the link | measured step s (median [range] of repeats) | step model s [95% band], one "
+              "α-β for every op | error | inside | with each op's bytes term as measured [95% band] | error | "
+              "inside |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
         predicted = {}
         for name, shard in (("full", None), ("hybrid", 2)):
             w = workload(shard)
-            ex = extrapolate(name, w, within, 2, source, n_draws=200)
-            step, _, lo, hi = rate_band(w, ex.fit, ex.draws, 4, 1)
-            tokens = w.tokens_per_rank(4)
-            band = (tokens / hi, tokens / lo)  # a rate's band as a step time's
-            predicted[name] = step
             m = measured[name]
-            print(f"| {name} sharding{' (dp_shard=2)' if shard else ''} | {statistics.median(m):.2f} "
-                  f"[{min(m):.2f}, {max(m):.2f}] | {step:.2f} [{band[0]:.2f}, {band[1]:.2f}] | "
-                  f"{step / statistics.median(m) - 1:+.0%} |")  # fmt: skip
+            row = [f"{name} sharding{' (dp_shard=2)' if shard else ''}",
+                   f"{statistics.median(m):.2f} [{min(m):.2f}, {max(m):.2f}]"]  # fmt: skip
+            for src in (source, scaled):
+                ex = extrapolate(name, w, within, 2, src, n_draws=200)
+                step, _, lo, hi = rate_band(w, ex.fit, ex.draws, 4, 1)
+                tokens = w.tokens_per_rank(4)
+                band = (tokens / hi, tokens / lo)  # a rate's band as a step time's
+                predicted[name] = step
+                inside = band[0] <= statistics.median(m) <= band[1]
+                row += [f"{step:.2f} [{band[0]:.2f}, {band[1]:.2f}]", f"{step / statistics.median(m) - 1:+.0%}",
+                        "yes" if inside else "no"]  # fmt: skip
+            print("| " + " | ".join(row) + " |")
         speedup = statistics.median(measured["full"]) / statistics.median(measured["hybrid"])
         print()
         w_in = measured["within"]
-        print(f"Hybrid over full sharding: measured {speedup:.2f}×, predicted {predicted['full'] / predicted['hybrid']:.2f}×"
+        print(f"Hybrid over full sharding: measured {speedup:.2f}×, predicted {predicted['full'] / predicted['hybrid']:.2f}× (each op's bytes term as measured)"
               f" (fitted on dp=4 within one namespace: {statistics.median(w_in):.2f} s [{min(w_in):.2f}, {max(w_in):.2f}];"
               f" load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end).")  # fmt: skip
 
