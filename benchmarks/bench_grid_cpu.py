@@ -1,14 +1,15 @@
 """Real CPU points held out: the step model fitted on part of a measured grid predicts the rest.
 
-    python benchmarks/bench_grid_cpu.py [--steps 4]
+    python benchmarks/bench_grid_cpu.py [--steps 8]
 
 One rank (one pinned thread) stands for one GPU; 2 ranks at most. A small built-in decoder (4 blocks, hidden 256,
 seq 128, fp32) is measured once at each point of a grid: dp 1-2, tp 1-2, ZeRO 0-3, mbs 1-2, grad_acc 1-2 (`GRID`).
 Fitted on `FIT` (one rank at both mbs and both grad_acc: a micro-step's compute per mbs and the optimizer per
 parameter; dp=2 at ZeRO-0 (one gradient bucket) and ZeRO-3 (a gather and a reduce-scatter per module): the compute of
 two ranks sharing the host over one rank's, and the cost per collective call; dp=1 × tp=2 at mbs 2: the cost per
-tensor-parallel region, scaling.perf.call_cost) and the network's α-β from the collectives benchmark on the same two ranks; every
-other point predicted: its nominal with and without the per-call costs, and a band of 400 draws (each launch's
+tensor-parallel region, scaling.perf.call_cost) and the network's α-β from the collectives benchmark on the same two
+ranks, each op's bytes term as measured there (scaling.perf.network.fit_op_scale); every other point predicted: its
+nominal after and before (one α-β for every op, one rank's compute, no per-call cost), and a band of 400 draws (each launch's
 timed steps resampled and the fit redone, the overlap drawn in [0, the schedule's bound] as no fitted point
 identifies it, and the target's own scatter at the run-to-run prior, scaling.perf.extrapolation.RUN_TO_RUN).
 Prints Markdown: coverage and median error over the held-out points; asserts nothing.
@@ -28,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -38,7 +40,7 @@ from scaling.job.run import derived_block, ranks_config
 from scaling.model.family import family_of
 from scaling.perf.call_cost import CallCost, calls_per_step, step_time_with_calls_s
 from scaling.perf.extrapolation import RUN_TO_RUN
-from scaling.perf.network import Network, fit_tiers
+from scaling.perf.network import Network, fit_op_scale, fit_tiers
 from scaling.perf.step_model import Workload, scheduled_overlap, step_time_s
 from scaling.store.record import job_key
 from scaling.sweep.compose import compose_config
@@ -124,13 +126,15 @@ class Fitted:
     cost: CallCost
 
 
-def fit(net: Network, t: dict[tuple[int, int, int, int, int], float]) -> Fitted:
+def fit(net: Network, t: dict[tuple[int, int, int, int, int], float], bare: Optional[CallCost] = None) -> Fitted:
     """From FIT: one rank's micro-step and optimizer from its two grad_acc at each mbs; the two-rank compute factor
     and the cost per collective call from dp=2 at ZeRO-0 (one bucket) and ZeRO-3 (a gather and a reduce-scatter per
     module): least squares, both at least 0; the cost per tensor-parallel region from the pair."""
     params = workload((1, 1, 0, 1, 1)).params_updated(1)
     compute = {m: max(t[1, 1, 0, m, 2] - t[1, 1, 0, m, 1], 1e-9) for m in (1, 2)}
     k = statistics.mean(max(t[1, 1, 0, m, 1] - compute[m], 0.0) / params for m in (1, 2))
+    if bare is not None:  # the model before: one rank's compute, no per-call cost
+        return Fitted(compute, k, 1.0, bare)
     rows, rest = [], []
     for pt in DP_FIT:
         dp, _, _, mbs, ga = pt
@@ -169,7 +173,9 @@ def main() -> None:
         out = work / "collectives.json"
         sizes = ",".join(str(s) for s in (16 * 2**10, 256 * 2**10, 2**20, 4 * 2**20))
         torchrun(2, ["scaling.engine.collective_bench", "--sizes", sizes, "--iters", "10", "--out", str(out)], 29810)
-        net = Network(fit_tiers(json.loads(out.read_text())["results"], None), None)
+        samples = json.loads(out.read_text())["results"]
+        plain = Network(fit_tiers(samples, None), None)
+        net = replace(plain, op_scale=fit_op_scale(samples, plain))
         steps = {pt: measure(work, pt, a.steps, 29820 + i) for i, pt in enumerate(GRID)}
     wall = time.monotonic() - start
     med = {pt: statistics.median(v) for pt, v in steps.items()}
@@ -177,21 +183,22 @@ def main() -> None:
     compute, k, cost = fitted.compute, fitted.optimizer, fitted.cost
     ab = net.tiers["intra_node"]
     print(f"Network on two ranks (collectives benchmark, gloo): α = {ab.alpha_s * 1e6:.0f} µs, β = "
-          f"{ab.beta_bytes_per_s / 1e9:.2f} GB/s. Fitted on {len(FIT)} points: a micro-step {compute[1]:.3f} s "
+          f"{ab.beta_bytes_per_s / 1e9:.2f} GB/s, each op's bytes term "
+          f"{', '.join(f'{op} {x:.2f}' for op, x in net.op_scale)} (the model before: 1). Fitted on {len(FIT)} points: a micro-step {compute[1]:.3f} s "
           f"(mbs 1), {compute[2]:.3f} s (mbs 2); optimizer {k * 1e9:.2f} ns per parameter; two ranks' compute "
           f"{fitted.shared:.2f}× one rank's; "
           f"{cost.collective_s * 1e3:.2f} ms per collective call, {cost.tp_region_s * 1e3:.2f} ms per "
           f"tensor-parallel region.")  # fmt: skip
     print()
-    print("| held out: dp, tp, ZeRO, mbs, grad_acc | measured s [range of timed steps] | before: α-β, one rank's compute | error | "
-          "after: two ranks' compute factor and per-call costs [95% band] | error | inside |")  # fmt: skip
+    print("| held out: dp, tp, ZeRO, mbs, grad_acc | measured s [range of timed steps] | before: one α-β, one rank's compute | error | "
+          "after: each op's bytes term, two ranks' compute factor, per-call costs [95% band] | error | inside |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     rng, draws = random.Random(0), 400
     errors_before, errors_after, inside = [], [], 0
     held = [pt for pt in GRID if pt not in FIT]
     for pt in held:
         m = med[pt]
-        before = predict(net, pt, replace(fitted, shared=1.0), CallCost())
+        before = predict(plain, pt, fit(plain, med, CallCost()), CallCost())
         after = predict(net, pt, fitted, cost)
         bound = scheduled_overlap(workload(pt), pt[0], pt[4])
         band = []
