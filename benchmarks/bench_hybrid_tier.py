@@ -35,10 +35,11 @@ from scaling.core.validate import validate
 from scaling.job.run import derived_block, ranks_config
 from scaling.model.family import family_of
 from scaling.perf.call_cost import fit_collective_s
-from scaling.perf.extrapolation import extrapolate, rate_band
-from scaling.perf.network import fit_op_scale, fit_tiers, sample_ring, tier_of
+from scaling.perf.dp_fit import Fit
+from scaling.perf.extrapolation import BAND, extrapolate
+from scaling.perf.network import NetworkEstimate, fit_op_scale, fit_tiers, sample_ring, tier_of
 from scaling.perf.network_figures import Profile, profile_estimate
-from scaling.perf.step_model import Point, Workload
+from scaling.perf.step_model import Point, Workload, step_time_s
 from scaling.store.record import job_key
 from scaling.sweep.compose import compose_config
 
@@ -140,6 +141,21 @@ def workload(dp_shard: Optional[int]) -> Workload:
                     str(t.recompute), float(t.grad_clip), float(cfg.parallel.bucket_mb), dp_shard)  # fmt: skip
 
 
+def across(name: str, w: Workload, within: list[Point], source: NetworkEstimate) -> tuple[float, tuple[float, float]]:
+    """dp=4 across both namespaces from the point within one: the step model fitted there as one node of 4 ranks
+    (every ring on the loopback), its compute, optimizer and overlap then costed with 2 ranks per node; the nominal
+    step and the BAND of the draws' steps (each with its network draw and the target's scatter)."""
+    ex = extrapolate(name, w, within, 4, source, n_draws=len(source.draws))
+
+    def step(f: Fit, scatter: float = 0.0) -> float:
+        net = f.network.on_ring(2)
+        return step_time_s(w, net, 4, f.compute_s, f.overlap, f.optimizer_s_per_param, 1) * (1 + scatter)
+
+    steps = [step(d.fit, d.scatter) for d in ex.draws]
+    lo, hi = (float(v) for v in np.percentile(steps, BAND))
+    return step(ex.fit), (lo, hi)
+
+
 def main() -> None:
     """Measure, fit, predict, print."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -160,8 +176,8 @@ def main() -> None:
             )
             print(f"- {tier}: α = {ab.alpha_s * 1e6:.0f} µs, β = {ab.beta_bytes_per_s / 1e6:.0f} MB/s{calls}")
         rng = np.random.default_rng(0)
-        source = profile_estimate(profile, 2, 200, rng)
-        scale = fit_op_scale(profile.samples, source.nominal)
+        source = profile_estimate(profile, 4, 200, rng)  # the fit's point: one node of 4 ranks
+        scale = fit_op_scale(profile.samples, source.nominal.on_ring(2))
         print("- each op's bytes term over the α-β fit of all ops: " + ", ".join(f"{op} {k:.2f}" for op, k in scale))
         scaled = replace(
             source,
@@ -186,10 +202,7 @@ def main() -> None:
             row = [f"{name} sharding{' (dp_shard=2)' if shard else ''}",
                    f"{statistics.median(m):.2f} [{min(m):.2f}, {max(m):.2f}]"]  # fmt: skip
             for src in (source, scaled):
-                ex = extrapolate(name, w, within, 2, src, n_draws=200)
-                step, _, lo, hi = rate_band(w, ex.fit, ex.draws, 4, 1)
-                tokens = w.tokens_per_rank(4)
-                band = (tokens / hi, tokens / lo)  # a rate's band as a step time's
+                step, band = across(name, w, within, src)
                 predicted[name] = step
                 inside = band[0] <= statistics.median(m) <= band[1]
                 row += [f"{step:.2f} [{band[0]:.2f}, {band[1]:.2f}]", f"{step / statistics.median(m) - 1:+.0%}",
