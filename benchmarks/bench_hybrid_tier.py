@@ -6,10 +6,13 @@ On one host every ring is within a node, so the trade hybrid sharding makes (gat
 all-reduce across nodes) cannot show. Here two network namespaces stand for two nodes of 2 ranks each: ranks of one
 namespace talk over its loopback, the two namespaces over a veth pair shaped with tc's token bucket (`--rate`). The
 network's α-β figures per tier are measured there by the collectives benchmark (2 ranks in one namespace: the
-intra-node tier; 2 + 2 across: the inter-node one). The step model is fitted under that profile on the same point
-within one namespace (dp=4, 4 ranks on its loopback: hybrid and full sharding there cost the same, and its ranks
-share the host's cores as the points across do), and predicts dp=4 across both namespaces with full sharding and
-with dp_shard=2; the three are measured, alternating, `--repeats` times each. Needs root (ip netns, tc). Prints
+intra-node tier; 2 + 2 across: the inter-node one), and each op's bytes term beside them (scaling.perf.network
+.fit_op_scale: gloo's reduce-scatter moves more than a ring). The step model is fitted under that profile on the
+same point within one namespace (dp=4, 4 ranks on its loopback, fitted as one node of 4: hybrid and full sharding
+there cost the same, and its ranks share the host's cores as the points across do), and predicts dp=4 across both
+namespaces (2 ranks per node) with full sharding and with dp_shard=2, with one α-β for every op and with each op's
+factor; the band: the fit's draws with the target's scatter. The three are measured, alternating, `--repeats` times
+each. Needs root (ip netns, tc). Prints
 Markdown; asserts nothing.
 """
 
