@@ -174,10 +174,12 @@ def coverage_rows(truths: tuple[Truth, ...], seeds: int, draws: int, noise: floa
     return rows
 
 
-def published_rows(draws: int, tables: tuple[Table, ...] = TABLES) -> list[str]:
+def published_rows(
+    draws: int, tables: tuple[Table, ...] = TABLES, errors: Optional[dict[str, list[float]]] = None
+) -> list[str]:
     """Markdown rows: each published table fitted on its smaller GPU counts under (a) and (c), every held-out count:
     the nominal [band] against the published figure, its error, covered or not, the band's half-width and interval
-    score."""
+    score; each held-out row's relative error of tokens/s per GPU added to `errors` by source kind."""
     rows = []
     for table in tables:
         w, points = workload_and_points(table.frame(table.fitted))
@@ -192,6 +194,10 @@ def published_rows(draws: int, tables: tuple[Table, ...] = TABLES) -> list[str]:
                     continue
                 i = r.dps.index(n)
                 lo, hi, nominal = r.low[i], r.high[i], r.tokens_per_s_per_gpu[i]
+                if errors is not None:
+                    errors.setdefault("(a) sweep" if src is None else "(c) published network", []).append(
+                        nominal / truth - 1
+                    )
                 cells.append(
                     f"{n}: {nominal:,.0f} [{lo:,.0f}, {hi:,.0f}] vs {truth:,.0f}: {100 * (nominal / truth - 1):+.1f}%, "
                     f"{'in' if lo <= truth <= hi else 'OUT'}, ±{100 * (hi - lo) / 2 / nominal:.1f}%, "
@@ -219,7 +225,14 @@ def coverage(seeds: int, draws: int, noise: float, synthetic: bool = True, tunin
     tables = tuple(t for t in TABLES if t.tuning or not tuning_only)
     print(f"\nPublished tables (tests/helpers/published_dp.py), {draws} draws, fitted on their smaller GPU counts:\n")
     print("| table | fitted GPUs | source | held-out GPUs: nominal [band] vs published |\n|---|---|---|---|")
-    print("\n".join(published_rows(draws, tables)))
+    errors: dict[str, list[float]] = {}
+    print("\n".join(published_rows(draws, tables, errors)))
+    print()
+    for kind, e in errors.items():
+        print(
+            f"- {kind}: mean absolute error of tokens/s per GPU over the {len(e)} held-out rows "
+            f"{100 * statistics.mean(abs(v) for v in e):.1f}% (largest {100 * max(abs(v) for v in e):.1f}%)"
+        )
 
 
 def summarise(truth: Truth, source: str, results: list[Extrapolation]) -> list[str]:

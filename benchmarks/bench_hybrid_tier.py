@@ -6,10 +6,13 @@ On one host every ring is within a node, so the trade hybrid sharding makes (gat
 all-reduce across nodes) cannot show. Here two network namespaces stand for two nodes of 2 ranks each: ranks of one
 namespace talk over its loopback, the two namespaces over a veth pair shaped with tc's token bucket (`--rate`). The
 network's α-β figures per tier are measured there by the collectives benchmark (2 ranks in one namespace: the
-intra-node tier; 2 + 2 across: the inter-node one). The step model is fitted under that profile on the same point
-within one namespace (dp=4, 4 ranks on its loopback: hybrid and full sharding there cost the same, and its ranks
-share the host's cores as the points across do), and predicts dp=4 across both namespaces with full sharding and
-with dp_shard=2; the three are measured, alternating, `--repeats` times each. Needs root (ip netns, tc). Prints
+intra-node tier; 2 + 2 across: the inter-node one), and each op's bytes term beside them (scaling.perf.network
+.fit_op_scale: gloo's reduce-scatter moves more than a ring). The step model is fitted under that profile on the
+same point within one namespace (dp=4, 4 ranks on its loopback, fitted as one node of 4: hybrid and full sharding
+there cost the same, and its ranks share the host's cores as the points across do), and predicts dp=4 across both
+namespaces (2 ranks per node) with full sharding and with dp_shard=2, with one α-β for every op and with each op's
+factor; the band: the fit's draws with the target's scatter. The three are measured, alternating, `--repeats` times
+each. Needs root (ip netns, tc). Prints
 Markdown; asserts nothing.
 """
 
@@ -23,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -33,10 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scaling.core.validate import validate
 from scaling.job.run import derived_block, ranks_config
 from scaling.model.family import family_of
-from scaling.perf.extrapolation import extrapolate, rate_band
-from scaling.perf.network import fit_tiers
+from scaling.perf.call_cost import fit_collective_s
+from scaling.perf.dp_fit import Fit
+from scaling.perf.extrapolation import BAND, extrapolate
+from scaling.perf.network import NetworkEstimate, fit_op_scale, fit_tiers, sample_ring, tier_of
 from scaling.perf.network_figures import Profile, profile_estimate
-from scaling.perf.step_model import Point, Workload
+from scaling.perf.step_model import Point, Workload, step_time_s
 from scaling.store.record import job_key
 from scaling.sweep.compose import compose_config
 
@@ -124,7 +130,7 @@ def step_times(work: Path, nodes: int, per_node: int, extra: list[str], port: in
     cfg = compose_config([*POINT, f"parallel.dp={dp}", *extra, f"sweep_dir={work}"])
     launch = work / f"{job_key(cfg)}-{len(list(work.glob(job_key(cfg) + '*')))}"
     launch.mkdir()
-    config = ranks_config(cfg, derived_block(cfg, validate(cfg, host=False)), job_key(cfg))
+    config = ranks_config(cfg, derived_block(cfg, validate(cfg, host=False)).to_dict(), job_key(cfg))
     (launch / "config.json").write_text(json.dumps(config))
     torchrun(nodes, per_node, ["scaling.engine.worker", str(launch / "config.json")], port)
     return json.loads((launch / "worker.json").read_text())["step_times_s"]
@@ -138,6 +144,21 @@ def workload(dp_shard: Optional[int]) -> Workload:
                     str(t.recompute), float(t.grad_clip), float(cfg.parallel.bucket_mb), dp_shard)  # fmt: skip
 
 
+def across(name: str, w: Workload, within: list[Point], source: NetworkEstimate) -> tuple[float, tuple[float, float]]:
+    """dp=4 across both namespaces from the point within one: the step model fitted there as one node of 4 ranks
+    (every ring on the loopback), its compute, optimizer and overlap then costed with 2 ranks per node; the nominal
+    step and the BAND of the draws' steps (each with its network draw and the target's scatter)."""
+    ex = extrapolate(name, w, within, 4, source, n_draws=len(source.draws))
+
+    def step(f: Fit, scatter: float = 0.0) -> float:
+        net = f.network.on_ring(2)
+        return step_time_s(w, net, 4, f.compute_s, f.overlap, f.optimizer_s_per_param, 1) * (1 + scatter)
+
+    steps = [step(d.fit, d.scatter) for d in ex.draws]
+    lo, hi = (float(v) for v in np.percentile(steps, BAND))
+    return step(ex.fit), (lo, hi)
+
+
 def main() -> None:
     """Measure, fit, predict, print."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -149,9 +170,23 @@ def main() -> None:
         profile = network(work)
         print(f"inter-node link shaped to {a.rate}; measured tiers (devices_per_node 2):")
         for tier, ab in profile.tiers.items():
-            print(f"- {tier}: α = {ab.alpha_s * 1e6:.0f} µs, β = {ab.beta_bytes_per_s / 1e6:.0f} MB/s")
+            alone = [q for q in profile.samples if tier_of(*sample_ring(q, 2)) == tier]
+            per_call = fit_collective_s(alone) if tier == "intra_node" else None  # across: α within is taken off first
+            calls = (
+                f"; with a per-call cost: {per_call[0] * 1e6:.0f} µs per call, α = {per_call[1] * 1e6:.0f} µs"
+                if per_call
+                else ""
+            )
+            print(f"- {tier}: α = {ab.alpha_s * 1e6:.0f} µs, β = {ab.beta_bytes_per_s / 1e6:.0f} MB/s{calls}")
         rng = np.random.default_rng(0)
-        source = profile_estimate(profile, 2, 200, rng)
+        source = profile_estimate(profile, 4, 200, rng)  # the fit's point: one node of 4 ranks
+        scale = fit_op_scale(profile.samples, source.nominal.on_ring(2))
+        print("- each op's bytes term over the α-β fit of all ops: " + ", ".join(f"{op} {k:.2f}" for op, k in scale))
+        scaled = replace(
+            source,
+            nominal=replace(source.nominal, op_scale=scale),
+            draws=tuple(replace(d, op_scale=scale) for d in source.draws),
+        )
         measured: dict[str, list[float]] = {"within": [], "full": [], "hybrid": []}
         for i in range(a.repeats):
             measured["within"].append(statistics.median(step_times(work, 1, 4, [], 29630 + 3 * i)))
@@ -159,26 +194,27 @@ def main() -> None:
             measured["hybrid"].append(statistics.median(step_times(work, 2, 2, ["parallel.dp_shard=2"], 29632 + 3 * i)))
         within = [Point(4, 1, tuple(measured["within"]))]
         print()
-        print(
-            "| dp=4 across the link | measured step s (median [range] of repeats) | step model s [95% band] | error |"
-        )
-        print("|---|---|---|---|")
+        print("| dp=4 across the link | measured step s (median [range] of repeats) | step model s [95% band], one "
+              "α-β for every op | error | inside | with each op's bytes term as measured [95% band] | error | "
+              "inside |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|")
         predicted = {}
         for name, shard in (("full", None), ("hybrid", 2)):
             w = workload(shard)
-            ex = extrapolate(name, w, within, 2, source, n_draws=200)
-            step, _, lo, hi = rate_band(w, ex.fit, ex.draws, 4, 1)
-            tokens = w.tokens_per_rank(4)
-            band = (tokens / hi, tokens / lo)  # a rate's band as a step time's
-            predicted[name] = step
             m = measured[name]
-            print(f"| {name} sharding{' (dp_shard=2)' if shard else ''} | {statistics.median(m):.2f} "
-                  f"[{min(m):.2f}, {max(m):.2f}] | {step:.2f} [{band[0]:.2f}, {band[1]:.2f}] | "
-                  f"{step / statistics.median(m) - 1:+.0%} |")  # fmt: skip
+            row = [f"{name} sharding{' (dp_shard=2)' if shard else ''}",
+                   f"{statistics.median(m):.2f} [{min(m):.2f}, {max(m):.2f}]"]  # fmt: skip
+            for src in (source, scaled):
+                step, band = across(name, w, within, src)
+                predicted[name] = step
+                inside = band[0] <= statistics.median(m) <= band[1]
+                row += [f"{step:.2f} [{band[0]:.2f}, {band[1]:.2f}]", f"{step / statistics.median(m) - 1:+.0%}",
+                        "yes" if inside else "no"]  # fmt: skip
+            print("| " + " | ".join(row) + " |")
         speedup = statistics.median(measured["full"]) / statistics.median(measured["hybrid"])
         print()
         w_in = measured["within"]
-        print(f"Hybrid over full sharding: measured {speedup:.2f}×, predicted {predicted['full'] / predicted['hybrid']:.2f}×"
+        print(f"Hybrid over full sharding: measured {speedup:.2f}×, predicted {predicted['full'] / predicted['hybrid']:.2f}× (each op's bytes term as measured)"
               f" (fitted on dp=4 within one namespace: {statistics.median(w_in):.2f} s [{min(w_in):.2f}, {max(w_in):.2f}];"
               f" load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end).")  # fmt: skip
 

@@ -15,9 +15,13 @@ Prints Markdown; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import statistics
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scaling.core.layout import Layout
 from scaling.perf.network_figures import sources
@@ -158,7 +162,7 @@ def main() -> None:
     print(f"Conditions of every run: {CONDITIONS}.\n")
     print("| published run | GPUs | source | recompute | published | predicted [95% band] | error | covered |")
     print("|---|---|---|---|---|---|---|---|")
-    details = []
+    details, own = [], []
     for run in RUNS:
         for recompute in run.recompute:
             rate, low, high, detail = predict(run, recompute, a.draws)
@@ -170,6 +174,25 @@ def main() -> None:
                 f"{run.tokens_per_s_per_gpu:,.0f} | {rate:,.0f} [{low:,.0f}, {high:,.0f}] | {error:+.0%} | {covered} |"
             )
             details.append(f"- {run.name}, recompute {recompute}: {detail}")
+            if recompute == run.recompute[1 if len(run.recompute) > 1 else 0] and not run.in_fit:
+                own.append(error)  # the run's own setting (selective for per-op SAC), held out of every fit
+    print(
+        f"\nAt each run's own recompute setting, held out of every fit: mean absolute error "
+        f"{100 * statistics.mean(abs(e) for e in own):.1f}% over {len(own)} runs (largest {100 * max(abs(e) for e in own):.1f}%)."
+    )
+    from benchmarks.bench_extrapolation import published_rows  # the DP tables, fitted on their smaller counts
+
+    errors: dict[str, list[float]] = {}
+    published_rows(a.draws, errors=errors)
+    dp = errors["(c) published network"]
+    every = [*own, *dp]
+    print(
+        f"Every published row held out ({len(dp)} rows of the DP tables in tests/helpers/published_dp.py, extrapolated "
+        f"from their smaller GPU counts under the published network, and the {len(own)} runs above with nothing "
+        f"measured): mean absolute error of tokens/s per GPU {100 * statistics.mean(abs(e) for e in every):.1f}% "
+        f"(the DP rows {100 * statistics.mean(abs(e) for e in dp):.1f}%, the runs above "
+        f"{100 * statistics.mean(abs(e) for e in own):.1f}%)."
+    )
     print("\nWhat each prediction rests on:\n")
     print("\n".join(details))
     print(f"\nSources: {PAGE_2D}; {PAGE_1D}.")

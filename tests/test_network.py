@@ -347,3 +347,20 @@ def test_scaling_collectives_spans_two_nodes_under_slurm(slurm_cluster, tmp_path
     nodes = {n: json.loads((sweep / BENCH_DIR / f"n{n}" / BENCH_OUTPUT).read_text())["nodes"] for n in (2, 4)}
     assert len(set(nodes[2])) == 1 and sorted(set(nodes[4])) == slurm_cluster.nodes[:2]
     assert f"profile: {sweep / PROFILE_FILE}" in done.stdout
+
+
+def test_an_op_whose_transport_moves_more_than_a_ring_gets_its_own_bytes_factor():
+    # gloo's reduce-scatter on two ranks, as measured: some 4x the ring's one pass (benchmarks/RESULTS.md)
+    from scaling.perf.network import Network, fit_op_scale, ring_cost
+
+    net = Network({"intra_node": AlphaBeta(100e-6, 1e9)}, None)
+    samples = []
+    for op, k in (("all_reduce", 1.0), ("all_gather", 1.0), ("reduce_scatter", 4.0)):
+        for size in (2**20, 4 * 2**20, 16 * 2**20, 4096):
+            steps, moved = ring_cost(op, 2, size)
+            samples.append({"op": op, "world_size": 2, "size_bytes": size, "time_s": steps * 100e-6 + k * moved / 1e9})
+    scale = dict(fit_op_scale(samples, net))
+    assert scale == pytest.approx({"all_reduce": 1.0, "all_gather": 1.0, "reduce_scatter": 4.0})
+    scaled = Network(net.tiers, None, tuple(scale.items()))
+    assert scaled.time_s("reduce_scatter", 2, 2**24) == pytest.approx(100e-6 + 4 * 2**23 / 1e9)
+    assert scaled.on_ring(4).op_scale == scaled.op_scale  # a strided ring keeps the factors

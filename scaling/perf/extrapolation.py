@@ -3,7 +3,8 @@
 `extrapolate` fits the step model (scaling.perf.dp_fit) and draws its bootstrap band: each draw carries the fit's
 doubt (timed steps resampled, a run-to-run factor `RUN_TO_RUN`, the source's network draws) and the model form's
 (`ModelForm`: past the largest measured dp, communication and optimizer time off by (1 + κ) per doubling, a
-straggler; priors `OVERHEAD_PER_DOUBLING`, `STRAGGLER`). The band is the 2.5th-97.5th percentile of the draws, the
+straggler; priors `OVERHEAD_PER_DOUBLING`, `STRAGGLER`) and the target's own scatter around the curve
+(`target_scatter`: the fit's residuals, at least `RUN_TO_RUN`). The band is the 2.5th-97.5th percentile of the draws, the
 knee's range the same of their knees; past the horizon (`HORIZON` × the largest dp measured points or a measured
 network reach) no figure is given. The reasoning and its checks: docs/dp-extrapolation.md.
 """
@@ -43,7 +44,7 @@ MISFIT_WARNING = 0.10
 RUN_TO_RUN = 0.02
 """Relative standard deviation of a point's step time between launches (another allocation, another day) that the
 timed steps of one launch cannot show: drawn once per point into every bootstrap draw. A published figure has no
-timed steps at all; this is its only spread."""
+timed steps at all; this is its only spread. Also the prior of the target's own scatter (`target_scatter`)."""
 OVERHEAD_PER_DOUBLING = (-0.15, 0.4)
 """Prior of κ (uniform): per doubling past the largest measured dp, the step model's communication and optimizer
 time is off by a factor (1 + κ). Up to +40%: a third network tier at half the bandwidth crossed within two
@@ -61,6 +62,17 @@ in the curve): the span of the published ranges, NVLink or PCIe within a node, I
 (conf/network/*.yaml)."""
 HORIZON = 4
 """No figure past this many times the largest dp the measured points (or a measured network profile) reach."""
+
+
+def target_scatter(residuals: Sequence[float], n_params: int, prior: float = RUN_TO_RUN) -> float:
+    """Relative standard deviation of the figure a held-out count will show around the curve (a launch's run-to-run,
+    a published table's row-to-row): the nominal fit's relative residuals at the measured points over their degrees
+    of freedom, never below `prior`, which is all there is with no more points than parameters (one point per count:
+    nothing tells scatter from the curve)."""
+    dof = len(residuals) - n_params
+    if dof < 1:
+        return prior
+    return max(prior, math.sqrt(sum(r * r for r in residuals) / dof))
 
 
 def _max_of(n: int) -> float:
@@ -99,6 +111,7 @@ def _scaled(net: Network, k: float, tier: Optional[str] = None) -> Network:
             for t, ab in net.tiers.items()
         },
         net.devices_per_node,
+        net.op_scale,
     )
 
 
@@ -108,6 +121,9 @@ class Draw:
 
     fit: Fit
     form: ModelForm
+    scatter: float = 0.0
+    """The target's own relative deviation from the curve in this draw (its step time × (1 + scatter)): drawn from
+    `target_scatter`, the same at every dp (it moves the band at each count, not the knee)."""
 
     @property
     def network(self) -> Network:
@@ -118,10 +134,11 @@ class Draw:
         """The draw's seconds per step at dp=n: its fit's step model with the form's factors past the measured dp."""
         comm, compute = self.form.scale(n)
         if comm == compute == 1.0:
-            return self.fit.step_time_s(w, n, grad_acc)
+            return self.fit.step_time_s(w, n, grad_acc) * (1 + self.scatter)
         f = self.fit
         net = _scaled(f.network, comm, tier_of(n, f.network.devices_per_node) if self.form.last_tier else None)
-        return step_time_s(w, net, n, f.compute_s * compute, f.overlap, f.optimizer_s_per_param * comm, grad_acc)
+        seconds = step_time_s(w, net, n, f.compute_s * compute, f.overlap, f.optimizer_s_per_param * comm, grad_acc)
+        return seconds * (1 + self.scatter)
 
 
 def rate_band(
@@ -278,7 +295,7 @@ def _jittered(points: Sequence[Point], rng: np.random.Generator, spread: float) 
 def _with_latency(f: Fit, alpha_s: dict[str, float]) -> Fit:
     """The fit with the latency of the tiers the points left open drawn in (their bandwidth as fitted)."""
     tiers = {t: AlphaBeta(alpha_s[t], ab.beta_bytes_per_s) if t in alpha_s else ab for t, ab in f.network.tiers.items()}
-    return replace(f, network=Network(tiers, f.network.devices_per_node))
+    return replace(f, network=Network(tiers, f.network.devices_per_node, f.network.op_scale))
 
 
 def model_form(measured: int, rng: np.random.Generator, last_tier: bool = False) -> ModelForm:
@@ -329,6 +346,7 @@ def extrapolate(
     points = sorted(points, key=lambda p: p.dp)
     rng = np.random.default_rng(seed)
     form_rng = np.random.default_rng([seed, 1])  # its own stream: the fit's draws stay what they were
+    scatter_rng = np.random.default_rng([seed, 2])  # and the target's scatter its own
     top = max(p.dp for p in points)
     notes: list[str] = []
     if source is None:
@@ -357,6 +375,8 @@ def extrapolate(
     limit, limit_reason = horizon(top, source)
     shown = [d for d in dps if d <= limit]
     curves, firsts, params, draws = [], [], [], []
+    residuals = [nominal.step_time_s(w, p.dp, p.grad_acc) / p.step_time_s - 1 for p in points if reaches(p.dp)]
+    sigma = target_scatter(residuals, len(free) + (source is not None), run_to_run) if run_to_run > 0 else 0.0
     for i in range(n_draws):
         data = _resample(points, rng, by_point)
         if by_point and not set(needed) <= set(identifiable(design(w, data, dpn))):
@@ -365,7 +385,8 @@ def extrapolate(
         f = fit_sweep(w, data, dpn, free) if source is None else fit_given(w, data, source.draws[i], free, rng)
         if model_form_doubt and unknown:
             f = _with_latency(f, {t: float(form_rng.uniform(*ALPHA_PRIOR[t])) for t in unknown})
-        d = Draw(f, model_form(top, form_rng, source is not None) if model_form_doubt else ModelForm(top))
+        form = model_form(top, form_rng, source is not None) if model_form_doubt else ModelForm(top)
+        d = Draw(f, form, float(scatter_rng.normal(0.0, sigma)) if sigma > 0 else 0.0)
         draws.append(d)
         tps = _curve(w, d, dps)
         curves.append(tps)

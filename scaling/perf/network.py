@@ -77,6 +77,13 @@ class Network:
 
     tiers: Mapping[str, AlphaBeta]
     devices_per_node: Optional[int]
+    op_scale: tuple[tuple[str, float], ...] = ()
+    """(op, factor) on the bytes term of an op whose transport moves more than the ring's bytes (`fit_op_scale`;
+    gloo's reduce-scatter); an op not listed: 1."""
+
+    def scale(self, op: str) -> float:
+        """The factor on `op`'s bytes term."""
+        return dict(self.op_scale).get(op, 1.0)
 
     def missing(self, n: int) -> list[str]:
         """The tiers a collective over n ranks needs (its bandwidth's and its steps') that have no figures."""
@@ -88,7 +95,9 @@ class Network:
 
     def on_ring(self, devices_per_node: Optional[int]) -> Network:
         """These figures for a ring with `devices_per_node` of its ranks on each node (a strided ring has fewer)."""
-        return self if devices_per_node == self.devices_per_node else Network(self.tiers, devices_per_node)
+        return (
+            self if devices_per_node == self.devices_per_node else Network(self.tiers, devices_per_node, self.op_scale)
+        )
 
     def reaches(self, n: int) -> bool:
         """Whether a collective over n ranks can be predicted."""
@@ -102,7 +111,7 @@ class Network:
         if n < 2:
             return 0.0
         latency = sum(k * self.tiers[t].alpha_s for t, k in latency_steps(op, n, self.devices_per_node).items() if k)
-        return latency + moved / self.tiers[tier_of(n, self.devices_per_node)].beta_bytes_per_s
+        return latency + self.scale(op) * moved / self.tiers[tier_of(n, self.devices_per_node)].beta_bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -178,3 +187,24 @@ def fit_tiers(samples: Sequence[Mapping[str, Any]], devices_per_node: Optional[i
         if tier in by_tier:
             tiers[tier] = fit(by_tier[tier], devices_per_node, tiers.get(INTRA))
     return tiers
+
+
+def fit_op_scale(
+    samples: Iterable[Mapping[str, Any]], net: Network, min_bytes: float = 2**20
+) -> tuple[tuple[str, float], ...]:
+    """Per op, the median over its samples of at least `min_bytes` of (time − its steps' α) over the bytes term of
+    `net` (fitted on every op together): 1 where the op moves what a ring moves, more where its transport moves more
+    (gloo runs a reduce-scatter as more than a ring's one pass). Ops without such samples are left out (factor 1)."""
+    ratios: dict[str, list[float]] = {}
+    for s in samples:
+        if float(s["size_bytes"]) < min_bytes:
+            continue
+        n, per_node = sample_ring(s, net.devices_per_node)
+        bare = Network(net.tiers, per_node)
+        _, moved = ring_cost(s["op"], n, float(s["size_bytes"]))
+        if n < 2 or moved <= 0 or not bare.reaches(n):
+            continue
+        latency = bare.time_s(s["op"], n, 0.0)
+        bandwidth = moved / bare.tiers[tier_of(n, per_node)].beta_bytes_per_s
+        ratios.setdefault(s["op"], []).append(max(float(s["time_s"]) - latency, 0.0) / bandwidth)
+    return tuple(sorted((op, float(np.median(r))) for op, r in ratios.items()))
