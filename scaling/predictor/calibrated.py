@@ -81,6 +81,16 @@ def _builtin(model: str, seq_len: int) -> Optional[ModelConfig]:
     return family_of(model_of(json.loads(model))).builtin_config(seq_len)
 
 
+def traced_by_cuts(cfg: ExperimentConfig, grad_acc: int, kept_in: Optional[str | os.PathLike] = None) -> int:
+    """The traced predictor's figure of a point of the built-in family, from the traces of its 1- and 2-block cuts
+    (the calibration of its setting, as a model it describes is calibrated) instead of one trace of the whole model:
+    what checks a plan of the presets against the trace at every count in seconds (tests/test_plan_traced.py)."""
+    model = cfg.model
+    if not isinstance(model, ModelConfig):
+        raise ValueError(f"model {model.name!r} is not of the built-in family: calibrated_peak predicts it")
+    return calibrated_peak(cfg, model, grad_acc, kept_in)
+
+
 def predictor_name(cfg: ExperimentConfig) -> str:
     """How `predicted_peak` predicts the point's model, in a plan's words."""
     if family_of(cfg.model).closed_form:
@@ -107,8 +117,13 @@ def setting_key(cfg: ExperimentConfig) -> str:
     """What a calibration depends on, hashed: everything of the point but its counts, shard group, ZeRO stage within
     its kind, mbs and grad_acc, with torch's and transformers' versions."""
     import torch
-    import transformers
 
+    try:
+        import transformers
+
+        versions = [torch.__version__, transformers.__version__]
+    except ImportError:  # the built-in family without the [hf] extra
+        versions = [torch.__version__, None]
     layout = cfg.parallel.layout
     setting = {
         "model": cfg.model.to_dict(),
@@ -116,7 +131,7 @@ def setting_key(cfg: ExperimentConfig) -> str:
         "fsdp": layout.fsdp,
         "tp": layout.tp,
         "hardware": {k: getattr(cfg.hardware, k) for k in ("device", "backend")},
-        "versions": [torch.__version__, transformers.__version__],
+        "versions": versions,
         "layers": CALIBRATION_LAYERS,
     }
     return hashlib.sha256(json.dumps(setting, sort_keys=True, default=str).encode()).hexdigest()[:20]
@@ -125,11 +140,14 @@ def setting_key(cfg: ExperimentConfig) -> str:
 def _cut(cfg: ExperimentConfig, n_layers: int, mbs: int, dp: int = 2) -> ExperimentConfig:
     """The setting's calibration point: the model cut to `n_layers` blocks, `mbs` sequences, grad_acc 2, the stage of
     its kind (0 or 3) on `dp` ranks of its tp."""
-    kwargs = {**cfg.model.kwargs, LAYERS_KEY: n_layers}
+    if isinstance(cfg.model, ModelConfig):  # the built-in family: its own field
+        model = {"n_layers": n_layers}
+    else:
+        model = {"kwargs": {**cfg.model.kwargs, LAYERS_KEY: n_layers}}
     layout = cfg.parallel.layout
     cut = Layout(ZeroStage.PARAMETERS if layout.fsdp else ZeroStage.NONE, tp=layout.tp).with_dp(dp)
     train = {"mbs": mbs, "grad_acc": 2, "gbs": None, "gbs_tokens": None}
-    return cfg.changed(model={"kwargs": kwargs}, train=train, parallel=cut.parallel())
+    return cfg.changed(model=model, train=train, parallel=cut.parallel())
 
 
 def _analytic(cfg: ExperimentConfig, model: ModelConfig, grad_acc: int) -> MemoryBreakdown:
