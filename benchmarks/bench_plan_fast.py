@@ -11,7 +11,7 @@ built-in llama_8b's same search (analytic) is timed beside it.
 Part 2, the rows: each row of a recipe.json (`--recipe`, that command's answer) traced whole at its mbs and at
 mbs + 1: the calibrated figure beside the trace, and whether the trace too takes that mbs as the largest that fits.
 
-    python benchmarks/bench_plan_fast.py [--sample 4] [--recipe runs/recipe/recipe.json]
+    python benchmarks/bench_plan_fast.py [--sample 4] [--recipe runs/recipe/recipe.json [--rows-only]]
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scaling.core.batch import nearest_whole_batch  # noqa: E402
 from scaling.core.layout import Layout  # noqa: E402
 from scaling.predictor import calibrated  # noqa: E402
 from scaling.predictor.prescreen import capacity_bytes  # noqa: E402
@@ -65,7 +64,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sample", type=int, default=4, help="whole-model traces timed for the slow path's extrapolation")
     p.add_argument("--recipe", default=None, help="a recipe.json of hf_qwen3_8b whose rows to trace whole")
+    p.add_argument("--rows-only", action="store_true", help="part 2 alone")
     a = p.parse_args()
+    if a.rows_only:
+        rows(json.loads(Path(a.recipe).read_text()))
+        return
     print(f"load average at start: {os.getloadavg()}", flush=True)
     compose_config(["model=hf_qwen3_8b", *COMMON])  # imports, outside the timings
     with tempfile.TemporaryDirectory() as d:
@@ -110,7 +113,7 @@ def rows(recipe: dict) -> None:
     """Each row traced whole at its mbs and one more: the same largest mbs as the slow path's?"""
     cfg = compose_config(["model=hf_qwen3_8b", *COMMON])
     capacity = capacity_bytes(cfg.hardware)
-    gbs = nearest_whole_batch(recipe["gbs_tokens"], cfg.train.seq_len)
+    gbs = int(recipe["gbs_samples_target"])
     print(f"\nPart 2. the rows of {recipe['model']} (capacity {capacity / GIB:.2f} GiB, margin per row)")
     for row in recipe["rows"]:
         if row.get("mbs") is None:
