@@ -142,6 +142,13 @@ def sweep_extrapolations(
                 "counted model's derived.model.param_tensors): its throughput is not extrapolated past the measured dp"
             )
             continue
+        pp = int(_setting(group.iloc[-1], "pp", 1))  # type: ignore[call-overload]
+        if pp > 1:
+            notes.append(
+                f"{config}: pipeline stages (pp {pp}): the step model that extrapolates past the measured dp has no "
+                "pipeline bubble or stage sends: its throughput is not extrapolated (the measured curve stands)"
+            )
+            continue
         hardware = str(group["hardware"].iloc[0])
         dpn = group["devices_per_node"].iloc[0] if "devices_per_node" in group else None
         dpn = None if pd.isna(dpn) else int(dpn)

@@ -117,3 +117,22 @@ def test_points_of_different_thread_counts_never_share_a_curve():
         "tiny, seq 256, ZeRO-0, 2 threads/device",
         "tiny, seq 256, ZeRO-0, 1 thread/device, oversubscription allowed",
     }
+
+
+def test_pipeline_stages_and_their_schedule_are_curves_of_their_own():
+    """pp is an axis of the DP curves (and the heatmaps, which take the schema's axes): a pipeline's points never
+    share a curve with plain data parallelism's, nor one schedule's with another's."""
+
+    def staged(schedule: str) -> list[dict]:
+        records = _curve(0.0)
+        for r in records:
+            r["config"]["parallel"].update(pp=2, pp_schedule=schedule)
+        return records
+
+    rows = [record_to_row(r) for r in _curve(0.0) + staged("one_f_one_b") + staged("gpipe")]
+    found = {k.config for k in knees(to_frame(rows))}
+    assert found == {
+        "tiny, seq 256, ZeRO-0, pp=1, pp_schedule=one_f_one_b",
+        "tiny, seq 256, ZeRO-0, pp=2, pp_schedule=gpipe",
+        "tiny, seq 256, ZeRO-0, pp=2, pp_schedule=one_f_one_b",
+    }

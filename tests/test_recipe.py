@@ -646,3 +646,44 @@ def test_a_row_that_recomputes_says_why_it_won() -> None:
     assert rows[0].recompute_why.startswith("ZeRO-2 fits only with it: 1,100 tokens/s per GPU against 1,000"), rows[0]
     rows, *_ = decide([none], 64, SEQ, [8], estimate)
     assert rows[0].recompute_why is None
+
+
+def test_pipeline_stages_are_weighed_past_what_zero_and_tp_fit_or_the_batch_covers() -> None:
+    """`pipeline_decision`: pp 2-16 (dividing llama_70b's 80 blocks) where a requested count has no configuration that
+    fits or lies past the batch's samples (one per dp rank, tp within a node); else not, and the sentence says why;
+    the degrees asked for (--pp) whatever the need, those that do not divide the blocks left out and named."""
+    from scaling.recipe.candidates import PP_NOT_NEEDED, pipeline_decision
+    from tests.helpers.compose import compose_point
+
+    cfg = compose_point(["model=llama_70b", "hardware=h100", "train.precision=bf16", "train.seq_len=8192"])
+    fits_from_128 = [Candidate(Layout(3, tp=8), "none", 1, "", ((64, 0), (128, 1)))]
+    degrees, why = pipeline_decision(cfg, fits_from_128, [256, 1024, 2048], 512)
+    assert degrees == [] and why == PP_NOT_NEEDED.format(gbs=512)
+    degrees, why = pipeline_decision(cfg, fits_from_128, [2048, 8192], 512)
+    assert degrees == [2, 4, 8, 16] and "cover at most 4096 GPUs" in why and "8192 GPUs" in why
+    degrees, why = pipeline_decision(cfg, fits_from_128, [64, 256], 512)
+    assert degrees == [2, 4, 8, 16] and "fits per rank at 64 GPUs" in why
+    degrees, why = pipeline_decision(cfg, fits_from_128, [256], 512, asked=[3, 4])
+    assert degrees == [4] and "pp 3 left out" in why
+
+
+@pytest.mark.slow
+def test_a_70b_model_past_the_batchs_samples_is_planned_with_pipeline_stages(tmp_path, capsys) -> None:
+    """llama_70b at a 4Mi-token batch of seq 8192 (512 samples): tp 8 within a node covers 4096 GPUs; at 8192 the
+    recipe plans pipeline stages (predicted per stage: nothing measured), the row says why and pays its bubble,
+    and at 2048 it weighs them and says by how much they lose to ZeRO-3 with tp 8."""
+    from scaling.cli.recipe import main
+    from scaling.recipe.answer import Recipe
+
+    sweep_dir = tmp_path / "plan"
+    argv = ["--gbs-tokens", "4Mi", "--gpus", "2048,8192", "--zero", "3", "--recompute", "none", "--draws", "20"]
+    overrides = ["model=llama_70b", "train.seq_len=8192", "train.precision=bf16", "hardware=h100", "logger=none"]
+    assert main([*argv, "--sweep-dir", str(sweep_dir), *overrides]) == 0
+    recipe = Recipe.from_json(json.loads((sweep_dir / "recipe.json").read_text()))
+    two, eight = recipe.rows
+    assert eight.pp > 1 and eight.tp == 8 and eight.dp * eight.tp * eight.pp == 8192 and eight.source == "predicted"
+    assert "cover at most 4096 GPUs" in eight.pp_why and "bubble (1F1B" in eight.pp_why
+    assert f"parallel.pp={eight.pp}" in eight.command
+    assert two.pp == 1 and two.pp_why.startswith("pipeline stages weighed, not run")
+    assert "pipeline parallelism weighed (pp 2, 4, 8, 16, 1F1B)" in recipe.pipeline
+    assert f"8192 GPUs run pp {eight.pp}:" in capsys.readouterr().out

@@ -45,9 +45,11 @@ WORKER_KEYS = [
     "rows_built_in_timed_window",
     "grad_norms",
     "points_before",
+    "pipeline_idle_frac_per_rank",
 ]
 """worker.json's keys, in order: as rank 0 wrote them before the report was typed, then the clipping's
-gradient norms, the data check of the timed window and the warm ranks' count of earlier points."""
+gradient norms, the data check of the timed window, the warm ranks' count of earlier points and the pipeline
+stages' idle shares."""
 
 RECORD_KEYS = [
     "schema_version",

@@ -57,20 +57,27 @@ def test_init_respects_wandb_dir_console_and_silent_and_is_quiet_otherwise(tmp_p
 
 
 def test_two_layouts_never_share_a_run_name_or_tags():
-    """A run is named and tagged by every axis of its layout that is not neutral (scaling.core.layout): dp=2 × tp=2
-    and hybrid sharding are not plain dp=2."""
+    """A run is named and tagged by every axis of its layout that is not neutral (scaling.core.layout): dp=2 × tp=2,
+    hybrid sharding and pipeline stages (by their schedule and virtual stages too) are not plain dp=2."""
     plain = make_record(dp=2, zero_stage=3)
     tp = make_record(dp=2, zero_stage=3)
     tp["config"]["parallel"]["tp"] = 2
     hybrid = make_record(dp=4, zero_stage=3)
     hybrid["config"]["parallel"]["dp_shard"] = 2
-    names = [run_name(r) for r in (plain, tp, hybrid)]
+    pipelines = [make_record(dp=2, zero_stage=3) for _ in range(2)]
+    for record, (schedule, virtual) in zip(pipelines, (("one_f_one_b", 1), ("interleaved_1f1b", 2))):
+        record["config"]["parallel"].update(pp=2, pp_schedule=schedule, pp_virtual=virtual)
+    names = [run_name(r) for r in (plain, tp, hybrid, *pipelines)]
     assert names == [
         "tiny seq256 mbs1 ga1 dp2 zero3",
         "tiny seq256 mbs1 ga1 dp2 zero3 tp2",
         "tiny seq256 mbs1 ga1 dp4 zero3 dp_shard2",
+        "tiny seq256 mbs1 ga1 dp2 zero3 pp2 one_f_one_b",
+        "tiny seq256 mbs1 ga1 dp2 zero3 pp2 interleaved_1f1b pp_virtual2",
     ]
     assert "tp=2" in run_tags(tp) and "dp_shard=2" in run_tags(hybrid) and not any("tp=" in t for t in run_tags(plain))
+    assert {"pp=2", "pp_schedule=interleaved_1f1b", "pp_virtual=2"} <= set(run_tags(pipelines[1]))
+    assert not any(t.startswith("pp") for t in run_tags(plain))
 
 
 @pytest.mark.subprocess

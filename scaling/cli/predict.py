@@ -18,8 +18,8 @@ from scaling.core.schema import ExperimentConfig
 from scaling.core.units import memory_unit
 from scaling.core.validate import InvalidConfig, validate
 from scaling.model.family import checked, family_of
-from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
+from scaling.predictor.stage_memory import predict_peak
 from scaling.sweep.compose import ComposeError, compose_config
 
 
@@ -44,11 +44,31 @@ def _breakdown_rows(analytic: Optional[dict[str, Any]], traced: Optional[dict[st
     return rows
 
 
+def _stage_rows(stages: list[dict[str, Any]]) -> list[str]:
+    """One line per pipeline stage: its blocks, the micro-batches it keeps in flight, its peak and where."""
+    unit, div = memory_unit(max(st["peak_mem_bytes"] for st in stages))
+    rows = [
+        f"{'stage':<6} {'blocks':<8} {'in flight':>9} {'weights+grads+states':>21} {'activations':>12} {'peak':>9} "
+        f"{'traced':>9}"
+    ]
+    rows += [
+        f"{st['stage']:<6} {st['blocks']:<8} {st['in_flight']:>9g} "
+        f"{_fmt(st['params_bytes'] + st['grads_bytes'] + st['optimizer_bytes'], div):>21} "
+        f"{_fmt(st['activations_bytes'], div):>12} {_fmt(st['peak_mem_bytes'], div):>9} "
+        f"{_fmt(st.get('traced_peak_mem_bytes'), div):>9}  {st['phase']}"
+        for st in stages
+    ]
+    fullest = max(stages, key=lambda st: st["peak_mem_bytes"])
+    return [*rows, f"({unit}) the fullest stage, {fullest['stage']}, decides the fit"]
+
+
 def _point_line(cfg: ExperimentConfig) -> str:
     m, t, p, hw = cfg.model, cfg.train, cfg.parallel, cfg.hardware
     return (
         f"model={m.name} seq_len={t.seq_len} mbs={t.mbs} dp={p.dp} zero_stage={p.zero_stage} "
         f"precision={t.precision} recompute={t.recompute} hardware={hw.name}"
+        + (f" tp={p.tp}" if p.tp > 1 else "")
+        + (f" pp={p.pp} pp_schedule={p.pp_schedule} pp_virtual={p.pp_virtual}" if p.pp > 1 else "")
     )
 
 
@@ -58,9 +78,25 @@ def predict_point(cfg: ExperimentConfig, traced: bool = True) -> dict[str, Any]:
     closed_form = family_of(cfg.model).closed_form
     out: dict[str, Any] = {
         "capacity_bytes": capacity_bytes(cfg.hardware),
-        "analytic": predict_config(cfg).as_dict() if closed_form else None,
+        "analytic": predict_peak(cfg).as_dict() if closed_form else None,
         "traced": None,
     }
+    if cfg.parallel.pp > 1:  # per pipeline stage: analytic, and traced where the stage trace runs (dp 1, ZeRO-0)
+        from scaling.predictor.stage_memory import micro_batches, predict_stages
+
+        stages = predict_stages(cfg)
+        out["stages"] = [st.as_dict() for st in stages]
+        if traced:
+            from scaling.predictor.stage_trace import trace_stage_peaks
+
+            try:
+                traced_peaks = trace_stage_peaks(cfg, micro_batches(cfg))
+            except ValueError as e:
+                out["stages_traced_error"] = str(e)
+            else:
+                for st, peak in zip(out["stages"], traced_peaks):
+                    st["traced_peak_mem_bytes"] = peak
+        return out
     if traced or not closed_form:
         from scaling.predictor.trace import trace_peak
 
@@ -156,7 +192,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"scaling predict: {e}", file=sys.stderr)
         return 2
     try:
-        validate(cfg)
+        # the batch split of a pipelined point is that of the same point at pp 1 (scaling.predictor.stage_memory)
+        validate(cfg.changed(parallel={"pp": 1}) if cfg.parallel.pp > 1 else cfg)
         checked(cfg.model, cfg.train.seq_len, cfg.parallel.tp)  # the model's contract, as `scaling run` checks it
         result = predict_point(cfg, traced=not a.analytic)  # (its first step under a tp plan, as the pre-screen)
     except InvalidConfig as e:
@@ -167,6 +204,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     print(_point_line(cfg))
     print("\n".join(_breakdown_rows(result["analytic"], result["traced"])))
+    if result.get("stages"):
+        print("\n".join(_stage_rows(result["stages"])))
+        if result.get("stages_traced_error"):
+            print(f"traced: not run ({result['stages_traced_error']})")
     cap = result["capacity_bytes"]
     if cap is not None:
         peak = (result["traced"] or result["analytic"])["peak_mem_bytes"]

@@ -66,6 +66,13 @@ def parser() -> argparse.ArgumentParser:
         help=f"train.recompute settings (default {','.join(default('recompute'))})",
     )
     p.add_argument(
+        "--pp",
+        type=_counts,
+        default=default("pp"),
+        help="pipeline stages to weigh, e.g. 2,4,8 (default: 2, 4, 8, 16 where nothing else fits or the batch runs "
+        "out of samples for dp)",
+    )
+    p.add_argument(
         "--threshold",
         type=float,
         default=default("threshold"),
@@ -116,7 +123,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if isinstance(cfg, str):
         return _refuse(cfg)
     request = RecipeRequest(
-        a.gbs_tokens, a.gpus, a.zero, a.recompute, a.threshold, a.tokens, a.max_grad_acc, a.draws, a.assume_mfu
+        a.gbs_tokens, a.gpus, a.zero, a.recompute, a.threshold, a.tokens, a.max_grad_acc, a.draws, a.assume_mfu, a.pp
     )
     try:
         gbs_samples = check(cfg, request)

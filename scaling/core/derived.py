@@ -58,7 +58,7 @@ class Derived:
     grad_acc: int
     """Gradient-accumulation steps (`auto` resolved)."""
     world_size: int
-    """Ranks (devices): dp × tp (scaling.core.layout)."""
+    """Ranks (devices): dp × tp × pp (scaling.core.layout: Layout.world_size); tokens/s per GPU and MFU divide by it."""
     nnodes: int = field(default=1, metadata=NOT_A_COLUMN)
     """Nodes the ranks span (hardware.devices_per_node)."""
     n_params: Optional[int] = None

@@ -18,8 +18,9 @@ from scaling.core.batch import (
     target_gbs_samples,
 )
 from scaling.core.derived import Derived
-from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
+from scaling.core.enums import FsdpGradReduce, PipelineSchedule, Precision, Recompute, ZeroStage
 from scaling.core.host import usable_cores as host_cores
+from scaling.core.model_group import ModelConfig
 from scaling.core.recompute import every_error
 from scaling.core.schema import (
     ExperimentConfig,
@@ -36,6 +37,8 @@ FAULTS = ("none", "crash", "hang", "oom")
 LOGGERS = ("none", "wandb")
 WANDB_MODES = ("offline", "online", "disabled")
 RERUN = ("none", "failed", "all")
+INTERLEAVED = (PipelineSchedule.interleaved_1f1b, PipelineSchedule.zero_bubble)
+"""The pipeline schedules whose ranks each hold parallel.pp_virtual stages."""
 
 
 class InvalidConfig(ValueError):
@@ -161,6 +164,89 @@ def _check_tp(c: _Checker, cfg: ExperimentConfig) -> None:
     m.check_tp(c, tp)
 
 
+def _check_pp(c: _Checker, cfg: ExperimentConfig) -> None:
+    """Pipeline stages: a model whose forward is cut between blocks, at least one block per stage, virtual stages only
+    where the schedule interleaves, and the data parallelism torch's stages compose with."""
+    p, m, t = cfg.parallel, cfg.model, cfg.train
+    pp, schedule, virtual = p.pp, p.pp_schedule, p.pp_virtual
+    if not c.choice("parallel.pp_schedule", schedule, tuple(PipelineSchedule)) or not c.positive(
+        "parallel.pp_virtual", virtual
+    ):
+        return
+    interleaved = PipelineSchedule(schedule) in INTERLEAVED
+    if interleaved:
+        c.require(
+            virtual > 1 or PipelineSchedule(schedule) == PipelineSchedule.zero_bubble,
+            f"parallel.pp_virtual={virtual} with parallel.pp_schedule={schedule}: interleaving needs pp_virtual > 1 "
+            "stages per rank (or use one_f_one_b)",
+        )
+    else:
+        c.require(
+            virtual == 1,
+            f"parallel.pp_virtual={virtual} with parallel.pp_schedule={schedule}: virtual stages need an interleaved "
+            f"schedule ({', '.join(s.value for s in INTERLEAVED)}); valid: pp_virtual=1",
+        )
+    if isinstance(m, ModelConfig):  # a model one brings is checked once built (scaling.model.family.checked)
+        stages = pp * (virtual if interleaved else 1)
+        if _is_int(m.n_layers) and m.n_layers > 0:
+            fits = [d for d in range(1, m.n_layers + 1) if d * (virtual if interleaved else 1) <= m.n_layers]
+            c.require(
+                stages <= m.n_layers,
+                f"parallel.pp={pp}" + (f" x parallel.pp_virtual={virtual}" if interleaved else "") + f" = {stages} "
+                f"stages but model.n_layers={m.n_layers} blocks: each stage holds at least one block; try pp <= "
+                f"{max(fits) if fits else 1}",
+            )
+        c.require(
+            not m.tie_embeddings,
+            f"model.tie_embeddings=true with parallel.pp={pp}: the embedding (first stage) and the head (last stage) "
+            "would share one weight across stages; use tie_embeddings=false or pp=1",
+        )
+    c.require(
+        p.dp_shard is None or p.dp_shard == p.dp,
+        f"parallel.dp_shard={p.dp_shard} with parallel.pp={pp}: hybrid sharding is not run under pipeline stages "
+        "here; use dp_shard=null (full sharding within each stage)",
+    )
+    if p.zero_stage in (ZeroStage.GRADIENTS, ZeroStage.PARAMETERS):
+        c.require(
+            p.fsdp_grad_reduce == FsdpGradReduce.last_micro_step,
+            f"parallel.fsdp_grad_reduce={p.fsdp_grad_reduce} with parallel.pp={pp} and zero_stage={p.zero_stage}: "
+            "torch's pipeline stages reduce-scatter FSDP2 gradients once, after the step's last backward; set "
+            "parallel.fsdp_grad_reduce=last_micro_step (what runs)",
+        )
+    if PipelineSchedule(schedule) == PipelineSchedule.zero_bubble:
+        c.require(
+            not t.compile,
+            "train.compile=true with parallel.pp_schedule=zero_bubble: torch's zero-bubble schedules split each "
+            "backward into input and weight parts, which compiled blocks do not; use compile=false or one_f_one_b",
+        )
+
+
+def pipeline_stages(p: ParallelConfig) -> int:
+    """The pipeline stages a point splits its blocks into: pp, times pp_virtual under an interleaved schedule."""
+    return p.pp * (p.pp_virtual if p.pp > 1 and PipelineSchedule(p.pp_schedule) in INTERLEAVED else 1)
+
+
+def _check_microbatches(c: _Checker, p: ParallelConfig, grad_acc: int) -> None:
+    """What torch's schedules ask of a step's micro-batches (its grad_acc): 1F1B at least one per stage, the
+    interleaved ones a whole number of rounds (rounds = max(1, grad_acc // pp))."""
+    pp, schedule = p.pp, PipelineSchedule(p.pp_schedule)
+    if schedule == PipelineSchedule.one_f_one_b:
+        c.require(
+            grad_acc >= pp,
+            f"train.grad_acc={grad_acc} with parallel.pp={pp} and pp_schedule=one_f_one_b: 1F1B runs at least one "
+            f"micro-batch per stage; use grad_acc >= {pp} (or pp_schedule=gpipe)",
+        )
+    elif schedule in INTERLEAVED:
+        rounds = max(1, grad_acc // pp)
+        valid = [m for m in range(1, 2 * grad_acc + 1) if m % max(1, m // pp) == 0]
+        c.require(
+            grad_acc % rounds == 0,
+            f"train.grad_acc={grad_acc} with parallel.pp={pp} and pp_schedule={schedule.value}: the interleaved "
+            f"schedule runs max(1, grad_acc // pp) = {rounds} rounds of equal micro-batches; try grad_acc in "
+            f"{{{', '.join(map(str, valid[-6:]))}}}",
+        )
+
+
 def _check_hardware(c: _Checker, hw: HardwareConfig, precision: Any) -> None:
     if c.choice("hardware.device", hw.device, DEVICES):
         c.choice("hardware.backend", hw.backend, BACKENDS[hw.device])
@@ -270,12 +356,14 @@ def validate(cfg: ExperimentConfig, usable_cores: Optional[int] = None, host: bo
     if cfg.parallel.tp != 1 and c.positive("parallel.tp", cfg.parallel.tp):
         _check_tp(c, cfg)
     if cfg.parallel.pp != 1 and c.positive("parallel.pp", cfg.parallel.pp):
-        c.require(False, f"parallel.pp={cfg.parallel.pp}: pipeline stages do not run yet; valid: 1")
+        _check_pp(c, cfg)
     _check_hardware(c, cfg.hardware, cfg.train.precision)
     _check_run(c, cfg)
     if c.errors:
         raise InvalidConfig(c.errors)
     derived = _derive(c, cfg)
+    if derived is not None and cfg.parallel.pp > 1:
+        _check_microbatches(c, cfg.parallel, derived.grad_acc)
     _check_kernels(c, cfg)
     if host:
         _check_cores(c, cfg, usable_cores if usable_cores is not None else host_cores())

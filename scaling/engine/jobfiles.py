@@ -178,6 +178,9 @@ class WorkerReport:
     """The global gradient norm of each optimizer step before clipping (train.grad_clip); None with clipping off."""
     points_before: int = 0
     """Points the same ranks measured before this one (launch.reuse); 0 for a fresh launch."""
+    pipeline_idle_frac_per_rank: Optional[list[float]] = None
+    """With pipeline stages: each rank's share of the timed steps' schedule time it did not compute (waits on the
+    other stages, sends: the bubble, measured); None without stages."""
 
     def write(self, path: str | os.PathLike) -> None:
         """Write the report atomically as JSON."""

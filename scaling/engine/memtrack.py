@@ -86,10 +86,15 @@ class PeakMemory:
         """What the capacity check noted when live bytes first passed the capacity (None: they never did)."""
         self._tracker = tracker
 
-    def new_micro_step(self) -> None:
+    def new_micro_step(self, module: Optional[torch.nn.Module] = None) -> None:
         """Call before each forward: the tracker's per-module stats allow one forward per module,
-        while the step's overall peak (what is reported) survives the reset."""
-        self._tracker.reset_mod_stats()
+        while the step's overall peak (what is reported) survives the reset. With `module` (a pipeline stage's,
+        whose forward comes next while other stages' backward passes are still to come) only its modules' stats."""
+        if module is None:
+            self._tracker.reset_mod_stats()
+            return
+        for sub in module.modules():
+            self._tracker.memory_tracking.pop(sub, None)
 
 
 @contextlib.contextmanager
@@ -98,10 +103,17 @@ def tracked_step(
     optimizer: torch.optim.Optimizer,
     fsdp: bool,
     capacity_bytes: Optional[int],
+    follow_modules: bool = True,
 ) -> Iterator[PeakMemory]:
-    """Run the body as one step under torch's memory tracker; fills the yielded PeakMemory."""
+    """Run the body as one step under torch's memory tracker; fills the yielded PeakMemory. Without
+    `follow_modules` the tracker counts live bytes without hooking each module's forward and backward (a backward
+    split into an input and a weight part, as zero-bubble pipeline schedules run it, calls `autograd.grad` on a
+    stage's received input, which the module hooks cannot follow): the peak is the same count, the breakdown at it
+    tells fewer kinds apart."""
     plain, sharded = load_trackers()
     tracker = sharded(model, optimizer) if fsdp else plain()
+    if not follow_modules:
+        tracker._mod_tracker = _unhooked()
     tracker.capacity_bytes = capacity_bytes
     if not fsdp:  # FSDPMemTracker registers its module and optimizer itself
         # ZeroRedundancyOptimizer keeps this rank's states in its inner optimizer.
@@ -115,6 +127,26 @@ def tracked_step(
         if snap[_TOTAL] >= result.peak_bytes:
             result.peak_bytes = snap[_TOTAL]
             result.breakdown = {str(k): int(v) for k, v in snap.items()}
+
+
+def _unhooked() -> Any:
+    """A module tracker that hooks no module (it stays at the root, outside any backward)."""
+    from torch.distributed._tools.mod_tracker import ModTracker
+
+    class Unhooked(ModTracker):
+        def register_user_hooks(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def clear_user_hooks(self) -> None:
+            pass
+
+        def __enter__(self) -> Unhooked:
+            return self
+
+        def __exit__(self, *args: Any) -> None:
+            pass
+
+    return Unhooked()
 
 
 class ResidentMemory:

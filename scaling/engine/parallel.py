@@ -24,6 +24,7 @@ from scaling.core.enums import FsdpGradReduce, Precision, Recompute, ZeroStage
 from scaling.core.layout import Layout
 from scaling.core.model_group import ModelGroup
 from scaling.core.schema import ParallelConfig, TrainConfig
+from scaling.engine.pipeline import Pipeline, across_stages, build_stages, make_pipeline
 from scaling.engine.tensor_parallel import PointMesh, apply_plan, point_mesh
 from scaling.model.family import family_of
 
@@ -42,6 +43,12 @@ class Parallelized:
     mesh: Optional[PointMesh] = None
     """The point's device mesh (scaling.engine.tensor_parallel): its shard group holds the whole model once under
     hybrid sharding (the replicas hold copies); with tensor parallelism the norms are taken per mesh."""
+    pipeline: Optional[Pipeline] = None
+    """With pipeline stages (parallel.pp > 1): this rank's stages and their schedule (`model` is then the list of
+    its stage modules); norms are taken over the whole pipeline. At ZeRO-0/1 the stage modules are not wrapped in
+    DDP (its reducer, prepared by torch's stage for the last micro-batch's backward only, does not average them
+    right): the pipeline all-reduces their gradients after the step, in buckets of parallel.bucket_mb, not
+    overlapped with the backward passes."""
 
     def micro_step(self, index: int, count: int) -> ContextManager[None]:
         """Context for micro-step `index` of `count`: how its gradients are reduced across ranks."""
@@ -63,6 +70,11 @@ class Parallelized:
         if not self.grad_clip:
             return None
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.pipeline is not None:  # the norm over every stage: each stage's own, then theirs
+            total = across_stages(_total_norm([p.grad for p in params]), self.pipeline.group)
+            for group in _by_mesh(params).values():
+                torch.nn.utils.clip_grads_with_norm_(group, self.grad_clip, total)
+            return total
         if self.mesh is None or self.mesh.tp is None:
             norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
             return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a replicated DTensor at stages 2-3
@@ -85,6 +97,10 @@ class Parallelized:
 
     def param_norm(self) -> float:
         """L2 norm of all parameters, gathered across shards (identical on every rank)."""
+        if self.pipeline is not None:  # each stage's norm of what it trains (has a gradient for), then the pipeline's:
+            # what every stage of a model one brings holds (its embedding, its head) is trained, and counted, once
+            local = _total_norm([p.detach() for p in self.model.parameters() if p.grad is not None])
+            return float(across_stages(local, self.pipeline.group))
         if self.mesh is not None and self.mesh.tp is not None:  # DTensors on two meshes: their own norms
             return float(_total_norm([p.detach() for p in self.model.parameters()]))
         sharded = (
@@ -114,7 +130,9 @@ def load_wrappers(layout: Layout) -> None:
     elif layout.zero_stage == ZeroStage.OPTIMIZER:
         import torch.distributed.optim
     if layout.tp > 1:
-        import torch.distributed.tensor.parallel  # noqa: F401
+        import torch.distributed.tensor.parallel
+    if layout.pp > 1:
+        import torch.distributed.pipelining  # noqa: F401
 
 
 def _shard(model: nn.Module, blocks: list[nn.Module], zero_stage: ZeroStage, bf16: bool, mesh: Optional[Any]) -> None:
@@ -138,16 +156,21 @@ def parallelize(
     device: torch.device,
     on_meta: bool = True,
     fused_optimizer: Optional[bool] = None,
+    microbatches: Optional[int] = None,
 ) -> Parallelized:
     """Build this rank's model for its ZeRO stage in the order of the module docstring, with its optimizer.
 
     `args` is the `model` config group: its family (scaling.model.family) builds, splits, recomputes and initialises it. `on_meta=False` builds the shapes on `device` itself: for
     fake tensors (the traced predictor), which hold no memory anyway and cannot be moved off meta. AdamW is fused on
     CUDA and single-tensor elsewhere, unless `fused_optimizer` says otherwise (the traced predictor of a CUDA point,
-    tracing on CPU).
+    tracing on CPU). `microbatches`: a step's micro-batches, what a pipeline schedule is made for (the grad_acc the
+    driver derived; train.grad_acc when not given).
     """
     fused = device.type == "cuda" if fused_optimizer is None else fused_optimizer
     layout, bf16 = parallel.layout, train.precision == Precision.bf16
+    if layout.pp > 1:
+        count = microbatches or (train.grad_acc if isinstance(train.grad_acc, int) else 1)
+        return _pipelined(args, train, parallel, device, fused, count, on_meta)
     recompute = train.recompute != Recompute.none
     where = "meta" if on_meta else device
     family = family_of(args)
@@ -219,3 +242,84 @@ def _total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
         part = torch.nn.utils.get_total_norm(group)
         squares.append((part.full_tensor() if hasattr(part, "full_tensor") else part).double() ** 2)
     return torch.stack(squares).sum().sqrt().float()
+
+
+def _pipelined(
+    args: ModelGroup,
+    train: TrainConfig,
+    parallel: ParallelConfig,
+    device: torch.device,
+    fused: bool,
+    microbatches: int,
+    on_meta: bool = True,
+) -> Parallelized:
+    """`parallelize` with pipeline stages (scaling.engine.pipeline), in the same order per stage module: the whole
+    model's shapes on meta (on `device` without `on_meta`), this rank's stage modules cut from it, tensor
+    parallelism, recompute, compile, shard over the stage's dp ranks (2-3), materialise what the stages hold, the
+    seeded init of what they hold (Family.initialise_stages), the optimizer and the schedule (at ZeRO-0/1 without
+    DDP: `Parallelized.pipeline`)."""
+    layout, bf16 = parallel.layout, train.precision == Precision.bf16
+    family = family_of(args)
+    model = family.build("meta" if on_meta else device)
+    mesh = point_mesh(layout, device)
+    indices, _, modules = build_stages(
+        family, model, train.seq_len, layout, parallel.pp_virtual, mesh.pp.get_local_rank()
+    )
+    if mesh.tp is not None:
+        for module in modules:
+            apply_plan(family.stage_root(module), family.tp_plan(), mesh.tp, owned_outputs=family.tp_outputs_owned)
+    owned = [family.stage_blocks(module) for module in modules]
+    if train.recompute != Recompute.none:
+        owned = [
+            family.recompute(family.stage_root(m), blocks, str(train.recompute), train.recompute_every)
+            for m, blocks in zip(modules, owned)
+        ]
+    if train.compile:
+        for block in (b for blocks in owned for b in blocks):
+            block.compile()
+    if layout.fsdp:
+        for module, blocks in zip(modules, owned):
+            _shard(module, blocks, layout.zero_stage, bf16, mesh.dp)
+    if on_meta:
+        for module in modules:
+            family.materialise(module, device)
+    family.initialise_stages(model, modules, train.seed)
+    for module in modules if on_meta else []:  # a stage's ranks hold the same tensors: they agree on what is unwritten
+        family.check_initialised(module, mesh.dp_group)
+    held = nn.ModuleList(modules)
+    if layout.zero_stage == ZeroStage.OPTIMIZER:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        optimizer: torch.optim.Optimizer = ZeroRedundancyOptimizer(
+            held.parameters(),
+            optimizer_class=torch.optim.AdamW,
+            process_group=mesh.shard_group,
+            lr=train.lr,
+            weight_decay=train.weight_decay,
+            fused=fused,
+        )
+    else:
+        optimizer = _adamw(held.parameters(), train.lr, train.weight_decay, fused)
+    pipeline = make_pipeline(
+        modules,
+        indices,
+        layout,
+        parallel.pp_schedule,
+        parallel.pp_virtual,
+        microbatches,
+        device,
+        mesh.pp_group,
+    )
+    if not layout.fsdp and layout.dp > 1:  # ZeRO-0/1: the stage's gradients averaged over its dp ranks after the step
+        pipeline.dp_group, pipeline.bucket_bytes = mesh.dp_group, int(parallel.bucket_mb * 2**20)
+    return Parallelized(
+        held,
+        optimizer,
+        layout.zero_stage,
+        torch.bfloat16 if bf16 and not layout.fsdp else None,
+        device,
+        parallel.fsdp_grad_reduce,
+        train.grad_clip,
+        mesh,
+        pipeline,
+    )

@@ -30,29 +30,41 @@ class PointMesh:
     """What FSDP2 shards over: the `shard` dim, or (`replicate`, `shard`) under hybrid sharding; None: every rank."""
     tp: Any
     """The `tp` dim, or None without tensor parallelism."""
+    pp: Any = None
+    """The `pp` dim (the outermost: a rank's peers at the other pipeline stages), or None without pipeline stages."""
 
     @property
     def shard_group(self) -> Any:
-        """The process group of one shard group (ZeroRedundancyOptimizer's, under hybrid sharding), else None."""
-        return (
-            self.mesh["shard"].get_group()
-            if self.mesh is not None and "replicate" in self.mesh.mesh_dim_names
-            else None
-        )
+        """The process group of one shard group (ZeroRedundancyOptimizer's, under hybrid sharding or pipeline stages),
+        else None (every rank)."""
+        names = self.mesh.mesh_dim_names if self.mesh is not None else ()
+        return self.mesh["shard"].get_group() if "replicate" in names or "pp" in names else None
+
+    @property
+    def dp_group(self) -> Any:
+        """DDP's process group: the dp ranks of this rank's pipeline stage; None (every rank) without stages."""
+        return self.mesh["shard"].get_group() if self.pp is not None else None
+
+    @property
+    def pp_group(self) -> Any:
+        """The process group of this rank's pipeline: one rank per stage (None without stages)."""
+        return self.pp.get_group() if self.pp is not None else None
 
 
 def point_mesh(layout: Layout, device: torch.device) -> PointMesh:
-    """The mesh of a point (None parts where every rank forms one group: FSDP2's default)."""
-    hybrid, tp = layout.hybrid, layout.tp > 1
-    if not hybrid and not tp:
+    """The mesh of a point (None parts where every rank forms one group: FSDP2's default). Dims in the layout's rank
+    order: pp outermost, then dp (replicate, shard), then tp."""
+    hybrid, tp, pp = layout.hybrid, layout.tp > 1, layout.pp > 1
+    if not hybrid and not tp and not pp:
         return PointMesh(None, None, None)
     from torch.distributed.device_mesh import init_device_mesh
 
-    dims = [("replicate", layout.replicas)] if hybrid else []
+    dims = [("pp", layout.pp)] if pp else []
+    dims += [("replicate", layout.replicas)] if hybrid else []
     dims += [("shard", layout.shard_size)] + ([("tp", layout.tp)] if tp else [])
     mesh = init_device_mesh(device.type, tuple(n for _, n in dims), mesh_dim_names=tuple(name for name, _ in dims))
     dp = mesh["replicate", "shard"] if hybrid else mesh["shard"]
-    return PointMesh(mesh, dp, mesh["tp"] if tp else None)
+    return PointMesh(mesh, dp, mesh["tp"] if tp else None, mesh["pp"] if pp else None)
 
 
 class _SumGradients(ParallelStyle):

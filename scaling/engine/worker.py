@@ -151,7 +151,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     snapshot = cuda and rank == 0 and cfg.launch.memory_snapshot
     if snapshot:  # every allocation from here to the end of the warm-up, with its stack
         torch.cuda.memory._record_memory_history(stacks="python", max_entries=MEMORY_HISTORY_ENTRIES)
-    wrapped = parallelize(cfg.model, train, par, dev.device)
+    wrapped = parallelize(cfg.model, train, par, dev.device, microbatches=job.grad_acc)
     build_peak_bytes = torch.cuda.max_memory_allocated(dev.device) if cuda else resident.peak_growth_bytes()
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev.device)  # from here on: the training steps' peak
@@ -188,10 +188,13 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     tracked_peak, breakdown = None, {}
     if not cuda:  # the second step: live tensor bytes under torch's tracker, against the capacity
         micro_batches = batches(len(losses))
-        with memtrack.tracked_step(
-            wrapped.model, wrapped.optimizer, par.zero_stage >= ZeroStage.GRADIENTS, dev.capacity_bytes
-        ) as peak:
-            warmup_times.append(one_step(micro_batches, peak.new_micro_step))
+        tracked, fsdp, follow = wrapped.model, par.zero_stage >= ZeroStage.GRADIENTS, True
+        if wrapped.pipeline is not None:  # FSDP2's tracker follows one root: a rank's one stage module, else none
+            stages = wrapped.pipeline.modules
+            tracked, fsdp = (stages[0], fsdp) if len(stages) == 1 else (wrapped.model, False)
+            follow = not wrapped.pipeline.split_backward
+        with memtrack.tracked_step(tracked, wrapped.optimizer, fsdp, dev.capacity_bytes, follow) as peak:
+            warmup_times.append(one_step(micro_batches, peak.new_micro_step if follow else None))
         tracked_peak, breakdown = peak.peak_bytes, peak.breakdown
         memtrack.raise_if_exceeded(peak.exceeded)
     warmup_times += [one_step(batches(len(losses))) for _ in range(n_warmup - len(warmup_times))]
@@ -204,11 +207,18 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
     timed_batches = [batches(len(losses) + i) for i in range(train.steps)]
     graphs_after_warmup = kernels.compiled_graphs()
     rows_before_window = data.rows_built
+    if wrapped.pipeline is not None:
+        wrapped.pipeline.reset_clock()
     dist.barrier()
     window_start = time.perf_counter()
     step_times = [one_step(micro_batches) for micro_batches in timed_batches]
     window_s = time.perf_counter() - window_start
     recompiles = kernels.compiled_graphs() - graphs_after_warmup
+    idle = (
+        None
+        if wrapped.pipeline is None
+        else [row[0] for row in _gather_floats([wrapped.pipeline.idle_frac() or 0.0], dev.device)]
+    )
     rows_built_in_window = data.rows_built - rows_before_window
 
     # Every rank joins the collectives below, in the same order (keyword arguments run left to right).
@@ -233,7 +243,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
         phases_s=phases.seconds,
         measured_window_s=window_s,
         peak_mem_breakdown_rank0=breakdown or None,
-        losses=_mean_over_ranks(losses),
+        losses=_mean_over_ranks(losses, par.layout.pp),
         step_times_s=[max(ts) for ts in zip(*_gather_floats(step_times, dev.device))],
         final_param_norm=wrapped.param_norm(),
         peak_mem_source="cuda_max_memory_allocated" if cuda else "mem_tracker",
@@ -249,6 +259,7 @@ def measure_point(job: PointJob, job_dir: Path, points_before: int = 0) -> None:
         rows_built_in_timed_window=rows_built_in_window,
         grad_norms=[float(n) for n in grad_norms] if grad_norms else None,
         points_before=points_before,
+        pipeline_idle_frac_per_rank=idle,
     )
     if rank == 0:
         report.write(job_dir / WORKER_OUTPUT)
@@ -275,11 +286,12 @@ def _memory_per_rank(dev: devices.Device, memory: dict[str, Optional[int]]) -> d
     }  # NaN: a figure this device kind does not have
 
 
-def _mean_over_ranks(losses: list[torch.Tensor]) -> list[float]:
-    """Each step's loss averaged over ranks (each rank's is the mean over its own samples)."""
+def _mean_over_ranks(losses: list[torch.Tensor], pp: int = 1) -> list[float]:
+    """Each step's loss averaged over the ranks that hold one (each rank's is the mean over its own samples): every
+    rank, or with pipeline stages those of the last stage (the others hold 0)."""
     summed = torch.stack(losses).double()
     dist.all_reduce(summed)
-    return (summed / dist.get_world_size()).tolist()
+    return (summed / (dist.get_world_size() // pp)).tolist()
 
 
 def _env(hardware: HardwareConfig, dev: devices.Device) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from scaling.core.model_group import model_hash
 from scaling.core.recompute import every_error
 from scaling.core.schema import CONF_DIR, ConfigRefused, ExperimentConfig, UnknownKey
 from scaling.core.units import format_bytes
-from scaling.core.validate import InvalidConfig, validate
+from scaling.core.validate import InvalidConfig, pipeline_stages, validate
 from scaling.engine import peak_flops
 from scaling.engine.jobfiles import CONFIG_FILE, LAUNCHES_DIR, RESULT_FILE, TORCHRUN_LOG, WORKER_OUTPUT, WorkerReport
 from scaling.engine.lifetime import gate
@@ -268,7 +268,11 @@ def _launch_repeats(
         launches.append(this)
         record.status, record.error, record.repeats = this.status, this.error, launches
         record.env = {**env_block, "devices": held.visible}
-        record.metrics = repeats_metrics([r.metrics for r in launches], derived) if this.status == Status.OK else None
+        record.metrics = (
+            repeats_metrics([r.metrics for r in launches], derived, c.parallel.layout)
+            if this.status == Status.OK
+            else None
+        )
         record.timing = record.timing.with_launches(launches[kept:]).with_device_time(launches)
         if this.status != Status.OK or len(launches) >= c.launch.repeats:
             return  # its record is written once, by _finish, into the room set aside for it
@@ -304,7 +308,7 @@ def _launch_entry(
     report = WorkerReport.read(launch_dir / WORKER_OUTPUT)
     diverged = not_finite(report) if outcome.status == Status.OK and report is not None else None
     if outcome.status == Status.OK and report is not None and diverged is None:
-        this.metrics = throughput_metrics(report, derived, peak)
+        this.metrics = throughput_metrics(report, derived, peak, c.parallel.layout)
         this.timing.launch_overhead_s = outcome.wall_s - stopped_s - report.measured_window_s
         this.timing = this.timing.with_device_time(
             derived.world_size, report.measured_window_s, report.phases_s.get("warmup_s")
@@ -341,7 +345,7 @@ def derived_block(c: ExperimentConfig, derived: Derived) -> Derived:
     """The record's `derived` block as validation made it, with the parameter count and the FLOPs per token (the
     built-in family's closed form; a model the user brings counted by torch's FlopCounterMode and named in `model`);
     InvalidConfig when a model the user brings breaks the contract."""
-    counted = checked(c.model, c.train.seq_len, c.parallel.tp)
+    counted = checked(c.model, c.train.seq_len, c.parallel.tp, pipeline_stages(c.parallel))
     if c.train.recompute != "none" and not family_of(c.model).closed_form:  # the built-in family's: in validate
         error = every_error(c.train.recompute_every, counted.n_blocks)
         if error:
@@ -391,8 +395,11 @@ def _summary_line(record: Record) -> str:
         f"ga={record.derived.grad_acc if record.derived else c['train']['grad_acc']} "
         f"dp={c['parallel']['dp']} zero={c['parallel']['zero_stage']}"
     )
-    layout = {k: c["parallel"].get(k) for k in ("dp_shard", "tp")}
+    layout = {k: c["parallel"].get(k) for k in ("dp_shard", "tp", "pp")}
     point += "".join(f" {k}={v}" for k, v in layout.items() if v not in (None, 1))
+    if (c["parallel"].get("pp") or 1) > 1:  # the schedule (and its virtual stages) of a pipeline
+        virtual = c["parallel"].get("pp_virtual") or 1
+        point += f" pp_schedule={c['parallel'].get('pp_schedule')}" + (f" pp_virtual={virtual}" if virtual > 1 else "")
     figures = ""
     if m:
         figures = (

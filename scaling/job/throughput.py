@@ -18,6 +18,7 @@ import statistics
 from typing import Any, Mapping, Optional, Sequence
 
 from scaling.core.derived import Derived
+from scaling.core.layout import Layout
 from scaling.core.noise import relative_spread
 from scaling.engine import peak_flops
 from scaling.engine.jobfiles import WorkerReport
@@ -59,9 +60,18 @@ def not_finite(worker: WorkerReport) -> Optional[str]:
     return None
 
 
-def throughput_metrics(worker: WorkerReport, derived: Derived, peak: peak_flops.PeakFlops) -> dict[str, Any]:
+def peak_stage(per_rank: Sequence[int], layout: Layout) -> Optional[int]:
+    """The pipeline stage of the rank with the largest peak (the first such rank); None without stages."""
+    if layout.pp <= 1 or not per_rank:
+        return None
+    return layout.stage_of(max(range(len(per_rank)), key=lambda r: per_rank[r]))
+
+
+def throughput_metrics(
+    worker: WorkerReport, derived: Derived, peak: peak_flops.PeakFlops, layout: Layout = Layout()
+) -> dict[str, Any]:
     """The `metrics` block (scaling.store.record_blocks.Metrics) of one launch that finished, from what its rank 0
-    reported."""
+    reported; `layout` names the stage of the largest peak."""
     step_times = list(worker.step_times_s)
     step_time_s = statistics.median(step_times)
     total, per_gpu = tokens_per_s(derived, step_time_s)
@@ -90,6 +100,8 @@ def throughput_metrics(worker: WorkerReport, derived: Derived, peak: peak_flops.
         measured_window_s=worker.measured_window_s,
         peak_mem_bytes=max(worker.peak_mem_bytes_per_rank),
         peak_mem_bytes_per_rank=list(worker.peak_mem_bytes_per_rank),
+        peak_mem_stage=peak_stage(worker.peak_mem_bytes_per_rank, layout),
+        pipeline_idle_frac_per_rank=worker.pipeline_idle_frac_per_rank,
         peak_mem_source=worker.peak_mem_source,
         peak_mem_reserved_bytes=_max(worker.peak_mem_reserved_bytes_per_rank),
         peak_mem_reserved_bytes_per_rank=worker.peak_mem_reserved_bytes_per_rank,
@@ -122,20 +134,24 @@ def _peaks(launches: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def repeats_metrics(launches: Sequence[Mapping[str, Any]], derived: Derived) -> dict[str, Any]:
+def repeats_metrics(
+    launches: Sequence[Mapping[str, Any]], derived: Derived, layout: Layout = Layout()
+) -> dict[str, Any]:
     """The point's `metrics` over the `metrics` blocks of its ok launches (launch order), one or more.
 
     Throughput is the median over launches: step_time_s = median of their median step times,
     tokens_per_s = gbs_tokens / step_time_s (for an odd count, the median launch's tokens/s);
     `step_times_s` holds every timed step of every launch, in order. Memory is the largest any
     launch saw; losses, the final parameter norm, the peak FLOP/s and the warm-up are the first
-    launch's (the data is seeded; each launch keeps its own in the record's `repeats`).
+    launch's (the data is seeded; each launch keeps its own in the record's `repeats`); the stage of the largest
+    peak is that of the per-rank largest.
     """
     if not launches:
         raise ValueError("repeats_metrics needs at least one ok launch")
     if len(launches) == 1:
         return dict(launches[0])
     first = launches[0]
+    peaks = _peaks(launches)
     step_time_s = statistics.median(m["step_time_s"] for m in launches)
     total, per_gpu = tokens_per_s(derived, step_time_s)
     by_launch = [m["tokens_per_s_per_gpu"] for m in launches]
@@ -156,7 +172,8 @@ def repeats_metrics(launches: Sequence[Mapping[str, Any]], derived: Derived) -> 
             "repeats_ok": len(launches),
             "tokens_per_s_per_gpu_repeats": by_launch,
             "measured_window_s": sum(m["measured_window_s"] for m in launches),
-            **_peaks(launches),
+            **peaks,
+            "peak_mem_stage": peak_stage(peaks.get("peak_mem_bytes_per_rank", []), layout),
             "num_ooms": sum(m.get("num_ooms", 0) for m in launches),
             "num_alloc_retries": sum(m.get("num_alloc_retries", 0) for m in launches),
         }

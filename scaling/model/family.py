@@ -27,15 +27,18 @@ def family_of(model: ModelGroup) -> Family:
     raise ModelError(f"model {getattr(model, 'name', model)!r}: no family builds a {type(model).__name__}")
 
 
-def checked(model: ModelGroup, seq_len: int, tp: int = 1) -> Counted:
+def checked(model: ModelGroup, seq_len: int, tp: int = 1, stages: int = 1) -> Counted:
     """`counted`, with the contract checked on the way, as every command checks it before any process starts (`run`,
-    `predict`, `find-mbs`, a sweep's forecast), and with tensor parallelism its plan and widths: InvalidConfig, one
-    line, for a model that breaks it."""
+    `predict`, `find-mbs`, a sweep's forecast), with tensor parallelism its plan and widths, and with pipeline stages
+    (`stages`: pp × its virtual stages) whether it can be cut into them: InvalidConfig, one line, for a model that
+    breaks it."""
     try:
         family = family_of(model)
         counted = family.counted(seq_len)  # what is not a model at all (an encoder) is refused as such first
         if tp > 1:
             family.check_tp(tp)
+        if stages > 1:
+            family.check_pp(stages, counted.n_blocks)
         return counted
     except ModelError as e:
         raise InvalidConfig([str(e)]) from e

@@ -81,11 +81,12 @@ class Family(ABC):
     def initialise(self, module: nn.Module, seed: int) -> None:
         """Seeded init of the materialised (possibly sharded) module: the same weights for every dp and stage."""
 
-    def check_initialised(self, module: nn.Module) -> None:
-        """ModelError naming every parameter and buffer that initialisation left as `materialise` made it (NaN)."""
+    def check_initialised(self, module: nn.Module, group: Any = None) -> None:
+        """ModelError naming every parameter and buffer that initialisation left as `materialise` made it (NaN), agreed
+        over `group` (the ranks that hold the same tensors: every rank, or a pipeline stage's)."""
         from scaling.model.custom.init import raise_if_unwritten
 
-        raise_if_unwritten(self.config.name, module)
+        raise_if_unwritten(self.config.name, module, group)
 
     def as_on_real_tensors(self) -> ContextManager[None]:
         """While inside, its forward on fake tensors (the FLOP count, the traced predictor) runs as on real ones where
@@ -111,6 +112,52 @@ class Family(ABC):
         """Its parameter tensors and blocks, as the step model and the extrapolation take any model."""
         counted = self.counted(seq_len)
         return ModelShape.cached(self.config.name, counted.tensors, counted.n_blocks)
+
+    def stage_costs(self, seq_len: int) -> tuple[list[float], float, float]:
+        """What a pipeline split weighs (scaling.core.stages.split_blocks): each block's FLOPs per token, the embedding's
+        (with the first stage) and the final norm's and head's (with the last). Here from the counted figures: the
+        head is the last parameter tensor outside the blocks when that is a matrix (6 FLOPs per weight per token), the
+        embedding lookup costs none, and the blocks share the rest equally (they are one class repeated)."""
+        counted = self.counted(seq_len)
+        roots = [t for t in counted.tensors if not t[1]]
+        head = 6.0 * roots[-1][2] * roots[-1][3] if len(roots) > 1 and roots[-1][3] > 1 else 0.0
+        block = (counted.flops_per_token - head) / counted.n_blocks
+        return [block] * counted.n_blocks, 0.0, head
+
+    def stages(self, seq_len: int, count: int) -> list[range]:
+        """The blocks of each of `count` pipeline stages (pp × pp_virtual), balanced by `stage_costs`: the one split
+        the engine runs and the predictors weigh (scaling.core.stages.split_blocks)."""
+        from scaling.core.stages import split_blocks
+
+        blocks, first, last = self.stage_costs(seq_len)
+        return split_blocks(blocks, count, first_extra=first, last_extra=last)
+
+    @abstractmethod
+    def pipeline_stage(self, module: nn.Module, blocks: range, first: bool, last: bool) -> nn.Module:
+        """The module of one pipeline stage of `module` (built on meta): its `blocks`, with the embedding when `first`
+        and the final norm and head when `last`; tokens (B, T) in on the first stage, hidden states between stages,
+        logits out of the last. ModelError where the family cannot cut its forward between blocks."""
+
+    def stage_root(self, stage: nn.Module) -> nn.Module:
+        """What a stage's tensor-parallel plan and recompute address, by the model's own module names (the stage)."""
+        return stage
+
+    def stage_blocks(self, stage: nn.Module) -> list[nn.Module]:
+        """The blocks a stage runs, in order (what is compiled and sharded one by one)."""
+        return self.blocks(self.stage_root(stage))
+
+    def initialise_stages(self, module: nn.Module, stages: list[nn.Module], seed: int) -> None:
+        """Seeded init of this rank's materialised stages of `module`: the values they have at pp 1. Here the whole
+        module's `initialise` (what a stage does not hold is left on meta)."""
+        self.initialise(module, seed)
+
+    def check_pp(self, stages: int, n_blocks: int) -> None:
+        """ModelError when the model cannot be cut into `stages` pipeline stages: fewer blocks than stages."""
+        if stages > n_blocks:
+            raise ModelError(
+                f"{stages} pipeline stages (parallel.pp x pp_virtual) but model {self.config.name!r} has {n_blocks} "
+                f"blocks: each stage holds at least one block; try pp <= {n_blocks}"
+            )
 
     def tp_widths(self) -> dict[str, int]:
         """What tensor parallelism splits evenly: heads, key/value heads and widths, by name (empty: unknown)."""

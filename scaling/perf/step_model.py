@@ -6,7 +6,9 @@
 the comparison with a real step read); `comm_windows` and `step_time_s` cost them on a `Network` (scaling.perf.
 network) and hide what the compute window of their phase covers (an overlap fraction). `Workload` is one
 configuration (model shape, seq_len, mbs, stage, precision, recompute, clipping), `Point` one measured dp. What each
-stage sends per step and why: docs/dp-extrapolation.md. Arithmetic on numpy and the standard library.
+stage sends per step and why: docs/dp-extrapolation.md. Under pipeline stages (`Workload.pp`) a rank holds the fullest
+stage's part (`stage_shape`) and `pipeline_compute_s` replaces grad_acc·compute_s with the bubble, the sends and the
+costliest stage's pace. Arithmetic on numpy and the standard library.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from scaling.core.layout import Layout
 from scaling.core.recompute import checkpointed_blocks, recomputed_share
 from scaling.model.shape import BLOCK, ROOT, ModelShape, ParamTensor
 from scaling.perf.network import Network
+from scaling.perf.pipeline import bubble_fraction, send_s, stage_costs
 
 
 def backward_share(recompute: str, every: int = 1, n_blocks: int = 1) -> float:
@@ -177,6 +180,13 @@ class Workload:
     n counts dp ranks, the world is n × tp."""
     recompute_every: int = 1
     """`train.recompute_every`: every k-th block checkpointed."""
+    pp: int = 1
+    """`parallel.pp`: pipeline stages (across nodes); a rank holds and communicates its stage's part, n counts dp
+    ranks, the world is n × tp × pp; the step pays the bubble and the sends between stages (`pipeline_compute_s`)."""
+    pp_schedule: str = "one_f_one_b"
+    """`parallel.pp_schedule` (read where pp > 1)."""
+    pp_virtual: int = 1
+    """`parallel.pp_virtual`: model chunks per pipeline rank of an interleaved schedule."""
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -210,7 +220,7 @@ class Workload:
 
     def layout_at(self, n: int) -> Layout:
         """The parallel layout at dp=n (scaling.core.layout): its shard group where dp_shard divides n."""
-        return Layout(self.zero_stage, n, tp=self.tp).with_shard_group(self.dp_shard)
+        return Layout(self.zero_stage, n, tp=self.tp, pp=self.pp).with_shard_group(self.dp_shard)
 
     def shard_size(self, n: int) -> int:
         """Ranks a shard spans at dp=n: dp_shard where it is a proper divisor of n, else n."""
@@ -259,8 +269,9 @@ class Workload:
 
     @property
     def local_shape(self) -> ModelShape:
-        """The parameter tensors one tensor-parallel rank holds (the model's own without tensor parallelism)."""
-        return tp_shape(self.shape, self.tp)
+        """The parameter tensors one tensor-parallel rank holds (the model's own without tensor parallelism), of the
+        fullest pipeline stage under pp (`stage_shape`)."""
+        return tp_shape(stage_shape(self.shape, self.pp, self.seq_len), self.tp)
 
     def params_updated(self, n: int) -> int:
         """Parameters the busiest rank updates at dp=n: all at ZeRO-0, ZeroRedundancyOptimizer's largest share at
@@ -329,7 +340,7 @@ def tp_calls(w: Workload, grad_acc: int) -> tuple[Call, ...]:
     hidden, vocab = widths(w.shape)
     width = 2 if w.precision == "bf16" else 4
     act, logits = width * w.mbs * w.seq_len * hidden, width * w.mbs * w.seq_len * vocab
-    blocks = w.shape.n_blocks
+    blocks = stage_shape(w.shape, w.pp, w.seq_len).n_blocks  # a pipeline stage's blocks (the fullest stage's)
     forward = ROWWISE_PER_BLOCK * blocks + 1
     again = (
         checkpointed_blocks(blocks, w.recompute_every) if w.recompute == Recompute.full else 0
@@ -368,6 +379,64 @@ def tp_shape(shape: ModelShape, tp: int) -> ModelShape:
         for t in shape.tensors
     )
     return ModelShape(shape.name, tensors, shape.n_blocks)
+
+
+@functools.lru_cache(maxsize=256)
+def stage_shape(shape: ModelShape, pp: int, seq_len: int) -> ModelShape:
+    """What the fullest of pp pipeline stages holds (by parameters): its blocks of the engine's split by FLOPs
+    (scaling.perf.pipeline.stage_costs), the embedding with the first stage, the final norm and head with the last;
+    the model itself at pp 1."""
+    if pp == 1:
+        return shape
+    hidden, vocab = widths(shape)
+    sizes = [len(r) for r in stage_costs(shape.n_blocks, block_flops(shape, seq_len), 6.0 * hidden * vocab, pp)[0]]
+    block = [t for t in shape.tensors if t.module == BLOCK]
+    per_block = len(block) // shape.n_blocks
+    roots = [t for t in shape.tensors if t.module == ROOT]
+    first, last = roots[:1], roots[1:]  # the embedding; the norm and head (a tied head: the first's matrix again)
+    last = last if any(t.cols > 1 for t in last) else [*last, *first]
+
+    def held(stage: int) -> list[ParamTensor]:
+        ends = (first if stage == 0 else []) + (last if stage == pp - 1 else [])
+        return block[: per_block * sizes[stage]] + ends
+
+    fullest = max(range(pp), key=lambda k: sum(t.numel for t in held(k)))
+    return ModelShape(f"{shape.name} stage {fullest}/{pp}", tuple(held(fullest)), sizes[fullest])
+
+
+@functools.lru_cache(maxsize=1024)
+def block_flops(shape: ModelShape, seq_len: int) -> float:
+    """FLOPs per token of one block: 6 × its matrices' parameters + 12 × hidden × seq_len (attention)."""
+    hidden, _ = widths(shape)
+    matrices = sum(t.numel for t in shape.tensors if t.module == BLOCK and t.cols > 1)
+    return 6.0 * matrices / shape.n_blocks + 12.0 * hidden * seq_len
+
+
+@functools.lru_cache(maxsize=1024)
+def _imbalance(shape: ModelShape, seq_len: int, pp: int, virtual: int) -> tuple[int, float]:
+    # (hidden, the costliest rank's FLOPs over the mean's), kept: a band's hundreds of draws ask for the same few. A
+    # rank of an interleaved schedule runs every pp-th chunk: its chunks' sum sets its pace
+    hidden, vocab = widths(shape)
+    block, head = block_flops(shape, seq_len), 6.0 * hidden * vocab
+    chunks, _ = stage_costs(shape.n_blocks, block, head, pp * virtual)
+    cost = [len(r) * block + (head if k == len(chunks) - 1 else 0.0) for k, r in enumerate(chunks)]
+    ranks = [sum(cost[r::pp]) for r in range(pp)]
+    return hidden, max(ranks) * pp / sum(ranks)
+
+
+def pipeline_compute_s(w: Workload, net: Network, n: int, grad_acc: int, compute_s: float) -> float:
+    """The compute of one step under pp stages, with `compute_s` a micro-step's compute on one GPU (the model's
+    FLOPs shared by its dp rank's tp × pp GPUs): grad_acc micro-batches through the costliest stage (its share of
+    the FLOPs over the mean's: `stage_costs`), each sending its activations forward and their gradient back on every
+    chunk's boundary (mbs × seq × hidden at the compute's width, on the tier the stages cross: `send_s`), stretched
+    by the schedule's bubble (scaling.perf.pipeline.bubble_fraction): m·(imbalance·compute + 2·v·send) / (1 − b).
+    Sends are charged whole (torch's schedules wait for each receive before the compute that needs it)."""
+    virtual = w.pp_virtual if w.pp_schedule in ("interleaved_1f1b", "zero_bubble") else 1
+    hidden, imbalance = _imbalance(w.shape, w.seq_len, w.pp, virtual)
+    width = 2 if w.precision == "bf16" else 4
+    send = send_s(net, w.layout_at(n), width * w.mbs * w.seq_len * hidden)
+    bubble = bubble_fraction(w.pp_schedule, w.pp, grad_acc, virtual)
+    return grad_acc * (imbalance * compute_s + 2 * virtual * send) / (1.0 - bubble)
 
 
 def _micro_step_kinds(grad_acc: int) -> list[tuple[int, set[str]]]:
@@ -432,7 +501,8 @@ def step_time_s(
     ga = grad_acc if grad_acc is not None else w.grad_acc_at(n)
     if ga is None:
         raise ValueError(f"dp={n}: gbs={w.gbs} does not split into whole micro-steps of mbs={w.mbs}")
-    total = ga * compute_s + w.params_updated(n) * optimizer_s_per_param
+    compute = ga * compute_s if w.pp == 1 else pipeline_compute_s(w, net, n, ga, compute_s)
+    total = compute + w.params_updated(n) * optimizer_s_per_param
     for times, seconds, share in comm_windows(w, net, n, ga):
         total += times * (seconds - min(overlap * seconds, share * compute_s))
     return total

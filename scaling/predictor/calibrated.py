@@ -101,10 +101,10 @@ def predictor_name(cfg: ExperimentConfig) -> str:
 def predicted_peak(cfg: ExperimentConfig, grad_acc: int, kept_in: Optional[str | os.PathLike] = None) -> int:
     """A point's peak bytes per rank as a plan takes it: the analytic predictor for the built-in family, calibrated
     for a model it describes (`calibrated_peak`), else the point traced (kept in `kept_in`'s traces/ when given)."""
-    if family_of(cfg.model).closed_form:
-        from scaling.predictor.analytic import predict_config
+    if family_of(cfg.model).closed_form:  # with pipeline stages, the fullest stage's
+        from scaling.predictor.stage_memory import predict_peak
 
-        return predict_config(cfg, grad_acc).total_bytes
+        return predict_peak(cfg, grad_acc).total_bytes
     model = builtin_of(cfg)
     if model is not None:
         return calibrated_peak(cfg, model, grad_acc, kept_in)

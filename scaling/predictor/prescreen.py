@@ -12,7 +12,8 @@ from scaling.core.schema import ExperimentConfig, HardwareConfig
 from scaling.core.units import GIB
 from scaling.core.validate import InvalidConfig
 from scaling.model.family import family_of
-from scaling.predictor.analytic import ANALYTIC, predict_config
+from scaling.predictor.analytic import ANALYTIC
+from scaling.predictor.stage_memory import predict_peak, predict_stages
 from scaling.store.record import job_key
 
 
@@ -52,8 +53,11 @@ def prescreen(
         out = _block(cfg, capacity, margin, None)
         traced = trace and _trace_into(out, cfg, kept_in)
         return _decide(out, cfg, capacity, margin) if traced and capacity is not None else out
-    analytic = predict_config(cfg, grad_acc)
+    analytic = predict_peak(cfg, grad_acc)
     out = _block(cfg, capacity, margin, analytic)
+    if cfg.parallel.pp > 1:  # each stage's peak; the fullest decides (the trace runs no stages: analytic alone)
+        out["stages"] = [st.as_dict() for st in predict_stages(cfg, grad_acc)]
+        return out if capacity is None else _decide(out, cfg, capacity, margin)
     if capacity is None:
         return out
     low, high = TRACE_BANDS.get(cfg.hardware.device, TRACE_BANDS["cuda"])

@@ -51,6 +51,10 @@ class Row:
     """Tensor parallelism: GPUs per dp rank (dp × tp = gpus)."""
     tp_why: Optional[str] = None
     """Why this row runs tensor parallelism (None without it)."""
+    pp: int = 1
+    """Pipeline stages: GPUs per dp rank with tp (dp × tp × pp = gpus)."""
+    pp_why: Optional[str] = None
+    """Where the recipe weighed pipeline stages: why this row runs them, or why not (None: not weighed)."""
     recompute_why: Optional[str] = None
     """Why this row recomputes (None without recomputation): it fits only with it, or it is faster (at a larger mbs)
     than the best option that recomputes less."""
@@ -61,11 +65,12 @@ class Row:
     def place(self, layout: Layout) -> None:
         """Set the row's layout fields (recipe.json keeps them flat) from `layout`."""
         self.zero_stage, self.dp, self.dp_shard, self.tp = int(layout.zero_stage), layout.dp, layout.dp_shard, layout.tp
+        self.pp = layout.pp
 
     @property
     def layout(self) -> Optional[Layout]:
         """The layout the row runs (None where it has none)."""
-        return None if self.dp is None else Layout(self.zero_stage or 0, self.dp, self.dp_shard, self.tp)
+        return None if self.dp is None else Layout(self.zero_stage or 0, self.dp, self.dp_shard, self.tp, self.pp)
 
     @property
     def run(self) -> Optional[str]:
@@ -99,6 +104,8 @@ class Recipe:
     same, or not at any count the batch can use)."""
     baseline_run: Optional[str] = None
     """The configuration efficiency is relative to (at baseline_gpus), by its name."""
+    pipeline: Optional[str] = None
+    """Whether the recipe weighed pipeline stages, and why (scaling.recipe.candidates.pipeline_decision)."""
     next_measurement: Optional[dict[str, Any]] = None
     """The point whose measurement would narrow the least certain row most (scaling.recipe.next_point), or None."""
     """The GPU count efficiency is relative to: where the best configuration goes fastest per GPU (1 GPU, but for a
@@ -125,6 +132,7 @@ class Recipe:
             "baseline_run": self.baseline_run,
             "dp_stops_paying_off_full": self.dp_stops_paying_off_full,
             "next_measurement": self.next_measurement,
+            "pipeline": self.pipeline,
             "notes": self.notes,
         }
 
@@ -152,6 +160,7 @@ class Recipe:
             baseline_run=doc.get("baseline_run"),
             dp_stops_paying_off_full=doc.get("dp_stops_paying_off_full"),
             next_measurement=doc.get("next_measurement"),
+            pipeline=doc.get("pipeline"),
         )
 
     def command_lines(self) -> list[str]:

@@ -6,7 +6,7 @@ devices of the target's kind are at hand). Where no candidate fits, from how man
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from scaling.core.enums import ZeroStage
 from scaling.core.layout import Layout
@@ -17,8 +17,14 @@ from scaling.model.family import checked, family_of
 from scaling.predictor.calibrated import predictor_name
 from scaling.predictor.margin import planning_margin
 from scaling.recipe.mbs_search import find_mbs, largest_mbs_by_gpus
-from scaling.recipe.options import Candidate
+from scaling.recipe.options import Candidate, max_useful_gpus
 
+PP_DEGREES = (2, 4, 8, 16)
+"""Pipeline stages the recipe weighs (those that divide the model's blocks)."""
+PP_NOT_NEEDED = (
+    "pipeline parallelism not weighed: some configuration with ZeRO and tp within a node fits per rank at every "
+    "count asked for, and the batch's {gbs} samples give every count a data-parallel rank (pp is weighed past either)"
+)
 HYBRID_POLICIES = 3
 """Hybrid sharding candidates per ZeRO-2/3 setting: shard groups of one node, two and four (where fewer GPUs than
 asked for)."""
@@ -64,6 +70,59 @@ def tp_degrees(cfg: ExperimentConfig, most: int) -> list[int]:
     return out
 
 
+def pp_degrees(cfg: ExperimentConfig) -> list[int]:
+    """The pipeline stages the recipe weighs for a model: PP_DEGREES that divide its blocks."""
+    blocks = family_of(cfg.model).shape(cfg.train.seq_len).n_blocks
+    return [p for p in PP_DEGREES if blocks % p == 0]
+
+
+def pp_needed(found: list[Candidate], gpus: list[int], gbs_samples: int) -> Optional[str]:
+    """Why the recipe weighs pipeline parallelism: a requested count at which no candidate without it fits per rank,
+    or one past the GPUs the batch's samples cover (one per dp rank, tp within a node); None: neither."""
+    short = [n for n in gpus if not any(c.mbs_for(n) >= 1 for c in found)]
+    if short:
+        return f"no configuration with ZeRO and tp within a node fits per rank at {', '.join(map(str, short))} GPUs"
+    top = max_useful_gpus(gbs_samples, found)
+    past = [n for n in gpus if n > top]
+    if past:
+        return (
+            f"the batch's {gbs_samples} samples cover at most {top} GPUs (mbs 1, grad_acc 1, tp within a node): "
+            f"{', '.join(map(str, past))} GPUs need more model-parallel ranks"
+        )
+    return None
+
+
+def pipeline_decision(
+    cfg: ExperimentConfig, found: list[Candidate], gpus: list[int], gbs_samples: int, asked: Sequence[int] = ()
+) -> tuple[list[int], str]:
+    """The pipeline degrees the recipe weighs beside `found` (the candidates without pipeline stages), and why in one
+    sentence: those of `asked` that divide the model's blocks, else PP_DEGREES that do where `pp_needed` says so,
+    else none and the reason (none for a model of another family: its stages have no predicted memory)."""
+    why = pp_needed([c for c in found if c.layout.pp == 1], gpus, gbs_samples)
+    if not family_of(cfg.model).closed_form and (asked or why):
+        return [], (
+            f"pipeline parallelism not weighed ({why or 'as asked'}): a stage's memory is predicted for the built-in "
+            "family only (the traced predictor runs no stages)"
+        )
+    blocks = pp_degrees(cfg)
+    if asked:
+        degrees = [p for p in asked if p in blocks]
+        dropped = sorted(set(asked) - set(degrees))
+        return degrees, (
+            f"pipeline parallelism weighed as asked (pp {', '.join(map(str, degrees)) or 'none'}, 1F1B)"
+            + (
+                f"; pp {', '.join(map(str, dropped))} left out: it does not divide the model's blocks"
+                if dropped
+                else ""
+            )
+        )
+    if why is None:
+        return [], PP_NOT_NEEDED.format(gbs=gbs_samples)
+    if not blocks:
+        return [], f"pipeline parallelism not weighed ({why}): no pp in {PP_DEGREES} divides the model's blocks"
+    return blocks, f"pipeline parallelism weighed (pp {', '.join(map(str, blocks))}, 1F1B): {why}"
+
+
 def find_candidates(
     cfg: ExperimentConfig,
     zero: list[int],
@@ -74,10 +133,13 @@ def find_candidates(
     launch: Callable[[ExperimentConfig], dict[str, Any]],
     sweep_dir: Path,
     notes: list[str],
+    pp: Sequence[int] = (),
 ) -> list[Candidate]:
     """Per layout and recompute setting, the largest mbs that fits per rank at each GPU count it may run at
     (predicted; confirmed by two runs at the fewest GPUs it fits on where those are at hand); a setting that fits at
-    no count is left out and said, and when none fits the notes say from how many GPUs each would."""
+    no count is left out and said, and when none fits the notes say from how many GPUs each would. Pipeline stages
+    (`pipeline_decision`: where nothing else fits or the batch runs out of samples for dp, or the degrees `pp`
+    asked for) at the widest tp within a node, predicted per stage."""
     hw = cfg.hardware
     widest = Layout(tp=max(tp_degrees(cfg, max(gpus)) or [1]))
     most = widest.with_dp(gbs_samples).world_size if hw.devices_per_node else gbs_samples
@@ -86,7 +148,8 @@ def find_candidates(
     if not closed_form:  # each count is a trace: only the counts asked for and those at hand
         judged = sorted({1, *gpus, at_hand} & set(range(1, most + 1)))
     found: list[Candidate] = []
-    for layout, r in ((layout, r) for z in zero for r in recompute for layout in layouts(cfg, z, gpus)):
+
+    def weigh(layout: Layout, r: str, judged: list[int]) -> None:
         base = point_config(cfg, Layout(layout.zero_stage), r, 1)
         margin = planning_margin(base).frac  # what the predictor may be off by where no run confirms the fit
         mbs_at = largest_mbs_by_gpus(base, judged, gbs_samples, sweep_dir, layout, margin)
@@ -94,9 +157,11 @@ def find_candidates(
         name = Candidate(layout, r, 0, "").name
         if fit is None:
             notes.append(f"{name}: not even mbs=1 fits per rank at any GPU count up to {judged[-1]}")
-            continue
+            return
         how = f"predicted ({predictor_name(cfg)}): no {hw.name} device at hand"
-        if at_hand >= fit:  # confirmed on the devices at hand, at the fewest GPUs it fits on
+        if layout.pp > 1:  # the engine's stages are not measured by the recipe: a pipelined row is predicted
+            how = "predicted (analytic, per stage): pipeline stages are not measured by the recipe"
+        elif at_hand >= fit:  # confirmed on the devices at hand, at the fewest GPUs it fits on
             confirmed = find_mbs(
                 point_config(cfg, layout.at(fit) or Layout(layout.zero_stage, fit), r, 1),
                 max_mbs=gbs_samples // fit,
@@ -108,10 +173,20 @@ def find_candidates(
             how = confirmed.note + ("" if fit == 1 else f" at dp={fit}")
         if mbs_at[fit] < 1:
             notes.append(f"{name}: not even mbs=1 fits at {fit} GPU(s) ({how})")
-            continue
+            return
         found.append(Candidate(layout, r, mbs_at[fit], how, tuple(sorted(mbs_at.items()))))
         where = "one device" if fit == 1 else f"{fit} GPUs (sharded)"
         print(f"[recipe] {name}: largest mbs {mbs_at[fit]} on {where} ({how})", flush=True)
+
+    for layout, r in ((layout, r) for z in zero for r in recompute for layout in layouts(cfg, z, gpus)):
+        weigh(layout, r, judged)
+    degrees, said = pipeline_decision(cfg, found, gpus, gbs_samples, pp)
+    notes.append(said)
+    top = max(gpus)
+    for p in degrees:  # past what ZeRO and tp within a node fit, or past the batch's samples: pipeline stages
+        for z in (z for z in zero if z >= ZeroStage.GRADIENTS or widest.tp == 1):
+            for r in recompute:
+                weigh(Layout(z, tp=widest.tp, pp=p), r, sorted({*(2**k for k in range(top.bit_length())), *gpus}))
     if not found:
         notes.append(fits_from(cfg, zero, recompute))
     return found

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from scaling.core.enums import Recompute
+from scaling.core.enums import PipelineSchedule, Recompute
 from scaling.core.noise import tied
 from scaling.perf.knee import DEFAULT_THRESHOLD
+from scaling.perf.pipeline import bubble_fraction
 from scaling.recipe.answer import Row
 from scaling.recipe.options import (
     BEYOND_HORIZON,
@@ -173,8 +174,11 @@ def decide(
         row.place(best.layout)
         row.mbs, row.grad_acc, row.recompute = s.mbs, s.grad_acc, c.recompute
         row.tp_why = (
-            _tp_why(c, candidates, n, gbs_samples, seq_len, estimate, predicted_peak) if best.layout.tp > 1 else None
+            _tp_why(c, candidates, n, gbs_samples, seq_len, estimate, predicted_peak)
+            if best.layout.tp > 1 and best.layout.pp == 1  # a pipelined row's reason is its pp_why
+            else None
         )
+        row.pp_why = _pp_why(best, candidates, n, gbs_samples, seq_len, estimate, predicted_peak)
         row.recompute_why = _recompute_why(best, candidates, n, gbs_samples, seq_len, estimate, predicted_peak)
         row.gbs_tokens, row.gbs_exact = s.gbs_tokens, s.exact
         row.tokens_per_s_per_gpu, row.tokens_per_s_per_gpu_low, row.tokens_per_s_per_gpu_high = (
@@ -342,4 +346,50 @@ def _tp_why(
     return (
         f"the fastest by the estimate: without tensor parallelism the best is {best.candidate.name}, "
         f"{best.estimate.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
+    )
+
+
+def _pp_why(
+    best: Option,
+    candidates: Sequence[Candidate],
+    gpus: int,
+    gbs_samples: int,
+    seq_len: int,
+    estimate: Estimator,
+    peak: Peak = None,
+) -> Optional[str]:
+    """Where pipeline stages were weighed (None: they were not): why the row runs them (nothing without them fits,
+    the batch runs out of samples for dp without them, or they are the fastest despite the bubble), or why not (the
+    best with them and its bubble, against the row's figure: the bubble weighed against ZeRO-3's gathers)."""
+    staged = [c for c in candidates if c.layout.pp > 1]
+    if not staged:
+        return None
+    plain = [c for c in candidates if c.layout.pp == 1]
+
+    def bubble(o: Option) -> str:
+        share = bubble_fraction(PipelineSchedule.one_f_one_b, o.layout.pp, o.split.grad_acc)
+        return f"a {share:.0%} bubble (1F1B, pp {o.layout.pp}, {o.split.grad_acc} micro-batches)"
+
+    if best.layout.pp > 1:
+        if not any(c.mbs_for(gpus) >= 1 for c in plain):
+            return f"no configuration without pipeline stages fits per rank at {gpus} GPUs; it pays {bubble(best)}"
+        if gpus > max_useful_gpus(gbs_samples, plain):
+            return (
+                f"without pipeline stages the batch's {gbs_samples} samples cover at most "
+                f"{max_useful_gpus(gbs_samples, plain)} GPUs; it pays {bubble(best)}"
+            )
+        other, _, _, _ = best_option(plain, gbs_samples, seq_len, gpus, estimate, peak)
+        if other is None:
+            return f"no configuration without pipeline stages has a figure here; it pays {bubble(best)}"
+        return (
+            f"the fastest by the estimate despite {bubble(best)}: without pipeline stages the best is {other.name}, "
+            f"{other.estimate.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
+        )
+    alt, _, _, _ = best_option(staged, gbs_samples, seq_len, gpus, estimate, peak)
+    if alt is None:
+        return "pipeline stages weighed: none has a figure at this count"
+    return (
+        f"pipeline stages weighed, not run: the best with them, {alt.name}, "
+        f"{alt.estimate.tokens_per_s_per_gpu:,.0f} tokens/s per GPU with {bubble(alt)}, against "
+        f"{best.estimate.tokens_per_s_per_gpu:,.0f} without"
     )

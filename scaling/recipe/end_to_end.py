@@ -21,7 +21,7 @@ from scaling.predictor.calibrated import predicted_peak as predicted_peak_of
 from scaling.predictor.margin import planning_margin
 from scaling.predictor.prescreen import capacity_bytes
 from scaling.recipe.answer import Recipe
-from scaling.recipe.candidates import candidate_point, find_candidates, point_config
+from scaling.recipe.candidates import candidate_point, find_candidates, pipeline_decision, point_config
 from scaling.recipe.decide import best_option, decide, knee_of_full_sharding
 from scaling.recipe.estimate import FromRecords, workload_of
 from scaling.recipe.measure import Launcher, measure_candidates
@@ -46,7 +46,10 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         )
     print(f"[recipe] {at_hand} {hw.device} device(s) of {hw.name} at hand; records in {sweep_dir}", flush=True)
     # (3) per layout and recompute setting, the largest mbs that fits per rank at each count it may run at
-    candidates = find_candidates(cfg, a.zero, a.recompute, a.gpus, gbs_samples, at_hand, launch, sweep_dir, notes)
+    candidates = find_candidates(
+        cfg, a.zero, a.recompute, a.gpus, gbs_samples, at_hand, launch, sweep_dir, notes, a.pp
+    )  # fmt: skip
+    _, pipeline = pipeline_decision(cfg, candidates, a.gpus, gbs_samples, a.pp)  # what find_candidates decided
     # measured: from the fewest GPUs each candidate fits on to all at hand, for each mbs a requested count needs
     measure_candidates(cfg, candidates, gbs_samples, a.gpus, at_hand, a.max_grad_acc, launch)
     if at_hand < 1:
@@ -113,6 +116,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         baseline_run=base.name if base is not None else None,
         next_measurement=next_point.to_json() if next_point is not None else None,
         dp_stops_paying_off_full=first_full,
+        pipeline=pipeline,
     )
 
 

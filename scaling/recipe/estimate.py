@@ -119,6 +119,9 @@ def workload_of(
         c.layout.dp_shard,
         c.layout.tp,
         t.recompute_every,
+        c.layout.pp,
+        str(p.pp_schedule),
+        p.pp_virtual,
     )
 
 

@@ -22,8 +22,8 @@ from scaling.core.layout import Layout
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import validate
 from scaling.model.family import checked, family_of
-from scaling.predictor.analytic import predict_config
 from scaling.predictor.prescreen import capacity_bytes
+from scaling.predictor.stage_memory import predict_peak
 
 
 def largest_true(pred: Callable[[int], bool], start: int, limit: int) -> int:
@@ -94,7 +94,7 @@ def find_mbs(
     predictions: dict[int, int] = {}
 
     def analytic_fits(m: int) -> bool:
-        return predict_config(_with_mbs(cfg, m)).total_bytes <= capacity
+        return predict_peak(_with_mbs(cfg, m)).total_bytes <= capacity
 
     # a family without a closed form has no analytic model: the trace searches from mbs=1
     closed_form = family_of(cfg.model).closed_form
@@ -113,9 +113,7 @@ def find_mbs(
         predicted, method = largest_true(traced_fits, guess, max_mbs), "traced"
     else:
         predicted = guess
-        predictions = {
-            m: predict_config(_with_mbs(cfg, m)).total_bytes for m in (guess, guess + 1) if 1 <= m <= max_mbs
-        }
+        predictions = {m: predict_peak(_with_mbs(cfg, m)).total_bytes for m in (guess, guess + 1) if 1 <= m <= max_mbs}
     result = FindMbsResult(
         predicted,
         predicted,
@@ -236,7 +234,9 @@ def largest_mbs_by_gpus(
             continue
         at = cfg.changed(parallel=spread.parallel())
         limit = max_samples // spread.dp
-        fits = partial(_fits, at, int(capacity / (1 + margin)), traces_in, grad_acc=2 if limit > 1 else 1)
+        # pipeline stages: at least pp micro-batches, the most a 1F1B stage keeps in flight (scaling.predictor.stage_memory)
+        accumulating = max(2, spread.pp) if limit > 1 else 1
+        fits = partial(_fits, at, int(capacity / (1 + margin)), traces_in, grad_acc=accumulating)
         out[n] = largest_true(fits, guess, limit)
         guess = max(out[n], 1)
     return out

@@ -123,19 +123,20 @@ class Predicted:
         """A micro-step's compute on one rank with its spread, and what it rests on in words. Under tensor
         parallelism a rank runs 1/tp of each matmul's columns or rows: as many FLOPs as a micro-step of 1/tp the
         tokens, and the efficiency of matmuls that narrow, so it is estimated as that micro-step (every layer's
-        fixed cost still paid)."""
+        fixed cost still paid). Under pipeline stages, a stage's share of it (`_per_stage`)."""
         w = self.work(c, mbs)
-        if c.layout.model_parallel > 1:
-            w = dataclasses.replace(w, tokens=max(1, int(c.layout.per_gpu(w.tokens))))
+        if c.layout.tp > 1:  # pipeline stages split the layers, not the tokens: a stage's share of the step below
+            w = dataclasses.replace(w, tokens=max(1, w.tokens // c.layout.tp))
         fitted = self.model.estimate(w) if self.model is not None else None
         if self.assume_mfu is None and fitted is not None and self.model is not None:
-            return fitted, f"{self.model.describe()}; {fitted.distance}"
+            return _per_stage(fitted, c.layout.pp), f"{self.model.describe()}; {fitted.distance}"
         if self.assume_mfu is None:
             raise ValueError("a predicted figure needs an MFU model of the hardware or --assume-mfu")
         seconds = w.flops.model * w.tokens / (self.assume_mfu * self.peak_flops_per_s)
         sigma = fitted.sigma if fitted is not None else ASSUMED_SPREAD
         spread = "the MFU model's spread there" if fitted is not None else f"σ {ASSUMED_SPREAD:.0%}"
-        return Compute(seconds, sigma, self.assume_mfu, ""), f"--assume-mfu {self.assume_mfu:g} ({spread})"
+        computed = Compute(seconds, sigma, self.assume_mfu, "")
+        return _per_stage(computed, c.layout.pp), f"--assume-mfu {self.assume_mfu:g} ({spread})"
 
     def __call__(self, c: Candidate, s: Split) -> Optional[Estimate]:
         w = self.workload(c, s.mbs)
@@ -177,6 +178,13 @@ class Predicted:
             )
             out.append(Draw(Fit(seconds, self.optimizer_s_per_param, scheduled * (1 - lost), net), form))
         return out
+
+
+def _per_stage(compute: Compute, pp: int) -> Compute:
+    """A micro-step's compute on one of pp pipeline stages: the whole model's at the same tokens over pp (each stage
+    runs every token through its share of the layers, at the whole step's matmul efficiency; the costliest stage's
+    excess is the step model's, scaling.perf.step_model.pipeline_compute_s)."""
+    return compute if pp == 1 else dataclasses.replace(compute, seconds=compute.seconds / pp)
 
 
 UNKNOWNS = {

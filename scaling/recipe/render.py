@@ -119,13 +119,22 @@ def headline(recipe: Recipe) -> list[str]:
         f"The batch ({recipe.gbs_tokens:,} tokens = {recipe.gbs_samples:,} samples of {recipe.seq_len}) splits over "
         f"at most {recipe.gbs_samples} data-parallel ranks (mbs=1, grad_acc=1)"
         + (
-            f"; tensor parallelism within a node takes it to {recipe.max_useful_gpus} GPUs. Beyond that: fewer GPUs, "
-            "a larger batch, or pipeline parallelism (not measured here)."
+            f"; tensor parallelism within a node and pipeline stages take it to {recipe.max_useful_gpus} GPUs. Beyond "
+            "that: fewer GPUs or a larger batch."
+            if any(c.layout.pp > 1 for c in recipe.candidates)
+            else f"; tensor parallelism within a node takes it to {recipe.max_useful_gpus} GPUs. Beyond that: fewer "
+            "GPUs, a larger batch, or pipeline parallelism (--pp)."
             if recipe.max_useful_gpus > recipe.gbs_samples
             else f". Beyond {recipe.max_useful_gpus} GPUs: fewer GPUs, a larger batch, or tensor or pipeline "
-            "parallelism (not measured here)."
+            "parallelism (--pp)."
         ),
+        *([f"{recipe.pipeline[0].upper()}{recipe.pipeline[1:]}."] if recipe.pipeline else []),
         *[f"{r.gpus} GPUs run tp {r.tp}: {r.tp_why}." for r in recipe.rows if r.tp > 1 and r.tp_why],
+        *[
+            f"{r.gpus} GPUs" + (f" run pp {r.pp}: " if r.pp > 1 else ": ") + f"{r.pp_why}."
+            for r in recipe.rows
+            if r.pp_why
+        ],
         *[f"{r.gpus} GPUs run recompute {r.recompute}: {r.recompute_why}." for r in recipe.rows if r.recompute_why],
     ]
 

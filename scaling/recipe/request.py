@@ -44,6 +44,9 @@ class RecipeRequest:
     """Bootstrap draws of each band."""
     assume_mfu: Optional[float] = None
     """MFU to plan with where nothing is measured on the hardware (None: its measured points, conf/mfu/)."""
+    pp: list[int] = field(default_factory=list)
+    """Pipeline stages to weigh whatever the need (empty: 2, 4, 8, 16 where nothing else fits or the batch runs out
+    of samples for dp; scaling.recipe.candidates.pipeline_decision)."""
 
     @classmethod
     def default(cls, name: str) -> Any:

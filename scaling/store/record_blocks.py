@@ -77,6 +77,12 @@ class Metrics:
     """The largest rank's peak (the headline)."""
     peak_mem_bytes_per_rank: list[int]
     """Each rank's peak: CUDA's max allocated over the training steps, or live tensor bytes under the tracker."""
+    pipeline_idle_frac_per_rank: Optional[list[float]] = None
+    """With pipeline stages: each rank's share of the timed steps' schedule time it did not compute (waits on the other
+    stages and the sends between them: the bubble as measured; the optimizer's step is outside it)."""
+    peak_mem_stage: Optional[int] = None
+    """With pipeline stages (parallel.pp > 1): the stage of the rank with the largest peak (Layout.stage_of); None
+    at pp 1."""
     peak_mem_source: Optional[str] = None
     """What measured the peak: `cuda_max_memory_allocated` or `mem_tracker`."""
     peak_mem_reserved_bytes: Optional[int] = None

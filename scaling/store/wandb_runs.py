@@ -99,20 +99,27 @@ def attempt_of(record: Mapping[str, Any]) -> int:
     return int((record.get("provenance") or {}).get("attempt") or 1)
 
 
-def layout_axes(record: Mapping[str, Any]) -> dict[str, int]:
-    """The record's parallel axes beyond dp and the stage that are not neutral (`tp`, `dp_shard`:
-    scaling.core.layout), so that two layouts never share a name."""
-    layout = Layout.of((record.get("config") or {}).get("parallel") or {})
+def layout_axes(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The record's parallel axes beyond dp and the stage that are not neutral (`tp`, `dp_shard`, `pp`:
+    scaling.core.layout; with pp its `pp_schedule`, and `pp_virtual` where not 1), so that two layouts never share a
+    name."""
+    parallel = (record.get("config") or {}).get("parallel") or {}
+    layout = Layout.of(parallel)
     axes = {"dp_shard": layout.dp_shard, **{axis: getattr(layout, axis) for axis in MODEL_PARALLEL}}
-    return {axis: value for axis, value in axes.items() if value not in (None, 1)}
+    found = {axis: value for axis, value in axes.items() if value not in (None, 1)}
+    if layout.pp > 1:  # a pipeline's schedule and virtual stages tell its runs apart
+        found["pp_schedule"] = parallel.get("pp_schedule", "one_f_one_b")
+        if (parallel.get("pp_virtual") or 1) > 1:
+            found["pp_virtual"] = parallel["pp_virtual"]
+    return found
 
 
 def run_name(record: Mapping[str, Any]) -> str:
-    """`tiny seq64 mbs2 ga1 dp2 zero3` (` tp2`, ` dp_shard4` where not neutral), with ` #2` from the second attempt
-    on."""
+    """`tiny seq64 mbs2 ga1 dp2 zero3` (` tp2`, ` dp_shard4`, ` pp2 one_f_one_b`, ` pp_virtual2` where not neutral),
+    with ` #2` from the second attempt on."""
     short = {"model": "", "seq_len": "seq", "grad_acc": "ga", "zero_stage": "zero"}
     parts = [f"{short.get(axis, axis)}{axis_value(record, axis)}" for axis in AXES]
-    parts += [f"{axis}{value}" for axis, value in layout_axes(record).items()]
+    parts += [f"{'' if axis == 'pp_schedule' else axis}{value}" for axis, value in layout_axes(record).items()]
     attempt = attempt_of(record)
     return " ".join(parts) + (f" #{attempt}" if attempt > 1 else "")
 

@@ -214,12 +214,14 @@ def predict_new(cfg: ExperimentConfig, traced: bool = False) -> dict[str, Any]:
     """What run_point will do with a point it has to run: `invalid`, `predicted_oom` or `launch`, with
     the prediction (`predicted`) or the error, by run_point's own rules. Analytic unless `traced` (the
     pre-screen traces near-capacity points at launch)."""
-    from scaling.core.validate import InvalidConfig, validate
+    from scaling.core.validate import InvalidConfig, pipeline_stages, validate
     from scaling.predictor.prescreen import predicted_oom, prescreen
 
     try:
         grad_acc = validate(cfg).grad_acc
-        checked(cfg.model, cfg.train.seq_len, cfg.parallel.tp)  # the model's contract, as run_point checks it
+        checked(
+            cfg.model, cfg.train.seq_len, cfg.parallel.tp, pipeline_stages(cfg.parallel)
+        )  # the model's contract, as run_point checks it
     except InvalidConfig as e:
         return {"status": Status.INVALID, "error": str(e), "predicted": None}
     predicted = prescreen(cfg, grad_acc, trace=traced)

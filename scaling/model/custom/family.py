@@ -52,6 +52,66 @@ class OwnModule(Family):
 
         return wrap_recompute(module, type(blocks[0]), recompute, every)
 
+    def pipeline_stage(self, module: nn.Module, blocks: range, first: bool, last: bool) -> nn.Module:
+        """Its forward cut between its blocks by stand-ins and hooks (scaling.model.custom.stage)."""
+        from scaling.model.custom.stage import CutStage
+
+        every = self.blocks(module)
+        self._refuse_ties(module)
+        return CutStage(module, every, blocks, first, last, self._block_output())
+
+    def _block_output(self) -> Any:
+        """How its blocks' output carries the hidden states (scaling.model.custom.stage.output_form), read on a
+        model built on fake tensors."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from scaling.model.custom.stage import output_form
+
+        with FakeTensorMode(), self.as_on_real_tensors():
+            fake = self.build("cpu")
+            return output_form(self.config.name, fake, self.blocks(fake)[0])
+
+    def _refuse_ties(self, module: nn.Module) -> None:
+        from scaling.core.model_group import ModelError
+        from scaling.model.custom.init import tied
+
+        groups = tied(module)
+        if groups:
+            names = ", ".join(".".join(filter(None, (type(o).__name__, a))) for o, a in groups[0])
+            raise ModelError(
+                f"model {self.config.name!r}: its weights tied across modules ({names}) would sit on two pipeline "
+                "stages, whose gradients are not summed between them: use parallel.pp=1 (or untie them)"
+            )
+
+    def stage_root(self, stage: nn.Module) -> nn.Module:
+        return stage.model
+
+    def stage_blocks(self, stage: nn.Module) -> list[nn.Module]:
+        """The blocks the stage kept (of the model's block class: its stand-ins are not)."""
+        return [m for m in stage.model.modules() if isinstance(m, stage.block_class)]
+
+    def initialise_stages(self, module: nn.Module, stages: list[nn.Module], seed: int) -> None:
+        """The whole model built on the CPU as one rank builds it (on meta, then materialised) and initialised as one
+        rank initialises it, then each stage's part copied in (scaling.model.custom.stage)."""
+        import torch
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+
+        from scaling.model.custom.build import _full_parameters
+        from scaling.model.custom.stage import copy_values
+
+        real = self.build("meta")
+        self.materialise(real, torch.device("cpu"))
+        self.initialise(real, seed)
+        for stage in stages:
+            copy_values(real, stage.model, _full_parameters, _CHECKPOINT_PREFIX)
+
+    def check_pp(self, stages: int, n_blocks: int) -> None:
+        """As every family, and what cutting needs: no weight tied across modules, blocks that return their hidden
+        states (read on fake tensors)."""
+        super().check_pp(stages, n_blocks)
+        self._refuse_ties(self.build("meta"))
+        self._block_output()
+
     def initialise(self, module: nn.Module, seed: int) -> None:
         from scaling.model.custom.build import initialise
 

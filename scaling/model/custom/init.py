@@ -77,15 +77,15 @@ def materialise(module: nn.Module, device: torch.device | str) -> None:
 
 
 @torch.no_grad()
-def raise_if_unwritten(name: str, module: nn.Module) -> None:
-    """Raise naming every floating-point parameter and buffer that still holds NaN after initialisation (on any rank:
-    every rank names the same ones)."""
+def raise_if_unwritten(name: str, module: nn.Module, group: Any = None) -> None:
+    """Raise naming every floating-point parameter and buffer that still holds NaN after initialisation (on any rank
+    of `group`, the ranks that hold these tensors, every rank by default: they all name the same ones)."""
     named = [(n, t) for n, t in _tensors(module) if t.is_floating_point()]
     if not named:
         return
     flags = torch.stack([torch.isnan(_local(t)).any() for _, t in named]).to(torch.int32)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
     unwritten = [n for (n, _), bad in zip(named, flags.tolist()) if bad]
     if unwritten:
         raise ModelError(unwritten_line(f"model {name!r}", unwritten, len(named), init_kind(module)))

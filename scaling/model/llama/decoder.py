@@ -175,20 +175,25 @@ class Transformer(nn.Module):
         FSDP2-sharded (DTensor) parameters: each rank draws the full tensor and keeps its shard, so
         sharded and unsharded models start from the same weights.
         """
-        first = next(self.parameters())
-        if first.is_meta:
+        first = next((p for p in self.parameters() if not p.is_meta), None)
+        if first is None:
             raise ValueError("init_weights: parameters are on the meta device; call model.to_empty(device=...) first")
         generator = torch.Generator(device=first.device).manual_seed(seed)
         residual_std = INIT_STD / (2 * self.args.n_layers) ** 0.5
         for name, param in self.named_parameters():
             sharded = hasattr(param, "device_mesh")  # a DTensor shard; no import of DTensor needed here
-            target = torch.empty(param.shape, dtype=param.dtype, device=first.device) if sharded else param
+            # a parameter left on meta belongs to another pipeline stage: drawn and dropped, so that every stage's
+            # own parameters get the values they get in the whole model
+            skipped = param.is_meta and not sharded
+            target = torch.empty(param.shape, dtype=param.dtype, device=first.device) if sharded or skipped else param
             owner = name.split(".")[-2]  # attribute name of the owning module, robust to wrapper prefixes
             if owner.endswith("norm"):
                 target.fill_(1.0)
             else:
                 # Outputs of wo and w2 add into the residual stream L times each: scale them down.
                 target.normal_(0.0, residual_std if owner in ("wo", "w2") else INIT_STD, generator=generator)
+            if skipped:
+                continue
             if sharded:
                 from torch.distributed.tensor import (
                     distribute_tensor,  # only sharded models pay for it
@@ -196,6 +201,35 @@ class Transformer(nn.Module):
 
                 shard = distribute_tensor(target, param.device_mesh, param.placements, src_data_rank=None)
                 param.to_local().copy_(shard.to_local())
+
+
+class Stage(nn.Module):
+    """One pipeline stage of a `Transformer`: a run of its blocks, with the embedding on the first stage and the final
+    norm and output projection on the last. It holds the very modules of the whole model (the model, built on meta,
+    materialises only what its stages hold), so the model's `init_weights` gives them the values they have at pp 1.
+    Tokens (B, T) in on the first stage, hidden states (B, T, C) between stages, logits (B, T, V) out of the last."""
+
+    def __init__(self, model: Transformer, layers: range, first: bool, last: bool):
+        super().__init__()
+        self.args = model.args
+        self.tok_embeddings = model.tok_embeddings if first else None
+        self.layers = nn.ModuleDict({str(i): model.layers[i] for i in layers})  # keys: the blocks' indices
+        self.norm = model.norm if last else None
+        self.output = model.output if last else None
+
+    def set_recompute(self, recompute: str, every: int = 1) -> None:
+        """As `Transformer.set_recompute`, by each block's index in the whole model."""
+        for i, layer in self.layers.items():
+            layer.recompute = recompute if checkpointed(int(i), every) else "none"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x  # (B, T, C)
+        cos, sin = rope_cos_sin(h.shape[1], self.args.head_dim, self.args.rope_theta, h.device)
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        if self.output is None:
+            return h
+        return self.output(self.norm(h))  # (B, T, V)
 
 
 def decoder(**fields: Any) -> Transformer:

@@ -50,6 +50,21 @@ class Llama(Family):
     def initialise(self, module: nn.Module, seed: int) -> None:
         module.init_weights(seed)
 
+    def stage_costs(self, seq_len: int) -> tuple[list[float], float, float]:
+        """In closed form (flops.py): each block 6·(its matmul weights) + 12·h·seq, the head 6·h·V, the embedding 0."""
+        return flops.stage_costs(self.args, seq_len)
+
+    def pipeline_stage(self, module: nn.Module, blocks: range, first: bool, last: bool) -> nn.Module:
+        from scaling.model.llama.decoder import Stage
+
+        return Stage(module, blocks, first, last)
+
+    def stage_blocks(self, stage: nn.Module) -> list[nn.Module]:
+        return list(stage.layers.values())
+
+    def check_pp(self, stages: int, n_blocks: int) -> None:
+        """Nothing to build: the validation checks the blocks against the stages (scaling.core.validate)."""
+
     def tp_plan(self) -> dict[str, str]:
         from scaling.model.llama.decoder import TP_PLAN
 

@@ -51,3 +51,12 @@ def recomputed_flops_per_token(args: ModelArgs, seq_len: int) -> float:
 def recomputed_attention_flops_per_token(args: ModelArgs, seq_len: int) -> float:
     """The attention's share of `recomputed_flops_per_token`: its forward once more, 4·L·h·seq."""
     return 4.0 * args.n_layers * args.hidden * seq_len
+
+
+def stage_costs(args: ModelArgs, seq_len: int) -> tuple[list[float], float, float]:
+    """What a pipeline split weighs, FLOPs per token: each block's (its share of `flops_per_token`), the embedding's
+    (0: a lookup) and the head's (6·h·V, the final norm's elementwise work not counted), which sum to
+    `flops_per_token`."""
+    head = 6.0 * args.hidden * args.vocab_size
+    block = (flops_per_token(args, seq_len) - head) / args.n_layers
+    return [block] * args.n_layers, 0.0, head
