@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ContextManager, Optional
 
-from scaling.core.model_group import ModelError, ModelGroup, tp_degrees_dividing
+from scaling.core.model_group import ModelConfig, ModelError, ModelGroup, tp_degrees_dividing
 from scaling.model.shape import Counted, ModelShape
 
 if TYPE_CHECKING:
@@ -102,6 +102,11 @@ class Family(ABC):
     @abstractmethod
     def counted(self, seq_len: int) -> Counted:
         """Its size, FLOPs and parameter tensors at one sequence length; ModelError if it breaks the contract."""
+
+    def builtin_config(self, seq_len: int) -> Optional[ModelConfig]:
+        """The built-in family's `model` config with its shapes, where the built-in formulas describe its matrices
+        (a Hugging Face config of a Llama-like family, scaling.model.hf.builtin_shapes); None: they do not."""
+        return None
 
     def shape(self, seq_len: int) -> ModelShape:
         """Its parameter tensors and blocks, as the step model and the extrapolation take any model."""

@@ -14,6 +14,7 @@ from scaling.core.model_group import TP_DEGREES
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import InvalidConfig, validate
 from scaling.model.family import checked, family_of
+from scaling.predictor.calibrated import predictor_name
 from scaling.predictor.margin import planning_margin
 from scaling.recipe.mbs_search import find_mbs, largest_mbs_by_gpus
 from scaling.recipe.options import Candidate, max_useful_gpus
@@ -157,7 +158,7 @@ def find_candidates(
         if fit is None:
             notes.append(f"{name}: not even mbs=1 fits per rank at any GPU count up to {judged[-1]}")
             return
-        how = f"predicted (analytic{'' if closed_form else ', traced'}): no {hw.name} device at hand"
+        how = f"predicted ({predictor_name(cfg)}): no {hw.name} device at hand"
         if layout.pp > 1:  # the engine's stages are not measured by the recipe: a pipelined row is predicted
             how = "predicted (analytic, per stage): pipeline stages are not measured by the recipe"
         elif at_hand >= fit:  # confirmed on the devices at hand, at the fewest GPUs it fits on

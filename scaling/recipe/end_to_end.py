@@ -17,10 +17,9 @@ from scaling.core.batch import nearest_whole_batch
 from scaling.core.layout import AXES
 from scaling.core.schema import ExperimentConfig
 from scaling.launch.devices import devices_at_hand
-from scaling.model.family import family_of
+from scaling.predictor.calibrated import predicted_peak as predicted_peak_of
 from scaling.predictor.margin import planning_margin
 from scaling.predictor.prescreen import capacity_bytes
-from scaling.predictor.stage_memory import predict_peak
 from scaling.recipe.answer import Recipe
 from scaling.recipe.candidates import candidate_point, find_candidates, pipeline_decision, point_config
 from scaling.recipe.decide import best_option, decide, knee_of_full_sharding
@@ -70,12 +69,8 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
 
     @functools.cache  # the tie rule asks it of the same options at every count the knee and the rows weigh
     def predicted_peak(c: Candidate, s: Split) -> int:
-        point = candidate_point(cfg, c, s.mbs, s.dp, s.grad_acc)
-        if not family_of(cfg.model).closed_form:  # traced on fake tensors in a fake world of the point's ranks
-            from scaling.predictor.trace import trace_peak_kept
-
-            return trace_peak_kept(point, sweep_dir).peak_mem_bytes
-        return predict_peak(point, s.grad_acc).total_bytes
+        # analytic; a model the built-in formulas describe, calibrated by traces; else traced in a fake world
+        return predicted_peak_of(candidate_point(cfg, c, s.mbs, s.dp, s.grad_acc), s.grad_acc, sweep_dir)
 
     def command(c: Candidate, s: Split) -> str:
         return run_command(overrides, c.layout.with_dp(s.dp).overrides(), c.recompute, s, sweep_dir)

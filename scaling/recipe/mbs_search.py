@@ -250,9 +250,8 @@ def _fits(
 
 
 def _predicted_peak(cfg: ExperimentConfig, traces_in: Optional[str | os.PathLike]) -> int:
-    """Predicted peak bytes per rank: the analytic model (its grad_acc as set), the trace for a model the user brings."""
-    if family_of(cfg.model).closed_form:
-        return predict_peak(cfg, int(cfg.train.grad_acc)).total_bytes
-    from scaling.predictor.trace import trace_peak, trace_peak_kept
+    """Predicted peak bytes per rank (its grad_acc as set): analytic, calibrated or traced
+    (scaling.predictor.calibrated.predicted_peak)."""
+    from scaling.predictor.calibrated import predicted_peak
 
-    return (trace_peak(cfg) if traces_in is None else trace_peak_kept(cfg, traces_in)).peak_mem_bytes
+    return predicted_peak(cfg, int(cfg.train.grad_acc), traces_in)

@@ -4,9 +4,10 @@ tensor-parallel plan is its file's `tp_plan`."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, Optional
 
-from scaling.core.model_group import CustomModel, ModelGroup
+from scaling.core.model_group import CustomModel, ModelError, ModelGroup
 from scaling.model.shape import Counted
 from scaling.model.spec import Family
 
@@ -133,6 +134,17 @@ class OwnModule(Family):
         """As every family, and its plan checked against the model as built on meta (scaling.model.custom.plan): every
         pattern of the file's `tp_plan` names a submodule it can split (a refusal names the pattern and what it could
         mean); of a plan the model brings (transformers'), the plan as a whole."""
+        key = (json.dumps(self.config.to_dict(), sort_keys=True, default=str), tp)
+        if key not in _CHECKED_TP:  # each model and degree once per process: the check builds the model on meta
+            try:
+                self._check_tp(tp)
+                _CHECKED_TP[key] = None
+            except ModelError as e:
+                _CHECKED_TP[key] = e
+        if _CHECKED_TP[key] is not None:
+            raise _CHECKED_TP[key]
+
+    def _check_tp(self, tp: int) -> None:
         from scaling.model.custom.plan import check_plan
 
         plan = self.tp_plan()
@@ -140,3 +152,7 @@ class OwnModule(Family):
         where = "model.tp_plan" if own else f"the tensor-parallel plan of {self.config.source}"
         check_plan(repr(self.config.name), self.build("meta"), plan, where, every=own)
         super().check_tp(tp)
+
+
+_CHECKED_TP: dict[tuple[str, int], Optional[ModelError]] = {}
+"""`check_tp`'s answer by (model config, degree): None, or the refusal it raised."""

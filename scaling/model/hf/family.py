@@ -7,8 +7,9 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, ContextManager, Optional
 
-from scaling.core.model_group import HF_TARGET, CustomModel, ModelGroup
+from scaling.core.model_group import HF_TARGET, CustomModel, ModelConfig, ModelGroup
 from scaling.model.custom.family import OwnModule
+from scaling.model.shape import ModelShape
 
 if TYPE_CHECKING:
     from torch import nn
@@ -47,6 +48,26 @@ class HuggingFace(OwnModule):
 
         kwargs = self.config.kwargs
         return f"{read_config(**kwargs).longest_name()} of model.hf_config={kwargs['config']!r}"
+
+    def builtin_config(self, seq_len: int) -> Optional[ModelConfig]:
+        """The built-in shapes of a config whose counted module has the built-in decoder's matrices (Llama, Mistral,
+        Qwen2, Qwen3 and the like: scaling.model.hf.builtin_shapes); None for any other, or a file that overrides
+        its matrices' shapes in a way the sizes do not say."""
+        from scaling.model.hf.builtin_shapes import builtin_config
+        from scaling.model.hf.config import read_config
+
+        text = read_config(**self.config.kwargs).text
+        return builtin_config(self.config.name, text, self.counted(seq_len))
+
+    def shape(self, seq_len: int) -> ModelShape:
+        """A config the built-in formulas describe, as the step model sees the built-in decoder of its shapes (its
+        vectors, a few thousand elements a block, left out); any other, its counted tensors."""
+        builtin = self.builtin_config(seq_len)
+        if builtin is None:
+            return super().shape(seq_len)
+        from scaling.model.llama.args import param_shapes
+
+        return ModelShape.cached(self.config.name, param_shapes(builtin), builtin.n_layers)
 
     def as_on_real_tensors(self) -> ContextManager[None]:
         """transformers' masks on fake tensors as on real ones: SDPA with is_causal and no mask, key/value heads as
