@@ -103,7 +103,9 @@ def _block_activation_bytes(s: Shapes, bf16: bool, fsdp: bool, fused_norm: bool 
     if not fsdp:
         return t * (32 * s.h + 4 * kvd + 8 * f + 4 * nh + 8) + BF16 * s.block_matmul - cpu_only
     # a (T, hd/2) RoPE table
-    return t * (18 * s.h + 8 * s.h // tp + 4 * kvd + 8 * f + 4 * nh + 8) + FP32 * s.T * (s.hd // 2) - cpu_only
+    # under tensor parallelism one of its bf16 h-wide tensors is whole on every rank where the fp32 count splits it:
+    # the trace's per-block figure at tp 2 and 8 (CPU and CUDA) is 2·(h − h/tp) bytes a token above a 4·h/tp count
+    return t * (20 * s.h + 6 * s.h // tp + 4 * kvd + 8 * f + 4 * nh + 8) + FP32 * s.T * (s.hd // 2) - cpu_only
 
 
 def _block_selective_bytes(s: Shapes, bf16: bool, fsdp: bool) -> int:

@@ -151,7 +151,8 @@ def find_candidates(
 
     def weigh(layout: Layout, r: str, judged: list[int]) -> None:
         base = point_config(cfg, Layout(layout.zero_stage), r, 1)
-        margin = planning_margin(base).frac  # what the predictor may be off by where no run confirms the fit
+        # what the predictor may be off by where no run confirms the fit: the layout's own (tp and pp unmeasured)
+        margin = planning_margin(point_config(cfg, layout, r, 1)).frac
         mbs_at = largest_mbs_by_gpus(base, judged, gbs_samples, sweep_dir, layout, margin)
         fit = next((n for n in judged if mbs_at[n] >= 1), None)
         name = Candidate(layout, r, 0, "").name
