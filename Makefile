@@ -58,7 +58,7 @@ lowest-deps: $(LOWEST)/.deps
 setup-lowest: $(LOWEST)/.installed
 
 test-lowest: setup-lowest
-	$(LOWEST)/bin/python -m pytest -n $(LOWEST_WORKERS) -p no:cacheprovider -q $(FAST) $(TORCH_ONLY)
+	$(LOWEST)/bin/python -m pytest -n $(LOWEST_WORKERS) -p no:cacheprovider -q $(FAST) $(TORCH_ONLY) $(PYTEST_ARGS)
 
 # In two steps: every dependency, resolved from pyproject.toml's static metadata (nothing is built in this checkout,
 # so CI runs it beside `make setup`), then the project itself, editable, without dependencies (its build writes

@@ -676,7 +676,7 @@ def test_a_70b_model_past_the_batchs_samples_is_planned_with_pipeline_stages(tmp
     from scaling.recipe.answer import Recipe
 
     sweep_dir = tmp_path / "plan"
-    argv = ["--gbs-tokens", "4Mi", "--gpus", "2048,8192", "--zero", "3", "--recompute", "none", "--draws", "20"]
+    argv = ["--gbs-tokens", "4Mi", "--gpus", "2048,8192", "--zero", "3", "--recompute", "full", "--draws", "20"]
     overrides = ["model=llama_70b", "train.seq_len=8192", "train.precision=bf16", "hardware=h100", "logger=none"]
     assert main([*argv, "--sweep-dir", str(sweep_dir), *overrides]) == 0
     recipe = Recipe.from_json(json.loads((sweep_dir / "recipe.json").read_text()))
