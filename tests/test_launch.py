@@ -85,3 +85,13 @@ def test_points_share_a_warm_job_when_their_ranks_would_see_the_same_not_where_t
     assert shape_of(cfg, None, ranks_see) == here
     assert shape_of(cfg, None, {**ranks_see, "OMP_NUM_THREADS": "2", LOCK_DIR_ENV: "/tmp/locks-a"}) != here
     assert shape_of(compose_point(["model=tiny", "parallel.dp=1"]), None, ranks_see) != here
+
+
+def test_a_rank_the_collective_timeout_aborted_is_a_timeout_by_its_log():
+    """A waiting rank that gloo's timeout aborted leaves only its signal in the error file; its log says why."""
+    log = "step 0\n[E gloo] Timed out waiting 30000ms for recv operation to complete\nterminate called\n"
+    status, error = classify(-6, False, ["Signal 6 (SIGABRT) received by PID 11087"], log, 60)
+    assert status == "timeout" and "process-group timeout" in error and "Timed out waiting 30000ms" in error
+    # a signal without a timeout in the log stays a failure, and a rank's own error is not overruled by the log
+    assert classify(-6, False, ["Signal 6 (SIGABRT) received by PID 1"], "step 0\n", 60)[0] == "failed"
+    assert classify(1, False, ["RuntimeError: boom"], log, 60) == ("failed", "RuntimeError: boom")

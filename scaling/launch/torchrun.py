@@ -170,12 +170,15 @@ def classify(
         return Status.TIMEOUT, f"no result within launch.timeout_s={timeout_s:g}s: all ranks killed"
     if returncode == 0:
         return Status.OK, None
-    for message in errors:
-        if any(marker in message for marker in _COLLECTIVE_TIMEOUT_MARKERS):
-            return (
-                Status.TIMEOUT,
-                f"a rank waited past the process-group timeout in a collective: {_last_line(message)}",
-            )
+    # A rank's own error, else its log: a rank the timeout aborted (SIGABRT from gloo's thread) leaves only its
+    # signal in the error file, and the timeout in its output.
+    signalled = errors and all(message.startswith("Signal ") for message in errors)
+    said = [_last_line(m) for m in errors if any(k in m for k in _COLLECTIVE_TIMEOUT_MARKERS)]
+    said += [ln.strip()[:500] for ln in log_tail.splitlines() if any(k in ln for k in _COLLECTIVE_TIMEOUT_MARKERS)][
+        -1:
+    ] * bool(signalled)
+    if said:
+        return Status.TIMEOUT, f"a rank waited past the process-group timeout in a collective: {said[0]}"
     if errors:
         return Status.FAILED, _last_line(errors[0])
     if any(marker in log_tail for marker in _OOM_MARKERS):
