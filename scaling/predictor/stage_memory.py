@@ -16,6 +16,7 @@ from scaling.core.recompute import checkpointed
 from scaling.core.schema import ExperimentConfig, HardwareConfig, ModelConfig, ParallelConfig, TrainConfig
 from scaling.core.stages import split_blocks
 from scaling.model.llama.args import ModelArgs, param_shapes_of
+from scaling.model.llama.flops import stage_costs
 from scaling.predictor.analytic import (
     MemoryBreakdown,
     _block_activation_bytes,
@@ -49,29 +50,18 @@ def in_flight(schedule: PipelineSchedule | str, pp: int, rank: int, microbatches
     return float(min(pp - rank, m))
 
 
-def block_cost(a: ModelArgs, seq_len: int) -> float:
-    """FLOPs per token of one decoder block (PaLM's convention, as the record counts them): 6 × its matmul weights +
-    12 × h × seq (attention's scores and values)."""
-    kvd = a.n_kv_heads * a.head_dim
-    matmul = 2 * a.hidden * a.hidden + 2 * a.hidden * kvd + 3 * a.hidden * a.ffn_hidden
-    return 6.0 * matmul + 12.0 * a.hidden * seq_len
-
-
-def head_cost(a: ModelArgs) -> float:
-    """FLOPs per token of the output projection (the last stage's extra; the embedding's lookup counts none)."""
-    return 6.0 * a.vocab_size * a.hidden
-
-
 def stage_blocks(a: ModelArgs, seq_len: int, stages: int) -> list[range]:
     """The blocks of each of `stages` stages (pp × virtual stages for interleaved schedules, in stage order): the
-    engine's balanced split by FLOPs per token (scaling.core.stages.split_blocks)."""
-    return _split(a.n_layers, block_cost(a, seq_len), head_cost(a), stages)
+    engine's own split (the built-in family's `stages`: scaling.model.llama.flops.stage_costs over
+    scaling.core.stages.split_blocks)."""
+    blocks, first, last = stage_costs(a, seq_len)
+    return _split(blocks[0], len(blocks), first, last, stages)
 
 
 @functools.lru_cache(maxsize=1024)
-def _split(n_blocks: int, block: float, head: float, stages: int) -> list[range]:
-    # kept: the recipe's mbs search asks the same split at every mbs and GPU count
-    return split_blocks([block] * n_blocks, stages, 0.0, head)
+def _split(block: float, n_blocks: int, first: float, last: float, stages: int) -> list[range]:
+    # kept: the recipe's mbs search asks the same split at every mbs and GPU count (the blocks cost alike)
+    return split_blocks([block] * n_blocks, stages, first, last)
 
 
 @dataclass(frozen=True)
