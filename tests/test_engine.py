@@ -119,9 +119,11 @@ def test_hanging_rank_times_out_and_leaves_nothing(sweep_dir):
     process-group timeout (half the point's), and says so."""
     alone = point(sweep_dir, "parallel.dp=1", "train.fault=hang", "launch.timeout_s=6", FRESH)  # hung or starting
     assert alone["status"] == "timeout" and "launch.timeout_s=6s" in alone["error"]
-    # start-up took over 22 s in a loaded suite; the peer gives up 30 s after the process group is up, before
-    # the point's 60 s
-    pair = point(sweep_dir, "parallel.dp=2", "train.fault=hang", "launch.timeout_s=60", FRESH)
+    # start-up took over 22 s in a loaded suite; the peer gives up 8 s after its collective began
+    # (launch.collective_timeout_s), long before the point's 60 s
+    pair = point(
+        sweep_dir, "parallel.dp=2", "train.fault=hang", "launch.timeout_s=60", "launch.collective_timeout_s=8", FRESH
+    )
     assert pair["status"] == "timeout" and "process-group timeout" in pair["error"], pair["error"]
     assert pair["timing"]["torchrun_wall_s"] < 60
     assert processes_mentioning(alone["job_key"]) == processes_mentioning(pair["job_key"]) == []

@@ -27,6 +27,11 @@ INVALID = [
     (["hardware.memory_gb=-1"], "hardware.memory_gb=-1.0 must be a positive number or null"),
     (["launch.repeats=0"], "launch.repeats=0 must be a positive integer"),
     (
+        ["launch.timeout_s=20", "launch.collective_timeout_s=30"],
+        "launch.collective_timeout_s=30.0 must be below launch.timeout_s=20.0",
+    ),
+    (["launch.collective_timeout_s=0"], "launch.collective_timeout_s=0.0 must be a positive number or null"),
+    (
         ["train.data.source=file", "train.data.path=/nonexistent.bin"],
         "train.data.path='/nonexistent.bin' is not a readable file",
     ),

@@ -197,6 +197,11 @@ class LaunchConfig:
 
     timeout_s: float = 600.0
     """Wall-clock limit of one torchrun job; past it every rank is killed and the status is timeout."""
+    collective_timeout_s: Optional[float] = None
+    """The ranks' collective (process-group) timeout: a rank left waiting this long in a collective for a hung or
+    dead peer fails with its own error, so the point ends as `timeout` before the driver's kill. null: half of
+    timeout_s, at least 10 s. Set it below that to detect a hang in seconds; it must stay under timeout_s and above
+    the longest a healthy rank waits for its peers (their model build, a slow first step)."""
     rerun: str = "none"
     """Which recorded points to run again: none, failed (failed and timeout) or all."""
     prescreen: bool = True

@@ -299,7 +299,14 @@ def _check_run(c: _Checker, cfg: ExperimentConfig) -> None:
     log, launch = cfg.logger, cfg.launch
     c.choice("logger.name", log.name, LOGGERS)
     c.choice("logger.mode", log.mode, WANDB_MODES)
-    c.positive("launch.timeout_s", launch.timeout_s, integer=False)
+    if c.positive("launch.timeout_s", launch.timeout_s, integer=False) and c.positive(
+        "launch.collective_timeout_s", launch.collective_timeout_s, integer=False, allow_none=True
+    ):
+        c.require(
+            launch.collective_timeout_s is None or launch.collective_timeout_s < launch.timeout_s,
+            f"launch.collective_timeout_s={launch.collective_timeout_s!r} must be below launch.timeout_s="
+            f"{launch.timeout_s!r} (a rank waiting on a hung peer must fail before the point is killed), or null",
+        )
     c.choice("launch.rerun", launch.rerun, RERUN)
     c.require(
         0 <= launch.prescreen_sample <= 1,

@@ -337,7 +337,10 @@ def _host_env(c: ExperimentConfig) -> dict[str, Any]:
 def ranks_config(c: ExperimentConfig, derived: Mapping[str, Any], key: str) -> dict[str, Any]:
     """What a launch's ranks read (its config.json, scaling.engine.jobfiles.PointJob): the config, the record's
     derived block, and the runtime settings (the process group's timeout below the point's)."""
-    runtime = {"job_key": key, "pg_timeout_s": torchrun.process_group_timeout_s(c.launch.timeout_s)}
+    runtime = {
+        "job_key": key,
+        "pg_timeout_s": torchrun.process_group_timeout_s(c.launch.timeout_s, c.launch.collective_timeout_s),
+    }
     return {**c.to_dict(), "derived": derived, "runtime": runtime}
 
 

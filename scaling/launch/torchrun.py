@@ -99,9 +99,12 @@ def torchrun_argv(
     return [*argv, "-m", module, *module_args]
 
 
-def process_group_timeout_s(timeout_s: float) -> float:
-    """The ranks' collective timeout for a point allowed `timeout_s`: well below it, so a rank left waiting
-    for a dead or hung peer fails with its own error (and the point ends) before the driver's kill."""
+def process_group_timeout_s(timeout_s: float, collective_timeout_s: Optional[float] = None) -> float:
+    """The ranks' collective timeout for a point allowed `timeout_s`: `collective_timeout_s` where given
+    (launch.collective_timeout_s), else well below `timeout_s`, so a rank left waiting for a dead or hung peer fails
+    with its own error (and the point ends) before the driver's kill."""
+    if collective_timeout_s is not None:
+        return float(collective_timeout_s)
     return max(10.0, 0.5 * float(timeout_s))
 
 

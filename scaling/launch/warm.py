@@ -92,7 +92,7 @@ def shape_of(cfg: ExperimentConfig, request: Optional[devices.Request], environ:
     return Shape(
         nproc=cfg.parallel.layout.world_size,
         hardware=json.dumps(asdict(cfg.hardware), sort_keys=True),
-        pg_timeout_s=torchrun.process_group_timeout_s(cfg.launch.timeout_s),
+        pg_timeout_s=torchrun.process_group_timeout_s(cfg.launch.timeout_s, cfg.launch.collective_timeout_s),
         request=request,
         visible=cfg.launch.devices,
         env=tuple(
