@@ -165,3 +165,26 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     with _processes_marked(item):
         return (yield)
+
+
+# --- Where the suite's CPU goes: with SCALING_TEST_CPU=FILE each test appends its worker's CPU seconds and those of
+# the processes it waited for (torchrun, ranks, drivers: RUSAGE_CHILDREN) to FILE. On a host the suite keeps busy,
+# CPU, not a test's wall (much of it waiting on processes), is what the suite's wall is made of.
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: object) -> Iterator[object]:
+    out = os.environ.get("SCALING_TEST_CPU")
+    if not out:
+        return (yield)
+    import resource
+    import time
+
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    cpu0, wall0 = cpu(), time.perf_counter()
+    try:
+        return (yield)
+    finally:
+        with open(out, "a") as f:
+            f.write(f"{cpu() - cpu0:.2f}\t{time.perf_counter() - wall0:.2f}\t{item.nodeid}\n")

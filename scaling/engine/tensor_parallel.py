@@ -15,7 +15,6 @@ from typing import Any, Mapping
 
 import torch
 from torch import nn
-from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from scaling.core.layout import Layout
 from scaling.core.model_group import TP_STYLES
@@ -67,32 +66,37 @@ def point_mesh(layout: Layout, device: torch.device) -> PointMesh:
     return PointMesh(mesh, dp, mesh["tp"] if tp else None, mesh["pp"] if pp else None)
 
 
-class _SumGradients(ParallelStyle):
+def _sum_gradients() -> Any:
     """The `replicate_sum_grad` style: the module's parameters stay whole on every rank, and each gradient that
     reaches one is summed over the tp ranks before it is accumulated (a norm over a head's width sees this rank's
     heads only, so its gradient is this rank's part of the sum). Summed as it arrives, not once accumulated: gradients
     accumulated over micro-steps (`parallel.fsdp_grad_reduce=last_micro_step`) are summed once. Hooked in each
-    forward on the parameters the module holds then: FSDP2 puts its unsharded ones in place for the forward."""
+    forward on the parameters the module holds then: FSDP2 puts its unsharded ones in place for the forward.
+    Made here, not at import: torch's DTensor package, which its base class is part of, costs a rank without tensor
+    parallelism a second of CPU to import."""
+    import torch.distributed as dist
+    from torch.distributed.tensor.parallel.style import ParallelStyle
 
-    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
-        import torch.distributed as dist
+    class SumGradients(ParallelStyle):
+        def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+            group, hooked = device_mesh.get_group(), {}
 
-        group, hooked = device_mesh.get_group(), {}
+            def summed(grad: torch.Tensor) -> torch.Tensor:
+                grad = grad.clone()  # the gradient autograd hands over may be another op's buffer
+                dist.all_reduce(grad, group=group)
+                return grad
 
-        def summed(grad: torch.Tensor) -> torch.Tensor:
-            grad = grad.clone()  # the gradient autograd hands over may be another op's buffer
-            dist.all_reduce(grad, group=group)
-            return grad
+            def hook(mod: nn.Module, args: Any) -> None:
+                if torch.is_grad_enabled():
+                    for name, param in mod.named_parameters(recurse=False):
+                        if param.requires_grad and hooked.get(name) is not param:
+                            param.register_hook(summed)
+                            hooked[name] = param
 
-        def hook(mod: nn.Module, args: Any) -> None:
-            if torch.is_grad_enabled():
-                for name, param in mod.named_parameters(recurse=False):
-                    if param.requires_grad and hooked.get(name) is not param:
-                        param.register_hook(summed)
-                        hooked[name] = param
+            module.register_forward_pre_hook(hook)
+            return module
 
-        module.register_forward_pre_hook(hook)
-        return module
+    return SumGradients()
 
 
 def _owning(style: type) -> type:
@@ -123,7 +127,7 @@ def _style(word: str, owned_outputs: bool) -> Any:
         "colwise_rep": ColwiseParallel(output_layouts=Replicate()),
         "rowwise_rep": rowwise(),
         "embedding": RowwiseParallel(input_layouts=Replicate()),
-        "replicate_sum_grad": _SumGradients(),
+        "replicate_sum_grad": _sum_gradients(),
     }[word]
 
 
