@@ -46,7 +46,8 @@ def label(p: Measured) -> str:
     if p.published:
         return f"{model} {p.source.split(',', 1)[1].strip()}"
     w = p.work
-    return f"{model} seq {w.seq_len} mbs {w.tokens // w.seq_len} ZeRO-{w.zero_stage}{' compiled' if w.compile else ''}"
+    how = f"{' full recompute' if w.recomputed else ''}{' compiled' if w.compile else ''}"
+    return f"{model} seq {w.seq_len} mbs {w.tokens // w.seq_len} ZeRO-{w.zero_stage}{how}"
 
 
 def held_out(hardware: str) -> list[float]:
