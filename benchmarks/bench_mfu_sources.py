@@ -65,7 +65,9 @@ def held_out(hardware: str) -> list[float]:
         rest = [p for p in points if source_of(p, hardware) != held]
         own = [p for p in points if source_of(p, hardware) == held]
         if not rest:
-            print(f"| {held} | {len(own)} | – (the hardware's only source: nothing to predict it from) | – | – | – | – |")
+            print(
+                f"| {held} | {len(own)} | – (the hardware's only source: nothing to predict it from) | – | – | – | – |"
+            )
             continue
         model = fit(hardware, peak, rest, optimizer)
         cells, errs, ins = [], [], 0

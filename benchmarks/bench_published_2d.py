@@ -158,7 +158,9 @@ def predict(run: Published, recompute: str, draws: int) -> tuple[float, float, f
     if run.in_fit:  # held out all the same: the MFU model refitted without the run's page (bench_mfu_sources.py)
         model = predicted.model
         rest = [p for p in model.points if not p.source.split("published: ")[-1].startswith(PAGE_1D_SOURCE)]
-        predicted = replace(predicted, model=fit(model.hardware, model.peak_flops_per_s, rest, model.optimizer_s_per_param))
+        predicted = replace(
+            predicted, model=fit(model.hardware, model.peak_flops_per_s, rest, model.optimizer_s_per_param)
+        )
     estimate = predicted(candidate, Split(layout.dp, run.local_batch, 1, gbs * run.seq_len, True))
     if estimate is None:
         raise SystemExit(f"{run.name}: past the network's reach")
