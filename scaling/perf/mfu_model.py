@@ -239,8 +239,9 @@ def preset(name: str) -> ModelGroup:
 
 
 POINT_FIELDS = ("model", "n_params", "seq_len", "mbs", "zero_stage", "recompute", "compile", "mfu", "spread")
-"""The columns of a measured point of conf/mfu/<hardware>.yaml (a published figure is a mapping with its source);
-`spread`, the relative spread of its timed steps, raises its doubt above MEASURED_SIGMA."""
+"""The columns of a measured point of conf/mfu/<hardware>.yaml; `spread`, the relative spread of its timed steps,
+raises its doubt above MEASURED_SIGMA. A published figure is a mapping of the same names with `tokens_per_s_per_gpu`
+(or `mfu`), its `source` and optionally `recompute_every`; keys read by nothing else (`gpus`) describe its run."""
 
 
 def conf_points(
