@@ -19,7 +19,15 @@ from scaling.model.llama.decoder import Transformer
 
 MODEL_CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 PRESETS = sorted(p.stem for p in MODEL_CONF.glob("*.yaml"))
-PUBLISHED_PARAMS = {"llama_1b": 1.24e9, "llama_3b": 3.21e9, "llama_8b": 8.03e9, "llama_70b": 70.6e9}
+PUBLISHED_PARAMS = {
+    "llama_1b": 1.24e9,
+    "llama_3b": 3.21e9,
+    "llama_8b": 8.03e9,
+    "llama_70b": 70.6e9,
+    "llama2_7b": 6.74e9,
+    "llama2_13b": 13.0e9,
+    "llama2_70b": 69.0e9,
+}
 
 
 def preset(name: str) -> ModelArgs:

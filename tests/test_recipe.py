@@ -355,7 +355,7 @@ def test_with_nothing_measured_every_row_is_predicted_from_flops_and_the_mfu_mod
         assert r["source"] == "predicted", r
         assert r["tokens_per_s_per_gpu_low"] <= r["tokens_per_s_per_gpu"] <= r["tokens_per_s_per_gpu_high"]
         detail = r["source_detail"]
-        assert "MFU model of h100 fitted on 16 measured point(s) and 2 published figure(s)" in detail, detail
+        assert "MFU model of h100 fitted on 16 measured point(s) and 12 published figure(s)" in detail, detail
         assert "the nearest fitted model (llama_1b)" in detail and "published h100 figures" in detail
         assert r["command"].startswith("scaling run ")
     rates = [r["tokens_per_s_per_gpu"] for r in recipe["rows"]]

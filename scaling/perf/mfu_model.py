@@ -154,9 +154,11 @@ class MfuModel:
     points: tuple[Measured, ...]
 
     def scatter(self, w: Work) -> float:
-        """RMS of the log errors of the points measured on this hardware (published ones left out), each weighted by
-        how near its tokens per micro-step lie to `w`'s (LOCAL)."""
-        own = [(p, r) for p, r in zip(self.points, self.residuals()) if not p.published]
+        """RMS of the log errors of the points measured on this hardware (published ones left out; a hardware fitted on
+        published figures alone takes theirs), each weighted by how near its tokens per micro-step lie to `w`'s
+        (LOCAL)."""
+        pairs = list(zip(self.points, self.residuals()))
+        own = [(p, r) for p, r in pairs if not p.published] or pairs
         if not own:
             return MEASURED_SIGMA
         near = np.array([math.exp(-0.5 * (math.log(p.work.tokens / w.tokens) / LOCAL) ** 2) for p, _ in own])
@@ -237,8 +239,9 @@ def preset(name: str) -> ModelGroup:
 
 
 POINT_FIELDS = ("model", "n_params", "seq_len", "mbs", "zero_stage", "recompute", "compile", "mfu", "spread")
-"""The columns of a measured point of conf/mfu/<hardware>.yaml (a published figure is a mapping with its source);
-`spread`, the relative spread of its timed steps, raises its doubt above MEASURED_SIGMA."""
+"""The columns of a measured point of conf/mfu/<hardware>.yaml; `spread`, the relative spread of its timed steps,
+raises its doubt above MEASURED_SIGMA. A published figure is a mapping of the same names with `tokens_per_s_per_gpu`
+(or `mfu`), its `source` and optionally `recompute_every`; keys read by nothing else (`gpus`) describe its run."""
 
 
 def conf_points(
