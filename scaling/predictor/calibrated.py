@@ -2,16 +2,13 @@
 Mistral, Qwen2, Qwen3 and the like): the analytic predictor at the built-in shapes, plus what transformers' blocks
 keep beyond the built-in decoder's (fp32 copies of each RMSNorm's input, q/k norms, biases), measured by the trace.
 
-That difference is activations: per sequence of the micro-batch, a root part and a part per block
-(`Calibration`). Two traces of the model cut to 1 and 2 blocks (`CALIBRATION_LAYERS`), at mbs 1 and a small world,
-against the analytic figure of the same points, give both; they hold for every count, shard group, ZeRO stage of the
-same kind (DDP: 0-1; FSDP2: 2-3), mbs and grad_acc of one setting (`setting_key`: the model file's content, seq_len,
-precision, recompute and its period, the FSDP2 kind, tp, the device and backend, torch's and transformers'
-versions, a hash of the analytic formulas' source). A setting is traced once per process and kept in
-`<sweep_dir>/traces/calibrations/<key>.json`; a file of another setting is never read (the key names it). A point
-whose analytic figure alone is over the capacity is answered without one (`fits`). What the key cannot see is the
-rest of the project's code: after an upgrade that changes the engine's step or the trace, delete the directory.
-docs/own-project.md (planned in a minute).
+That difference is activations (`Calibration`): read off traces of the model cut to 1 and 2 blocks
+(`CALIBRATION_LAYERS`) against the analytic figure of the same points, it holds for every count, shard group, ZeRO
+stage of one kind, mbs and grad_acc of a setting (`setting_key`: the model file's content, seq_len, precision,
+recompute, the FSDP2 kind, tp, device, torch's and transformers' versions, the analytic formulas' hash). It is traced
+once per process and kept in `<sweep_dir>/traces/calibrations/<key>.json`; a point whose analytic figure alone is over
+the capacity needs none (`fits`). The key cannot see the engine or the trace: after an upgrade that changes them,
+delete the directory. docs/own-project.md (planned in a minute).
 """
 
 from __future__ import annotations
