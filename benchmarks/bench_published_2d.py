@@ -164,7 +164,7 @@ def predict(run: Published, recompute: str, draws: int) -> tuple[float, float, f
     estimate = predicted(candidate, Split(layout.dp, run.local_batch, 1, gbs * run.seq_len, True))
     if estimate is None:
         raise SystemExit(f"{run.name}: past the network's reach")
-    return estimate.tokens_per_s_per_gpu, estimate.low, estimate.high, estimate.detail
+    return estimate.tokens_per_s_per_gpu, estimate.low, estimate.high, estimate.described()
 
 
 def main() -> None:

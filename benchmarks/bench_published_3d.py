@@ -181,7 +181,7 @@ def predict(
     if estimate is None:
         raise SystemExit(f"{run.name}: past the network's reach")
     bubble = bubble_fraction("interleaved_1f1b", run.pp, grad_acc, run.virtual)
-    return estimate.tokens_per_s_per_gpu, estimate.low, estimate.high, bubble, estimate.detail
+    return estimate.tokens_per_s_per_gpu, estimate.low, estimate.high, bubble, estimate.described()
 
 
 def main() -> None:

@@ -92,3 +92,33 @@ def test_a_model_the_formulas_do_not_describe_is_traced_point_by_point(tmp_path)
     )
     assert predicted_peak(cfg, 2, tmp_path) == trace_peak(cfg).peak_mem_bytes
     assert not (tmp_path / TRACES_DIR / CALIBRATIONS_DIR).exists() and list((tmp_path / TRACES_DIR).glob("*.json"))
+
+
+def test_a_setting_none_of_whose_points_fits_by_its_analytic_figure_alone_is_never_traced(tmp_path, monkeypatch):
+    """The calibrated figure is never below the analytic one: a point the analytic figure puts over the capacity does
+    not fit whatever the calibration, so the recipe's search answers it without tracing the setting (ZeRO-0 and 1 of
+    an 8B model on 80 GB: three calibrations of no use)."""
+    from scaling.recipe.mbs_search import largest_mbs_by_gpus
+
+    cfg = point("parallel.zero_stage=0", "train.grad_acc=2", "hardware.memory_gb=0.0001")
+    model = builtin_of(cfg)
+    assert model is not None and calibrated._analytic(cfg, model, 2).total_bytes > 0.0001 * 2**30
+    calibrated._CALIBRATIONS.clear()
+    monkeypatch.setattr("scaling.predictor.trace.trace_peak", lambda c: pytest.fail("traced a point that cannot fit"))
+    assert largest_mbs_by_gpus(cfg, [1, 2, 8], 64, tmp_path) == {1: 0, 2: 0, 8: 0}
+    assert not calibrated._CALIBRATIONS and not (tmp_path / TRACES_DIR).exists()
+
+
+def test_a_calibration_of_other_analytic_formulas_is_another_settings(monkeypatch) -> None:
+    """A calibration is what the trace holds beyond the analytic figure: the formulas' source is in its key, so one
+    written before they changed is not read back beneath the new figure."""
+    import hashlib
+    import importlib
+    from pathlib import Path
+
+    cfg = point("parallel.zero_stage=3", "parallel.dp=8")
+    source = b"".join(Path(str(importlib.import_module(m).__file__)).read_bytes() for m in calibrated.FORMULA_MODULES)
+    assert calibrated.formulas_version() == hashlib.sha256(source).hexdigest()[:16]
+    before = setting_key(cfg)
+    monkeypatch.setattr(calibrated, "formulas_version", lambda: hashlib.sha256(source + b"# edited").hexdigest()[:16])
+    assert setting_key(cfg) != before

@@ -64,6 +64,23 @@ def test_its_spread_is_the_band_of_a_predicted_row_on_one_gpu():
     assert "MFU model of h100" in e.detail and "the engine's schedule hides up to 1.00" in e.detail
 
 
+def test_why_a_wide_band_is_wide_is_worked_out_when_a_row_says_it():
+    """An 8B model 6.5× the fitted ones' size has a band wider than ±25%: the figure a decision compares comes without
+    the three more bands that name its widest unknown, which `described` (what a row shows) works out."""
+    model = mfu_model("h100", "bf16", PEAK, [])
+    net = published_estimate("h100", 8, 100, np.random.default_rng(0))
+    m, gbs = preset("llama_8b"), 4 * 2**20 // SEQ
+    c = Candidate(Layout(3), "none", 1, "test")
+    w = Workload(3, family_of(m).shape(SEQ), "bf16", 1, SEQ, gbs)
+    p = Predicted(lambda c, mbs: w, lambda c, mbs: _work("llama_8b", mbs), PEAK, net, model, None, 12e-12, 100)
+    e = p(c, split(gbs, SEQ, 8, 1))
+    assert (e.high - e.low) / 2 / e.tokens_per_s_per_gpu > 0.25 and e.why_wide is not None
+    assert "wide mostly because" not in e.detail
+    said = e.described()
+    assert said.startswith(e.detail) and "wide mostly because of the compute" in said, said
+    assert e == p(c, split(gbs, SEQ, 8, 1)) and e.described() == said
+
+
 def test_a_tensor_parallel_row_past_the_networks_node_gets_no_figure():
     """A profile measured within one node of 8 has no figures between nodes: dp=4 × tp=2 (8 GPUs) is predicted, dp=8 ×
     tp=2 (16 GPUs, its dp rings tp apart crossing nodes) gets no figure rather than a figure without its slowest

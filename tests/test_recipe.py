@@ -12,6 +12,7 @@ import json
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -556,6 +557,31 @@ def test_the_estimators_fits_are_one_per_layout_whatever_the_order_they_are_aske
     assert isinstance(alone, Estimate) and isinstance(after, Estimate)
     assert after.tokens_per_s_per_gpu == alone.tokens_per_s_per_gpu and after.detail == alone.detail
     assert "fitted on measured dp 1, 8, 16, 32" in after.detail, after.detail  # full sharding up to a shard group
+
+
+def test_an_estimators_figure_is_worked_out_once_per_candidate_and_split() -> None:
+    """decide asks the same options at the same counts many times (the baseline, the rows, the knee, each row's
+    reasons): the estimator works each candidate's figure at a split out once (a predicted band is hundreds of
+    step-model runs) and answers the same figure every time it is asked."""
+    gbs, worked, asked = 512, Counter(), Counter()
+
+    def predicted(c: Candidate, s: Split) -> Estimate:
+        worked[c.layout, c.recompute, s] += 1
+        rate = 1000.0 * (1 + c.layout.zero_stage) / (1 + s.dp / 1024)
+        return Estimate(rate, 0.9 * rate, 1.1 * rate, 1.0, "predicted", "")
+
+    estimate = FromRecords([], lambda c, mbs: workload(c, mbs, gbs), 8, None, n_draws=10, fallback=predicted)
+
+    def counting(c: Candidate, s: Split) -> Any:
+        asked[c.layout, c.recompute, s] += 1
+        return estimate(c, s)
+
+    rows, *_ = decide(CANDIDATES, gbs, SEQ, [8, 64, 256], counting, threshold=0.8)
+    assert [r.gpus for r in rows if r.tokens_per_s_per_gpu] == [8, 64, 256]
+    assert set(worked) == set(asked) and set(worked.values()) == {1}
+    assert sum(asked.values()) > 2 * len(asked)  # asked again and again: answered from the first working out
+    again = {key: estimate(Candidate(key[0], key[1], 1, ""), key[2]) for key in asked}
+    assert all(again[key] is estimate.estimates[key] for key in asked) and set(worked.values()) == {1}
 
 
 def test_a_point_measured_at_a_rounded_split_is_not_fitted_as_the_target_batch() -> None:

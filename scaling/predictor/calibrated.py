@@ -2,14 +2,13 @@
 Mistral, Qwen2, Qwen3 and the like): the analytic predictor at the built-in shapes, plus what transformers' blocks
 keep beyond the built-in decoder's (fp32 copies of each RMSNorm's input, q/k norms, biases), measured by the trace.
 
-That difference is activations: per sequence of the micro-batch, a root part and a part per block
-(`Calibration`). Two traces of the model cut to 1 and 2 blocks (`CALIBRATION_LAYERS`), at mbs 1 and a small world,
-against the analytic figure of the same points, give both; they hold for every count, shard group, ZeRO stage of the
-same kind (DDP: 0-1; FSDP2: 2-3), mbs and grad_acc of one setting (`setting_key`: the model file's content, seq_len,
-precision, recompute and its period, the FSDP2 kind, tp, the device and backend, torch's and transformers'
-versions). A setting is traced once per process and kept in `<sweep_dir>/traces/calibrations/<key>.json`; a file
-of another setting is never read (the key names it). What the key cannot see is the project's own code: after an
-upgrade that changes the engine's step, delete the directory. docs/own-project.md (planned in a minute).
+That difference is activations (`Calibration`): read off traces of the model cut to 1 and 2 blocks
+(`CALIBRATION_LAYERS`) against the analytic figure of the same points, it holds for every count, shard group, ZeRO
+stage of one kind, mbs and grad_acc of a setting (`setting_key`: the model file's content, seq_len, precision,
+recompute, the FSDP2 kind, tp, device, torch's and transformers' versions, the analytic formulas' hash). It is traced
+once per process and kept in `<sweep_dir>/traces/calibrations/<key>.json`; a point whose analytic figure alone is over
+the capacity needs none (`fits`). The key cannot see the engine or the trace: after an upgrade that changes them,
+delete the directory. docs/own-project.md (planned in a minute).
 """
 
 from __future__ import annotations
@@ -113,6 +112,17 @@ def predicted_peak(cfg: ExperimentConfig, grad_acc: int, kept_in: Optional[str |
     return (trace_peak(cfg) if kept_in is None else trace_peak_kept(cfg, kept_in)).peak_mem_bytes
 
 
+def fits(cfg: ExperimentConfig, grad_acc: int, capacity: int, kept_in: Optional[str | os.PathLike] = None) -> bool:
+    """Whether the point's `predicted_peak` is within `capacity` bytes per rank. Of a model calibrated by traces, a
+    point whose analytic figure alone is over it does not fit, whatever its setting's calibration (the calibrated
+    figure is never below the analytic one: `calibrated_peak`): it is answered without tracing, and a setting none
+    of whose points comes under the capacity is never calibrated (ZeRO-0 and 1 of an 8B model on 80 GB)."""
+    model = builtin_of(cfg)
+    if model is not None and _analytic(cfg, model, grad_acc).total_bytes > capacity:
+        return False
+    return predicted_peak(cfg, grad_acc, kept_in) <= capacity
+
+
 def setting_key(cfg: ExperimentConfig) -> str:
     """What a calibration depends on, hashed: everything of the point but its counts, shard group, ZeRO stage within
     its kind, mbs and grad_acc, with torch's and transformers' versions."""
@@ -133,8 +143,26 @@ def setting_key(cfg: ExperimentConfig) -> str:
         "hardware": {k: getattr(cfg.hardware, k) for k in ("device", "backend")},
         "versions": versions,
         "layers": CALIBRATION_LAYERS,
+        "formulas": formulas_version(),
     }
     return hashlib.sha256(json.dumps(setting, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+FORMULA_MODULES = ("scaling.predictor.analytic", "scaling.predictor.model_state")
+"""Where the analytic figure's formulas live: a calibration is what the trace holds beyond them, so a change to
+either makes every calibration of the old formulas another setting's."""
+
+
+@functools.cache
+def formulas_version() -> str:
+    """A hash of FORMULA_MODULES' source, part of `setting_key`: a calibration written before a change to the
+    analytic formulas is not read back beneath the new figure."""
+    import importlib
+
+    digest = hashlib.sha256()
+    for name in FORMULA_MODULES:
+        digest.update(Path(str(importlib.import_module(name).__file__)).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _cut(cfg: ExperimentConfig, n_layers: int, mbs: int, dp: int = 2) -> ExperimentConfig:

@@ -187,7 +187,7 @@ def decide(
             e.high,
         )
         row.efficiency = e.tokens_per_s_per_gpu / baseline if baseline else None
-        row.step_time_s, row.source, row.source_detail = e.step_time_s, e.source, e.detail
+        row.step_time_s, row.source, row.source_detail = e.step_time_s, e.source, e.described()
         if tokens is not None:
             row.train_time_s = tokens / (e.tokens_per_s_per_gpu * n)
             row.gpu_hours = row.train_time_s * n / 3600

@@ -140,8 +140,19 @@ class FromRecords:
     """The figure of a candidate with no record at the split's mbs (scaling.recipe.predicted.Predicted), or None."""
     models: dict[tuple[Layout, str, int], Model] = field(default_factory=dict)
     """One fit per candidate (its whole layout and recompute setting: its identity) and mbs."""
+    estimates: dict[tuple[Layout, str, Split], Optional[Estimate | Beyond]] = field(default_factory=dict)
+    """Each candidate's figure at each split, worked out once: the rows, the baseline, the knee (twice with hybrid
+    sharding) and every row's reasons ask for the same ones, and a predicted band is hundreds of step-model runs.
+    The figure is a function of the records, the candidate's identity and the split alone (the draws are seeded),
+    so it holds for this estimator's life; the records are not to change under it (a new list, a new estimator)."""
 
     def __call__(self, c: Candidate, s: Split) -> Optional[Estimate | Beyond]:
+        key = (c.layout, c.recompute, s)
+        if key not in self.estimates:
+            self.estimates[key] = self._estimate(c, s)
+        return self.estimates[key]
+
+    def _estimate(self, c: Candidate, s: Split) -> Optional[Estimate | Beyond]:
         hit = measured_at(self.records, c, s)
         if hit is not None:
             return hit

@@ -245,13 +245,8 @@ def largest_mbs_by_gpus(
 def _fits(
     cfg: ExperimentConfig, capacity: int, traces_in: Optional[str | os.PathLike], mbs: int, grad_acc: int
 ) -> bool:
-    """Whether the point at `mbs` and `grad_acc` is predicted to fit `capacity` bytes per rank."""
-    return _predicted_peak(cfg.changed(train={"mbs": mbs, "grad_acc": grad_acc}), traces_in) <= capacity
+    """Whether the point at `mbs` and `grad_acc` is predicted to fit `capacity` bytes per rank: analytic, calibrated
+    or traced (scaling.predictor.calibrated.fits)."""
+    from scaling.predictor.calibrated import fits
 
-
-def _predicted_peak(cfg: ExperimentConfig, traces_in: Optional[str | os.PathLike]) -> int:
-    """Predicted peak bytes per rank (its grad_acc as set): analytic, calibrated or traced
-    (scaling.predictor.calibrated.predicted_peak)."""
-    from scaling.predictor.calibrated import predicted_peak
-
-    return predicted_peak(cfg, int(cfg.train.grad_acc), traces_in)
+    return fits(cfg.changed(train={"mbs": mbs, "grad_acc": grad_acc}), grad_acc, capacity, traces_in)

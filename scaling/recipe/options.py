@@ -6,7 +6,7 @@ horizon). scaling.recipe.decide picks among them; scaling.recipe.answer holds wh
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from scaling.core.batch import plan
@@ -123,6 +123,13 @@ class Estimate:
     """What measured it, or which network source the extrapolation used and from which measured dp."""
     peak_mem_bytes: Optional[int] = None
     """Measured peak per rank (None: not measured at this split)."""
+    why_wide: Optional[Callable[[], str]] = field(default=None, compare=False, repr=False)
+    """What `described` adds to `detail` for a band wider than scaling.perf.extrapolation.WIDE: which unknown makes it
+    so, worked out when asked (three more bands of draws, which no decision between figures needs)."""
+
+    def described(self) -> str:
+        """`detail` in full, as a row says it: with why a wide band is wide."""
+        return self.detail + (self.why_wide() if self.why_wide is not None else "")
 
 
 @dataclass(frozen=True)

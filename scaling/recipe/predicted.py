@@ -14,6 +14,7 @@ has records (scaling.recipe.estimate). docs/recipe.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -154,16 +155,19 @@ class Predicted:
             f"schedule hides up to {scheduled:.2f}); network: {self.network.label}"
         )
         half = (hi - lo) / 2 / rate
-        if half > WIDE:
-            widths = {
-                part: _half(rate_band(w, nominal, self._draws(compute, scheduled, two_nodes, part), s.dp, s.grad_acc))
-                for part in UNKNOWNS
-            }
-            worst = max(widths, key=widths.__getitem__)
-            detail += (
-                f"; the band (±{half:.0%}) is wide mostly because of {UNKNOWNS[worst]} (±{widths[worst]:.0%} alone)"
-            )
-        return Estimate(rate, min(lo, rate), max(hi, rate), step, PREDICTED, detail)
+        why = functools.partial(self._why_wide, w, nominal, compute, scheduled, s, half) if half > WIDE else None
+        return Estimate(rate, min(lo, rate), max(hi, rate), step, PREDICTED, detail, why_wide=why)
+
+    def _why_wide(self, w: Workload, nominal: Fit, compute: Compute, scheduled: float, s: Split, half: float) -> str:
+        """Which of UNKNOWNS makes a band of half-width `half` wide: the band with that one alone drawn, the widest
+        (asked only of the figure a row shows: `Estimate.described`)."""
+        two_nodes = 2 * (self.network.nominal.devices_per_node or 1)
+        widths = {
+            part: _half(rate_band(w, nominal, self._draws(compute, scheduled, two_nodes, part), s.dp, s.grad_acc))
+            for part in UNKNOWNS
+        }
+        worst = max(widths, key=widths.__getitem__)
+        return f"; the band (±{half:.0%}) is wide mostly because of {UNKNOWNS[worst]} (±{widths[worst]:.0%} alone)"
 
     def _draws(self, compute: Compute, scheduled: float, two_nodes: int, part: str = "all") -> list[Draw]:
         """The band's draws, every unknown drawn (`all`) or only one of UNKNOWNS (the others at their nominal)."""
