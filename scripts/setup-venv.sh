@@ -10,9 +10,9 @@
 # Installs with uv (about 5x faster than pip here: it resolves once and links from its cache), which is itself
 # installed from the package index by pip and runs with pip's configuration (scripts/uv.sh). Bytecode is compiled
 # at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, Python would otherwise compile torch anew in every
-# process (an import of 6 s instead of 2.5 s). COMPILE_BYTECODE=0 leaves bytecode to the first imports, for a venv
-# whose processes may write it (compiling every file of torch costs 40 s of CPU, most of it modules no process
-# imports). If uv cannot be installed or fails, pip installs.
+# process (an import of 6 s instead of 2.5 s). COMPILE_BYTECODE=0 leaves bytecode to the first imports (compiling every file of
+# torch costs 40 s of CPU, most of it modules no process imports): the Makefile then compiles what the project's
+# processes import with scripts/compile_imports.py. If uv cannot be installed or fails, pip installs.
 set -euo pipefail
 venv=$1 torch_req=$2
 shift 2
