@@ -18,10 +18,14 @@ WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 setup: $(VENV)/.installed
 
-# Bytecode: compiled for what the processes import (scripts/compile_imports.py), not for every installed file.
+# Bytecode: compiled for what the processes import (scripts/compile_imports.py), not for every installed file; and
+# the processes these targets start may write what else they import (the rendezvous modules torchrun imports at run
+# time, a test's own imports): with PYTHONDONTWRITEBYTECODE set, as it is on some hosts, each of them would compile
+# those modules anew at every start.
+export PYTHONDONTWRITEBYTECODE :=
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	COMPILE_BYTECODE=0 bash scripts/setup-venv.sh $(VENV) "$(TORCH)" -c $(LOCK) -e ".[dev]"
-	PYTHONDONTWRITEBYTECODE= $(PY) scripts/compile_imports.py
+	$(PY) scripts/compile_imports.py
 	touch $@
 
 $(VENV)/bin/uv:
@@ -73,7 +77,7 @@ $(LOWEST)/.deps: pyproject.toml
 
 $(LOWEST)/.installed: $(LOWEST)/.deps
 	bash scripts/uv.sh $(LOWEST)/bin/python pip install -q --python $(LOWEST)/bin/python --no-deps -e .
-	PYTHONDONTWRITEBYTECODE= $(LOWEST)/bin/python scripts/compile_imports.py
+	$(LOWEST)/bin/python scripts/compile_imports.py
 	touch $@
 
 sysdeps:

@@ -122,11 +122,13 @@ def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
     assert {p.cfg.train.gbs_tokens == p.cfg.train.seq_len for p in surveyed} == {True}
     assert {(p.cfg.parallel.dp, "case=wide" in p.overrides) for p in surveyed} == {(2, True), (1, False)}
 
-    # A value of a key another interpolates (gbs_tokens: ${train.seq_len}) is composed with its group choice, once
-    # per value; the other values are set on that composition resolved: the interpolation follows the value.
+    # A value of a key another interpolates (gbs_tokens: ${train.seq_len}) is applied to its group choice's
+    # composition, which is resolved again (once per value); the other values are set on that resolved config: the
+    # interpolation follows the value.
     with sweep_file_grid(tmp_path / "grid.yaml", ["train.seq_len=16,32"]) as (points, configs):
         surveyed = list(survey(points, configs))
-        assert configs.compositions == 4 + 4 * 2  # model x case, then with each seq_len
+        assert configs.compositions == 4  # model x case
+        assert len(configs._bound) == 4 * 2  # and each resolved again with each seq_len
     assert [p.key for p in surveyed] == full_keys(tmp_path / "grid.yaml", points) and len(points) == 16
     assert {(p.cfg.train.seq_len, p.cfg.train.gbs_tokens) for p in surveyed} == {(16, 16), (32, 32)}
 

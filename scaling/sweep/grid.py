@@ -151,6 +151,7 @@ class PointConfigs:
         self._parsed: dict[str, Any] = {}
         self._bases: dict[tuple[str, ...], _Base] = {}
         self._typed: dict[tuple[int, str], Any] = {}
+        self._bound: dict[tuple[int, tuple[str, ...]], _Base] = {}
         self.compositions = 0
         """Hydra compositions made so far: one per group choice, plus each point composed in full."""
 
@@ -172,17 +173,36 @@ class PointConfigs:
         return _as_run_main_resolves(self._compose(list(overrides)))
 
     def _binding(self, overrides: Sequence[str], base: _Base, values: list[Any]) -> tuple[_Base, list[Any]]:
-        """The composition a point resolves from and the value overrides left to set: where a value override sets
+        """The configuration a point resolves from and the value overrides left to set: where a value override sets
         a key the group choice's interpolations read (`sweep_dir=...` under `hydra.sweep.dir: ${sweep_dir}`), the
-        composition of the group choice with those values (one per distinct set of them), else the group choice's."""
+        group choice's composition with those values applied and resolved again (once per distinct set of them, as
+        the composition path does per point), else the group choice's."""
         if base.plain is None:
             return base, values
         bound = [v for v in values if _reads(base.refs, v.key_or_group)]
         if not bound:
             return base, values
-        parsed = [self._parse(o) for o in overrides]
-        key = tuple(o.input_line for o in parsed if not self._is_value(o) or o in bound)
-        return self._base(key), [v for v in values if v not in bound]
+        key = (id(base), tuple(v.input_line for v in bound))
+        if key not in self._bound:
+            self._bound[key] = self._bind(base, bound)
+        return self._bound[key], [v for v in values if v not in bound]
+
+    @staticmethod
+    def _bind(base: _Base, bound: list[Any]) -> _Base:
+        """`base` with the value overrides `bound` applied (plain: None where they cannot be resolved without the
+        hydra node or the composition path is to say why they fail)."""
+        from omegaconf.errors import InterpolationResolutionError
+
+        from scaling.sweep.hydra_adapter import apply_overrides
+
+        out = _Base(base.cfg.copy(), base.groups, base.job, None, base.refs)
+        try:
+            apply_overrides(bound, out.cfg)
+        except Exception:
+            return out
+        with contextlib.suppress(InterpolationResolutionError):
+            out.plain = _as_run_main_resolves(out.cfg.copy())
+        return out
 
     def _plain(self, base: _Base, values: list[Any]) -> Optional[dict[str, Any]]:
         """The point resolved from its group choice's resolved config, each value override set as the composition
