@@ -55,10 +55,14 @@ LOWEST ?= .venv-lowest
 # One worker per core: without bytecode (above) every worker compiles what it imports, so a third costs more than it
 # gains (43 s against 56 s here). CI runs it in one process (LOWEST_WORKERS=0) beside `make test`, where its CPU, not
 # its wall, is what counts: 34 s of CPU against 47 s on two workers, which each collect and compile the same modules.
-# torch is the same build in both environments, so the modules that exercise torch alone (the FLOPs formulas and
-# counter, the decoder's modules) add nothing here and are left to `make test`.
+# What differs between the two environments is every direct dependency's version but torch's (the same build in
+# both), so the modules that exercise torch alone (the FLOPs formulas and counter, the decoder's modules, the memory
+# predictors' traces on fake tensors and per pipeline stage) add nothing here and are left to `make test`; the ones
+# left exercise Hydra and OmegaConf (composition, the sweepers, the job key), pandas, seaborn and matplotlib (the
+# analysis), numpy and scipy (the fits), transformers, W&B, Optuna, submitit, psutil and PyYAML.
 LOWEST_WORKERS ?= $(shell nproc)
-TORCH_ONLY := --ignore=tests/test_flops.py --ignore=tests/test_model.py -k "not flops_counted_on_fake_tensors"
+TORCH_ONLY := --ignore=tests/test_flops.py --ignore=tests/test_model.py --ignore=tests/test_memory.py \
+	--ignore=tests/test_stage_memory.py -k "not flops_counted_on_fake_tensors"
 lowest-deps: $(LOWEST)/.deps
 
 setup-lowest: $(LOWEST)/.installed
