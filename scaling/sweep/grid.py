@@ -207,7 +207,7 @@ class PointConfigs:
     def _plain(self, base: _Base, values: list[Any]) -> Optional[dict[str, Any]]:
         """The point resolved from its group choice's resolved config, each value override set as the composition
         types it (found once per override, on a copy of the composition): what `resolved` composes, without a copy
-        and a resolution of the whole config per point (10,000 points: 8 s instead of 60). None where that is not
+        and a resolution of the whole config per point (10,000 recorded points resumed in 9 s instead of 55). None where that is not
         the same: an override of a key an interpolation reads (or of one above or below it), of the hydra node,
         a value that is itself an interpolation, or a group choice `_Base.plain` does not cover."""
         if base.plain is None:
