@@ -169,3 +169,17 @@ def test_ranks_get_cores_of_their_own():
     assert [rank_cores(r, 1, [0, 1]) for r in (0, 1)] == [[0], [1]]
     assert [rank_cores(r, 2, [4, 5, 6, 7]) for r in (0, 1)] == [[4, 5], [6, 7]]
     assert rank_cores(2, 1, [0, 1]) == [0]  # oversubscribed: wraps around
+
+
+def test_a_step_that_fails_under_the_attention_watch_says_its_error_before_the_profiler_stops(capfd):
+    """A rank whose first step fails (a collective timed out waiting for a hung peer) prints the error before the
+    profiler is stopped, which has aborted the process with its heap corrupted before the rank wrote its error file:
+    the launch then reads the timeout from the log (scaling.launch.torchrun.classify)."""
+    timed_out = "[gloo/unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation to complete"
+    with pytest.raises(RuntimeError, match="Timed out waiting"), kernels.AttentionWatch() as watch:
+        F.scaled_dot_product_attention(*(torch.randn(1, 2, 4, 8) for _ in range(3)))
+        raise RuntimeError(timed_out)
+    assert watch.kernel is None
+    err = capfd.readouterr().err.splitlines()  # torch's profiler says when it starts and stops, on this build
+    said = err.index(f"RuntimeError: {timed_out}")
+    assert all("profiler_stop" not in line for line in err[:said])

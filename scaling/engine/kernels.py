@@ -44,6 +44,14 @@ class AttentionWatch:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if exc[1] is not None:
+            # The step failed (a collective that timed out waiting for a hung peer, say): its error goes to the log
+            # first, since stopping the profiler after an operator that never finished has aborted the process
+            # (heap corruption, SIGABRT) before the rank could write its error file; the launch then reads the error
+            # from the log (scaling.launch.torchrun.classify). No kernel is named.
+            print(f"{type(exc[1]).__name__}: {exc[1]}".splitlines()[0][:500], file=sys.stderr, flush=True)
+            self._prof.__exit__(*exc)
+            return
         self._prof.__exit__(*exc)
         ops = [e.name.removeprefix("aten::") for e in self._prof.function_events]
         fused = next((KERNELS[op] for op in ops if op in KERNELS), None)
