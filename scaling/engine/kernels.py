@@ -50,9 +50,9 @@ class AttentionWatch:
             # (heap corruption, SIGABRT) before the rank could write its error file; the launch then reads the error
             # from the log (scaling.launch.torchrun.classify). No kernel is named.
             print(f"{type(exc[1]).__name__}: {exc[1]}".splitlines()[0][:500], file=sys.stderr, flush=True)
-            self._prof.__exit__(*exc)
-            return
         self._prof.__exit__(*exc)
+        if exc[1] is not None:
+            return
         ops = [e.name.removeprefix("aten::") for e in self._prof.function_events]
         fused = next((KERNELS[op] for op in ops if op in KERNELS), None)
         self.kernel = fused or (MATH if any(op.startswith(MATH_OP) for op in ops) else None)
