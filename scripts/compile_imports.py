@@ -3,7 +3,7 @@
 `make setup` installs without compiling every file (uv's --compile-bytecode compiles all of torch, transformers and
 the rest: about 40 s of CPU here, most of it modules no process imports) and then runs this in the new environment:
 the project's modules, and the modules they import lazily (the ranks' distributed parts, the trace, the drivers'
-Hydra, W&B, pandas, seaborn, Optuna, submitit and transformers), each compiled once into its __pycache__ (about 12 s
+Hydra, W&B, pandas, seaborn, Optuna, submitit and transformers), each compiled once into its __pycache__ (16-19 s
 here). Where PYTHONDONTWRITEBYTECODE is set, a process would otherwise compile each of them anew at every start (an
 import of torch in 6 s instead of 2.5 s). A module that is not installed (an extra left out) is skipped; what is
 compiled nowhere else is compiled at its first import by a process that may write bytecode.
