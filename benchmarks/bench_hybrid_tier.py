@@ -1,6 +1,7 @@
 """Hybrid against full sharding across an emulated slower tier, measured beside the step model's prediction.
 
-    sudo python benchmarks/bench_hybrid_tier.py [--rate 400mbit] [--repeats 3]
+    sudo python benchmarks/bench_hybrid_tier.py [--rate 400mbit] [--repeats 3] [--save FILE]
+    python benchmarks/bench_hybrid_tier.py --replay FILE
 
 On one host every ring is within a node, so the trade hybrid sharding makes (gathers within a node, the shards'
 all-reduce across nodes) cannot show. Here two network namespaces stand for two nodes of 2 ranks each: ranks of one
@@ -10,10 +11,12 @@ intra-node tier; 2 + 2 across: the inter-node one), and each op's bytes term bes
 .fit_op_scale: gloo's reduce-scatter moves more than a ring). The step model is fitted under that profile on the
 same point within one namespace (dp=4, 4 ranks on its loopback, fitted as one node of 4: hybrid and full sharding
 there cost the same, and its ranks share the host's cores as the points across do), and predicts dp=4 across both
-namespaces (2 ranks per node) with full sharding and with dp_shard=2, with one α-β for every op and with each op's
-factor; the band: the fit's draws with the target's scatter. The three are measured, alternating, `--repeats` times
-each. Needs root (ip netns, tc). Prints
-Markdown; asserts nothing.
+namespaces (2 ranks per node) with full sharding and with dp_shard=2, with one α-β for every op, with each op's
+factor, and with each op's factor on a node of one link (`hardware.links_per_node=1`: each namespace has one veth,
+which hybrid sharding's two replica rings cross at once; scaling.perf.network.Network.flows); the band: the fit's
+draws with the target's scatter. The three are measured, alternating, `--repeats` times each. Needs root (ip netns,
+tc); `--save` keeps the collectives' samples and every launch's steps, `--replay` analyses them again without
+root. Prints Markdown; asserts nothing.
 """
 
 from __future__ import annotations
@@ -159,64 +162,90 @@ def across(name: str, w: Workload, within: list[Point], source: NetworkEstimate)
     return step(ex.fit), (lo, hi)
 
 
-def main() -> None:
-    """Measure, fit, predict, print."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rate", default="400mbit", help="the inter-node link's rate (tc tbf)")
-    p.add_argument("--repeats", type=int, default=3)
-    a = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, two_nodes(a.rate):
+def measure(rate: str, repeats: int) -> tuple[Profile, dict[str, list[float]]]:
+    """The two namespaces' network profile and each point's timed-step medians, `repeats` launches each."""
+    with tempfile.TemporaryDirectory() as tmp, two_nodes(rate):
         work = Path(tmp)
         profile = network(work)
-        print(f"inter-node link shaped to {a.rate}; measured tiers (devices_per_node 2):")
-        for tier, ab in profile.tiers.items():
-            alone = [q for q in profile.samples if tier_of(*sample_ring(q, 2)) == tier]
-            per_call = fit_collective_s(alone) if tier == "intra_node" else None  # across: α within is taken off first
-            calls = (
-                f"; with a per-call cost: {per_call[0] * 1e6:.0f} µs per call, α = {per_call[1] * 1e6:.0f} µs"
-                if per_call
-                else ""
-            )
-            print(f"- {tier}: α = {ab.alpha_s * 1e6:.0f} µs, β = {ab.beta_bytes_per_s / 1e6:.0f} MB/s{calls}")
-        rng = np.random.default_rng(0)
-        source = profile_estimate(profile, 4, 200, rng)  # the fit's point: one node of 4 ranks
-        scale = fit_op_scale(profile.samples, source.nominal.on_ring(2))
-        print("- each op's bytes term over the α-β fit of all ops: " + ", ".join(f"{op} {k:.2f}" for op, k in scale))
-        scaled = replace(
-            source,
-            nominal=replace(source.nominal, op_scale=scale),
-            draws=tuple(replace(d, op_scale=scale) for d in source.draws),
-        )
         measured: dict[str, list[float]] = {"within": [], "full": [], "hybrid": []}
-        for i in range(a.repeats):
+        for i in range(repeats):
             measured["within"].append(statistics.median(step_times(work, 1, 4, [], 29630 + 3 * i)))
             measured["full"].append(statistics.median(step_times(work, 2, 2, [], 29631 + 3 * i)))
             measured["hybrid"].append(statistics.median(step_times(work, 2, 2, ["parallel.dp_shard=2"], 29632 + 3 * i)))
-        within = [Point(4, 1, tuple(measured["within"]))]
-        print()
-        print("| dp=4 across the link | measured step s (median [range] of repeats) | step model s [95% band], one "
-              "α-β for every op | error | inside | with each op's bytes term as measured [95% band] | error | "
-              "inside |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
-        predicted = {}
-        for name, shard in (("full", None), ("hybrid", 2)):
-            w = workload(shard)
-            m = measured[name]
-            row = [f"{name} sharding{' (dp_shard=2)' if shard else ''}",
-                   f"{statistics.median(m):.2f} [{min(m):.2f}, {max(m):.2f}]"]  # fmt: skip
-            for src in (source, scaled):
-                step, band = across(name, w, within, src)
-                predicted[name] = step
-                inside = band[0] <= statistics.median(m) <= band[1]
-                row += [f"{step:.2f} [{band[0]:.2f}, {band[1]:.2f}]", f"{step / statistics.median(m) - 1:+.0%}",
-                        "yes" if inside else "no"]  # fmt: skip
-            print("| " + " | ".join(row) + " |")
-        speedup = statistics.median(measured["full"]) / statistics.median(measured["hybrid"])
-        print()
-        w_in = measured["within"]
-        print(f"Hybrid over full sharding: measured {speedup:.2f}×, predicted {predicted['full'] / predicted['hybrid']:.2f}× (each op's bytes term as measured)"
-              f" (fitted on dp=4 within one namespace: {statistics.median(w_in):.2f} s [{min(w_in):.2f}, {max(w_in):.2f}];"
-              f" load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end).")  # fmt: skip
+    return profile, measured
+
+
+def main() -> None:
+    """Measure (or replay), fit, predict, print."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", default="400mbit", help="the inter-node link's rate (tc tbf)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--save", type=Path, help="write the collectives' samples and every launch's step median here")
+    p.add_argument("--replay", type=Path, help="analyse a --save file (an earlier run) instead of measuring")
+    a = p.parse_args()
+    if a.replay is not None:
+        saved = json.loads(a.replay.read_text())
+        samples = saved["samples"]
+        profile = Profile("two namespaces", 2, fit_tiers(samples, 2), tuple(samples))
+        measured, rate, load = saved["measured"], saved["rate"], saved["load"]
+        print(f"Replayed: {a.replay.name} ({saved.get('note', '')}).\n")
+    else:
+        load0 = os.getloadavg()[0]
+        profile, measured = measure(a.rate, a.repeats)
+        rate, load = a.rate, [load0, os.getloadavg()[0]]
+        if a.save is not None:
+            a.save.write_text(json.dumps({"samples": list(profile.samples), "measured": measured, "rate": rate,
+                                          "load": load, "note": f"{a.repeats} launches per point at {rate}"}))  # fmt: skip
+    print(f"inter-node link shaped to {rate}; measured tiers (devices_per_node 2):")
+    for tier, ab in profile.tiers.items():
+        alone = [q for q in profile.samples if tier_of(*sample_ring(q, 2)) == tier]
+        per_call = fit_collective_s(alone) if tier == "intra_node" else None  # across: α within is taken off first
+        calls = (
+            f"; with a per-call cost: {per_call[0] * 1e6:.0f} µs per call, α = {per_call[1] * 1e6:.0f} µs"
+            if per_call
+            else ""
+        )
+        print(f"- {tier}: α = {ab.alpha_s * 1e6:.0f} µs, β = {ab.beta_bytes_per_s / 1e6:.0f} MB/s{calls}")
+    rng = np.random.default_rng(0)
+    source = profile_estimate(profile, 4, 200, rng)  # the fit's point: one node of 4 ranks
+    scale = fit_op_scale(profile.samples, source.nominal.on_ring(2))
+    print("- each op's bytes term over the α-β fit of all ops: " + ", ".join(f"{op} {k:.2f}" for op, k in scale))
+
+    def variant(**changes: object) -> NetworkEstimate:
+        return replace(
+            source,
+            nominal=replace(source.nominal, **changes),
+            draws=tuple(replace(d, **changes) for d in source.draws),
+        )
+
+    scaled, linked = variant(op_scale=scale), variant(op_scale=scale, links_per_node=1)
+    within = [Point(4, 1, tuple(measured["within"]))]
+    print()
+    print("| dp=4 across the link | measured step s (median [range] of repeats) | step model s [95% band], one "
+          "α-β for every op | error | inside | with each op's bytes term as measured [95% band] | error | "
+          "inside | and one link per node, shared by the rings that cross it at once [95% band] | error | inside |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    predicted: dict[str, dict[str, float]] = {}
+    for name, shard in (("full", None), ("hybrid", 2)):
+        w = workload(shard)
+        m = measured[name]
+        row = [f"{name} sharding{' (dp_shard=2)' if shard else ''}",
+               f"{statistics.median(m):.2f} [{min(m):.2f}, {max(m):.2f}]"]  # fmt: skip
+        for label, src in (("plain", source), ("scaled", scaled), ("linked", linked)):
+            step, band = across(name, w, within, src)
+            predicted.setdefault(label, {})[name] = step
+            inside = band[0] <= statistics.median(m) <= band[1]
+            row += [f"{step:.2f} [{band[0]:.2f}, {band[1]:.2f}]", f"{step / statistics.median(m) - 1:+.0%}",
+                    "yes" if inside else "no"]  # fmt: skip
+        print("| " + " | ".join(row) + " |")
+    speedup = statistics.median(measured["full"]) / statistics.median(measured["hybrid"])
+    print()
+    w_in = measured["within"]
+    ratios = ", ".join(f"{k} {v['full'] / v['hybrid']:.2f}×" for k, v in predicted.items())
+    print(f"Hybrid over full sharding: measured {speedup:.2f}×, predicted {ratios} (one α-β; each op's factor; and "
+          f"the shared link) (fitted on dp=4 within one namespace: {statistics.median(w_in):.2f} s "
+          f"[{min(w_in):.2f}, {max(w_in):.2f}]; load average {load[0]:.1f} at the start, {load[1]:.1f} at the end "
+          f"on {os.cpu_count()} cores).")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import pytest
 from scaling.core.schema import ModelConfig
 from scaling.perf.call_cost import (
     CallCost,
+    call_counts,
     calls_per_step,
     draw,
     fit_collective_s,
@@ -43,6 +44,20 @@ def test_each_call_pays_its_fixed_cost_and_one_rank_pays_none():
     base = step_time_s(_w(2, tp=2), NET, 1, 0.1, 0.0, 1e-9, 2)
     assert step_time_with_calls_s(_w(2, tp=2), NET, 1, 0.1, 0.0, 1e-9, 2, cost) == pytest.approx(base + regions * 2e-3)
     assert step_time_with_calls_s(_w(2, tp=2), NET, 1, 0.1, 0.0, 1e-9, 2, CallCost()) == base
+
+
+def test_a_sharded_modules_call_and_a_plain_call_are_charged_apart():
+    # ZeRO-1: the bucketed all-reduce and one broadcast per parameter tensor, plain calls on one tensor each
+    module, plain, _ = call_counts(_w(1), 2, 1)
+    assert module == 0 and plain == 1 + len(shape(SMALL).tensors)
+    # ZeRO-3 (no clipping here): a gather per module forward and per block backward, a reduce-scatter per module
+    module, plain, _ = call_counts(_w(3), 2, 1)
+    blocks = SMALL.n_layers
+    assert module == (blocks + 1) + blocks + (blocks + 1) and plain == 0
+    cost = CallCost(collective_s=10e-3, plain_call_s=1e-4)
+    assert fixed_s(_w(1), 2, 1, cost) == pytest.approx((1 + len(shape(SMALL).tensors)) * 1e-4)
+    assert fixed_s(_w(3), 2, 1, cost) == pytest.approx(module * 10e-3)
+    assert calls_per_step(_w(1), 2, 1)[0] == 1 + len(shape(SMALL).tensors)  # both kinds together
 
 
 def test_a_planted_region_cost_is_found_from_the_unaccounted_time():

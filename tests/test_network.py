@@ -364,3 +364,45 @@ def test_an_op_whose_transport_moves_more_than_a_ring_gets_its_own_bytes_factor(
     scaled = Network(net.tiers, None, tuple(scale.items()))
     assert scaled.time_s("reduce_scatter", 2, 2**24) == pytest.approx(100e-6 + 4 * 2**23 / 1e9)
     assert scaled.on_ring(4).op_scale == scaled.op_scale  # a strided ring keeps the factors
+
+
+def test_rings_that_cross_a_node_at_once_share_its_links_only_where_it_has_fewer_than_they():
+    from scaling.core.schema import ModelConfig
+    from scaling.perf.step_model import REPLICAS, Workload, comm_windows
+    from tests.helpers.synthetic_dp import shape
+
+    assert [Network({}, 8).flows(k) for k in (1, 4, 8)] == [1, 1, 1]  # a link per device (rails)
+    assert [Network({}, 8, links_per_node=1).flows(k) for k in (1, 2, 8)] == [1, 2, 8]
+    assert [Network({}, 8, links_per_node=2).flows(k) for k in (2, 3, 8)] == [1, 2, 4]
+    model = ModelConfig(name="m", n_layers=2, hidden=256, n_heads=4, n_kv_heads=4, ffn_hidden=512, vocab_size=1024)
+    tiers = {INTRA: AlphaBeta(0.0, float("inf")), INTER: AlphaBeta(0.0, 1e8)}  # the link alone costs: intra free
+
+    def step_comm(dp_shard, links):
+        w = Workload(3, shape(model), "fp32", 1, 64, None, dp_shard=dp_shard)
+        return sum(t * s for t, s, _ in comm_windows(w, Network(tiers, 2, links_per_node=links), 4, 1))
+
+    hybrid = Workload(3, shape(model), "fp32", 1, 64, None, dp_shard=2)
+    assert hybrid.rings_at_once(REPLICAS, 4, 2) == 2  # two replica rings (one per shard index) cross at once
+    assert step_comm(2, 1) == pytest.approx(2 * step_comm(2, None))  # they halve one link's bandwidth
+    assert step_comm(2, 2) == pytest.approx(step_comm(2, None))  # two links: one each
+    assert step_comm(None, 1) == pytest.approx(step_comm(None, None))  # full sharding: one ring crosses
+    assert Workload(3, shape(model), "fp32", 1, 64, None, tp=2).rings_at_once("all", 4, 4) == 2  # one per tp rank
+
+
+def test_a_strided_ring_timed_beside_the_others_is_fitted_as_one_rings_bandwidth_on_a_shared_link():
+    # 2 nodes of 2: the flat ring of 4 crosses once per direction; the two replica rings (stride 2) cross at once
+    link = 1e8
+    samples = []
+    for size in (2**20, 4 * 2**20, 16 * 2**20):
+        for op in ("all_reduce", "all_gather"):
+            for n, stride, flows in ((2, 1, 1), (4, 1, 1), (2, 2, 2)):
+                _, moved = ring_cost(op, n, size)
+                per_node = 2 if stride == 1 else 1
+                intra = n <= per_node
+                t = moved / (1e10 if intra else link / flows) + 1e-5 * ring_cost(op, n, 0)[0]
+                samples.append({"op": op, "world_size": n, "size_bytes": size, "time_s": t,
+                                **({"stride": stride} if stride > 1 else {})})  # fmt: skip
+    shared = fit_tiers(samples, 2, links_per_node=1)
+    assert shared[INTER].beta_bytes_per_s == pytest.approx(link, rel=0.02)
+    own = fit_tiers(samples, 2)  # as if each replica ring had a link of its own: a β between the two
+    assert own[INTER].beta_bytes_per_s < 0.9 * link

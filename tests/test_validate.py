@@ -174,3 +174,19 @@ def test_plan_playbook_example(capsys):
     assert cli_main(["plan", "--gbs-tokens", "4M", "--seq-len", "4000", "--mbs", "2", "--gpus", "128"]) == 0
     out = capsys.readouterr().out
     assert "grad_acc 1 would need 500.0 GPUs" in out and "grad_acc = 3.91" in out and "125 GPUs x grad_acc 4" in out
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["hardware.links_per_node=0"], "hardware.links_per_node=0 must be a positive integer or null"),
+        (
+            ["hardware.devices_per_node=2", "hardware.links_per_node=4"],
+            "hardware.links_per_node=4 must be null (one link per device) or between 1 and hardware.devices_per_node=2",
+        ),
+    ],
+)
+def test_links_per_node_outside_one_to_devices_per_node_is_refused(overrides, message):
+    with pytest.raises(InvalidConfig) as e:
+        validate(compose_point(overrides))
+    assert message in str(e.value)

@@ -163,6 +163,11 @@ class HardwareConfig:
     it is an emulated capacity (exceeding it raises torch.OutOfMemoryError). null: no limit."""
     devices_per_node: Optional[int] = None
     """Accelerators per node; dp above it spans several nodes. null: one node (CPU)."""
+    links_per_node: Optional[int] = field(default=None, metadata={NEUTRAL: None})
+    """Inter-node links (NICs) a node's devices send through. null: one per device (rails, as on DGX/HGX nodes),
+    so the rings of one collective that cross nodes at once never share a link. Below devices_per_node, the
+    rings that run at once (a dp ring per tensor-parallel rank, hybrid sharding's replica ring per shard) share
+    each link's bandwidth in the step model (scaling.perf.network.Network.flows)."""
     reserve_gb: float = 0.0
     """Device memory the tensors cannot use, in GiB: the CUDA context, NCCL's buffers and the allocator's
     slack. The pre-screen predicts against memory_gb - reserve_gb. 0 on CPU (nothing but tensors counts)."""

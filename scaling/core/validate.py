@@ -255,7 +255,13 @@ def _check_hardware(c: _Checker, hw: HardwareConfig, precision: Any) -> None:
             0 <= hw.reserve_gb < hw.memory_gb,
             f"hardware.reserve_gb={hw.reserve_gb!r} must be >= 0 and below hardware.memory_gb={hw.memory_gb!r}",
         )
-    c.positive("hardware.devices_per_node", hw.devices_per_node, allow_none=True)
+    per_node = c.positive("hardware.devices_per_node", hw.devices_per_node, allow_none=True)
+    if c.positive("hardware.links_per_node", hw.links_per_node, allow_none=True) and per_node:
+        c.require(
+            hw.links_per_node is None or (hw.devices_per_node is not None and hw.links_per_node <= hw.devices_per_node),
+            f"hardware.links_per_node={hw.links_per_node} must be null (one link per device) or between 1 and "
+            f"hardware.devices_per_node={hw.devices_per_node}: a node has no more links than devices that use them",
+        )
     c.positive("hardware.threads_per_device", hw.threads_per_device)
     for key in ("peak_tflops_bf16", "peak_tflops_fp32"):
         c.positive(f"hardware.{key}", getattr(hw, key), allow_none=True, integer=False)

@@ -1,14 +1,15 @@
 """A fixed cost per call besides α-β: each collective and each tensor-parallel region pays host time of its own.
 
-    step_s = step_time_s(...) + collective_s · (collective calls) + tp_region_s · (tensor-parallel regions)
+    step_s = step_time_s(...) + collective_s · (sharded modules' calls) + plain_call_s · (other data-parallel calls)
+             + tp_region_s · (tensor-parallel regions)
 
-α (scaling.perf.network) is a ring step's latency as the collectives benchmark times a collective alone; a step in
-training pays more per call: the host dispatching it (DTensor's sharding propagation on every split op, the process
-group's work object, a kernel launch) and, on CPU, gloo's threads taking cores the ranks' compute holds. One
-tensor-parallel region (a split matmul and the collective that closes it) pays `tp_region_s`; any other collective
-call `collective_s`. Both are fitted where measurements identify them (`fit_tp_region_s`: the same micro-step at
-two tp degrees; `fit_collective_s`: the collectives benchmark at small sizes, two ops of different ring steps) and
-drawn from `PRIOR` where nothing does. Why: docs/dp-extrapolation.md. Arithmetic on numpy and the standard library.
+α (scaling.perf.network) is a ring step's latency as the collectives benchmark times a collective alone. A sharded
+module's call (FSDP's gather or reduce-scatter of a module, hybrid's shard all-reduce) also copies each of the
+module's parameters in and out of one flat buffer: `collective_s`. A plain call on one tensor (a DDP bucket, ZeRO-1's
+broadcast of a parameter, clipping's norm) is what that benchmark times: `plain_call_s`, 0 unless fitted. A
+tensor-parallel region (a split op's dispatch and the collective that closes it): `tp_region_s`. Each is fitted where
+measurements identify it (`fit_tp_region_s`, `fit_collective_s`), else drawn from `PRIOR`. Why:
+docs/dp-extrapolation.md. Arithmetic on numpy and the standard library.
 """
 
 from __future__ import annotations
@@ -19,7 +20,19 @@ from typing import Any, Iterable, Mapping, Optional
 import numpy as np
 
 from scaling.perf.network import Network, ring_cost
-from scaling.perf.step_model import TP, Workload, step_collectives, step_time_s
+from scaling.perf.step_model import (
+    BLOCK_PARAMS,
+    MODULE_GRADS,
+    MODULE_PARAMS,
+    SHARD_GRADS,
+    TP,
+    Workload,
+    step_collectives,
+    step_time_s,
+)
+
+MODULE_CALLS = frozenset({MODULE_PARAMS, BLOCK_PARAMS, MODULE_GRADS, SHARD_GRADS})
+"""What a sharded module's calls move (the calls `collective_s` is charged on)."""
 
 
 @dataclass(frozen=True)
@@ -27,39 +40,51 @@ class CallCost:
     """Seconds each call pays besides its ring steps' α and its bytes' β."""
 
     collective_s: float = 0.0
-    """A data-parallel collective call (a bucket's all-reduce, a module's gather or reduce-scatter)."""
+    """A sharded module's collective call (FSDP's gather or reduce-scatter of a module, hybrid's shard all-reduce)."""
     tp_region_s: float = 0.0
     """A tensor-parallel region of a micro-step: one split op's dispatch and the collective that closes it."""
+    plain_call_s: float = 0.0
+    """Any other data-parallel call (a bucket's all-reduce, a parameter's broadcast, a norm's all-reduce) beyond
+    the α the collectives benchmark measured for such a call."""
 
 
-PRIOR = {"collective_s": (0.0, 30e-6), "tp_region_s": (0.0, 30e-6)}
+PRIOR = {"collective_s": (0.0, 30e-6), "tp_region_s": (0.0, 30e-6), "plain_call_s": (0.0, 0.0)}
 """Uniform ranges drawn where no measurement identifies a term, for a GPU whose host runs ahead of its kernels: a
 CUDA launch and NCCL's enqueue cost some 5-10 µs on the host, hidden while the stream is busy and paid when it is
-not; 30 µs bounds both with room. An assumption, not a measurement: on CPU the fitted figures are 100× larger
-(benchmarks/RESULTS.md, bench_tp_cpu.py)."""
+not; 30 µs bounds both with room. A plain call's extra is 0: its dispatch is the α the benchmark timed. An
+assumption, not a measurement: on CPU the fitted figures are 100× larger (benchmarks/RESULTS.md, bench_tp_cpu.py)."""
 
 
-def calls_per_step(w: Workload, n: int, grad_acc: int) -> tuple[int, int]:
-    """(data-parallel collective calls, tensor-parallel regions) of one optimizer step at dp=n: those of
-    `step_collectives` whose ring has two ranks or more."""
+def call_counts(w: Workload, n: int, grad_acc: int) -> tuple[int, int, int]:
+    """(sharded modules' calls, other data-parallel calls, tensor-parallel regions) of one optimizer step at dp=n:
+    those of `step_collectives` whose ring has two ranks or more."""
     if w.layout_at(n).world_size < 2:
-        return 0, 0
-    dp_calls = tp_calls = 0
+        return 0, 0, 0
+    module = plain = tp = 0
     for call in step_collectives(w, n, grad_acc):
         ranks, _ = w.ring(call.group, n, None)
         if ranks < 2:
             continue
         if call.group == TP:
-            tp_calls += call.count
+            tp += call.count
+        elif call.moves in MODULE_CALLS:
+            module += call.count
         else:
-            dp_calls += call.count
-    return dp_calls, tp_calls
+            plain += call.count
+    return module, plain, tp
+
+
+def calls_per_step(w: Workload, n: int, grad_acc: int) -> tuple[int, int]:
+    """(data-parallel collective calls, tensor-parallel regions) of one optimizer step at dp=n (`call_counts`, the
+    data-parallel calls of both kinds together)."""
+    module, plain, tp = call_counts(w, n, grad_acc)
+    return module + plain, tp
 
 
 def fixed_s(w: Workload, n: int, grad_acc: int, cost: CallCost) -> float:
     """Seconds of one step's per-call costs at dp=n (exposed: the host pays them on the step's critical path)."""
-    dp_calls, tp_calls = calls_per_step(w, n, grad_acc)
-    return dp_calls * cost.collective_s + tp_calls * cost.tp_region_s
+    module, plain, tp = call_counts(w, n, grad_acc)
+    return module * cost.collective_s + plain * cost.plain_call_s + tp * cost.tp_region_s
 
 
 def step_time_with_calls_s(
@@ -111,10 +136,11 @@ def fit_collective_s(samples: Iterable[Mapping[str, Any]]) -> Optional[tuple[flo
 
 
 def draw(
-    rng: np.random.Generator, collective_s: Optional[float] = None, tp_region_s: Optional[float] = None
+    rng: np.random.Generator,
+    collective_s: Optional[float] = None,
+    tp_region_s: Optional[float] = None,
+    plain_call_s: Optional[float] = None,
 ) -> CallCost:
     """A draw of the per-call costs: a term given (fitted) keeps its figure, one left None is drawn from PRIOR."""
-    return CallCost(
-        collective_s if collective_s is not None else float(rng.uniform(*PRIOR["collective_s"])),
-        tp_region_s if tp_region_s is not None else float(rng.uniform(*PRIOR["tp_region_s"])),
-    )
+    given = {"collective_s": collective_s, "tp_region_s": tp_region_s, "plain_call_s": plain_call_s}
+    return CallCost(**{k: v if v is not None else float(rng.uniform(*PRIOR[k])) for k, v in given.items()})

@@ -112,6 +112,7 @@ def _scaled(net: Network, k: float, tier: Optional[str] = None) -> Network:
         },
         net.devices_per_node,
         net.op_scale,
+        net.links_per_node,
     )
 
 
@@ -295,7 +296,7 @@ def _jittered(points: Sequence[Point], rng: np.random.Generator, spread: float) 
 def _with_latency(f: Fit, alpha_s: dict[str, float]) -> Fit:
     """The fit with the latency of the tiers the points left open drawn in (their bandwidth as fitted)."""
     tiers = {t: AlphaBeta(alpha_s[t], ab.beta_bytes_per_s) if t in alpha_s else ab for t, ab in f.network.tiers.items()}
-    return replace(f, network=Network(tiers, f.network.devices_per_node, f.network.op_scale))
+    return replace(f, network=replace(f.network, tiers=tiers))
 
 
 def model_form(measured: int, rng: np.random.Generator, last_tier: bool = False) -> ModelForm:

@@ -80,6 +80,18 @@ class Network:
     op_scale: tuple[tuple[str, float], ...] = ()
     """(op, factor) on the bytes term of an op whose transport moves more than the ring's bytes (`fit_op_scale`;
     gloo's reduce-scatter); an op not listed: 1."""
+    links_per_node: Optional[int] = None
+    """Inter-node links a node's devices send through (hardware.links_per_node); None: one per device, so rings
+    that cross nodes at once never share one (`flows`)."""
+
+    def flows(self, rings_at_once: int) -> int:
+        """Rings one inter-node link carries when `rings_at_once` rings of one call cross a node's boundary at once
+        (a call's copies on the node: its tensor-parallel ranks', hybrid sharding's replica rings): spread over the
+        node's links, at least one each. The inter-node β is one ring's, as the collectives benchmark measures it
+        with one ring over every rank."""
+        if self.links_per_node is None or rings_at_once <= self.links_per_node:
+            return 1
+        return -(-rings_at_once // self.links_per_node)
 
     def scale(self, op: str) -> float:
         """The factor on `op`'s bytes term."""
@@ -96,22 +108,27 @@ class Network:
     def on_ring(self, devices_per_node: Optional[int]) -> Network:
         """These figures for a ring with `devices_per_node` of its ranks on each node (a strided ring has fewer)."""
         return (
-            self if devices_per_node == self.devices_per_node else Network(self.tiers, devices_per_node, self.op_scale)
+            self
+            if devices_per_node == self.devices_per_node
+            else Network(self.tiers, devices_per_node, self.op_scale, self.links_per_node)
         )
 
     def reaches(self, n: int) -> bool:
         """Whether a collective over n ranks can be predicted."""
         return not self.missing(n)
 
-    def time_s(self, op: str, n: int, size_bytes: float) -> float:
-        """Predicted seconds of one collective: each step at its tier's α, the bytes at the slowest tier's β."""
+    def time_s(self, op: str, n: int, size_bytes: float, rings_at_once: int = 1) -> float:
+        """Predicted seconds of one collective: each step at its tier's α, the bytes at the slowest tier's β (between
+        nodes, shared by the rings that cross one link at once: `flows`)."""
         if not self.reaches(n):
             raise ValueError(f"dp={n}: the network has no figures for its tier ({', '.join(self.missing(n))})")
         _, moved = ring_cost(op, n, size_bytes)
         if n < 2:
             return 0.0
         latency = sum(k * self.tiers[t].alpha_s for t, k in latency_steps(op, n, self.devices_per_node).items() if k)
-        return latency + self.scale(op) * moved / self.tiers[tier_of(n, self.devices_per_node)].beta_bytes_per_s
+        tier = tier_of(n, self.devices_per_node)
+        shared = self.flows(rings_at_once) if tier == INTER else 1
+        return latency + shared * self.scale(op) * moved / self.tiers[tier].beta_bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -137,7 +154,10 @@ def sample_ring(sample: Mapping[str, Any], devices_per_node: Optional[int]) -> t
 
 
 def fit(
-    samples: Iterable[Mapping[str, Any]], devices_per_node: Optional[int] = None, intra: Optional[AlphaBeta] = None
+    samples: Iterable[Mapping[str, Any]],
+    devices_per_node: Optional[int] = None,
+    intra: Optional[AlphaBeta] = None,
+    links_per_node: Optional[int] = None,
 ) -> AlphaBeta:
     """Least-squares α and β of the slowest tier the samples' rings cross, from samples {op, world_size, size_bytes,
     time_s}, in relative error.
@@ -145,13 +165,19 @@ def fit(
     Each equation is divided by its measured time, so 4 KiB and 64 MiB messages weigh alike and
     α (set by small messages) is found as well as β (set by large ones). Rings that span nodes pay their steps
     within a node at `intra`'s α (fitted on launches within one node), which is taken off their times first.
+    A strided ring (`stride` rings timed at once, hybrid sharding's replicas) shares a node's links with the others
+    (`Network.flows` under `links_per_node`): its bytes count that many times, so β stays one ring's.
     """
+    shared = Network({}, devices_per_node, links_per_node=links_per_node)
     rows, times, known = [], [], []
     for s in samples:
         n, per_node = sample_ring(s, devices_per_node)
         steps = latency_steps(s["op"], n, per_node)
         _, moved = ring_cost(s["op"], n, float(s["size_bytes"]))
         tier = tier_of(n, per_node)
+        if tier == INTER:  # a node holds min(stride, devices_per_node) of the rings timed at once
+            stride = int(s.get("stride", 1))
+            moved *= shared.flows(min(stride, devices_per_node or stride))
         within = steps[INTRA] if tier == INTER else 0
         if within and intra is None:
             raise ValueError(
@@ -176,16 +202,19 @@ def fit(
     return AlphaBeta(float(alpha), float(1.0 / inv_beta))
 
 
-def fit_tiers(samples: Sequence[Mapping[str, Any]], devices_per_node: Optional[int]) -> dict[str, AlphaBeta]:
+def fit_tiers(
+    samples: Sequence[Mapping[str, Any]], devices_per_node: Optional[int], links_per_node: Optional[int] = None
+) -> dict[str, AlphaBeta]:
     """α-β of each tier the samples cover: that within a node from launches of n <= devices_per_node ranks, then that
-    between nodes from the larger ones, their steps within a node at the first's α."""
+    between nodes from the larger ones, their steps within a node at the first's α (`fit`: a strided ring's share
+    of a node's links under `links_per_node`)."""
     by_tier: dict[str, list[Mapping[str, Any]]] = {}
     for s in samples:
         by_tier.setdefault(tier_of(*sample_ring(s, devices_per_node)), []).append(s)
     tiers: dict[str, AlphaBeta] = {}
     for tier in TIERS:
         if tier in by_tier:
-            tiers[tier] = fit(by_tier[tier], devices_per_node, tiers.get(INTRA))
+            tiers[tier] = fit(by_tier[tier], devices_per_node, tiers.get(INTRA), links_per_node)
     return tiers
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -86,8 +86,11 @@ def load_profile(path: str | os.PathLike) -> Profile:
     )
 
 
-def profile_draws(profile: Profile, n_draws: int, rng: np.random.Generator) -> list[dict[str, AlphaBeta]]:
-    """Tier fits of bootstrap replicates: each sample's time is the median of its timed calls drawn with replacement."""
+def profile_draws(
+    profile: Profile, n_draws: int, rng: np.random.Generator, links_per_node: Optional[int] = None
+) -> list[dict[str, AlphaBeta]]:
+    """Tier fits of bootstrap replicates: each sample's time is the median of its timed calls drawn with replacement
+    (`links_per_node`: scaling.perf.network.fit)."""
     draws = []
     for _ in range(n_draws):
         resampled = [
@@ -96,23 +99,33 @@ def profile_draws(profile: Profile, n_draws: int, rng: np.random.Generator) -> l
             else s
             for s in profile.samples
         ]
-        draws.append(fit_tiers(resampled, profile.devices_per_node))
+        draws.append(fit_tiers(resampled, profile.devices_per_node, links_per_node))
     return draws
 
 
 def profile_estimate(
-    profile: Profile, devices_per_node: Optional[int], n_draws: int, rng: np.random.Generator
+    profile: Profile,
+    devices_per_node: Optional[int],
+    n_draws: int,
+    rng: np.random.Generator,
+    links_per_node: Optional[int] = None,
 ) -> NetworkEstimate:
-    """The profile as a source: its fits, bootstrap draws, and what it was measured on."""
+    """The profile as a source: its fits, bootstrap draws, and what it was measured on (`links_per_node`: the
+    hardware's, Network.links_per_node)."""
     notes = []
     if profile.devices_per_node != devices_per_node:
         notes.append(f"measured with devices_per_node={profile.devices_per_node}, the sweep has {devices_per_node}")
-    draws = profile_draws(profile, n_draws, rng) if profile.samples else [dict(profile.tiers)] * n_draws
+    draws = profile_draws(profile, n_draws, rng, links_per_node) if profile.samples else [dict(profile.tiers)] * n_draws
+    tiers = (
+        fit_tiers(profile.samples, profile.devices_per_node, links_per_node)
+        if links_per_node is not None and profile.samples
+        else dict(profile.tiers)
+    )  # a strided ring measured sharing a link: β as one ring's
     return NetworkEstimate(
         "profile",
         f"scaling collectives profile ({profile.name})",
-        Network(dict(profile.tiers), devices_per_node),
-        tuple(Network(d, devices_per_node) for d in draws),
+        Network(tiers, devices_per_node, links_per_node=links_per_node),
+        tuple(Network(d, devices_per_node, links_per_node=links_per_node) for d in draws),
         tuple(notes),
         max((int(s["world_size"]) for s in profile.samples), default=None),
     )
@@ -175,16 +188,20 @@ def published_estimate(
     n_draws: int,
     rng: np.random.Generator,
     network_dir: Optional[Path] = None,
+    links_per_node: Optional[int] = None,
 ) -> Optional[NetworkEstimate]:
     """The published figures of a hardware profile (`published`) as a source, or None when there are none."""
     tiers = published(hardware, network_dir)
     if tiers is None:
         return None
-    draws = tuple(Network({t: p.draw(rng) for t, p in tiers.items()}, devices_per_node) for _ in range(n_draws))
+    draws = tuple(
+        Network({t: p.draw(rng) for t, p in tiers.items()}, devices_per_node, links_per_node=links_per_node)
+        for _ in range(n_draws)
+    )
     return NetworkEstimate(
         "published",
         f"published {hardware} figures (conf/network/{hardware}.yaml)",
-        Network({t: p.nominal() for t, p in tiers.items()}, devices_per_node),
+        Network({t: p.nominal() for t, p in tiers.items()}, devices_per_node, links_per_node=links_per_node),
         draws,
     )
 
@@ -196,7 +213,7 @@ def with_fallback(primary: NetworkEstimate, fallback: NetworkEstimate) -> Networ
         return primary
 
     def merge(a: Network, b: Network) -> Network:
-        return Network({**{t: b.tiers[t] for t in missing}, **a.tiers}, a.devices_per_node)
+        return replace(a, tiers={**{t: b.tiers[t] for t in missing}, **a.tiers})
 
     return NetworkEstimate(
         primary.kind,
@@ -230,11 +247,16 @@ def read_profile(sweep_dir: Path) -> tuple[Optional[Profile], Optional[str]]:
 
 
 def sources(
-    sweep_dir: Path, hardware: str, dpn: Optional[int], n_draws: int = N_DRAWS, seed: int = 0
+    sweep_dir: Path,
+    hardware: str,
+    dpn: Optional[int],
+    n_draws: int = N_DRAWS,
+    seed: int = 0,
+    links_per_node: Optional[int] = None,
 ) -> tuple[list[Optional[NetworkEstimate]], list[str]]:
     """`network_sources` of the profile the sweep directory holds now (`alpha_beta.json`, or none)."""
     profile, problem = read_profile(sweep_dir)
-    return network_sources(profile, problem, sweep_dir, hardware, dpn, n_draws, seed)
+    return network_sources(profile, problem, sweep_dir, hardware, dpn, n_draws, seed, links_per_node)
 
 
 def network_sources(
@@ -245,20 +267,22 @@ def network_sources(
     dpn: Optional[int],
     n_draws: int = N_DRAWS,
     seed: int = 0,
+    links_per_node: Optional[int] = None,
 ) -> tuple[list[Optional[NetworkEstimate]], list[str]]:
     """The sources for a sweep's hardware: (a) always (None), (b) when the sweep has a profile (the tiers it lacks
-    from (c)), (c) when the hardware profile has published figures; and notes on what could not be used."""
+    from (c)), (c) when the hardware profile has published figures; and notes on what could not be used.
+    `links_per_node`: the hardware's inter-node links per node (Network.links_per_node)."""
     rng = np.random.default_rng(seed)
     found: list[Optional[NetworkEstimate]] = [None]
     notes = []
-    pub = published_estimate(hardware, dpn, n_draws, rng)
+    pub = published_estimate(hardware, dpn, n_draws, rng, links_per_node=links_per_node)
     if problem is not None:
         notes.append(f"The measured profile could not be used: {problem}.")
     elif profile is None:
         notes.append(f"No measured profile: `scaling collectives --sweep-dir {sweep_dir}` writes one ({PROFILE_FILE}).")
     else:
         try:
-            prof = profile_estimate(profile, dpn, n_draws, rng)
+            prof = profile_estimate(profile, dpn, n_draws, rng, links_per_node)
             found.append(with_fallback(prof, pub) if pub else prof)
         except (ValueError, KeyError, TypeError) as e:
             notes.append(f"The measured profile could not be used: {e}.")

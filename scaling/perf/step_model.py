@@ -147,6 +147,9 @@ class Call:
     window: Optional[Window]
     group: str = ALL
     """The ranks it runs over (`Workload.ring` says how many, and how many of them share a node)."""
+    moves: str = ""
+    """What each call moves (GRAD_BUCKETS, MODULE_PARAMS, ...; "" for tensor parallelism's): a sharded module's
+    call does host work of its own besides the process group's (scaling.perf.call_cost)."""
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,16 @@ class Workload:
             return k, per_node
         return n // k, None if per_node is None else max(1, per_node // k)
 
+    def rings_at_once(self, group: str, n: int, devices_per_node: Optional[int]) -> int:
+        """Rings of one call over `group` at dp=n that run at once on a node: the node's ranks of the point over the
+        ring's ranks there (a dp ring's copy per tensor-parallel rank, hybrid sharding's replica ring per shard
+        index); 1 on one node."""
+        ranks, per_node = self.ring(group, n, devices_per_node)
+        if devices_per_node is None or per_node is None or group == TP:
+            return 1
+        on_node = min(devices_per_node, self.layout_at(n).world_size)
+        return max(1, on_node // per_node) if ranks > per_node else 1
+
     def calls_of(self, moves: str, n: int) -> list[tuple[float, int]]:
         """(bytes per call, calls) of one round of a collective at dp=n: one call per bucket, tensor or module
         (n: the ranks of its ring)."""
@@ -322,7 +335,9 @@ def _step_collectives(w: Workload, n: int, grad_acc: int) -> tuple[Call, ...]:
             continue
         rounds = grad_acc if c.window is not None and c.window.micro_steps == EACH_MICRO else 1
         ranks = n if c.group == ALL else k  # a shard's size is that of its group's (SHARD_GRADS: the shard's)
-        calls += [Call(c.op, count * rounds, size, c.window, c.group) for size, count in w.calls_of(c.moves, ranks)]
+        calls += [
+            Call(c.op, count * rounds, size, c.window, c.group, c.moves) for size, count in w.calls_of(c.moves, ranks)
+        ]
     return tuple(calls) + (tp_calls(w, grad_acc) if w.tp > 1 else ())
 
 
@@ -457,8 +472,9 @@ def comm_windows(w: Workload, net: Network, n: int, grad_acc: int) -> list[tuple
     for call in step_collectives(w, n, grad_acc):
         rounds = grad_acc if call.window is not None and call.window.micro_steps == EACH_MICRO else 1
         ranks, per_node = w.ring(call.group, n, net.devices_per_node)
+        at_once = w.rings_at_once(call.group, n, net.devices_per_node)
         per_window[call.window] = per_window.get(call.window, 0.0) + call.count / rounds * net.on_ring(per_node).time_s(
-            call.op, ranks, call.bytes_per_call
+            call.op, ranks, call.bytes_per_call, at_once
         )
     out = [(1, per_window[None], 0.0)] if None in per_window else []
     for times, selectors in _micro_step_kinds(grad_acc):

@@ -48,7 +48,7 @@ def network_source(
     directory has no profile, two or more devices are at hand and a point ran), its notes added to `notes`."""
     hw = cfg.hardware
     dpn = hw.devices_per_node
-    found, source_notes = sources(sweep_dir, hw.name, dpn, draws)
+    found, source_notes = sources(sweep_dir, hw.name, dpn, draws, links_per_node=hw.links_per_node)
     has_profile = len(found) > 1 and found[1].kind == "profile"
     if not has_profile and at_hand >= 2 and any(p.get("status") == "ok" for p in measured):
         sizes = network_sizes(cfg, candidates, gbs_samples, at_hand, shape)
@@ -58,7 +58,7 @@ def network_source(
             flush=True,
         )
         measure_and_save(cfg.changed(parallel={"dp": at_hand}), sweep_dir, sizes)
-        found, source_notes = sources(sweep_dir, hw.name, dpn, draws)
+        found, source_notes = sources(sweep_dir, hw.name, dpn, draws, links_per_node=hw.links_per_node)
     source = found[1] if len(found) > 1 else None
     if source is None:
         network = "fitted to the measured DP curve alone (no profile and no published figures)"
