@@ -83,11 +83,13 @@ def test_data_parallelism_over_pipeline_stages_trains_the_losses_of_one_rank(poi
 @pytest.mark.torchrun
 def test_a_hugging_face_config_is_cut_between_its_decoder_layers(point_store):
     """transformers' Llama built from hf_llama_tiny's config, its 2 decoder layers on 2 stages (GPipe): the
-    training of one rank, within 1e-5."""
-    hf = ["model=hf_llama_tiny", "train.seq_len=32", "train.grad_acc=2", CLIP, ONE_TIMED]
-    one = point(point_store, *hf)
-    pp = point(point_store, *hf, "parallel.pp=2", "parallel.pp_schedule=gpipe", "hardware.oversubscribe=true")
-    assert_same_training(pp, one)
+    training of one rank, within 1e-5. One rank's batch is trained at dp=2, grad_acc=1 (test_engine.py's DP split),
+    on the same warm job of 2 ranks: transformers is imported by the ranks of one job, not two."""
+    hf = ["model=hf_llama_tiny", "train.seq_len=32", CLIP, ONE_TIMED, "hardware.oversubscribe=true"]
+    split = point(point_store, *hf, "parallel.dp=2", "train.grad_acc=1")
+    pp = point(point_store, *hf, "parallel.pp=2", "parallel.pp_schedule=gpipe", "train.grad_acc=2")
+    assert_same_training(pp, split)
+    assert split["derived"]["gbs"] == pp["derived"]["gbs"] and split["derived"]["world_size"] == 2
 
 
 @pytest.mark.torchrun
