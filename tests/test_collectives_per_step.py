@@ -1,7 +1,7 @@
 """The step model against the engine: the collectives one optimizer step issues at dp=2 (op, calls, bytes of each),
 counted by torch's profiler (tests/helpers/collective_counts.py), are those `scaling.perf.step_model.step_collectives`
-lists, for every ZeRO stage, fsdp_grad_reduce and grad_acc, with clipping, in one torchrun launch; and at dp=4 sharded
-over groups of 2 (hybrid sharding), in another."""
+lists, for every ZeRO stage, fsdp_grad_reduce and grad_acc, with clipping; and at dp=4 sharded over groups of 2
+(hybrid sharding) and at dp=2 × tp=2. Every case is counted in one torchrun launch of 4 ranks, which the tests read."""
 
 from __future__ import annotations
 
@@ -72,20 +72,40 @@ def _show(calls: dict[str, list[int]]) -> str:
     )
 
 
-def _issued(configs: dict[str, ExperimentConfig], ranks: int, tmp_path) -> list[str]:
-    """Each case whose step issues other collectives than the step model lists, in words (one torchrun launch)."""
-    cases, counted = tmp_path / f"cases{ranks}.json", tmp_path / f"counted{ranks}.json"
-    cases.write_text(json.dumps([{"name": name, "config": cfg.to_dict()} for name, cfg in configs.items()]))
+TENSOR_PARALLEL = [(3, EVERY, 2, "fp32"), (2, EVERY, 2, "bf16")]
+"""The same at dp=2, tp=2: each block's activations all-reduced over the pair (twice forward, twice backward),
+the embedding's and the head's too, the logits gathered; FSDP2's collectives over the dp ranks of each half."""
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, dict[str, ExperimentConfig]]:
+    """The cases by test: dp=2 ("dp"), and hybrid sharding and tensor parallelism over 4 ranks ("four")."""
+    hybrid = ("parallel.dp=4", "parallel.dp_shard=2", "hardware.oversubscribe=true")
+    tp = ("parallel.dp=2", "parallel.tp=2", "hardware.oversubscribe=true")
+    four = {f"hybrid zero{s}/{r}/grad_acc={g}/{p}": _config(s, r, g, p, *hybrid) for s, r, g, p in HYBRID}
+    four.update({f"tp=2 zero{s}/{r}/grad_acc={g}/{p}": _config(s, r, g, p, *tp) for s, r, g, p in TENSOR_PARALLEL})
+    dp = {f"zero{s}{'' if s <= 1 else '/' + r}/grad_acc={g}/{p}": _config(s, r, g, p) for s, r, g, p in CASES}
+    return {"dp": dp, "four": four}
+
+
+@pytest.fixture(scope="module")
+def issued(cases, tmp_path_factory) -> dict[str, dict[str, list[int]]]:
+    """{case: {op: sorted bytes of each call}} as the engine issued them: one torchrun launch of 4 ranks counts the
+    4-rank cases, then its first 2 ranks the dp=2 cases (tests/helpers/collective_counts.py)."""
+    tmp = tmp_path_factory.mktemp("collectives")
+    configs = {name: cfg for group in cases.values() for name, cfg in group.items()}
+    listed, counted = tmp / "cases.json", tmp / "counted.json"
+    listed.write_text(json.dumps([{"name": name, "config": cfg.to_dict()} for name, cfg in configs.items()]))
     run = subprocess.run(
         [
             sys.executable,
             "-m",
             "torch.distributed.run",
             "--standalone",
-            f"--nproc-per-node={ranks}",
+            "--nproc-per-node=4",
             "-m",
             "tests.helpers.collective_counts",
-            str(cases),
+            str(listed),
             str(counted),
         ],
         timeout=300,
@@ -94,7 +114,11 @@ def _issued(configs: dict[str, ExperimentConfig], ranks: int, tmp_path) -> list[
         text=True,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    issued = json.loads(counted.read_text())
+    return json.loads(counted.read_text())
+
+
+def _wrong(configs: dict[str, ExperimentConfig], issued: dict[str, dict[str, list[int]]]) -> list[str]:
+    """Each case whose step issued other collectives than the step model lists, in words."""
     return [
         f"{name}: the engine issued {_show(issued[name])}\n    the step model assumes {_show(_assumed(cfg))}"
         for name, cfg in configs.items()
@@ -102,21 +126,11 @@ def _issued(configs: dict[str, ExperimentConfig], ranks: int, tmp_path) -> list[
     ]
 
 
-def test_each_step_issues_what_the_step_model_lists(tmp_path):
-    configs = {f"zero{s}{'' if s <= 1 else '/' + r}/grad_acc={g}/{p}": _config(s, r, g, p) for s, r, g, p in CASES}
-    wrong = _issued(configs, DP, tmp_path)
+def test_each_step_issues_what_the_step_model_lists(cases, issued):
+    wrong = _wrong(cases["dp"], issued)
     assert not wrong, "\n".join(wrong)
 
 
-TENSOR_PARALLEL = [(3, EVERY, 2, "fp32"), (2, EVERY, 2, "bf16")]
-"""The same at dp=2, tp=2: each block's activations all-reduced over the pair (twice forward, twice backward),
-the embedding's and the head's too, the logits gathered; FSDP2's collectives over the dp ranks of each half."""
-
-
-def test_each_hybrid_and_tensor_parallel_step_issues_what_the_step_model_lists(tmp_path):
-    more = ("parallel.dp=4", "parallel.dp_shard=2", "hardware.oversubscribe=true")
-    configs = {f"hybrid zero{s}/{r}/grad_acc={g}/{p}": _config(s, r, g, p, *more) for s, r, g, p in HYBRID}
-    tp = ("parallel.dp=2", "parallel.tp=2", "hardware.oversubscribe=true")
-    configs.update({f"tp=2 zero{s}/{r}/grad_acc={g}/{p}": _config(s, r, g, p, *tp) for s, r, g, p in TENSOR_PARALLEL})
-    wrong = _issued(configs, 4, tmp_path)
+def test_each_hybrid_and_tensor_parallel_step_issues_what_the_step_model_lists(cases, issued):
+    wrong = _wrong(cases["four"], issued)
     assert not wrong, "\n".join(wrong)

@@ -15,7 +15,11 @@ from scaling.model.family import family_of
 from tests.helpers.compose import compose_point
 from tests.helpers.points import CLIP, TIMEOUT, point
 
-FOUR_BLOCKS = ["model.n_layers=4", CLIP]
+ONE_TIMED = "train.steps=1"
+"""The pipeline's points time one step after the two warm-up steps (the CPU floor): three optimizer steps compared,
+the first two on weights the schedule itself updated; the timed step gives the record's throughput and bubble."""
+STEPS = 3
+FOUR_BLOCKS = ["model.n_layers=4", CLIP, ONE_TIMED]
 ONE_RANK = [*FOUR_BLOCKS, "train.grad_acc=2"]
 PIPELINE = [*ONE_RANK, "parallel.pp=2", "hardware.oversubscribe=true"]
 TOL = 1e-5
@@ -31,7 +35,7 @@ def assert_same_training(a: dict, b: dict, tol: float = TOL) -> None:
     assert a["status"] == b["status"] == "ok", (a["error"], b["error"])
     for key in ("losses", "grad_norms"):
         x, y = a["metrics"][key], b["metrics"][key]
-        assert len(x) == len(y) == 5 and max(rel(p, q) for p, q in zip(x, y)) <= tol, (key, x, y)
+        assert len(x) == len(y) == STEPS and max(rel(p, q) for p, q in zip(x, y)) <= tol, (key, x, y)
     assert rel(a["metrics"]["final_param_norm"], b["metrics"]["final_param_norm"]) <= tol
 
 
@@ -77,30 +81,35 @@ def test_data_parallelism_over_pipeline_stages_trains_the_losses_of_one_rank(poi
 
 
 @pytest.mark.torchrun
-def test_a_model_one_brings_is_cut_between_its_blocks_and_trains_the_losses_of_one_rank(project):
-    """gpt.py's GPT-2-style model (learned positions, LayerNorm, untied head), its forward cut between its 2 blocks
-    by stand-ins and hooks, pp=2 under 1F1B: the losses, clipped gradient norms and weights of pp=1 at the same
-    batch, within 1e-5 (the whole model initialised once on the CPU, each stage's part copied in)."""
-    from scaling.sweep.compose import compose_config
-
-    base = [
-        "model=gpt2_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2", "train.steps=3",
-        "train.grad_acc=2", "launch.reuse=true", TIMEOUT, CLIP, f"sweep_dir={project / 'runs'}",
-    ]  # fmt: skip
-    one = run_point(compose_config(base))
-    pp = run_point(compose_config([*base, "parallel.pp=2", "hardware.oversubscribe=true"]))
-    assert_same_training(pp, one)
-    assert pp["derived"]["flops_source"] == "counted" and pp["derived"]["world_size"] == 2
+def test_a_hugging_face_config_is_cut_between_its_decoder_layers(point_store):
+    """transformers' Llama built from hf_llama_tiny's config, its 2 decoder layers on 2 stages (GPipe): the
+    training of one rank, within 1e-5. One rank's batch is trained at dp=2, grad_acc=1 (test_engine.py's DP split),
+    on the same warm job of 2 ranks: transformers is imported by the ranks of one job, not two."""
+    hf = ["model=hf_llama_tiny", "train.seq_len=32", CLIP, ONE_TIMED, "hardware.oversubscribe=true"]
+    split = point(point_store, *hf, "parallel.dp=2", "train.grad_acc=1")
+    pp = point(point_store, *hf, "parallel.pp=2", "parallel.pp_schedule=gpipe", "train.grad_acc=2")
+    assert_same_training(pp, split)
+    assert split["derived"]["gbs"] == pp["derived"]["gbs"] and split["derived"]["world_size"] == 2
 
 
 @pytest.mark.torchrun
-def test_a_hugging_face_config_is_cut_between_its_decoder_layers(point_store):
-    """transformers' Llama built from hf_llama_tiny's config, its 2 decoder layers on 2 stages (GPipe): the
-    training of one rank, within 1e-5."""
-    hf = ["model=hf_llama_tiny", "train.seq_len=32", "train.grad_acc=2", CLIP]
-    one = point(point_store, *hf)
-    pp = point(point_store, *hf, "parallel.pp=2", "parallel.pp_schedule=gpipe", "hardware.oversubscribe=true")
-    assert_same_training(pp, one)
+def test_a_model_one_brings_is_cut_between_its_blocks_and_trains_the_losses_of_one_rank(project):
+    """gpt.py's GPT-2-style model (learned positions, LayerNorm, untied head), its forward cut between its 2 blocks
+    by stand-ins and hooks, pp=2 under 1F1B: the losses, clipped gradient norms and weights of the same batch trained
+    without stages, within 1e-5 (the whole model initialised once on the CPU, each stage's part copied in). That
+    batch is trained at dp=2, grad_acc=1 (what one rank trains: test_engine.py's DP split), so both points run on one
+    warm job of 2 ranks: the project on PYTHONPATH gives its points warm jobs of their own."""
+    from scaling.sweep.compose import compose_config
+
+    base = [
+        "model=gpt2_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2", "train.steps=1",
+        "launch.reuse=true", "hardware.oversubscribe=true", TIMEOUT, CLIP, f"sweep_dir={project / 'runs'}",
+    ]  # fmt: skip
+    split = run_point(compose_config([*base, "parallel.dp=2", "train.grad_acc=1"]))
+    pp = run_point(compose_config([*base, "parallel.pp=2", "train.grad_acc=2"]))
+    assert_same_training(pp, split)
+    assert split["derived"]["gbs"] == pp["derived"]["gbs"] == 4 and split["derived"]["world_size"] == 2
+    assert pp["derived"]["flops_source"] == "counted" and pp["derived"]["world_size"] == 2
 
 
 def test_a_model_whose_weights_are_tied_across_stages_is_refused_before_any_process(project):

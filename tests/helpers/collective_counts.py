@@ -1,8 +1,11 @@
 """A torchrun script for the engine tests: the collectives one optimizer step issues, per case, from torch's profiler.
 
-    python -m torch.distributed.run --standalone --nproc-per-node=2 -m tests.helpers.collective_counts IN.json OUT.json
+    python -m torch.distributed.run --standalone --nproc-per-node=4 -m tests.helpers.collective_counts IN.json OUT.json
 
-IN.json lists cases, each {"name": ..., "config": a resolved experiment config with its `derived` block}. For each,
+IN.json lists cases, each {"name": ..., "config": a resolved experiment config with its `derived` block}, of any
+world sizes up to the launch's: the cases of the largest run first on every rank, then the launch's first ranks leave
+the process group for one of the next size (a file store beside OUT.json) and run its cases, and so on; so one launch
+pays the ranks' start-up for cases of several sizes (the engine builds on the default process group). For each,
 every rank builds the model with `parallelize`, runs two untimed steps (the first makes the optimizer states; DDP
 rebuilds its buckets in the second one's forward, broadcasting the new bucket order from rank 0, as the worker's
 warm-up absorbs it) and profiles exactly one `train_step` of grad_acc micro-batches. Rank 0 writes
@@ -81,11 +84,21 @@ def count_step(cfg: ExperimentConfig, rank: int) -> dict[str, list[int]]:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    rank, launched = dist.get_rank(), dist.get_world_size()
     with open(sys.argv[1]) as f:
-        cases = json.load(f)
-    counts = {case["name"]: count_step(ExperimentConfig.from_dict(case["config"]), rank) for case in cases}
+        cases = [(case["name"], ExperimentConfig.from_dict(case["config"])) for case in json.load(f)]
+    counts: dict[str, dict[str, list[int]]] = {}
+    for world in sorted({cfg.parallel.layout.world_size for _, cfg in cases}, reverse=True):
+        if world > launched:
+            raise SystemExit(f"a case of {world} ranks in a launch of {launched}: launch --nproc-per-node={world}")
+        if world < dist.get_world_size():  # the first `world` ranks, in a process group of their own
+            dist.destroy_process_group()
+            if rank >= world:
+                break
+            dist.init_process_group("gloo", init_method=f"file://{sys.argv[2]}.{world}", rank=rank, world_size=world)
+        counts.update({name: count_step(cfg, rank) for name, cfg in cases if cfg.parallel.layout.world_size == world})
     if rank == 0:
         with open(sys.argv[2], "w") as f:
             json.dump(counts, f)
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
