@@ -60,12 +60,11 @@ def points_of(grid: Sequence[str]) -> int:
 
 POINTS = points_of(GRID)
 SMALL_GRID = [
-    *(o for o in GRID if not o.startswith(("parallel.", "train.seq_len="))),
-    "train.seq_len=16,24,32,40,48,56",
+    *(o for o in GRID if not o.startswith(("parallel.zero_stage=", "train.seq_len="))),
+    "parallel.zero_stage=0,1,2",
+    "train.seq_len=16,24",
 ]
-"""6 one-step points on one rank each, for the suite: what the store and the drivers must do is the same as on
-GRID's 12 at dp=2 (a point's ranks are its torchrun's to start and end: tests/test_warm.py kills a driver of dp=2
-points), for less CPU (each driver's warm job starts one rank, not two, and takes half as many turns)."""
+"""GRID's first 6 points, for the suite: the same drivers, ranks and store, half the turns."""
 SUMMARY = re.compile(r"^\[scaling\] ([0-9a-f]{12}) (ok|oom|failed|timeout|invalid|predicted_oom)\b", re.M)
 
 
