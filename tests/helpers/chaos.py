@@ -64,7 +64,7 @@ SMALL_GRID = [
     "parallel.zero_stage=0,1,2",
     "train.seq_len=16,24",
 ]
-"""GRID's first 6 points, for the suite: the same drivers, ranks and store, half the turns."""
+"""6 of GRID's points, for the suite: the same drivers, ranks and store, half the turns."""
 SUMMARY = re.compile(r"^\[scaling\] ([0-9a-f]{12}) (ok|oom|failed|timeout|invalid|predicted_oom)\b", re.M)
 
 
