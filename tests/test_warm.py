@@ -102,9 +102,8 @@ def _warm_then_fresh(warm_store: Path, fresh_store: Path, started_before: set, s
         seen["woken"] = [r.num_ctx_switches().voluntary - b for r, b in zip(ranks, before_idle)]
         jobs = list(warm._jobs.values())
         seen["fresh_oom"] = point(fresh_store, *SHAPE, *TOO_BIG, FRESH)
-        seen["job_kept"] = (
-            list(warm._jobs.values()) == jobs and job.alive
-        )  # the fresh launch neither ended nor began one
+        # the fresh launch neither ended the warm job nor started one
+        seen["job_kept"] = list(warm._jobs.values()) == jobs and job.alive
 
         # The job's ranks die between two points; the point handed to it was never started.
         torchrun_proc.suspend()
