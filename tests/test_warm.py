@@ -15,12 +15,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import pytest
 
 from scaling.engine.jobfiles import RESULT_FILE
 from scaling.launch import warm
+from scaling.launch.devices import LOCK_DIR_ENV
 from scaling.perf.step_model import MODULE_GRADS, MODULE_PARAMS
 from scaling.store.record import launch_dir
 from tests.helpers.compose import workload_of
@@ -57,36 +59,89 @@ def job_of_last_point() -> warm.WarmJob:
     return max(warm._jobs.values(), key=lambda j: j.last_used)
 
 
-def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does_also_after_one_past_its_capacity(tmp_path):
+SHAPE = ["parallel.dp=2", "hardware.memory_gb=0.005"]
+"""5 MB: the tiny model at seq 32 fits, at seq 256 x mbs 4 it does not; one capacity, so one shape and one job."""
+TOO_BIG = ["train.seq_len=256", "train.mbs=4", "launch.prescreen=false"]
+ZERO3 = ["train.seq_len=32", "train.grad_acc=2", "parallel.zero_stage=3", CLIP]
+
+
+@pytest.fixture(scope="module")
+def warm_then_fresh(tmp_path_factory) -> Iterator[dict]:
+    """One warm job of SHAPE and the fresh launches it is compared with, for the two tests below: a ZeRO-0 point,
+    one past the capacity and a ZeRO-3 point on the job's ranks (its `warm` store); the point past the capacity by a
+    fresh launch while the job is idle; then the job's ranks killed while its torchrun still looks alive (stopped, so
+    the race is not left to chance) and the ZeRO-3 point handed to it, which a fresh launch then measures (its
+    `fresh` store): the fresh launch the warm ZeRO-3 point is compared with. What each step saw, by name."""
+    root = tmp_path_factory.mktemp("warm_then_fresh")
+    warm_store, fresh_store = root / "warm", root / "fresh"
+    warm_store.mkdir()
+    fresh_store.mkdir()
+    started_before = set(map(id, warm._jobs.values()))
+    seen: dict = {"warm_store": warm_store, "fresh_store": fresh_store}
+    # A lock directory of its own, as each test has (conftest.py): set up before any test's, this fixture would
+    # otherwise lease the host's, where a driver of another run on the host would end the idle job.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(LOCK_DIR_ENV, str(root / "device-locks"))
+        yield from _warm_then_fresh(warm_store, fresh_store, started_before, seen)
+
+
+def _warm_then_fresh(warm_store: Path, fresh_store: Path, started_before: set, seen: dict) -> Iterator[dict]:
+    try:
+        seen["before"] = point(warm_store, *SHAPE, "train.seq_len=32", "train.grad_acc=2", *WARM)
+        seen["oom"] = point(warm_store, *SHAPE, *TOO_BIG, *WARM)
+        seen["after"] = point(warm_store, *SHAPE, *ZERO3, *WARM)
+        # Between points the ranks block on their wake pipes: no polling on the cores the next point is measured on
+        # (a 20 ms poll woke each rank about 50 times a second).
+        job = job_of_last_point()
+        torchrun_proc = psutil.Process(job.proc.pid)
+        ranks = torchrun_proc.children(recursive=True)
+        time.sleep(0.3)
+        before_idle = [r.num_ctx_switches().voluntary for r in ranks]
+        time.sleep(1.0)
+        seen["ranks"] = len(ranks)
+        seen["woken"] = [r.num_ctx_switches().voluntary - b for r, b in zip(ranks, before_idle)]
+        jobs = list(warm._jobs.values())
+        seen["fresh_oom"] = point(fresh_store, *SHAPE, *TOO_BIG, FRESH)
+        # the fresh launch neither ended the warm job nor started one
+        seen["job_kept"] = list(warm._jobs.values()) == jobs and job.alive
+
+        # The job's ranks die between two points; the point handed to it was never started.
+        torchrun_proc.suspend()
+        for rank in ranks:
+            rank.kill()
+        psutil.wait_procs(ranks, timeout=10)
+        handed = job.pool_dir / f"command-{job.points}.json"
+        done: list = []
+        runner = threading.Thread(target=lambda: done.append(point(fresh_store, *SHAPE, *ZERO3, *WARM)), daemon=True)
+        runner.start()
+        deadline = time.monotonic() + 120
+        while not handed.exists() and runner.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen["handed"] = handed.exists()
+        torchrun_proc.kill()
+        runner.join(timeout=300)
+        (seen["fresh"],) = done
+        yield seen
+    finally:
+        for job in list(warm._jobs.values()):
+            if id(job) not in started_before:
+                warm._end(job)
+
+
+def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does_also_after_one_past_its_capacity(warm_then_fresh):
     """ZeRO-3 on the ranks that have just run a ZeRO-0 point (DDP's reducer, another optimizer) and then a point
     whose tracked step passed the emulated capacity (every rank raises it together at the end of that step: `oom`,
     with the fresh launch's message, and the job goes on) equals its fresh launch: losses, gradient norms, weights
     and optimizer bytes exactly; the tracked peak within one FSDP2 collective buffer, which is what two fresh
     launches differ by (gloo's worker thread drops the last reference to a finished all-gather's or reduce-scatter's
     buffers at its own time, before or after the main thread's next allocation). The records say which turn of the
-    job each was, and a turn paid no start-up. The fresh launches in this process share its lease with the idle
-    warm job (CPU), which is still up after them."""
-    warm_store, fresh_store = tmp_path / "warm", tmp_path / "fresh"
-    warm_store.mkdir()
-    fresh_store.mkdir()
-    # 5 MB: the tiny model at seq 32 fits, at seq 256 x mbs 4 it does not; one capacity, so one shape and one job
-    shape = ["parallel.dp=2", "hardware.memory_gb=0.005"]
-    too_big = ["train.seq_len=256", "train.mbs=4", "launch.prescreen=false"]
-    zero3 = ["train.seq_len=32", "train.grad_acc=2", "parallel.zero_stage=3", CLIP]
-    before = point(warm_store, *shape, "train.seq_len=32", "train.grad_acc=2", *WARM)
-    oom, after = point(warm_store, *shape, *too_big, *WARM), point(warm_store, *shape, *zero3, *WARM)
-    # Between points the ranks block on their wake pipes: no polling on the cores the next point is measured on
-    # (a 20 ms poll woke each rank about 50 times a second).
-    job = job_of_last_point()
-    ranks = psutil.Process(job.proc.pid).children(recursive=True)
-    time.sleep(0.3)
-    before_idle = [r.num_ctx_switches().voluntary for r in ranks]
-    time.sleep(1.0)
-    woken = [r.num_ctx_switches().voluntary - b for r, b in zip(ranks, before_idle)]
-    assert len(ranks) == 2 and max(woken) <= 5, woken
-    jobs = list(warm._jobs.values())
-    fresh_oom, fresh = point(fresh_store, *shape, *too_big, FRESH), point(fresh_store, *shape, *zero3, FRESH)
-    assert list(warm._jobs.values()) == jobs and job.alive  # the fresh launches neither ended it nor started one
+    job each was, and a turn paid no start-up. The fresh launch in this process shares its lease with the idle
+    warm job (CPU), which is still up after it."""
+    seen = warm_then_fresh
+    before, oom, after = seen["before"], seen["oom"], seen["after"]
+    fresh_oom, fresh = seen["fresh_oom"], seen["fresh"]
+    assert seen["ranks"] == 2 and max(seen["woken"]) <= 5, seen["woken"]  # idle ranks block on their wake pipes
+    assert seen["job_kept"]  # the fresh launch neither ended the warm job nor started one
     assert before["status"] == after["status"] == fresh["status"] == "ok", (after["error"], fresh["error"])
     assert oom["status"] == fresh_oom["status"] == "oom"
     assert oom["error"] == fresh_oom["error"] and "emulated capacity exceeded" in oom["error"], oom["error"]
@@ -102,9 +157,9 @@ def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does_also_after_one_
     # No interpreter, no torch import, no process group: the turn takes less than the fresh launch's start-up.
     held = after["repeats"][0]["timing"]["torchrun_wall_s"]
     assert held < fresh["repeats"][0]["timing"]["startup_device_s"] / 2, (held, fresh["repeats"][0]["timing"])
-    log = (launch_dir(warm_store / after["job_key"], after) / "torchrun.log").read_text()
+    log = (launch_dir(seen["warm_store"] / after["job_key"], after) / "torchrun.log").read_text()
     assert "Traceback" not in log  # the point's own part of the job's log
-    assert len(list(warm_store.glob("*/result.json"))) == 3
+    assert len(list(seen["warm_store"].glob("*/result.json"))) == 3
 
 
 def test_a_failing_point_ends_its_warm_job_and_the_next_point_starts_a_new_one(tmp_path):
@@ -177,31 +232,13 @@ def test_killing_the_driver_during_a_warm_job_leaves_no_rank_and_one_record_per_
     assert processes_mentioning(str(tmp)) == []
 
 
-def test_a_warm_job_that_dies_before_taking_a_point_leaves_it_to_a_fresh_launch(tmp_path):
-    """The job's ranks die between two points while its torchrun still looks alive (stopped here, so the race is
-    not left to chance); the point handed to it was never started: it is measured by a fresh launch and ok, not
-    recorded `failed`."""
-    zero0 = ["parallel.dp=2", "train.seq_len=32", *WARM]
-    first = point(tmp_path, *zero0)
-    assert first["status"] == "ok", first["error"]
-    job = job_of_last_point()
-    torchrun_proc = psutil.Process(job.proc.pid)
-    ranks = torchrun_proc.children(recursive=True)
-    torchrun_proc.suspend()
-    for rank in ranks:
-        rank.kill()
-    psutil.wait_procs(ranks, timeout=10)
-    handed = job.pool_dir / f"command-{job.points}.json"
-    done: list = []
-    runner = threading.Thread(target=lambda: done.append(point(tmp_path, *zero0, "train.seq_len=40")), daemon=True)
-    runner.start()
-    deadline = time.monotonic() + 120
-    while not handed.exists() and runner.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert handed.exists(), "the point was never handed to the warm job"
-    torchrun_proc.kill()
-    runner.join(timeout=300)
-    (second,) = done
+def test_a_warm_job_that_dies_before_taking_a_point_leaves_it_to_a_fresh_launch(warm_then_fresh):
+    """The job's ranks die between two points while its torchrun still looks alive (stopped, so the race is not
+    left to chance); the point handed to it was never started: it is measured by a fresh launch and ok, not
+    recorded `failed` (the ZeRO-3 point of `warm_then_fresh`, handed to its job after its third point)."""
+    seen = warm_then_fresh
+    assert seen["handed"], "the point was never handed to the warm job"
+    second = seen["fresh"]
     assert second["status"] == "ok", second["error"]
     assert len(second["repeats"]) == 1 and second["repeats"][0]["timing"]["points_before"] == 0  # a fresh launch
-    assert len(list(tmp_path.glob("*/result.json"))) == 2
+    assert len(list(seen["fresh_store"].glob("*/result.json"))) == 2  # and the fresh point past the capacity

@@ -1,4 +1,5 @@
-"""Real drivers on one sweep directory under faults, on the grid below (12 tiny points at dp=2 on warm ranks).
+"""Real drivers on one sweep directory under faults, on the grid below (12 tiny points at dp=2 on warm ranks) or
+another one given (`SMALL_GRID`: the suite's).
 
 `chaos(sweep_dir, seed)` runs it as two `scaling run -m` processes at once, sharing the host's device lease (a lock
 directory of the run's own), kills one of them at a moment drawn from `seed` (a number of records, then a fraction
@@ -18,6 +19,7 @@ and returns the figures the tests and `benchmarks/bench_chaos.py` print.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -26,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import psutil
 
@@ -49,12 +51,27 @@ GRID = [
     "parallel.zero_stage=0,1,2,3",
     "train.seq_len=16,24,32",
 ]
-POINTS = 12
+
+
+def points_of(grid: Sequence[str]) -> int:
+    """How many points a grid of comma-separated overrides has."""
+    return math.prod(len(o.split("=", 1)[1].split(",")) for o in grid)
+
+
+POINTS = points_of(GRID)
+SMALL_GRID = [
+    *(o for o in GRID if not o.startswith(("parallel.zero_stage=", "train.seq_len="))),
+    "parallel.zero_stage=0,1,2",
+    "train.seq_len=16,24",
+]
+"""6 of GRID's points, for the suite: the same drivers, ranks and store, half the turns."""
 SUMMARY = re.compile(r"^\[scaling\] ([0-9a-f]{12}) (ok|oom|failed|timeout|invalid|predicted_oom)\b", re.M)
 
 
-def _driver(sweep_dir: Path, env: dict[str, str], log: Path, *extra: str, session: bool = False) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "scaling", "run", "-m", *GRID, f"sweep_dir={sweep_dir}", *extra]
+def _driver(
+    sweep_dir: Path, env: dict[str, str], log: Path, *extra: str, session: bool = False, grid: Sequence[str] = GRID
+) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "scaling", "run", "-m", *grid, f"sweep_dir={sweep_dir}", *extra]
     with open(log, "w") as out:
         return subprocess.Popen(
             argv,
@@ -78,12 +95,14 @@ def _ours(lock_dir: str) -> list[psutil.Process]:
     return found
 
 
-def _at_progress(sweep_dir: Path, driver: subprocess.Popen, rng: random.Random, late_s: float) -> int:
+def _at_progress(
+    sweep_dir: Path, driver: subprocess.Popen, rng: random.Random, late_s: float, points: int = POINTS
+) -> int:
     """Wait for a moment drawn as progress, not as a time, so that it falls inside the grid on a fast machine as on a
-    slow one: after a seeded number of records (0 to POINTS - 2: before the first point, between points, never after
+    slow one: after a seeded number of records (0 to `points` - 2: before the first point, between points, never after
     the last), a seeded 0 to `late_s` seconds later (at the record's write, in the next point's claim, lease or
     launch, or in its steps). The number of records it waited for."""
-    after_records, late = rng.randrange(POINTS - 1), rng.uniform(0.0, late_s)
+    after_records, late = rng.randrange(points - 1), rng.uniform(0.0, late_s)
     deadline = time.monotonic() + 300.0
     while driver.poll() is None and time.monotonic() < deadline:
         if len(list(sweep_dir.glob("*/result.json"))) >= after_records:
@@ -93,7 +112,9 @@ def _at_progress(sweep_dir: Path, driver: subprocess.Popen, rng: random.Random, 
     return after_records
 
 
-def _check(sweep_dir: Path, lock_dir: str, outputs: list[str], kept_all: bool = True) -> list[dict[str, Any]]:
+def _check(
+    sweep_dir: Path, lock_dir: str, outputs: list[str], kept_all: bool = True, points: int = POINTS
+) -> list[dict[str, Any]]:
     """What a shared store must hold after the drivers have ended (the module's docstring), and with `kept_all`
     every measurement made kept in a record (a SIGKILLed driver loses the one it had not recorded); its records."""
     left = _ours(lock_dir)
@@ -101,7 +122,7 @@ def _check(sweep_dir: Path, lock_dir: str, outputs: list[str], kept_all: bool = 
         p.kill()
     assert not left, f"processes left: {[' '.join(p.cmdline()[:6]) for p in left]}"
     records = list(iter_records(sweep_dir))
-    assert len(records) == POINTS, f"{len(records)} records for {POINTS} points"
+    assert len(records) == points, f"{len(records)} records for {points} points"
     assert all(r["status"] == "ok" for r in records), [(r["job_key"], r["status"], r["error"]) for r in records]
     attempts = sorted({r["provenance"]["attempt"] for r in records})
     assert attempts == [1], f"attempts {attempts}: a point was recorded more than once"
@@ -127,29 +148,29 @@ def _setting(sweep_dir: Path, drivers: int) -> tuple[str, dict[str, str], list[P
     return lock_dir, {**os.environ, LOCK_DIR_ENV: lock_dir}, logs
 
 
-def chaos(sweep_dir: Path, seed: int, late_s: float = 1.0) -> dict[str, Any]:
-    """One run (see the module's docstring) killing a driver at a seeded moment (`_at_progress`); raises
+def chaos(sweep_dir: Path, seed: int, late_s: float = 1.0, grid: Sequence[str] = GRID) -> dict[str, Any]:
+    """One run (see the module's docstring) of `grid` killing a driver at a seeded moment (`_at_progress`); raises
     AssertionError naming what the store got wrong."""
-    rng = random.Random(seed)
+    rng, points = random.Random(seed), points_of(grid)
     lock_dir, env, logs = _setting(sweep_dir, 3)
     start = time.monotonic()
-    drivers = [_driver(sweep_dir, env, logs[0]), _driver(sweep_dir, env, logs[1])]
+    drivers = [_driver(sweep_dir, env, logs[0], grid=grid), _driver(sweep_dir, env, logs[1], grid=grid)]
     victim = rng.randrange(2)
-    after_records = _at_progress(sweep_dir, drivers[victim], rng, late_s)
+    after_records = _at_progress(sweep_dir, drivers[victim], rng, late_s, points)
     kill_after = time.monotonic() - start
     recorded_at_kill = len(list(sweep_dir.glob("*/result.json")))
     killed = drivers[victim].poll() is None
     if killed:
         drivers[victim].kill()
         drivers[victim].wait()
-    drivers.append(_driver(sweep_dir, env, logs[2]))  # started again
+    drivers.append(_driver(sweep_dir, env, logs[2], grid=grid))  # started again
     for d in drivers:
         d.wait(timeout=600)
     wall_s = time.monotonic() - start
     outputs = [log.read_text() for log in logs]
     codes = [d.returncode for i, d in enumerate(drivers) if not (killed and i == victim)]
     assert set(codes) == {0}, (codes, [o[-2000:] for o in outputs])
-    records = _check(sweep_dir, lock_dir, outputs, kept_all=False)
+    records = _check(sweep_dir, lock_dir, outputs, kept_all=False, points=points)
     launch_dirs = sorted(sweep_dir.glob("*/launches/*"))
     return {
         "seed": seed,
