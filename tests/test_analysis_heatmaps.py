@@ -207,7 +207,7 @@ def test_theme_and_text_colour_are_seaborns():
     theirs = {**sns.axes_style("whitegrid"), **sns.plotting_context("notebook", font_scale=0.8)}
     del theirs["image.cmap"]
     assert {k: v for k, v in THEME_RC.items() if k != "axes.prop_cycle"} == pytest.approx(theirs)
-    assert PALETTE == tuple(sns.color_palette("colorblind").as_hex())
+    assert tuple(sns.color_palette("colorblind").as_hex()) == PALETTE
     for name in ("black", "white", "#777777", "#0173b2", "#ece133", "#fde725"):
         rgba = mpl.colors.to_rgba(name)
         assert luminance(rgba) == pytest.approx(relative_luminance(rgba))
