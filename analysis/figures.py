@@ -75,10 +75,10 @@ THEME_RC: dict[str, Any] = {
     **dict.fromkeys(("xtick.labelsize", "ytick.labelsize", "legend.fontsize"), 11 * 0.8),
     "axes.prop_cycle": mpl.cycler(color=PALETTE),
 }
-"""seaborn's whitegrid theme at the notebook scale, written out as rc settings (importing seaborn for them would
-cost a report process about a second of CPU: seaborn imports scipy.stats); tests/test_analysis_heatmaps.py holds
-them equal to seaborn's own, but for its default image colormap (seaborn's "rocket", which only importing seaborn
-registers; no figure drawn under the theme uses a default colormap). The line figures (DP scaling, extrapolation, memory) draw
+"""seaborn's whitegrid theme at the notebook scale, written out as rc settings (importing seaborn for them would cost a
+report process about a second of CPU: seaborn imports scipy.stats); tests/test_analysis_heatmaps.py holds them equal
+to seaborn's own, but for its default image colormap (seaborn's "rocket", which only importing seaborn registers; no
+figure drawn under the theme uses a default colormap). The line figures (DP scaling, extrapolation, memory) draw
 under it; the heatmaps keep their own look (and their fast drawing, see analysis.heatmaps)."""
 _Plot = TypeVar("_Plot", bound=Callable[..., Any])
 
