@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Optional, TypeVar
 
 import matplotlib as mpl
+import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PIL import Image
@@ -29,57 +30,15 @@ PNG_RC = {"text.hinting": "none"}
 PNG_COMPRESS_LEVEL = 1
 """zlib level of the PNG: level 1 takes a fraction of the default level's time for ~10% more bytes."""
 
-PALETTE = ("#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fbafe4", "#949494", "#ece133", "#56b4e9")
-"""The colours of the line figures, in order: seaborn's colour-blind-safe palette ("colorblind")."""
-_GREY, _LIGHT = ".15", ".8"
+PALETTE = tuple(sns.color_palette("colorblind"))
+"""The colours of the line figures, in order: seaborn's colour-blind-safe palette."""
 THEME_RC: dict[str, Any] = {
-    # seaborn's "whitegrid" axes style
-    "figure.facecolor": "white",
-    "axes.facecolor": "white",
-    "axes.edgecolor": _LIGHT,
-    "axes.labelcolor": _GREY,
-    "axes.axisbelow": True,
-    "axes.grid": True,
-    **{f"axes.spines.{side}": True for side in ("left", "bottom", "right", "top")},
-    "grid.color": _LIGHT,
-    "grid.linestyle": "-",
-    "text.color": _GREY,
-    "xtick.color": _GREY,
-    "ytick.color": _GREY,
-    "xtick.direction": "out",
-    "ytick.direction": "out",
-    "xtick.top": False,
-    "ytick.right": False,
-    "xtick.bottom": False,
-    "ytick.left": False,
-    "font.family": ["sans-serif"],
-    "font.sans-serif": ["Arial", "DejaVu Sans", "Liberation Sans", "Bitstream Vera Sans", "sans-serif"],
-    "lines.solid_capstyle": "round",
-    "patch.edgecolor": "w",
-    "patch.force_edgecolor": True,
-    # its "notebook" context at font_scale 0.8
-    "axes.linewidth": 1.25,
-    "grid.linewidth": 1,
-    "lines.linewidth": 1.5,
-    "lines.markersize": 6,
-    "patch.linewidth": 1,
-    "xtick.major.width": 1.25,
-    "ytick.major.width": 1.25,
-    "xtick.minor.width": 1,
-    "ytick.minor.width": 1,
-    "xtick.major.size": 6,
-    "ytick.major.size": 6,
-    "xtick.minor.size": 4,
-    "ytick.minor.size": 4,
-    **dict.fromkeys(("font.size", "axes.labelsize", "axes.titlesize", "legend.title_fontsize"), 12 * 0.8),
-    **dict.fromkeys(("xtick.labelsize", "ytick.labelsize", "legend.fontsize"), 11 * 0.8),
+    **sns.axes_style("whitegrid"),
+    **sns.plotting_context("notebook", font_scale=0.8),
     "axes.prop_cycle": mpl.cycler(color=PALETTE),
 }
-"""seaborn's whitegrid theme at the notebook scale, written out as rc settings (importing seaborn for them would cost a
-report process about a second of CPU: seaborn imports scipy.stats); tests/test_analysis_heatmaps.py holds them equal
-to seaborn's own, but for its default image colormap (seaborn's "rocket", which only importing seaborn registers; no
-figure drawn under the theme uses a default colormap). The line figures (DP scaling, extrapolation, memory) draw
-under it; the heatmaps keep their own look (and their fast drawing, see analysis.heatmaps)."""
+"""seaborn's whitegrid theme at the notebook scale, as rc settings: the line figures (DP scaling, extrapolation,
+memory) draw under it; the heatmaps keep their own look (and their fast drawing, see analysis.heatmaps)."""
 _Plot = TypeVar("_Plot", bound=Callable[..., Any])
 
 

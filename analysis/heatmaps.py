@@ -20,6 +20,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.colors import Normalize
 from matplotlib.patches import Rectangle
+from seaborn.utils import relative_luminance
 
 from analysis.collect import CONFIG_AXES
 from analysis.figures import new_figure
@@ -179,13 +180,6 @@ def cells(df: pd.DataFrame, x: str, y: str, metric: str, by: Sequence[str] = ())
     return out.drop(columns="rank")
 
 
-def luminance(rgba: Sequence[float]) -> float:
-    """The relative luminance of an sRGB colour (W3C's definition, WCAG 2), 0 for black to 1 for white: a cell's
-    text is black above 0.408 and white below, the threshold of seaborn's annotated heatmaps."""
-    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgba[:3]]
-    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
-
-
 def ties(values: np.ndarray, noise: np.ndarray, best: tuple[int, ...]) -> np.ndarray:
     """Cells whose value is within noise of the best cell's (the best cell included); NaN cells never."""
     if not np.isfinite(values[best]):
@@ -258,7 +252,7 @@ def draw_cells(
             ha="center",
             va="center",
             fontsize=fontsize,
-            color="black" if luminance(colours[i, j]) > 0.408 else "white",
+            color="black" if relative_luminance(colours[i, j]) > 0.408 else "white",
         )
     position = {(yv, xv): (ys.index(yv), xs.index(xv)) for yv, xv in table.index if yv in ys and xv in xs}
     for (yv, xv), status in table["status"].items():

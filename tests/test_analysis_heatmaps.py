@@ -191,23 +191,3 @@ def test_facet_grid_legend_names_ties_oversubscription_and_emulated_ooms(tmp_pat
     assert legend == ["OOM (emulated capacity)", "★ best", "≈ within noise of ★", "† oversubscribed"]
     mfu = facet_grid(df, x="mbs", y="seq_len", metric="mfu")
     assert mfu.axes[-1].get_ylabel() == "MFU against a measured matmul peak"
-
-
-def test_theme_and_text_colour_are_seaborns():
-    """The line figures' theme and the heatmaps' text colour, written out so a report never imports seaborn, are
-    seaborn's own: its whitegrid style at the notebook scale (less the colormap only seaborn registers), its
-    colour-blind palette and its luminance."""
-    import matplotlib as mpl
-    import seaborn as sns
-    from seaborn.utils import relative_luminance
-
-    from analysis.figures import PALETTE, THEME_RC
-    from analysis.heatmaps import luminance
-
-    theirs = {**sns.axes_style("whitegrid"), **sns.plotting_context("notebook", font_scale=0.8)}
-    del theirs["image.cmap"]
-    assert {k: v for k, v in THEME_RC.items() if k != "axes.prop_cycle"} == pytest.approx(theirs)
-    assert tuple(sns.color_palette("colorblind").as_hex()) == PALETTE
-    for name in ("black", "white", "#777777", "#0173b2", "#ece133", "#fde725"):
-        rgba = mpl.colors.to_rgba(name)
-        assert luminance(rgba) == pytest.approx(relative_luminance(rgba))
