@@ -220,7 +220,7 @@ class Workload:
 
     def layout_at(self, n: int) -> Layout:
         """The parallel layout at dp=n (scaling.core.layout): its shard group where dp_shard divides n."""
-        return Layout(self.zero_stage, n, tp=self.tp, pp=self.pp).with_shard_group(self.dp_shard)
+        return _layout_at(self.zero_stage, n, self.tp, self.pp, self.dp_shard)
 
     def shard_size(self, n: int) -> int:
         """Ranks a shard spans at dp=n: dp_shard where it is a proper divisor of n, else n."""
@@ -297,6 +297,12 @@ class Workload:
     def tokens_per_rank(self, n: int) -> float:
         """Tokens per optimizer step of one rank (one GPU) at dp=n: a dp rank's, shared by its tp ranks."""
         return self.layout_at(n).per_gpu(float(self.mbs * self.seq_len * (self.grad_acc_at(n) or np.nan)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_at(zero_stage: int, n: int, tp: int, pp: int, dp_shard: Optional[int]) -> Layout:
+    # kept: a band's draws ask for the same few layouts hundreds of thousands of times (a Layout is frozen)
+    return Layout(zero_stage, n, tp=tp, pp=pp).with_shard_group(dp_shard)
 
 
 @functools.lru_cache(maxsize=4096)
