@@ -83,7 +83,7 @@ class Network:
 
     def scale(self, op: str) -> float:
         """The factor on `op`'s bytes term."""
-        return dict(self.op_scale).get(op, 1.0)
+        return next((factor for name, factor in reversed(self.op_scale) if name == op), 1.0)  # the last, as a dict
 
     def missing(self, n: int) -> list[str]:
         """The tiers a collective over n ranks needs (its bandwidth's and its steps') that have no figures."""

@@ -453,6 +453,20 @@ def _micro_step_kinds(grad_acc: int) -> list[tuple[int, set[str]]]:
     return [k for k in kinds if k[0] > 0]
 
 
+@functools.lru_cache(maxsize=4096)
+def _ring_calls(
+    w: Workload, n: int, grad_acc: int, devices_per_node: Optional[int]
+) -> tuple[tuple[Optional[Window], str, float, int, Optional[int], float], ...]:
+    """(window, op, calls per round of the window, ranks, ranks of them per node, bytes per call) of each collective
+    of a step: what `comm_windows` prices, kept (a band's draws price the same few steps on hundreds of networks)."""
+    out = []
+    for call in step_collectives(w, n, grad_acc):
+        rounds = grad_acc if call.window is not None and call.window.micro_steps == EACH_MICRO else 1
+        ranks, per_node = w.ring(call.group, n, devices_per_node)
+        out.append((call.window, call.op, call.count / rounds, ranks, per_node, call.bytes_per_call))
+    return tuple(out)
+
+
 def comm_windows(w: Workload, net: Network, n: int, grad_acc: int) -> list[tuple[int, float, float]]:
     """The communication of one step at dp=n by window: (how many such windows the step has, seconds of
     communication in each, the share of a micro-step's compute it can hide behind; 0 for exposed); none on one rank
@@ -460,12 +474,8 @@ def comm_windows(w: Workload, net: Network, n: int, grad_acc: int) -> list[tuple
     if w.layout_at(n).world_size < 2:
         return []
     per_window: dict[Optional[Window], float] = {}
-    for call in step_collectives(w, n, grad_acc):
-        rounds = grad_acc if call.window is not None and call.window.micro_steps == EACH_MICRO else 1
-        ranks, per_node = w.ring(call.group, n, net.devices_per_node)
-        per_window[call.window] = per_window.get(call.window, 0.0) + call.count / rounds * net.on_ring(per_node).time_s(
-            call.op, ranks, call.bytes_per_call
-        )
+    for window, op, per_round, ranks, per_node, size in _ring_calls(w, n, grad_acc, net.devices_per_node):
+        per_window[window] = per_window.get(window, 0.0) + per_round * net.on_ring(per_node).time_s(op, ranks, size)
     out = [(1, per_window[None], 0.0)] if None in per_window else []
     for times, selectors in _micro_step_kinds(grad_acc):
         for phase in (FORWARD, BACKWARD):
