@@ -350,6 +350,10 @@ def test_grid_sampler_visits_each_point_once(tmp_path: Path) -> None:
     points = {(t.params["x"], t.params["mbs"], t.params["kind"]) for t in study.trials}
     assert len(study.trials) == 8 and len(points) == 8
     assert "the grid sampler visited every point" in stdout
+    # each job of a batch of three ran its own trial's point (the sweeper hands the launcher the configs it composed)
+    assert [t.value for t in study.trials] == [
+        pytest.approx(toy_score(t.user_attrs["overrides"])) for t in study.trials
+    ]
 
 
 @pytest.mark.subprocess

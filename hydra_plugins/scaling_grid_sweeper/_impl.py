@@ -38,7 +38,7 @@ from scaling.sweep.grid import (
 )
 from scaling.sweep.hydra_adapter import BasicLauncher, BasicSweeper
 
-from ._loader import GridConfigLoader
+from ._loader import ComposedConfigLoader
 
 log = logging.getLogger(__name__)
 
@@ -97,11 +97,12 @@ class GridSweep(BasicSweeper):
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         """Hydra's setup; Hydra's basic launcher (jobs in this process) then composes each job from the
-        compositions the grid's survey makes (`GridConfigLoader`), other launchers as Hydra does."""
+        compositions the grid's survey makes (`ComposedConfigLoader`), other launchers as Hydra does."""
         super().setup(hydra_context=hydra_context, task_function=task_function, config=config)
         self.configs = PointConfigs(hydra_context.config_loader, config)
         if self.compose_once and type(self.launcher) is BasicLauncher:
-            composed = replace(hydra_context, config_loader=GridConfigLoader(self.configs))
+            loader = ComposedConfigLoader(self.configs.loader, self.configs.master, self.configs.job_config)
+            composed = replace(hydra_context, config_loader=loader)
             self.launcher.setup(hydra_context=composed, task_function=task_function, config=config)
 
     def sweep(self, arguments: List[str]) -> list[list[JobReturn]]:

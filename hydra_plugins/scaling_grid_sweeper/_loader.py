@@ -1,15 +1,16 @@
-"""The config loader that Hydra's basic launcher composes each job of the grid through.
+"""The config loader that Hydra's basic launcher composes each job of a sweep through.
 
 The basic launcher composes every job's config again (`ConfigLoader.load_sweep_config`, 0.26-0.36 s a point on a
-2-core CPU host), although the grid sweeper has already composed each config-group choice of the grid
-(scaling.sweep.grid.PointConfigs). This loader answers `load_sweep_config` for the sweep's own master config from
-those compositions (`PointConfigs.job_config`: the same config, hydra node included) and hands every other call to
-Hydra's loader; the launcher, `run_job`, the job's `.hydra/` files and callbacks are Hydra's own.
+2-core CPU host), although the sweeper has composed it already: the grid sweeper each config-group choice of the grid
+(scaling.sweep.grid.PointConfigs), the Optuna sweeper each trial's point (to look it up in the record store). This
+loader answers `load_sweep_config` for the sweep's own master config from the sweeper's compositions (the same
+config, hydra node included) and hands every other call, and every job the sweeper did not compose, to Hydra's
+loader; the launcher, `run_job`, the job's `.hydra/` files and callbacks are Hydra's own.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from hydra.core.config_loader import ConfigLoader
 from hydra.core.config_search_path import ConfigSearchPath
@@ -18,20 +19,22 @@ from hydra.plugins.config_source import ConfigSource
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from scaling.sweep.grid import PointConfigs
 
+class ComposedConfigLoader(ConfigLoader):
+    """Hydra's config loader `loader`, with each job of `master` the sweeper composed answered by `composed(overrides)`
+    (None: not composed, Hydra's loader composes it)."""
 
-class GridConfigLoader(ConfigLoader):
-    """Hydra's config loader, with each job of the grid's master config composed from the grid's compositions."""
-
-    def __init__(self, points: PointConfigs) -> None:
-        self.points = points
-        self.loader: ConfigLoader = points.loader
+    def __init__(
+        self, loader: ConfigLoader, master: DictConfig, composed: Callable[[List[str]], Optional[DictConfig]]
+    ) -> None:
+        self.loader, self.master, self.composed = loader, master, composed
 
     def load_sweep_config(self, master_config: DictConfig, sweep_overrides: List[str]) -> DictConfig:
-        """The job's config: from the grid's compositions for the grid's master config, else Hydra's."""
-        if master_config is self.points.master:
-            return self.points.job_config(sweep_overrides)
+        """The job's config: the sweeper's composition for its own master config, else Hydra's."""
+        if master_config is self.master:
+            cfg = self.composed(sweep_overrides)
+            if cfg is not None:
+                return cfg
         return self.loader.load_sweep_config(master_config, sweep_overrides)
 
     def load_configuration(

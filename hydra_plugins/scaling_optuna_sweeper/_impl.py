@@ -10,7 +10,7 @@ once the failure rate exceeds `max_failure_rate`. docs/search.md.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Sequence
@@ -27,11 +27,13 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import Trial, TrialState
 
+from hydra_plugins.scaling_grid_sweeper._loader import ComposedConfigLoader
 from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, LaunchConfig
 from scaling.model.family import family_of
 from scaling.store.read import RecordError, read_record
 from scaling.store.record import answers, job_key, output_dir
 from scaling.sweep.grid import save_multirun
+from scaling.sweep.hydra_adapter import BasicLauncher
 
 from . import _report
 from ._outcome import Outcome, failure, judge, repeat_outcome, tell, worst_values
@@ -107,14 +109,25 @@ class OptunaSearch(Sweeper):
         self.hydra_context: Optional[HydraContext] = None
         self.config: Optional[DictConfig] = None
         self.launcher: Any = None
+        self.composed: dict[tuple[str, ...], DictConfig] = {}
+        """The configs of the batch's trials, composed by `_experiment_point`, by their overrides: what Hydra's
+        basic launcher would compose for them again."""
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        """Keep the context and instantiate the configured launcher."""
+        """Keep the context and instantiate the configured launcher; Hydra's basic launcher (jobs in this process)
+        takes each trial's config as `_experiment_point` composed it instead of composing it again."""
         self.hydra_context = hydra_context
         self.config = config
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
         )
+        if type(self.launcher) is BasicLauncher:
+            loader = ComposedConfigLoader(
+                hydra_context.config_loader, config, lambda overrides: self.composed.pop(tuple(overrides), None)
+            )
+            self.launcher.setup(
+                hydra_context=replace(hydra_context, config_loader=loader), task_function=task_function, config=config
+            )
 
     def sweep(self, arguments: List[str]) -> Optional[dict[str, Any]]:
         """Search until a stop condition holds; returns the `best` entry of best.yaml."""
@@ -223,11 +236,13 @@ class OptunaSearch(Sweeper):
                 outcomes[trial.number] = known
             else:
                 to_launch.append((trial, overrides))
+        # Every trial's overrides were composed by `_experiment_point` above, which raised on any that cannot be
+        # (what Hydra's `validate_batch_is_legal` would compose them again for).
         for run in _consecutive_runs(to_launch):
-            self.validate_batch_is_legal([overrides for _, overrides in run])
             returns = self.launcher.launch([overrides for _, overrides in run], initial_job_idx=run[0][0].number)
             for (trial, _), ret in zip(run, returns):
                 outcomes[trial.number] = self._judge_return(ret, worst)
+        self.composed.clear()  # of trials answered without a launch
         for trial in batch:
             tell(study, trial, outcomes[trial.number])
 
@@ -260,6 +275,7 @@ class OptunaSearch(Sweeper):
         fields (model, train, parallel, hardware, sweep, sweep_dir); None for any other task."""
         assert self.hydra_context is not None and self.config is not None
         cfg = self.hydra_context.config_loader.load_sweep_config(master_config=self.config, sweep_overrides=overrides)
+        self.composed[tuple(overrides)] = cfg
         if not all(key in cfg for key in (*EXPERIMENT_GROUPS, "sweep", "sweep_dir")):
             return None
         experiment = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS}

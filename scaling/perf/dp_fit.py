@@ -266,7 +266,9 @@ def fit_given(
         sat = o * x > share * c[:, None, None]  # an exposed window (share 0) hides nothing whatever o is
         a = ga - np.sum(np.where(sat, times * share, 0.0), axis=2)
         b = np.sum(times * np.where(sat, x, (1 - o) * x), axis=2)
-        c, k = _compute_and_optimizer(a, updated if OPTIMIZER in free else None, t - b, t, c)
+        before, (c, k) = c, _compute_and_optimizer(a, updated if OPTIMIZER in free else None, t - b, t, c)
+        if np.array_equal(c, before):  # a round is a function of c alone: every later one gives these c and k
+            break
     hidden = np.minimum(o * x, share * c[:, None, None])
     model = ga * c[:, None] + updated * k[:, None] + np.sum(times * (x - hidden), axis=2)
     sse = np.sum(((model - t) / t) ** 2, axis=1)

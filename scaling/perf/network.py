@@ -95,11 +95,11 @@ class Network:
 
     def scale(self, op: str) -> float:
         """The factor on `op`'s bytes term."""
-        return dict(self.op_scale).get(op, 1.0)
+        return next((factor for name, factor in reversed(self.op_scale) if name == op), 1.0)  # the last, as a dict
 
     def missing(self, n: int) -> list[str]:
         """The tiers a collective over n ranks needs (its bandwidth's and its steps') that have no figures."""
-        if n < 2:
+        if n < 2 or all(t in self.tiers for t in TIERS):  # every tier has figures (a band's draws ask at each call)
             return []
         steps = latency_steps("all_reduce", n, self.devices_per_node)
         needed = {tier_of(n, self.devices_per_node), *(t for t, k in steps.items() if k)}

@@ -223,7 +223,7 @@ class Workload:
 
     def layout_at(self, n: int) -> Layout:
         """The parallel layout at dp=n (scaling.core.layout): its shard group where dp_shard divides n."""
-        return Layout(self.zero_stage, n, tp=self.tp, pp=self.pp).with_shard_group(self.dp_shard)
+        return _layout_at(self.zero_stage, n, self.tp, self.pp, self.dp_shard)
 
     def shard_size(self, n: int) -> int:
         """Ranks a shard spans at dp=n: dp_shard where it is a proper divisor of n, else n."""
@@ -310,6 +310,12 @@ class Workload:
     def tokens_per_rank(self, n: int) -> float:
         """Tokens per optimizer step of one rank (one GPU) at dp=n: a dp rank's, shared by its tp ranks."""
         return self.layout_at(n).per_gpu(float(self.mbs * self.seq_len * (self.grad_acc_at(n) or np.nan)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout_at(zero_stage: int, n: int, tp: int, pp: int, dp_shard: Optional[int]) -> Layout:
+    # kept: a band's draws ask for the same few layouts hundreds of thousands of times (a Layout is frozen)
+    return Layout(zero_stage, n, tp=tp, pp=pp).with_shard_group(dp_shard)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -462,6 +468,22 @@ def _micro_step_kinds(grad_acc: int) -> list[tuple[int, set[str]]]:
     return [k for k in kinds if k[0] > 0]
 
 
+@functools.lru_cache(maxsize=4096)
+def _ring_calls(
+    w: Workload, n: int, grad_acc: int, devices_per_node: Optional[int]
+) -> tuple[tuple[Optional[Window], str, float, int, Optional[int], float, int], ...]:
+    """(window, op, calls per round of the window, ranks, ranks of them per node, bytes per call, rings of the call
+    at once on a node) of each collective of a step: what `comm_windows` prices, kept (a band's draws price the same
+    few steps on hundreds of networks)."""
+    out = []
+    for call in step_collectives(w, n, grad_acc):
+        rounds = grad_acc if call.window is not None and call.window.micro_steps == EACH_MICRO else 1
+        ranks, per_node = w.ring(call.group, n, devices_per_node)
+        at_once = w.rings_at_once(call.group, n, devices_per_node)
+        out.append((call.window, call.op, call.count / rounds, ranks, per_node, call.bytes_per_call, at_once))
+    return tuple(out)
+
+
 def comm_windows(w: Workload, net: Network, n: int, grad_acc: int) -> list[tuple[int, float, float]]:
     """The communication of one step at dp=n by window: (how many such windows the step has, seconds of
     communication in each, the share of a micro-step's compute it can hide behind; 0 for exposed); none on one rank
@@ -469,12 +491,9 @@ def comm_windows(w: Workload, net: Network, n: int, grad_acc: int) -> list[tuple
     if w.layout_at(n).world_size < 2:
         return []
     per_window: dict[Optional[Window], float] = {}
-    for call in step_collectives(w, n, grad_acc):
-        rounds = grad_acc if call.window is not None and call.window.micro_steps == EACH_MICRO else 1
-        ranks, per_node = w.ring(call.group, n, net.devices_per_node)
-        at_once = w.rings_at_once(call.group, n, net.devices_per_node)
-        per_window[call.window] = per_window.get(call.window, 0.0) + call.count / rounds * net.on_ring(per_node).time_s(
-            call.op, ranks, call.bytes_per_call, at_once
+    for window, op, per_round, ranks, per_node, size, at_once in _ring_calls(w, n, grad_acc, net.devices_per_node):
+        per_window[window] = per_window.get(window, 0.0) + per_round * net.on_ring(per_node).time_s(
+            op, ranks, size, at_once
         )
     out = [(1, per_window[None], 0.0)] if None in per_window else []
     for times, selectors in _micro_step_kinds(grad_acc):
