@@ -164,6 +164,7 @@ def test_an_encoder_is_recorded_invalid_before_any_rank_starts(tmp_path):
 
 
 @pytest.mark.torchrun
+@pytest.mark.xdist_group(families.ON_HF_WARM_RANKS)
 @pytest.mark.parametrize("name", ["gpt2", "gemma2"])
 def test_gpt2_and_gemma2_from_their_config_classes_train_at_zero_3(tmp_path, name):
     """GPT-2 from `GPT2Config(...).to_json_file` (tied, `n_positions`) and Gemma2 (no SDPA in transformers: eager,
@@ -185,6 +186,7 @@ def test_gpt2_and_gemma2_from_their_config_classes_train_at_zero_3(tmp_path, nam
 
 
 @pytest.mark.torchrun
+@pytest.mark.xdist_group(families.ON_HF_WARM_RANKS)
 def test_qwen3_at_tp_2_trains_what_dp_2_does_its_per_head_norms_gradients_summed(tmp_path):
     """Qwen3's q_norm and k_norm normalise each head's width and see only this rank's heads at tp=2: transformers'
     plan keeps them whole with their gradients summed over the tp ranks (replicated_with_grad_allreduce), and so

@@ -24,7 +24,8 @@ from scaling.model.llama import flops
 from scaling.model.llama.args import ModelArgs
 from scaling.store.record import job_dir, job_key
 from tests.helpers.compose import REPO, compose_point
-from tests.helpers.points import CLIP, ON_WARM_RANKS, TIMEOUT
+from tests.helpers.hf_families import ON_HF_WARM_RANKS
+from tests.helpers.points import CLIP, ON_WARM_RANKS
 
 
 def preset(name: str) -> dict:
@@ -169,9 +170,10 @@ def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predi
     against the tracked peak."""
     from scaling.sweep.compose import compose_config
 
+    # on warm ranks that wait for the next point (launch.reuse_idle_s): the rank of dp=1 for its points after dp=2's
     base = [
         "model=gpt2_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2", "train.steps=2",
-        "launch.reuse=true", TIMEOUT, CLIP, f"sweep_dir={project / 'runs'}",
+        *ON_WARM_RANKS, CLIP, f"sweep_dir={project / 'runs'}",
     ]  # fmt: skip
     one = run_point(compose_config([*base, "parallel.dp=1", "train.grad_acc=2"]))
     assert one["status"] == "ok", one["error"]
@@ -257,6 +259,7 @@ def hf_point(model: str, sweep_dir: Path) -> dict:
 
 
 @pytest.mark.torchrun
+@pytest.mark.xdist_group(ON_HF_WARM_RANKS)
 def test_a_hugging_face_llama_from_its_config_trains_at_zero_3_and_is_counted_and_predicted(tmp_path):
     """conf/model/hf_llama_tiny.yaml (`hf_config:`, transformers, no weights): the tiny model's shapes, so its counted
     FLOPs are the built-in tiny's closed form; trained at ZeRO-3 on 2 ranks, its losses on random tokens at
@@ -308,6 +311,7 @@ def test_a_rank_imports_a_models_code_before_its_memory_baseline_so_no_import_is
 
 
 @pytest.mark.torchrun
+@pytest.mark.xdist_group(ON_HF_WARM_RANKS)
 def test_a_hugging_face_mixture_of_experts_trains_at_zero_3_counted_by_its_active_experts(tmp_path):
     """conf/model/hf_mixtral_tiny.yaml: Mixtral's shape, 4 experts of which 2 run per token. Its blocks are the one
     class its `_no_split_modules` names; its FLOPs counted on fake tensors are those of the experts a token runs (not

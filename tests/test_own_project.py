@@ -32,7 +32,13 @@ def scaling_ok(project: Path, *args: str) -> str:
 
 
 @pytest.mark.subprocess
-def test_a_project_runs_its_own_sweep_model_and_profiles(project, monkeypatch):
+def test_a_project_runs_its_own_sweep_model_and_profiles(project, monkeypatch, capsys):
+    """The sweep by path and by name in fresh interpreters, as a user runs them; `scaling predict` and `scaling report`
+    in this process from the project's directory (tests/test_docs_commands.py runs the page's own commands in fresh
+    interpreters from a copy of the project)."""
+    from scaling.cli.predict import main as predict_main
+    from scaling.cli.report import main as report_main
+
     store = project / "runs" / "mine"
     out = scaling_ok(project, "sweep", "sweeps/my_sweep.yaml", f"sweep_dir={store}")  # by path
     assert "sweep my_sweep: 4 points: 4 ok" in out, out[-2000:]
@@ -43,22 +49,14 @@ def test_a_project_runs_its_own_sweep_model_and_profiles(project, monkeypatch):
     assert {r["derived"]["flops_source"] for r in mine} == {"counted"} and all(r["metrics"]["mfu"] > 0 for r in mine)
     # by name from the project's sweeps/: the same points, answered by the store
     assert "0 new" in scaling_ok(project, "sweep", "my_sweep", "--dry-run", f"sweep_dir={store}")
-    predicted = json.loads(
-        scaling_ok(
-            project,
-            "predict",
-            "--json",
-            "--analytic",
-            "model=my_model",
-            "hardware=my_gpu",
-            "train.precision=bf16",
-            "train.seq_len=64",
-        )
-    )
+    monkeypatch.chdir(project)  # where the project's conf/ (model, hardware and network figures) is found
+    argv = ["--json", "--analytic", "model=my_model", "hardware=my_gpu", "train.precision=bf16", "train.seq_len=64"]
+    assert predict_main(argv) == 0
+    predicted = json.loads(capsys.readouterr().out)
     assert predicted["capacity_bytes"] == int((40.0 - 1.5) * 2**30)  # the project's profile: memory_gb - reserve_gb
-    assert "report:" in scaling_ok(project, "report", str(store))
-    monkeypatch.chdir(project)  # what the report's extrapolation reads for hardware=my_gpu
-    assert published("my_gpu")["inter_node"].alpha_s == (1.0e-5, 3.0e-5)
+    assert report_main([str(store), "--jobs", "1"]) == 0
+    assert "report:" in capsys.readouterr().out
+    assert published("my_gpu")["inter_node"].alpha_s == (1.0e-5, 3.0e-5)  # what the report's extrapolation reads
 
 
 @pytest.mark.subprocess

@@ -13,7 +13,6 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -215,34 +214,32 @@ def test_bad_input_is_refused_before_any_launch(tmp_path, capsys, args: list[str
 
 @pytest.mark.subprocess
 def test_a_recipe_of_ones_own_model_measures_once_extrapolates_and_answers_from_its_store(
-    tmp_path, monkeypatch
+    tmp_path, project, capsys
 ) -> None:
     """The worked example's GPT-2-style model (tests/own_project, outside the package) at ZeRO-3, from an empty
     directory: its largest mbs traced and confirmed, its points measured at dp 1 and 2 and the network measured (two
     devices at hand); the 4-GPU row extrapolated by the step model made of the parameter tensors its records name
     (counted on fake tensors: 2 blocks, LayerNorm and bias vectors, learned positions, an untied head), which are the
-    model's own; 8 GPUs more than the batch can use. The second call launches nothing and answers the same."""
-    import shutil
-
+    model's own; 8 GPUs more than the batch can use. The second call (in this process, from the project's directory)
+    launches nothing and answers the same."""
     from analysis.collect import collect
     from analysis.dp_extrapolation import model_of
     from scaling.core.model_group import CustomModel
     from scaling.model.family import family_of
     from scaling.model.shape import BLOCK, ROOT
 
-    project = tmp_path / "project"
-    shutil.copytree(Path(__file__).resolve().parent / "own_project", project)
     sweep_dir = tmp_path / "recipe"
     args = [
         "--gbs-tokens=128",
         "--gpus=1,2,4,8",
         "--zero=3",
         "--recompute=none",
-        "--draws=50",
+        "--draws=20",
         f"--sweep-dir={sweep_dir}",
     ]
     overrides = ["logger=none", "model=gpt2_tiny", "train.seq_len=32", "train.warmup_steps=2", "train.steps=3"]
-    cmd = [sys.executable, "-m", "scaling.cli.main", "recipe", *args, *overrides, "hardware.memory_gb=0.047"]
+    overrides += ["hardware.memory_gb=0.047", "launch.reuse_idle_s=600"]  # warm ranks kept between its points
+    cmd = [sys.executable, "-m", "scaling.cli.main", "recipe", *args, *overrides]
     first = subprocess.run(cmd, cwd=project, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     launched = int(re.search(r"(\d+) point\(s\) launched", first.stdout).group(1))
@@ -262,9 +259,12 @@ def test_a_recipe_of_ones_own_model_measures_once_extrapolates_and_answers_from_
         assert "model=gpt2_tiny" in r["command"] and "parallel.zero_stage=3" in r["command"]
     assert by_gpus[8]["dp"] is None and "at most 4 GPUs" in by_gpus[8]["reason"]
 
-    second = subprocess.run(cmd, cwd=project, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "0 point(s) launched" in second.stdout, second.stdout
+    capsys.readouterr()
+    from scaling.cli.main import main
+
+    assert main(["recipe", *args, *overrides]) == 0  # the project is the working directory (the `project` fixture)
+    second = capsys.readouterr().out
+    assert "0 point(s) launched" in second, second
     again = json.loads((sweep_dir / "recipe.json").read_text())
     assert [r["command"] for r in again["rows"]] == [r["command"] for r in recipe["rows"]]
 
@@ -272,8 +272,7 @@ def test_a_recipe_of_ones_own_model_measures_once_extrapolates_and_answers_from_
     ok = df[df["status"] == "ok"]
     assert len(ok) >= 3 and set(ok["dp"]) == {1, 2}
     shape = model_of(ok.iloc[0])
-    record = json.loads(next(sweep_dir.glob("*/result.json")).read_text())
-    monkeypatch.chdir(project)  # the model's module, gpt.py, is the project's
+    record = json.loads(next(sweep_dir.glob("*/result.json")).read_text())  # gpt.py: the project's, the cwd
     counted = family_of(CustomModel.from_dict(record["config"]["model"])).counted(32)
     assert [(t.module, t.rows, t.cols) for t in shape.tensors] == [
         (BLOCK if b else ROOT, rows, cols) for _, b, rows, cols in counted.tensors
@@ -342,7 +341,7 @@ def test_with_nothing_measured_every_row_is_predicted_from_flops_and_the_mfu_mod
     from scaling.cli.recipe import main
 
     sweep_dir = tmp_path / "plan"
-    argv = ["--gbs-tokens", "4Mi", "--gpus", "8,32,128,512", "--zero", "0,3", "--draws", "50"]
+    argv = ["--gbs-tokens", "4Mi", "--gpus", "8,32,128,512", "--zero", "0,3", "--draws", "20"]
     overrides = ["model=llama_1b", "train.seq_len=4096", "train.precision=bf16", "hardware=h100", "logger=none"]
     assert main([*argv, "--sweep-dir", str(sweep_dir), *overrides]) == 0
     out = capsys.readouterr().out

@@ -123,6 +123,12 @@ REFUSED = ("bert", "roberta", "t5", "bart")
 """Encoders and encoder-decoders: not causal decoders."""
 
 
+ON_HF_WARM_RANKS = "hf_warm_ranks"
+"""The pytest-xdist group of the tests that train a Hugging Face model on 2 warm ranks (ON_WARM_RANKS, no project on
+PYTHONPATH): one worker runs them all, so one warm job, its ranks having imported transformers once, serves every
+such point instead of one job per worker (`make test` runs `--dist loadgroup`)."""
+
+
 def write_config(name: str, directory: Path) -> Path:
     """The family's tiny config as its config class writes it (`to_json_file`), at directory/<name>.json."""
     path = directory / f"{name}.json"
