@@ -13,7 +13,8 @@ two ranks, each op's bytes term as measured there (scaling.perf.network.fit_op_s
 other point predicted: its nominal after, with every call charged alike (the model before calls were told apart)
 and before (one α-β for every op, one rank's compute, no per-call cost), and a band of 400 draws (each point's
 launches and each launch's timed steps resampled and the fit redone, the overlap drawn in [0, the schedule's bound]
-as no fitted point identifies it, and the target's own scatter: the launches' pooled launch-to-launch spread, at
+and a plain call's cost beyond α in [0, a module's call's] as no fitted point identifies them, and the target's own
+scatter: the launches' pooled launch-to-launch spread, at
 least scaling.perf.extrapolation.RUN_TO_RUN). Each point is launched `--launches` times, the grid in turn, so a
 drift of the host's speed falls on every point alike; a point's figure is the median of its launches' medians.
 `--save` keeps every launch's step times and the collectives' samples; `--replay` analyses such a file again.
@@ -270,7 +271,8 @@ def main() -> None:
                 for q in FIT
             }
             again = fit(net, sample)
-            band.append(predict(net, pt, again, again.cost, rng.uniform(0, bound)) * (1 + rng.gauss(0, scatter)))
+            drawn = replace(again.cost, plain_call_s=rng.uniform(0, again.cost.collective_s))
+            band.append(predict(net, pt, again, drawn, rng.uniform(0, bound)) * (1 + rng.gauss(0, scatter)))
         band.sort()
         lo, hi = band[int(0.025 * draws)], band[int(0.975 * draws) - 1]
         ok = lo <= m <= hi
