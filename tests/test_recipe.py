@@ -234,7 +234,7 @@ def test_a_recipe_of_ones_own_model_measures_once_extrapolates_and_answers_from_
         "--gpus=1,2,4,8",
         "--zero=3",
         "--recompute=none",
-        "--draws=20",
+        "--draws=50",
         f"--sweep-dir={sweep_dir}",
     ]
     overrides = ["logger=none", "model=gpt2_tiny", "train.seq_len=32", "train.warmup_steps=2", "train.steps=3"]
