@@ -105,14 +105,12 @@ class ModelForm:
 
 def _scaled(net: Network, k: float, tier: Optional[str] = None) -> Network:
     """The collectives of `tier` (None: of every tier) k times slower: α × k, β / k."""
-    return Network(
-        {
+    return replace(
+        net,
+        tiers={
             t: AlphaBeta(ab.alpha_s * k, ab.beta_bytes_per_s / k) if tier in (None, t) else ab
             for t, ab in net.tiers.items()
         },
-        net.devices_per_node,
-        net.op_scale,
-        net.links_per_node,
     )
 
 

@@ -9,7 +9,7 @@ derivation: docs/dp-extrapolation.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -71,6 +71,16 @@ class AlphaBeta:
     beta_bytes_per_s: float
 
 
+def link_flows(rings_at_once: int, links_per_node: Optional[int]) -> int:
+    """Rings one inter-node link carries when `rings_at_once` rings of one call cross a node's boundary at once (a
+    call's copies on the node: its tensor-parallel ranks', hybrid sharding's replica rings): spread over the node's
+    `links_per_node` links, at least one each; 1 with a link per device (None). The inter-node β is one ring's, as
+    the collectives benchmark measures it with one ring over every rank."""
+    if links_per_node is None or rings_at_once <= links_per_node:
+        return 1
+    return -(-rings_at_once // links_per_node)
+
+
 @dataclass(frozen=True)
 class Network:
     """The α-β figures of both tiers (either may be unknown) and where the node boundary lies."""
@@ -85,13 +95,8 @@ class Network:
     that cross nodes at once never share one (`flows`)."""
 
     def flows(self, rings_at_once: int) -> int:
-        """Rings one inter-node link carries when `rings_at_once` rings of one call cross a node's boundary at once
-        (a call's copies on the node: its tensor-parallel ranks', hybrid sharding's replica rings): spread over the
-        node's links, at least one each. The inter-node β is one ring's, as the collectives benchmark measures it
-        with one ring over every rank."""
-        if self.links_per_node is None or rings_at_once <= self.links_per_node:
-            return 1
-        return -(-rings_at_once // self.links_per_node)
+        """Rings one of this node's inter-node links carries (`link_flows`)."""
+        return link_flows(rings_at_once, self.links_per_node)
 
     def scale(self, op: str) -> float:
         """The factor on `op`'s bytes term."""
@@ -107,11 +112,7 @@ class Network:
 
     def on_ring(self, devices_per_node: Optional[int]) -> Network:
         """These figures for a ring with `devices_per_node` of its ranks on each node (a strided ring has fewer)."""
-        return (
-            self
-            if devices_per_node == self.devices_per_node
-            else Network(self.tiers, devices_per_node, self.op_scale, self.links_per_node)
-        )
+        return self if devices_per_node == self.devices_per_node else replace(self, devices_per_node=devices_per_node)
 
     def reaches(self, n: int) -> bool:
         """Whether a collective over n ranks can be predicted."""
@@ -166,9 +167,8 @@ def fit(
     α (set by small messages) is found as well as β (set by large ones). Rings that span nodes pay their steps
     within a node at `intra`'s α (fitted on launches within one node), which is taken off their times first.
     A strided ring (`stride` rings timed at once, hybrid sharding's replicas) shares a node's links with the others
-    (`Network.flows` under `links_per_node`): its bytes count that many times, so β stays one ring's.
+    (`link_flows` under `links_per_node`): its bytes count that many times, so β stays one ring's.
     """
-    shared = Network({}, devices_per_node, links_per_node=links_per_node)
     rows, times, known = [], [], []
     for s in samples:
         n, per_node = sample_ring(s, devices_per_node)
@@ -177,7 +177,7 @@ def fit(
         tier = tier_of(n, per_node)
         if tier == INTER:  # a node holds min(stride, devices_per_node) of the rings timed at once
             stride = int(s.get("stride", 1))
-            moved *= shared.flows(min(stride, devices_per_node or stride))
+            moved *= link_flows(min(stride, devices_per_node or stride), links_per_node)
         within = steps[INTRA] if tier == INTER else 0
         if within and intra is None:
             raise ValueError(
