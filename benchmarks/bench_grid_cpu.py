@@ -45,7 +45,7 @@ from scaling.core.validate import validate
 from scaling.job.run import derived_block, ranks_config
 from scaling.model.family import family_of
 from scaling.perf.call_cost import CallCost, call_counts, step_time_with_calls_s
-from scaling.perf.extrapolation import RUN_TO_RUN
+from scaling.perf.extrapolation import launch_scatter
 from scaling.perf.network import Network, fit_op_scale, fit_tiers
 from scaling.perf.step_model import Workload, scheduled_overlap, step_time_s
 from scaling.store.record import job_key
@@ -191,19 +191,6 @@ def measure_grid(launches: int, steps: int) -> tuple[list[dict], Launches, float
     return samples, measured, time.monotonic() - start
 
 
-def launch_scatter(measured: Launches) -> float:
-    """Relative standard deviation of a point's launch median between its launches, pooled over the points with
-    two launches or more; at least the run-to-run prior (scaling.perf.extrapolation.RUN_TO_RUN)."""
-    squares, dof = 0.0, 0
-    for runs in measured.values():
-        logs = [np.log(statistics.median(r)) for r in runs]
-        if len(logs) > 1:
-            mean = statistics.mean(logs)
-            squares += sum((v - mean) ** 2 for v in logs)
-            dof += len(logs) - 1
-    return max(RUN_TO_RUN, float(np.sqrt(squares / dof))) if dof else RUN_TO_RUN
-
-
 def figure(runs: list[tuple[float, ...]]) -> float:
     """A point's step seconds: the median of its launches' medians."""
     return statistics.median(statistics.median(r) for r in runs)
@@ -237,7 +224,7 @@ def main() -> None:
     plain = Network(fit_tiers(samples, None), None)
     net = replace(plain, op_scale=fit_op_scale(samples, plain))
     med = {pt: figure(runs) for pt, runs in measured.items()}
-    scatter = launch_scatter(measured)
+    scatter = launch_scatter([statistics.median(r) for r in runs] for runs in measured.values())
     fitted, alike = fit(net, med), fit(net, med, alike=True)
     compute, k, cost = fitted.compute, fitted.optimizer, fitted.cost
     ab = net.tiers["intra_node"]

@@ -14,9 +14,10 @@ there cost the same, and its ranks share the host's cores as the points across d
 namespaces (2 ranks per node) with full sharding and with dp_shard=2, with one α-β for every op, with each op's
 factor, and with each op's factor on a node of one link (`hardware.links_per_node=1`: each namespace has one veth,
 which hybrid sharding's two replica rings cross at once; scaling.perf.network.Network.flows); the band: the fit's
-draws with the target's scatter (the fitted point's launch-to-launch spread: `launch_scatter`). The three are measured, alternating, `--repeats` times each. Needs root (ip netns,
-tc); `--save` keeps the collectives' samples and every launch's steps, `--replay` analyses them again without
-root. Prints Markdown; asserts nothing.
+draws with the target's scatter (the fitted point's launch-to-launch spread:
+scaling.perf.extrapolation.launch_scatter). The three are measured, alternating, `--repeats` times each. Needs root
+(ip netns, tc); `--save` keeps the collectives' samples and every launch's steps, `--replay` analyses them again
+without root. Prints Markdown; asserts nothing.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from scaling.job.run import derived_block, ranks_config
 from scaling.model.family import family_of
 from scaling.perf.call_cost import fit_collective_s
 from scaling.perf.dp_fit import Fit
-from scaling.perf.extrapolation import BAND, RUN_TO_RUN, extrapolate
+from scaling.perf.extrapolation import BAND, extrapolate, launch_scatter
 from scaling.perf.network import NetworkEstimate, fit_op_scale, fit_tiers, sample_ring, tier_of
 from scaling.perf.network_figures import Profile, profile_estimate
 from scaling.perf.step_model import Point, Workload, step_time_s
@@ -147,18 +148,13 @@ def workload(dp_shard: Optional[int]) -> Workload:
                     str(t.recompute), float(t.grad_clip), float(cfg.parallel.bucket_mb), dp_shard)  # fmt: skip
 
 
-def launch_scatter(points: list[Point]) -> float:
-    """The target's run-to-run scatter, as the fitted point shows it: the relative standard deviation of its
-    launches' step times (each a launch's median), at least the prior (scaling.perf.extrapolation.RUN_TO_RUN)."""
-    logs = [float(np.log(t)) for p in points for t in p.step_times_s]
-    return max(RUN_TO_RUN, statistics.stdev(logs)) if len(logs) > 1 else RUN_TO_RUN
-
-
 def across(name: str, w: Workload, within: list[Point], source: NetworkEstimate) -> tuple[float, tuple[float, float]]:
     """dp=4 across both namespaces from the point within one: the step model fitted there as one node of 4 ranks
     (every ring on the loopback), its compute, optimizer and overlap then costed with 2 ranks per node; the nominal
     step and the BAND of the draws' steps (each with its network draw and the target's scatter)."""
-    ex = extrapolate(name, w, within, 4, source, n_draws=len(source.draws), run_to_run=launch_scatter(within))
+    ex = extrapolate(
+        name, w, within, 4, source, n_draws=len(source.draws), run_to_run=launch_scatter(p.step_times_s for p in within)
+    )
 
     def step(f: Fit, scatter: float = 0.0) -> float:
         net = f.network.on_ring(2)

@@ -18,7 +18,7 @@ from scaling.perf.call_cost import (
     step_time_with_calls_s,
 )
 from scaling.perf.dp_fit import Fit
-from scaling.perf.extrapolation import RUN_TO_RUN, Draw, ModelForm, target_scatter
+from scaling.perf.extrapolation import RUN_TO_RUN, Draw, ModelForm, launch_scatter, target_scatter
 from scaling.perf.network import INTRA, AlphaBeta, Network, ring_cost
 from scaling.perf.step_model import TP, Workload, step_collectives, step_time_s
 from tests.helpers.synthetic_dp import shape
@@ -98,6 +98,16 @@ def test_the_targets_scatter_comes_from_the_residuals_or_the_prior():
     assert target_scatter([0.05, -0.05], 2) == RUN_TO_RUN  # no degree of freedom: the prior
     assert target_scatter([0.05, -0.05, 0.05, -0.05], 2) == pytest.approx(np.sqrt(4 * 0.05**2 / 2))
     assert target_scatter([0.001, -0.001, 0.0], 1) == RUN_TO_RUN  # never below the prior
+
+
+def test_the_launch_scatter_pools_each_points_repeats_and_keeps_the_prior():
+    import math
+
+    assert launch_scatter([[1.0], [2.0]]) == RUN_TO_RUN  # no repeated launch: the prior
+    e = math.exp(0.1)
+    # two points of two launches each, 0.1 apart in log: each point's variance 0.005 on one degree of freedom
+    assert launch_scatter([[1.0, e], [2.0, 2.0 * e], [3.0]]) == pytest.approx(math.sqrt(0.005))
+    assert launch_scatter([[1.0, 1.001]]) == RUN_TO_RUN  # never below the prior
 
 
 def test_a_draws_scatter_moves_its_step_time_at_every_dp():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -73,6 +73,20 @@ def target_scatter(residuals: Sequence[float], n_params: int, prior: float = RUN
     if dof < 1:
         return prior
     return max(prior, math.sqrt(sum(r * r for r in residuals) / dof))
+
+
+def launch_scatter(launches: Iterable[Sequence[float]], prior: float = RUN_TO_RUN) -> float:
+    """Relative standard deviation of a point's step time between its launches (each group: one point's launches,
+    each a launch's step time), pooled over the points with two launches or more; never below `prior`, which is
+    all there is without a repeated launch."""
+    squares, dof = 0.0, 0
+    for group in launches:
+        logs = [math.log(t) for t in group]
+        if len(logs) > 1:
+            mean = sum(logs) / len(logs)
+            squares += sum((v - mean) ** 2 for v in logs)
+            dof += len(logs) - 1
+    return max(prior, math.sqrt(squares / dof)) if dof else prior
 
 
 def _max_of(n: int) -> float:
