@@ -26,7 +26,7 @@ from scaling.perf.network_figures import (
     N_DRAWS,
     network_sources,
 )
-from scaling.perf.step_model import LAST, Point, Workload
+from scaling.perf.step_model import LAST, Point, Workload, host_blocking_backend
 
 if TYPE_CHECKING:
     from analysis.sweep_data import SweepData
@@ -100,6 +100,7 @@ def workload_and_points(group: pd.DataFrame) -> tuple[Workload, list[Point]]:
         _shard(_setting(last, "dp_shard", None)),
         int(_setting(last, "tp", 1)),  # type: ignore[call-overload]  # a dp rank's GPUs: its tokens per GPU
         recompute_every=int(_setting(last, "recompute_every", 1)),  # type: ignore[arg-type]
+        host_blocking=host_blocking_backend(str(_setting(last, "backend", ""))),
     )  # type: ignore[arg-type]
     points = []
     for _, row in group.iterrows():

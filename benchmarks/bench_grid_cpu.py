@@ -47,7 +47,7 @@ from scaling.model.family import family_of
 from scaling.perf.call_cost import CallCost, call_counts, step_time_with_calls_s
 from scaling.perf.extrapolation import launch_scatter
 from scaling.perf.network import Network, fit_op_scale, fit_tiers
-from scaling.perf.step_model import Workload, scheduled_overlap, step_time_s
+from scaling.perf.step_model import Workload, host_blocking_backend, scheduled_overlap, step_time_s
 from scaling.store.record import job_key
 from scaling.sweep.compose import compose_config
 
@@ -111,7 +111,8 @@ def workload(point: tuple[int, int, int, int, int]) -> Workload:
     cfg = compose_config(overrides(point, 4))
     t, p = cfg.train, cfg.parallel
     return Workload(zero, family_of(cfg.model).shape(SEQ), str(t.precision), mbs, SEQ, None, ga,
-                    str(p.fsdp_grad_reduce), str(t.recompute), float(t.grad_clip), float(p.bucket_mb), None, tp)  # fmt: skip
+                    str(p.fsdp_grad_reduce), str(t.recompute), float(t.grad_clip), float(p.bucket_mb), None, tp,
+                    host_blocking=host_blocking_backend(cfg.hardware.backend))  # fmt: skip
 
 
 @functools.cache

@@ -46,7 +46,7 @@ from scaling.perf.dp_fit import Fit
 from scaling.perf.extrapolation import BAND, extrapolate, launch_scatter
 from scaling.perf.network import NetworkEstimate, fit_op_scale, fit_tiers, sample_ring, tier_of
 from scaling.perf.network_figures import Profile, profile_estimate
-from scaling.perf.step_model import Point, Workload, step_time_s
+from scaling.perf.step_model import Point, Workload, host_blocking_backend, step_time_s
 from scaling.store.record import job_key
 from scaling.sweep.compose import compose_config
 
@@ -145,7 +145,8 @@ def workload(dp_shard: Optional[int]) -> Workload:
     cfg = compose_config([*POINT, "parallel.dp=1"])
     t = cfg.train
     return Workload(3, family_of(cfg.model).shape(cfg.train.seq_len), str(t.precision), t.mbs, t.seq_len, 8, 1, str(cfg.parallel.fsdp_grad_reduce),
-                    str(t.recompute), float(t.grad_clip), float(cfg.parallel.bucket_mb), dp_shard)  # fmt: skip
+                    str(t.recompute), float(t.grad_clip), float(cfg.parallel.bucket_mb), dp_shard,
+                    host_blocking=host_blocking_backend(cfg.hardware.backend))  # fmt: skip
 
 
 def across(name: str, w: Workload, within: list[Point], source: NetworkEstimate) -> tuple[float, tuple[float, float]]:

@@ -37,7 +37,7 @@ from scaling.job.run import derived_block, ranks_config
 from scaling.model.family import family_of
 from scaling.perf.call_cost import CallCost, fit_collective_s, fit_tp_region_s, step_time_with_calls_s
 from scaling.perf.network import AlphaBeta, Network, fit_tiers
-from scaling.perf.step_model import Workload, step_collectives, step_time_s
+from scaling.perf.step_model import Workload, host_blocking_backend, step_collectives, step_time_s
 from scaling.store.record import job_key
 from scaling.sweep.compose import compose_config
 
@@ -101,7 +101,8 @@ def workload(tp: int, mbs: int, grad_acc: int) -> Workload:
     cfg = compose_config([*POINT, f"parallel.tp={tp}", f"train.mbs={mbs}", f"train.grad_acc={grad_acc}"])
     t = cfg.train
     return Workload(2, family_of(cfg.model).shape(cfg.train.seq_len), str(t.precision), mbs, SEQ, None, grad_acc, str(cfg.parallel.fsdp_grad_reduce),
-                    str(t.recompute), float(t.grad_clip), float(cfg.parallel.bucket_mb), None, tp)  # fmt: skip
+                    str(t.recompute), float(t.grad_clip), float(cfg.parallel.bucket_mb), None, tp,
+                    host_blocking=host_blocking_backend(cfg.hardware.backend))  # fmt: skip
 
 
 def split(one: float, two: float, params: int) -> tuple[float, float]:

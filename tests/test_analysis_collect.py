@@ -72,6 +72,12 @@ def test_the_step_model_reads_clipping_and_tying_from_the_records(tmp_path):
     w, _ = workload_and_points(df)
     assert w.grad_clip == 1.0 and w.collectives()[-1].moves == "gradient norm"
     assert "output" not in [t.name for t in w.model.tensors]  # tied: the embedding is the projection
+    # and the backend: NCCL enqueues FSDP2's calls (they may hide behind compute), gloo holds the host through them
+    assert not w.host_blocking
+    for r in records:
+        r["env"]["backend"] = "gloo"
+    w, _ = workload_and_points(collect(write_sweep(tmp_path / "gloo", records)))
+    assert w.host_blocking
 
 
 def test_every_status_kept_distinct_and_metrics_null_when_not_ok(sweep):

@@ -43,12 +43,14 @@ from scaling.perf.step_model import (
     EACH_MICRO,
     FIRST_MICRO,
     FORWARD,
+    LAST,
     LAST_MICRO,
     TP,
     Point,
     Window,
     Workload,
     backward_share,
+    host_blocking_backend,
     step_collectives,
     step_time_s,
 )
@@ -336,6 +338,32 @@ def test_zero3_splits_its_windows_forward_gathers_forward_backward_gathers_and_s
     expected = 2 * (compute + forward - compute / 3)
     assert step_time_s(w, NET, n, compute, 1.0, grad_acc=2) == pytest.approx(expected)
     assert expected > 2 * compute  # one window pooled over the micro-step would have hidden it all
+
+
+def test_where_the_backend_holds_the_host_fsdps_calls_run_exposed_and_ddps_buckets_still_hide():
+    """gloo returns from a call made without async_op once it is done, and FSDP2 issues its gathers, reduce-scatters
+    and replica all-reduces so (the engine sets no prefetch): on it no compute runs beside them, whatever the overlap.
+    DDP's Reducer issues each bucket async: it hides as on NCCL. The calls themselves are the same."""
+    n, ga = 4, 2
+    for stage, settings in ((3, {}), (2, {"dp_shard": 2}), (3, {"dp_shard": 2, "fsdp_grad_reduce": LAST})):
+        gpu = _w(stage, "fp32", **settings)
+        cpu = dataclasses.replace(gpu, host_blocking=True)
+        on_gpu, on_cpu = step_collectives(gpu, n, ga), step_collectives(cpu, n, ga)
+        assert any(c.window is not None for c in on_gpu) and all(c.window is None for c in on_cpu)
+
+        def alike(calls):
+            return sorted((c.op, c.count, c.bytes_per_call, c.group, c.moves) for c in calls)
+
+        assert alike(on_cpu) == alike(on_gpu)
+        compute = _cost(on_gpu, n)  # as long as the communication: the overlap would hide much of it
+        exposed = step_time_s(cpu, NET, n, compute, 0.0, grad_acc=ga)
+        assert step_time_s(cpu, NET, n, compute, 1.0, grad_acc=ga) == pytest.approx(exposed)
+        assert exposed == pytest.approx(step_time_s(gpu, NET, n, compute, 0.0, grad_acc=ga))
+        assert step_time_s(gpu, NET, n, compute, 1.0, grad_acc=ga) < 0.9 * exposed
+    ddp = _w(0, "fp32")
+    assert step_collectives(dataclasses.replace(ddp, host_blocking=True), n, ga) == step_collectives(ddp, n, ga)
+    assert [c.window for c in step_collectives(ddp, n, ga)] == [BWD_LAST] * len(step_collectives(ddp, n, ga))
+    assert host_blocking_backend("gloo") and not host_blocking_backend("nccl")
 
 
 @pytest.mark.parametrize("recompute, backward", [("none", 2 / 3), ("selective", 2 / 3), ("full", 3 / 4)])

@@ -20,12 +20,13 @@ import pytest
 
 from scaling.core.layout import Layout
 from scaling.perf.network_figures import profile_estimate
-from scaling.perf.step_model import Workload
+from scaling.perf.step_model import Workload, step_collectives
 from scaling.recipe.answer import Recipe
 from scaling.recipe.decide import decide
-from scaling.recipe.estimate import FromRecords
+from scaling.recipe.estimate import FromRecords, workload_of
 from scaling.recipe.options import Beyond, Candidate, Estimate, Split, max_useful_gpus, split
 from scaling.recipe.render import table
+from scaling.sweep.compose import compose_config
 from tests.helpers.synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of, shape
 
 SEQ = 4096
@@ -712,3 +713,12 @@ def test_a_70b_model_past_the_batchs_samples_is_planned_with_pipeline_stages(tmp
     assert two.pp == 1 and two.pp_why.startswith("pipeline stages weighed, not run")
     assert "pipeline parallelism weighed (pp 2, 4, 8, 16, 1F1B)" in recipe.pipeline
     assert f"8192 GPUs run pp {eight.pp}:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("backend, holds", [("gloo", True), ("nccl", False)])
+def test_the_recipes_step_model_knows_whether_the_backend_holds_the_host_through_fsdps_calls(backend, holds) -> None:
+    """A recipe's candidate costed on gloo runs FSDP2's calls exposed; on NCCL they may hide behind compute."""
+    cfg = compose_config(["model=tiny", f"hardware.backend={backend}"])
+    w = workload_of(cfg, Candidate(Layout(3, dp_shard=2), "none", 1, "test"), 1, 8)
+    assert w.host_blocking is holds
+    assert all(c.window is None for c in step_collectives(w, 4, 1)) is holds

@@ -89,6 +89,16 @@ def zero1_busiest(shape: ModelShape, n: int) -> int:
     return max(size for size, _ in ranks)
 
 
+HOST_BLOCKING_BACKENDS = ("gloo",)
+"""Collective backends whose call made without async_op returns once it is done (gloo runs it on the host; NCCL
+enqueues it on a stream and returns)."""
+
+
+def host_blocking_backend(backend: str) -> bool:
+    """True where `backend` holds the calling thread through a call issued without async_op."""
+    return backend in HOST_BLOCKING_BACKENDS
+
+
 @dataclass(frozen=True)
 class Window:
     """Compute a collective can hide behind: the forward or the backward of the first, every or the last micro-step."""
@@ -109,9 +119,14 @@ class Collective:
     window: Optional[Window]
     group: str = ALL
     """The ranks it runs over: ALL, SHARD or REPLICAS."""
+    issued_async: bool = False
+    """Issued with async_op (DDP's Reducer: each bucket's all-reduce returns a Work the backward runs beside). FSDP2
+    issues its gathers, reduce-scatters and replica all-reduces without it (no prefetch set: `unshard_async_op`
+    False), ordered by streams: on a backend whose call blocks the host until done (`Workload.host_blocking`, gloo)
+    they run exposed whatever their window."""
 
 
-_DDP_REDUCE = Collective("all_reduce", GRAD_BUCKETS, Window(BACKWARD, LAST_MICRO))
+_DDP_REDUCE = Collective("all_reduce", GRAD_BUCKETS, Window(BACKWARD, LAST_MICRO), issued_async=True)
 _GATHER_ONCE = Collective("all_gather", MODULE_PARAMS, Window(FORWARD, FIRST_MICRO), SHARD)
 _GATHER_FORWARD = Collective("all_gather", MODULE_PARAMS, Window(FORWARD, EACH_MICRO), SHARD)
 _GATHER_BACKWARD = Collective("all_gather", BLOCK_PARAMS, Window(BACKWARD, EACH_MICRO), SHARD)
@@ -190,6 +205,10 @@ class Workload:
     """`parallel.pp_schedule` (read where pp > 1)."""
     pp_virtual: int = 1
     """`parallel.pp_virtual`: model chunks per pipeline rank of an interleaved schedule."""
+    host_blocking: bool = False
+    """The collective backend holds the calling thread until a call made without async_op is done (gloo; NCCL only
+    enqueues it on a stream): only the calls issued async (`Collective.issued_async`) can run behind compute
+    (`host_blocking_backend`)."""
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -341,8 +360,9 @@ def _step_collectives(w: Workload, n: int, grad_acc: int) -> tuple[Call, ...]:
             continue
         rounds = grad_acc if c.window is not None and c.window.micro_steps == EACH_MICRO else 1
         ranks = n if c.group == ALL else k  # a shard's size is that of its group's (SHARD_GRADS: the shard's)
+        window = c.window if c.issued_async or not w.host_blocking else None  # its rounds stay the window's
         calls += [
-            Call(c.op, count * rounds, size, c.window, c.group, c.moves) for size, count in w.calls_of(c.moves, ranks)
+            Call(c.op, count * rounds, size, window, c.group, c.moves) for size, count in w.calls_of(c.moves, ranks)
         ]
     return tuple(calls) + (tp_calls(w, grad_acc) if w.tp > 1 else ())
 

@@ -14,7 +14,7 @@ from scaling.model.family import family_of
 from scaling.model.shape import ModelShape
 from scaling.perf.extrapolation import Extrapolation, extrapolate, rate_band, wide_because
 from scaling.perf.network import NetworkEstimate
-from scaling.perf.step_model import Point, Workload
+from scaling.perf.step_model import Point, Workload, host_blocking_backend
 from scaling.recipe.options import EXTRAPOLATED, MEASURED, Beyond, Candidate, Estimate, Split
 
 
@@ -122,6 +122,7 @@ def workload_of(
         c.layout.pp,
         str(p.pp_schedule),
         p.pp_virtual,
+        host_blocking_backend(cfg.hardware.backend),
     )
 
 
