@@ -13,7 +13,8 @@ same point within one namespace (dp=4, 4 ranks on its loopback, fitted as one no
 there cost the same, and its ranks share the host's cores as the points across do), and predicts dp=4 across both
 namespaces (2 ranks per node) with full sharding and with dp_shard=2, with one α-β for every op, with each op's
 factor, and with each op's factor on a node of one link (`hardware.links_per_node=1`: each namespace has one veth,
-which hybrid sharding's two replica rings cross at once; scaling.perf.network.Network.flows); the band: the fit's
+which hybrid sharding's two replica rings cross at once; scaling.perf.network.Network.flows), every FSDP2 call
+exposed (gloo holds the host through it: `Workload.host_blocking`); the band: the fit's
 draws with the target's scatter (the fitted point's launch-to-launch spread:
 scaling.perf.extrapolation.launch_scatter). The three are measured, alternating, `--repeats` times each. Needs root
 (ip netns, tc); `--save` keeps the collectives' samples and every launch's steps, `--replay` analyses them again
