@@ -13,7 +13,7 @@ from scaling.job.run import run_point
 from scaling.job.throughput import peak_stage
 from scaling.model.family import family_of
 from tests.helpers.compose import compose_point
-from tests.helpers.points import CLIP, TIMEOUT, point
+from tests.helpers.points import CLIP, ON_WARM_RANKS, point
 
 ONE_TIMED = "train.steps=1"
 """The pipeline's points time one step after the two warm-up steps (the CPU floor): three optimizer steps compared,
@@ -93,17 +93,18 @@ def test_a_hugging_face_config_is_cut_between_its_decoder_layers(point_store):
 
 
 @pytest.mark.torchrun
-def test_a_model_one_brings_is_cut_between_its_blocks_and_trains_the_losses_of_one_rank(project):
+def test_a_model_one_brings_is_cut_between_its_blocks_and_trains_the_losses_of_one_rank(warm_project, tmp_path):
     """gpt.py's GPT-2-style model (learned positions, LayerNorm, untied head), its forward cut between its 2 blocks
     by stand-ins and hooks, pp=2 under 1F1B: the losses, clipped gradient norms and weights of the same batch trained
     without stages, within 1e-5 (the whole model initialised once on the CPU, each stage's part copied in). That
     batch is trained at dp=2, grad_acc=1 (what one rank trains: test_engine.py's DP split), so both points run on one
-    warm job of 2 ranks: the project on PYTHONPATH gives its points warm jobs of their own."""
+    warm job of 2 ranks: the project on PYTHONPATH gives its points warm jobs of their own, which the session's other
+    2-rank points of a model one brings share (warm_project)."""
     from scaling.sweep.compose import compose_config
 
     base = [
         "model=gpt2_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2", "train.steps=1",
-        "launch.reuse=true", "hardware.oversubscribe=true", TIMEOUT, CLIP, f"sweep_dir={project / 'runs'}",
+        *ON_WARM_RANKS, CLIP, f"sweep_dir={tmp_path / 'runs'}",
     ]  # fmt: skip
     split = run_point(compose_config([*base, "parallel.dp=2", "train.grad_acc=1"]))
     pp = run_point(compose_config([*base, "parallel.pp=2", "train.grad_acc=2"]))
