@@ -134,7 +134,7 @@ def test_an_edited_model_is_judged_again_under_its_old_key(project):
 
 
 @pytest.mark.torchrun
-def test_a_nanogpt_style_model_trains_at_zero_0_and_3_from_its_own_init_tied_and_predicted(project):
+def test_a_nanogpt_style_model_trains_at_zero_0_and_3_from_its_own_init_tied_and_predicted(warm_project, tmp_path):
     """nanogpt_style.py behind nano.py, which does no init: at dp=2, ZeRO-0 then ZeRO-3 on warm ranks, its first loss
     on random tokens is ln(vocab) (its own N(0, 0.02) init, not to_empty's garbage nor NaN), both stages train alike,
     n_params is the tied count, and the traced prediction meets the tracked peak."""
@@ -142,7 +142,7 @@ def test_a_nanogpt_style_model_trains_at_zero_0_and_3_from_its_own_init_tied_and
 
     base = [
         "model=nanogpt_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2",
-        "train.steps=2", "parallel.dp=2", *ON_WARM_RANKS, f"sweep_dir={project / 'runs'}",
+        "train.steps=2", "parallel.dp=2", *ON_WARM_RANKS, f"sweep_dir={tmp_path / 'runs'}",
     ]  # fmt: skip
     zero0, zero3 = (run_point(compose_config([*base, f"parallel.zero_stage={stage}"])) for stage in (0, 3))
     for record in (zero0, zero3):
@@ -179,24 +179,26 @@ DIVERGES = textwrap.dedent("""\
 
 
 @pytest.mark.torchrun
-def test_a_nan_loss_is_never_ok_in_the_record_or_the_report(project):
+def test_a_nan_loss_is_never_ok_in_the_record_or_the_report(warm_project, tmp_path):
     """A model whose loss is NaN from its first step trains to the end, and the point is `failed` with the step and
-    the value: no tokens/s or MFU is published, and the report counts it failed, its error beside it."""
+    the value: no tokens/s or MFU is published, and the report counts it failed, its error beside it. At dp=2 on the
+    warm job of the nanoGPT-style points (warm_project)."""
     from analysis.collect import collect
 
-    (project / "diverges.py").write_text(DIVERGES)
+    (warm_project / "diverges.py").write_text(DIVERGES)
     cfg = ExperimentConfig.from_dict(
         {"model": {"name": "diverges", "_target_": "diverges.Normalised", "vocab_size": 64, "max_seq_len": 32}}
     ).changed(
         train={"seq_len": 16, "mbs": 2, "warmup_steps": 2, "steps": 1},
+        parallel={"dp": 2},
         logger={"name": "none"},
         launch={"timeout_s": 180, "reuse": True, "reuse_idle_s": 600},  # ON_WARM_RANKS
     )
-    cfg.sweep_dir = str(project / "runs")
+    cfg.sweep_dir = str(tmp_path / "runs")
     record = run_point(cfg)
     assert record["status"] == "failed" and record["metrics"] is None, record
     assert record["error"].startswith("training is not finite: the loss of step 0 (of 3, the first 2 warm-up) is nan")
-    table = collect(project / "runs")
+    table = collect(tmp_path / "runs")
     assert list(table["status"].astype(str)) == ["failed"] and table["tokens_per_s_per_gpu"].isna().all()
 
 

@@ -164,7 +164,7 @@ def rel(a: float, b: float) -> float:
 
 
 @pytest.mark.torchrun
-def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predicted(project):
+def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predicted(warm_project, tmp_path):
     """gpt.py's GPT-2-style model (LayerNorm, learned positions, biases, untied head): dp=2 at ZeRO 0-3 against
     dp=1 x grad_acc=2, clipped; tp=2 by its own plan; bf16; recompute per block; train.compile; the traced prediction
     against the tracked peak."""
@@ -173,7 +173,7 @@ def test_a_user_model_trains_the_same_at_every_zero_stage_and_split_and_is_predi
     # on warm ranks that wait for the next point (launch.reuse_idle_s): the rank of dp=1 for its points after dp=2's
     base = [
         "model=gpt2_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2", "train.steps=2",
-        *ON_WARM_RANKS, CLIP, f"sweep_dir={project / 'runs'}",
+        *ON_WARM_RANKS, CLIP, f"sweep_dir={tmp_path / 'runs'}",
     ]  # fmt: skip
     one = run_point(compose_config([*base, "parallel.dp=1", "train.grad_acc=2"]))
     assert one["status"] == "ok", one["error"]

@@ -33,9 +33,10 @@ def scaling_ok(project: Path, *args: str) -> str:
 
 @pytest.mark.subprocess
 def test_a_project_runs_its_own_sweep_model_and_profiles(project, monkeypatch, capsys):
-    """The sweep by path and by name in fresh interpreters, as a user runs them; `scaling predict` and `scaling report`
-    in this process from the project's directory (tests/test_docs_commands.py runs the page's own commands in fresh
-    interpreters from a copy of the project)."""
+    """The sweep by path in a fresh interpreter, as a user runs it; by name (its dry run: what is found, not launched),
+    `scaling predict` and `scaling report` in this process from the project's directory (tests/test_docs_commands.py
+    runs the page's own commands in fresh interpreters from a copy of the project)."""
+    from scaling.cli.main import main as scaling_main
     from scaling.cli.predict import main as predict_main
     from scaling.cli.report import main as report_main
 
@@ -47,9 +48,11 @@ def test_a_project_runs_its_own_sweep_model_and_profiles(project, monkeypatch, c
     assert {r["config"]["model"].get("hidden") for r in records} == {48, None}  # gpt.GPT's own keys: n_embd, ...
     mine = [r for r in records if r["config"]["model"]["name"] == "gpt2_tiny"]
     assert {r["derived"]["flops_source"] for r in mine} == {"counted"} and all(r["metrics"]["mfu"] > 0 for r in mine)
+    monkeypatch.chdir(project)  # where the project's sweeps/ and conf/ (model, hardware and network figures) are found
+    capsys.readouterr()
     # by name from the project's sweeps/: the same points, answered by the store
-    assert "0 new" in scaling_ok(project, "sweep", "my_sweep", "--dry-run", f"sweep_dir={store}")
-    monkeypatch.chdir(project)  # where the project's conf/ (model, hardware and network figures) is found
+    assert scaling_main(["sweep", "my_sweep", "--dry-run", f"sweep_dir={store}"]) == 0
+    assert "0 new" in capsys.readouterr().out
     argv = ["--json", "--analytic", "model=my_model", "hardware=my_gpu", "train.precision=bf16", "train.seq_len=64"]
     assert predict_main(argv) == 0
     predicted = json.loads(capsys.readouterr().out)

@@ -1,7 +1,7 @@
 """Pipeline parallelism (`parallel.pp`): the blocks split into stages on torch.distributed.pipelining, each schedule
-checked against the same global batch on one rank (real torchrun points on warm ranks, oversubscribed: they check
-correctness, not speed), data parallelism over the stages' ranks with ZeRO, a model one brings and a Hugging Face
-config cut between their blocks, the record's stage of the peak, and the refusals before any process starts."""
+checked against the same global batch on one rank (real torchrun points on warm ranks, those of 4 ranks oversubscribed:
+they check correctness, not speed), data parallelism over the stages' ranks with ZeRO, a model one brings and a Hugging
+Face config cut between their blocks, the record's stage of the peak, and the refusals before any process starts."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from scaling.job.run import run_point
 from scaling.job.throughput import peak_stage
 from scaling.model.family import family_of
 from tests.helpers.compose import compose_point
-from tests.helpers.points import CLIP, TIMEOUT, point
+from tests.helpers.points import CLIP, ON_WARM_RANKS, point
 
 ONE_TIMED = "train.steps=1"
 """The pipeline's points time one step after the two warm-up steps (the CPU floor): three optimizer steps compared,
@@ -21,7 +21,10 @@ the first two on weights the schedule itself updated; the timed step gives the r
 STEPS = 3
 FOUR_BLOCKS = ["model.n_layers=4", CLIP, ONE_TIMED]
 ONE_RANK = [*FOUR_BLOCKS, "train.grad_acc=2"]
-PIPELINE = [*ONE_RANK, "parallel.pp=2", "hardware.oversubscribe=true"]
+PIPELINE = [*ONE_RANK, "parallel.pp=2"]
+"""2 ranks, the hardware block of the session's other 2-rank points (tests/helpers/points.py): they run on one warm job."""
+OVERSUBSCRIBED = "hardware.oversubscribe=true"
+"""4 ranks (dp=2 x pp=2) on a host of fewer cores."""
 TOL = 1e-5
 """fp32: a stage runs each micro-batch's ops as one rank does; only the micro-batches' gradients are summed and then
 divided by their count (torch's `scale_grads`) where one rank divides each micro-batch's loss first: rounding."""
@@ -75,7 +78,7 @@ def test_data_parallelism_over_pipeline_stages_trains_the_losses_of_one_rank(poi
     """dp=2 × pp=2 (4 ranks: two pipelines, each stage's 2 ranks averaging its gradients: ZeroRedundancyOptimizer over
     them, or FSDP2 sharding the stage) trains what dp=1 × pp=1 does with grad_acc 4, within 1e-5."""
     one = point(point_store, *FOUR_BLOCKS, "train.grad_acc=4")
-    both = point(point_store, *PIPELINE, "parallel.dp=2", *settings)
+    both = point(point_store, *PIPELINE, "parallel.dp=2", OVERSUBSCRIBED, *settings)
     assert_same_training(both, one)
     assert both["derived"]["world_size"] == 4 and both["derived"]["gbs"] == one["derived"]["gbs"]
 
@@ -85,7 +88,7 @@ def test_a_hugging_face_config_is_cut_between_its_decoder_layers(point_store):
     """transformers' Llama built from hf_llama_tiny's config, its 2 decoder layers on 2 stages (GPipe): the
     training of one rank, within 1e-5. One rank's batch is trained at dp=2, grad_acc=1 (test_engine.py's DP split),
     on the same warm job of 2 ranks: transformers is imported by the ranks of one job, not two."""
-    hf = ["model=hf_llama_tiny", "train.seq_len=32", CLIP, ONE_TIMED, "hardware.oversubscribe=true"]
+    hf = ["model=hf_llama_tiny", "train.seq_len=32", CLIP, ONE_TIMED]
     split = point(point_store, *hf, "parallel.dp=2", "train.grad_acc=1")
     pp = point(point_store, *hf, "parallel.pp=2", "parallel.pp_schedule=gpipe", "train.grad_acc=2")
     assert_same_training(pp, split)
@@ -93,17 +96,18 @@ def test_a_hugging_face_config_is_cut_between_its_decoder_layers(point_store):
 
 
 @pytest.mark.torchrun
-def test_a_model_one_brings_is_cut_between_its_blocks_and_trains_the_losses_of_one_rank(project):
+def test_a_model_one_brings_is_cut_between_its_blocks_and_trains_the_losses_of_one_rank(warm_project, tmp_path):
     """gpt.py's GPT-2-style model (learned positions, LayerNorm, untied head), its forward cut between its 2 blocks
     by stand-ins and hooks, pp=2 under 1F1B: the losses, clipped gradient norms and weights of the same batch trained
     without stages, within 1e-5 (the whole model initialised once on the CPU, each stage's part copied in). That
     batch is trained at dp=2, grad_acc=1 (what one rank trains: test_engine.py's DP split), so both points run on one
-    warm job of 2 ranks: the project on PYTHONPATH gives its points warm jobs of their own."""
+    warm job of 2 ranks: the project on PYTHONPATH gives its points warm jobs of their own, which the session's other
+    2-rank points of a model one brings share (warm_project)."""
     from scaling.sweep.compose import compose_config
 
     base = [
         "model=gpt2_tiny", "logger=none", "train.seq_len=32", "train.mbs=2", "train.warmup_steps=2", "train.steps=1",
-        "launch.reuse=true", "hardware.oversubscribe=true", TIMEOUT, CLIP, f"sweep_dir={project / 'runs'}",
+        *ON_WARM_RANKS, CLIP, f"sweep_dir={tmp_path / 'runs'}",
     ]  # fmt: skip
     split = run_point(compose_config([*base, "parallel.dp=2", "train.grad_acc=1"]))
     pp = run_point(compose_config([*base, "parallel.pp=2", "train.grad_acc=2"]))

@@ -12,8 +12,11 @@ from scaling.model.family import checked
 from tests.helpers.compose import compose_point
 from tests.helpers.points import CLIP, ON_WARM_RANKS, point
 
-TP = ["parallel.dp=2", "parallel.tp=2", "train.grad_acc=1", "hardware.oversubscribe=true", CLIP]
-ONE_RANK = ["parallel.dp=1", "train.grad_acc=2", CLIP]
+ONE_TIMED = "train.steps=1"
+"""Three optimizer steps compared (the two warm-up steps of the CPU floor and one timed): the second and third train
+on weights the split itself updated, so a gradient summed wrong over the tp ranks shows in their losses and norms."""
+TP = ["parallel.dp=2", "parallel.tp=2", "train.grad_acc=1", "hardware.oversubscribe=true", CLIP, ONE_TIMED]
+ONE_RANK = ["parallel.dp=1", "train.grad_acc=2", CLIP, ONE_TIMED]
 HF = ["model=hf_llama_tiny", "train.seq_len=32", *ON_WARM_RANKS]
 
 
@@ -44,7 +47,7 @@ def test_tensor_parallelism_trains_the_batch_of_one_rank_and_is_measured_and_pre
     assert tp["config"]["parallel"]["tp"] == 2 and tp["derived"]["world_size"] == tp["env"]["world_size"] == 4
     for key in ("losses", "grad_norms"):
         a, b = tp["metrics"][key], one["metrics"][key]
-        assert len(a) == len(b) == 5 and max(rel(x, y) for x, y in zip(a, b)) <= tol, (key, a, b)
+        assert len(a) == len(b) == 3 and max(rel(x, y) for x, y in zip(a, b)) <= tol, (key, a, b)
     assert rel(tp["metrics"]["final_param_norm"], one["metrics"]["final_param_norm"]) <= tol
     m = tp["metrics"]
     assert m["tokens_per_s_per_gpu"] == pytest.approx(m["tokens_per_s"] / 4)

@@ -1,5 +1,6 @@
 """The worked example of a project of one's own (tests/own_project: its model files beside conf/), copied outside
-the repository for a test as its working directory: `project`, a fixture the test modules import."""
+the repository for a test as its working directory: `project`, a fixture the test modules import, and `warm_project`,
+one copy for the session whose tests' points share warm jobs."""
 
 from __future__ import annotations
 
@@ -22,3 +23,23 @@ def project(tmp_path, monkeypatch) -> Path:
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.setenv("PYTHONPATH", str(root))
     return root
+
+
+@pytest.fixture(scope="session")
+def _one_project_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/own_project copied once for the session (once per worker under pytest-xdist)."""
+    root = tmp_path_factory.mktemp("warm-project") / "project"
+    shutil.copytree(PROJECT, root)
+    return root
+
+
+@pytest.fixture
+def warm_project(_one_project_copy: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """As `project`, but one copy for the session: PYTHONPATH, part of what warm ranks share (scaling.launch.warm.Shape),
+    names the same directory in every test that takes it, so their points of one shape run on the same warm job
+    instead of each test starting its own. A test keeps its records apart (a sweep_dir under its own tmp_path) and
+    writes its modules under names no other test uses."""
+    monkeypatch.chdir(_one_project_copy)
+    monkeypatch.syspath_prepend(str(_one_project_copy))
+    monkeypatch.setenv("PYTHONPATH", str(_one_project_copy))
+    return _one_project_copy
