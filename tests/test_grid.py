@@ -131,13 +131,22 @@ def write_grid(tmp_path: Path) -> Path:
     return tmp_path / "grid.yaml"
 
 
+def keys_of(surveyed: list[GridPoint]) -> dict[tuple[str, ...], str]:
+    """The surveyed points' job keys by their overrides."""
+    return {tuple(p.overrides): p.key for p in surveyed}
+
+
 @pytest.mark.slow
 def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
+    """Of each grid, every point's key is its own, and the points that show each axis value under each group choice
+    (`covering`) have the keys a full composition gives."""
     write_grid(tmp_path)
     with sweep_file_grid(tmp_path / "grid.yaml", ["++train.steps=2", "parallel.zero_stage=1,3"]) as (points, configs):
         surveyed = list(survey(points, configs))
         assert configs.compositions == 4  # model x case; ++ is part of every composition
-    assert len(points) == 16 and [p.key for p in surveyed] == full_keys(tmp_path / "grid.yaml", points)
+        checked = covering(points, configs.groups)
+    assert len(points) == 16 and len({p.key for p in surveyed}) == len(points)
+    assert [keys_of(surveyed)[tuple(p)] for p in checked] == full_keys(tmp_path / "grid.yaml", checked)
     by_model = {p.cfg.model.name: p.cfg.train for p in surveyed}
     assert by_model["small"].seq_len != by_model["tiny"].seq_len  # the interpolation follows the group
     assert {p.cfg.train.gbs_tokens == p.cfg.train.seq_len for p in surveyed} == {True}
@@ -150,7 +159,9 @@ def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
         surveyed = list(survey(points, configs))
         assert configs.compositions == 4  # model x case
         assert len(configs._bound) == 4 * 2  # and each resolved again with each seq_len
-    assert [p.key for p in surveyed] == full_keys(tmp_path / "grid.yaml", points) and len(points) == 16
+        checked = covering(points, configs.groups)
+    assert len(points) == 16 and len({p.key for p in surveyed}) == len(points)
+    assert [keys_of(surveyed)[tuple(p)] for p in checked] == full_keys(tmp_path / "grid.yaml", checked)
     assert {(p.cfg.train.seq_len, p.cfg.train.gbs_tokens) for p in surveyed} == {(16, 16), (32, 32)}
 
     # A value that reads the hydra node cannot be resolved without it: such points are composed in full.
