@@ -193,8 +193,8 @@ def assert_jobs_composed_as_hydra(points: list, configs, composed: Optional[dict
 def test_the_jobs_of_a_sweep_file_get_the_config_hydra_composes(sweep_file):
     """What the grid sweeper hands Hydra's basic launcher (`PointConfigs.job_config`) for the points that show each
     axis value under each group choice: the sweep file's defaults, values and interpolations, and the hydra node."""
+    jobs = hydras_jobs(sweep_file)  # composed under a Hydra of its own: before this test's
     with sweep_file_grid(sweep_file) as (points, configs):
-        jobs = hydras_jobs(sweep_file)
         assert list(jobs) == [tuple(p) for p in covering(points, configs.groups)]
         assert_jobs_composed_as_hydra(list(jobs), configs, jobs)
         choices = {tuple(o for o in p if o.split("=")[0] in configs.groups) for p in points}
