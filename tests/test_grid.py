@@ -5,13 +5,15 @@ the overrides that take the slower paths (package-global group files, `++`, inte
 from __future__ import annotations
 
 import dataclasses
+import functools
 import textwrap
 from collections import Counter
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from scaling.core.enums import Status
 from scaling.core.sample import sampled
@@ -36,6 +38,11 @@ from tests.helpers.records import key_of
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
 
 
+def groups_of(cfg: DictConfig) -> dict[str, object]:
+    """A composed config's experiment groups, resolved: what its job key hashes."""
+    return {group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS}
+
+
 def full_keys(sweep_file: Path, points: list[list[str]]) -> list[str]:
     """Job keys from a full composition of each point, as its Hydra job composes it."""
     register_configs()
@@ -47,9 +54,7 @@ def full_keys(sweep_file: Path, points: list[list[str]]) -> list[str]:
                 overrides=[f"hydra.searchpath=[file://{CONF_DIR}]", *overrides],
                 return_hydra_config=True,
             )
-            keys.append(
-                key_of({group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS})
-            )
+            keys.append(key_of(groups_of(cfg)))
     return keys
 
 
@@ -69,18 +74,34 @@ def covering(points: list[list[str]], groups: frozenset[str]) -> list[list[str]]
     return chosen
 
 
+@functools.cache
+def hydras_jobs(sweep_file: Path) -> dict[tuple[str, ...], DictConfig]:
+    """Of a sweep file, the points that show each axis value under each group choice, each with the job config
+    Hydra's basic launcher composes for it (`load_sweep_config`, a full composition: ~0.5 s each). Composed once per
+    worker for the tests that hold the grid's own configs and keys to them (SWEEP_FILE_JOBS keeps them together)."""
+    with sweep_file_grid(sweep_file) as (points, configs):
+        checked = covering(points, configs.groups)
+        return {tuple(p): configs.loader.load_sweep_config(configs.master, list(p)) for p in checked}
+
+
+SWEEP_FILE_JOBS = "sweep_file_jobs"
+"""The pytest-xdist group of the tests that read `hydras_jobs`: on one worker, each sweep file's points are composed
+in full once."""
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group(SWEEP_FILE_JOBS)
 @pytest.mark.parametrize("sweep_file", SWEEP_FILES, ids=lambda p: p.stem)
 def test_keys_equal_a_full_composition(sweep_file):
     """Of every sweep file, the points that show each axis value under each group choice (a full composition
-    costs ~0.15 s: 856 of them would take minutes of CI)."""
+    costs ~0.5 s: 856 of them would take minutes of CI)."""
     with sweep_file_grid(sweep_file) as (points, configs):
         fast = {tuple(p.overrides): p.key for p in survey(points, configs)}
         choices = {tuple(o for o in p if o.split("=")[0] in configs.groups) for p in points}
         assert configs.compositions == len(choices)  # one per group choice, none per point
     assert len(points) > 1 and len(set(fast.values())) == len(points)
-    checked = covering(points, configs.groups)
-    assert [fast[tuple(p)] for p in checked] == full_keys(sweep_file, checked)
+    jobs = hydras_jobs(sweep_file)
+    assert [fast[p] for p in jobs] == [key_of(groups_of(job)) for job in jobs.values()]
 
 
 def write_grid(tmp_path: Path) -> Path:
@@ -110,13 +131,22 @@ def write_grid(tmp_path: Path) -> Path:
     return tmp_path / "grid.yaml"
 
 
+def keys_of(surveyed: list[GridPoint]) -> dict[tuple[str, ...], str]:
+    """The surveyed points' job keys by their overrides."""
+    return {tuple(p.overrides): p.key for p in surveyed}
+
+
 @pytest.mark.slow
 def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
+    """Of each grid, every point's key is its own, and the points that show each axis value under each group choice
+    (`covering`) have the keys a full composition gives."""
     write_grid(tmp_path)
     with sweep_file_grid(tmp_path / "grid.yaml", ["++train.steps=2", "parallel.zero_stage=1,3"]) as (points, configs):
         surveyed = list(survey(points, configs))
         assert configs.compositions == 4  # model x case; ++ is part of every composition
-    assert len(points) == 16 and [p.key for p in surveyed] == full_keys(tmp_path / "grid.yaml", points)
+        checked = covering(points, configs.groups)
+    assert len(points) == 16 and len({p.key for p in surveyed}) == len(points)
+    assert [keys_of(surveyed)[tuple(p)] for p in checked] == full_keys(tmp_path / "grid.yaml", checked)
     by_model = {p.cfg.model.name: p.cfg.train for p in surveyed}
     assert by_model["small"].seq_len != by_model["tiny"].seq_len  # the interpolation follows the group
     assert {p.cfg.train.gbs_tokens == p.cfg.train.seq_len for p in surveyed} == {True}
@@ -129,7 +159,9 @@ def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
         surveyed = list(survey(points, configs))
         assert configs.compositions == 4  # model x case
         assert len(configs._bound) == 4 * 2  # and each resolved again with each seq_len
-    assert [p.key for p in surveyed] == full_keys(tmp_path / "grid.yaml", points) and len(points) == 16
+        checked = covering(points, configs.groups)
+    assert len(points) == 16 and len({p.key for p in surveyed}) == len(points)
+    assert [keys_of(surveyed)[tuple(p)] for p in checked] == full_keys(tmp_path / "grid.yaml", checked)
     assert {(p.cfg.train.seq_len, p.cfg.train.gbs_tokens) for p in surveyed} == {(16, 16), (32, 32)}
 
     # A value that reads the hydra node cannot be resolved without it: such points are composed in full.
@@ -139,10 +171,16 @@ def test_group_files_force_adds_and_interpolations_compose_exactly(tmp_path):
     assert [p.key for p in surveyed] == full_keys(tmp_path / "grid.yaml", points) and len(points) == 8
 
 
-def assert_jobs_composed_as_hydra(points: list[list[str]], configs) -> None:
-    """Each point's job config (hydra node included) equals the one Hydra's launcher composes for the job."""
+def assert_jobs_composed_as_hydra(points: list, configs, composed: Optional[dict] = None) -> None:
+    """Each point's job config (hydra node included) equals the one Hydra's launcher composes for the job (in
+    `composed`, by the point's overrides, where given)."""
     for overrides in points:
-        job, hydras = configs.job_config(overrides), configs.loader.load_sweep_config(configs.master, list(overrides))
+        job = configs.job_config(list(overrides))
+        hydras = (
+            composed[tuple(overrides)]
+            if composed is not None
+            else configs.loader.load_sweep_config(configs.master, list(overrides))
+        )
         assert OmegaConf.to_container(job) == OmegaConf.to_container(hydras), overrides
         resolved = [{k: OmegaConf.select(c, str(k)) for k in c if k != "hydra"} for c in (job, hydras)]
         assert resolved[0] == resolved[1] and job.hydra.overrides.task == list(overrides)
@@ -150,13 +188,15 @@ def assert_jobs_composed_as_hydra(points: list[list[str]], configs) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group(SWEEP_FILE_JOBS)
 @pytest.mark.parametrize("sweep_file", SWEEP_FILES, ids=lambda p: p.stem)
 def test_the_jobs_of_a_sweep_file_get_the_config_hydra_composes(sweep_file):
     """What the grid sweeper hands Hydra's basic launcher (`PointConfigs.job_config`) for the points that show each
     axis value under each group choice: the sweep file's defaults, values and interpolations, and the hydra node."""
+    jobs = hydras_jobs(sweep_file)  # composed under a Hydra of its own: before this test's
     with sweep_file_grid(sweep_file) as (points, configs):
-        checked = covering(points, configs.groups)
-        assert_jobs_composed_as_hydra(checked, configs)
+        assert list(jobs) == [tuple(p) for p in covering(points, configs.groups)]
+        assert_jobs_composed_as_hydra(list(jobs), configs, jobs)
         choices = {tuple(o for o in p if o.split("=")[0] in configs.groups) for p in points}
         assert configs.compositions == len(choices)  # one per group choice, none per job
 

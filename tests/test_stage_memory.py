@@ -3,6 +3,7 @@ each stage's share of the model state, and the pre-screen and `scaling predict` 
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -92,31 +93,41 @@ def test_prescreen_and_predict_judge_the_fullest_stage(capsys):
     assert "pp=2" in out and f"the fullest stage, {fullest.rank}, decides the fit" in out
 
 
+PIPELINED = ["model=tiny", "train.mbs=2", "train.grad_acc=4", "train.seq_len=64", "parallel.pp=2"]
+"""A pipelined point: tiny, fp32, 2 stages, 4 micro-batches (1F1B unless a schedule is added)."""
+TRACED_STAGES = "traced_stages"
+"""The pytest-xdist group of the tests that read `traced_stages`: on one worker, each schedule is traced once."""
+
+
+@functools.cache
+def traced_stages(schedule: str) -> tuple[int, ...]:
+    """Each stage's traced peak of PIPELINED under `schedule` (scaling.predictor.stage_trace), traced once per worker
+    for the tests that compare against it."""
+    from scaling.predictor.stage_trace import trace_stage_peaks
+
+    return tuple(trace_stage_peaks(compose_point([*PIPELINED, f"parallel.pp_schedule={schedule}"]), 4))
+
+
+@pytest.mark.xdist_group(TRACED_STAGES)
 @pytest.mark.parametrize("schedule", ["one_f_one_b", "gpipe"])
 def test_the_analytic_stages_agree_with_the_traced_stages(schedule):
     """The stage's own modules of the built-in model, run on fake tensors in the schedule's order under torch's
     tracker (scaling.predictor.stage_trace): the analytic figure of each stage within 10% (tiny, fp32, pp 2, 4
     micro-batches); GPipe's first stage, which holds all 4, above 1F1B's, which holds 2."""
-    from scaling.predictor.stage_trace import trace_stage_peaks
-
-    cfg = compose_point(
-        ["model=tiny", "train.mbs=2", "train.grad_acc=4", "train.seq_len=64", "parallel.pp=2"]
-        + [f"parallel.pp_schedule={schedule}"]
-    )
-    traced = trace_stage_peaks(cfg, 4)
+    cfg = compose_point([*PIPELINED, f"parallel.pp_schedule={schedule}"])
+    traced = traced_stages(schedule)
     analytic = [st.breakdown.total_bytes for st in stage_peaks(cfg.model, cfg.train, cfg.parallel, cfg.hardware, 4)]
+    assert len(analytic) == len(traced) == 2
     for a, t in zip(analytic, traced):
         assert abs(a / t - 1) < 0.10, (analytic, traced)
     if schedule == "gpipe":
-        one_f = trace_stage_peaks(cfg.changed(parallel={"pp_schedule": "one_f_one_b"}), 4)
-        assert traced[0] > one_f[0]
+        assert traced[0] > traced_stages("one_f_one_b")[0]
 
 
+@pytest.mark.xdist_group(TRACED_STAGES)
 def test_predict_prints_both_figures_of_each_stage(capsys):
-    """`scaling predict` of a pipelined point: each stage's analytic and traced peak side by side."""
-    from scaling.predictor.stage_trace import trace_stage_peaks
-
-    base = ["model=tiny", "train.mbs=2", "train.grad_acc=4", "train.seq_len=64", "parallel.pp=2"]
-    assert predict_main(["--json", *base]) == 0
+    """`scaling predict` of a pipelined point (1F1B, the default schedule): each stage's analytic and traced peak
+    side by side."""
+    assert predict_main(["--json", *PIPELINED]) == 0
     stages = json.loads(capsys.readouterr().out)["stages"]
-    assert [st["traced_peak_mem_bytes"] for st in stages] == trace_stage_peaks(compose_point(base), 4)
+    assert tuple(st["traced_peak_mem_bytes"] for st in stages) == traced_stages("one_f_one_b")

@@ -3,8 +3,9 @@
 The model's family (scaling.model), the ZeRO wrapping (scaling.engine.parallel) and the step (scaling.engine.step)
 run under FakeTensorMode with a fake process group, measured by the worker's own tracker
 (scaling.engine.memtrack): no tensor is allocated, so llama_8b at dp=512 is predicted in seconds, as the same
-"peak of live tensor bytes" the worker reports on CPU. One plain step, then one tracked step, at most two
-micro-steps (three at ZeRO-2: `MAX_MICRO_STEPS`); eager mode. `trace_peak` runs in this process (its fake world
+"peak of live tensor bytes" the worker reports on CPU. One plain step of one micro-step (it makes the optimizer's
+state and the wrappers' lazy state, which a step of more micro-steps leaves the same), then one tracked step, at most
+two micro-steps (three at ZeRO-2: `MAX_MICRO_STEPS`); eager mode. `trace_peak` runs in this process (its fake world
 installed and removed: `_fake_world`); `trace_peak_isolated` in a fresh interpreter, as the pre-screen does.
 """
 
@@ -334,7 +335,7 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
             wrapped.model.reducer = _LocalBucketRebuild(wrapped.model.reducer, params)
         data = GlobalBatch(family.vocab_size(), train.seq_len, train.seed)  # token values do not matter
         with _plan_refused(cfg, family):
-            train_step(wrapped, step_batches(data, 0, 0, mbs, micro_steps))
+            train_step(wrapped, step_batches(data, 0, 0, mbs, 1))
         micro_batches = step_batches(data, 1, 0, mbs, micro_steps)  # built before the step, as the worker does
         if par.zero_stage < ZeroStage.GRADIENTS:
             wrapped.model.reducer.armed = True  # DDP rebuilds its buckets in the second step's first forward
