@@ -126,13 +126,13 @@ def fits(cfg: ExperimentConfig, grad_acc: int, capacity: int, kept_in: Optional[
 def setting_key(cfg: ExperimentConfig) -> str:
     """What a calibration depends on, hashed: everything of the point but its counts, shard group, ZeRO stage within
     its kind, mbs and grad_acc, with torch's and transformers' versions."""
+    from importlib import metadata
+
     import torch
 
-    try:
-        import transformers
-
-        versions = [torch.__version__, transformers.__version__]
-    except ImportError:  # the built-in family without the [hf] extra
+    try:  # the installed distribution's version: the same string as transformers.__version__, without its import
+        versions = [torch.__version__, metadata.version("transformers")]
+    except metadata.PackageNotFoundError:  # the built-in family without the [hf] extra
         versions = [torch.__version__, None]
     layout = cfg.parallel.layout
     setting = {
