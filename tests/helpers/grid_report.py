@@ -14,8 +14,15 @@ from tests.helpers.records import grid_records, write_sweep
 GROUP = pytest.mark.xdist_group("grid_report")
 
 
+_WRITTEN: dict[str, tuple[Path, dict[str, Path]]] = {}
+"""The report once written in this process: each module that imports the fixture holds a definition of its own,
+which pytest would run once each."""
+
+
 @pytest.fixture(scope="session")
 def grid_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
     """The sweep directory of the synthetic grid (named `grid`) and the paths `write_report` gave for it."""
-    sweep = write_sweep(tmp_path_factory.mktemp("sweep"), grid_records(), name="grid")
-    return sweep, write_report(sweep)
+    if "grid" not in _WRITTEN:
+        sweep = write_sweep(tmp_path_factory.mktemp("sweep"), grid_records(), name="grid")
+        _WRITTEN["grid"] = sweep, write_report(sweep)
+    return _WRITTEN["grid"]
