@@ -21,19 +21,15 @@ from analysis.sweep_data import SweepData
 from scaling.cli.report import main
 from scaling.perf.network_figures import PROFILE_FILE, save_profile
 from scaling.store.wandb_runs import read_offline_run
+from tests.helpers.grid_report import GROUP, grid_report  # noqa: F401 (a fixture)
 from tests.helpers.records import grid_records, key_of, make_record, write_sweep
 from tests.helpers.synthetic_dp import LLAMA_1B, TRUTHS, profile_of
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    sweep = write_sweep(tmp_path_factory.mktemp("sweep"), grid_records(), name="grid")
-    return sweep, write_report(sweep)
-
-
 @pytest.mark.slow
-def test_report_files_and_sections(report):
-    sweep, paths = report
+@GROUP
+def test_report_files_and_sections(grid_report):  # noqa: F811
+    sweep, paths = grid_report
     assert paths["html"] == sweep / "report" / "report.html"
     md = paths["markdown"].read_text()
     for heading in (
@@ -158,8 +154,9 @@ def test_device_time_section_states_the_shares_and_what_a_search_spent_until_its
 
 
 @pytest.mark.slow
-def test_html_is_self_contained_with_embedded_pngs(report):
-    _, paths = report
+@GROUP
+def test_html_is_self_contained_with_embedded_pngs(grid_report):  # noqa: F811
+    _, paths = grid_report
     page = paths["html"].read_text()
     images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)"', page)
     assert {name for name, _ in images} >= {

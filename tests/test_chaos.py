@@ -1,6 +1,7 @@
 """A store a team shares, under faults: two real drivers run one grid at once on warm ranks, one is SIGKILLed at a
 seeded moment and started again; every point is recorded exactly once and no process is left
-(tests/helpers/chaos.py, on 6 of its grid's points; `python benchmarks/bench_chaos.py` runs more seeds on all 12)."""
+(tests/helpers/chaos.py, on 6 points like its grid's at dp=1; `python benchmarks/bench_chaos.py` runs more seeds on
+all 12 at dp=2)."""
 
 from __future__ import annotations
 

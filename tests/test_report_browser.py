@@ -17,7 +17,8 @@ import pytest
 from matplotlib.image import imread
 
 from analysis.report_writer import write_report
-from tests.helpers.records import grid_records, write_sweep
+from scaling.cli.report import main as report_main
+from tests.helpers.grid_report import GROUP, grid_report  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.browser
 
@@ -57,17 +58,19 @@ def screenshot(page: Path, out: Path, profile: Path, size: str = "1280,2000") ->
 
 
 @pytest.fixture(scope="module")
-def report_html(tmp_path_factory) -> tuple[Path, bool]:
-    """The report page, and whether it is of the synthetic sweep (which has OOM cells)."""
+def report_html(tmp_path_factory, request) -> tuple[Path, bool]:
+    """The report page, and whether it is of the synthetic sweep (which has OOM cells: the one
+    tests/test_analysis_report.py reads, written once for both)."""
     if CHROMIUM is None:
         pytest.skip("chromium is not installed: apt-get install -y chromium (scripts/install-system-deps.sh)")
     sweep = os.environ.get("SCALING_REPORT_SWEEP_DIR")
     if sweep:
         return write_report(sweep, out_dir=tmp_path_factory.mktemp("report"))["html"], False
-    sweep_dir = write_sweep(tmp_path_factory.mktemp("sweep"), grid_records())
-    return write_report(sweep_dir)["html"], True
+    _, paths = request.getfixturevalue("grid_report")
+    return paths["html"], True
 
 
+@GROUP
 def test_report_renders_with_figures_and_no_console_errors(report_html, tmp_path):
     page, synthetic = report_html
     shot = tmp_path / "report.png"
@@ -92,7 +95,7 @@ def test_console_check_catches_a_script_error(tmp_path):
     assert any("Uncaught ReferenceError: undefinedFunction is not defined" in line for line in console)
 
 
-def test_demo_sweep_report_opens_in_chromium(tmp_path):
+def test_demo_sweep_report_opens_in_chromium(tmp_path, capsys):
     """The README's path, shrunk: `scaling sweep demo` (2 points, one out of memory, one launch each of one
     timed step), then `scaling report`. A report with every section renders above, from synthetic records."""
     if CHROMIUM is None:
@@ -125,16 +128,9 @@ def test_demo_sweep_report_opens_in_chromium(tmp_path):
     )
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     assert "sweep demo: 2 points: 1 ok, 1 oom" in sweep.stdout, sweep.stdout[-2000:]
-    report = subprocess.run(
-        [sys.executable, "-m", "scaling", "report", str(sweep_dir)],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert report.returncode == 0, report.stderr[-2000:]
+    assert report_main([str(sweep_dir)]) == 0  # `scaling report`'s entry, in this process (its imports are loaded)
     page = sweep_dir / "report" / "report.html"
-    assert str(page) in report.stdout
+    assert str(page) in capsys.readouterr().out
     shot = tmp_path / "demo.png"
     assert screenshot(page, shot, tmp_path / "profile") == []
     colours = np.unique((imread(shot)[..., :3] * 255).astype(np.uint8).reshape(-1, 3), axis=0)

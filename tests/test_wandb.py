@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from analysis.collect import collect, from_wandb_offline
+from scaling.cli.main import main
 from scaling.core.schema import LoggerConfig
 from scaling.job.wandb_log import init_kwargs, log_point
 from scaling.store.index import store_id
@@ -168,9 +169,14 @@ def test_parallel_sweep_logs_every_point_and_attempt_and_reads_back_equal_to_col
     assert from_runs["wandb_run_id"].str.endswith("-2").sum() == 1
     pd.testing.assert_frame_equal(from_runs.drop(columns="wandb_run_id"), collect(sweep_dir))
 
-    # docs/sweeps.md's recipe: the report run joins the same folder, and one `wandb sync` takes all of it.
-    report = scaling(*["report", str(sweep_dir), "--wandb", "--jobs", "1"], cwd=tmp_path, env=env)
-    assert report.returncode == 0, report.stderr[-2000:]
+    # docs/sweeps.md's recipe: the report run joins the same folder, and one `wandb sync` takes all of it. The report
+    # runs in this process (the command's own entry, with the sweep's W&B environment): `scaling report` as a fresh
+    # interpreter is tests/test_docs_commands.py's.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_SILENT", "true")
+        mp.setenv("WANDB_PROJECT", "from-env")
+        mp.delenv("WANDB_MODE", raising=False)
+        assert main(["report", str(sweep_dir), "--wandb", "--jobs", "1"]) == 0
     folders = sorted(str(p) for p in (sweep_dir / "wandb").glob("offline-run-*"))
     dry = subprocess.run(
         [str(Path(sys.executable).parent / "wandb"), "sync", "--dry-run", *folders],

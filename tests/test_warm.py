@@ -63,21 +63,25 @@ SHAPE = ["parallel.dp=2", "hardware.memory_gb=0.005"]
 """5 MB: the tiny model at seq 32 fits, at seq 256 x mbs 4 it does not; one capacity, so one shape and one job."""
 TOO_BIG = ["train.seq_len=256", "train.mbs=4", "launch.prescreen=false"]
 ZERO3 = ["train.seq_len=32", "train.grad_acc=2", "parallel.zero_stage=3", CLIP]
+ZERO2 = ["train.seq_len=32", "train.grad_acc=2", "parallel.zero_stage=2"]
+ZERO1 = ["train.seq_len=32", "train.grad_acc=2", "parallel.zero_stage=1"]
 
 
 @pytest.fixture(scope="module")
 def warm_then_fresh(tmp_path_factory) -> Iterator[dict]:
-    """One warm job of SHAPE and the fresh launches it is compared with, for the two tests below: a ZeRO-0 point,
+    """One warm job of SHAPE and the fresh launches it is compared with, for the three tests below: a ZeRO-0 point,
     one past the capacity and a ZeRO-3 point on the job's ranks (its `warm` store); the point past the capacity by a
-    fresh launch while the job is idle; then the job's ranks killed while its torchrun still looks alive (stopped, so
-    the race is not left to chance) and the ZeRO-3 point handed to it, which a fresh launch then measures (its
-    `fresh` store): the fresh launch the warm ZeRO-3 point is compared with. What each step saw, by name."""
+    fresh launch while the job is idle; then, on the same job, a rank out of memory on its own, a point, a crashed
+    rank and a point (its `faults` store: each failure ends its job, so they run on three jobs); then the last job's
+    ranks killed while its torchrun still looks alive (stopped, so the race is not left to chance) and the ZeRO-3
+    point handed to it, which a fresh launch then measures (its `fresh` store): the fresh launch the warm ZeRO-3
+    point is compared with. What each step saw, by name."""
     root = tmp_path_factory.mktemp("warm_then_fresh")
-    warm_store, fresh_store = root / "warm", root / "fresh"
-    warm_store.mkdir()
-    fresh_store.mkdir()
+    warm_store, fresh_store, faults_store = root / "warm", root / "fresh", root / "faults"
+    for store in (warm_store, fresh_store, faults_store):
+        store.mkdir()
     started_before = set(map(id, warm._jobs.values()))
-    seen: dict = {"warm_store": warm_store, "fresh_store": fresh_store}
+    seen: dict = {"warm_store": warm_store, "fresh_store": fresh_store, "faults_store": faults_store}
     # A lock directory of its own, as each test has (conftest.py): set up before any test's, this fixture would
     # otherwise lease the host's, where a driver of another run on the host would end the idle job.
     with pytest.MonkeyPatch.context() as mp:
@@ -105,7 +109,19 @@ def _warm_then_fresh(warm_store: Path, fresh_store: Path, started_before: set, s
         # the fresh launch neither ended the warm job nor started one
         seen["job_kept"] = list(warm._jobs.values()) == jobs and job.alive
 
-        # The job's ranks die between two points; the point handed to it was never started.
+        # A rank that fails on its own ends the job it runs on; the point after it starts a new one.
+        faults = seen["faults_store"]
+        seen["faulted"] = [
+            point(faults, *SHAPE, *ZERO2, "train.fault=oom", *WARM),
+            point(faults, *SHAPE, *ZERO1, *WARM),
+            point(faults, *SHAPE, *ZERO2, "train.fault=crash", *WARM),
+            point(faults, *SHAPE, *ZERO2, *WARM),
+        ]
+
+        # The last job's ranks die between two points; the point handed to it was never started.
+        job = job_of_last_point()
+        torchrun_proc = psutil.Process(job.proc.pid)
+        ranks = torchrun_proc.children(recursive=True)
         torchrun_proc.suspend()
         for rank in ranks:
             rank.kill()
@@ -162,18 +178,14 @@ def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does_also_after_one_
     assert len(list(seen["warm_store"].glob("*/result.json"))) == 3
 
 
-def test_a_failing_point_ends_its_warm_job_and_the_next_point_starts_a_new_one(tmp_path):
+def test_a_failing_point_ends_its_warm_job_and_the_next_point_starts_a_new_one(warm_then_fresh):
     """A rank that runs out of memory on its own (train.fault=oom: as on a real device, its peer may be waiting
     inside a collective) and a crashed rank, each in the middle of a warm job, end it: the point is classified as
     a fresh launch's would be, and the point after it runs on the ranks of a new job, from their start as a fresh
-    launch's do. One record per point."""
-    store = tmp_path
-    zero2 = ["parallel.dp=2", "parallel.zero_stage=2", *WARM]
-    first = point(store, *zero2, "train.seq_len=32")
-    oom = point(store, *zero2, "train.fault=oom")
-    after_oom = point(store, *zero2, "train.seq_len=40")
-    crash = point(store, *zero2, "train.fault=crash")
-    after_crash = point(store, *zero2, "train.seq_len=48")
+    launch's do. One record per point (the faults of `warm_then_fresh`, after its ZeRO-3 point on the same job)."""
+    seen = warm_then_fresh
+    store, first = seen["faults_store"], seen["after"]
+    oom, after_oom, crash, after_crash = seen["faulted"]
     turns = [r["repeats"][0]["timing"]["points_before"] for r in (first, oom, after_oom, crash, after_crash)]
     assert turns[1:] == [turns[0] + 1, 0, 1, 0], turns
     assert oom["status"] == "oom" and "rank 1 ran out of memory on purpose" in oom["error"], oom["error"]
@@ -184,7 +196,7 @@ def test_a_failing_point_ends_its_warm_job_and_the_next_point_starts_a_new_one(t
     )
     assert (launch_dir(store / crash["job_key"], crash) / "elastic").is_dir()  # the failed launch keeps the error files
     assert first["status"] == after_oom["status"] == after_crash["status"] == "ok"
-    assert len(list(store.glob("*/result.json"))) == 5
+    assert len(list(store.glob("*/result.json"))) == 4  # and the first, in the `warm` store
 
 
 def test_killing_the_driver_during_a_warm_job_leaves_no_rank_and_one_record_per_point(tmp_path):
@@ -200,7 +212,7 @@ def test_killing_the_driver_during_a_warm_job_leaves_no_rank_and_one_record_per_
         "-m",
         *BASE,
         *WARM,
-        "parallel.dp=2",
+        "parallel.dp=1",  # one rank: what is tested is the driver, its job and its records, not the collectives
         "train.steps=3,60,4",  # the second point runs long enough (a second or more) to be caught running
         f"sweep_dir={sweep_dir}",
     ]
@@ -235,7 +247,7 @@ def test_killing_the_driver_during_a_warm_job_leaves_no_rank_and_one_record_per_
 def test_a_warm_job_that_dies_before_taking_a_point_leaves_it_to_a_fresh_launch(warm_then_fresh):
     """The job's ranks die between two points while its torchrun still looks alive (stopped, so the race is not
     left to chance); the point handed to it was never started: it is measured by a fresh launch and ok, not
-    recorded `failed` (the ZeRO-3 point of `warm_then_fresh`, handed to its job after its third point)."""
+    recorded `failed` (the ZeRO-3 point of `warm_then_fresh`, handed to its last job after that job's first point)."""
     seen = warm_then_fresh
     assert seen["handed"], "the point was never handed to the warm job"
     second = seen["fresh"]

@@ -60,11 +60,13 @@ def points_of(grid: Sequence[str]) -> int:
 
 POINTS = points_of(GRID)
 SMALL_GRID = [
-    *(o for o in GRID if not o.startswith(("parallel.zero_stage=", "train.seq_len="))),
+    *(o for o in GRID if not o.startswith(("parallel.dp=", "parallel.zero_stage=", "train.seq_len="))),
+    "parallel.dp=1",
     "parallel.zero_stage=0,1,2",
     "train.seq_len=16,24",
 ]
-"""6 of GRID's points, for the suite: the same drivers, ranks and store, half the turns."""
+"""6 points like GRID's at dp=1, for the suite: the same drivers, warm jobs, lease and store, half the turns and one
+rank a job instead of two (what is tested is the store and the processes around the ranks, not the collectives)."""
 SUMMARY = re.compile(r"^\[scaling\] ([0-9a-f]{12}) (ok|oom|failed|timeout|invalid|predicted_oom)\b", re.M)
 
 
