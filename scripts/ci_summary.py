@@ -13,6 +13,12 @@ import xml.etree.ElementTree as ET
 SLOWEST = 10
 
 
+def minutes(seconds: float) -> str:
+    """`seconds` as whole minutes and the seconds left, rounded to the second (570.6 s: 9 min 31 s)."""
+    whole_minutes, rest = divmod(round(seconds), 60)
+    return f"{whole_minutes} min {rest} s"
+
+
 def main(argv: list[str]) -> int:
     started, lanes = float(argv[0]), [a.split("=", 1) for a in argv[1:]]
     cases: list[tuple[float, str, str]] = []
@@ -26,12 +32,12 @@ def main(argv: list[str]) -> int:
         suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
         count = sum(int(s.get("tests", 0)) for s in suites)
         wall = sum(float(s.get("time", 0.0)) for s in suites)
-        lines.append(f"  {lane}: {count} tests, pytest's wall {wall / 60:.0f} min {wall % 60:.0f} s")
+        lines.append(f"  {lane}: {count} tests, pytest's wall {minutes(wall)}")
         for case in root.iter("testcase"):
             name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
             cases.append((float(case.get("time", 0.0)), lane, name))
     elapsed = time.time() - started
-    print(f"\nCI wall time: {elapsed / 60:.0f} min {elapsed % 60:.0f} s (set-up included)")
+    print(f"\nCI wall time: {minutes(elapsed)} (set-up included)")
     print("\n".join(lines))
     print(f"The {SLOWEST} slowest tests (each test's own time, set-up and teardown included):")
     for seconds, lane, name in sorted(cases, reverse=True)[:SLOWEST]:
