@@ -722,3 +722,29 @@ def test_the_recipes_step_model_knows_whether_the_backend_holds_the_host_through
     w = workload_of(cfg, Candidate(Layout(3, dp_shard=2), "none", 1, "test"), 1, 8)
     assert w.host_blocking is holds
     assert all(c.window is None for c in step_collectives(w, 4, 1)) is holds
+
+
+@pytest.mark.parametrize("per_record", [-0.1, 0.04])
+def test_a_measurement_is_suggested_only_where_it_would_narrow_the_band(per_record: float) -> None:
+    """The least certain row's band at 8 GPUs is ±25% now; the estimator refitted with the simulated record gives
+    ±15% (suggested) or ±29% (a refit that widens the draws' spread: nothing is suggested, rather than a measurement
+    that "narrows" the band from ±25% to ±29%)."""
+    from scaling.recipe.answer import Row
+    from scaling.recipe.next_point import suggest
+    from scaling.recipe.options import EXTRAPOLATED
+
+    c = Candidate(Layout(0), "none", 16, "test")
+    row = Row(8, dp=8, zero_stage=0, mbs=2, grad_acc=1, recompute="none", gbs_tokens=2048, gbs_exact=True,
+              tokens_per_s_per_gpu=100.0, tokens_per_s_per_gpu_low=75.0, tokens_per_s_per_gpu_high=125.0,
+              source=EXTRAPOLATED)  # fmt: skip
+
+    def rebuild(records: list) -> Any:
+        half = 0.25 + per_record * (len(records) - 1)
+        return lambda candidate, s: Estimate(100.0, 100 * (1 - half), 100 * (1 + half), 0.01, EXTRAPOLATED, "fit")
+
+    got = suggest([c], [row], [{"job_key": "measured"}], rebuild, 16, 128, None, 4, "cpu")
+    if per_record < 0:
+        assert got is not None and got.narrows == 8 and got.gpus < 8
+        assert (round(got.half_width_now, 2), round(got.half_width_after, 2)) == (0.25, 0.15)
+    else:
+        assert got is None

@@ -104,8 +104,9 @@ def suggest(
     device: str,
     command: Optional[Callable[[Candidate, Split], str]] = None,
 ) -> Optional[NextMeasurement]:
-    """The measurement that narrows the widest band among the rows not measured (None: nothing to narrow, or no
-    smaller count of its configuration to measure). `rebuild` makes the estimator of a list of records."""
+    """The measurement that narrows the widest band among the rows not measured (None: nothing to narrow, no
+    smaller count of its configuration to measure, or none whose simulated record narrows it). `rebuild` makes the
+    estimator of a list of records."""
     open_rows = [r for r in rows if r.tokens_per_s_per_gpu and r.source != MEASURED]
     if not open_rows:
         return None
@@ -130,8 +131,8 @@ def suggest(
         if not isinstance(e, Estimate) or e.source == MEASURED:
             continue
         after = rebuild([*records, simulated_record(c, s, e, seq_len)])(c, at_target)
-        if not isinstance(after, Estimate):
-            continue
+        if not isinstance(after, Estimate) or half_width(after) >= half_width(now):
+            continue  # a point the band would not narrow by (a refit on it can widen the draws' spread)
         nodes = -(-n // devices_per_node) if devices_per_node else 1
         seconds = LAUNCH_OVERHEAD_S.get(device, LAUNCH_OVERHEAD_S["cuda"]) + step_count * e.step_time_s
         option = NextMeasurement(
