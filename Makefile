@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # (Two more, 4 workers on 2 cores, took CI from 10 min 40 s to 12 min 56 s: 3 min more CPU in contention.)
 WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
-.PHONY: setup lowest-deps setup-lowest sysdeps demo test test-fast test-lowest lock bench gpu-check clean
+.PHONY: setup lowest-deps install-lowest setup-lowest sysdeps demo test test-fast test-lowest lock bench gpu-check clean
 
 setup: $(VENV)/.installed
 
@@ -64,6 +64,8 @@ LOWEST_WORKERS ?= $(shell nproc)
 TORCH_ONLY := --ignore=tests/test_flops.py --ignore=tests/test_model.py --ignore=tests/test_memory.py \
 	--ignore=tests/test_stage_memory.py -k "not flops_counted_on_fake_tensors"
 lowest-deps: $(LOWEST)/.deps
+
+install-lowest: $(LOWEST)/.installed
 
 setup-lowest: $(LOWEST)/.compiled
 

@@ -14,15 +14,20 @@ from tests.helpers.compose import REPO
 PROJECT = REPO / "tests" / "own_project"
 
 
+def _work_in(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`root` the cwd, on sys.path and on PYTHONPATH (the ranks import the project's modules from it)."""
+    monkeypatch.chdir(root)
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv("PYTHONPATH", str(root))
+    return root
+
+
 @pytest.fixture
 def project(tmp_path, monkeypatch) -> Path:
     """tests/own_project copied to tmp_path/project, the cwd, on sys.path and PYTHONPATH (its ranks import it)."""
     root = tmp_path / "project"
     shutil.copytree(PROJECT, root)
-    monkeypatch.chdir(root)
-    monkeypatch.syspath_prepend(str(root))
-    monkeypatch.setenv("PYTHONPATH", str(root))
-    return root
+    return _work_in(root, monkeypatch)
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +44,4 @@ def warm_project(_one_project_copy: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
     names the same directory in every test that takes it, so their points of one shape run on the same warm job
     instead of each test starting its own. A test keeps its records apart (a sweep_dir under its own tmp_path) and
     writes its modules under names no other test uses."""
-    monkeypatch.chdir(_one_project_copy)
-    monkeypatch.syspath_prepend(str(_one_project_copy))
-    monkeypatch.setenv("PYTHONPATH", str(_one_project_copy))
-    return _one_project_copy
+    return _work_in(_one_project_copy, monkeypatch)
