@@ -14,17 +14,24 @@ PYTEST_ARGS ?=
 # (Two more, 4 workers on 2 cores, took CI from 10 min 40 s to 12 min 56 s: 3 min more CPU in contention.)
 WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
-.PHONY: setup lowest-deps install-lowest setup-lowest sysdeps demo test test-fast test-lowest lock bench gpu-check clean
+.PHONY: setup install lowest-deps install-lowest setup-lowest sysdeps demo test test-fast test-lowest lock bench gpu-check clean
 
 setup: $(VENV)/.installed
 
-# Bytecode: compiled for what the processes import (scripts/compile_imports.py), not for every installed file; and
-# the processes these targets start may write what else they import (the rendezvous modules torchrun imports at run
-# time, a test's own imports): with PYTHONDONTWRITEBYTECODE set, as it is on some hosts, each of them would compile
-# those modules anew at every start.
+# In two steps: the packages (`make install`: downloads and links, and the project's editable build, which writes
+# scaling.egg-info into this checkout), then their bytecode, compiled for what the processes import
+# (scripts/compile_imports.py: one process, about 16 s of CPU), not for every installed file. The processes these
+# targets start may write what else they import (the rendezvous modules torchrun imports at run time, a test's own
+# imports): with PYTHONDONTWRITEBYTECODE set, as it is on some hosts, each of them would compile those modules anew at
+# every start.
 export PYTHONDONTWRITEBYTECODE :=
-$(VENV)/.installed: pyproject.toml $(LOCK)
+install: $(VENV)/.linked
+
+$(VENV)/.linked: pyproject.toml $(LOCK)
 	COMPILE_BYTECODE=0 bash scripts/setup-venv.sh $(VENV) "$(TORCH)" -c $(LOCK) -e ".[dev]"
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.linked
 	$(PY) scripts/compile_imports.py
 	touch $@
 
@@ -55,6 +62,8 @@ LOWEST ?= .venv-lowest
 # One worker per core: without bytecode (above) every worker compiles what it imports, so a third costs more than it
 # gains (43 s against 56 s here). CI runs it in one process (LOWEST_WORKERS=0) beside `make test`, where its CPU, not
 # its wall, is what counts: 34 s of CPU against 47 s on two workers, which each collect and compile the same modules.
+# One process compiles what it imports as it goes, once: compile_imports beforehand would import it all twice (and
+# modules the lane never imports), so with LOWEST_WORKERS=0 the lane leaves it out.
 # What differs between the two environments is every direct dependency's version but torch's (the same build in
 # both), so the modules that exercise torch alone (the FLOPs formulas and counter, the decoder's modules, the memory
 # predictors' traces on fake tensors and per pipeline stage) add nothing here and are left to `make test`; the ones
@@ -69,7 +78,7 @@ install-lowest: $(LOWEST)/.installed
 
 setup-lowest: $(LOWEST)/.compiled
 
-test-lowest: setup-lowest
+test-lowest: $(if $(filter 0,$(LOWEST_WORKERS)),install-lowest,setup-lowest)
 	$(LOWEST)/bin/python -m pytest -n $(LOWEST_WORKERS) -p no:cacheprovider -q $(FAST) $(TORCH_ONLY) $(PYTEST_ARGS)
 
 # In two steps: every dependency, resolved from pyproject.toml's static metadata (nothing is built in this checkout,
