@@ -1,5 +1,6 @@
-"""CI's last lines: its own wall time, each lane's test count and time, and the slowest tests of both lanes, read
-from the JUnit XML files pytest wrote (`--junitxml`), so that a slowdown is seen the day it lands.
+"""CI's last lines: its own wall time, each lane's test count, time and start (after how much set-up), and the slowest
+tests of both lanes, read from the JUnit XML files pytest wrote (`--junitxml`), so that a slowdown is seen the day it
+lands, in the set-up as in the tests.
 
 Usage: python scripts/ci_summary.py START_EPOCH_SECONDS LANE=FILE.xml [LANE=FILE.xml ...]
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import sys
 import time
 import xml.etree.ElementTree as ET
+from datetime import datetime
 
 SLOWEST = 10
 
@@ -32,7 +34,9 @@ def main(argv: list[str]) -> int:
         suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
         count = sum(int(s.get("tests", 0)) for s in suites)
         wall = sum(float(s.get("time", 0.0)) for s in suites)
-        lines.append(f"  {lane}: {count} tests, pytest's wall {minutes(wall)}")
+        stamps = [datetime.fromisoformat(s.get("timestamp", "")).timestamp() for s in suites if s.get("timestamp")]
+        start = f", started {round(min(stamps) - started)} s into the run" if stamps else ""
+        lines.append(f"  {lane}: {count} tests, pytest's wall {minutes(wall)}{start}")
         for case in root.iter("testcase"):
             name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
             cases.append((float(case.get("time", 0.0)), lane, name))
