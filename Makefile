@@ -91,7 +91,8 @@ $(LOWEST)/.deps: pyproject.toml
 	touch $@
 
 # The project's editable install (it writes scaling.egg-info into this checkout), then the bytecode (which writes
-# nothing here): CI makes the first before `make test` starts, and leaves the second to its lowest lane.
+# nothing here): CI makes the first after `make install`, and its one-process lane (LOWEST_WORKERS=0) leaves the
+# second out, compiling what it imports as it goes; `make test-lowest` on several workers makes both.
 $(LOWEST)/.installed: $(LOWEST)/.deps
 	bash scripts/uv.sh $(LOWEST)/bin/python pip install -q --python $(LOWEST)/bin/python --no-deps -e .
 	touch $@
