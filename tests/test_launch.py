@@ -95,3 +95,13 @@ def test_a_rank_the_collective_timeout_aborted_is_a_timeout_by_its_log():
     # a signal without a timeout in the log stays a failure, and a rank's own error is not overruled by the log
     assert classify(-6, False, ["Signal 6 (SIGABRT) received by PID 1"], "step 0\n", 60)[0] == "failed"
     assert classify(1, False, ["RuntimeError: boom"], log, 60) == ("failed", "RuntimeError: boom")
+    # aborted before it could write an error file (the heap found corrupted as it left, after the timeout's error):
+    # no error file at all, the timeout in the log, as a loaded host's run left it
+    aborted = (
+        "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation to "
+        "complete\nmalloc(): unsorted double linked list corrupted\nFatal Python error: Aborted\n"
+        "  traceback : Signal 6 (SIGABRT) received by PID 15774\n"
+    )
+    status, error = classify(-6, False, [], aborted, 60)
+    assert status == "timeout" and "Timed out waiting 8000ms" in error, error
+    assert classify(-6, False, [], "step 0\n  traceback : Signal 6 (SIGABRT) received by PID 1\n", 60)[0] == "failed"

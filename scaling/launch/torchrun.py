@@ -173,9 +173,10 @@ def classify(
         return Status.TIMEOUT, f"no result within launch.timeout_s={timeout_s:g}s: all ranks killed"
     if returncode == 0:
         return Status.OK, None
-    # A rank's own error, else its log: a rank the timeout aborted (SIGABRT from gloo's thread) leaves only its
-    # signal in the error file, and the timeout in its output.
-    signalled = errors and all(message.startswith("Signal ") for message in errors)
+    # A rank's own error, else its log: a rank the timeout aborted (SIGABRT from gloo's thread, or from the heap its
+    # exit found corrupted after the timeout's error) leaves only its signal in the error file, or no error file at
+    # all, and the timeout in its output.
+    signalled = all(message.startswith("Signal ") for message in errors)
     said = [_last_line(m) for m in errors if any(k in m for k in _COLLECTIVE_TIMEOUT_MARKERS)]
     said += [ln.strip()[:500] for ln in log_tail.splitlines() if any(k in ln for k in _COLLECTIVE_TIMEOUT_MARKERS)][
         -1:
