@@ -105,3 +105,5 @@ def test_a_rank_the_collective_timeout_aborted_is_a_timeout_by_its_log():
     status, error = classify(-6, False, [], aborted, 60)
     assert status == "timeout" and "Timed out waiting 8000ms" in error, error
     assert classify(-6, False, [], "step 0\n  traceback : Signal 6 (SIGABRT) received by PID 1\n", 60)[0] == "failed"
+    # and an out-of-memory error in that log still wins over the timeout its peer then met
+    assert classify(-6, False, [], "torch.OutOfMemoryError: rank 1\n" + aborted, 60)[0] == "oom"

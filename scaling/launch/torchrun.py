@@ -173,6 +173,8 @@ def classify(
         return Status.TIMEOUT, f"no result within launch.timeout_s={timeout_s:g}s: all ranks killed"
     if returncode == 0:
         return Status.OK, None
+    if not errors and any(marker in log_tail for marker in _OOM_MARKERS):  # no rank's own word: its log's, OOM first
+        return Status.OOM, next(ln.strip() for ln in log_tail.splitlines() if any(m in ln for m in _OOM_MARKERS))[:500]
     # A rank's own error, else its log: a rank the timeout aborted (SIGABRT from gloo's thread, or from the heap its
     # exit found corrupted after the timeout's error) leaves only its signal in the error file, or no error file at
     # all, and the timeout in its output.
@@ -185,8 +187,6 @@ def classify(
         return Status.TIMEOUT, f"a rank waited past the process-group timeout in a collective: {said[0]}"
     if errors:
         return Status.FAILED, _last_line(errors[0])
-    if any(marker in log_tail for marker in _OOM_MARKERS):
-        return Status.OOM, next(ln.strip() for ln in log_tail.splitlines() if any(m in ln for m in _OOM_MARKERS))[:500]
     return Status.FAILED, _last_line(log_tail) or f"torchrun exited with code {returncode}"
 
 
