@@ -12,9 +12,20 @@ import time
 import psutil
 import pytest
 
+from scaling.engine import worker
+from scaling.engine.agent import FORK_ENV, forked
 from scaling.launch.devices import LOCK_DIR_ENV
 from scaling.launch.slurm import Placement, srun_argv
-from scaling.launch.torchrun import classify, error_messages, launch_torchrun, srun_named, step_name, torchrun_argv
+from scaling.launch.torchrun import (
+    WORKER,
+    classify,
+    error_messages,
+    job_env,
+    launch_torchrun,
+    srun_named,
+    step_name,
+    torchrun_argv,
+)
 from scaling.launch.warm import shape_of
 from tests.helpers.compose import compose_point
 
@@ -64,6 +75,19 @@ def test_a_launch_ends_the_processes_it_started_and_no_one_elses(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_off_cuda_the_agent_forks_its_ranks_from_the_module_it_was_given(monkeypatch):
+    """torchrun's own fork start (scaling/engine/agent.py): the module's file run in each forked rank with the same
+    arguments; on CUDA, or where the user set FORK_ENV=0, the ranks are fresh interpreters."""
+    monkeypatch.delenv(FORK_ENV, raising=False)
+    assert job_env(4, None, False)[FORK_ENV] == "1" and FORK_ENV not in job_env(4, "0", True)
+    monkeypatch.setenv(FORK_ENV, "0")
+    assert job_env(4, None, False)[FORK_ENV] == "0"
+    agent_args = torchrun_argv(WORKER, ["--serve", "pool"], 2)[3:]  # after `python -m scaling.engine.agent`
+    args, module = forked(agent_args)
+    assert module == WORKER and args[:3] == agent_args[:3]
+    assert args[3:] == ["--start-method=fork", "--run-path", worker.__file__, "--serve", "pool"]
 
 
 def test_a_launch_through_srun_names_its_job_step_after_itself_and_a_local_one_is_left_as_it_is():

@@ -13,15 +13,18 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import psutil
 import pytest
 
-from scaling.engine.lifetime import GATE_ENV, GATE_PHASES
+from scaling.engine.agent import FORK_ENV
+from scaling.engine.lifetime import GATE_ENV, GATE_PHASES, parent_command
 from tests.helpers.processes import processes_mentioning
 
 REPO = Path(__file__).resolve().parents[1]
 DP = 2
 IMPORTING_TORCH = "importing_torch"
-"""Not a gate: both ranks let through `before_torch` and neither at `torch_imported` yet."""
+"""Not a gate: both ranks let through `before_torch` and neither at `torch_imported` yet. Only a fresh rank imports
+torch (CUDA's start, here by FORK_ENV=0): on CPU the agent forks its ranks with torch in memory."""
 MOMENTS = [*GATE_PHASES[:2], IMPORTING_TORCH, *GATE_PHASES[2:]]
 
 
@@ -34,6 +37,17 @@ def _reached(gates: Path, phase: str) -> int:
 def _release(gates: Path, phases: Sequence[str]) -> None:
     for phase in phases:
         (gates / f"{phase}.go").touch()
+
+
+def _pids(gates: Path, phase: str) -> list[int]:
+    """The ranks that have arrived at `phase`."""
+    return [int(line.split()[1]) for line in (gates / f"{phase}.reached").read_text().splitlines()]
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process `pid` handles `sig` itself (its SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return bool(int(next(line for line in status if line.startswith("SigCgt:")).split()[1], 16) >> (sig - 1) & 1)
 
 
 def _left_after(sweep_dir: Path, settle_s: float = 10.0) -> list[str]:
@@ -71,7 +85,7 @@ def test_killing_the_driver_at_any_phase_of_start_up_leaves_no_process(tmp_path,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, GATE_ENV: str(gates)},
+        env={**os.environ, GATE_ENV: str(gates), **({FORK_ENV: "0"} if moment == IMPORTING_TORCH else {})},
     )
     try:
         deadline = time.monotonic() + 120
@@ -80,6 +94,13 @@ def test_killing_the_driver_at_any_phase_of_start_up_leaves_no_process(tmp_path,
             time.sleep(0.01)
         if moment == IMPORTING_TORCH:
             assert _reached(gates, "torch_imported") == 0  # both past the gate before the import, neither after it
+        if moment == "before_torch":  # forked from their agent, torch already in memory before any import of theirs
+            for pid in _pids(gates, moment):
+                agent = psutil.Process(pid).ppid()
+                assert "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+                assert "scaling.engine.agent" in parent_command(agent)
+                # the agent turns SIGTERM into an exception; its forked rank is ended by it, as a fresh one is
+                assert _catches(agent, signal.SIGTERM) and not _catches(pid, signal.SIGTERM)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)  # the driver's whole group, as a killed sweep or terminal would
         driver.wait()

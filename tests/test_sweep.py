@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from scaling.engine.agent import FORK_ENV
 from scaling.job.run import run_point
 from scaling.store.read import iter_records
 from tests.helpers.cli import scaling
@@ -184,7 +185,9 @@ def test_records_keep_the_hydra_job_and_overrides_that_made_them_and_count_attem
 
 
 @pytest.mark.torchrun
-def test_repeats_are_fresh_launches_kept_in_one_record_and_resume_launches_only_the_missing(tmp_path, capsys):
+def test_repeats_are_fresh_launches_kept_in_one_record_and_resume_launches_only_the_missing(
+    tmp_path, capsys, monkeypatch
+):
     sweep_dir = tmp_path / "rep"
 
     def point(repeats: int) -> dict:
@@ -202,7 +205,9 @@ def test_repeats_are_fresh_launches_kept_in_one_record_and_resume_launches_only_
     assert m["repeat_spread_frac"] == pytest.approx((max(by_launch) - min(by_launch)) / sum(by_launch))
     assert m["noise_band_frac"] >= m["step_time_spread_frac"] > 0
 
-    # Asking for three: the point is not done, and only the third launch runs; the first two are kept.
+    # Asking for three: the point is not done, and only the third launch runs; the first two are kept. Its ranks are
+    # fresh interpreters, as CUDA's are (the first two were forked from their agent): one record all the same.
+    monkeypatch.setenv(FORK_ENV, "0")
     capsys.readouterr()
     point(3)
     assert "skipped" not in capsys.readouterr().out

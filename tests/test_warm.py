@@ -20,6 +20,7 @@ from typing import Iterator
 import psutil
 import pytest
 
+from scaling.engine.agent import FORK_ENV
 from scaling.engine.jobfiles import RESULT_FILE
 from scaling.launch import warm
 from scaling.launch.devices import LOCK_DIR_ENV
@@ -105,7 +106,9 @@ def _warm_then_fresh(warm_store: Path, fresh_store: Path, started_before: set, s
         seen["ranks"] = len(ranks)
         seen["woken"] = [r.num_ctx_switches().voluntary - b for r, b in zip(ranks, before_idle)]
         jobs = list(warm._jobs.values())
-        seen["fresh_oom"] = point(fresh_store, *SHAPE, *TOO_BIG, FRESH)
+        with pytest.MonkeyPatch.context() as mp:  # fresh interpreters, as CUDA's ranks are (FORK_ENV: forked on CPU)
+            mp.setenv(FORK_ENV, "0")
+            seen["fresh_oom"] = point(fresh_store, *SHAPE, *TOO_BIG, FRESH)
         # the fresh launch neither ended the warm job nor started one
         seen["job_kept"] = list(warm._jobs.values()) == jobs and job.alive
 

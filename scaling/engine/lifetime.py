@@ -2,7 +2,8 @@
 
 The driver starts torchrun, torchrun the ranks; each child asks Linux to SIGKILL it when its parent dies
 (PR_SET_PDEATHSIG) and then checks that its parent is still the one that started it (a parent that died before the
-request has already handed the child to init). Ranks do it before `import torch`. Also the tests' gate at each named
+request has already handed the child to init). Ranks do it before `import torch` (or, forked from their agent with
+torch in memory, first thing: `forked_from_agent`). Also the tests' gate at each named
 start-up phase of a rank (`gate`, `SCALING_TEST_GATE`): a test reaches a state instead of sleeping until it
 probably holds. Standard library only: the worker calls it before it imports anything else.
 """
@@ -59,6 +60,19 @@ def die_with_torchrun() -> None:
     """
     if _request_death_signal() and not any(m in parent_command(os.getppid()) for m in TORCHRUN_MARKERS):
         os._exit(1)
+
+
+def forked_from_agent() -> None:
+    """For a rank its torchrun agent forked from itself (scaling/engine/agent.py), nothing otherwise: the signal
+    dispositions of a fresh interpreter instead of the agent's handlers, which would turn the agent's SIGTERM into an
+    exception the rank records as its own error. SIGTERM, SIGINT, SIGHUP and SIGQUIT end it by the signal, as they
+    end a fresh rank, whose exit the agent reports as that signal."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def gate(phase: str) -> None:

@@ -12,8 +12,9 @@ torch and the standard library only.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from dataclasses import dataclass
-from typing import Any, ContextManager, Iterator, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -121,18 +122,22 @@ def _adamw(params: Iterator[nn.Parameter] | list[nn.Parameter], lr: float, weigh
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
 
 
+WRAPPERS: dict[str, Callable[[Layout], bool]] = {
+    "torch.distributed.fsdp": lambda layout: layout.fsdp,
+    "torch.distributed.optim": lambda layout: not layout.fsdp and layout.zero_stage == ZeroStage.OPTIMIZER,
+    "torch.distributed.tensor.parallel": lambda layout: layout.tp > 1,
+    "torch.distributed.pipelining": lambda layout: layout.pp > 1,
+}
+"""What a layout may wrap the model with, and which layouts do: each is imported only by the layouts that use it
+(FSDP2 and DTensor cost a second of start-up in a fresh interpreter)."""
+
+
 def load_wrappers(layout: Layout) -> None:
-    """Import what this layout wraps the model with, now: each is imported only by the layouts that use it
-    (FSDP2 and DTensor cost a second of start-up), and the worker calls this before it takes its memory
-    baseline, so that imports are not counted as building."""
-    if layout.fsdp:
-        import torch.distributed.fsdp
-    elif layout.zero_stage == ZeroStage.OPTIMIZER:
-        import torch.distributed.optim
-    if layout.tp > 1:
-        import torch.distributed.tensor.parallel
-    if layout.pp > 1:
-        import torch.distributed.pipelining  # noqa: F401
+    """Import what this layout wraps the model with (`WRAPPERS`), now: the worker calls this before it takes its
+    memory baseline, so that imports are not counted as building."""
+    for name, used in WRAPPERS.items():
+        if used(layout):
+            importlib.import_module(name)
 
 
 def _shard(model: nn.Module, blocks: list[nn.Module], zero_stage: ZeroStage, bf16: bool, mesh: Optional[Any]) -> None:

@@ -19,7 +19,9 @@ if __name__ == "__main__":  # a rank: first of all, before `import torch` (secon
     # collections that walk the new modules over and over and find next to nothing): `measure_point` freezes what
     # the imports made and turns the collector back on, before the point's build.
     gc.disable()
-    from scaling.engine.lifetime import die_with_torchrun, gate
+    from scaling.engine.lifetime import die_with_torchrun, forked_from_agent, gate
+
+    forked_from_agent()
 
     gate("rank_started")
     die_with_torchrun()
@@ -28,6 +30,8 @@ if __name__ == "__main__":  # a rank: first of all, before `import torch` (secon
 import ctypes
 import datetime as dt
 import gc
+import importlib
+import multiprocessing
 import os
 import platform
 import socket
@@ -59,7 +63,7 @@ from scaling.engine.jobfiles import (
     warm_taken,
 )
 from scaling.engine.lifetime import gate
-from scaling.engine.parallel import load_wrappers, parallelize
+from scaling.engine.parallel import WRAPPERS, load_wrappers, parallelize
 from scaling.engine.step import train_step
 from scaling.model.family import family_of
 
@@ -383,7 +387,20 @@ def _leave(cuda: bool) -> None:
     # still waits for the GIL to release a finished work's tensors deadlocks the exit.
     sys.stdout.flush()
     sys.stderr.flush()
+    if multiprocessing.parent_process() is not None:
+        return  # forked by the agent (scaling/engine/agent.py): torchrun's process context ends it with os._exit
     os._exit(0)
+
+
+def preload() -> None:
+    """What a CPU rank of any layout imports beyond this module, for an agent that forks its ranks to import once
+    (scaling/engine/agent.py): torch's compiler stack (a rank's first optimizer step imports it), every wrapper a
+    layout may use and the memory trackers."""
+    import torch._dynamo  # noqa: F401
+
+    for name in WRAPPERS:
+        importlib.import_module(name)
+    memtrack.load_trackers()
 
 
 @record

@@ -26,6 +26,7 @@ import psutil
 
 from scaling.core.enums import Status
 from scaling.core.files import open_new
+from scaling.engine.agent import FORK_ENV
 from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG
 from scaling.engine.lifetime import die_with_parent
 
@@ -328,13 +329,17 @@ def judge(
 
 
 def job_env(threads_per_device: int, devices: Optional[str], cuda: bool) -> dict[str, str]:
-    """Environment of a job: this process's, with each rank's thread count and devices, and NCCL's error
-    handling on (a failed collective aborts its communicator instead of hanging)."""
+    """Environment of a job: this process's, with each rank's thread count and devices, NCCL's error handling on (a
+    failed collective aborts its communicator instead of hanging), and off CUDA the ranks forked from their agent
+    (scaling.engine.agent.FORK_ENV) unless this process's environment says otherwise."""
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(threads_per_device)
     env["PYTHONUNBUFFERED"] = "1"
     if cuda:
         env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        env.pop(FORK_ENV, None)
+    else:
+        env.setdefault(FORK_ENV, "1")  # ranks forked from the agent, their imports made once (scaling/engine/agent.py)
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = devices
     return env
