@@ -62,14 +62,19 @@ def die_with_torchrun() -> None:
         os._exit(1)
 
 
+def forked_by_agent() -> bool:
+    """Whether this rank was forked by its torchrun agent (scaling/engine/agent.py) rather than started fresh."""
+    import multiprocessing
+
+    return multiprocessing.parent_process() is not None
+
+
 def forked_from_agent() -> None:
-    """For a rank its torchrun agent forked from itself (scaling/engine/agent.py), nothing otherwise: the signal
+    """For a rank its torchrun agent forked from itself (`forked_by_agent`), nothing otherwise: the signal
     dispositions of a fresh interpreter instead of the agent's handlers, which would turn the agent's SIGTERM into an
     exception the rank records as its own error. SIGTERM, SIGINT, SIGHUP and SIGQUIT end it by the signal, as they
     end a fresh rank, whose exit the agent reports as that signal."""
-    import multiprocessing
-
-    if multiprocessing.parent_process() is None:
+    if not forked_by_agent():
         return
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)

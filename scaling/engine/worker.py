@@ -31,7 +31,6 @@ import ctypes
 import datetime as dt
 import gc
 import importlib
-import multiprocessing
 import os
 import platform
 import socket
@@ -62,7 +61,7 @@ from scaling.engine.jobfiles import (
     warm_done,
     warm_taken,
 )
-from scaling.engine.lifetime import gate
+from scaling.engine.lifetime import forked_by_agent, gate
 from scaling.engine.parallel import WRAPPERS, load_wrappers, parallelize
 from scaling.engine.step import train_step
 from scaling.model.family import family_of
@@ -387,7 +386,7 @@ def _leave(cuda: bool) -> None:
     # still waits for the GIL to release a finished work's tensors deadlocks the exit.
     sys.stdout.flush()
     sys.stderr.flush()
-    if multiprocessing.parent_process() is not None:
+    if forked_by_agent():
         return  # forked by the agent (scaling/engine/agent.py): torchrun's process context ends it with os._exit
     os._exit(0)
 
