@@ -81,6 +81,26 @@ def test_two_layouts_never_share_a_run_name_or_tags():
     assert not any(t.startswith("pp") for t in run_tags(plain))
 
 
+def test_an_offline_run_whose_last_record_is_still_being_written_reads_as_the_records_before_it(tmp_path):
+    """W&B's service may still be writing a run's file when `finish()` returns: a record cut short at the file's end
+    (its header says more bytes than the file has) is not read, and the ones before it are (it raised DecodeError)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    def record(payload: bytes) -> bytes:  # LevelDB's framing, one FULL record: checksum, length, type, payload
+        return b"\0\0\0\0" + len(payload).to_bytes(2, "little") + b"\x01" + payload
+
+    run = pb.Record(run=pb.RunRecord(run_id="r1", project="p", display_name="tiny"))
+    summary = pb.Record(summary=pb.SummaryRecord(update=[pb.SummaryItem(key="status", value_json='"ok"')]))
+    whole = b":W&B\0\0\0" + record(run.SerializeToString()) + record(summary.SerializeToString())
+    path = tmp_path / "run-r1.wandb"
+    path.write_bytes(whole)
+    assert read_offline_run(path)["summary"] == {"status": "ok"}
+    for cut in (1, 2, len(summary.SerializeToString()) - 1):  # the summary's payload cut short
+        path.write_bytes(whole[:-cut])
+        read = read_offline_run(path)
+        assert (read["id"], read["name"], read["summary"]) == ("r1", "tiny", {}), cut
+
+
 @pytest.mark.subprocess
 def test_a_model_of_ones_own_is_logged_by_its_name(tmp_path, monkeypatch):
     """A record of a model the user brings has a `derived.model` block: its run is named and tagged by the model's

@@ -158,7 +158,8 @@ _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
 def _log_records(data: bytes) -> Iterator[bytes]:
-    """Payloads of a .wandb file: a 7-byte header, then LevelDB-style log records in 32 KiB blocks."""
+    """Payloads of a .wandb file: a 7-byte header, then LevelDB-style log records in 32 KiB blocks. A record the file
+    holds only part of (W&B's service still writing it, after `finish()` returned) ends the payloads: read again later."""
     if data[:4] != _WANDB_HEADER:
         raise ValueError("not a W&B transaction log (missing ':W&B' header)")
     pos, pending = 7, b""
@@ -167,6 +168,8 @@ def _log_records(data: bytes) -> Iterator[bytes]:
             pos += _BLOCK - pos % _BLOCK
             continue
         length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        if pos + 7 + length > len(data):
+            return
         chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind == _FULL:
             yield chunk
