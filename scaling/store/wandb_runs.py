@@ -168,9 +168,10 @@ def _log_records(data: bytes) -> Iterator[bytes]:
             pos += _BLOCK - pos % _BLOCK
             continue
         length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
-        if pos + 7 + length > len(data):
+        end = pos + 7 + length
+        if end > len(data):
             return
-        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        chunk, pos = data[pos + 7 : end], end
         if kind == _FULL:
             yield chunk
         elif kind == _FIRST:
