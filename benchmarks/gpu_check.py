@@ -5,8 +5,8 @@
 (a) llama_1b at seq 4096 in bf16 on one GPU, ZeRO 0-3: the largest mbs that fits (`scaling find-mbs`:
     predicted, then confirmed by a run at that mbs and one at mbs + 1), then the same mbs with
     `train.compile`: tokens/s per GPU, MFU, the attention kernel that ran, compile time;
-(b) the memory predictor against `max_memory_allocated` on 12 or more eager points (mbs, recompute,
-    ZeRO stage), with `mem_get_info`'s view of what the device had in use beside it;
+(b) the memory predictor against `max_memory_allocated` on 16 or more eager points (mbs, recompute none, selective
+    and full, ZeRO stage), with `mem_get_info`'s view of what the device had in use beside it;
 (c) a point made to run out of memory (the find-mbs run at mbs + 1, and one on a capped device) must
     be classified `oom`;
 (d) with two or more GPUs, the ZeRO equivalence check on NCCL (dp=2, grad_acc=2 against dp=1,
@@ -63,7 +63,7 @@ BASE = [
     "launch.rerun=all",
     "launch.timeout_s=300",
 ]
-EXTRA = [(mbs, rc, z) for mbs in (1, 4) for rc in ("none", "full") for z in (0, 3)]
+EXTRA = [(mbs, rc, z) for mbs in (1, 4) for rc in ("none", "selective", "full") for z in (0, 3)]
 """(b)'s further eager points: llama_1b at seq 2048."""
 
 
@@ -515,11 +515,11 @@ def main(argv: list[str] | None = None) -> int:
         "f": lambda: part_f(check),
         "g": lambda: part_g(check),
     }
-    for name in a.parts.split(","):
-        parts[name]()
     a.out.mkdir(parents=True, exist_ok=True)
     page = a.out / f"{device.replace(' ', '_')}.md"
-    page.write_text("\n".join(summary(check, device)) + "\n")
+    for name in a.parts.split(","):
+        parts[name]()
+        page.write_text("\n".join(summary(check, device)) + "\n")  # after each part: a run cut short keeps its rows
     print("\n".join(summary(check, device)[-8:]))
     print(f"gpu-check: wrote {page}")
     return 1 if check.failures else 0

@@ -26,7 +26,7 @@ def test_gpu_check_without_cuda_says_so_and_fails(tmp_path):
     )
     assert out.returncode == 1
     text = out.stdout + out.stderr
-    assert "composed and validated 14 planned points" in text
+    assert "composed and validated 18 planned points" in text
     assert "no CUDA device found" in text and "nothing was measured" in text
     assert not list((tmp_path / "gc").glob("*/result.json"))  # no point ran
 
