@@ -3,8 +3,8 @@
     python benchmarks/bench_zero1_memory.py [--model small] [--seq-len 64] [--mbs 2] [--steps 3]
 
 At dp=1 the two stages hold the same tensors by every account (DDP's buckets, the same AdamW states over the same
-parameters), yet on the H100 page (benchmarks/gpu/) ZeRO-1 peaked 4 bytes per parameter (4Ψ) above ZeRO-0. This
-runs both stages in one process (world size 1) through the engine's own `parallelize` and `train_step`, from the
+parameters), yet on the H100 page (benchmarks/gpu/, 2026-11-22) ZeRO-1 peaked 4 bytes per parameter (4Ψ) above
+ZeRO-0 (on the H200 page, the final tree, 2026-11-30, it did not). This runs both stages in one process (world size 1) through the engine's own `parallelize` and `train_step`, from the
 end of the build through every step, as a CUDA run's `max_memory_allocated` counts them: on CPU under torch's
 memory tracker (live tensor bytes) with single-tensor AdamW (the engine's on CPU) and with fused AdamW (the engine's
 on CUDA, whose kernel torch also has for CPU); on CUDA with the allocator's own peak and fused AdamW. Prints each

@@ -636,9 +636,19 @@ def test_a_planned_fit_leaves_the_predictors_measured_error_for_its_setting() ->
     cfg = compose_config(["model=llama_3b", "hardware=h100", "train.precision=bf16", "train.seq_len=4096"])
     base = point_config(cfg, Layout(1), "none", 1)
     margin = planning_margin(base)
-    assert margin.frac == 0.069 and "ZeRO-1" in margin.basis
+    assert margin.frac == 0.069 and "ZeRO-1" in margin.basis and "H100 page" in margin.basis
     assert planning_margin(base.changed(train={"compile": True})).frac == 0.064
     assert planning_margin(compose_config(["model=tiny"])).frac == 0.0
+    # each GPU page its own figures: the H200's (the final tree) saw no ZeRO-1 excess; a profile without a page
+    # takes the H100's, and a split model on any profile the largest error of its page
+    on = lambda hw, *o: planning_margin(base.changed(hardware={"name": hw}, **dict(o)))  # noqa: E731
+    assert on("h200").frac == 0.003 and "H200 page" in on("h200").basis
+    assert on("h200", ("train", {"compile": True})).frac == 0.074
+    assert on("a100").frac == 0.069 and "H100 page" in on("a100").basis
+    assert (
+        on("h200", ("parallel", {"tp": 2})).frac == 0.074
+        and "not measured" in on("h200", ("parallel", {"tp": 2})).basis
+    )
     at = base.changed(parallel={"dp": 8}, launch={"prescreen": False})
     peak = lambda m: predict_config(at.changed(train={"mbs": m, "grad_acc": 2})).total_bytes  # noqa: E731
     with_margin = largest_mbs_by_gpus(base, [8], 1024, margin=margin.frac)[8]
