@@ -758,3 +758,37 @@ def test_a_measurement_is_suggested_only_where_it_would_narrow_the_band(per_reco
         assert (round(got.half_width_now, 2), round(got.half_width_after, 2)) == (0.25, 0.15)
     else:
         assert got is None
+
+
+def test_a_planned_fit_that_runs_out_of_memory_lowers_the_candidates_mbs_and_is_measured_again():
+    """On the H200 the recipe measured ZeRO-3 mbs 8 × grad_acc 4 at dp=1 (predicted 120.9 GiB under a 139.8 GiB
+    card), which ran out of memory (22.6 GiB reserved but unallocated: fragmentation), and still listed mbs 8 ×
+    grad_acc 32 on 1 GPU as a tie. Such a run now rules its mbs out there and at fewer GPUs (ZeRO-0: at every count),
+    and the candidate is measured again at what is left. The launches are the recipe's own (no process: each answers
+    as the H200's store did)."""
+    from scaling.recipe.measure import measure_candidates
+
+    cfg = compose_config(["model=llama_1b", "hardware=h200", "train.precision=bf16", "train.seq_len=4096"])
+    launched = []
+
+    def launch(point):  # the H200's records: mbs 8 with accumulation on one GPU ran out of memory, the rest ran
+        mbs, dp, ga = point.train.mbs, point.parallel.dp, point.train.grad_acc
+        launched.append((mbs, dp, ga))
+        return {"status": "oom" if (mbs, dp) == (8, 1) else "ok"}
+
+    sharded = Candidate(Layout(3), "none", 9, "confirmed: mbs=9 ok, mbs=10 oom", ((1, 9), (8, 15), (64, 15)))
+    replicated = Candidate(Layout(0), "none", 9, "predicted", ((1, 9), (8, 9)))
+    (zero3, zero0) = measure_candidates(cfg, [sharded, replicated], 256, [1, 8, 64], 1, 4, launch)
+    # ZeRO-3: mbs 4 (for 64 GPUs) ran, mbs 8 (for 1 and 8) ran out of memory; again: 1 GPU splits at mbs 4 × 64
+    assert launched[:3] == [(4, 1, 4), (8, 1, 4), (4, 1, 4)]
+    assert [zero3.mbs_for(n) for n in (1, 8, 64)] == [7, 15, 15] and zero3.mbs_max == 7
+    assert "mbs=8 ran out of memory on 1 GPU(s) (grad_acc 4): at most 7 there" in zero3.fits
+    assert zero3.split_at(256, 4096, 1) == split(256, 4096, 1, 4) and zero3.split_at(256, 4096, 8).mbs == 8
+    # ZeRO-0: a rank holds the same at any count, so mbs 8 is out at 8 GPUs too
+    assert [zero0.mbs_for(n) for n in (1, 8, 64)] == [7, 7, 7]
+    assert launched[3:] == [(4, 1, 4), (8, 1, 4), (4, 1, 4)] and zero0.split_at(256, 4096, 8).mbs == 4
+    # a candidate none of whose points runs out of memory comes back as it was
+    launched.clear()
+    assert measure_candidates(cfg, [Candidate(Layout(3), "none", 4, "x", ((1, 4),))], 256, [1], 1, 4, launch) == [
+        Candidate(Layout(3), "none", 4, "x", ((1, 4),))
+    ]

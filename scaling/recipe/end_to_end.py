@@ -50,8 +50,9 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         cfg, a.zero, a.recompute, a.gpus, gbs_samples, at_hand, launch, sweep_dir, notes, a.pp
     )  # fmt: skip
     _, pipeline = pipeline_decision(cfg, candidates, a.gpus, gbs_samples, a.pp)  # what find_candidates decided
-    # measured: from the fewest GPUs each candidate fits on to all at hand, for each mbs a requested count needs
-    measure_candidates(cfg, candidates, gbs_samples, a.gpus, at_hand, a.max_grad_acc, launch)
+    # measured: from the fewest GPUs each candidate fits on to all at hand, for each mbs a requested count needs (a
+    # planned fit that runs out of memory lowers the candidate's mbs there and at fewer GPUs)
+    candidates = measure_candidates(cfg, candidates, gbs_samples, a.gpus, at_hand, a.max_grad_acc, launch)
     if at_hand < 1:
         notes.append(f"nothing measured: no {hw.name} device at hand; run the recipe where it is")
     # the network: the directory's profile, measured now when two or more devices are at hand, else published

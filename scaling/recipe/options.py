@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 from scaling.core.batch import plan
+from scaling.core.enums import ZeroStage
 from scaling.core.layout import Layout, configuration_name
 
 MEASURED, EXTRAPOLATED, PREDICTED, BEYOND_HORIZON = "measured", "extrapolated", "predicted", "beyond_horizon"
@@ -63,6 +64,23 @@ class Candidate:
         if not self.mbs_at:
             return self.mbs_max
         return max((m for n, m in self.mbs_at if n <= gpus), default=0)
+
+    def without(self, mbs: int, gpus: int, why: str) -> Candidate:
+        """This candidate with `mbs` and larger ruled out where a run of it on `gpus` GPUs (`why`: its split) ran out
+        of memory: there and at fewer GPUs (memory per rank does not shrink with fewer GPUs, nor with more micro-steps:
+        past the first, the accumulated gradients are held whatever their number), and at every count when nothing is
+        sharded over dp (ZeRO-0: a rank holds the same at any count)."""
+        everywhere = self.layout.zero_stage == ZeroStage.NONE
+        judged = self.mbs_at or ((1, self.mbs_max), (gpus + 1, self.mbs_max))
+        capped = tuple((n, min(m, mbs - 1) if everywhere or n <= gpus else m) for n, m in judged)
+        fewest = next((n for n, m in capped if m >= 1), None)
+        return Candidate(
+            self.layout,
+            self.recompute,
+            dict(capped).get(fewest, 0) if fewest is not None else 0,
+            f"{self.fits}; mbs={mbs} ran out of memory on {gpus} GPU(s) ({why}): at most {mbs - 1} there",
+            capped,
+        )
 
     @property
     def fit_gpus(self) -> Optional[int]:
