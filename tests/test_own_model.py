@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from scaling.core.model_group import CustomModel
@@ -377,3 +378,25 @@ def test_recompute_every_past_the_blocks_of_a_model_one_brings_is_invalid_before
     assert "train.recompute_every=3 exceeds the model's 2 blocks" in record["error"], record["error"]
     assert "try recompute_every in {1, ..., 2}" in record["error"]
     assert [p.name for p in job_dir(tmp_path / "runs", job_key(cfg)).iterdir()] == ["result.json"]
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+def test_a_config_that_names_its_weights_dtype_still_trains_fp32_parameters(tmp_path, key):
+    """A downloaded config.json names the dtype its weights were saved in (`"torch_dtype": "bfloat16"`, newer ones
+    `"dtype"`). transformers built the model in it, so the engine kept bf16 parameters and optimizer states under
+    train.precision=fp32 and bf16 alike (no fp32 master weights: the traced peak of Qwen2.5-1.5B's optimizer states
+    was half): the model is built in float32 whatever the file says, and traced as the same file without the key."""
+    from scaling.predictor.trace import trace_peak
+
+    plain = json.loads((CONF_DIR / "model" / "hf_llama_tiny.json").read_text())
+    (tmp_path / "plain.json").write_text(json.dumps(plain))
+    (tmp_path / "saved_bf16.json").write_text(json.dumps({**plain, key: "bfloat16"}))
+    points = {
+        name: ExperimentConfig.from_dict(
+            {"model": {"name": name, "hf_config": str(tmp_path / f"{name}.json")}}
+        ).changed(train={"seq_len": 32, "mbs": 2, "precision": "bf16"}, logger={"name": "none"})
+        for name in ("plain", "saved_bf16")
+    }
+    model = family_of(points["saved_bf16"].model).build("meta")
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert trace_peak(points["saved_bf16"]).peak_mem_bytes == trace_peak(points["plain"]).peak_mem_bytes

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator, Optional
 
+import torch
 from torch import nn
 
 from scaling.model.hf.config import read_config
@@ -27,7 +28,10 @@ def causal_lm(
     **overrides: Any,
 ) -> nn.Module:
     """`AutoModelForCausalLM.from_config` of the file's (text decoder's) config with `overrides` (its vocabulary and
-    longest sequence where the model file gives them), no KV cache. `config_sha256` only keys the file's content.
+    longest sequence where the model file gives them), no KV cache, in float32 whatever the file's `torch_dtype`
+    (a downloaded config.json names the dtype its weights were saved in; the engine keeps fp32 parameters, the
+    master weights of train.precision=bf16, as it does for every model). `config_sha256` only keys the file's
+    content.
     Refused (ModelError, one line) when the model is not a causal decoder: an encoder's attention is not causal.
 
     A mixture of experts runs its experts as batched matmuls over each token's chosen experts (transformers'
@@ -39,7 +43,10 @@ def causal_lm(
 
     try:
         model = AutoModelForCausalLM.from_config(
-            hf.text, attn_implementation=attn_implementation, experts_implementation=hf.experts
+            hf.text,
+            dtype=torch.float32,  # not the file's torch_dtype: the engine keeps fp32 parameters whatever train.precision
+            attn_implementation=attn_implementation,
+            experts_implementation=hf.experts,
         )
     except (ValueError, ImportError) as e:
         if attn_implementation is not None and ("attention" in str(e) or "attn_implementation" in str(e)):
