@@ -236,6 +236,22 @@ def test_a_misspelt_key_fails_like_hydra_before_anything_runs(tmp_path):
         list(survey(points, configs))
 
 
+@pytest.mark.parametrize(
+    "override, meant",
+    [("train.seqlen=4096", "seq_len"), ("parallel.zero=3", "zero_stage"), ("launch.timeout=60", "timeout_s")],
+)
+def test_a_misspelt_field_names_the_field_it_could_mean(override, meant):
+    """Hydra says a key is not in the typed config; the refusal adds the field it could mean (a near spelling, or the
+    field the key begins), and nothing where no field is near."""
+    from scaling.sweep.compose import ComposeError, compose_config
+
+    with pytest.raises(ComposeError, match=rf"Key '\w+' not in '\w+Config' \(did you mean '{meant}'\?\)$"):
+        compose_config([override])
+    with pytest.raises(ComposeError) as refused:
+        compose_config(["train.xyz=1"])
+    assert str(refused.value).endswith("Key 'xyz' not in 'TrainConfig'")
+
+
 def _point(status, wall_s=10.0, done=True):
     record = None if status is None else {"status": status, "timing": {"wall_s": wall_s}}
     return GridPoint(0, [], ExperimentConfig(launch=LaunchConfig(timeout_s=300.0)), "k", Path("."), record, done)

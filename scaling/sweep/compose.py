@@ -4,10 +4,13 @@ and a sweep file's grid with its points' configs (`scaling predict --sweep`, the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import difflib
 import re
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
+from scaling.core import schema
 from scaling.core.schema import CONF_DIR, ExperimentConfig, UnknownKey, config_dirs, searchpath_override
 from scaling.launch.resolvers import register
 from scaling.sweep.grid import PointConfigs, expand
@@ -42,6 +45,12 @@ def refusal_line(e: BaseException) -> str:
         group = missing.group(1)
         names = sorted({f.stem for d in config_dirs() for f in (d / group).glob("*.yaml")})
         text = f"{group}={missing.group(2)} is not a config of group {group!r}: valid are {', '.join(names)}"
+    unknown = re.search(r"Key '(\w+)' not in '(\w+Config)'", text)
+    if unknown:  # a misspelt field of the typed config (train.seqlen): the field it could mean
+        fields = [f.name for f in dataclasses.fields(getattr(schema, unknown.group(2), None) or ExperimentConfig)]
+        key = unknown.group(1)
+        near = difflib.get_close_matches(key, fields, n=1) or [f for f in fields if f.startswith(key)][:1]
+        text += f" (did you mean {near[0]!r}?)" if near else ""
     return text
 
 
