@@ -9,7 +9,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Optional, Protocol, Union
+from typing import Any, Iterable, Mapping, Optional, Protocol, Union
 
 from scaling.core.field_meta import COLUMN
 from scaling.core.files import CONF_DIR
@@ -258,12 +258,20 @@ class UnknownKey(TypeError, ValueError):
     mean and the group's fields. Raised while the config is built, before any point exists."""
 
 
-def unknown_key(where: str, key: str, known: set[str], what: str = "") -> UnknownKey:
-    """`train.seqlen is not a field of train (did you mean train.seq_len?): its fields are ...`."""
+def closest_field(key: str, known: Iterable[str]) -> Optional[str]:
+    """The field a misspelt `key` could mean: the nearest spelling (`seqlen`: seq_len), else the field the key begins
+    (`zero`: zero_stage); None where no field is near."""
     import difflib
 
-    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-    mean = f" (did you mean {where}.{close[0]}?)" if close else ""
+    names = sorted(known)
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    return close[0] if close else next((n for n in names if n.startswith(key)), None)
+
+
+def unknown_key(where: str, key: str, known: set[str], what: str = "") -> UnknownKey:
+    """`train.seqlen is not a field of train (did you mean train.seq_len?): its fields are ...`."""
+    close = closest_field(key, known)
+    mean = f" (did you mean {where}.{close}?)" if close else ""
     return UnknownKey(
         f"{where}.{key} is not a field of {what or where}{mean}: its fields are {', '.join(sorted(known))}"
     )

@@ -34,7 +34,6 @@ MEASURED_ERROR = {
 up to 0.1%), by stage (eager) and compiled (every stage). The H100 page (2026-11-22, an earlier engine) saw ZeRO-1
 hold 4 bytes per parameter more than ZeRO-0, which the predictor does not model; the H200 page (the final tree,
 2026-11-30, 22 eager points with none, selective and full recomputation) did not: ZeRO-1 peaked where ZeRO-0 did."""
-PAGES = {"h100": "the H100 page", "h200": "the H200 page"}
 DEFAULT_PAGE = "h100"
 """The page a CUDA profile without one of its own (a100) takes its margins from."""
 UNMEASURED = max(MEASURED_ERROR[DEFAULT_PAGE].values())
@@ -63,15 +62,14 @@ def planning_margin(cfg: ExperimentConfig) -> Margin:
     compiled = "compiled" if cfg.train.compile else "eager"
     stage = None if compiled == "compiled" else ZeroStage(cfg.parallel.zero_stage)
     page = _page(cfg.hardware.name)
-    errors, name = MEASURED_ERROR[page], PAGES[page]
+    errors, name = MEASURED_ERROR[page], f"the {page.upper()} page"
     largest = max(errors.values())
-    split = cfg.parallel.layout.model_parallel > 1  # the GPU pages ran whole models: no tp or pp point measured
-    measured = None if split else errors.get((method, compiled, stage))
-    if split:
+    if cfg.parallel.layout.model_parallel > 1:  # the GPU pages ran whole models: no tp or pp point measured
         return Margin(
             largest,
             f"{method} {compiled} under {cfg.parallel.layout.kind}: not measured on a GPU, the largest error on {name}",
         )
+    measured = errors.get((method, compiled, stage))
     if measured is None:
         return Margin(largest, f"{method} {compiled}: not measured on a GPU, the largest error on {name}")
     setting = f"{compiled} at ZeRO-{int(stage)}" if stage is not None else compiled

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import re
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 from scaling.core import schema
+from scaling.core.model_group import closest_field
 from scaling.core.schema import CONF_DIR, ExperimentConfig, UnknownKey, config_dirs, searchpath_override
 from scaling.launch.resolvers import register
 from scaling.sweep.grid import PointConfigs, expand
@@ -47,10 +47,9 @@ def refusal_line(e: BaseException) -> str:
         text = f"{group}={missing.group(2)} is not a config of group {group!r}: valid are {', '.join(names)}"
     unknown = re.search(r"Key '(\w+)' not in '(\w+Config)'", text)
     if unknown:  # a misspelt field of the typed config (train.seqlen): the field it could mean
-        fields = [f.name for f in dataclasses.fields(getattr(schema, unknown.group(2), None) or ExperimentConfig)]
-        key = unknown.group(1)
-        near = difflib.get_close_matches(key, fields, n=1) or [f for f in fields if f.startswith(key)][:1]
-        text += f" (did you mean {near[0]!r}?)" if near else ""
+        group = getattr(schema, unknown.group(2), None) or ExperimentConfig
+        near = closest_field(unknown.group(1), (f.name for f in dataclasses.fields(group)))
+        text += f" (did you mean {near!r}?)" if near else ""
     return text
 
 
