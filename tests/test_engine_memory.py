@@ -56,9 +56,12 @@ def test_zero3_builds_only_each_ranks_shard_plus_one_parameter(sweep_dir):
     largest = 4 * args.ffn_hidden * args.hidden
     build = rec["metrics"]["build_peak_mem_bytes_per_rank"]
     assert len(build) == 2
-    for rank_bytes in build:  # resident growth while building, from the OS (allocator and FSDP2 copies beside)
-        assert rank_bytes <= full / 2 + largest + 96 * MIB, (rank_bytes / MIB, full / MIB)
-        assert rank_bytes < 0.7 * full
+    # Resident growth while building, from the OS: the shard, one parameter whole, and a fixed part beside them (the
+    # allocator's arenas, FSDP2's copies, gloo's buffers): about 90 MiB on one Xeon, 102 MiB on another. A rank that
+    # built the whole model before sharding it grows by 544 MiB and more.
+    for rank_bytes in build:
+        assert rank_bytes <= full / 2 + largest + 128 * MIB, (rank_bytes / MIB, full / MIB)
+        assert rank_bytes < 0.8 * full
     # The training peak is measured apart from the build: the tracked step's live tensors.
     assert rec["metrics"]["peak_mem_source"] == "mem_tracker"
     assert rec["metrics"]["peak_rss_growth_bytes"] >= rec["metrics"]["peak_mem_bytes"] * 0.8
