@@ -205,6 +205,27 @@ def test_main_prints_where_the_report_is(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_several_sweeps_are_reported_in_one_call_each_into_its_own_folder(tmp_path, capsys):
+    """`scaling report A B` (make demo: the sweep's and the recipe's) writes each report into its SWEEP_DIR/report;
+    a folder that is not there, or --out beside two folders, is refused before any report is written."""
+    a = write_sweep(tmp_path / "a", [make_record(dp=d) for d in (1, 2)])
+    b = write_sweep(tmp_path / "b", [make_record(dp=d, mbs=2) for d in (1, 2, 4)])
+    for refused, said in (
+        ([str(a), str(tmp_path / "missing")], f"SWEEP_DIR='{tmp_path / 'missing'}' is not a directory"),
+        ([str(a), str(b), "--out", str(tmp_path / "r")], "with 2 sweep folders: --out names one report's folder"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(refused)
+        assert exc.value.code == 2 and said in capsys.readouterr().err
+        assert not (a / "report").exists() and not (tmp_path / "r").exists()
+    assert main([str(a), str(b), "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    for sweep, ok in ((a, 2), (b, 3)):  # each report of its own records
+        assert f"report: {sweep / 'report' / 'report.html'}" in out
+        assert f"| ok | {ok} |" in (sweep / "report" / "report.md").read_text()
+
+
+@pytest.mark.slow
 def test_records_the_analysis_cannot_use_are_named_and_left_out_and_the_report_is_written(tmp_path, capsys):
     """One bad record used to take the report down (a ValueError from the extrapolation); now each is named once,
     on stderr and in the Markdown, and the report covers the good ones."""

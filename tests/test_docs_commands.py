@@ -132,8 +132,10 @@ def test_each_command_runs_from_a_fresh_directory(tmp_path: Path, page: str, com
         shutil.copytree(REPO / "sweeps", tmp_path / "sweeps")
     argv = as_run(command)
     sub = argv[0]
-    if sub in ("report", "status"):  # they read a store: a small one where the command looks
-        write_sweep(tmp_path / argv[1], grid_records(seq_lens=(256,), mbss=(1, 2), dps=(1, 2), zero_stages=(0,)))
+    if sub in ("report", "status"):  # they read a store: a small one where the command looks (report: each folder)
+        folders = argv[1 : next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))]
+        for folder in folders if sub == "report" else folders[:1]:
+            write_sweep(tmp_path / folder, grid_records(seq_lens=(256,), mbss=(1, 2), dps=(1, 2), zero_stages=(0,)))
     out = scaling(*argv, cwd=tmp_path, timeout=180)
     if salloc:
         assert out.returncode == 2 and "inside a SLURM allocation" in out.stderr, out.stdout + out.stderr

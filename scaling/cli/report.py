@@ -1,5 +1,6 @@
-"""`scaling report SWEEP_DIR [--out DIR] [--wandb]`: a sweep's Markdown + HTML report (analysis.report_writer), led by
-the directory's recipe (scaling.recipe.render)."""
+"""`scaling report SWEEP_DIR... [--out DIR] [--wandb]`: each sweep's Markdown + HTML report (analysis.report_writer),
+led by the directory's recipe (scaling.recipe.render); several directories in one process, which imports the analysis
+once (`make demo`: the sweep's and the recipe's)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from scaling.recipe.render import report_section
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """`scaling report SWEEP_DIR [--out DIR] [--wandb]`: write the report and print where it is."""
-    p = argparse.ArgumentParser(prog="scaling report", description="Write a sweep's report (Markdown + HTML).")
-    p.add_argument("sweep_dir", help="folder holding <job_key>/result.json records")
-    p.add_argument("--out", default=None, help="output folder (default: SWEEP_DIR/report)")
+    """`scaling report SWEEP_DIR... [--out DIR] [--wandb]`: write each report and print where it is; 1 if one could not
+    be written (the others still are)."""
+    p = argparse.ArgumentParser(prog="scaling report", description="Write each sweep's report (Markdown + HTML).")
+    p.add_argument("sweep_dir", nargs="+", help="folders holding <job_key>/result.json records")
+    p.add_argument("--out", default=None, help="output folder (default: SWEEP_DIR/report; one SWEEP_DIR only)")
     p.add_argument(
         "--threshold",
         type=float,
@@ -45,18 +47,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     p.add_argument("--jobs", type=int, default=None, help="processes drawing the heatmaps (default: one per core)")
     args = p.parse_args(argv)
-    if not Path(args.sweep_dir).is_dir():
-        p.error(f"SWEEP_DIR={args.sweep_dir!r} is not a directory: pass a sweep folder such as runs/demo")
+    for sweep_dir in args.sweep_dir:
+        if not Path(sweep_dir).is_dir():
+            p.error(f"SWEEP_DIR={sweep_dir!r} is not a directory: pass a sweep folder such as runs/demo")
+    if args.out is not None and len(args.sweep_dir) > 1:
+        p.error(
+            f"--out={args.out!r} with {len(args.sweep_dir)} sweep folders: --out names one report's folder; "
+            "give one SWEEP_DIR, or leave --out out (each report goes into its SWEEP_DIR/report)"
+        )
     if not 0 < args.threshold <= 1:
         p.error(f"--threshold={args.threshold}: an efficiency threshold lies in (0, 1]")
     if args.jobs is not None and args.jobs < 1:
         p.error(f"--jobs={args.jobs}: at least one process draws the heatmaps")
-    out = Path(args.out) if args.out is not None else Path(args.sweep_dir) / "report"
+    return max(_report(sweep_dir, args) for sweep_dir in args.sweep_dir)
+
+
+def _report(sweep_dir: str, args: argparse.Namespace) -> int:
+    """Write `sweep_dir`'s report as `args` say, print where it is; 1 (said on stderr) if it cannot be written."""
+    out = Path(args.out) if args.out is not None else Path(sweep_dir) / "report"
     try:
         out.mkdir(parents=True, exist_ok=True)  # before the records are read: a read-only store is said at once
-        recipe = report_section(args.sweep_dir)  # the directory's `scaling recipe` answer leads
+        recipe = report_section(sweep_dir)  # the directory's `scaling recipe` answer leads
         paths = write_report(
-            args.sweep_dir,
+            sweep_dir,
             out,
             args.threshold,
             args.wandb,
