@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import pytest
 
 from scaling.engine.lifetime import TORCHRUN_MARKERS
+from scaling.launch import agents
 
 if TYPE_CHECKING:
     from tests.helpers.slurm_cluster import SlurmCluster
@@ -141,11 +142,19 @@ def _processes_marked(item: pytest.Item) -> Iterator[None]:
             unmarked.append((kind, shlex.join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)))
         real_init(self, args, *a, **kw)
 
+    def started(argv: Any, *a: Any, **kw: Any) -> Any:  # a launch's agent, also one forked from a server (no Popen)
+        if not marks & {"torchrun", "slurm"}:
+            unmarked.append(("torchrun", shlex.join(map(str, argv))))
+        return real_start(argv, *a, **kw)
+
+    real_start = agents.start
     subprocess.Popen.__init__ = gated  # type: ignore[method-assign]
+    agents.start = started  # type: ignore[assignment]
     try:
         yield
     finally:
         subprocess.Popen.__init__ = real_init  # type: ignore[method-assign]
+        agents.start = real_start  # type: ignore[assignment]
     if unmarked:
         kind, command = unmarked[0]
         audit = os.environ.get("SCALING_PROCESS_AUDIT")

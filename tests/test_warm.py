@@ -20,7 +20,7 @@ from typing import Iterator
 import psutil
 import pytest
 
-from scaling.engine.agent import FORK_ENV
+from scaling.engine.agent import FORK_ENV, SERVER_ENV
 from scaling.engine.jobfiles import RESULT_FILE
 from scaling.launch import warm
 from scaling.launch.devices import LOCK_DIR_ENV
@@ -132,13 +132,15 @@ def _warm_then_fresh(warm_store: Path, fresh_store: Path, started_before: set, s
         handed = job.pool_dir / f"command-{job.points}.json"
         done: list = []
         runner = threading.Thread(target=lambda: done.append(point(fresh_store, *SHAPE, *ZERO3, *WARM)), daemon=True)
-        runner.start()
-        deadline = time.monotonic() + 120
-        while not handed.exists() and runner.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        seen["handed"] = handed.exists()
-        torchrun_proc.kill()
-        runner.join(timeout=300)
+        with pytest.MonkeyPatch.context() as mp:  # its fresh launch a fresh agent too: interpreter, imports and all
+            mp.setenv(SERVER_ENV, "0")
+            runner.start()
+            deadline = time.monotonic() + 120
+            while not handed.exists() and runner.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            seen["handed"] = handed.exists()
+            torchrun_proc.kill()
+            runner.join(timeout=300)
         (seen["fresh"],) = done
         yield seen
     finally:
@@ -173,7 +175,8 @@ def test_a_point_on_warm_ranks_measures_what_a_fresh_launch_does_also_after_one_
     assert all(abs(w - f) <= race for w, f in zip(*peaks)), (peaks, race)
     turn = [r["repeats"][0]["timing"]["points_before"] for r in (before, oom, after, fresh)]
     assert turn[1:] == [turn[0] + 1, turn[0] + 2, 0], turn  # one job throughout
-    # No interpreter, no torch import, no process group: the turn takes less than the fresh launch's start-up.
+    # No interpreter, no torch import, no process group: the turn takes less than the fresh launch's start-up (a fresh
+    # agent's: one forked from the driver's agent server skips the first two as well).
     held = after["repeats"][0]["timing"]["torchrun_wall_s"]
     assert held < fresh["repeats"][0]["timing"]["startup_device_s"] / 2, (held, fresh["repeats"][0]["timing"])
     log = (launch_dir(seen["warm_store"] / after["job_key"], after) / "torchrun.log").read_text()

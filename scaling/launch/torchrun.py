@@ -10,7 +10,6 @@ after it (`end_slurm_step`). `classify` is pure: (exit code, timed out, elastic 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import signal
@@ -26,9 +25,9 @@ import psutil
 
 from scaling.core.enums import Status
 from scaling.core.files import open_new
-from scaling.engine.agent import FORK_ENV
+from scaling.engine.agent import AGENT_MODULE, FORK_ENV
 from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG
-from scaling.engine.lifetime import die_with_parent
+from scaling.launch import agents
 
 KILL_GRACE_S = 5.0
 STEP_END_S = 60.0
@@ -61,8 +60,9 @@ class Outcome:
     wall_s: float
 
 
-TORCHRUN = (sys.executable, "-m", "scaling.engine.agent")
-"""torchrun (torch.distributed.run's `main`), its torch imported with the cyclic collector off (scaling/engine/agent.py)."""
+TORCHRUN = (sys.executable, "-m", AGENT_MODULE)
+"""torchrun (torch.distributed.run's `main`), its torch imported with the cyclic collector off (scaling/engine/agent.py),
+off CUDA forked from the driver's agent server (scaling.launch.agents)."""
 WORKER = "scaling.engine.worker"
 
 
@@ -109,7 +109,7 @@ def process_group_timeout_s(timeout_s: float, collective_timeout_s: Optional[flo
     return max(10.0, 0.5 * float(timeout_s))
 
 
-def kill_tree(proc: subprocess.Popen) -> None:
+def kill_tree(proc: agents.Agent) -> None:
     """Terminate the job this process started and every descendant of it (`end_launch` then finds any that left the
     tree); never raises."""
     try:
@@ -200,27 +200,30 @@ def new_token() -> str:
     return f"{os.getpid()}-{uuid.uuid4().hex}"
 
 
-def launch_processes(token: str) -> list[psutil.Process]:
-    """Live processes of this user that carry launch `token` in their environment (this process excluded)."""
+def launch_processes(token: str, agent: Optional[agents.Agent] = None) -> list[psutil.Process]:
+    """Live processes of this user that carry launch `token` in their environment (this process excluded), and those
+    of the session of a served `agent` (scaling.launch.agents: forked, they show their server's environment)."""
     me, found = os.getuid(), []
+    if isinstance(agent, agents.Served):
+        found = [p for p in agent.session() if p.uids().real == me]
     for p in psutil.process_iter(["uids"]):
         try:
             uids = p.info["uids"]
             if p.pid == os.getpid() or uids is None or uids.real != me:
                 continue  # another user's process is never ours to end
-            if p.environ().get(LAUNCH_ENV) == token:
+            if p.environ().get(LAUNCH_ENV) == token and p not in found:
                 found.append(p)
         except psutil.Error:  # gone, a zombie, or not readable: not one of ours to end
             continue
     return found
 
 
-def end_launch(token: str, grace_s: float = KILL_GRACE_S) -> None:
+def end_launch(token: str, grace_s: float = KILL_GRACE_S, agent: Optional[agents.Agent] = None) -> None:
     """Wait until no process of the launch is left, killing stragglers: a lease on a device may only be
     released once nothing of the launch holds it (an orphaned rank keeps its GPU memory). Never raises: what was
     measured is recorded whatever ending the processes met."""
     try:
-        left = launch_processes(token)
+        left = launch_processes(token, agent)
         for p in left:  # the launch is over: what is left of it is asked to stop, then killed after the grace
             with contextlib.suppress(psutil.Error):
                 p.terminate()
@@ -295,15 +298,7 @@ def launch_torchrun(
     token = new_token()
     start = time.perf_counter()
     with open_new(log_path) as log:
-        proc = subprocess.Popen(
-            srun_named(argv, token),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**env, LAUNCH_ENV: token},
-            start_new_session=True,
-            preexec_fn=functools.partial(die_with_parent, os.getpid()),
-        )
+        proc = agents.start(srun_named(argv, token), {**env, LAUNCH_ENV: token}, log)
         try:
             proc.wait(timeout=timeout_s)
             timed_out = False
@@ -312,7 +307,7 @@ def launch_torchrun(
         finally:
             if proc.poll() is None or timed_out:
                 kill_tree(proc)
-            end_launch(token)
+            end_launch(token, agent=proc)
             if _through_srun(argv):
                 end_slurm_step(token, env)
     wall_s = time.perf_counter() - start

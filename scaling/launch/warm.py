@@ -30,6 +30,7 @@ from typing import Any, Iterator, Mapping, Optional
 from scaling.core.enums import Status
 from scaling.core.files import open_new
 from scaling.core.schema import ExperimentConfig, HardwareConfig
+from scaling.engine.agent import SERVER_ENV
 from scaling.engine.jobfiles import (
     DONE_PIPE,
     ELASTIC_LOGS,
@@ -41,8 +42,7 @@ from scaling.engine.jobfiles import (
     warm_send,
     warm_was_taken,
 )
-from scaling.engine.lifetime import die_with_parent
-from scaling.launch import devices, torchrun
+from scaling.launch import agents, devices, torchrun
 
 RANK_ENV_PREFIXES = (
     "OMP_",
@@ -63,10 +63,10 @@ RANK_ENV_PREFIXES = (
 )
 """The environment variables that can change what a rank does: a point shares a warm job only with points whose
 ranks would see the same values of these (others, a shell's or a test runner's bookkeeping, do not count)."""
-DRIVER_ONLY_ENV = (devices.LOCK_DIR_ENV,)
+DRIVER_ONLY_ENV = (devices.LOCK_DIR_ENV, SERVER_ENV)
 """Variables of those prefixes that only the driver reads: the device lock directory is where a lease is taken (a
-job holds its lease where it took it and watches that directory for waiters, `devices.Held.lock_dir`), and no rank
-reads it."""
+job holds its lease where it took it and watches that directory for waiters, `devices.Held.lock_dir`), the agent
+server is what forks an agent (scaling.launch.agents), and no rank reads either."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class WarmJob:
         self.pool_dir = Path(tempfile.mkdtemp(prefix="scaling-warm-"))
         self._stack.callback(shutil.rmtree, self.pool_dir, True)
         self.log_path = self.pool_dir / TORCHRUN_LOG
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc: Optional[agents.Agent] = None
         self.token = torchrun.new_token()
         """The job's identity in its processes' environment: what is left of it is ended by this, never by name."""
 
@@ -173,15 +173,7 @@ class WarmJob:
         self._done_fd = open_pipe(self.pool_dir / DONE_PIPE)
         self._stack.callback(os.close, self._done_fd)
         with open_new(self.log_path) as log:
-            self.proc = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
-                preexec_fn=functools.partial(die_with_parent, os.getpid()),
-            )
+            self.proc = agents.start(argv, env, log)
 
     def run(
         self, config_path: Path, launch_dir: Path, timeout_s: float, log_name: str = TORCHRUN_LOG
@@ -210,7 +202,7 @@ class WarmJob:
             if self.proc.poll() is None:
                 torchrun.kill_tree(self.proc)
             self.proc.wait()
-            torchrun.end_launch(self.token)
+            torchrun.end_launch(self.token, agent=self.proc)
             if not timed_out and not warm_was_taken(self.pool_dir, n):
                 raise JobGone(f"the warm ranks ended (torchrun exit code {self.proc.returncode}) before taking it")
         wall_s = time.perf_counter() - start
@@ -243,7 +235,7 @@ class WarmJob:
                 except subprocess.TimeoutExpired:
                     torchrun.kill_tree(self.proc)
             if self.proc is not None:  # the lease goes back only once no process of the job is left
-                torchrun.end_launch(self.token)
+                torchrun.end_launch(self.token, agent=self.proc)
         finally:
             self._stack.close()
 
