@@ -143,7 +143,7 @@ def _processes_marked(item: pytest.Item) -> Iterator[None]:
         real_init(self, args, *a, **kw)
 
     def started(argv: Any, *a: Any, **kw: Any) -> Any:  # a launch's agent, also one forked from a server (no Popen)
-        if not marks & {"torchrun", "slurm"}:
+        if _starts_ranks(argv) and not marks & {"torchrun", "slurm"}:
             unmarked.append(("torchrun", shlex.join(map(str, argv))))
         return real_start(argv, *a, **kw)
 

@@ -157,9 +157,10 @@ def test_a_killed_driver_or_server_leaves_no_agent_and_no_rank(tmp_path, killed)
         family = [server, agent, *agent.children(recursive=True)]
         assert len(family) == 4
         (driver if killed == "driver" else server).send_signal(signal.SIGKILL)
-        gone, alive = psutil.wait_procs(family, timeout=15)
-        # the killed server stays a zombie until the (sleeping) driver reaps it: dead all the same
-        alive = [p for p in alive if _running(p)]
+        # (a killed server stays a zombie until the sleeping driver reaps it: dead all the same)
+        deadline = time.monotonic() + 15
+        while (alive := [p for p in family if _running(p)]) and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert alive == [], [p.cmdline() for p in alive]
     finally:
         driver.kill()

@@ -82,8 +82,8 @@ class Served:
         self._conn.close()
 
     def session(self) -> list[psutil.Process]:
-        """The live processes of the agent's session (the agent, its ranks and what they started): what is left of
-        the launch once the agent has ended. None when the agent's pid has since gone to another process (the kernel
+        """The live processes of this user in the agent's session (the agent, its ranks and what they started): what
+        is left of the launch once the agent has ended. None when the agent's pid has since gone to another process (the kernel
         keeps a pid while a process of its session lives, so none of the launch's can be left then)."""
         try:
             holder = psutil.Process(self.pid)
@@ -93,10 +93,11 @@ class Served:
             pass
         except psutil.Error:
             return []
-        found = []
-        for p in psutil.process_iter():
+        found, me = [], os.getuid()
+        for p in psutil.process_iter(["uids"]):
             with contextlib.suppress(OSError, psutil.Error):
-                if p.pid != os.getpid() and os.getsid(p.pid) == self.pid:
+                uids = p.info["uids"]
+                if p.pid != os.getpid() and uids is not None and uids.real == me and os.getsid(p.pid) == self.pid:
                     found.append(p)
         return found
 
@@ -263,3 +264,15 @@ def close() -> None:
     with _LOCK:
         while _servers:
             _servers.popitem()[1].close()
+
+
+def _forget() -> None:
+    """In a child this driver forked: its servers are the parent's (their agents would be the parent's children, and
+    ending them would end the parent's launches); the child starts its own if it launches."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    _servers.clear()
+    _failed.clear()
+
+
+os.register_at_fork(after_in_child=_forget)

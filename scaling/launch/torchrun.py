@@ -205,7 +205,7 @@ def launch_processes(token: str, agent: Optional[agents.Agent] = None) -> list[p
     of the session of a served `agent` (scaling.launch.agents: forked, they show their server's environment)."""
     me, found = os.getuid(), []
     if isinstance(agent, agents.Served):
-        found = [p for p in agent.session() if p.uids().real == me]
+        found = agent.session()
     for p in psutil.process_iter(["uids"]):
         try:
             uids = p.info["uids"]
