@@ -228,7 +228,12 @@ def _served(argv: Sequence[str], env: Mapping[str, str], log: IO[bytes]) -> Opti
             server_env[FORK_ENV] = "1"
             if os.environ.get("PYTHONPATH"):
                 server_env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-            server = _servers[key] = _Server(server_env)
+            try:
+                server = _servers[key] = _Server(server_env)
+            except OSError as e:  # no room for its socket, no process to be had: as before servers, fresh agents
+                _say_once(f"no agent server ({e}): agents start fresh")
+                _failed.add(key)
+                return None
         answer = _ask(server.path, argv, env, log, server)
         if answer is None:
             _say_once(f"the agent server did not start ({server.tail()}): agents start fresh")
