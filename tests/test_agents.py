@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -18,12 +19,30 @@ from pathlib import Path
 import psutil
 import pytest
 
-from scaling.engine.agent import SERVER_ENV
+from scaling.engine.agent import SERVER_ENV, socket_address
 from scaling.launch import agents
 from scaling.launch.torchrun import LAUNCH_ENV, job_env, launch_torchrun, torchrun_argv
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = "tests.helpers.agent_probe"
+
+
+ANOTHER_USER = textwrap.dedent("""\
+    import socket, sys
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect("\\0" + sys.argv[1][1:])
+    print(conn.recv(4096).decode())
+    """)
+
+
+def _answers(address: str) -> bool:
+    """Whether a server listens at `address` (a path, or @NAME in the abstract namespace)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(socket_address(address))
+        except OSError:
+            return False
+    return True
 
 
 def _launch(tmp_path: Path, name: str, env: dict, *args: str, nproc: int = 2):
@@ -71,8 +90,18 @@ def test_later_launches_fork_their_agent_from_one_server_and_their_ranks_see_onl
     # a rank's exit status is the launch's, as from a fresh agent
     outcome, _ = _launch(tmp_path, "fails", env, "3")
     assert outcome.status == "failed" and outcome.returncode == 1, outcome
+    if os.geteuid() == 0:  # its socket has no file mode: another user's process is refused by its uid (here nobody,
+        # with the system's Python: this one's may sit where nobody cannot read)
+        said = subprocess.run(
+            ["/usr/bin/python3", "-c", ANOTHER_USER, server.path],
+            user=65534,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert said.stdout.strip() == '{"refused": "another user\'s launch"}', (said.stdout, said.stderr)
     agents.close()
-    assert server.proc.poll() is not None and not Path(server.path).exists()
+    assert server.proc.poll() is not None and not _answers(server.path)  # its socket (nothing on disk) gone with it
 
 
 @pytest.mark.torchrun
@@ -97,15 +126,19 @@ def test_what_a_server_cannot_start_as_a_fresh_interpreter_would_is_started_fres
     outcome, ranks = _launch(tmp_path, "one-thread", env, nproc=1)
     assert outcome.status == "ok", outcome.error
     ((_, first),) = agents._servers.items()
+    capfd.readouterr()
     outcome, ranks = _launch(tmp_path, "two-threads", {**job_env(2, None, False), SERVER_ENV: first.path}, nproc=1)
     assert outcome.status == "ok", outcome.error
+    said = capfd.readouterr().err
+    assert f"{SERVER_ENV}={first.path} (that server refused it:" in said and "OMP_NUM_THREADS" in said, said
     assert (
         len(agents._servers) == 2
         and ranks[0]["agent_parent"] == agents._servers[next(reversed(agents._servers))].proc.pid
     )
-    # and with SCALING_AGENT_SERVER=0 every agent is a fresh interpreter, this driver's own child
-    outcome, ranks = _launch(tmp_path, "none", {**env, SERVER_ENV: "0"}, nproc=1)
-    assert outcome.status == "ok" and ranks[0]["agent_parent"] == os.getpid()
+    # and with SCALING_AGENT_SERVER=0 (or off) every agent is a fresh interpreter, this driver's own child
+    for off in ("0", "off"):
+        outcome, ranks = _launch(tmp_path, f"none-{off}", {**env, SERVER_ENV: off}, nproc=1)
+        assert outcome.status == "ok" and ranks[0]["agent_parent"] == os.getpid()
     agents.close()
 
 

@@ -48,6 +48,14 @@ def test_a_peers_dropped_connection_is_not_the_root_cause(tmp_path):
     assert (status, error) == ("failed", "RuntimeError: injected fault: rank 1 crashed on purpose (train.fault=crash)")
 
 
+def test_an_agent_ended_by_a_signal_is_said_so_not_by_its_logs_last_line():
+    """A killed agent (or the server it was forked from) leaves no rank's error: the log's last line is whatever a
+    rank printed last (here the profiler's), so the error says what ended the agent."""
+    tail = "[rank0]: step 3\nUSDT:2026-11-30 06:45:27 9834:9834 SyncActivityProfilerHandler.cpp:59] profiler_stop\n"
+    assert classify(-9, False, [], tail, 60) == ("failed", "torchrun's agent was ended by SIGKILL, no rank said why")
+    assert classify(1, False, [], tail, 60)[1].endswith("profiler_stop")  # an exit of its own: its log says it
+
+
 # A job that leaves a process behind in a session of its own (as a rank outliving its torchrun would), writes its
 # pid, and exits 0.
 LEAVES_ONE_BEHIND = textwrap.dedent("""\

@@ -21,6 +21,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import sys
 import traceback
 from typing import Any, Mapping, Optional, Sequence
@@ -39,8 +40,15 @@ AGENT_MODULE = "scaling.engine.agent"
 """This module's name: torchrun's command line is `python -m AGENT_MODULE ...` (scaling.launch.torchrun.TORCHRUN)."""
 
 SERVER_ENV = "SCALING_AGENT_SERVER"
-"""The socket of a running agent server a launch asks first (scaling.launch.agents), `0` for none at all: every
-agent then a fresh interpreter. Unset, a driver starts servers of its own as its launches need them."""
+"""The socket of a running agent server a launch asks first (scaling.launch.agents), `0` (or off, false, no) for none
+at all: every agent then a fresh interpreter. Unset, a driver starts servers of its own as its launches need them."""
+
+
+def socket_address(name: str) -> str:
+    """The address a server's socket `name` binds: `@NAME` in Linux's abstract namespace (nothing on disk, gone with
+    the server however it ends), anything else a path."""
+    return "\0" + name[1:] if name.startswith("@") else name
+
 
 PRELOAD = "scaling.engine.worker"
 """The module whose imports (and `preload()`) a server makes before it serves: the points' ranks."""
@@ -219,6 +227,11 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], int]:
     return json.loads(data), fds[0]
 
 
+def _peer_uid(conn: socket.socket) -> int:
+    """The user id of the process at the other end of `conn` (SO_PEERCRED: pid, uid, gid)."""
+    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+
+
 def _send(conn: socket.socket, message: Mapping[str, Any]) -> None:
     try:
         conn.sendall((json.dumps(message) + "\n").encode())
@@ -248,7 +261,7 @@ def serve(path: str) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    listener.bind(socket_address(path))
     listener.listen(64)
     agents: dict[int, Optional[socket.socket]] = {}
     """Each live agent's launch connection (None once the launch has gone)."""
@@ -283,6 +296,10 @@ def serve(path: str) -> None:
         if listener not in ready:
             continue
         conn, _ = listener.accept()
+        if _peer_uid(conn) != os.getuid():  # an abstract socket has no file mode: another user's launch is refused
+            _send(conn, {"refused": "another user's launch"})
+            conn.close()
+            continue
         try:
             request, log_fd = _read_request(conn)
         except (OSError, ValueError) as e:

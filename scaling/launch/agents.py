@@ -6,8 +6,8 @@ keeps it for its life (one per start-up environment, `MAX_SERVERS`): the first p
 every later one about 2.5 s of CPU less (benchmarks/RESULTS.md). The server is the driver's child and the agents are
 the server's, so a launch's processes stay in the driver's process tree (what `kill_tree`, a stalled holder's check
 and a killed driver rely on); the server dies with the driver, an agent with its server or its launch (its driver's
-connection closing), a rank with its agent. `SCALING_AGENT_SERVER=0` starts every agent fresh; a socket path there
-asks that server first. Where a server cannot start an agent as a fresh interpreter would (another interpreter or
+connection closing), a rank with its agent. `SCALING_AGENT_SERVER=0` starts every agent fresh; a socket there (a
+path, or `@NAME` in the abstract namespace) is asked first. Where a server cannot start an agent as a fresh interpreter would (another interpreter or
 package, another start-up environment, a directory whose modules would stand in for the server's), the launch starts
 a fresh one.
 """
@@ -20,7 +20,6 @@ import functools
 import json
 import os
 import select
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,14 +27,17 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import IO, Any, Mapping, Optional, Sequence, Union
 
 import psutil
 
-from scaling.engine.agent import AGENT_MODULE, FORK_ENV, SERVER_ENV, TITLE_ROOM, startup_env
+from scaling.engine.agent import AGENT_MODULE, FORK_ENV, SERVER_ENV, TITLE_ROOM, socket_address, startup_env
 from scaling.engine.lifetime import die_with_parent
 
+OFF = ("0", "off", "false", "no")
+"""SCALING_AGENT_SERVER's values that start every agent fresh; any other names a server's socket to ask first."""
 MAX_SERVERS = 2
 """Servers one driver keeps at once (each holds torch and the ranks' imports in memory); the oldest ends first."""
 START_WAIT_S = 120.0
@@ -106,25 +108,21 @@ Agent = Union[subprocess.Popen, Served]
 
 
 class _Server:
-    """One agent server this driver started, and its socket."""
+    """One agent server this driver started: its socket in the abstract namespace (nothing on disk to leave behind
+    when the driver is killed) and its output in a file already unlinked."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="scaling-agents-"))
-        if len(str(self.dir)) > 80:  # a Unix socket's path has room for about a hundred bytes
-            shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir = Path(tempfile.mkdtemp(prefix="scaling-agents-", dir="/tmp"))
-        self.path = str(self.dir / "agent.sock")
-        self.log = self.dir / "server.log"
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", AGENT_MODULE, "--serve", self.path, " " * TITLE_ROOM],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=dict(env),
-                start_new_session=True,
-                preexec_fn=functools.partial(die_with_parent, os.getpid()),
-            )
+        self.path = f"@scaling-agents-{os.getpid()}-{uuid.uuid4().hex}"
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - open for the server's life, closed by `close`
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", AGENT_MODULE, "--serve", self.path, " " * TITLE_ROOM],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            start_new_session=True,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        )
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -134,12 +132,13 @@ class _Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        self.log.close()
 
     def tail(self) -> str:
         try:
-            return self.log.read_text(errors="replace").strip().splitlines()[-1][:300]
-        except (OSError, IndexError):
+            self.log.seek(0)
+            return self.log.read().decode(errors="replace").strip().splitlines()[-1][:300]
+        except (OSError, ValueError, IndexError):
             return "(nothing in its log)"
 
 
@@ -164,7 +163,7 @@ def _ask(path: str, argv: Sequence[str], env: Mapping[str, str], log: IO[bytes],
     while True:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            conn.connect(path)
+            conn.connect(socket_address(path))
             break
         except (FileNotFoundError, ConnectionRefusedError):
             conn.close()
@@ -205,13 +204,15 @@ def _served(argv: Sequence[str], env: Mapping[str, str], log: IO[bytes]) -> Opti
     """The launch's agent forked from a server, or None: start it fresh."""
     if list(argv[:3]) != [sys.executable, "-m", AGENT_MODULE] or env.get(FORK_ENV) != "1":
         return None
-    setting = env.get(SERVER_ENV, "")
-    if setting == "0":
+    setting = env.get(SERVER_ENV, "").strip()
+    if setting.lower() in OFF:
         return None
     if setting:
         answer = _ask(setting, argv, env, log, None)
         if isinstance(answer, Served):
             return answer
+        why = "no server answers there" if answer is None else f"that server refused it: {answer}"
+        _say_once(f"{SERVER_ENV}={setting} ({why}): this driver's own agent server starts it")
     key = tuple(sorted(startup_env(env).items()))
     with _LOCK:
         if key in _failed:

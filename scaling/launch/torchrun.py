@@ -188,6 +188,13 @@ def classify(
         return Status.TIMEOUT, f"a rank waited past the process-group timeout in a collective: {said[0]}"
     if errors:
         return Status.FAILED, _last_line(errors[0])
+    if returncode is not None and returncode < 0:  # the agent itself was killed (or its server): the log's last line
+        # is whatever a rank printed last, no cause
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return Status.FAILED, f"torchrun's agent was ended by {name}, no rank said why"
     return Status.FAILED, _last_line(log_tail) or f"torchrun exited with code {returncode}"
 
 
