@@ -317,15 +317,18 @@ def serve(path: str) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
-        if pid == 0:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for fd in (wake_r, wake_w):
-                os.close(fd)
-            listener.close()
-            for other in launches:
-                other.close()
-            conn.close()
+        if pid == 0:  # the agent: none of the server's loop, whatever happens here
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                for fd in (wake_r, wake_w):
+                    os.close(fd)
+                listener.close()
+                for other in launches:
+                    other.close()
+                conn.close()
+            except BaseException:
+                os._exit(1)
             _agent({**request, "env": {**imports_set, **env}}, log_fd, agent_path, os.getppid())
         os.close(log_fd)
         conn.settimeout(None)

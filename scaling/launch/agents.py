@@ -3,13 +3,13 @@
 
 Off CUDA, where the ranks are forked from their agent (FORK_ENV=1), a driver starts a server on its first launch and
 keeps it for its life (one per start-up environment, `MAX_SERVERS`): the first point costs what a fresh agent costs,
-every later one about 2.5 s of CPU less (benchmarks/RESULTS.md). The server is the driver's child and the agents are
+every later one 1.3-2.5 s of CPU less (benchmarks/bench_agents.py). The server is the driver's child and the agents
 the server's, so a launch's processes stay in the driver's process tree (what `kill_tree`, a stalled holder's check
 and a killed driver rely on); the server dies with the driver, an agent with its server or its launch (its driver's
 connection closing), a rank with its agent. `SCALING_AGENT_SERVER=0` starts every agent fresh; a socket there (a
-path, or `@NAME` in the abstract namespace) is asked first. Where a server cannot start an agent as a fresh interpreter would (another interpreter or
-package, another start-up environment, a directory whose modules would stand in for the server's), the launch starts
-a fresh one.
+path, or `@NAME` in the abstract namespace) is asked first. Where a server cannot start an agent as a fresh
+interpreter would (another interpreter or package, another start-up environment, a directory whose modules would
+stand in for the server's), the launch starts a fresh one.
 """
 
 from __future__ import annotations
