@@ -136,15 +136,17 @@ def _processes_marked(item: pytest.Item) -> Iterator[None]:
     unmarked: list[tuple[str, str]] = []
     real_init = subprocess.Popen.__init__
 
-    def gated(self: subprocess.Popen, args: Any, *a: Any, **kw: Any) -> None:
+    def note(args: Any) -> None:
         kind = "torchrun" if _starts_ranks(args) else "subprocess"
         if not marks & ({"torchrun", "slurm"} if kind == "torchrun" else set(PROCESS_MARKERS)):
             unmarked.append((kind, shlex.join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)))
+
+    def gated(self: subprocess.Popen, args: Any, *a: Any, **kw: Any) -> None:
+        note(args)
         real_init(self, args, *a, **kw)
 
     def started(argv: Any, *a: Any, **kw: Any) -> Any:  # a launch's agent, also one forked from a server (no Popen)
-        if _starts_ranks(argv) and not marks & {"torchrun", "slurm"}:
-            unmarked.append(("torchrun", shlex.join(map(str, argv))))
+        note(argv)
         return real_start(argv, *a, **kw)
 
     real_start = agents.start

@@ -37,7 +37,7 @@ CPU a rank at every launch, paid once by the agent instead. On CUDA (or with 0) 
 torchrun starts them by default: what the agent's imports leave of CUDA's state in a forked child is not checked."""
 
 AGENT_MODULE = "scaling.engine.agent"
-"""This module's name: torchrun's command line is `python -m AGENT_MODULE ...` (scaling.launch.torchrun.TORCHRUN)."""
+"""This module's name: torchrun's command line is `python -m AGENT_MODULE ...` (scaling.launch.agents.TORCHRUN)."""
 
 SERVER_ENV = "SCALING_AGENT_SERVER"
 """The socket of a running agent server a launch asks first (scaling.launch.agents), `0` (or off, false, no) for none
@@ -81,10 +81,15 @@ def _prepare(args: list[str]) -> list[str]:
     ranks forked (`forked`)."""
     if os.environ.get(FORK_ENV) == "1" and "-m" in args:
         args, name = forked(args)
-        preload = getattr(importlib.import_module(name), "preload", None)
-        if preload is not None:
-            preload()
+        _preload(name)
     return args
+
+
+def _preload(name: str) -> None:
+    """Import module `name` and run its `preload()` where it has one."""
+    preload = getattr(importlib.import_module(name), "preload", None)
+    if preload is not None:
+        preload()
 
 
 def _run(args: list[str]) -> int:
@@ -247,9 +252,7 @@ def serve(path: str) -> None:
     before = dict(os.environ)
     import torch.distributed.run  # noqa: F401
 
-    preload = getattr(importlib.import_module(PRELOAD), "preload", None)
-    if preload is not None:
-        preload()
+    _preload(PRELOAD)
     gc.freeze()
     gc.enable()
     started_env = startup_env(before)

@@ -15,7 +15,6 @@ stand in for the server's), the launch starts a fresh one.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import json
 import os
@@ -36,6 +35,9 @@ import psutil
 from scaling.engine.agent import AGENT_MODULE, FORK_ENV, SERVER_ENV, TITLE_ROOM, socket_address, startup_env
 from scaling.engine.lifetime import die_with_parent
 
+TORCHRUN = (sys.executable, "-m", AGENT_MODULE)
+"""torchrun (torch.distributed.run's `main`), its torch imported with the cyclic collector off (scaling/engine/agent.py),
+off CUDA forked from the driver's agent server; the start of its command line (scaling.launch.torchrun.torchrun_argv)."""
 OFF = ("0", "off", "false", "no")
 """SCALING_AGENT_SERVER's values that start every agent fresh; any other names a server's socket to ask first."""
 MAX_SERVERS = 2
@@ -83,25 +85,19 @@ class Served:
         self.returncode = int(json.loads(self._buf.split(b"\n", 1)[0])["returncode"])
         self._conn.close()
 
-    def session(self) -> list[psutil.Process]:
-        """The live processes of this user in the agent's session (the agent, its ranks and what they started): what
-        is left of the launch once the agent has ended. None when the agent's pid has since gone to another process (the kernel
-        keeps a pid while a process of its session lives, so none of the launch's can be left then)."""
+    def session_id(self) -> Optional[int]:
+        """The agent's session (the agent, its ranks and what they started, forked with the server's environment in
+        /proc): what is left of the launch once the agent has ended. None when the agent's pid has since gone to
+        another process (the kernel keeps a pid while a process of its session lives, so none of the launch's can be
+        left then)."""
         try:
-            holder = psutil.Process(self.pid)
-            if self._created is None or holder.create_time() != self._created:
-                return []
+            if self._created is None or psutil.Process(self.pid).create_time() != self._created:
+                return None
         except psutil.NoSuchProcess:
             pass
         except psutil.Error:
-            return []
-        found, me = [], os.getuid()
-        for p in psutil.process_iter(["uids"]):
-            with contextlib.suppress(OSError, psutil.Error):
-                uids = p.info["uids"]
-                if p.pid != os.getpid() and uids is not None and uids.real == me and os.getsid(p.pid) == self.pid:
-                    found.append(p)
-        return found
+            return None
+        return self.pid
 
 
 Agent = Union[subprocess.Popen, Served]
@@ -114,15 +110,7 @@ class _Server:
     def __init__(self, env: Mapping[str, str]) -> None:
         self.path = f"@scaling-agents-{os.getpid()}-{uuid.uuid4().hex}"
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - open for the server's life, closed by `close`
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", AGENT_MODULE, "--serve", self.path, " " * TITLE_ROOM],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=dict(env),
-            start_new_session=True,
-            preexec_fn=functools.partial(die_with_parent, os.getpid()),
-        )
+        self.proc = _process([*TORCHRUN, "--serve", self.path, " " * TITLE_ROOM], env, self.log)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -202,7 +190,7 @@ def _ask(path: str, argv: Sequence[str], env: Mapping[str, str], log: IO[bytes],
 
 def _served(argv: Sequence[str], env: Mapping[str, str], log: IO[bytes]) -> Optional[Served]:
     """The launch's agent forked from a server, or None: start it fresh."""
-    if list(argv[:3]) != [sys.executable, "-m", AGENT_MODULE] or env.get(FORK_ENV) != "1":
+    if tuple(argv[:3]) != TORCHRUN or env.get(FORK_ENV) != "1":
         return None
     setting = env.get(SERVER_ENV, "").strip()
     if setting.lower() in OFF:
@@ -251,8 +239,11 @@ def start(argv: Sequence[str], env: Mapping[str, str], log: IO[bytes]) -> Agent:
     agent server where one serves it, else as a process of its own; either in a session of its own, dying with this
     process."""
     served = _served(argv, env, log)
-    if served is not None:
-        return served
+    return served if served is not None else _process(argv, env, log)
+
+
+def _process(argv: Sequence[str], env: Mapping[str, str], log: IO[bytes]) -> subprocess.Popen:
+    """`argv` as a process of its own: its output into `log`, in a session of its own, dying with this process."""
     return subprocess.Popen(
         list(argv),
         stdout=log,

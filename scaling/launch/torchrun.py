@@ -25,7 +25,7 @@ import psutil
 
 from scaling.core.enums import Status
 from scaling.core.files import open_new
-from scaling.engine.agent import AGENT_MODULE, FORK_ENV
+from scaling.engine.agent import FORK_ENV
 from scaling.engine.jobfiles import ELASTIC_LOGS, TORCHRUN_LOG
 from scaling.launch import agents
 
@@ -60,9 +60,7 @@ class Outcome:
     wall_s: float
 
 
-TORCHRUN = (sys.executable, "-m", AGENT_MODULE)
-"""torchrun (torch.distributed.run's `main`), its torch imported with the cyclic collector off (scaling/engine/agent.py),
-off CUDA forked from the driver's agent server (scaling.launch.agents)."""
+TORCHRUN = agents.TORCHRUN
 WORKER = "scaling.engine.worker"
 
 
@@ -208,19 +206,18 @@ def new_token() -> str:
 
 
 def launch_processes(token: str, agent: Optional[agents.Agent] = None) -> list[psutil.Process]:
-    """Live processes of this user that carry launch `token` in their environment (this process excluded), and those
+    """Live processes of this user that carry launch `token` in their environment (this process excluded), or are
     of the session of a served `agent` (scaling.launch.agents: forked, they show their server's environment)."""
     me, found = os.getuid(), []
-    if isinstance(agent, agents.Served):
-        found = agent.session()
+    session = agent.session_id() if isinstance(agent, agents.Served) else None
     for p in psutil.process_iter(["uids"]):
         try:
             uids = p.info["uids"]
             if p.pid == os.getpid() or uids is None or uids.real != me:
                 continue  # another user's process is never ours to end
-            if p.environ().get(LAUNCH_ENV) == token and p not in found:
+            if (session is not None and os.getsid(p.pid) == session) or p.environ().get(LAUNCH_ENV) == token:
                 found.append(p)
-        except psutil.Error:  # gone, a zombie, or not readable: not one of ours to end
+        except (psutil.Error, OSError):  # gone, a zombie, or not readable: not one of ours to end
             continue
     return found
 
