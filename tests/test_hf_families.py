@@ -16,7 +16,7 @@ from scaling.core.validate import InvalidConfig, validate
 from scaling.job.run import run_point
 from scaling.model.custom.build import build
 from scaling.model.family import checked, family_of
-from scaling.model.hf.config import read_config
+from scaling.model.hf.config import LAYERS_KEY, read_config
 from scaling.predictor.trace import trace_peak
 from scaling.store.record import job_dir, job_key
 from tests.helpers import hf_families as families
@@ -83,6 +83,23 @@ def test_every_family_at_tp_2_is_traced_under_its_plan_or_refused_before_launch(
         InvalidConfig, match=r"colwise splits Linear modules only, and transformer.h.0.mlp is a FalconMLP"
     ):
         checked(falcon.model, 32, tp=2)
+
+
+@pytest.mark.slow  # the two families' modules imported, three traces each
+def test_a_config_that_lists_its_blocks_kinds_is_cut_and_calibrated_with_them(tmp_path):
+    """transformers writes each block's kind into Qwen3's and Gemma's files (`layer_types`) and refuses a count of
+    blocks it does not match: a count given in the model file takes the file's kinds cut or repeated to it, so the
+    calibration's cuts to 1 and 2 blocks are made, and its figure is the whole model's trace (they were refused)."""
+    from scaling.predictor.calibrated import predicted_peak
+
+    for name in ("qwen3", "gemma2"):
+        cfg = config_of(name, tmp_path)
+        kinds = read_config(**cfg.model.kwargs).text.layer_types
+        assert len(kinds) == families.L == 2, kinds
+        assert read_config(**{**cfg.model.kwargs, LAYERS_KEY: 1}).text.layer_types == kinds[:1]
+        assert read_config(**{**cfg.model.kwargs, LAYERS_KEY: 3}).text.layer_types == [*kinds, kinds[0]]
+        calibrated, traced = predicted_peak(cfg, 1), trace_peak(cfg).peak_mem_bytes
+        assert abs(calibrated / traced - 1) <= 0.01, (name, calibrated, traced)
 
 
 def test_a_key_nothing_reads_is_refused_naming_the_field_it_could_mean(tmp_path):

@@ -27,7 +27,7 @@ from scaling.core.layout import Layout
 from scaling.core.model_group import ModelConfig
 from scaling.core.schema import ExperimentConfig
 from scaling.model.family import family_of
-from scaling.model.hf.builtin_shapes import LAYERS_KEY
+from scaling.model.hf.config import LAYERS_KEY
 from scaling.predictor.analytic import MemoryBreakdown, analytic_peak
 
 CALIBRATED = "analytic+traced"

@@ -13,11 +13,9 @@ from collections import Counter
 from typing import Any, Optional
 
 from scaling.core.model_group import ModelConfig
+from scaling.model.hf.config import LAYERS_KEY
 from scaling.model.llama.args import param_shapes
 from scaling.model.shape import Counted
-
-LAYERS_KEY = "num_hidden_layers"
-"""transformers' name of a decoder's number of blocks (every Llama-like config class has it)."""
 
 
 def _matrices(tensors: Any) -> Counter[tuple[bool, int, int]]:

@@ -18,6 +18,11 @@ EXPERTS = "batched_mm"
 """transformers' implementation of a mixture of experts (scaling.model.hf.causal_lm)."""
 LONGEST = "max_position_embeddings"
 """transformers' name of a model's longest sequence (a config class may map it to its own: `attribute_map`)."""
+LAYERS_KEY = "num_hidden_layers"
+"""transformers' name of a decoder's number of blocks (every Llama-like config class has it)."""
+LAYER_TYPES = "layer_types"
+"""transformers' list of each block's kind (Qwen3's, Gemma's and others' sliding and full attention), which its
+validator holds to `LAYERS_KEY` blocks."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,7 @@ def read_config(
     try:
         whole = AutoConfig.for_model(model_type, **fields)
         text = whole.get_text_config(decoder=True)
+        given |= _layer_types_for(text, given)
         # what the model file gives is the text decoder's (through the class's attribute_map: n_positions)
         if text is whole:
             text = AutoConfig.for_model(model_type, **{**fields, **given})
@@ -104,3 +110,13 @@ def read_config(
             f"{heads}/{kv} times more (eager attention fails on the shapes): set num_key_value_heads={heads}"
         )
     return hf
+
+
+def _layer_types_for(text: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """Where a number of blocks is given without their kinds, the file's kinds (`LAYER_TYPES`) cut or repeated to it,
+    block for block: a model cut to its first blocks (the calibration's 1- and 2-block cuts,
+    scaling.predictor.calibrated) keeps theirs, where transformers would refuse the file's list as the wrong length."""
+    blocks, kinds = given.get(LAYERS_KEY), getattr(text, LAYER_TYPES, None)
+    if not isinstance(blocks, int) or LAYER_TYPES in given or not isinstance(kinds, list) or not kinds:
+        return {}
+    return {LAYER_TYPES: [kinds[i % len(kinds)] for i in range(blocks)]}
