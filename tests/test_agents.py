@@ -65,7 +65,10 @@ def test_later_launches_fork_their_agent_from_one_server_and_their_ranks_see_onl
     env = {**job_env(1, None, False), "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path / "extra")])}
     seen = []
     for n in range(3):
-        outcome, ranks = _launch(tmp_path, f"launch-{n}", {**env, "PROBE_N": str(n)})
+        (tmp_path / f"tmp-{n}").mkdir()
+        outcome, ranks = _launch(
+            tmp_path, f"launch-{n}", {**env, "PROBE_N": str(n), "TMPDIR": str(tmp_path / f"tmp-{n}")}
+        )
         assert outcome.status == "ok", outcome.error
         seen.append(ranks)
     ((key, server),) = agents._servers.items()  # one start-up environment: one server for the three
@@ -80,6 +83,7 @@ def test_later_launches_fork_their_agent_from_one_server_and_their_ranks_see_onl
             tokens.add(rank["env"][LAUNCH_ENV])
             assert rank["cwd"] == str(project)  # its working directory, then PYTHONPATH, first on its path
             assert rank["path"] == [str(project), str(REPO), str(tmp_path / "extra")]
+            assert rank["tmp"] == str(tmp_path / f"tmp-{n}")  # its TMPDIR, not the one the server's imports read
             # the command line a fresh agent would have (a rank knows its agent by it; `ps` shows the point)
             assert rank["agent_command"].split() == [*torchrun_argv(PROBE, [str(tmp_path / f"launch-{n}")], 2)]
             assert PROBE in rank["command"]

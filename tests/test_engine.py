@@ -145,6 +145,22 @@ def test_rank_that_dies_is_failed_with_last_line(sweep_dir):
     assert processes_mentioning(rec["job_key"]) == []
 
 
+def test_a_failed_ranks_traceback_file_is_left_with_its_launch_not_in_the_temporary_directory(
+    sweep_dir, tmp_path, monkeypatch
+):
+    """torch names a file for each rank's traceback in the temporary directory and leaves a failed rank's there (a
+    sweep of many failed points filled /tmp with them): the agent, fresh or forked from a server whose imports read
+    another TMPDIR, names them in the launch's elastic directory, which a failed launch keeps."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    rec = point(sweep_dir, "parallel.dp=2", "train.fault=crash", "train.seed=11", FRESH)
+    assert rec["status"] == "failed", rec["error"]
+    assert not list(tmp.glob("pytorch-errorfile-*")), sorted(p.name for p in tmp.iterdir())
+    kept = list((launch_dir(sweep_dir / rec["job_key"], rec) / "elastic").glob("pytorch-errorfile-*.pickle"))
+    assert kept, sorted(p.name for p in tmp.iterdir())  # rank 1's traceback (and rank 0's: its peer closed)
+
+
 @pytest.mark.parametrize("overrides,expected", INVALID[:12], ids=[" ".join(o) for o, _ in INVALID[:12]])
 def test_invalid_point_is_recorded_without_starting_anything(sweep_dir, overrides, expected, capsys):
     cfg = compose_point(overrides, sweep_dir)

@@ -23,6 +23,7 @@ import signal
 import socket
 import struct
 import sys
+import tempfile
 import traceback
 from typing import Any, Mapping, Optional, Sequence
 
@@ -96,6 +97,7 @@ def _run(args: list[str]) -> int:
     """torchrun's `main` on `args`; its exit status as an interpreter would give it."""
     from torch.distributed.run import main
 
+    _error_files_in(args)
     try:
         main(args)
     except SystemExit as e:
@@ -107,6 +109,32 @@ def _run(args: list[str]) -> int:
         traceback.print_exc()
         return 1
     return 0
+
+
+class _TempfileIn:
+    """The `tempfile` module as torch.multiprocessing.spawn reads it, its NamedTemporaryFile made in `directory`."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(tempfile, name)
+
+    def NamedTemporaryFile(self, *args: Any, **kwargs: Any) -> Any:  # tempfile's name
+        os.makedirs(self.directory, exist_ok=True)
+        return tempfile.NamedTemporaryFile(*args, **{**kwargs, "dir": self.directory})
+
+
+def _error_files_in(args: Sequence[str]) -> None:
+    """torch's start of the ranks (torch.multiprocessing.spawn) names a file for each rank's traceback in the
+    temporary directory, and a failed rank's is left there (a sweep of many failed points filled /tmp with them):
+    with `--log-dir`, they are named in it, beside the launch's other error files (kept with a failed launch)."""
+    if "--log-dir" not in args[:-1]:
+        return
+    spawn = importlib.import_module(
+        "torch.multiprocessing.spawn"
+    )  # the module: torch.multiprocessing.spawn is its function
+    spawn.tempfile = _TempfileIn(args[args.index("--log-dir") + 1])
 
 
 # --- The agent server: `--serve SOCKET` -------------------------------------------------------------------------
@@ -199,6 +227,7 @@ def _agent(request: Mapping[str, Any], log_fd: int, path: list[str], server: int
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        tempfile.tempdir = None  # the launch's TMPDIR, not the one the server's imports read (and kept)
         sys.path[:] = path
         sys.argv = [__file__, *request["args"]]
         _retitle([request["executable"], "-m", AGENT_MODULE, *request["args"]])
@@ -348,6 +377,7 @@ if __name__ == "__main__":
     from torch.distributed.run import main
 
     arguments = _prepare(sys.argv[1:])
+    _error_files_in(arguments)
     gc.freeze()
     gc.enable()
     sys.exit(main(arguments))

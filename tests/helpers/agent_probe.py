@@ -1,7 +1,7 @@
 """A rank that says how it was started: `python -m tests.helpers.agent_probe OUT_DIR [EXIT_CODE]` under torchrun.
 
 Each rank writes OUT_DIR/rank-<RANK>.json (its pid, its agent's pid, command line and parent, its own command line, working
-directory, module path, the launch's variables), sleeps PROBE_SLEEP_S seconds where set, and exits with EXIT_CODE
+directory, module path, temporary directory, the launch's variables), sleeps PROBE_SLEEP_S seconds where set, and exits with EXIT_CODE
 (0 by default)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +28,7 @@ if __name__ == "__main__":
                 "command": parent_command(os.getpid()),
                 "cwd": os.getcwd(),
                 "path": sys.path[:3],
+                "tmp": tempfile.gettempdir(),
                 "env": {k: v for k, v in os.environ.items() if k.startswith(("SCALING_", "PROBE_"))},
             }
         )
