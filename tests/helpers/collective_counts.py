@@ -6,9 +6,10 @@ IN.json lists cases, each {"name": ..., "config": a resolved experiment config w
 world sizes up to the launch's: the cases of the largest run first on every rank, then the launch's first ranks leave
 the process group for one of the next size (a file store beside OUT.json) and run its cases, and so on; so one launch
 pays the ranks' start-up for cases of several sizes (the engine builds on the default process group). For each,
-every rank builds the model with `parallelize`, runs two untimed steps (the first makes the optimizer states; DDP
-rebuilds its buckets in the second one's forward, broadcasting the new bucket order from rank 0, as the worker's
-warm-up absorbs it) and profiles exactly one `train_step` of grad_acc micro-batches. Rank 0 writes
+every rank builds the model with `parallelize`, runs untimed steps (the first makes the optimizer states and FSDP2's
+lazy state; under DDP, ZeRO-0 and 1, a second, in whose forward DDP rebuilds its buckets, broadcasting the new bucket
+order from rank 0, as the worker's warm-up absorbs it) and profiles exactly one `train_step` of grad_acc
+micro-batches. Rank 0 writes
 {name: {op: sorted bytes of each call}} to OUT.json. Only process-group calls made inside that step count (DDP's
 construction broadcast, `param_norm`'s all-reduce and barriers lie outside it); DTensor's functional collectives
 (`_c10d_functional::*`) reach the process group as the same `c10d::` ops, so they are counted once, there.
@@ -73,9 +74,10 @@ def count_step(cfg: ExperimentConfig, rank: int) -> dict[str, list[int]]:
     wrapped = parallelize(args, train, cfg.parallel, torch.device("cpu"))
     data = GlobalBatch(args.vocab_size, train.seq_len, train.seed)
     dp_rank = rank // cfg.parallel.tp  # a tensor-parallel group trains on one dp rank's rows
-    for step in range(2):
+    untimed = 2 if cfg.parallel.zero_stage <= 1 else 1  # DDP's bucket rebuild in the second
+    for step in range(untimed):
         train_step(wrapped, step_batches(data, step, dp_rank, train.mbs, grad_acc))
-    batches = step_batches(data, 2, dp_rank, train.mbs, grad_acc)
+    batches = step_batches(data, untimed, dp_rank, train.mbs, grad_acc)
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         train_step(wrapped, batches)
     return _collectives(prof)
