@@ -131,9 +131,8 @@ def _error_files_in(args: Sequence[str]) -> None:
     with `--log-dir`, they are named in it, beside the launch's other error files (kept with a failed launch)."""
     if "--log-dir" not in args[:-1]:
         return
-    spawn = importlib.import_module(
-        "torch.multiprocessing.spawn"
-    )  # the module: torch.multiprocessing.spawn is its function
+    # the module by its name: the attribute torch.multiprocessing.spawn is the module's function `spawn`
+    spawn = importlib.import_module("torch.multiprocessing.spawn")
     spawn.tempfile = _TempfileIn(args[args.index("--log-dir") + 1])
 
 
