@@ -79,10 +79,11 @@ def forked(argv: list[str]) -> tuple[list[str], str]:
 
 def _prepare(args: list[str]) -> list[str]:
     """torchrun's arguments as this agent runs them: with FORK_ENV=1, MODULE imported and preloaded here and its
-    ranks forked (`forked`)."""
+    ranks forked (`forked`); the ranks' traceback files named in `--log-dir` (`_error_files_in`)."""
     if os.environ.get(FORK_ENV) == "1" and "-m" in args:
         args, name = forked(args)
         _preload(name)
+    _error_files_in(args)
     return args
 
 
@@ -97,7 +98,6 @@ def _run(args: list[str]) -> int:
     """torchrun's `main` on `args`; its exit status as an interpreter would give it."""
     from torch.distributed.run import main
 
-    _error_files_in(args)
     try:
         main(args)
     except SystemExit as e:
@@ -376,7 +376,6 @@ if __name__ == "__main__":
     from torch.distributed.run import main
 
     arguments = _prepare(sys.argv[1:])
-    _error_files_in(arguments)
     gc.freeze()
     gc.enable()
     sys.exit(main(arguments))
