@@ -110,10 +110,10 @@ def test_zero1_worst_rank_is_predicted_from_torchs_partition(sweep_dir):
     shapes = Shapes(
         args.n_layers,
         args.hidden,
-        args.n_kv_heads * args.head_dim,
+        args.n_kv_heads * args.hd,
         args.ffn_hidden,
         args.n_heads,
-        args.head_dim,
+        args.hd,
         args.vocab_size,
         args.tie_embeddings,
         64,

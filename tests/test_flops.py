@@ -48,17 +48,21 @@ def counted_flops_per_token(args: ModelArgs, seq_len: int, recompute: str) -> fl
     return counter.get_total_flops() / (batch * seq_len)
 
 
-@pytest.mark.parametrize("name, seq_len", [("tiny", 64), ("small", 128)])
-def test_flops_per_token_matches_flop_counter(name, seq_len):
-    args = ModelArgs.from_dict(load("model", name))
+WIDE_HEADS = {"head_dim": 32}
+"""tiny's 4 heads twice as wide as hidden / n_heads: the q and o projections and the attention are 128 wide, not 64."""
+
+
+@pytest.mark.parametrize("name, seq_len, extra", [("tiny", 64, {}), ("small", 128, {}), ("tiny", 64, WIDE_HEADS)])
+def test_flops_per_token_matches_flop_counter(name, seq_len, extra):
+    args = ModelArgs.from_dict({**load("model", name), **extra})
     counted = counted_flops_per_token(args, seq_len, recompute="none")
     assert flops.flops_per_token(args, seq_len) == pytest.approx(counted, rel=0.02)
     assert flops.hardware_flops_per_token(args, seq_len, recompute="none") == flops.flops_per_token(args, seq_len)
 
 
-@pytest.mark.parametrize("name, seq_len", [("tiny", 64), ("small", 128)])
-def test_hardware_flops_with_recompute_match_flop_counter(name, seq_len):
-    args = ModelArgs.from_dict(load("model", name))
+@pytest.mark.parametrize("name, seq_len, extra", [("tiny", 64, {}), ("small", 128, {}), ("tiny", 64, WIDE_HEADS)])
+def test_hardware_flops_with_recompute_match_flop_counter(name, seq_len, extra):
+    args = ModelArgs.from_dict({**load("model", name), **extra})
     counted = counted_flops_per_token(args, seq_len, recompute="full")
     assert flops.hardware_flops_per_token(args, seq_len, recompute="full") == pytest.approx(counted, rel=0.02)
     assert counted > flops.flops_per_token(args, seq_len) * 1.1  # the blocks' forward really ran twice

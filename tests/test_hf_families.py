@@ -102,6 +102,26 @@ def test_a_config_that_lists_its_blocks_kinds_is_cut_and_calibrated_with_them(tm
         assert abs(calibrated / traced - 1) <= 0.01, (name, calibrated, traced)
 
 
+@pytest.mark.slow  # Gemma 2's modules imported, three traces
+def test_heads_wider_than_hidden_over_heads_are_the_built_in_head_dim_calibrated_by_cuts(tmp_path):
+    """Gemma 2's and Qwen3-4B's heads are not hidden / heads wide (Gemma-2-9B: 16 of 256 in 3584). The config is
+    described by the built-in shapes with that head_dim, so a point is calibrated on cuts of 1 and 2 blocks
+    instead of traced whole (15-30 s a point at 42 blocks): its figure at 4 blocks is the whole model's trace."""
+    import json
+
+    from scaling.predictor.calibrated import builtin_of, predicted_peak, predictor_name
+
+    path = families.write_config("gemma2", tmp_path)
+    path.write_text(json.dumps({**json.loads(path.read_text()), "head_dim": 2 * families.H // families.HEADS}))
+    cfg = ExperimentConfig.from_dict({"model": {"name": "wide", "hf_config": str(path), LAYERS_KEY: 4}})
+    cfg = cfg.changed(train={"seq_len": 32, "mbs": 2}, logger={"name": "none"})
+    model = builtin_of(cfg)
+    assert model is not None and (model.head_dim, model.q_dim, model.n_layers) == (32, 128, 4), model
+    assert predictor_name(cfg) == "analytic, calibrated by traces"
+    calibrated, traced = predicted_peak(cfg, 1), trace_peak(cfg).peak_mem_bytes
+    assert abs(calibrated / traced - 1) <= 0.01, (calibrated, traced)
+
+
 def test_a_key_nothing_reads_is_refused_naming_the_field_it_could_mean(tmp_path):
     """A misspelt key of a config file, of its composite part or of the model file's overrides is refused before
     anything runs (transformers would build the default width); a key Qwen3-MoE's modeling code reads without its

@@ -81,10 +81,10 @@ def _shapes(args: ModelArgs, seq_len: int = 64, mbs: int = 1) -> model_state.Sha
     return model_state.Shapes(
         args.n_layers,
         args.hidden,
-        args.n_kv_heads * args.head_dim,
+        args.n_kv_heads * args.hd,
         args.ffn_hidden,
         args.n_heads,
-        args.head_dim,
+        args.hd,
         args.vocab_size,
         args.tie_embeddings,
         seq_len,
@@ -114,6 +114,9 @@ def test_analytic_is_close_to_traced_on_small_points():
         ["parallel.zero_stage=2", "parallel.dp=2", "train.grad_acc=2"],
         ["parallel.zero_stage=3", "parallel.dp=2", "train.grad_acc=2"],
         ["parallel.zero_stage=3", "parallel.dp=2", "train.grad_acc=2", "parallel.fsdp_grad_reduce=last_micro_step"],
+        # heads wider than hidden / n_heads (Gemma's): the q and o projections and the attention's tensors follow
+        ["model.head_dim=32", "parallel.zero_stage=0", "train.recompute=selective"],
+        ["model.head_dim=32", "parallel.zero_stage=3", "parallel.dp=2", "train.precision=bf16", "train.grad_acc=2"],
     ]
     for overrides in cases:
         cfg = compose_point(["model=tiny", "train.mbs=2", *overrides])

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import yaml
 from torch.distributed.fsdp import fully_shard
 
-from scaling.model.llama.args import ModelArgs, matmul_param_count, param_count
+from scaling.model.llama.args import ModelArgs, matmul_param_count, param_count, param_shapes
 from scaling.model.llama.decoder import Transformer
 
 MODEL_CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
@@ -59,6 +59,19 @@ def test_param_count_matches_modules(name):
     assert matmul_param_count(args) == linear_weights
 
 
+def test_a_head_width_other_than_hidden_over_heads_widens_the_q_and_o_projections():
+    """Gemma's and Qwen3's small models: head_dim times the heads is not the width. The q and o projections are
+    nh·hd wide, and the closed-form counts and shapes follow the modules, in `parameters()` order."""
+    args = ModelArgs(**{**vars(preset("tiny")), "head_dim": 32})
+    model = meta_model(args)
+    assert (args.hd, args.q_dim, model.layers[0].attention.wq.weight.shape) == (32, 128, (128, 64))
+    assert param_count(args) == sum(p.numel() for p in model.parameters())
+    shapes = [(rows, cols) for _, _, rows, cols in param_shapes(args)]
+    assert shapes == [(p.shape[0], p[0].numel() if p.dim() > 1 else 1) for p in model.parameters()]
+    logits = tiny_model(head_dim=32)(torch.zeros(1, 8, dtype=torch.long))
+    assert logits.shape == (1, 8, args.vocab_size)
+
+
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
 def test_param_count_matches_published_sizes(name):
     assert param_count(preset(name)) == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)
@@ -74,7 +87,7 @@ def test_tied_embeddings_are_one_parameter_after_to_empty():
 
 def test_from_dict_ignores_unknown_keys():
     args = ModelArgs.from_dict({**vars(preset("small")), "_target_": "x", "comment": 1})
-    assert (args.name, args.hidden, args.head_dim) == ("small", 128, 16)
+    assert (args.name, args.hidden, args.hd) == ("small", 128, 16)
 
 
 def test_forward_gives_logits_per_position():

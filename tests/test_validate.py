@@ -15,6 +15,8 @@ INVALID = [
     (["train.mbs=3", "train.grad_acc=auto", "train.gbs=8"], "try train.mbs in {1, 2, 4, 8}"),
     (["model.n_heads=5"], "model.n_heads=5 does not divide model.hidden=64"),
     (["model.n_kv_heads=3"], "model.n_kv_heads=3 does not divide model.n_heads=4"),
+    (["model.head_dim=7"], "model.head_dim=7 is odd: RoPE needs an even head_dim"),
+    (["model.head_dim=0"], "model.head_dim=0 must be a positive integer or null"),
     (["parallel.zero_stage=5"], "parallel.zero_stage=5 is not valid: choose one of 0, 1, 2, 3"),
     (["parallel.dp=0"], "parallel.dp=0 must be a positive integer"),
     (["train.mbs=-1"], "train.mbs=-1 must be a positive integer"),

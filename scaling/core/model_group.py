@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Protocol, Union
 
-from scaling.core.field_meta import COLUMN
+from scaling.core.field_meta import COLUMN, NEUTRAL
 from scaling.core.files import CONF_DIR
 
 
@@ -38,7 +38,7 @@ class ModelConfig:
     hidden: int = 64
     """Model width (h)."""
     n_heads: int = 4
-    """Attention query heads; must divide `hidden`."""
+    """Attention query heads; must divide `hidden` unless `head_dim` is given."""
     n_kv_heads: int = 2
     """Key/value heads (GQA); must divide `n_heads`."""
     ffn_hidden: int = 192
@@ -53,10 +53,23 @@ class ModelConfig:
     """RMSNorm epsilon."""
     tie_embeddings: bool = False
     """Share the token embedding with the output projection (Llama 3.2 1B/3B do)."""
+    head_dim: Optional[int] = field(default=None, metadata={NEUTRAL: None})
+    """Width of one attention head; None: hidden / n_heads. Given, the query and output projections are
+    n_heads·head_dim wide, whatever `hidden` (Gemma 2 and 3, Qwen3-0.6B and 4B)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The model as its file says it (the record's `config.model`)."""
         return asdict(self)
+
+    @property
+    def hd(self) -> int:
+        """The width of one attention head: `head_dim`, else hidden / n_heads."""
+        return self.head_dim or self.hidden // self.n_heads
+
+    @property
+    def q_dim(self) -> int:
+        """The attention's width: the query projection's output and the output projection's input (n_heads·hd)."""
+        return self.n_heads * self.hd
 
     @property
     def grouped_query(self) -> bool:
@@ -76,10 +89,17 @@ class ModelConfig:
         if not sizes_ok:
             return
         h, heads, kv = self.hidden, self.n_heads, self.n_kv_heads
-        if c.require(
+        if self.head_dim is not None:
+            if c.positive("model.head_dim", self.head_dim, allow_none=True):
+                c.require(
+                    self.head_dim % 2 == 0,
+                    f"model.head_dim={self.head_dim} is odd: RoPE needs an even head_dim (or null: hidden / n_heads)",
+                )
+        elif c.require(
             h % heads == 0,
             f"model.n_heads={heads} does not divide model.hidden={h}: try n_heads in "
-            f"{{{', '.join(str(d) for d in range(1, h + 1) if h % d == 0 and (h // d) % 2 == 0)}}}",
+            f"{{{', '.join(str(d) for d in range(1, h + 1) if h % d == 0 and (h // d) % 2 == 0)}}}, or give "
+            "model.head_dim",
         ):
             c.require((h // heads) % 2 == 0, f"model.hidden/n_heads = {h // heads} is odd: RoPE needs an even head_dim")
         c.require(

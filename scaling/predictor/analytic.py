@@ -85,10 +85,11 @@ def _norm_saved_on_cpu_only(s: Shapes, bf16: bool, fsdp: bool) -> int:
 def _block_activation_bytes(s: Shapes, bf16: bool, fsdp: bool, fused_norm: bool = False) -> int:
     """Bytes one block saves for backward, without recomputation.
 
-    Per token, fp32: 9 h-wide tensors (two RMSNorm outputs each with its normalised input, RoPE'd
-    q, attention output, its (B, T, h) reshape, the residual sum, the block output), k and v
-    (2 kvd), four f-wide SwiGLU tensors (w1 x, silu, w3 x, their product), the SDPA log-sum-exp
-    (nh) and two RMSNorm rstd: 4·(9h + 2kvd + 4f + nh + 2) bytes. bf16 autocast (DDP) keeps the
+    Per token, fp32: 6 h-wide tensors (two RMSNorm outputs each with its normalised input, the residual sum, the
+    block output), 3 of the attention's width qd = nh·hd (RoPE'd q, the attention output, its (B, T, qd) reshape;
+    qd is h unless the model gives its head_dim), k and v (2 kvd), four f-wide SwiGLU tensors (w1 x, silu, w3 x,
+    their product), the SDPA log-sum-exp (nh) and two RMSNorm rstd: 4·(6h + 3qd + 2kvd + 4f + nh + 2) bytes. bf16
+    autocast (DDP) keeps the
     norms and the residual stream in fp32 and saves the bf16 weight copies (2 bytes x matmul
     weights); FSDP2's bf16 keeps the residual stream in bf16 and saves an fp32 RoPE table per block.
     These are the CPU's figures; `fused_norm` (CUDA) takes off what its two norms keep only on CPU.
@@ -99,27 +100,27 @@ def _block_activation_bytes(s: Shapes, bf16: bool, fsdp: bool, fused_norm: bool 
     # tensors and the per-head log-sum-exp are split over the tp ranks; the norms and the residual stream are whole
     kvd, f, nh = s.kvd // tp, s.f // tp, s.nh // tp
     if not bf16:
-        return t * (24 * s.h + 12 * s.h // tp + 8 * kvd + 16 * f + 4 * nh + 8) - cpu_only
-    if not fsdp:
-        return t * (32 * s.h + 4 * kvd + 8 * f + 4 * nh + 8) + BF16 * s.block_matmul - cpu_only
+        return t * (24 * s.h + 12 * s.qd // tp + 8 * kvd + 16 * f + 4 * nh + 8) - cpu_only
+    if not fsdp:  # the attention's three qd-wide tensors are bf16 matmul and SDPA outputs
+        return t * (26 * s.h + 6 * s.qd + 4 * kvd + 8 * f + 4 * nh + 8) + BF16 * s.block_matmul - cpu_only
     # a (T, hd/2) RoPE table
     # under tensor parallelism one of its bf16 h-wide tensors is whole on every rank where the fp32 count splits it:
     # the trace's per-block figure at tp 2 and 8 (CPU and CUDA) is 2·(h − h/tp) bytes a token above a 4·h/tp count
-    return t * (20 * s.h + 6 * s.h // tp + 4 * kvd + 8 * f + 4 * nh + 8) + FP32 * s.T * (s.hd // 2) - cpu_only
+    return t * (20 * s.h + 6 * s.qd // tp + 4 * kvd + 8 * f + 4 * nh + 8) + FP32 * s.T * (s.hd // 2) - cpu_only
 
 
 def _block_selective_bytes(s: Shapes, bf16: bool, fsdp: bool) -> int:
     """Bytes one block saves under selective recomputation (scaling.model.checkpoint): its input (the residual
     stream's dtype) and the outputs of its matmuls and attention, nothing between them.
 
-    Per token: the input (h), q, k, v (h + 2 kvd), the attention output and its log-sum-exp (h, and nh in fp32),
+    Per token: the input (h), q, k, v (qd + 2 kvd), the attention output and its log-sum-exp (qd, and nh in fp32),
     the two projections back to h (wo, w2: 2h), the gate and up projections (2f), in the compute's dtype. Under tensor
     parallelism the column-split outputs are a tp-th, the row-split ones whole, and kept twice (the partial sum and
     its all-reduce). FSDP2's bf16 keeps the fp32 RoPE table per block too, as without recomputation.
     """
     t, tp, h = s.t, s.tp, s.h
     cu, resid = (BF16 if bf16 else FP32), (BF16 if bf16 and fsdp else FP32)
-    split = (2 * h + 2 * s.kvd + 2 * s.f) // tp
+    split = (2 * s.qd + 2 * s.kvd + 2 * s.f) // tp
     whole = 2 * h * (2 if tp > 1 else 1)
     rope = FP32 * s.T * (s.hd // 2) if bf16 and fsdp else 0
     return t * (resid * h + cu * (split + whole) + FP32 * (s.nh // tp)) + rope
@@ -291,10 +292,10 @@ def analytic_peak(
     s = Shapes(
         a.n_layers,
         a.hidden,
-        a.n_kv_heads * a.head_dim,
+        a.n_kv_heads * a.hd,
         a.ffn_hidden,
         a.n_heads,
-        a.head_dim,
+        a.hd,
         a.vocab_size,
         a.tie_embeddings,
         seq_len,
@@ -356,13 +357,13 @@ def analytic_peak(
     # steps its tensors; the activations are gone. ZeroRedundancyOptimizer: the rank whose states and scratch
     # are largest together.
     if zero_stage == ZeroStage.OPTIMIZER:
-        step_state = zero1_step_state(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp, fused_optimizer)
+        step_state = zero1_step_state(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp, fused_optimizer, s.qd)
         scratch = step_state - optimizer  # the worst rank by elements is among them: never negative
     else:
         scratch = (
             0
             if fused_optimizer
-            else FP32 * model_order_scratch(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp if fsdp else 1, s.tp)
+            else FP32 * model_order_scratch(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp if fsdp else 1, s.tp, s.qd)
         )
     if params + step_grads + optimizer + scratch + overhead > peak.total_bytes:
         peak = MemoryBreakdown(

@@ -85,9 +85,15 @@ class Shapes:
         return self.mbs * self.T
 
     @property
+    def qd(self) -> int:
+        """The attention's width, nh·hd: the query projection's output and the output projection's input (h unless
+        the model gives its head_dim)."""
+        return self.nh * self.hd
+
+    @property
     def block_matmul(self) -> int:
-        """Matmul weights of one block on one rank: (2h² + 2·h·kvd + 3·h·f) / tp."""
-        return (2 * self.h * self.h + 2 * self.h * self.kvd + 3 * self.h * self.f) // self.tp
+        """Matmul weights of one block on one rank: (2h·qd + 2·h·kvd + 3·h·f) / tp."""
+        return (2 * self.h * self.qd + 2 * self.h * self.kvd + 3 * self.h * self.f) // self.tp
 
     @property
     def block_params(self) -> int:
@@ -101,7 +107,7 @@ class Shapes:
     @property
     def param_shapes(self) -> tuple[tuple[str, bool, int, int], ...]:
         """The parameter tensors in model order (scaling.model.llama.args.param_shapes), as one rank holds them."""
-        return local_shapes(param_shapes_of(self.L, self.h, self.kvd, self.f, self.V, self.tied), self.tp)
+        return local_shapes(param_shapes_of(self.L, self.h, self.kvd, self.f, self.V, self.tied, self.qd), self.tp)
 
     @property
     def n_tensors(self) -> int:
@@ -145,17 +151,19 @@ def zero1_worst_rank(s: Shapes, dp: int) -> tuple[int, int]:
     the embedding and the output projection land on a rank each: at large dp the worst rank holds far
     more than Ψ/dp (llama_8b at dp=64: 525M elements, not 125M).
     """
-    numels = max(_zero1_partition(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp), key=sum)
+    numels = max(_zero1_partition(s.L, s.h, s.kvd, s.f, s.V, s.tied, dp, s.qd), key=sum)
     return sum(numels), len(numels)
 
 
 @functools.lru_cache(maxsize=4096)
-def _zero1_partition(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int) -> tuple[tuple[int, ...], ...]:
+def _zero1_partition(
+    L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int, qd: int = 0
+) -> tuple[tuple[int, ...], ...]:
     """Per rank, the elements of each tensor ZeroRedundancyOptimizer gives it, in the order its inner optimizer
     steps them (largest first): the greedy partition of `zero1_worst_rank` (a sweep asks for few distinct ones)."""
     ranks: list[list[int]] = [[] for _ in range(dp)]
     heap = [(0, rank) for rank in range(dp)]  # (elements so far, rank): the least loaded, lowest rank first
-    for numel in sorted((rows * cols for _, _, rows, cols in param_shapes_of(L, h, kvd, f, V, tied)), reverse=True):
+    for numel in sorted((rows * cols for _, _, rows, cols in param_shapes_of(L, h, kvd, f, V, tied, qd)), reverse=True):
         total, rank = heapq.heappop(heap)
         ranks[rank].append(numel)
         heapq.heappush(heap, (total + numel, rank))
@@ -163,18 +171,18 @@ def _zero1_partition(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: i
 
 
 @functools.lru_cache(maxsize=4096)
-def zero1_step_state(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int, fused: bool) -> int:
+def zero1_step_state(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int, fused: bool, qd: int = 0) -> int:
     """Bytes of AdamW state and scratch while ZeroRedundancyOptimizer steps, on the rank where they are largest."""
     return max(
         2 * FP32 * sum(numels) + FP32 * len(numels) + (0 if fused else FP32 * adamw_scratch(numels))
-        for numels in _zero1_partition(L, h, kvd, f, V, tied, dp)
+        for numels in _zero1_partition(L, h, kvd, f, V, tied, dp, qd)
     )
 
 
 @functools.lru_cache(maxsize=4096)
-def model_order_scratch(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int, tp: int = 1) -> int:
+def model_order_scratch(L: int, h: int, kvd: int, f: int, V: int, tied: bool, dp: int, tp: int = 1, qd: int = 0) -> int:
     """`adamw_scratch` of AdamW over the model's parameters (dp 1) or its FSDP2 shards (dp > 1), in model order."""
-    shapes = local_shapes(param_shapes_of(L, h, kvd, f, V, tied), tp)
+    shapes = local_shapes(param_shapes_of(L, h, kvd, f, V, tied, qd), tp)
     return adamw_scratch([shard(rows, cols, dp) for _, _, rows, cols in shapes])
 
 

@@ -126,7 +126,7 @@ def _stage_peak(
     bf16, fsdp, fused = train.precision == Precision.bf16, layout.fsdp, hardware.device == "cuda"
     first, last = rank == 0 and 0 in chunks[0], any(r.stop == a.n_layers for r in chunks)
     blocks = [i for r in chunks for i in r]
-    kvd = a.n_kv_heads * a.head_dim
+    kvd = a.n_kv_heads * a.hd
     # tied=True: a root of one (V, h) matrix and the norm, as the last stage's head is (the first's has no norm)
     s = Shapes(
         len(blocks),
@@ -134,7 +134,7 @@ def _stage_peak(
         kvd,
         a.ffn_hidden,
         a.n_heads,
-        a.head_dim,
+        a.hd,
         a.vocab_size,
         True,
         train.seq_len,
@@ -143,7 +143,7 @@ def _stage_peak(
     )
     h, V, t, cu = s.h, s.V, s.t, (BF16 if bf16 else FP32)
     # The stage's tensors as one tp rank holds them: the embedding first, its blocks, the final norm and head last.
-    one = local_shapes(param_shapes_of(1, h, kvd, a.ffn_hidden, V, False), tp)
+    one = local_shapes(param_shapes_of(1, h, kvd, a.ffn_hidden, V, False, a.q_dim), tp)
     tensors = ([one[0]] if first else []) + list(one[1:10]) * len(blocks) + (list(one[10:]) if last else [])
     psi = sum(rows * cols for _, _, rows, cols in tensors)
     own = [shard(rows, cols, dp) if fsdp else rows * cols for _, _, rows, cols in tensors]

@@ -75,7 +75,7 @@ def _trace_stage(
             [*([model.tok_embeddings] if first else []), *keep, *([model.norm, model.output] if last else [])]
         )
         optimizer = torch.optim.AdamW(stage.parameters(), lr=1e-4, fused=False)
-        cos, sin = rope_cos_sin(T, args.head_dim, args.rope_theta, torch.device("cpu"))
+        cos, sin = rope_cos_sin(T, args.hd, args.rope_theta, torch.device("cpu"))
 
         def forward(held: list) -> None:
             # the first stage's tokens; elsewhere the received activation, which keeps its gradient

@@ -3,8 +3,9 @@ built-in `model` config with its sizes, when the model transformers builds has t
 (per block q, k, v, o and the SwiGLU's three; the embedding and the output projection unless tied). Its vectors
 (biases, RMSNorm and q/k-norm weights) are left out of the comparison: a few thousand parameters per block, which
 the built-in formulas do not hold and the trace-calibrated correction counts (scaling.predictor.calibrated).
-What decides is the counted module's parameter tensors (scaling.model.custom.count), so a head_dim other than
-hidden / heads, a fused projection or a mixture of experts is not described, whatever its model type says.
+A head_dim other than hidden / heads (Gemma 2 and 3, Qwen3-0.6B and 4B) is the built-in config's own `head_dim`.
+What decides is the counted module's parameter tensors (scaling.model.custom.count), so a fused projection or a
+mixture of experts is not described, whatever its model type says.
 """
 
 from __future__ import annotations
@@ -37,9 +38,15 @@ def builtin_config(name: str, text: Any, counted: Counted) -> Optional[ModelConf
     }
     if not all(isinstance(v, int) and v > 0 for v in sizes.values()):
         return None
-    if sizes["hidden"] % sizes["n_heads"] or sizes["n_heads"] % sizes["n_kv_heads"]:
+    head_dim = getattr(text, "head_dim", None)
+    if head_dim is not None and not (isinstance(head_dim, int) and head_dim > 0 and head_dim % 2 == 0):
         return None
-    model = ModelConfig(name=name, tie_embeddings=bool(getattr(text, "tie_word_embeddings", False)), **sizes)
+    if head_dim == sizes["hidden"] // sizes["n_heads"] and not sizes["hidden"] % sizes["n_heads"]:
+        head_dim = None  # hidden / heads: the built-in default, as a Llama file that names it says
+    if (head_dim is None and sizes["hidden"] % sizes["n_heads"]) or sizes["n_heads"] % sizes["n_kv_heads"]:
+        return None
+    tied = bool(getattr(text, "tie_word_embeddings", False))
+    model = ModelConfig(name=name, tie_embeddings=tied, head_dim=head_dim, **sizes)
     if counted.n_blocks != model.n_layers or _matrices(counted.tensors) != _matrices(param_shapes(model)):
         return None
     return model

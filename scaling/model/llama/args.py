@@ -16,12 +16,8 @@ from scaling.core.schema import ModelConfig
 
 
 class ModelArgs(ModelConfig):
-    """Shapes of the decoder: the `model` config group (checked by scaling.core.validate) plus derived sizes."""
-
-    @property
-    def head_dim(self) -> int:
-        """Width of one attention head (hd = hidden / n_heads)."""
-        return self.hidden // self.n_heads
+    """Shapes of the decoder: the `model` config group (checked by scaling.core.validate) plus derived sizes (its
+    head width `hd` and attention width `q_dim` are the config's own)."""
 
     @classmethod
     def of(cls, model: ModelConfig) -> ModelArgs:
@@ -37,27 +33,32 @@ class ModelArgs(ModelConfig):
 
 def param_shapes(model: ModelConfig) -> tuple[tuple[str, bool, int, int], ...]:
     """(name, in a block, rows, cols) of each parameter tensor in `Transformer(model).parameters()` order: the
-    embedding (v, h); per block attention_norm (h,), wq (h, h), wk and wv (nkv·hd, h), wo (h, h), ffn_norm (h,),
-    w1 and w3 (f, h), w2 (h, f); the final norm (h,); the output projection (v, h) unless tied. Rows are dim 0 (what
-    FSDP2 shards); a vector has one column."""
-    kv_dim = model.n_kv_heads * (model.hidden // model.n_heads)
+    embedding (v, h); per block attention_norm (h,), wq (q, h), wk and wv (nkv·hd, h), wo (h, q), ffn_norm (h,),
+    w1 and w3 (f, h), w2 (h, f); the final norm (h,); the output projection (v, h) unless tied. q is nh·hd (h unless
+    the model gives its head_dim). Rows are dim 0 (what FSDP2 shards); a vector has one column."""
     return param_shapes_of(
-        model.n_layers, model.hidden, kv_dim, model.ffn_hidden, model.vocab_size, bool(model.tie_embeddings)
+        model.n_layers,
+        model.hidden,
+        model.n_kv_heads * model.hd,
+        model.ffn_hidden,
+        model.vocab_size,
+        bool(model.tie_embeddings),
+        model.q_dim,
     )
 
 
 @functools.lru_cache(maxsize=256)
 def param_shapes_of(
-    n_layers: int, hidden: int, kv_dim: int, ffn_hidden: int, vocab_size: int, tied: bool
+    n_layers: int, hidden: int, kv_dim: int, ffn_hidden: int, vocab_size: int, tied: bool, q_dim: int = 0
 ) -> tuple[tuple[str, bool, int, int], ...]:
-    """`param_shapes` of the sizes that decide them (cached: sweeps ask for few distinct models)."""
-    h, f, v = hidden, ffn_hidden, vocab_size
+    """`param_shapes` of the sizes that decide them (cached: sweeps ask for few distinct models); q_dim 0: hidden."""
+    h, f, v, q = hidden, ffn_hidden, vocab_size, q_dim or hidden
     block = (
         ("attention_norm", True, h, 1),
-        ("wq", True, h, h),
+        ("wq", True, q, h),
         ("wk", True, kv_dim, h),
         ("wv", True, kv_dim, h),
-        ("wo", True, h, h),
+        ("wo", True, h, q),
         ("ffn_norm", True, h, 1),
         ("w1", True, f, h),
         ("w3", True, f, h),
@@ -68,15 +69,16 @@ def param_shapes_of(
 
 
 def block_matmul_param_count(args: ModelArgs) -> int:
-    """Matmul weights of all decoder blocks: L·(2h² + 2·h·nkv·hd + 3·h·f) (q,o + k,v + SwiGLU w1,w2,w3)."""
-    h, kv_dim = args.hidden, args.n_kv_heads * args.head_dim
-    attention = 2 * h * h + 2 * h * kv_dim
+    """Matmul weights of all decoder blocks: L·(2h·q + 2·h·nkv·hd + 3·h·f) (q,o + k,v + SwiGLU w1,w2,w3), q = nh·hd
+    (h unless the model gives its head_dim)."""
+    h, kv_dim = args.hidden, args.n_kv_heads * args.hd
+    attention = 2 * h * args.q_dim + 2 * h * kv_dim
     mlp = 3 * h * args.ffn_hidden
     return args.n_layers * (attention + mlp)
 
 
 def matmul_param_count(args: ModelArgs) -> int:
-    """Parameters in matmuls per token: L·(2h² + 2·h·nkv·hd + 3·h·f) + v·h.
+    """Parameters in matmuls per token: L·(2h·q + 2·h·nkv·hd + 3·h·f) + v·h.
 
     The output projection (v·h) counts once whether or not it is tied to the embedding; the
     embedding lookup is a gather, not a matmul, and norms are elementwise.
@@ -85,9 +87,9 @@ def matmul_param_count(args: ModelArgs) -> int:
 
 
 def param_count(args: ModelArgs) -> int:
-    """Distinct parameters: v·h·(1 if tied else 2) + L·(2h² + 2·h·nkv·hd + 3·h·f + 2h) + h.
+    """Distinct parameters: v·h·(1 if tied else 2) + L·(2h·q + 2·h·nkv·hd + 3·h·f + 2h) + h.
 
-    Per block: q and o projections h·h each, k and v h·(nkv·hd) each, SwiGLU w1, w3 (h -> f) and
+    Per block: q and o projections h·q each (q = nh·hd), k and v h·(nkv·hd) each, SwiGLU w1, w3 (h -> f) and
     w2 (f -> h), two RMSNorm weights of h. Plus the embedding, the output projection unless tied,
     and the final RMSNorm. Equals `sum(p.numel() for p in Transformer(args).parameters())`.
     """

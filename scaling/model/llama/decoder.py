@@ -62,12 +62,12 @@ class Attention(nn.Module):
 
     def __init__(self, args: ModelArgs, device: Device = None):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
-        kv_dim = args.n_kv_heads * args.head_dim
-        self.wq = nn.Linear(args.hidden, args.hidden, bias=False, device=device)
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.hd
+        kv_dim = args.n_kv_heads * args.hd
+        self.wq = nn.Linear(args.hidden, args.q_dim, bias=False, device=device)
         self.wk = nn.Linear(args.hidden, kv_dim, bias=False, device=device)
         self.wv = nn.Linear(args.hidden, kv_dim, bias=False, device=device)
-        self.wo = nn.Linear(args.hidden, args.hidden, bias=False, device=device)
+        self.wo = nn.Linear(args.q_dim, args.hidden, bias=False, device=device)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -79,7 +79,7 @@ class Attention(nn.Module):
         # enable_gqa lets the kernel broadcast each kv head to its nh/nkv query heads, so the
         # expanded (B, nh, T, hd) keys and values are never materialised.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
-        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, C) (C/tp under tensor parallelism)
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, nh·hd) (a tp-th under tensor parallelism)
         return self.wo(y)
 
 
@@ -159,7 +159,7 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         T = tokens.shape[1]
         # Tables for the actual length: a buffer for max_seq_len (131072 for Llama) would be waste.
-        cos, sin = rope_cos_sin(T, self.args.head_dim, self.args.rope_theta, tokens.device)  # (T, hd/2)
+        cos, sin = rope_cos_sin(T, self.args.hd, self.args.rope_theta, tokens.device)  # (T, hd/2)
         h = self.tok_embeddings(tokens)  # (B, T, C)
         for layer in self.layers:
             h = layer(h, cos, sin)
@@ -224,7 +224,7 @@ class Stage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x  # (B, T, C)
-        cos, sin = rope_cos_sin(h.shape[1], self.args.head_dim, self.args.rope_theta, h.device)
+        cos, sin = rope_cos_sin(h.shape[1], self.args.hd, self.args.rope_theta, h.device)
         for layer in self.layers.values():
             h = layer(h, cos, sin)
         if self.output is None:
