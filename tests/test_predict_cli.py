@@ -7,6 +7,7 @@ loop, the direct search and find-mbs's confirmation together launch three real t
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
@@ -183,3 +184,15 @@ def test_largest_true_finds_the_boundary_from_any_guess(answer, start):
 
     assert largest_true(fits, start, 64) == min(answer, 64)
     assert len(calls) <= 16 and all(1 <= m <= 64 for m in calls)
+
+
+def test_find_mbs_prints_each_peak_in_gib_with_its_share_of_the_capacity(capsys):
+    """As `scaling predict` does: GiB, not bytes, and how near the capacity each predicted mbs comes."""
+    assert find_mbs_main(["--analytic", "--no-confirm", "model=tiny", "hardware.memory_gb=0.02"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    found = int(lines[-1].split("largest mbs that fits: ")[1].split()[0])
+    assert re.fullmatch(
+        rf"  mbs={found}: predicted \d+\.\d{{3}} GiB per rank \(analytic\), \d+% of the 0\.020 GiB capacity: fits",
+        lines[0],
+    ), lines
+    assert lines[1].startswith(f"  mbs={found + 1}: ") and lines[1].endswith(": does not fit"), lines

@@ -9,6 +9,7 @@ import sys
 from dataclasses import asdict
 from typing import Optional
 
+from scaling.core.units import GIB
 from scaling.core.validate import InvalidConfig
 from scaling.recipe.mbs_search import find_mbs
 
@@ -22,7 +23,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--max-mbs", type=int, default=1024, help="largest mbs considered (default 1024)")
     p.add_argument("--analytic", action="store_true", help="predict with the analytic model only (no tracing)")
     p.add_argument("--no-confirm", action="store_true", help="do not run the two confirming points")
-    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object (peaks in bytes)")
     p.add_argument(
         "overrides", nargs="*", help="Hydra overrides, e.g. model=small train.seq_len=256 hardware.memory_gb=0.05"
     )
@@ -39,15 +40,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.json:
         print(json.dumps(asdict(result), indent=2))
     else:
+        capacity = result.capacity_bytes
         for m, peak in result.predictions.items():
             print(
-                f"  mbs={m}: predicted {peak} bytes per rank ({result.method}) "
-                f"{'<=' if peak <= result.capacity_bytes else '>'} capacity {result.capacity_bytes}"
+                f"  mbs={m}: predicted {peak / GIB:.3f} GiB per rank ({result.method}), {peak / capacity:.0%} of the "
+                f"{capacity / GIB:.3f} GiB capacity: {'fits' if peak <= capacity else 'does not fit'}"
             )
         for r in result.runs:
+            peak = r["peak_mem_bytes"]
             print(
                 f"  run mbs={r['mbs']}: {r['status']}"
-                + (f", measured peak {r['peak_mem_bytes']} bytes" if r["peak_mem_bytes"] else "")
+                + (f", measured peak {peak / GIB:.3f} GiB ({peak / capacity:.0%} of the capacity)" if peak else "")
             )
         print(
             f"largest mbs that fits: {result.mbs} (predicted {result.predicted_mbs} by {result.method}; {result.note})"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -230,7 +231,9 @@ def _fake_world(dp: int) -> Iterator[Any]:
       mode; so is a point's own mesh (hybrid sharding, tensor parallelism: scaling.engine.tensor_parallel), and any
       mesh FSDP2 makes of it;
     - FSDP2's per-rank chunking of each parameter: `_LazyChunks` (same views, made on demand);
-    - MemTracker's per-module peak bookkeeping: `_peak_only_update` (same overall peak).
+    - MemTracker's per-module peak bookkeeping: `_peak_only_update` (same overall peak);
+    - DTensor's advice to flatten a 2D mesh (a warning each time the gradient norm of a tp × shard mesh is reduced):
+      silenced, or a recipe's traces print it dozens of times.
     """
     import torch.distributed.fsdp._fully_shard._fsdp_param as fsdp_param
     import torch.distributed.fsdp._fully_shard._fully_shard as fully_shard_mod
@@ -272,6 +275,9 @@ def _fake_world(dp: int) -> Iterator[Any]:
         stack.enter_context(_patched(fully_shard_mod, "_init_default_mesh", real_mesh))
         stack.enter_context(_patched(fsdp_param, "_chunk_with_empty", _LazyChunks))
         stack.enter_context(_patched(MemTracker, "_update_peak_stats", _peak_only_update))
+        advice = logging.getLogger("torch.distributed.tensor._redistribute")
+        stack.callback(advice.setLevel, advice.level)
+        advice.setLevel(logging.ERROR)
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dp)
         stack.callback(dist.destroy_process_group)
         yield stack.enter_context(FakeTensorMode())
