@@ -11,7 +11,8 @@ built-in llama_8b's same search (analytic) is timed beside it.
 Part 2, the rows: each row of a recipe.json (`--recipe`, that command's answer) traced whole at its mbs and at
 mbs + 1: the calibrated figure beside the trace, and whether the trace too takes that mbs as the largest that fits.
 
-    python benchmarks/bench_plan_fast.py [--sample 4] [--recipe runs/recipe/recipe.json [--rows-only]]
+    python benchmarks/bench_plan_fast.py [--model hf_qwen3_8b --builtin llama_8b] [--sample 4]
+        [--recipe runs/recipe/recipe.json [--rows-only]]
 """
 
 from __future__ import annotations
@@ -63,23 +64,25 @@ def plan(model: str, where: str) -> tuple[float, list, list]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sample", type=int, default=4, help="whole-model traces timed for the slow path's extrapolation")
-    p.add_argument("--recipe", default=None, help="a recipe.json of hf_qwen3_8b whose rows to trace whole")
+    p.add_argument("--model", default="hf_qwen3_8b", help="the Hugging Face config's model file (conf/model)")
+    p.add_argument("--builtin", default="llama_8b", help="the built-in preset whose analytic search is timed beside")
+    p.add_argument("--recipe", default=None, help="a recipe.json of --model whose rows to trace whole")
     p.add_argument("--rows-only", action="store_true", help="part 2 alone")
     a = p.parse_args()
     if a.rows_only:
-        rows(json.loads(Path(a.recipe).read_text()))
+        rows(a.model, json.loads(Path(a.recipe).read_text()))
         return
     print(f"load average at start: {os.getloadavg()}", flush=True)
-    compose_config(["model=hf_qwen3_8b", *COMMON])  # imports, outside the timings
+    compose_config([f"model={a.model}", *COMMON])  # imports, outside the timings
     with tempfile.TemporaryDirectory() as d:
-        fast_s, found, points = plan("hf_qwen3_8b", d)
+        fast_s, found, points = plan(a.model, d)
         calibrations = len(list((Path(d) / "traces" / "calibrations").glob("*.json")))
     with tempfile.TemporaryDirectory() as d:
-        builtin_s, _, _ = plan("llama_8b", d)
+        builtin_s, _, _ = plan(a.builtin, d)
     print(
-        f"\nPart 1. hf_qwen3_8b, every stage and recompute setting, counts {GPUS}: {len(found)} candidates from "
+        f"\nPart 1. {a.model}, every stage and recompute setting, counts {GPUS}: {len(found)} candidates from "
         f"{len(points)} distinct points; calibrated: {fast_s:.1f} s ({calibrations} settings calibrated); the "
-        f"built-in llama_8b's same search (analytic): {builtin_s:.1f} s",
+        f"built-in {a.builtin}'s same search (analytic): {builtin_s:.1f} s",
         flush=True,
     )
     step = max(1, len(points) // a.sample)
@@ -106,12 +109,12 @@ def main() -> None:
         flush=True,
     )
     if a.recipe:
-        rows(json.loads(Path(a.recipe).read_text()))
+        rows(a.model, json.loads(Path(a.recipe).read_text()))
 
 
-def rows(recipe: dict) -> None:
+def rows(model: str, recipe: dict) -> None:
     """Each row traced whole at its mbs and one more: the same largest mbs as the slow path's?"""
-    cfg = compose_config(["model=hf_qwen3_8b", *COMMON])
+    cfg = compose_config([f"model={model}", *COMMON])
     capacity = capacity_bytes(cfg.hardware)
     gbs = int(recipe["gbs_samples_target"])
     print(f"\nPart 2. the rows of {recipe['model']} (capacity {capacity / GIB:.2f} GiB, margin per row)")
