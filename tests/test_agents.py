@@ -49,7 +49,8 @@ def _launch(tmp_path: Path, name: str, env: dict, *args: str, nproc: int = 2):
     """One launch of the probe (tests/helpers/agent_probe.py) on `nproc` ranks; its outcome and what each rank said."""
     out = tmp_path / name
     out.mkdir()
-    outcome = launch_torchrun(torchrun_argv(PROBE, [str(out), *args], nproc), out, 60, env)
+    argv = torchrun_argv(PROBE, [str(out), *args], nproc, log_dir=out / "elastic")  # its files there, not in /tmp
+    outcome = launch_torchrun(argv, out, 60, env)
     return outcome, [json.loads(p.read_text()) for p in sorted(out.glob("rank-*.json"))]
 
 
@@ -85,7 +86,8 @@ def test_later_launches_fork_their_agent_from_one_server_and_their_ranks_see_onl
             assert rank["path"] == [str(project), str(REPO), str(tmp_path / "extra")]
             assert rank["tmp"] == str(tmp_path / f"tmp-{n}")  # its TMPDIR, not the one the server's imports read
             # the command line a fresh agent would have (a rank knows its agent by it; `ps` shows the point)
-            assert rank["agent_command"].split() == [*torchrun_argv(PROBE, [str(tmp_path / f"launch-{n}")], 2)]
+            out = tmp_path / f"launch-{n}"
+            assert rank["agent_command"].split() == torchrun_argv(PROBE, [str(out)], 2, log_dir=out / "elastic")
             assert PROBE in rank["command"]
     assert len(tokens) == 3
     # every launch over, nothing of it is left: no agent, no rank (the server stays for the next launch)
@@ -155,9 +157,10 @@ def _running(process: psutil.Process) -> bool:
 
 DRIVER = textwrap.dedent("""\
     import sys, time
+    from pathlib import Path
     from scaling.launch import agents
     from scaling.launch.torchrun import job_env, torchrun_argv
-    argv = torchrun_argv("tests.helpers.agent_probe", [sys.argv[1]], 2)
+    argv = torchrun_argv("tests.helpers.agent_probe", [sys.argv[1]], 2, log_dir=Path(sys.argv[1]) / "elastic")
     with open(sys.argv[2], "wb") as log:
         agent = agents.start(argv, {**job_env(1, None, False), "PROBE_SLEEP_S": "600"}, log)
     print(type(agent).__name__, agent.pid, flush=True)
