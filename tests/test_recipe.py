@@ -512,6 +512,11 @@ def test_overrides_may_stand_among_the_options(tmp_path, capsys) -> None:
     assert main([*argv, "--dry-run", "--sweep-dir", str(tmp_path / "plan")]) == 0
     assert "tiny at seq_len 64 on cpu, a global batch of 1,024 sequences" in capsys.readouterr().out
     assert not (tmp_path / "plan").exists()
+    # the directory as `scaling run` takes it, an override, is the recipe's too (it was dropped for runs/recipe)
+    assert main([*argv, "--dry-run", f"sweep_dir={tmp_path / 'other'}"]) == 0
+    assert f"records in {tmp_path / 'other'}: valid" in capsys.readouterr().out
+    assert main([*argv, "--dry-run", f"sweep_dir={tmp_path / 'other'}", "--sweep-dir", str(tmp_path / "plan")]) == 2
+    assert "name two directories: give one of them" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("seq", [None, "train.seq_len=64", "train.seq_len=4096"])

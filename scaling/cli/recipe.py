@@ -46,7 +46,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gbs-tokens", type=parse_count, required=True, help="target global batch in tokens, e.g. 4M")
     p.add_argument("--gpus", type=_counts, required=True, help="GPU counts to answer for, e.g. 8,32,128,512")
     p.add_argument("--tokens", type=parse_count, default=None, help="tokens to train on, e.g. 1T (time, GPU-hours)")
-    p.add_argument("--sweep-dir", default=None, help=f"where the records and the recipe go (default {DEFAULT_DIR})")
+    p.add_argument(
+        "--sweep-dir",
+        default=None,
+        help=f"where the records and the recipe go (default {DEFAULT_DIR}; the override sweep_dir=DIR says the same)",
+    )
     p.add_argument("--json", action="store_true", help="print recipe.json instead of the table")
     p.add_argument(
         "--dry-run", action="store_true", help="check the request (batch, config, capacity) and launch nothing"
@@ -117,7 +121,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error(f"--draws={a.draws} must be >= 10")
     if a.assume_mfu is not None and not 0 < a.assume_mfu <= 1:
         p.error(f"--assume-mfu={a.assume_mfu} must lie in (0, 1], a fraction of the peak, e.g. 0.4")
-    sweep_dir = Path(a.sweep_dir or DEFAULT_DIR)
+    # `sweep_dir=DIR` among the overrides, as `scaling run` and `sweep` take it, is the directory too
+    named = [o.split("=", 1)[1] for o in a.overrides if o.startswith("sweep_dir=")]
+    if named and a.sweep_dir is not None and Path(named[-1]) != Path(a.sweep_dir):
+        return _refuse(f"sweep_dir={named[-1]} and --sweep-dir {a.sweep_dir} name two directories: give one of them")
+    sweep_dir = Path(a.sweep_dir or (named[-1] if named else DEFAULT_DIR))
     overrides = [o for o in a.overrides if not o.startswith(("sweep_dir=", "sweep="))]
     cfg = _compose(overrides, sweep_dir)
     if isinstance(cfg, str):
