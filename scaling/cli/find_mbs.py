@@ -9,8 +9,9 @@ import sys
 from dataclasses import asdict
 from typing import Optional
 
-from scaling.core.units import GIB
+from scaling.core.units import memory_unit
 from scaling.core.validate import InvalidConfig
+from scaling.predictor.calibrated import NO_ANALYTIC
 from scaling.recipe.mbs_search import find_mbs
 
 
@@ -21,7 +22,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         description="The largest micro-batch that fits, found by prediction and confirmed by at most two runs.",
     )
     p.add_argument("--max-mbs", type=int, default=1024, help="largest mbs considered (default 1024)")
-    p.add_argument("--analytic", action="store_true", help="predict with the analytic model only (no tracing)")
+    p.add_argument(
+        "--analytic",
+        action="store_true",
+        help="predict with the analytic model only, calibrated by traces of 1 and 2 blocks for a model it describes "
+        "(no whole-model trace; a model it does not describe is traced all the same)",
+    )
     p.add_argument("--no-confirm", action="store_true", help="do not run the two confirming points")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (peaks in bytes)")
     p.add_argument(
@@ -37,20 +43,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ValueError, InvalidConfig) as e:
         print(f"scaling find-mbs: {e}", file=sys.stderr)
         return 2
+    if a.analytic and result.method == "traced":
+        print(f"scaling find-mbs: --analytic: {NO_ANALYTIC}: traced", file=sys.stderr)
     if a.json:
         print(json.dumps(asdict(result), indent=2))
     else:
         capacity = result.capacity_bytes
+        unit, div = memory_unit(capacity)  # as `scaling predict` writes it
         for m, peak in result.predictions.items():
             print(
-                f"  mbs={m}: predicted {peak / GIB:.3f} GiB per rank ({result.method}), {peak / capacity:.0%} of the "
-                f"{capacity / GIB:.3f} GiB capacity: {'fits' if peak <= capacity else 'does not fit'}"
+                f"  mbs={m}: predicted {peak / div:.3f} {unit} per rank ({result.method}), {peak / capacity:.0%} of "
+                f"the {capacity / div:.3f} {unit} capacity: {'fits' if peak <= capacity else 'does not fit'}"
             )
         for r in result.runs:
             peak = r["peak_mem_bytes"]
             print(
                 f"  run mbs={r['mbs']}: {r['status']}"
-                + (f", measured peak {peak / GIB:.3f} GiB ({peak / capacity:.0%} of the capacity)" if peak else "")
+                + (f", measured peak {peak / div:.3f} {unit} ({peak / capacity:.0%} of the capacity)" if peak else "")
             )
         print(
             f"largest mbs that fits: {result.mbs} (predicted {result.predicted_mbs} by {result.method}; {result.note})"

@@ -1,6 +1,7 @@
 """`scaling predict`: peak memory per rank of a point, or of a whole sweep grid, before launching anything.
 
-    scaling predict [--json | --analytic] [overrides]    both breakdowns (analytic and traced), or one
+    scaling predict [--json | --analytic] [overrides]    the analytic breakdown (calibrated for a Hugging Face model
+                                                         the formulas describe) and the traced one, or the first
     scaling predict --sweep NAME [--traced] [overrides]  the grid's fit / OOM per point and its forecast
 
 Overrides are those of `scaling run`, composed outside a Hydra job as `scaling find-mbs` composes them
@@ -18,6 +19,7 @@ from scaling.core.schema import ExperimentConfig
 from scaling.core.units import memory_unit
 from scaling.core.validate import InvalidConfig, validate
 from scaling.model.family import checked, family_of
+from scaling.predictor.calibrated import CALIBRATED, NO_ANALYTIC, builtin_of, calibrated_peak
 from scaling.predictor.prescreen import capacity_bytes
 from scaling.predictor.stage_memory import predict_peak
 from scaling.sweep.compose import ComposeError, compose_config
@@ -27,9 +29,14 @@ def _fmt(n: Optional[float], divisor: int) -> str:
     return "-" if n is None else f"{n / divisor:.3f}"
 
 
-def _breakdown_rows(analytic: Optional[dict[str, Any]], traced: Optional[dict[str, Any]]) -> list[str]:
-    unit, div = memory_unit((analytic or traced or {}).get("peak_mem_bytes") or 0)
+def _breakdown_rows(
+    analytic: Optional[dict[str, Any]], traced: Optional[dict[str, Any]], calibrated: Optional[dict[str, Any]] = None
+) -> list[str]:
+    unit, div = memory_unit((analytic or traced or calibrated or {}).get("peak_mem_bytes") or 0)
     rows = []
+    if calibrated is not None:  # a model the built-in formulas describe: what the recipe and find-mbs plan with
+        rows.append(f"{'analytic at the built-in shapes, calibrated':<44} {unit:>10}")
+        rows.append(f"  {'by traces of 1 and 2 blocks: total':<42} {_fmt(calibrated['peak_mem_bytes'], div):>10}")
     if analytic is not None:  # none for a model the user brings: the analytic model is the built-in family's
         rows.append(f"{'analytic (peak at: ' + analytic['phase'] + ')':<44} {unit:>10}")
         for name, value in analytic.items():
@@ -74,13 +81,20 @@ def _point_line(cfg: ExperimentConfig) -> str:
 
 def predict_point(cfg: ExperimentConfig, traced: bool = True) -> dict[str, Any]:
     """Both predictions of one point: {capacity_bytes, analytic: {...}, traced: {...} or None}. A model the user
-    brings has the traced one only (analytic None), whatever `traced` says."""
+    brings has no analytic one (None); where the built-in formulas describe it (scaling.predictor.calibrated) its
+    `calibrated` figure is given instead, the one the recipe and find-mbs plan with; any other is traced, whatever
+    `traced` says."""
     closed_form = family_of(cfg.model).closed_form
+    described = None if closed_form or cfg.parallel.pp > 1 else builtin_of(cfg)
     out: dict[str, Any] = {
         "capacity_bytes": capacity_bytes(cfg.hardware),
         "analytic": predict_peak(cfg).as_dict() if closed_form else None,
         "traced": None,
     }
+    if described is not None:
+        grad_acc = validate(cfg, host=False).grad_acc
+        peak = calibrated_peak(cfg, described, grad_acc)
+        out["calibrated"] = {"method": CALIBRATED, "peak_mem_bytes": peak}
     if cfg.parallel.pp > 1:  # per pipeline stage: analytic, and traced where the stage trace runs (dp 1, ZeRO-0)
         from scaling.predictor.stage_memory import micro_batches, predict_stages
 
@@ -97,7 +111,7 @@ def predict_point(cfg: ExperimentConfig, traced: bool = True) -> dict[str, Any]:
                 for st, peak in zip(out["stages"], traced_peaks):
                     st["traced_peak_mem_bytes"] = peak
         return out
-    if traced or not closed_form:
+    if traced or (not closed_form and described is None):
         from scaling.predictor.trace import trace_peak
 
         out["traced"] = trace_peak(cfg).as_dict()
@@ -177,7 +191,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     """`scaling predict`: print the memory predictions; returns the exit status."""
     p = argparse.ArgumentParser(prog="scaling predict", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--analytic", action="store_true", help="analytic prediction only (no tracing)")
+    p.add_argument(
+        "--analytic",
+        action="store_true",
+        help="analytic prediction only, calibrated by traces of 1 and 2 blocks for a model the built-in formulas "
+        "describe (no whole-model trace; a model they do not describe is traced all the same)",
+    )
     p.add_argument("--sweep", metavar="NAME", help="predict every point of sweeps/NAME.yaml")
     p.add_argument(
         "--traced", action="store_true", help="with --sweep: trace near-capacity points, as the pre-screen does"
@@ -203,14 +222,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(json.dumps({"point": _point_line(cfg), **result}, indent=2))
         return 0
     print(_point_line(cfg))
-    print("\n".join(_breakdown_rows(result["analytic"], result["traced"])))
+    if a.analytic and result["analytic"] is None and "calibrated" not in result and result["traced"] is not None:
+        print(f"scaling predict: --analytic: {NO_ANALYTIC}: traced", file=sys.stderr)
+    print("\n".join(_breakdown_rows(result["analytic"], result["traced"], result.get("calibrated"))))
     if result.get("stages"):
         print("\n".join(_stage_rows(result["stages"])))
         if result.get("stages_traced_error"):
             print(f"traced: not run ({result['stages_traced_error']})")
     cap = result["capacity_bytes"]
     if cap is not None:
-        peak = (result["traced"] or result["analytic"])["peak_mem_bytes"]
+        peak = (result["traced"] or result.get("calibrated") or result["analytic"])["peak_mem_bytes"]
         unit, div = memory_unit(cap)
         print(
             f"capacity {_fmt(cap, div)} {unit} per rank (hardware.memory_gb): "

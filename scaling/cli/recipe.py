@@ -49,7 +49,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sweep-dir",
         default=None,
-        help=f"where the records and the recipe go (default {DEFAULT_DIR}; the override sweep_dir=DIR says the same)",
+        help=f"where the records and the recipe go, as the override sweep_dir=DIR says (default {DEFAULT_DIR})",
     )
     p.add_argument("--json", action="store_true", help="print recipe.json instead of the table")
     p.add_argument(

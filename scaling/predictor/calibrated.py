@@ -90,6 +90,10 @@ def traced_by_cuts(cfg: ExperimentConfig, grad_acc: int, kept_in: Optional[str |
     return calibrated_peak(cfg, model, grad_acc, kept_in)
 
 
+NO_ANALYTIC = "the model is neither the built-in family nor one its formulas describe, so it has no analytic figure"
+"""Why `--analytic` traces a model all the same (scaling predict and find-mbs say so)."""
+
+
 def predictor_name(cfg: ExperimentConfig) -> str:
     """How `predicted_peak` predicts the point's model, in a plan's words."""
     if family_of(cfg.model).closed_form:

@@ -21,9 +21,9 @@ from scaling.core.enums import Status
 from scaling.core.layout import Layout
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import validate
-from scaling.model.family import checked, family_of
+from scaling.model.family import checked
+from scaling.predictor.calibrated import predicted_peak, predictor_name
 from scaling.predictor.prescreen import capacity_bytes
-from scaling.predictor.stage_memory import predict_peak
 
 
 def largest_true(pred: Callable[[int], bool], start: int, limit: int) -> int:
@@ -92,15 +92,17 @@ def find_mbs(
     validate(_with_mbs(cfg, 1))
     checked(cfg.model, cfg.train.seq_len, cfg.parallel.layout.tp)  # the model's contract, as `scaling run` checks it
     predictions: dict[int, int] = {}
+    grad_acc = int(cfg.train.grad_acc)
 
-    def analytic_fits(m: int) -> bool:
-        return predict_peak(_with_mbs(cfg, m)).total_bytes <= capacity
+    def modelled(m: int) -> int:  # the analytic figure, calibrated by traces for a model it describes
+        return predicted_peak(_with_mbs(cfg, m), grad_acc, traces_in)
 
-    # a family without a closed form has no analytic model: the trace searches from mbs=1
-    closed_form = family_of(cfg.model).closed_form
-    guess = largest_true(analytic_fits, 1, max_mbs) if closed_form else 1
-    method = "analytic"
-    if traced or not closed_form:
+    # the built-in family and the models its formulas describe have an analytic model (calibrated.predictor_name);
+    # any other model has none: the trace searches from mbs=1
+    method = predictor_name(cfg)
+    analytic = method != "traced"
+    guess = largest_true(lambda m: modelled(m) <= capacity, 1, max_mbs) if analytic else 1
+    if traced or not analytic:
         from scaling.predictor.trace import trace_peak, trace_peak_kept
 
         def traced_fits(m: int) -> bool:
@@ -113,7 +115,7 @@ def find_mbs(
         predicted, method = largest_true(traced_fits, guess, max_mbs), "traced"
     else:
         predicted = guess
-        predictions = {m: predict_peak(_with_mbs(cfg, m)).total_bytes for m in (guess, guess + 1) if 1 <= m <= max_mbs}
+        predictions = {m: modelled(m) for m in (guess, guess + 1) if 1 <= m <= max_mbs}
     result = FindMbsResult(
         predicted,
         predicted,
