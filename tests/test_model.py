@@ -72,6 +72,17 @@ def test_a_head_width_other_than_hidden_over_heads_widens_the_q_and_o_projection
     assert logits.shape == (1, 8, args.vocab_size)
 
 
+def test_a_head_dim_of_hidden_over_heads_is_the_default_model_under_one_job_key():
+    """model.head_dim=16 on tiny (64 wide, 4 heads) is tiny: one form, one key, so a re-run skips it; 32 is another."""
+    from scaling.core.schema import ExperimentConfig
+    from scaling.store.record import job_key
+
+    def key(**model):
+        return job_key(ExperimentConfig.from_dict({"model": {**vars(preset("tiny")), **model}}))
+
+    assert key(head_dim=16) == key() != key(head_dim=32)
+
+
 @pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
 def test_param_count_matches_published_sizes(name):
     assert param_count(preset(name)) == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)

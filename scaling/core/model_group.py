@@ -57,6 +57,12 @@ class ModelConfig:
     """Width of one attention head; None: hidden / n_heads. Given, the query and output projections are
     n_heads·head_dim wide, whatever `hidden` (Gemma 2 and 3, Qwen3-0.6B and 4B)."""
 
+    def __post_init__(self) -> None:
+        # a head_dim of hidden / n_heads is the default's model: one form of it, one job key (not measured twice)
+        h, heads, d = self.hidden, self.n_heads, self.head_dim
+        if all(type(v) is int for v in (h, heads, d)) and heads > 0 and h % heads == 0 and d == h // heads:
+            self.head_dim = None
+
     def to_dict(self) -> dict[str, Any]:
         """The model as its file says it (the record's `config.model`)."""
         return asdict(self)
