@@ -83,7 +83,9 @@ def find_mbs(
     launch_point: Optional[Callable[[ExperimentConfig], dict[str, Any]]] = None,
     traces_in: Optional[str | os.PathLike] = None,
 ) -> FindMbsResult:
-    """Largest mbs that fits `cfg`'s capacity: predicted (analytic, then traced), confirmed with <= 2 runs. Given
+    """Largest mbs that fits `cfg`'s capacity: predicted (analytic, calibrated for a model the built-in formulas
+    describe, then traced unless `traced` is false; a model without an analytic figure is traced whatever it says),
+    confirmed with <= 2 runs. Given
     `traces_in` (a sweep directory), the traces are kept there and read back (scaling.predictor.trace.trace_peak_kept)."""
     cfg = _search_point(cfg)
     capacity = capacity_bytes(cfg.hardware)
@@ -171,7 +173,10 @@ def _confirm(
     if s1 == Status.OK:
         above = first + 1
         if above > max_mbs:
-            result.mbs, result.note = first, f"mbs={first} ran; --max-mbs={max_mbs} stops the search above it"
+            result.mbs, result.note = (
+                first,
+                f"mbs={first} ran; it is the largest searched ({max_mbs}), none above tried",
+            )
             return
         s2 = status(above)
         if unexpected(above, s2):
