@@ -151,3 +151,15 @@ def test_run_point_answers_a_point_of_a_store_written_before_from_the_store(tmp_
     assert run_point(cfg) == stored
     assert f"{key} already recorded as ok: skipped" in capsys.readouterr().out
     assert sorted(p.name for p in job_dir(tmp_path, key).iterdir()) == [RESULT_FILE]  # no config.json, no marker
+
+
+def test_a_points_log_line_tells_apart_what_its_layout_does_not():
+    """`[scaling] key ok ... (model=... dp=1 zero=0)`: two points of one layout that differ in precision or
+    recomputation read apart in the job's log; the defaults (fp32, none) are left out."""
+    from scaling.job.run import _summary_line
+    from tests.helpers.records import make_record
+
+    line = _summary_line(Record.from_dict(make_record(precision="bf16", recompute="full")))
+    assert line.endswith("dp=1 zero=0 precision=bf16 recompute=full)"), line
+    plain = _summary_line(Record.from_dict(make_record(precision="fp32")))
+    assert "precision" not in plain and "recompute" not in plain and plain.endswith("zero=0)"), plain

@@ -400,6 +400,14 @@ def _summary_line(record: Record) -> str:
     )
     layout = {k: c["parallel"].get(k) for k in ("dp_shard", "tp", "pp")}
     point += "".join(f" {k}={v}" for k, v in layout.items() if v not in (None, 1))
+    train = c["train"]  # what else tells two points of one layout apart, where it is not the default
+    point += "".join(
+        f" {k}={train.get(k)}"
+        for k, neutral in (("precision", "fp32"), ("recompute", "none"))
+        if train.get(k, neutral) != neutral
+    )
+    if train.get("recompute", "none") != "none" and (train.get("recompute_every") or 1) > 1:
+        point += f" recompute_every={train['recompute_every']}"
     if (c["parallel"].get("pp") or 1) > 1:  # the schedule (and its virtual stages) of a pipeline
         virtual = c["parallel"].get("pp_virtual") or 1
         point += f" pp_schedule={c['parallel'].get('pp_schedule')}" + (f" pp_virtual={virtual}" if virtual > 1 else "")
