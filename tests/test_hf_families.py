@@ -89,7 +89,8 @@ def test_every_family_at_tp_2_is_traced_under_its_plan_or_refused_before_launch(
 def test_a_config_that_lists_its_blocks_kinds_is_cut_and_calibrated_with_them(tmp_path):
     """transformers writes each block's kind into Qwen3's and Gemma's files (`layer_types`) and refuses a count of
     blocks it does not match: a count given in the model file takes the file's kinds cut or repeated to it, so the
-    calibration's cuts to 1 and 2 blocks are made, and its figure is the whole model's trace (they were refused)."""
+    calibration's cuts to 1 and 2 blocks are made, and its figure is the whole model's trace (they were refused).
+    Gemma 2's is calibrated at 4 blocks, its kinds repeated, in the next test."""
     from scaling.predictor.calibrated import predicted_peak
 
     for name in ("qwen3", "gemma2"):
@@ -98,15 +99,16 @@ def test_a_config_that_lists_its_blocks_kinds_is_cut_and_calibrated_with_them(tm
         assert len(kinds) == families.L == 2, kinds
         assert read_config(**{**cfg.model.kwargs, LAYERS_KEY: 1}).text.layer_types == kinds[:1]
         assert read_config(**{**cfg.model.kwargs, LAYERS_KEY: 3}).text.layer_types == [*kinds, kinds[0]]
-        calibrated, traced = predicted_peak(cfg, 1), trace_peak(cfg).peak_mem_bytes
-        assert abs(calibrated / traced - 1) <= 0.01, (name, calibrated, traced)
+    calibrated, traced = predicted_peak(cfg := config_of("qwen3", tmp_path), 1), trace_peak(cfg).peak_mem_bytes
+    assert abs(calibrated / traced - 1) <= 0.01, (calibrated, traced)
 
 
 @pytest.mark.slow  # Gemma 2's modules imported, three traces
 def test_heads_wider_than_hidden_over_heads_are_the_built_in_head_dim_calibrated_by_cuts(tmp_path):
     """Gemma 2's and Qwen3-4B's heads are not hidden / heads wide (Gemma-2-9B: 16 of 256 in 3584). The config is
     described by the built-in shapes with that head_dim, so a point is calibrated on cuts of 1 and 2 blocks
-    instead of traced whole (15-30 s a point at 42 blocks): its figure at 4 blocks is the whole model's trace."""
+    instead of traced whole (15-30 s a point at 42 blocks): its figure at 4 blocks (the file's 2 kinds of block
+    repeated) is the whole model's trace."""
     import json
 
     from scaling.predictor.calibrated import builtin_of, predicted_peak, predictor_name
