@@ -182,7 +182,10 @@ def _interval(values: tuple[float, float, float], scale: float, unit: str) -> st
     if not np.isfinite(nominal):
         return "no cost fitted"
     unit = f" {unit}" if unit else ""
-    return f"{nominal:.3g}{unit}" + (f" [{lo:.3g}, {hi:.3g}]" if hi - lo > 1e-3 * abs(nominal) else "")
+    band = f" [{lo:.3g}, {hi:.3g}]" if hi - lo > 1e-3 * abs(nominal) else ""
+    if band and not lo <= nominal <= hi:  # fixed in the curve (not identified), drawn from its prior in the band
+        return f"{nominal:.3g}{unit} in the curve, drawn from{band} in the band"
+    return f"{nominal:.3g}{unit}{band}"
 
 
 def summary_table(found: dict[str, list[Extrapolation]]) -> pd.DataFrame:

@@ -853,3 +853,12 @@ def test_a_band_with_a_measured_or_published_network_is_sharp_enough_to_decide_o
     i = r.dps.index(128)
     assert (r.high[i] - r.low[i]) / 2 / r.tokens_per_s_per_gpu[i] > 0.25
     assert any("the band at dp=128" in n and "past the largest measured dp, 32" in n for n in r.notes), r.notes
+
+
+def test_a_parameter_the_curve_fixes_and_the_band_draws_reads_as_such_in_the_table():
+    """An α no measured ring identifies is 0 in the curve and drawn from its prior in the band: the table's cell said
+    `0 µs [0.155, 4.84]`, a figure outside its own interval."""
+    from analysis.dp_extrapolation import _interval
+
+    assert _interval((0.0, 0.155e-6, 4.84e-6), 1e-6, "µs") == "0 µs in the curve, drawn from [0.155, 4.84] in the band"
+    assert _interval((1e-6, 0.5e-6, 2e-6), 1e-6, "µs") == "1 µs [0.5, 2]"
