@@ -129,6 +129,20 @@ def wait_for(ready, timeout_s=120.0):
     pytest.fail("timed out")
 
 
+def test_a_directory_without_sweep_json_is_named_by_what_its_records_say():
+    """A recipe's directory has records of single points and no sweep.json: its name is the one its records give
+    (it printed `sweep ?`); records of two sweeps there name none."""
+    now = dt.datetime.fromisoformat(T0)
+    recipe = summarize(
+        "runs/recipe", None, {"k1": {**rec("ok"), "sweep": "recipe"}, "k2": {**rec("oom"), "sweep": "recipe"}}, {}, {}
+    )
+    assert render(recipe, now)[0].startswith("sweep recipe (runs/recipe): no sweep.json")
+    mixed = summarize(
+        "runs/x", None, {"k1": {**rec("ok"), "sweep": "recipe"}, "k2": {**rec("ok"), "sweep": "demo"}}, {}, {}
+    )
+    assert render(mixed, now)[0].startswith("sweep ? (runs/x)")
+
+
 @pytest.mark.subprocess
 def test_status_counts_the_records_it_cannot_place_in_the_current_grid(tmp_path):
     """Records of an earlier grid (or an older schema's keys) are counted apart, in the text and the JSON alike."""

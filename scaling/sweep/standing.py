@@ -106,9 +106,10 @@ def summarize(
     last = runs[-1] if runs else {}
     keys = last.get("job_keys")
     run_started = _time(last.get("started_at"))
-    status = Status(
-        sweep_dir, (index or {}).get("name"), len(runs), last.get("started_at"), len(keys) if keys is not None else None
-    )
+    # with no sweep.json (a recipe's directory, single points), the name its records all give, if one
+    named = {r.get("sweep") for r in records.values()}
+    name = (index or {}).get("name") or (named.pop() if len(named) == 1 else None)
+    status = Status(sweep_dir, name, len(runs), last.get("started_at"), len(keys) if keys is not None else None)
     grid = set(keys) if keys is not None else set(records)
     if keys is not None:
         status.not_in_grid = len(set(records) - grid)
@@ -260,7 +261,8 @@ class Store:
                 except RecordError as e:
                     self.problems[str(path.relative_to(self.sweep_dir))] = e.reason
                     continue
-                # What the counting reads: the status, the timing and how many launches were ok (launch.repeats).
+                # What the counting reads: the status, the timing and how many launches were ok (launch.repeats);
+                # the sweep's name, for a directory without sweep.json.
                 launches = (
                     [{"status": launch.get("status")} for launch in record["repeats"]]
                     if isinstance(record.get("repeats"), list)
@@ -273,6 +275,7 @@ class Store:
                         "timing": record.get("timing") or {},
                         "repeats": launches,
                         "metrics": bool(record.get("metrics")) or None,
+                        "sweep": record.get("sweep"),
                     },
                 )
             fresh[key] = self._records[key]
