@@ -25,7 +25,7 @@ from scaling.recipe.answer import Recipe
 from scaling.recipe.decide import decide
 from scaling.recipe.estimate import FromRecords, workload_of
 from scaling.recipe.options import Beyond, Candidate, Estimate, Split, max_useful_gpus, split
-from scaling.recipe.render import table
+from scaling.recipe.render import figure, table
 from scaling.sweep.compose import compose_config
 from tests.helpers.synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of, shape
 
@@ -138,6 +138,10 @@ def test_the_report_opens_with_the_recipe(tmp_path) -> None:
     )
     (tmp_path / RECIPE_JSON).write_text(json.dumps(recipe.to_json()))
     assert Recipe.from_json(json.loads((tmp_path / RECIPE_JSON).read_text())) == recipe
+    fig = figure(recipe)  # its right panel's axis label clear of the left panel (it touched it)
+    fig.canvas.draw()
+    speed, eff = fig.axes[:2]
+    assert eff.yaxis.label.get_window_extent().x0 > speed.get_window_extent().x1 + 5
     assert report_main([str(tmp_path), "--jobs", "1"]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
     sections = [line for line in md.splitlines() if line.startswith("## ")]

@@ -210,6 +210,7 @@ def figure(recipe: Recipe) -> Optional[Figure]:
         return None
     gpus = [r.gpus for r in rows]
     fig = new_figure((10.0, 4.2))
+    fig.set_layout_engine("constrained")  # the right panel's axis label clear of the left panel
     speed, eff = fig.subplots(1, 2)
     speed.fill_between(
         gpus,
