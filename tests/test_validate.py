@@ -21,6 +21,10 @@ INVALID = [
     (["parallel.dp=0"], "parallel.dp=0 must be a positive integer"),
     (["train.mbs=-1"], "train.mbs=-1 must be a positive integer"),
     (["train.seq_len=4096"], "train.seq_len=4096 exceeds model.max_seq_len=512"),
+    (
+        ["model=hf_llama_tiny", "train.seq_len=4096"],
+        "exceeds model.max_seq_len=512 (the model file's, else max_position_embeddings of its hf_config=",
+    ),
     (["train.grad_acc=auto", "train.gbs_tokens=1000", "train.seq_len=64"], "is not a multiple of train.seq_len=64"),
     (["train.grad_acc=auto", "train.gbs=2", "train.mbs=2", "parallel.dp=2"], "is below 1"),
     (["train.grad_acc=auto"], "needs train.gbs or train.gbs_tokens"),

@@ -20,7 +20,7 @@ from scaling.core.batch import (
 from scaling.core.derived import Derived
 from scaling.core.enums import FsdpGradReduce, PipelineSchedule, Precision, Recompute, ZeroStage
 from scaling.core.host import usable_cores as host_cores
-from scaling.core.model_group import ModelConfig
+from scaling.core.model_group import HF_TARGET, CustomModel, ModelConfig
 from scaling.core.recompute import every_error
 from scaling.core.schema import (
     ExperimentConfig,
@@ -77,11 +77,11 @@ class _Checker:
         )
 
 
-def _check_train(c: _Checker, t: TrainConfig, max_seq_len: Any, n_blocks: Optional[int]) -> None:
+def _check_train(c: _Checker, t: TrainConfig, max_seq_len: Any, n_blocks: Optional[int], whence: str = "") -> None:
     if c.positive("train.seq_len", t.seq_len) and _is_int(max_seq_len):
         c.require(
             t.seq_len <= max_seq_len,
-            f"train.seq_len={t.seq_len} exceeds model.max_seq_len={max_seq_len}: use seq_len <= {max_seq_len}",
+            f"train.seq_len={t.seq_len} exceeds model.max_seq_len={max_seq_len}{whence}: use seq_len <= {max_seq_len}",
         )
     c.positive("train.mbs", t.mbs)
     ga = t.grad_acc
@@ -364,7 +364,13 @@ def validate(cfg: ExperimentConfig, usable_cores: Optional[int] = None, host: bo
     c = _Checker()
     cfg.model.check(c)  # its kind's own checks (scaling.core.model_group)
     n_layers = getattr(cfg.model, "n_layers", None)  # the built-in family's; a model one brings: once counted
-    _check_train(c, cfg.train, cfg.model.max_seq_len, n_layers if _is_int(n_layers) else None)
+    m = cfg.model
+    whence = (
+        f" (the model file's, else max_position_embeddings of its hf_config={m.kwargs.get('config')!r})"
+        if isinstance(m, CustomModel) and m.target == HF_TARGET
+        else ""
+    )
+    _check_train(c, cfg.train, m.max_seq_len, n_layers if _is_int(n_layers) else None, whence)
     _check_parallel(c, cfg.parallel, cfg.hardware.devices_per_node)
     if cfg.parallel.tp != 1 and c.positive("parallel.tp", cfg.parallel.tp):
         _check_tp(c, cfg)
