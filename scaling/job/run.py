@@ -30,7 +30,7 @@ from scaling.core.enums import Status
 from scaling.core.files import NO_SPACE, Reservation, short_of_space, stop_when_unwritable, write_json_atomic
 from scaling.core.model_group import model_hash
 from scaling.core.recompute import every_error
-from scaling.core.schema import CONF_DIR, ConfigRefused, ExperimentConfig, UnknownKey
+from scaling.core.schema import CONF_DIR, ConfigRefused, ExperimentConfig, TrainConfig, UnknownKey
 from scaling.core.units import format_bytes
 from scaling.core.validate import InvalidConfig, pipeline_stages, validate
 from scaling.engine import peak_flops
@@ -400,13 +400,16 @@ def _summary_line(record: Record) -> str:
     )
     layout = {k: c["parallel"].get(k) for k in ("dp_shard", "tp", "pp")}
     point += "".join(f" {k}={v}" for k, v in layout.items() if v not in (None, 1))
-    train = c["train"]  # what else tells two points of one layout apart, where it is not the default
+    train = c["train"]  # what else tells two points of one layout apart, where it is not the schema's default
     point += "".join(
-        f" {k}={train.get(k)}"
-        for k, neutral in (("precision", "fp32"), ("recompute", "none"))
-        if train.get(k, neutral) != neutral
+        f" {k}={train[k]}"
+        for k in ("precision", "recompute")
+        if train.get(k, getattr(TrainConfig, k)) != getattr(TrainConfig, k)
     )
-    if train.get("recompute", "none") != "none" and (train.get("recompute_every") or 1) > 1:
+    if (
+        train.get("recompute", TrainConfig.recompute) != TrainConfig.recompute
+        and (train.get("recompute_every") or 1) > 1
+    ):
         point += f" recompute_every={train['recompute_every']}"
     if (c["parallel"].get("pp") or 1) > 1:  # the schedule (and its virtual stages) of a pipeline
         virtual = c["parallel"].get("pp_virtual") or 1

@@ -41,8 +41,7 @@ def builtin_config(name: str, text: Any, counted: Counted) -> Optional[ModelConf
     head_dim = getattr(text, "head_dim", None)
     if head_dim is not None and not (isinstance(head_dim, int) and head_dim > 0 and head_dim % 2 == 0):
         return None
-    if head_dim == sizes["hidden"] // sizes["n_heads"] and not sizes["hidden"] % sizes["n_heads"]:
-        head_dim = None  # hidden / heads: the built-in default, as a Llama file that names it says
+    # a head_dim of hidden / heads is the built-in default: ModelConfig makes it null itself (one job key)
     if (head_dim is None and sizes["hidden"] % sizes["n_heads"]) or sizes["n_heads"] % sizes["n_kv_heads"]:
         return None
     tied = bool(getattr(text, "tie_word_embeddings", False))
