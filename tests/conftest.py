@@ -8,7 +8,7 @@ import os
 import shlex
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import pytest
 
@@ -166,10 +166,84 @@ def _processes_marked(item: pytest.Item) -> Iterator[None]:
             f.write(f"{item.nodeid}\t{kind}\n")
 
 
+# --- One agent server for a worker's drivers: a driver starts an agent server at its first launch (torch imported in
+# it, 2.2-3.1 s of CPU here) and the suite starts a few dozen drivers. The tests that start processes share one
+# server per worker instead (SCALING_AGENT_SERVER, as a user may name one): each launch's agent is still forked from a
+# server that imported torch, and a launch the server refuses (another start-up environment, a project whose modules
+# would stand in for its own) still gets its driver's own server. Tests of the servers themselves and of what a killed
+# or stopped driver leaves behind set the variable themselves or carry `own_agent_servers`; SLURM's steps never share.
+_shared_server: dict[str, Any] = {}
+
+
+def _agent_server_for(item: pytest.Item) -> Optional[str]:
+    """The socket of this worker's shared agent server (started at the first test that may use it), None for a test
+    whose drivers keep their own."""
+    from scaling.engine.agent import SERVER_ENV
+
+    marks = {m.name for m in item.iter_markers()}
+    if SERVER_ENV in os.environ or not marks & {"torchrun", "subprocess"} or marks & {"slurm", "own_agent_servers"}:
+        return None
+    if "path" not in _shared_server:
+        import sys
+        import tempfile
+        import uuid
+        from functools import partial
+
+        from scaling.engine.agent import AGENT_MODULE, FORK_ENV, TITLE_ROOM
+        from scaling.engine.lifetime import die_with_parent
+        from scaling.launch.torchrun import job_env
+
+        path = f"@scaling-tests-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        env = {k: v for k, v in job_env(1, None, False).items() if not k.startswith("SCALING_")}
+        env[FORK_ENV] = "1"
+        log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's output, for the session
+        proc = subprocess.Popen(
+            [sys.executable, "-m", AGENT_MODULE, "--serve", path, " " * TITLE_ROOM],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=partial(die_with_parent, os.getpid()),
+        )
+        _shared_server.update(path=path, proc=proc, log=log)
+    return _shared_server["path"]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    proc = _shared_server.get("proc")
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    server = _agent_server_for(item)  # before the marker guard: the worker's, not the test's process
+    if server is not None:
+        from scaling.engine.agent import SERVER_ENV
+
+        os.environ[SERVER_ENV] = server
+        item.stash[_SHARED_SET] = True
     with _processes_marked(item):
         return (yield)
+
+
+_SHARED_SET = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: Optional[pytest.Item]) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        if item.stash.get(_SHARED_SET, False):
+            from scaling.engine.agent import SERVER_ENV
+
+            os.environ.pop(SERVER_ENV, None)
 
 
 @pytest.hookimpl(wrapper=True)

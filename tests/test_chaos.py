@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers.chaos import SMALL_GRID, chaos
 
-pytestmark = pytest.mark.torchrun
+pytestmark = [pytest.mark.torchrun, pytest.mark.own_agent_servers]  # a driver is killed: its agents die as a user's do
 
 
 def test_two_drivers_and_a_killed_one_record_every_point_once(tmp_path):

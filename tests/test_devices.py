@@ -333,6 +333,7 @@ def test_two_drivers_waiting_for_one_host_both_finish_and_neither_waits_past_its
 
 
 @pytest.mark.subprocess
+@pytest.mark.own_agent_servers
 def test_killing_a_parallel_sweep_leaves_no_point_running(tmp_path, lock_env):
     sweep_dir = tmp_path / "killed"
     driver = subprocess.Popen(

@@ -59,6 +59,7 @@ def _left_after(sweep_dir: Path, settle_s: float = 10.0) -> list[str]:
 
 
 @pytest.mark.subprocess
+@pytest.mark.own_agent_servers  # its moments include its own server's start
 @pytest.mark.parametrize("moment", MOMENTS)
 def test_killing_the_driver_at_any_phase_of_start_up_leaves_no_process(tmp_path, moment):
     sweep_dir, gates = tmp_path / "sweep", tmp_path / "gates"

@@ -454,6 +454,7 @@ def test_cmaes_sampler_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.subprocess
+@pytest.mark.own_agent_servers
 def test_sigkilled_search_resumes_without_repeating_finished_trials(tmp_path: Path) -> None:
     gates = tmp_path / "gates"
     gates.mkdir()

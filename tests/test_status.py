@@ -197,6 +197,7 @@ def proc_state(pid: int) -> str:
 
 
 @pytest.mark.subprocess
+@pytest.mark.own_agent_servers
 def test_status_of_a_sweep_while_it_runs_after_a_crash_and_when_done(tmp_path):
     """Stand-in points (tests/standin_app: the project's sweeper, callback and records, no torch); the second
     is held in flight at the test gate while `scaling status` looks from other processes, then the driver is

@@ -29,7 +29,8 @@ from tests.helpers.cli import scaling
 from tests.helpers.compose import REPO, compose_point
 from tests.helpers.mounts import ROOT_ONLY, fill, read_only, tmpfs
 
-pytestmark = pytest.mark.subprocess  # real mounts, real drivers
+# real mounts, real drivers, stopped as a user's are (their agents in their own process groups)
+pytestmark = [pytest.mark.subprocess, pytest.mark.own_agent_servers]
 
 TWO_INVALID = """# two points past the tiny model's max_seq_len: recorded `invalid`, no process started
 defaults:

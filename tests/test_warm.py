@@ -205,6 +205,7 @@ def test_a_failing_point_ends_its_warm_job_and_the_next_point_starts_a_new_one(w
     assert len(list(store.glob("*/result.json"))) == 4  # and the first, in the `warm` store
 
 
+@pytest.mark.own_agent_servers
 def test_killing_the_driver_during_a_warm_job_leaves_no_rank_and_one_record_per_point(tmp_path):
     """A multirun of three points on warm ranks, its driver SIGKILLed while the second runs: nothing is left
     running, the first point has its record and the second none; the re-run records the other two, once each."""
