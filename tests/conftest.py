@@ -183,41 +183,19 @@ def _agent_server_for(item: pytest.Item) -> Optional[str]:
     marks = {m.name for m in item.iter_markers()}
     if SERVER_ENV in os.environ or not marks & {"torchrun", "subprocess"} or marks & {"slurm", "own_agent_servers"}:
         return None
-    if "path" not in _shared_server:
-        import sys
-        import tempfile
-        import uuid
-        from functools import partial
-
-        from scaling.engine.agent import AGENT_MODULE, FORK_ENV, TITLE_ROOM
-        from scaling.engine.lifetime import die_with_parent
+    if "server" not in _shared_server:
+        from scaling.engine.agent import FORK_ENV
         from scaling.launch.torchrun import job_env
 
-        path = f"@scaling-tests-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        # as a driver starts its own (scaling.launch.agents._Server): a launch's environment without its own variables
         env = {k: v for k, v in job_env(1, None, False).items() if not k.startswith("SCALING_")}
-        env[FORK_ENV] = "1"
-        log = tempfile.TemporaryFile()  # noqa: SIM115 - the server's output, for the session
-        proc = subprocess.Popen(
-            [sys.executable, "-m", AGENT_MODULE, "--serve", path, " " * TITLE_ROOM],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-            preexec_fn=partial(die_with_parent, os.getpid()),
-        )
-        _shared_server.update(path=path, proc=proc, log=log)
-    return _shared_server["path"]
+        _shared_server["server"] = agents._Server({**env, FORK_ENV: "1"})
+    return _shared_server["server"].path
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    proc = _shared_server.get("proc")
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    if "server" in _shared_server:
+        _shared_server.pop("server").close()
 
 
 @pytest.hookimpl(wrapper=True)
