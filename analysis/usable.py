@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from scaling.core.enums import Status, ZeroStage
+from scaling.core.layout import MODEL_PARALLEL, Layout
 from scaling.core.schema import EXPERIMENT_GROUPS
 
 
@@ -71,8 +72,12 @@ def _derived_problems(derived: dict[str, Any], train: dict[str, Any], parallel: 
     if bad:
         return bad
     problems = []
-    if world != dp:
-        problems.append(f"derived.world_size={world} disagrees with config.parallel.dp={dp}")
+    layout = Layout.of(parallel)
+    if world != layout.world_size:
+        degrees = [(a, getattr(layout, a)) for a in ("dp", *MODEL_PARALLEL) if a == "dp" or getattr(layout, a) > 1]
+        names, values = " × ".join(a for a, _ in degrees), " × ".join(str(v) for _, v in degrees)
+        said = f"config.parallel.dp={dp}" if len(degrees) == 1 else f"config.parallel's {names} = {values}"
+        problems.append(f"derived.world_size={world} disagrees with {said}")
     if train["grad_acc"] != "auto" and grad_acc != train["grad_acc"]:
         problems.append(f"derived.grad_acc={grad_acc} disagrees with config.train.grad_acc={train['grad_acc']}")
     if gbs != mbs * grad_acc * dp:

@@ -155,6 +155,16 @@ def test_record_problem_names_the_field_its_value_and_what_would_agree(record, w
     assert record_problem(record) == why
 
 
+@pytest.mark.parametrize("axis", ["tp", "pp"])
+def test_a_model_parallel_point_is_usable_and_its_world_is_dp_times_its_degrees(axis):
+    """A tp or pp point runs dp × degree ranks: the analysis used it (it was left out for disagreeing with dp)."""
+    record = edited(f"config.parallel.{axis}", 2, dp=2)
+    record["derived"]["world_size"] = 4
+    assert record_problem(record) is None
+    record["derived"]["world_size"] = 2
+    assert record_problem(record) == f"derived.world_size=2 disagrees with config.parallel's dp × {axis} = 2 × 2"
+
+
 def test_collect_leaves_out_what_it_cannot_use_and_names_each_once(tmp_path, capsys):
     good, bad = make_record(dp=1), edited("derived.gbs", 1, dp=8)
     bad["derived"]["gbs_tokens"] = 256
