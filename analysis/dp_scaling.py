@@ -66,13 +66,28 @@ def scaling_table(df: pd.DataFrame) -> pd.DataFrame:
     return best
 
 
+FOLLOWS_A_NAME = {
+    c.column: c.path[0] for c in CONFIG_FIELDS if c.path[0] in ("model", "hardware") and c.column != c.path[0]
+}
+"""The fields a model's or a hardware profile's name already says (its shapes, its device's figures), by group."""
+
+
 def naming_keys(best: pd.DataFrame, keys: list[str]) -> list[str]:
-    """The keys a configuration's name states, in `keys` order: ALWAYS_NAMED, and each other key that tells
-    configurations apart beyond them (a model's shapes follow its name, a model's max_seq_len may follow seq_len:
-    then the name already says them)."""
+    """The keys a configuration's name states, in `keys` order: ALWAYS_NAMED, each other key that takes several
+    values, but of a model's or a hardware profile's fields (FOLLOWS_A_NAME) only those that tell configurations
+    apart beyond the names (a model's shapes follow its name, a model's max_seq_len may follow seq_len: then the name
+    already says them). A tp 2 point among ZeRO-0 points of tp 1 is named tp 2, though no ZeRO-3 point differs from
+    it in tp."""
     always = [k for k in keys if k in ALWAYS_NAMED]
-    groups = best.groupby(always, dropna=False, observed=True)
-    return [k for k in keys if k in always or (groups[k].nunique(dropna=False) > 1).any()]
+    named_by = [*always, *(g for g in ("hardware",) if g in keys)]
+    groups = best.groupby(named_by, dropna=False, observed=True)
+
+    def tells_apart(k: str) -> bool:
+        if k in FOLLOWS_A_NAME:
+            return bool((groups[k].nunique(dropna=False) > 1).any())
+        return best[k].nunique(dropna=False) > 1
+
+    return [k for k in keys if k in always or tells_apart(k)]
 
 
 def _describe(key: str, value: Any) -> str:

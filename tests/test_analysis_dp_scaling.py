@@ -6,6 +6,7 @@ import pytest
 
 from analysis.collect import collect, record_to_row, to_frame
 from analysis.dp_scaling import knee_sentence, knees, plot_dp_scaling, scaling_table
+from analysis.sections import top_columns
 from scaling.perf.knee import find_knee, knee_range
 from tests.helpers.records import DP_EFFICIENCY, grid_records, make_record, write_sweep
 
@@ -136,3 +137,17 @@ def test_pipeline_stages_and_their_schedule_are_curves_of_their_own():
         "tiny, seq 256, ZeRO-0, pp=2, pp_schedule=gpipe",
         "tiny, seq 256, ZeRO-0, pp=2, pp_schedule=one_f_one_b",
     }
+
+
+def test_an_axis_is_named_where_it_varies_though_no_two_points_of_one_stage_differ_in_it():
+    """ZeRO-0 at tp 1 beside ZeRO-3 at tp 2: within each stage tp is one value, but the table holds two, so both
+    curves (and the report's top table) say which (they said "ZeRO-3" alone of a tensor-parallel curve); a model's
+    shapes, which its name says, are still not named."""
+    tensor_parallel = _curve(0.0, zero_stage=3)
+    for r in tensor_parallel:
+        r["config"]["parallel"]["tp"] = 2
+        r["derived"]["world_size"] *= 2
+    frame = to_frame(record_to_row(r) for r in _curve(0.0) + tensor_parallel)
+    assert {k.config for k in knees(frame)} == {"tiny, seq 256, ZeRO-0, tp=1", "tiny, seq 256, ZeRO-3, tp=2"}
+    columns = top_columns(frame[frame["status"] == "ok"])
+    assert "tp" in columns and "hidden" not in columns and "pp" not in columns
