@@ -174,6 +174,46 @@ def test_bad_input_is_a_clear_error(capsys):
     assert "hardware.memory_gb=null: find-mbs needs a capacity" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "overrides, said",
+    [
+        # a pipeline is validated as `scaling run` validates it (predict checked the point at pp 1: a traceback here)
+        (["parallel.pp=40", "train.grad_acc=2"], "parallel.pp=40 = 40 stages but model.n_layers=2 blocks"),
+        (["parallel.pp=2", "train.grad_acc=1"], "train.grad_acc=1 with parallel.pp=2 and pp_schedule=one_f_one_b"),
+        # a model of another family has no stage predictor: said, not an AttributeError's traceback
+        (
+            ["model=hf_llama_tiny", "parallel.pp=2", "train.grad_acc=2"],
+            "parallel.pp=2 with model 'hf_llama_tiny': a pipeline stage's memory is predicted for the built-in family "
+            "only",
+        ),
+    ],
+)
+def test_a_pipeline_predict_cannot_answer_is_refused_naming_the_field(capsys, overrides, said):
+    assert predict_main(["--analytic", "model=tiny", "train.seq_len=64", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("scaling predict: invalid point: ") and said in err and "Traceback" not in err, err
+
+
+def test_find_mbs_of_a_pipelined_model_the_stage_predictor_does_not_describe_is_refused(capsys):
+    """It said "2 stages cannot split 1 blocks" of a 2-block Hugging Face model (a cut of it, calibrating)."""
+    argv = ["--analytic", "--no-confirm", "model=hf_llama_tiny", "train.seq_len=64", "hardware.memory_gb=0.05"]
+    assert find_mbs_main([*argv, "parallel.pp=2", "train.grad_acc=2"]) == 2
+    err = capsys.readouterr().err
+    assert "parallel.pp=2 with model 'hf_llama_tiny': a pipeline stage's memory is predicted for the built-in" in err
+    assert "search it at parallel.pp=1" in err and "cannot split" not in err, err
+
+
+def test_find_mbs_for_devices_not_at_hand_predicts_and_says_why_it_launched_nothing(tmp_path, monkeypatch, capsys):
+    """An H100 point on a host without one: confirmed as the recipe does it, not at all (it launched 8 CUDA ranks
+    that failed on the device, recorded a failed point and still exited 0)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    argv = ["--analytic", "model=llama_1b", "hardware=h100", "train.precision=bf16", "parallel.dp=8"]
+    assert find_mbs_main([*argv, "parallel.zero_stage=3", f"sweep_dir={tmp_path / 'runs'}"]) == 0
+    out = capsys.readouterr().out
+    assert "not confirmed: 0 h100 device(s) at hand, the point needs 8; run find-mbs where they are" in out, out
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.parametrize("answer,start", [(0, 5), (1, 1), (7, 3), (7, 40), (64, 64), (100, 9)])
 def test_largest_true_finds_the_boundary_from_any_guess(answer, start):
     calls = []

@@ -21,7 +21,7 @@ from scaling.core.validate import InvalidConfig, validate
 from scaling.model.family import checked, family_of
 from scaling.predictor.calibrated import CALIBRATED, NO_ANALYTIC, builtin_of, calibrated_peak
 from scaling.predictor.prescreen import capacity_bytes
-from scaling.predictor.stage_memory import predict_peak
+from scaling.predictor.stage_memory import predict_peak, require_stage_predictor
 from scaling.sweep.compose import ComposeError, compose_config
 
 
@@ -211,8 +211,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"scaling predict: {e}", file=sys.stderr)
         return 2
     try:
-        # the batch split of a pipelined point is that of the same point at pp 1 (scaling.predictor.stage_memory)
-        validate(cfg.changed(parallel={"pp": 1}) if cfg.parallel.pp > 1 else cfg)
+        validate(cfg)  # as `scaling run` validates it: a pipeline's stages and schedule too
+        require_stage_predictor(cfg, "predict")
         checked(cfg.model, cfg.train.seq_len, cfg.parallel.tp)  # the model's contract, as `scaling run` checks it
         result = predict_point(cfg, traced=not a.analytic)  # (its first step under a tp plan, as the pre-screen)
     except InvalidConfig as e:

@@ -206,6 +206,25 @@ def fullest_stage(stages: list[StageMemory]) -> StageMemory:
     return max(stages, key=lambda st: st.breakdown.total_bytes)
 
 
+NO_STAGES = "a pipeline stage's memory is predicted for the built-in family only (the traced predictor runs no stages)"
+"""Why a pipelined point of a model of another family has no predicted memory (scaling predict, the recipe)."""
+
+
+def require_stage_predictor(cfg: ExperimentConfig, command: str) -> None:
+    """Refuse (InvalidConfig) a pipelined point whose model the stage predictor does not describe: `command`
+    (scaling predict, find-mbs) has nothing to answer it with."""
+    from scaling.core.validate import InvalidConfig
+    from scaling.model.family import family_of
+
+    if cfg.parallel.pp > 1 and not family_of(cfg.model).closed_form:
+        raise InvalidConfig(
+            [
+                f"parallel.pp={cfg.parallel.pp} with model {cfg.model.name!r}: {NO_STAGES}; {command} it at "
+                "parallel.pp=1, or run the point (scaling run), which measures each stage's peak"
+            ]
+        )
+
+
 def predict_stages(cfg: ExperimentConfig, grad_acc: Optional[int] = None) -> list[StageMemory]:
     """`stage_peaks` of a point of the built-in family; grad_acc from `micro_batches` unless given."""
     grad_acc = micro_batches(cfg) if grad_acc is None else grad_acc

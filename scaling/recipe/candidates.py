@@ -16,6 +16,7 @@ from scaling.core.validate import InvalidConfig, validate
 from scaling.model.family import checked, family_of
 from scaling.predictor.calibrated import predictor_name
 from scaling.predictor.margin import planning_margin
+from scaling.predictor.stage_memory import NO_STAGES
 from scaling.recipe.mbs_search import find_mbs, largest_mbs_by_gpus
 from scaling.recipe.options import Candidate, max_useful_gpus
 
@@ -100,10 +101,8 @@ def pipeline_decision(
     else none and the reason (none for a model of another family: its stages have no predicted memory)."""
     why = pp_needed([c for c in found if c.layout.pp == 1], gpus, gbs_samples)
     if not family_of(cfg.model).closed_form and (asked or why):
-        return [], (
-            f"pipeline parallelism not weighed ({why or 'as asked'}): a stage's memory is predicted for the built-in "
-            "family only (the traced predictor runs no stages)"
-        )
+        asked_for = f"pp {', '.join(map(str, asked))} asked for" if asked else why
+        return [], f"pipeline parallelism not weighed ({asked_for}): {NO_STAGES}"
     blocks = pp_degrees(cfg)
     if asked:
         degrees = [p for p in asked if p in blocks]

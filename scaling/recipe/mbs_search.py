@@ -21,9 +21,11 @@ from scaling.core.enums import Status
 from scaling.core.layout import Layout
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import validate
+from scaling.launch.devices import devices_at_hand
 from scaling.model.family import checked
 from scaling.predictor.calibrated import predicted_peak, predictor_name
 from scaling.predictor.prescreen import capacity_bytes
+from scaling.predictor.stage_memory import require_stage_predictor
 
 
 def largest_true(pred: Callable[[int], bool], start: int, limit: int) -> int:
@@ -92,6 +94,7 @@ def find_mbs(
     if capacity is None:
         raise ValueError("hardware.memory_gb=null: find-mbs needs a capacity per rank, e.g. hardware.memory_gb=0.02")
     validate(_with_mbs(cfg, 1))
+    require_stage_predictor(cfg, "search")
     checked(cfg.model, cfg.train.seq_len, cfg.parallel.layout.tp)  # the model's contract, as `scaling run` checks it
     predictions: dict[int, int] = {}
     grad_acc = int(cfg.train.grad_acc)
@@ -128,7 +131,14 @@ def find_mbs(
         predictions=dict(sorted(predictions.items())),
     )
     if confirm:
-        _confirm(result, cfg, max_mbs, launch_point)
+        needed, at_hand = cfg.parallel.layout.world_size, devices_at_hand(cfg.hardware)
+        if launch_point is None and cfg.hardware.device != "cpu" and at_hand < needed:
+            result.note = (  # as the recipe does: a launch here would fail on the device, not on its memory
+                f"not confirmed: {at_hand} {cfg.hardware.name} device(s) at hand, the point needs {needed}; "
+                "run find-mbs where they are, or --no-confirm"
+            )
+        else:
+            _confirm(result, cfg, max_mbs, launch_point)
     return result
 
 
