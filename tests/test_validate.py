@@ -123,6 +123,12 @@ def test_a_cpu_rank_is_a_device_of_its_own_cores():
     assert validate(too_many, usable_cores=8).world_size == 4
     with pytest.raises(InvalidConfig, match=r"= 4 threads .* 2 usable cores: the largest dp that fits is 1 \("):
         validate(compose_point(["parallel.dp=2", "parallel.tp=2", "parallel.zero_stage=3"]), usable_cores=2)
+    # one dp rank's model-parallel group alone past the cores: not "the largest dp that fits is 0"
+    with pytest.raises(
+        InvalidConfig,
+        match=r"2 usable cores: one dp rank alone is 2 ranks \(its model-parallel degrees\), and 1 fit \(",
+    ):
+        validate(compose_point(["parallel.pp=2", "train.grad_acc=2", "hardware.threads_per_device=2"]), usable_cores=2)
     assert (
         validate(
             compose_point(["parallel.dp=4", "hardware.threads_per_device=2", "hardware.oversubscribe=true"]),

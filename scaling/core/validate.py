@@ -292,12 +292,17 @@ def _check_cores(c: _Checker, cfg: ExperimentConfig, usable_cores: int) -> None:
     ranks = min(world, per_node) if per_node else world
     threads = hw.threads_per_device
     ranks_of = layout.ranks(total=False)
+    fit = usable_cores // threads
+    largest = (
+        f"the largest dp that fits is {fit // layout.model_parallel}"
+        if fit >= layout.model_parallel
+        else f"one dp rank alone is {layout.model_parallel} ranks (its model-parallel degrees), and {fit} fit"
+    )
     c.require(
         ranks * threads <= usable_cores,
         f"{ranks_of} x hardware.threads_per_device={threads} = {ranks * threads} threads on one host "
-        f"but this host has {usable_cores} usable cores: the largest dp that fits is "
-        f"{max(usable_cores // threads // layout.model_parallel, 0)} (or set hardware.oversubscribe=true to let ranks share cores; "
-        "the record and the report then say so)",
+        f"but this host has {usable_cores} usable cores: {largest} (or set hardware.oversubscribe=true to let ranks "
+        "share cores; the record and the report then say so)",
     )
 
 
