@@ -131,3 +131,15 @@ def test_predict_prints_both_figures_of_each_stage(capsys):
     assert predict_main(["--json", *PIPELINED]) == 0
     stages = json.loads(capsys.readouterr().out)["stages"]
     assert tuple(st["traced_peak_mem_bytes"] for st in stages) == traced_stages("one_f_one_b")
+
+
+def test_a_pipelined_model_of_another_family_is_launched_unscreened_and_its_record_says_why():
+    """The stage predictor is the built-in family's and the trace runs no stages: the pre-screen traced the whole
+    model anyway, and the record said "RuntimeError: _apply(): Couldn't swap Embedding.weight"."""
+    point = compose_point(["model=hf_llama_tiny", "train.seq_len=64", "parallel.pp=2", "train.grad_acc=2"])
+    block = prescreen(point.changed(hardware={"memory_gb": 0.05}))
+    assert block["peak_mem_bytes"] is None and not block["skip"]
+    assert (
+        block["trace_error"] == "not traced: a pipeline stage's memory is predicted for the built-in family only "
+        "(the traced predictor runs no stages)"
+    )

@@ -13,7 +13,7 @@ from scaling.core.units import GIB
 from scaling.core.validate import InvalidConfig
 from scaling.model.family import family_of
 from scaling.predictor.analytic import ANALYTIC
-from scaling.predictor.stage_memory import predict_peak, predict_stages
+from scaling.predictor.stage_memory import NO_STAGES, predict_peak, predict_stages
 from scaling.store.record import job_key
 
 
@@ -51,6 +51,9 @@ def prescreen(
     margin = float(cfg.launch.prescreen_margin)
     if not family_of(cfg.model).closed_form:  # the analytic model is the built-in family's; the trace decides
         out = _block(cfg, capacity, margin, None)
+        if cfg.parallel.pp > 1:  # the trace runs no stages: launched unscreened, and the record says why
+            out["trace_error"] = f"not traced: {NO_STAGES}"
+            return out
         traced = trace and _trace_into(out, cfg, kept_in)
         return _decide(out, cfg, capacity, margin) if traced and capacity is not None else out
     analytic = predict_peak(cfg, grad_acc)
