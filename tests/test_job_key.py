@@ -163,3 +163,13 @@ def test_a_points_log_line_tells_apart_what_its_layout_does_not():
     assert line.endswith("dp=1 zero=0 precision=bf16 recompute=full)"), line
     plain = _summary_line(Record.from_dict(make_record(precision="fp32")))
     assert "precision" not in plain and "recompute" not in plain and plain.endswith("zero=0)"), plain
+
+
+def test_an_invalid_point_run_again_says_why_it_was_invalid(tmp_path, capsys):
+    """Its re-run said only "already recorded as invalid: skipped", and the user had to open the record for why."""
+    cfg = compose_point(["model=tiny", "train.seq_len=4096", "logger=none"], sweep_dir=tmp_path)
+    first = run_point(cfg)
+    assert first["status"] == Status.INVALID and "train.seq_len=4096" in first["error"]
+    capsys.readouterr()
+    assert run_point(cfg) == first
+    assert f"{first['job_key']} already recorded as invalid ({first['error']}): skipped" in capsys.readouterr().out

@@ -135,7 +135,8 @@ def _stored(
         print(f"[scaling] {key}: not run, its record cannot be read: {e}", file=sys.stderr, flush=True)
         return None, not_run(key, f"its record cannot be read: {e}")
     if answers(existing, key, c.launch, model_code):  # a predicted_oom point in the sample runs anyway
-        print(f"[scaling] {key} already recorded as {existing['status']}{when}: skipped", flush=True)
+        why = f" ({existing['error']})" if existing.get("status") == Status.INVALID and existing.get("error") else ""
+        print(f"[scaling] {key} already recorded as {existing['status']}{why}{when}: skipped", flush=True)
         return existing, existing
     return existing, None
 
