@@ -35,5 +35,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     path = find_sweep(argv[0])
     overrides = ["hydra.sweeper.dry_run=true" if a == "--dry-run" else a for a in argv[1:]]
-    run_app(overrides, ["--config-dir", str(path.parent), "--config-name", path.stem])
+    # a multirun whatever the file says (one without hydra.mode=MULTIRUN ran its first point and ignored --dry-run)
+    run_app(overrides, ["--config-dir", str(path.parent), "--config-name", path.stem, "--multirun"])
     return 0

@@ -35,7 +35,14 @@ def compose_config(overrides: Sequence[str] = (), sweep_file: Optional[Path] = N
 def refusal_line(e: BaseException) -> str:
     """One line for an error of composing a config (Hydra's, OmegaConf's or the schema's UnknownKey): what OmegaConf
     said beneath Hydra's words, and an unknown config choice with the group's valid ones."""
-    text, inner = str(e).strip().splitlines()[0], e.__cause__
+    lines, inner = str(e).strip().splitlines(), e.__cause__
+    text = lines[0]
+    if text.endswith(":") and len(lines) > 1:  # Hydra's "... raised while composing config:", what it was beneath
+        text = f"{text} {lines[1].strip()}"
+        group = re.search(r"is not a subclass of (\w+)Config\. value: (\S+)", text)
+        if group:  # a group set as a plain key (`logger: none` in a sweep file): the line that chooses it
+            name = group.group(1).lower()
+            text += f" (a config group's choice goes in the defaults list: `- override /{name}: {group.group(2)}`)"
     while inner is not None and inner.__cause__ is not None:
         inner = inner.__cause__
     if inner is not None:  # what OmegaConf said: the key the group lacks, the value its type refuses
