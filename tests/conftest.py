@@ -189,8 +189,28 @@ def _agent_server_for(item: pytest.Item) -> Optional[str]:
 
         # as a driver starts its own (scaling.launch.agents._Server): a launch's environment without its own variables
         env = {k: v for k, v in job_env(1, None, False).items() if not k.startswith("SCALING_")}
-        _shared_server["server"] = agents._Server({**env, FORK_ENV: "1"})
+        server = _shared_server["server"] = agents._Server({**env, FORK_ENV: "1"})
+        _wait_for(server)
     return _shared_server["server"].path
+
+
+def _wait_for(server: agents._Server) -> None:
+    """Until the server takes requests (its imports: seconds), as a driver waits for its own: a driver that asked
+    before would start its own server and say so on stderr."""
+    import socket
+    import time
+
+    from scaling.engine.agent import socket_address
+
+    deadline = time.monotonic() + agents.START_WAIT_S
+    while server.proc.poll() is None and time.monotonic() < deadline:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(socket_address(server.path))
+                return
+            except OSError:
+                time.sleep(0.05)
+    pytest.fail(f"the worker's agent server did not start: {server.tail()}")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
