@@ -1,7 +1,7 @@
 """`scaling sweep NAME [--dry-run] [overrides]`: a named Hydra multirun from sweeps/NAME.yaml.
 
-A thin wrapper: it is `python -m scaling run --config-dir sweeps --config-name NAME [overrides]`
-(the sweep file sets hydra.mode=MULTIRUN and lists its grid under hydra.sweeper.params), with the
+A thin wrapper: it is `python -m scaling run --config-dir sweeps --config-name NAME --multirun [overrides]`
+(the sweep file lists its grid under hydra.sweeper.params; its hydra.mode, if it sets one, is MULTIRUN), with the
 exit status of `scaling run -m`: 0 when every point ended ok, oom, predicted_oom or invalid, 1 when
 some point failed or timed out (every point is still run and recorded). `scaling sweep --help`
 lists the sweeps with the first comment line of each file. `--dry-run` is `hydra.sweeper.dry_run=true`:
