@@ -400,3 +400,21 @@ def test_a_config_that_names_its_weights_dtype_still_trains_fp32_parameters(tmp_
     model = family_of(points["saved_bf16"].model).build("meta")
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert trace_peak(points["saved_bf16"]).peak_mem_bytes == trace_peak(points["plain"]).peak_mem_bytes
+
+
+def test_a_relative_hf_config_is_found_in_the_projects_conf_as_in_the_shipped_one(tmp_path, monkeypatch):
+    """A project's conf/model/mine.yaml naming `hf_config: model/mine.json`, as the shipped files name theirs: it
+    was looked for in the working directory and the shipped conf/ only ("No such file or directory"); a file found
+    nowhere names where it was looked for."""
+    from scaling.core.model_group import ModelError, hf_config_path
+    from scaling.model.hf.config import read_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    shipped = json.loads((CONF_DIR / "model" / "hf_llama_tiny.json").read_text())
+    (tmp_path / "conf" / "model" / "mine.json").write_text(json.dumps(shipped))
+    assert hf_config_path("model/mine.json") == (tmp_path / "conf" / "model" / "mine.json").resolve()
+    assert read_config("model/mine.json").text.num_hidden_layers == shipped["num_hidden_layers"]
+    assert hf_config_path("model/hf_llama_tiny.json") == CONF_DIR / "model" / "hf_llama_tiny.json"  # still found
+    with pytest.raises(ModelError, match=r"model.hf_config='model/nope.json': no such file in .*, .*conf, .*looked"):
+        read_config("model/nope.json")

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Protocol, Union
 
 from scaling.core.field_meta import COLUMN, NEUTRAL
-from scaling.core.files import CONF_DIR
 
 
 class ModelError(ValueError):
@@ -245,11 +244,21 @@ class CustomModel:
         )
 
 
+def hf_config_dirs() -> list[Path]:
+    """Where a relative `hf_config:` is looked for, first match first: the working directory, then where config
+    groups are (the project's conf/, then the shipped configs: `model/hf_llama_tiny.json` is scaling.conf's)."""
+    from scaling.core.schema import config_dirs  # schema imports this module
+
+    return [Path.cwd(), *config_dirs()]
+
+
 def hf_config_path(given: str) -> Path:
-    """A Hugging Face config file: as given (absolute, or relative to the working directory), else relative to the
-    shipped configs (`model/hf_llama_tiny.json` is scaling.conf's)."""
+    """A Hugging Face config file: as given where it is absolute or names a file, else the first of hf_config_dirs'
+    that holds it (as given where none does: its reader names where it looked)."""
     path = Path(given)
-    return CONF_DIR / path if not path.is_file() and not path.is_absolute() and (CONF_DIR / path).is_file() else path
+    if path.is_absolute() or path.is_file():
+        return path
+    return next((d / path for d in hf_config_dirs()[1:] if (d / path).is_file()), path)
 
 
 def _hf_arguments(values: Mapping[str, Any]) -> dict[str, Any]:

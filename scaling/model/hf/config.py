@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from scaling.core.model_group import ModelError, hf_config_path
+from scaling.core.model_group import ModelError, hf_config_dirs, hf_config_path
 
 HF_EXTRA = "pip install 'scaling[hf]'"
 """What to install for a model made from a Hugging Face config."""
@@ -66,6 +66,11 @@ def read_config(
         raise ModelError(f"model.hf_config={config!r} needs transformers: {HF_EXTRA}") from None
     try:
         fields = json.loads(hf_config_path(config).read_text())
+    except FileNotFoundError:
+        where = ", ".join(str(d) for d in hf_config_dirs())
+        raise ModelError(
+            f"model.hf_config={config!r}: no such file in {where} (a relative path is looked for there, in order)"
+        ) from None
     except (OSError, ValueError) as e:
         raise ModelError(f"model.hf_config={config!r} is not a readable JSON config: {e}") from None
     model_type = fields.pop("model_type", None) if isinstance(fields, dict) else None
