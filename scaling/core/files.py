@@ -36,6 +36,18 @@ CONF_DIR = package_dir("scaling.conf")
 """The primary config (config.yaml) and its groups."""
 
 
+OWN_CONF = "conf"
+"""A project's own config groups: `./conf/<group>/<name>.yaml` in the working directory (a model preset, a hardware
+profile, network figures), found on top of the shipped ones."""
+
+
+def config_dirs() -> list[Path]:
+    """Where config groups are looked up, first match first: the working directory's conf/ (when it has one and it is
+    not the shipped one, as in the repository itself), then the shipped configs."""
+    own = (Path.cwd() / OWN_CONF).resolve()
+    return ([own] if own.is_dir() and own != CONF_DIR.resolve() else []) + [CONF_DIR]
+
+
 def current_umask() -> int:
     """The process's umask, read without changing it where Linux shows it (`Umask:` in /proc/self/status).
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Protocol, Union
 
 from scaling.core.field_meta import COLUMN, NEUTRAL
+from scaling.core.files import config_dirs
 
 
 class ModelError(ValueError):
@@ -247,8 +248,6 @@ class CustomModel:
 def hf_config_dirs() -> list[Path]:
     """Where a relative `hf_config:` is looked for, first match first: the working directory, then where config
     groups are (the project's conf/, then the shipped configs: `model/hf_llama_tiny.json` is scaling.conf's)."""
-    from scaling.core.schema import config_dirs  # schema imports this module
-
     return [Path.cwd(), *config_dirs()]
 
 

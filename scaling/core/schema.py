@@ -12,28 +12,16 @@ fields live in scaling.core.validate.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
-from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from scaling.core.enums import FsdpGradReduce, PipelineSchedule, Precision, Recompute
 from scaling.core.field_meta import COLUMN, GROUP, NEUTRAL, RUN_ONLY
-from scaling.core.files import CONF_DIR
+from scaling.core.files import CONF_DIR as CONF_DIR  # where the shipped configs are, for schema's importers
+from scaling.core.files import config_dirs
 from scaling.core.layout import Layout
 from scaling.core.model_group import ModelConfig, UnknownKey, model_dict, model_of, unknown_key
 
 EXPERIMENT_GROUPS = ("model", "train", "parallel", "hardware")
-
-
-OWN_CONF = "conf"
-"""A project's own config groups: `./conf/<group>/<name>.yaml` in the working directory (a model preset, a hardware
-profile, network figures), found on top of the shipped ones."""
-
-
-def config_dirs() -> list[Path]:
-    """Where config groups are looked up, first match first: the working directory's conf/ (when it has one and it is
-    not the shipped one, as in the repository itself), then the shipped configs."""
-    own = (Path.cwd() / OWN_CONF).resolve()
-    return ([own] if own.is_dir() and own != CONF_DIR.resolve() else []) + [CONF_DIR]
 
 
 def searchpath_override() -> str:

@@ -23,9 +23,9 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
+from scaling.core.files import config_dirs
 from scaling.core.model_group import ModelGroup, model_of
 from scaling.core.recompute import recomputed_share
-from scaling.core.schema import config_dirs
 from scaling.model.shape import Counted
 
 PARAMS = ("eta", "overhead_s", "compile_speedup", "attention_ratio")

@@ -17,8 +17,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 import yaml
 
-from scaling.core.files import read_json, write_json_atomic
-from scaling.core.schema import config_dirs
+from scaling.core.files import config_dirs, read_json, write_json_atomic
 from scaling.perf.network import TIERS, AlphaBeta, Network, NetworkEstimate, fit_tiers, tier_of
 
 PROFILE_FILE = "alpha_beta.json"
