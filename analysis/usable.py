@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from scaling.core.enums import Status, ZeroStage
-from scaling.core.layout import MODEL_PARALLEL, Layout
+from scaling.core.layout import Layout
 from scaling.core.schema import EXPERIMENT_GROUPS
 
 
@@ -73,11 +73,8 @@ def _derived_problems(derived: dict[str, Any], train: dict[str, Any], parallel: 
         return bad
     problems = []
     layout = Layout.of(parallel)
-    if world != layout.world_size:
-        degrees = [(a, getattr(layout, a)) for a in ("dp", *MODEL_PARALLEL) if a == "dp" or getattr(layout, a) > 1]
-        names, values = " × ".join(a for a, _ in degrees), " × ".join(str(v) for _, v in degrees)
-        said = f"config.parallel.dp={dp}" if len(degrees) == 1 else f"config.parallel's {names} = {values}"
-        problems.append(f"derived.world_size={world} disagrees with {said}")
+    if world != layout.world_size:  # the world as its degrees' product: config.parallel.dp=2 x parallel.tp=2 = 4
+        problems.append(f"derived.world_size={world} disagrees with config.{layout.ranks()}")
     if train["grad_acc"] != "auto" and grad_acc != train["grad_acc"]:
         problems.append(f"derived.grad_acc={grad_acc} disagrees with config.train.grad_acc={train['grad_acc']}")
     if gbs != mbs * grad_acc * dp:

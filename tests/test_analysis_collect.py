@@ -162,7 +162,7 @@ def test_a_model_parallel_point_is_usable_and_its_world_is_dp_times_its_degrees(
     record["derived"]["world_size"] = 4
     assert record_problem(record) is None
     record["derived"]["world_size"] = 2
-    assert record_problem(record) == f"derived.world_size=2 disagrees with config.parallel's dp × {axis} = 2 × 2"
+    assert record_problem(record) == f"derived.world_size=2 disagrees with config.parallel.dp=2 x parallel.{axis}=2 = 4"
 
 
 def test_collect_leaves_out_what_it_cannot_use_and_names_each_once(tmp_path, capsys):
