@@ -195,22 +195,12 @@ def _agent_server_for(item: pytest.Item) -> Optional[str]:
 
 
 def _wait_for(server: agents._Server) -> None:
-    """Until the server takes requests (its imports: seconds), as a driver waits for its own: a driver that asked
-    before would start its own server and say so on stderr."""
-    import socket
-    import time
-
-    from scaling.engine.agent import socket_address
-
-    deadline = time.monotonic() + agents.START_WAIT_S
-    while server.proc.poll() is None and time.monotonic() < deadline:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            try:
-                probe.connect(socket_address(server.path))
-                return
-            except OSError:
-                time.sleep(0.05)
-    pytest.fail(f"the worker's agent server did not start: {server.tail()}")
+    """Until the server takes requests, as a driver waits for its own (agents.connect): a driver that asked before
+    would start its own server and say so on stderr."""
+    conn = agents.connect(server.path, server)
+    if conn is None:
+        pytest.fail(f"the worker's agent server did not start: {server.tail()}")
+    conn.close()  # the server reads it as a request without its log descriptor and refuses it
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -144,15 +144,15 @@ def _say_once(message: str) -> None:
         print(f"[scaling] {message}", file=sys.stderr, flush=True)
 
 
-def _ask(path: str, argv: Sequence[str], env: Mapping[str, str], log: IO[bytes], server: Optional[_Server]) -> Any:
-    """Ask the server at `path` for an agent: a `Served`, a refusal's reason (str), or None where no server answers
-    (`server`: one this driver started, waited for while it starts)."""
+def connect(path: str, server: Optional[_Server] = None) -> Optional[socket.socket]:
+    """A connection to the server at `path`, None where none answers; for `server` (one started here) waited for
+    while it starts (its imports: seconds), up to START_WAIT_S."""
     deadline = time.monotonic() + (START_WAIT_S if server is not None else 0.0)
     while True:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(socket_address(path))
-            break
+            return conn
         except (FileNotFoundError, ConnectionRefusedError):
             conn.close()
             if server is None or server.proc.poll() is not None or time.monotonic() > deadline:
@@ -161,6 +161,14 @@ def _ask(path: str, argv: Sequence[str], env: Mapping[str, str], log: IO[bytes],
         except OSError:
             conn.close()
             return None
+
+
+def _ask(path: str, argv: Sequence[str], env: Mapping[str, str], log: IO[bytes], server: Optional[_Server]) -> Any:
+    """Ask the server at `path` for an agent: a `Served`, a refusal's reason (str), or None where no server answers
+    (`server`: one this driver started, waited for while it starts)."""
+    conn = connect(path, server)
+    if conn is None:
+        return None
     request = {
         "args": list(argv[3:]),
         "env": dict(env),
