@@ -51,6 +51,55 @@ def test_the_models_own_init_is_honoured_and_its_ties_kept_after_materialisation
     assert sum(p.numel() for p in module.parameters()) == sum(p.numel() for p in real.parameters()) == 149248
 
 
+def test_a_block_that_holds_its_own_tensors_is_initialised_under_recompute_and_in_a_stage(project):
+    """A block holding a parameter and a buffer itself (a layer scale, a rotary table: PaLM-style code keeps them on
+    the block), its values set in `__init__` only: wrapped for recomputation, its tensors sit right under the
+    wrapper, and they get the real build's values, as every other tensor does, on one rank and in a pipeline
+    stage (they were a KeyError for 'h.0._checkpoint_wrapped_module.scale')."""
+    (project / "scaled_blocks.py").write_text(
+        textwrap.dedent("""\
+            import torch
+            from torch import nn
+
+            class Block(nn.Module):
+                def __init__(self, n):
+                    super().__init__()
+                    self.fc = nn.Linear(n, n)
+                    self.scale = nn.Parameter(torch.full((n,), 0.1))
+                    self.register_buffer("cos", torch.cos(torch.arange(n, dtype=torch.float32)), persistent=False)
+
+                def forward(self, x):
+                    return x + self.scale * self.fc(x) * self.cos
+
+            class Model(nn.Module):
+                def __init__(self, vocab_size=64, max_seq_len=16, n=8):
+                    super().__init__()
+                    self.emb, self.out = nn.Embedding(vocab_size, n), nn.Linear(n, vocab_size)
+                    self.h = nn.ModuleList(Block(n) for _ in range(2))
+                    nn.init.normal_(self.emb.weight, std=0.5)
+
+                def forward(self, ids):
+                    x = self.emb(ids)
+                    for block in self.h:
+                        x = block(x)
+                    return self.out(x)
+        """)
+    )
+    model = CustomModel(name="scaled_blocks", target="scaled_blocks.Model", kwargs={})
+    family = family_of(model)
+    torch.manual_seed(3)
+    real = {n: t.tolist() for n, t in custom_model.build(model, "cpu").state_dict().items()}
+    module = family.build("meta")
+    family.recompute(module, family.blocks(module), "full", 1)
+    family.materialise(module, torch.device("cpu"))
+    family.initialise(module, seed=3)
+    assert "h.0._checkpoint_wrapped_module.scale" in dict(module.named_parameters())  # wrapped
+    assert {n: t.tolist() for n, t in module.state_dict().items()} == real  # (the wrapper's names, unwrapped)
+    stage = family.pipeline_stage(module, range(1, 2), first=False, last=True)
+    family.initialise_stages(module, [stage], seed=3)
+    assert stage.model.h[1].scale.tolist() == real["h.1.scale"]
+
+
 def test_a_tensor_that_initialisation_leaves_unwritten_stops_the_rank(project):
     """The ranks' own proof, beside the driver's: what to_empty allocated is NaN until initialisation writes it, and
     a model whose init_weights() misses a parameter is stopped naming it (here a gate the model forgot)."""

@@ -195,18 +195,10 @@ def _own_init(model: CustomModel, module: nn.Module, seed: int) -> None:
     all lost on meta): the model built once for real on this rank's CPU from the seed, and each of its parameters and
     buffers copied into the materialised one of the same name (a checkpoint wrapper's prefix dropped), each rank
     keeping its part."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
+    from scaling.model.custom.stage import copy_values
 
     torch.manual_seed(seed)
-    real = build(model, "cpu")
-    values = dict(real.named_parameters(remove_duplicate=False))
-    values.update(real.named_buffers(remove_duplicate=False))
-    for prefix, owner in module.named_modules():
-        prefix = prefix.replace(_CHECKPOINT_PREFIX, "")
-        with _full_parameters(owner, recurse=False):
-            for name, t in [*owner._parameters.items(), *owner._buffers.items()]:
-                if t is not None:
-                    t.copy_(values[f"{prefix}.{name}" if prefix else name])
+    copy_values(build(model, "cpu"), module, _full_parameters)
 
 
 def no_tp_plan(model: CustomModel) -> ModelError:

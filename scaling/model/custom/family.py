@@ -95,7 +95,6 @@ class OwnModule(Family):
         """The whole model built on the CPU as one rank builds it (on meta, then materialised) and initialised as one
         rank initialises it, then each stage's part copied in (scaling.model.custom.stage)."""
         import torch
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 
         from scaling.model.custom.build import _full_parameters
         from scaling.model.custom.stage import copy_values
@@ -104,7 +103,7 @@ class OwnModule(Family):
         self.materialise(real, torch.device("cpu"))
         self.initialise(real, seed)
         for stage in stages:
-            copy_values(real, stage.model, _full_parameters, _CHECKPOINT_PREFIX)
+            copy_values(real, stage.model, _full_parameters)
 
     def check_pp(self, stages: int, n_blocks: int) -> None:
         """As every family, and what cutting needs: no weight tied across modules, blocks that return their hidden

@@ -165,15 +165,18 @@ class CutStage(nn.Module):
         return logits_of(out)
 
 
-def copy_values(real: nn.Module, module: nn.Module, full_parameters: Callable[..., Any], prefix_drop: str) -> None:
-    """Each parameter and buffer of `module` given the value of the one of the same name in `real` (a prefix
-    `prefix_drop` of wrapped modules' names dropped), each rank keeping its part (`full_parameters`: FSDP2's whole
+def copy_values(real: nn.Module, module: nn.Module, full_parameters: Callable[..., Any]) -> None:
+    """Each parameter and buffer of `module` given the value of the one of the same name in `real` (the recompute
+    wrappers' `_checkpoint_wrapped_module` dropped from its name: a tensor the wrapped block holds itself, a rotary
+    table or a layer scale, sits right under it), each rank keeping its part (`full_parameters`: FSDP2's whole
     parameters while they are written)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_WRAPPED_MODULE
+
     values = dict(real.named_parameters(remove_duplicate=False))
     values.update(real.named_buffers(remove_duplicate=False))
     with torch.no_grad():
         for prefix, owner in module.named_modules():
-            prefix = prefix.replace(prefix_drop, "")
+            prefix = ".".join(part for part in prefix.split(".") if part and part != _CHECKPOINT_WRAPPED_MODULE)
             with full_parameters(owner, recurse=False):
                 for name, t in [*owner._parameters.items(), *owner._buffers.items()]:
                     if t is not None:
