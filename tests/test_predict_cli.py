@@ -130,6 +130,7 @@ def test_predict_point_json_has_both_methods(capsys):
     assert res["capacity_bytes"] == int(0.1 * GIB)
 
 
+@pytest.mark.subprocess  # the dry run of a model without the closed form
 def test_predict_sweep_prints_the_grid_without_launching(tmp_path, monkeypatch, capsys):
     (tmp_path / "sweeps").mkdir()
     (tmp_path / "sweeps" / "fitgrid.yaml").write_text(
@@ -165,6 +166,37 @@ def test_predict_sweep_prints_the_grid_without_launching(tmp_path, monkeypatch, 
         f"({8 - skipped} launches, 1 at a time, launch.timeout_s=600)"
     )
     assert not (tmp_path / "runs").exists()  # nothing launched, nothing recorded
+    # a model without the closed form: traced, as `scaling predict` of one point and its launch's pre-screen trace it
+    # (it was `-` for every point); the dry run's analytic forecast counts its launches on a line of their own
+    (tmp_path / "sweeps" / "owngrid.yaml").write_text(
+        textwrap.dedent("""\
+        defaults:
+          - config
+          - _self_
+        sweep: owngrid
+        hardware:
+          memory_gb: 0.01
+        train:
+          seq_len: 32
+        hydra:
+          mode: MULTIRUN
+          sweeper:
+            params:
+              model: hf_llama_tiny
+              train.mbs: 1,2
+        """)
+    )
+    own = ["--sweep", "owngrid", f"sweep_dir={tmp_path / 'runs'}"]
+    assert predict_main(own) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[1] for line in lines[1:3]] == ["1", "2"] and all("(traced)" in x for x in lines[1:3]), lines
+    assert "without a memory figure" not in "\n".join(lines)
+    dry = scaling("sweep", "owngrid", "--dry-run", own[-1], cwd=tmp_path)
+    assert (
+        "2 of the launches without a memory figure here: model 'hf_llama_tiny' has no closed-form figure: each "
+        "launch's pre-screen traces it, `scaling predict --sweep` traces it now" in dry.stdout
+    ), dry.stdout
+    assert not (tmp_path / "runs").exists()
 
 
 def test_bad_input_is_a_clear_error(capsys):

@@ -156,7 +156,8 @@ class GridSweep(BasicSweeper):
             if point.problem is not None:
                 plan.unreadable[point.key] = str(point.problem)
                 continue
-            verdict = predict_new(point.cfg)["status"] if self.dry_run and not point.done else None
+            new = predict_new(point.cfg) if self.dry_run and not point.done else {"status": None, "unscreened": None}
+            verdict = new["status"]
             if point.done:
                 plan.answered[point.record["status"]] += 1
                 plan.forecast.add(point, verdict)
@@ -165,16 +166,16 @@ class GridSweep(BasicSweeper):
             marker = inflight.read_marker(item.jd)
             if marker is None:
                 plan.to_run.append(item)
-                plan.forecast.add(point, verdict)
+                plan.forecast.add(point, verdict, unscreened=new["unscreened"])
             else:  # decided below, with one squeue call for every marker that names a SLURM job
-                marked.append((item, marker, point, verdict))
+                marked.append((item, marker, point, new))
         markers = {item.jd.name: marker for item, marker, _, _ in marked}
         live, host = inflight.live_markers(markers, inflight.marker_states(markers)), socket.gethostname()
         last = []
-        for item, marker, point, verdict in marked:
+        for item, marker, point, new in marked:
             held = bool(live[item.jd.name])
             how = inflight.stalled(marker, host) if held else None
-            plan.forecast.add(point, verdict, in_flight=held and not how)
+            plan.forecast.add(point, new["status"], in_flight=held and not how, unscreened=new["unscreened"])
             if how:
                 plan.stalled.append(f"{item.jd.name}: {_holder(marker)}, {how}")
                 last.append(item)

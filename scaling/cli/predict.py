@@ -144,8 +144,9 @@ def _sweep(name: str, overrides: list[str], traced: bool, as_json: bool) -> int:
         at_once = points_at_once(configs.master)
         for point in survey(points, configs):
             choice = {k: v for k, v in (o.split("=", 1) for o in point.overrides) if k in axes}
-            new = predict_new(point.cfg, traced)
-            forecast.add(point, new["status"])
+            # a model without the closed form is traced, as `scaling predict` of one point and its launch trace it
+            new = predict_new(point.cfg, traced or not family_of(point.cfg.model).closed_form)
+            forecast.add(point, new["status"], unscreened=new["unscreened"])
             pred = new["predicted"]
             if pred is None:
                 rows.append({**choice, "status": "invalid", "error": new["error"]})

@@ -364,7 +364,8 @@ def survey(points: Sequence[Sequence[str]], configs: PointConfigs, set_aside: bo
 def predict_new(cfg: ExperimentConfig, traced: bool = False) -> dict[str, Any]:
     """What run_point will do with a point it has to run: `invalid`, `predicted_oom` or `launch`, with
     the prediction (`predicted`) or the error, by run_point's own rules. Analytic unless `traced` (the
-    pre-screen traces near-capacity points at launch)."""
+    pre-screen traces near-capacity points at launch). `unscreened` says why a launch against a capacity has no
+    figure here (a model without the closed form, untraced; a failed trace), else None."""
     from scaling.core.validate import InvalidConfig, pipeline_stages, validate
     from scaling.predictor.prescreen import predicted_oom, prescreen
 
@@ -376,10 +377,17 @@ def predict_new(cfg: ExperimentConfig, traced: bool = False) -> dict[str, Any]:
     except InvalidConfig as e:
         return {"status": Status.INVALID, "error": str(e), "predicted": None}
     predicted = prescreen(cfg, grad_acc, trace=traced)
+    unscreened = None
+    if predicted["peak_mem_bytes"] is None and predicted["capacity_bytes"] is not None and cfg.launch.prescreen:
+        unscreened = predicted.get("trace_error") or (
+            f"model {cfg.model.name!r} has no closed-form figure: each launch's pre-screen traces it, "
+            "`scaling predict --sweep` traces it now"
+        )
     return {
         "status": Status.PREDICTED_OOM if predicted_oom(predicted) else LAUNCH,
         "error": None,
         "predicted": predicted,
+        "unscreened": unscreened,
     }
 
 
@@ -398,9 +406,14 @@ class Forecast:
     """Wall time of each recorded point that ran torchrun."""
     timeout_s: float = 0.0
     """The longest launch.timeout_s among the points to launch."""
+    unscreened: Counter = field(default_factory=Counter)
+    """Launches without a figure here, by why (predict_new's `unscreened`)."""
 
-    def add(self, point: GridPoint, forecast: Optional[str], in_flight: bool = False) -> None:
-        """Count one point: recorded, in flight, or new with its forecast (from predict_new)."""
+    def add(
+        self, point: GridPoint, forecast: Optional[str], in_flight: bool = False, unscreened: Optional[str] = None
+    ) -> None:
+        """Count one point: recorded, in flight, or new with its forecast (from predict_new: its status and
+        `unscreened`)."""
         self.points += 1
         wall = launch_wall_s(point.record)
         if wall is not None:
@@ -413,6 +426,8 @@ class Forecast:
             self.new[forecast] += 1
             if forecast == LAUNCH:
                 self.timeout_s = max(self.timeout_s, point.cfg.launch.timeout_s)
+                if unscreened:
+                    self.unscreened[unscreened] += 1
 
     def wall_s(self, at_once: int) -> Optional[float]:
         """Estimated wall time of the launches (`wall_estimate_s`)."""
@@ -445,7 +460,10 @@ class Forecast:
                 f"wall time: unknown, no launched point recorded yet; at most {format_duration(bound)} "
                 f"({how}, launch.timeout_s={self.timeout_s:g})"
             )
-        return [head, wall]
+        unscreened = [
+            f"{n} of the launches without a memory figure here: {why}" for why, n in self.unscreened.most_common()
+        ]
+        return [head, *unscreened, wall]
 
 
 def launch_wall_s(record: Optional[Mapping[str, Any]]) -> Optional[float]:
