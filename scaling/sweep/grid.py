@@ -375,7 +375,7 @@ def predict_new(cfg: ExperimentConfig, traced: bool = False) -> dict[str, Any]:
             cfg.model, cfg.train.seq_len, cfg.parallel.tp, pipeline_stages(cfg.parallel)
         )  # the model's contract, as run_point checks it
     except InvalidConfig as e:
-        return {"status": Status.INVALID, "error": str(e), "predicted": None}
+        return {"status": Status.INVALID, "error": str(e), "predicted": None, "unscreened": None}
     predicted = prescreen(cfg, grad_acc, trace=traced)
     unscreened = None
     if predicted["peak_mem_bytes"] is None and predicted["capacity_bytes"] is not None and cfg.launch.prescreen:
