@@ -268,6 +268,76 @@ def test_predict_and_find_mbs_refuse_a_broken_model_in_one_line_as_run_does(proj
         assert err.startswith(prefix + expected) and err.count("\n") == 1 and "Traceback" not in err, err
 
 
+READS_A_SHARD = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+    class Boom(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError("Boom's backward is not written yet")
+
+    class Model(nn.Module):
+        # its head adds a block's bias, read outside the block: at ZeRO-3 that bias is a shard there
+        def __init__(self, vocab_size=64, max_seq_len=32, boom=False):
+            super().__init__()
+            self.emb, self.out, self.boom = nn.Embedding(vocab_size, 16), nn.Linear(16, vocab_size), boom
+            self.h = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            for layer in self.h:
+                x = layer(x)
+            x = Boom.apply(x) if self.boom else x
+            return self.out(x) + self.h[0].bias.sum()
+""")
+
+
+def test_a_model_whose_step_raises_is_one_line_naming_its_line_in_predict_find_mbs_and_the_recipe(project, capsys):
+    """A model whose backward raises is refused before any process, the error and its line named (it was a
+    traceback out of the driver, the point not recorded). One that raises only at ZeRO-3 (a block's parameter read
+    outside the block, a shard there): `scaling predict` and `scaling find-mbs` say so in one line, exit 1 (a
+    35-line traceback), and the recipe weighs the other stages and notes why it left that one out (it stopped)."""
+    from scaling.cli.find_mbs import main as find_mbs_main
+    from scaling.cli.predict import main as predict_main
+    from scaling.core.validate import InvalidConfig
+    from scaling.model.family import checked
+    from scaling.recipe.candidates import find_candidates
+    from scaling.sweep.compose import compose_config
+
+    (project / "shard_read.py").write_text(READS_A_SHARD)
+    (project / "conf" / "model" / "shard_read.yaml").write_text(
+        "name: shard_read\n_target_: shard_read.Model\nvocab_size: 64\nmax_seq_len: 32\n"
+    )
+    boom = CustomModel(
+        name="boom", target="shard_read.Model", kwargs={"boom": True, "vocab_size": 64, "max_seq_len": 32}
+    )
+    with pytest.raises(InvalidConfig, match=r"model 'boom' \(shard_read.Model\): the backward of its logits' sum "
+                       r"raised RuntimeError: Boom's backward is not written yet \(at shard_read.py:11\)"):  # fmt: skip
+        checked(boom, 32)
+    point = ["model=shard_read", "train.seq_len=32", "parallel.zero_stage=3"]
+    said = (
+        "the traced training step of model 'shard_read' raised RuntimeError: aten.add.Tensor got mixed torch.Tensor "
+        "and DTensor, need to convert all torch.Tensor to DTensor before calling distributed operators! (at "
+        "shard_read.py:25)"
+    )
+    for main, prefix in ((predict_main, "scaling predict: "), (find_mbs_main, "scaling find-mbs: ")):
+        at = [*point, "parallel.dp=2", "hardware.memory_gb=0.01"]
+        assert main([*at, "--no-confirm"] if main is find_mbs_main else at) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(prefix + said) and err.count("\n") == 1 and "Traceback" not in err, err
+    cfg = compose_config([*point, "hardware=h100", "logger=none"])
+    notes: list[str] = []
+    never = lambda point: pytest.fail("nothing is launched without a device at hand")  # noqa: E731
+    found = find_candidates(cfg, [0, 3], ["none"], [8], 64, 0, never, project / "runs", notes)
+    assert [c.name for c in found] == ["ZeRO-0, recompute none"], found
+    assert f"ZeRO-3, recompute none: not weighed: {said}" in notes, notes
+
+
 def test_the_adapter_on_the_page_is_the_one_the_tests_run():
     """docs/own-project.md's nanoGPT adapter, as printed, is tests/own_project/nano.py (which the docs' commands run)."""
     page = (REPO / "docs" / "own-project.md").read_text()

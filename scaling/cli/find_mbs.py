@@ -11,6 +11,7 @@ from typing import Optional
 
 from scaling.core.units import memory_unit
 from scaling.core.validate import InvalidConfig
+from scaling.predictor import TraceError
 from scaling.predictor.calibrated import NO_ANALYTIC
 from scaling.recipe.mbs_search import find_mbs
 
@@ -43,6 +44,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ValueError, InvalidConfig) as e:
         print(f"scaling find-mbs: {e}", file=sys.stderr)
         return 2
+    except TraceError as e:  # the model's own step raised on fake tensors: its ranks may fail so
+        print(f"scaling find-mbs: {e}; `scaling run` of a point records what its ranks do", file=sys.stderr)
+        return 1
     if a.analytic and result.method == "traced":
         print(f"scaling find-mbs: --analytic: {NO_ANALYTIC}: traced", file=sys.stderr)
     if a.json:

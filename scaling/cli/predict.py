@@ -19,6 +19,7 @@ from scaling.core.schema import ExperimentConfig
 from scaling.core.units import memory_unit
 from scaling.core.validate import InvalidConfig, validate
 from scaling.model.family import checked, family_of
+from scaling.predictor import TraceError
 from scaling.predictor.calibrated import CALIBRATED, NO_ANALYTIC, builtin_of, calibrated_peak
 from scaling.predictor.prescreen import capacity_bytes
 from scaling.predictor.stage_memory import predict_peak, require_stage_predictor
@@ -219,6 +220,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     except InvalidConfig as e:
         print(f"scaling predict: invalid point: {e}", file=sys.stderr)
         return 2
+    except TraceError as e:  # the model's own step raised on fake tensors: its ranks may fail so
+        print(f"scaling predict: {e}; `scaling run` of the point records what its ranks do", file=sys.stderr)
+        return 1
     if a.json:
         print(json.dumps({"point": _point_line(cfg), **result}, indent=2))
         return 0

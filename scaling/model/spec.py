@@ -189,3 +189,21 @@ def logits_of(out: Any) -> torch.Tensor:
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
     return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def raised_at(e: BaseException) -> str:
+    """' (at gpt.py:42)': the innermost line of the model's own code the exception passed through (not the standard
+    library's, an installed package's or this project's); '' where none did."""
+    import os
+    import sysconfig
+    import traceback
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # scaling/
+    skip = {sysconfig.get_path(k) for k in ("stdlib", "purelib", "platlib")} | {package}
+    skip_dirs = tuple(os.path.realpath(d) + os.sep for d in skip if d)
+    own = [
+        f
+        for f in traceback.extract_tb(e.__traceback__)
+        if not os.path.realpath(f.filename).startswith(skip_dirs) and "site-packages" not in f.filename
+    ]
+    return f" (at {os.path.basename(own[-1].filename)}:{own[-1].lineno})" if own else ""

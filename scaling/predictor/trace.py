@@ -28,16 +28,13 @@ import torch.distributed as dist
 
 from scaling.core.enums import ZeroStage
 from scaling.core.schema import ExperimentConfig
+from scaling.predictor import TraceError
 
 TRACED = "traced"
 MAX_MICRO_STEPS = 2
 """Micro-steps traced per step: the second one already holds accumulated gradients. ZeRO-2 traces one more, since
 its parameters stay gathered until the last micro-step: the second of three is one before the last with
 accumulated gradient shards, which the last one (its parameters resharded after its backward) is not."""
-
-
-class TraceError(RuntimeError):
-    """The traced prediction could not be made (the message says why)."""
 
 
 @dataclass
@@ -310,9 +307,23 @@ def _plan_refused(cfg: ExperimentConfig, family: Any) -> Iterator[None]:
 
 def trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
     """Peak live bytes per rank of a resolved point's training step, traced on fake tensors in this process, whose
-    environment variables it leaves as it found them (the parts of torch it imports set some)."""
+    environment variables it leaves as it found them (the parts of torch it imports set some). A model one brings
+    whose step raises here raises TraceError, one line naming the model, the error and its line in the model's code:
+    its ranks may fail so, or run (a model that branches on values runs for real where fake tensors cannot)."""
+    from scaling.core.validate import InvalidConfig
+    from scaling.model.family import family_of
+    from scaling.model.spec import raised_at
+
     with _environment_kept():
-        return _trace_peak(cfg)
+        try:
+            return _trace_peak(cfg)
+        except (InvalidConfig, TraceError):
+            raise
+        except Exception as e:
+            if family_of(cfg.model).closed_form:  # the project's own model: a fault here is the project's
+                raise
+            said = f"the traced training step of model {cfg.model.name!r} raised {type(e).__name__}: {e}"
+            raise TraceError(said.splitlines()[0] + raised_at(e)) from e
 
 
 def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:

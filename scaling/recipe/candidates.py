@@ -14,6 +14,7 @@ from scaling.core.model_group import TP_DEGREES
 from scaling.core.schema import ExperimentConfig
 from scaling.core.validate import InvalidConfig, validate
 from scaling.model.family import checked, family_of
+from scaling.predictor import TraceError
 from scaling.predictor.calibrated import predictor_name
 from scaling.predictor.margin import planning_margin
 from scaling.predictor.stage_memory import NO_STAGES
@@ -149,6 +150,14 @@ def find_candidates(
     found: list[Candidate] = []
 
     def weigh(layout: Layout, r: str, judged: list[int]) -> None:
+        try:
+            weigh_one(layout, r, judged)
+        except TraceError as e:  # a model one brings whose step fails on fake tensors under this layout
+            name = Candidate(layout, r, 0, "").name
+            notes.append(f"{name}: not weighed: {e}")
+            print(f"[recipe] {name}: not weighed: {e}", flush=True)
+
+    def weigh_one(layout: Layout, r: str, judged: list[int]) -> None:
         base = point_config(cfg, Layout(layout.zero_stage), r, 1)
         # what the predictor may be off by where no run confirms the fit: the layout's own (tp and pp unmeasured)
         margin = planning_margin(point_config(cfg, layout, r, 1)).frac

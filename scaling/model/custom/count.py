@@ -17,7 +17,7 @@ from torch import nn
 from scaling.core.model_group import ModelError
 from scaling.model.custom.init import Writes, unwritten_line
 from scaling.model.shape import Counted
-from scaling.model.spec import Family, logits_of
+from scaling.model.spec import Family, logits_of, raised_at
 
 CONTRACT_BATCH = 2
 """Sequences in the batch the contract is checked on: more than one, so that a forward that folds the batch into
@@ -66,14 +66,18 @@ def _count(family: Family, seq_len: int) -> Counted:
                 out = logits_of(module(ids))
             except Exception as e:
                 said = f"{label}: forward(input_ids) on a {batch} LongTensor raised {type(e).__name__}: {e}"
-                raise ModelError(said.splitlines()[0]) from e
+                raise ModelError(said.splitlines()[0] + raised_at(e)) from e
             if tuple(out.shape) != (*batch, vocab):
                 raise ModelError(
                     f"{label}: forward(input_ids) of shape {batch} returned {tuple(out.shape)}; logits of shape "
                     f"(B, T, vocab_size) = {(*batch, vocab)} are expected"
                 )
             forward = counter.get_total_flops()
-            out.float().sum().backward()
+            try:
+                out.float().sum().backward()
+            except Exception as e:
+                said = f"{label}: the backward of its logits' sum raised {type(e).__name__}: {e}"
+                raise ModelError(said.splitlines()[0] + raised_at(e)) from e
         total = counter.get_total_flops()
         n_params = sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
         tensors = _param_shapes(module, found)
