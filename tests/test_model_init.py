@@ -286,7 +286,7 @@ READS_A_SHARD = textwrap.dedent("""\
         def __init__(self, vocab_size=64, max_seq_len=32, boom=False):
             super().__init__()
             self.emb, self.out, self.boom = nn.Embedding(vocab_size, 16), nn.Linear(16, vocab_size), boom
-            self.h = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+            self.h = nn.ModuleList(Block(16, 16) for _ in range(2))
 
         def forward(self, ids):
             x = self.emb(ids)
@@ -294,6 +294,9 @@ READS_A_SHARD = textwrap.dedent("""\
                 x = layer(x)
             x = Boom.apply(x) if self.boom else x
             return self.out(x) + self.h[0].bias.sum()
+
+    class Block(nn.Linear):
+        pass
 """)
 
 
@@ -336,6 +339,18 @@ def test_a_model_whose_step_raises_is_one_line_naming_its_line_in_predict_find_m
     found = find_candidates(cfg, [0, 3], ["none"], [8], 64, 0, never, project / "runs", notes)
     assert [c.name for c in found] == ["ZeRO-0, recompute none"], found
     assert f"ZeRO-3, recompute none: not weighed: {said}" in notes, notes
+
+
+def test_full_recompute_of_a_model_one_brings_adds_its_blocks_forward_not_its_heads(project):
+    """What full recompute runs again is each checkpointed block's forward: the head (16 x 64 here, two thirds of
+    the forward) is not run twice, so it is not in the hardware FLOPs (HFU counted it: 3,072 per token, not 1,024)."""
+    (project / "shard_read.py").write_text(READS_A_SHARD)
+    model = CustomModel(name="plain", target="shard_read.Model", kwargs={"vocab_size": 64, "max_seq_len": 32})
+    counted = family_of(model).counted(32)
+    assert counted.block == "Block" and counted.n_blocks == 2
+    assert counted.recomputed_flops_per_token == 2 * (2 * 16 * 16)  # the two blocks' matmuls, once
+    assert counted.flops_per_token == 3 * (2 * (2 * 16 * 16) + 2 * 16 * 64)  # forward and backward of all
+    assert counted.hw_flops_per_token("full") == counted.flops_per_token + 1024
 
 
 def test_the_adapter_on_the_page_is_the_one_the_tests_run():

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional
 
 from scaling.core.layout import Layout, configuration_name
 from scaling.perf.extrapolation import BAND
-from scaling.recipe.options import PREDICTED, TIE_RULE, Candidate
+from scaling.recipe.options import EXTRAPOLATED, PREDICTED, TIE_RULE, Candidate
 
 RECIPE_MD, RECIPE_JSON = "recipe.md", "recipe.json"
 """The recipe's files in the sweep directory (`scaling report` opens with the first)."""
@@ -168,15 +168,16 @@ class Recipe:
         return [f"{r.command}  # {r.gpus} GPU{'s' if r.gpus != 1 else ''}" for r in self.rows if r.command]
 
     def predicted_from(self) -> list[str]:
-        """Where the `predicted` rows' figures come from (their MFU and network), one line per source, with the GPU
-        counts it answers for: a plan made before any point ran says on what it rests."""
-        by_source: dict[str, list[int]] = {}
+        """Where the `predicted` rows' figures come from (their MFU and network), then the `extrapolated` ones' (the
+        network, the measured dp they were fitted on, a misfit and a bound), one line per source, with the GPU counts
+        it answers for: a plan made before any point ran says on what it rests, and a figure not measured whence."""
+        by_source: dict[tuple[str, str], list[int]] = {}
         for r in self.rows:
-            if r.source == PREDICTED:
-                by_source.setdefault(r.source_detail or "no source recorded", []).append(r.gpus)
+            if r.source in (PREDICTED, EXTRAPOLATED):
+                by_source.setdefault((r.source, r.source_detail or "no source recorded"), []).append(r.gpus)
         return [
-            f"Predicted ({', '.join(map(str, gpus))} GPU{'s' if gpus != [1] else ''}): {source}."
-            for source, gpus in by_source.items()
+            f"{kind.capitalize()} ({', '.join(map(str, gpus))} GPU{'s' if gpus != [1] else ''}): {source}."
+            for (kind, source), gpus in sorted(by_source.items(), key=lambda kv: kv[0][0] != PREDICTED)
         ]
 
     def caveats(self) -> list[str]:

@@ -12,7 +12,7 @@ from scaling.core.layout import Layout
 from scaling.core.schema import ExperimentConfig
 from scaling.model.family import family_of
 from scaling.model.shape import ModelShape
-from scaling.perf.extrapolation import Extrapolation, extrapolate, rate_band, wide_because
+from scaling.perf.extrapolation import MISFIT_WARNING, Extrapolation, extrapolate, rate_band, wide_because
 from scaling.perf.network import NetworkEstimate
 from scaling.perf.step_model import Point, Workload, host_blocking_backend
 from scaling.recipe.options import EXTRAPOLATED, MEASURED, Beyond, Candidate, Estimate, Split
@@ -78,6 +78,16 @@ class Model:
         measured = ", ".join(str(d) for d in sorted(ex.measured))
         why = wide_because(self.workload, ex.fit, ex.draws, dp, grad_acc) if dp > max(ex.measured) else None
         detail = f"{self.source}; fitted on measured dp {measured}" + (f"; {why}" if why else "")
+        if ex.misfit > MISFIT_WARNING:
+            detail += f"; the fit misses the measured step times by up to {ex.misfit:.0%}"
+        top = max(ex.measured)
+        if dp > top and rate > ex.measured[top]:
+            # More data-parallel ranks on the same global batch never run faster per GPU in the step model (fewer
+            # micro-steps to share each step's optimizer and collectives): a fit that says so misses the points.
+            bound = ex.measured[top]
+            detail += f"; at most dp={top}'s measured {bound:,.0f} (the fit gave {rate:,.0f})"
+            scale = bound / rate  # the band's lower side kept in proportion; the measured figure its top
+            step, lo, hi, rate = step / scale, lo * scale, bound, bound
         return Estimate(rate, lo, hi, step, EXTRAPOLATED, detail)
 
 
