@@ -80,12 +80,12 @@ class Model:
         detail = f"{self.source}; fitted on measured dp {measured}" + (f"; {why}" if why else "")
         if ex.misfit > MISFIT_WARNING:
             detail += f"; the fit misses the measured step times by up to {ex.misfit:.0%}"
-        top = max(ex.measured)
-        if dp > top and rate > ex.measured[top]:
+        below = max((d for d in ex.measured if d < dp), default=None)
+        if below is not None and rate > ex.measured[below]:
             # More data-parallel ranks on the same global batch never run faster per GPU in the step model (fewer
             # micro-steps to share each step's optimizer and collectives): a fit that says so misses the points.
-            bound = ex.measured[top]
-            detail += f"; at most dp={top}'s measured {bound:,.0f} (the fit gave {rate:,.0f})"
+            bound = ex.measured[below]
+            detail += f"; at most dp={below}'s measured {bound:,.0f} (the fit gave {rate:,.0f})"
             scale = bound / rate  # the band's lower side kept in proportion; the measured figure its top
             step, lo, hi, rate = step / scale, lo * scale, bound, bound
         return Estimate(rate, lo, hi, step, EXTRAPOLATED, detail)
