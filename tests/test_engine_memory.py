@@ -98,6 +98,9 @@ def test_zero23_accumulate_gradients_in_shards(sweep_dir, stage):
         rec = point(sweep_dir, *common, *extra)
         assert rec["status"] == "ok", rec["error"]
         peaks[label] = rec["metrics"]["peak_mem_bytes"]
+        # each rank's own shard of AdamW's m and v (8 bytes a parameter, over 2 ranks), not the whole model's
+        state = rec["metrics"]["optimizer_state_bytes_per_rank"]
+        assert all(8 * psi / 2 <= s <= 8 * psi / 2 * 1.01 for s in state), (state, 8 * psi)
     assert peaks["sharded"] - peaks["ga1"] <= 4 * psi / 2 * 1.1, peaks
     assert peaks["unsharded"] - peaks["ga1"] >= 4 * psi * 0.9, peaks
 

@@ -192,11 +192,13 @@ def cuda_memory(device: torch.device) -> dict[str, int]:
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """Bytes of the optimizer states this rank holds (ZeroRedundancyOptimizer: its own partition)."""
+    """Bytes of the optimizer states this rank holds (ZeroRedundancyOptimizer: its own partition; FSDP2: the local
+    shard of each DTensor state, not the whole tensor it stands for)."""
     inner = getattr(optimizer, "optim", optimizer)
-    return sum(
-        t.numel() * t.element_size()
+    local = [
+        t.to_local() if hasattr(t, "to_local") else t
         for state in inner.state.values()
         for t in state.values()
         if isinstance(t, torch.Tensor)
-    )
+    ]
+    return sum(t.numel() * t.element_size() for t in local)
