@@ -64,11 +64,22 @@ def test_every_family_at_tp_2_is_traced_under_its_plan_or_refused_before_launch(
     for name in families.CAUSAL:
         cfg = config_of(name, tmp_path).changed(parallel={"tp": 2, "zero_stage": 3})
         if name in families.NO_TP_PLAN:
-            with pytest.raises(InvalidConfig, match=r"tensor-parallel plan.*: give its file a tp_plan"):
+            refused = r"tensor-parallel plan.*: give its file a tp_plan"
+            if name == "phi3":  # its plan is fused pairs only: nothing a plan of one's own could split rightly
+                refused = r"in a pair around a fused projection whose output its forward splits apart .*tp=1"
+            with pytest.raises(InvalidConfig, match=refused):
                 checked(cfg.model, 32, tp=2)
             continue
         checked(cfg.model, 32, tp=2)
         assert trace_peak(cfg).peak_mem_bytes > 0, name
+    # Phi-3's fused gate_up_proj split by rows would give one rank the gate and the other the up, every shape lining
+    # up, and train another model (it did, recorded ok): a plan of one's own that splits it is refused
+    phi3 = config_of("phi3", tmp_path).changed(parallel={"tp": 2, "zero_stage": 3})
+    phi3.model.tp_plan = {"model.layers.*.mlp.gate_up_proj": "colwise", "model.layers.*.mlp.down_proj": "rowwise"}
+    with pytest.raises(InvalidConfig, match=r"model.tp_plan: 'model.layers.\*.mlp.gate_up_proj' \(colwise\) splits "
+                       r"model.layers.\*.mlp.gate_up_proj, which transformers' own plan .* keeps whole between a pair "
+                       r"\(colwise_gather_output\)"):  # fmt: skip
+        checked(phi3.model, 32, tp=2)
     mlp = {"transformer.h.*.mlp.dense_h_to_4h": "colwise", "transformer.h.*.mlp.dense_4h_to_h": "rowwise"}
     falcon = config_of("falcon", tmp_path).changed(parallel={"tp": 2, "zero_stage": 3})
     falcon.model.tp_plan = mlp

@@ -126,10 +126,10 @@ qkv, OLMo 2's q/k/v), `embedding_rowwise` splits a vocabulary a tied head shares
 split would, at its full cost."""
 
 
-def hf_tp_plan(config: str, **arguments: Any) -> dict[str, str]:
-    """The (text decoder's) config's `base_model_tp_plan`, transformers' own per model type, under the causal LM's
-    base model (its `base_model_prefix`: `model.` for Llama, `gpt_neox.` for GPT-NeoX, `transformer.` for GPT-J), in
-    the engine's words; empty when it has none."""
+def _hf_plan(config: str, **arguments: Any) -> dict[str, str]:
+    """The (text decoder's) config's `base_model_tp_plan`, transformers' own per model type, its patterns under the
+    causal LM's base model (its `base_model_prefix`: `model.` for Llama, `gpt_neox.` for GPT-NeoX, `transformer.` for
+    GPT-J), in transformers' words; empty when it has none."""
     hf = read_config(config, **arguments)
     plan = getattr(hf.text, "base_model_tp_plan", None) or {}
     if not plan:
@@ -140,13 +140,27 @@ def hf_tp_plan(config: str, **arguments: Any) -> dict[str, str]:
         prefix = MODEL_FOR_CAUSAL_LM_MAPPING[type(hf.text)].base_model_prefix
     except KeyError:  # not a causal LM: causal_lm says so when the model is built
         return {}
-    whole = [pattern for pattern, word in plan.items() if word not in HF_STYLES]
+    return {f"{prefix}.{pattern}": word for pattern, word in plan.items()}
+
+
+def hf_tp_plan(config: str, **arguments: Any) -> dict[str, str]:
+    """transformers' own plan (`_hf_plan`) in the engine's words, what it keeps whole left out; empty when it has
+    none."""
+    plan = _hf_plan(config, **arguments)
+    whole = hf_kept_whole(config, **arguments)
     # under a module left whole (the experts), the plan's words name its parameters, not submodules: left whole too
     return {
-        f"{prefix}.{pattern}": HF_STYLES[word]
+        pattern: HF_STYLES[word]
         for pattern, word in plan.items()
         if word in HF_STYLES and not any(pattern.startswith(f"{w}.") for w in whole)
     }
+
+
+def hf_kept_whole(config: str, **arguments: Any) -> dict[str, str]:
+    """The patterns of transformers' own plan that this engine keeps whole (HF_STYLES), with transformers' word:
+    a fused projection whose parts its forward splits apart (`colwise_gather_output`: Phi-3's gate_up_proj), the
+    experts."""
+    return {pattern: word for pattern, word in _hf_plan(config, **arguments).items() if word not in HF_STYLES}
 
 
 def hf_widths(config: str, **arguments: Any) -> dict[str, int]:

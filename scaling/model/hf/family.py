@@ -96,10 +96,12 @@ class HuggingFace(OwnModule):
     def tp_plan(self) -> dict[str, str]:
         """The model file's `tp_plan`, else the config's `base_model_tp_plan` (under the causal LM's base model,
         scaling.model.hf.causal_lm.hf_tp_plan)."""
+        from scaling.model.hf.causal_lm import hf_kept_whole, hf_tp_plan
+
         if self.config.tp_plan is not None:
+            self._refuse_splitting_what_is_kept_whole(hf_kept_whole(**self.config.kwargs))
             return super().tp_plan()
         from scaling.model.custom.build import no_tp_plan
-        from scaling.model.hf.causal_lm import hf_tp_plan
 
         plan = hf_tp_plan(**self.config.kwargs)
         if plan:
@@ -109,12 +111,37 @@ class HuggingFace(OwnModule):
 
         own = getattr(read_config(**self.config.kwargs).text, "base_model_tp_plan", None) or {}
         if own:
+            words = ", ".join(sorted(set(own.values())))
+            said = f"model {self.config.name!r} ({self.config.source}): transformers' tensor-parallel plan for it"
+            if set(own.values()) <= {"colwise_gather_output", "rowwise_split_input"}:  # Phi-3: fused pairs only
+                raise ModelError(
+                    f"{said} splits with {words} only: every module it splits is in a pair around a fused projection "
+                    f"whose output its forward splits apart ({', '.join(sorted(own))}), which this engine keeps whole (a split by "
+                    "rows would give each rank whole parts and train another model); use parallel.tp=1"
+                )
             raise ModelError(
-                f"model {self.config.name!r} ({self.config.source}): transformers' tensor-parallel plan for it splits "
-                f"with {', '.join(sorted(set(own.values())))} only, none of which this engine runs: give its file a "
-                "tp_plan mapping module-name patterns to colwise or rowwise (docs/own-project.md)"
+                f"{said} splits with {words} only, none of which this engine runs: give its file a tp_plan mapping "
+                "module-name patterns to colwise or rowwise (docs/own-project.md)"
             )
         raise no_tp_plan(self.config)
+
+    def _refuse_splitting_what_is_kept_whole(self, whole: dict[str, str]) -> None:
+        """A plan of the model file's that splits what transformers' own plan keeps whole between a pair (a fused
+        gate and up, packed q, k and v, which the forward splits apart after the projection): each rank would get
+        whole parts (the gate on one, the up on the other) and train another model, with every shape lining up."""
+        import fnmatch
+
+        from scaling.core.model_group import ModelError
+
+        for pattern, style in (self.config.tp_plan or {}).items():
+            for kept, word in whole.items():
+                if fnmatch.fnmatchcase(kept, pattern) or fnmatch.fnmatchcase(pattern, kept):
+                    raise ModelError(
+                        f"model.tp_plan: {pattern!r} ({style}) splits {kept}, which transformers' own plan for "
+                        f"model {self.config.name!r} keeps whole between a pair ({word}): its forward splits that "
+                        "output into parts, and a split by rows would give each rank whole parts and train another "
+                        "model; leave it out of tp_plan (it then runs whole on every rank)"
+                    )
 
     def tp_widths(self) -> dict[str, int]:
         from scaling.model.hf.causal_lm import hf_widths
