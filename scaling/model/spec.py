@@ -192,7 +192,7 @@ def logits_of(out: Any) -> torch.Tensor:
 
 
 def raised_at(e: BaseException) -> str:
-    """' (at gpt.py:42)': the innermost line of the model's own code the exception passed through (not the standard
+    """' (at FILE:LINE)': the innermost line of the model's own code the exception passed through (not the standard
     library's, an installed package's or this project's); '' where none did."""
     import os
     import sysconfig
