@@ -300,6 +300,7 @@ READS_A_SHARD = textwrap.dedent("""\
 """)
 
 
+@pytest.mark.slow  # traces in a fake world of 2 ranks and the recipe's candidates at 1 and 8 GPUs: a few seconds
 def test_a_model_whose_step_raises_is_one_line_naming_its_line_in_predict_find_mbs_and_the_recipe(project, capsys):
     """A model whose backward raises is refused before any process, the error and its line named (it was a
     traceback out of the driver, the point not recorded). One that raises only at ZeRO-3 (a block's parameter read
