@@ -136,3 +136,52 @@ def test_an_fsdp_point_is_traced_on_the_cpu_on_a_host_with_an_accelerator(monkey
     on_this_host = trace_peak(cfg).peak_mem_bytes
     monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
     assert trace_peak(cfg).peak_mem_bytes == on_this_host
+
+
+UNEVEN = """\
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(16, 24), nn.Linear(24, 16)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Model(nn.Module):
+    # tied: the embedding (512 elements) the largest tensor, then four of 384
+    def __init__(self, vocab_size=32, max_seq_len=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, 16)
+        self.h = nn.ModuleList(Block() for _ in range(2))
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for block in self.h:
+            x = block(x)
+        return x @ self.emb.weight.t()
+"""
+
+
+def test_zero1_is_traced_as_the_rank_that_holds_the_most_optimizer_state(tmp_path, monkeypatch):
+    """ZeroRedundancyOptimizer gives whole tensors, largest first, to the least loaded rank: here rank 0 the
+    embedding, a matmul and the biases (976 elements), rank 1 three matmuls (1,152), so the trace is rank 1's (it was
+    rank 0's, under the worst rank docs/memory.md promises): AdamW's m and v of its elements and a step per tensor."""
+    from scaling.core.schema import ExperimentConfig
+    from scaling.predictor.model_state import zero1_partition
+
+    (tmp_path / "uneven.py").write_text(UNEVEN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = {"name": "uneven", "_target_": "uneven.Model", "vocab_size": 32, "max_seq_len": 16}
+    cfg = ExperimentConfig.from_dict({"model": model}).changed(
+        train={"seq_len": 16, "mbs": 2}, parallel={"dp": 2, "zero_stage": 1}, logger={"name": "none"}
+    )
+    numels = [p.numel() for p in __import__("uneven").Model().parameters()]
+    parts = zero1_partition(tuple(numels), 2)
+    assert parts == ((512, 384, 24, 24, 16, 16), (384, 384, 384)), parts
+    worst = parts[1]
+    assert trace_peak(cfg).breakdown["opt"] == 8 * sum(worst) + 4 * len(worst)

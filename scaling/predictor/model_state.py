@@ -161,9 +161,15 @@ def _zero1_partition(
 ) -> tuple[tuple[int, ...], ...]:
     """Per rank, the elements of each tensor ZeroRedundancyOptimizer gives it, in the order its inner optimizer
     steps them (largest first): the greedy partition of `zero1_worst_rank` (a sweep asks for few distinct ones)."""
+    return zero1_partition(tuple(rows * cols for _, _, rows, cols in param_shapes_of(L, h, kvd, f, V, tied, qd)), dp)
+
+
+def zero1_partition(numels: tuple[int, ...], dp: int) -> tuple[tuple[int, ...], ...]:
+    """Per rank, the elements of each tensor ZeroRedundancyOptimizer gives it (of tensors of `numels` elements):
+    whole tensors, largest first, each to the rank with the fewest elements so far, the lowest such rank."""
     ranks: list[list[int]] = [[] for _ in range(dp)]
     heap = [(0, rank) for rank in range(dp)]  # (elements so far, rank): the least loaded, lowest rank first
-    for numel in sorted((rows * cols for _, _, rows, cols in param_shapes_of(L, h, kvd, f, V, tied, qd)), reverse=True):
+    for numel in sorted(numels, reverse=True):
         total, rank = heapq.heappop(heap)
         ranks[rank].append(numel)
         heapq.heappush(heap, (total + numel, rank))

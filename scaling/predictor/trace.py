@@ -219,8 +219,8 @@ def _environment_kept() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _fake_world(dp: int) -> Iterator[Any]:
-    """A fake process group of `dp` ranks (this process is rank 0) and a FakeTensorMode; on exit
+def _fake_world(dp: int, rank: int = 0) -> Iterator[Any]:
+    """A fake process group of `dp` ranks (this process is rank `rank`) and a FakeTensorMode; on exit
     everything is undone. Adjusted torch internals, for this block only:
 
     - DDP's shape check across ranks reads tensor data: skipped (every rank builds the same model);
@@ -275,7 +275,7 @@ def _fake_world(dp: int) -> Iterator[Any]:
         advice = logging.getLogger("torch.distributed.tensor._redistribute")
         stack.callback(advice.setLevel, advice.level)
         advice.setLevel(logging.ERROR)
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dp)
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dp)
         stack.callback(dist.destroy_process_group)
         yield stack.enter_context(FakeTensorMode())
 
@@ -342,7 +342,12 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
     cpu, cuda = torch.device("cpu"), cfg.hardware.device == "cuda"
     gloo = _gloo_collectives() if cfg.hardware.backend == "gloo" else contextlib.nullcontext()
     family = family_of(cfg.model)
-    with _fake_world(dp), _cuda_kernels() if cuda else contextlib.nullcontext(), gloo, family.as_on_real_tensors():
+    with (
+        _fake_world(dp, _traced_rank(cfg, family)),
+        _cuda_kernels() if cuda else contextlib.nullcontext(),
+        gloo,
+        family.as_on_real_tensors(),
+    ):
         # The worker's build order; fake tensors hold no memory, so the shapes are made on the fake device.
         no_compile = dataclasses.replace(train, compile=False)
         wrapped = parallelize(cfg.model, no_compile, par, cpu, on_meta=False, fused_optimizer=cuda)
@@ -360,6 +365,19 @@ def _trace_peak(cfg: ExperimentConfig) -> TracedPrediction:
             train_step(wrapped, micro_batches, peak.new_micro_step)
     breakdown = {_category(k): v for k, v in peak.breakdown.items() if k != "Total" and v}
     return TracedPrediction(int(peak.peak_bytes), breakdown, time.perf_counter() - t0)
+
+
+def _traced_rank(cfg: ExperimentConfig, family: Any) -> int:
+    """The rank whose step is traced: at ZeRO-1 the one ZeroRedundancyOptimizer gives the most elements (whole
+    tensors: it holds more than its share, docs/memory.md), else rank 0 (every rank holds the same)."""
+    from scaling.predictor.model_state import zero1_partition
+
+    dp = cfg.parallel.layout.world_size
+    if cfg.parallel.zero_stage != ZeroStage.OPTIMIZER or dp == 1:
+        return 0
+    numels = tuple(rows * cols for _, _, rows, cols in family.counted(cfg.train.seq_len).tensors)
+    parts = zero1_partition(numels, dp)
+    return max(range(dp), key=lambda r: sum(parts[r]))
 
 
 TRACES_DIR = "traces"
