@@ -126,6 +126,11 @@ qkv, OLMo 2's q/k/v), `embedding_rowwise` splits a vocabulary a tied head shares
 split would, at its full cost."""
 
 
+FUSED_PAIR = frozenset({"colwise_gather_output", "rowwise_split_input"})
+"""transformers' words for a pair whose parts are whole between them: a fused projection whose output the forward
+splits apart (Phi-3's gate_up_proj, its qkv_proj), and the module after it."""
+
+
 def _hf_plan(config: str, **arguments: Any) -> dict[str, str]:
     """The (text decoder's) config's `base_model_tp_plan`, transformers' own per model type, its patterns under the
     causal LM's base model (its `base_model_prefix`: `model.` for Llama, `gpt_neox.` for GPT-NeoX, `transformer.` for

@@ -96,7 +96,7 @@ class HuggingFace(OwnModule):
     def tp_plan(self) -> dict[str, str]:
         """The model file's `tp_plan`, else the config's `base_model_tp_plan` (under the causal LM's base model,
         scaling.model.hf.causal_lm.hf_tp_plan)."""
-        from scaling.model.hf.causal_lm import hf_kept_whole, hf_tp_plan
+        from scaling.model.hf.causal_lm import FUSED_PAIR, hf_kept_whole, hf_tp_plan
 
         if self.config.tp_plan is not None:
             self._refuse_splitting_what_is_kept_whole(hf_kept_whole(**self.config.kwargs))
@@ -113,7 +113,7 @@ class HuggingFace(OwnModule):
         if own:
             words = ", ".join(sorted(set(own.values())))
             said = f"model {self.config.name!r} ({self.config.source}): transformers' tensor-parallel plan for it"
-            if set(own.values()) <= {"colwise_gather_output", "rowwise_split_input"}:  # Phi-3: fused pairs only
+            if set(own.values()) <= FUSED_PAIR:  # Phi-3: fused pairs only
                 raise ModelError(
                     f"{said} splits with {words} only: every module it splits is in a pair around a fused projection "
                     f"whose output its forward splits apart ({', '.join(sorted(own))}), which this engine keeps whole (a split by "
@@ -132,9 +132,11 @@ class HuggingFace(OwnModule):
         import fnmatch
 
         from scaling.core.model_group import ModelError
+        from scaling.model.hf.causal_lm import FUSED_PAIR
 
+        pairs = {kept: word for kept, word in whole.items() if word in FUSED_PAIR}  # not the experts, the embedding
         for pattern, style in (self.config.tp_plan or {}).items():
-            for kept, word in whole.items():
+            for kept, word in pairs.items():
                 if fnmatch.fnmatchcase(kept, pattern) or fnmatch.fnmatchcase(pattern, kept):
                     raise ModelError(
                         f"model.tp_plan: {pattern!r} ({style}) splits {kept}, which transformers' own plan for "
