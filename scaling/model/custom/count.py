@@ -74,7 +74,8 @@ def _count(family: Family, seq_len: int) -> Counted:
                 )
             # what full recompute runs again: the blocks' forwards (the embedding and the head are not checkpointed)
             root = type(module).__name__
-            in_blocks = {f"{root}.{name}" for name, m in module.named_modules() if any(m is b for b in found)}
+            blocks = {id(b) for b in found}
+            in_blocks = {f"{root}.{name}" for name, m in module.named_modules() if id(m) in blocks}
             forward = sum(sum(ops.values()) for name, ops in counter.get_flop_counts().items() if name in in_blocks)
             try:
                 out.float().sum().backward()

@@ -152,7 +152,7 @@ def hf_tp_plan(config: str, **arguments: Any) -> dict[str, str]:
     """transformers' own plan (`_hf_plan`) in the engine's words, what it keeps whole left out; empty when it has
     none."""
     plan = _hf_plan(config, **arguments)
-    whole = hf_kept_whole(config, **arguments)
+    whole = _kept_whole(plan)
     # under a module left whole (the experts), the plan's words name its parameters, not submodules: left whole too
     return {
         pattern: HF_STYLES[word]
@@ -165,7 +165,12 @@ def hf_kept_whole(config: str, **arguments: Any) -> dict[str, str]:
     """The patterns of transformers' own plan that this engine keeps whole (HF_STYLES), with transformers' word:
     a fused projection whose parts its forward splits apart (`colwise_gather_output`: Phi-3's gate_up_proj), the
     experts."""
-    return {pattern: word for pattern, word in _hf_plan(config, **arguments).items() if word not in HF_STYLES}
+    return _kept_whole(_hf_plan(config, **arguments))
+
+
+def _kept_whole(plan: dict[str, str]) -> dict[str, str]:
+    """The patterns of a plan (`_hf_plan`) whose words this engine does not run, with their words."""
+    return {pattern: word for pattern, word in plan.items() if word not in HF_STYLES}
 
 
 def hf_widths(config: str, **arguments: Any) -> dict[str, int]:

@@ -116,8 +116,8 @@ class HuggingFace(OwnModule):
             if set(own.values()) <= FUSED_PAIR:  # Phi-3: fused pairs only
                 raise ModelError(
                     f"{said} splits with {words} only: every module it splits is in a pair around a fused projection "
-                    f"whose output its forward splits apart ({', '.join(sorted(own))}), which this engine keeps whole (a split by "
-                    "rows would give each rank whole parts and train another model); use parallel.tp=1"
+                    f"whose output its forward splits apart ({', '.join(sorted(own))}), which this engine keeps whole "
+                    "(a split by rows would give each rank whole parts and train another model); use parallel.tp=1"
                 )
             raise ModelError(
                 f"{said} splits with {words} only, none of which this engine runs: give its file a tp_plan mapping "
