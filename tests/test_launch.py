@@ -98,6 +98,16 @@ def test_off_cuda_the_agent_forks_its_ranks_from_the_module_it_was_given(monkeyp
     assert args[3:] == ["--start-method=fork", "--run-path", worker.__file__, "--serve", "pool"]
 
 
+def test_cuda_ranks_grow_their_allocators_segments_in_place_unless_the_user_chose_a_setting(monkeypatch):
+    """Under the default caching allocator a point predicted within 5% of an H200 ran out of memory with 6.7 GiB
+    reserved but free; with growable segments it ran at the predicted peak (benchmarks/RESULTS.md)."""
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert job_env(4, "0", True)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in job_env(4, None, False)  # nothing to set off CUDA
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "backend:native")
+    assert job_env(4, "0", True)["PYTORCH_CUDA_ALLOC_CONF"] == "backend:native"
+
+
 def test_a_launch_through_srun_names_its_job_step_after_itself_and_a_local_one_is_left_as_it_is():
     run = torchrun_argv("scaling.engine.worker", ["c.json"], 2, nnodes=2, rendezvous=("h1:29400", "r"))
     srun = srun_argv(Placement(nodes=2, nproc_per_node=2, via_srun=True), ["h1", "h2"])

@@ -83,6 +83,7 @@ def setup(hw: HardwareConfig, local_rank: int) -> Device:
             "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
             "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
             "threads_per_device": threads,
+            "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         }
         if capacity is not None:
             env["memory_profile_note"] = profile_note(hw.memory_gb, props.name, props.total_memory)

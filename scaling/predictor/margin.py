@@ -3,7 +3,9 @@ predictor's largest error measured on the device for that setting (benchmarks/gp
 2026-11-26; the H200 page of the final tree, 2026-11-30). The CUDA context and NCCL's buffers are outside the capacity
 (hardware.reserve_gb, scaling.predictor.prescreen.capacity_bytes); a fit confirmed by runs needs no margin. Not in
 it: the caching allocator's fragmentation, which the H200 page saw decide four points the predictor had under the
-card (predicted 121-133 GiB of allocations, out of memory on a 139.8 GiB card with 7-23 GiB reserved but unused).
+card (predicted 121-133 GiB of allocations, out of memory on a 139.8 GiB card with 7-23 GiB reserved but unused)
+under the allocator's default setting; under the one CUDA ranks now start with
+(scaling.launch.torchrun.CUDA_ALLOC_CONF) two of them ran at their predicted peak.
 """
 
 from __future__ import annotations
