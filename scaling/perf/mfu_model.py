@@ -43,6 +43,16 @@ MEASURED_SIGMA = 0.05
 PUBLISHED_SIGMA = 0.15
 """Doubt of a published figure (relative) unless it states its own: another engine, cluster, clock or recompute
 policy than the model describes."""
+BUILT_IN = "the built-in decoder"
+"""`FlopsSplit.blocks` of the built-in family (closed form)."""
+OTHER_BLOCKS = (
+    "on an H200, models of other blocks ran 14-49% below the figure of a model fitted on llama_1b alone "
+    "(benchmarks/RESULTS.md, 2026-11-30): measure one point of this model there"
+)
+"""What a figure of a model none of whose fitted points runs its blocks is said to rest on: the kernels a block runs
+(its norms, activations, attention implementation, vocabulary's logits) move its efficiency, which the fitted
+matmul efficiency of other blocks does not describe. Not in the band: its doubt is common to every candidate of the
+model, which the recipe's ties would read as a difference."""
 DISTANCE_DOUBT = 0.05
 """Relative doubt added per e-fold of parameter count between a configuration and the nearest fitted model: the
 GEMMs' shapes, and so their efficiency, change with the width, which points of one size do not show."""
@@ -59,6 +69,8 @@ class FlopsSplit:
     recompute_attention: float = 0.0
     layers: int = 1
     n_params: int = 0
+    blocks: str = BUILT_IN
+    """What runs these FLOPs: the built-in decoder (BUILT_IN), else the class of a counted model's blocks."""
 
     @property
     def model(self) -> float:
@@ -85,6 +97,7 @@ class FlopsSplit:
             recomputed_attention,
             counted.n_blocks,
             counted.n_params,
+            BUILT_IN if counted.source == "closed_form" else counted.block,
         )
 
 
@@ -193,6 +206,11 @@ class MfuModel:
             f"{ratio:.2g}× the parameters of the nearest fitted model ({near.source.split(':')[0]}), seq "
             f"{w.seq_len} (fitted there: {', '.join(map(str, seqs))})"
         )
+        fitted = sorted({p.work.flops.blocks for p in own})
+        if w.flops.blocks not in fitted:
+            distance += (
+                f"; its blocks ({w.flops.blocks}) are none of the fitted points' ({', '.join(fitted)}): {OTHER_BLOCKS}"
+            )
         return Estimate(f0, sigma, mfu, distance)
 
     def describe(self) -> str:

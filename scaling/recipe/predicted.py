@@ -82,7 +82,8 @@ def record_flops(r: Mapping[str, Any]) -> FlopsSplit:
     blocks, t = (d.get("model") or {}).get("n_blocks") or 1, r["config"]["train"]
     share = recomputed_share(t["recompute"], int(t.get("recompute_every", 1)), blocks)  # of full recomputation's
     recomputed = (d["hw_flops_per_token"] - d["flops_per_token"]) / share if share else 0.0
-    return FlopsSplit(d["flops_per_token"], 0.0, recomputed, 0.0, blocks, d["n_params"])
+    block = (d.get("model") or {}).get("block") or "an unnamed block"
+    return FlopsSplit(d["flops_per_token"], 0.0, recomputed, 0.0, blocks, d["n_params"], block)
 
 
 def mfu_model(hardware: str, precision: str, peak: float, records: Sequence[Mapping[str, Any]]) -> Optional[MfuModel]:
