@@ -53,6 +53,13 @@ OTHER_BLOCKS = (
 (its norms, activations, attention implementation, vocabulary's logits) move its efficiency, which the fitted
 matmul efficiency of other blocks does not describe. Not in the band: its doubt is common to every candidate of the
 model, which the recipe's ties would read as a difference."""
+SELECTIVE_EAGER = (
+    "selective recomputation without train.compile: on an H200 it ran 14-55% below the same point without "
+    "recomputation, which this figure takes it for (its policy runs in Python for every op of each block), and "
+    "compiled as fast as none (benchmarks/RESULTS.md, 2026-11-30)"
+)
+"""What a figure of selective recomputation run eagerly is said to rest on: the MFU model has no term for the host
+cost of the policy, measured on one GPU only (its eager points are left out of conf/mfu/h200.yaml)."""
 DISTANCE_DOUBT = 0.05
 """Relative doubt added per e-fold of parameter count between a configuration and the nearest fitted model: the
 GEMMs' shapes, and so their efficiency, change with the width, which points of one size do not show."""
@@ -113,6 +120,8 @@ class Work:
     """Share of full recomputation's FLOPs run again (scaling.core.recompute.recomputed_share)."""
     compile: bool = False
     seq_len: int = 0
+    selective: bool = False
+    """Selective recomputation (its recomputed share is counted as none's: the attention's scores only)."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +215,8 @@ class MfuModel:
             f"{ratio:.2g}× the parameters of the nearest fitted model ({near.source.split(':')[0]}), seq "
             f"{w.seq_len} (fitted there: {', '.join(map(str, seqs))})"
         )
+        if w.selective and not w.compile:
+            distance += f"; {SELECTIVE_EAGER}"
         fitted = sorted({p.work.flops.blocks for p in own})
         if w.flops.blocks not in fitted:
             distance += (
@@ -289,7 +300,8 @@ def conf_points(
         seq, mbs = int(entry["seq_len"]), int(entry["mbs"])
         split = FlopsSplit.of(counted(preset(str(entry["model"])), seq))
         again = recomputed_share(str(entry["recompute"]), int(entry.get("recompute_every", 1)), split.layers)
-        work = Work(split, mbs * seq, int(entry["zero_stage"]), again, bool(entry["compile"]), seq)
+        selective = str(entry["recompute"]) == "selective"
+        work = Work(split, mbs * seq, int(entry["zero_stage"]), again, bool(entry["compile"]), seq, selective)
         if "tokens_per_s_per_gpu" in entry:
             step = mbs * seq / float(entry["tokens_per_s_per_gpu"])
         else:

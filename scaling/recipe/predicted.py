@@ -47,7 +47,8 @@ SMs and memory with the compute, and a late issue delays a prefetch): the band d
 
 
 def own_points(records: Sequence[Mapping[str, Any]], hardware: str) -> list[Measured]:
-    """The user's records measured on one device of `hardware` as points of its MFU model."""
+    """The user's records measured on one device of `hardware` as points of its MFU model (but selective recomputation
+    run eagerly: its host cost is no term of the model, scaling.perf.mfu_model.SELECTIVE_EAGER)."""
     out = []
     for r in records:
         cfg = r.get("config") or {}
@@ -55,6 +56,9 @@ def own_points(records: Sequence[Mapping[str, Any]], hardware: str) -> list[Meas
             continue
         t, p = cfg["train"], cfg["parallel"]
         if Layout.of(p).world_size != 1:  # one device running the whole model
+            continue
+        selective = t["recompute"] == "selective"
+        if selective and not t.get("compile"):  # a host cost the model has no term for (mfu_model.SELECTIVE_EAGER)
             continue
         split = record_flops(r)
         work = Work(
@@ -64,6 +68,7 @@ def own_points(records: Sequence[Mapping[str, Any]], hardware: str) -> list[Meas
             recomputed_share(t["recompute"], int(t.get("recompute_every", 1)), split.layers),
             bool(t.get("compile")),
             int(t["seq_len"]),
+            selective,
         )
         m = r["metrics"]
         sigma = max(MEASURED_SIGMA, float(m.get("noise_band_frac") or 0.0))
@@ -248,7 +253,7 @@ def predicted_figures(
 
     def work(c: Candidate, mbs: int) -> Work:
         again = recomputed_share(c.recompute, t.recompute_every, split.layers)
-        return Work(split, mbs * seq, c.layout.zero_stage, again, bool(t.compile), seq)
+        return Work(split, mbs * seq, c.layout.zero_stage, again, bool(t.compile), seq, c.recompute == "selective")
 
     optimizer = model.optimizer_s_per_param if model is not None else 0.0
     return Predicted(workload, work, peak, source, model, a.assume_mfu, optimizer, a.draws), None
