@@ -119,26 +119,30 @@ def test_a_tensor_parallel_row_past_the_networks_node_gets_no_figure():
     assert p(c, split(256, SEQ, 4, 1)) is not None and p(c, split(256, SEQ, 8, 1)) is None
 
 
+def _llama_1b_record(key: str, hardware: str, mbs: int, recompute: str, compile_: bool, step_s: float) -> dict:
+    """A dp=1 record of llama_1b at seq SEQ in bf16, as own_points reads it."""
+    shapes = ("name", "n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size")
+    train = {"mbs": mbs, "seq_len": SEQ, "recompute": recompute, "compile": compile_, "precision": "bf16"}
+    return {
+        "status": "ok",
+        "job_key": key,
+        "config": {
+            "hardware": {"name": hardware},
+            "model": {k: getattr(preset("llama_1b"), k) for k in shapes},
+            "train": train,
+            "parallel": {"dp": 1, "zero_stage": 0},
+        },
+        "derived": {"grad_acc": 1},
+        "metrics": {"step_time_s": step_s, "noise_band_frac": 0.01},
+    }
+
+
 def test_a_record_of_the_user_on_that_hardware_joins_the_fit():
     """A dp=1 record of llama_1b measured 30% faster than the model predicts pulls the model's 1B figure up."""
     model = mfu_model("h100", "bf16", PEAK, [])
     w = _work("llama_1b", 4)
     before = model.estimate(w).seconds
-    record = {
-        "status": "ok",
-        "job_key": "k",
-        "config": {
-            "hardware": {"name": "h100"},
-            "model": {
-                k: getattr(preset("llama_1b"), k)
-                for k in ("name", "n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size")
-            },
-            "train": {"mbs": 4, "seq_len": SEQ, "recompute": "none", "compile": False, "precision": "bf16"},
-            "parallel": {"dp": 1, "zero_stage": 0},
-        },
-        "derived": {"grad_acc": 1},
-        "metrics": {"step_time_s": (before + w.flops.n_params * 12e-12) / 1.3, "noise_band_frac": 0.01},
-    }
+    record = _llama_1b_record("k", "h100", 4, "none", False, (before + w.flops.n_params * 12e-12) / 1.3)
     points = own_points([record], "h100")
     assert len(points) == 1 and points[0].source == "record k" and not own_points([record], "a100")
     assert with_points(model, points).estimate(w).seconds < before
@@ -190,24 +194,8 @@ def test_selective_recomputation_run_eagerly_is_said_to_be_taken_for_none_and_it
     assert "selective recomputation without train.compile" in model.estimate(selective).distance
     assert "selective" not in model.estimate(dataclasses.replace(selective, compile=True)).distance
     assert "selective" not in model.estimate(none).distance
-    record = {
-        "status": "ok",
-        "job_key": "s",
-        "config": {
-            "hardware": {"name": "h200"},
-            "model": {
-                k: getattr(preset("llama_1b"), k)
-                for k in ("name", "n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size")
-            },
-            "train": {"mbs": 2, "seq_len": SEQ, "recompute": "selective", "compile": False, "precision": "bf16"},
-            "parallel": {"dp": 1, "zero_stage": 0},
-        },
-        "derived": {"grad_acc": 1},
-        "metrics": {"step_time_s": 0.229, "noise_band_frac": 0.01},
-    }
-    assert own_points([record], "h200") == []
-    record["config"]["train"]["compile"] = True
-    (point,) = own_points([record], "h200")
+    assert own_points([_llama_1b_record("s", "h200", 2, "selective", False, 0.229)], "h200") == []
+    (point,) = own_points([_llama_1b_record("s", "h200", 2, "selective", True, 0.2)], "h200")
     assert point.work.selective and point.work.compile
 
 
