@@ -82,6 +82,14 @@ BROKEN = textwrap.dedent("""\
                 x = layer(x)
             return Output(self.out(x))
 
+    class Keyed(Wrapped):  # a valid model whose forward returns a dict of its logits
+        def forward(self, ids):
+            return {"logits": super().forward(ids).logits}
+
+    class Scored(Wrapped):  # a dict without logits
+        def forward(self, ids):
+            return {"scores": super().forward(ids).logits}
+
     class Pooled(Flat):  # one vector per sequence, not logits per token
         def __init__(self, vocab_size, max_seq_len):
             super().__init__(vocab_size, max_seq_len)
@@ -100,12 +108,20 @@ SIZES = {"vocab_size": 64, "max_seq_len": 64}
         ({"_target_": "nowhere.GPT", **SIZES}, "model._target_='nowhere.GPT' does not import: ModuleNotFoundError"),
         ({"_target_": "broken.raises", **SIZES}, "model._target_='broken.raises' raised RuntimeError: no GPU budget"),
         ({"_target_": "broken.not_a_module", **SIZES}, "returned int, not an nn.Module"),
-        ({"_target_": "broken.Flat", **SIZES}, "no blocks found (no nn.ModuleList of one class): name the block class"),
+        (
+            {"_target_": "broken.Flat", **SIZES},
+            "name the block class with blocks: my_pkg.models.Block in the model file, "
+            "or +model.blocks=my_pkg.models.Block",
+        ),
+        (
+            {"_target_": "broken.Scored", **SIZES},
+            "its forward returned a dict, not logits: return the (B, T, vocab_size)",
+        ),
         ({"_target_": "broken.Pooled", **SIZES}, "returned (2, 64); logits of shape (B, T, vocab_size) = (2, 32, 64)"),
         ({"_target_": "broken.Flat", "max_seq_len": 64}, "model.vocab_size is missing"),
         ({"_target_": "broken.Pooled", "blocks": "torch.nn.GELU", **SIZES}, "the model has no submodule of that class"),
     ],
-    ids=["no-import", "raises", "not-a-module", "no-blocks", "wrong-shape", "no-vocab", "no-such-block"],
+    ids=["no-import", "raises", "not-a-module", "no-blocks", "not-logits", "wrong-shape", "no-vocab", "no-such-block"],
 )
 def test_a_model_that_breaks_the_contract_is_invalid_before_any_process(tmp_path, monkeypatch, model, expected):
     """Checked once in the driver on fake tensors: the record says `invalid` with the field and the value, and
@@ -137,10 +153,11 @@ def test_only_a_module_of_ones_own_puts_the_working_directory_on_pythonpath(tmp_
     assert os.environ["PYTHONPATH"] == os.pathsep.join([str(tmp_path), "/elsewhere"])
 
 
-def test_a_forward_that_returns_an_object_with_logits_keeps_the_contract(tmp_path, monkeypatch):
+@pytest.mark.parametrize("target", ["broken.Wrapped", "broken.Keyed"])
+def test_a_forward_that_returns_an_object_or_a_dict_with_logits_keeps_the_contract(tmp_path, monkeypatch, target):
     (tmp_path / "broken.py").write_text(BROKEN)
     monkeypatch.syspath_prepend(str(tmp_path))
-    counted = family_of(CustomModel(name="wrapped", target="broken.Wrapped", kwargs=SIZES)).counted(16)
+    counted = family_of(CustomModel(name="wrapped", target=target, kwargs=SIZES)).counted(16)
     assert counted.block == "Linear" and counted.n_blocks == 2 + 1  # the two in its ModuleList, and its head
     assert counted.flops_per_token == 6 * (2 * 8 * 8 + 8 * 64)  # forward and backward of its matmuls
 

@@ -183,12 +183,21 @@ class Family(ABC):
 
 def logits_of(out: Any) -> torch.Tensor:
     """The logits of a forward: the tensor itself, the first of a tuple (`(logits, loss)`, as single-file GPTs return),
-    or an output object's `.logits` (as Hugging Face models return)."""
+    a dict's "logits", or an output object's `.logits` (as Hugging Face models return); ModelError naming what it
+    returned otherwise."""
     import torch
 
+    if isinstance(out, torch.Tensor):
+        return out
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
-    return out if isinstance(out, torch.Tensor) else out.logits
+    logits = out.get("logits") if isinstance(out, dict) else getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    raise ModelError(
+        f"its forward returned a {type(out).__name__}, not logits: return the (B, T, vocab_size) tensor, a tuple whose "
+        "first element it is, a dict with it under 'logits' or an object with it as .logits"
+    )
 
 
 def raised_at(e: BaseException) -> str:

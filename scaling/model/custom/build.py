@@ -106,7 +106,7 @@ def block_class(model: CustomModel, module: nn.Module) -> type:
             return kinds.pop()
     raise ModelError(
         f"model {model.name!r} ({model.source}): no blocks found (no nn.ModuleList of one class): name the block class "
-        "with model.blocks=my_pkg.models.Block"
+        "with blocks: my_pkg.models.Block in the model file, or +model.blocks=my_pkg.models.Block"
     )
 
 

@@ -63,10 +63,14 @@ def _count(family: Family, seq_len: int) -> Counted:
         seen = _OpsSeen()
         with FlopCounterMode(display=False) as counter, seen:
             try:
-                out = logits_of(module(ids))
+                returned = module(ids)
             except Exception as e:
                 said = f"{label}: forward(input_ids) on a {batch} LongTensor raised {type(e).__name__}: {e}"
                 raise ModelError(said.splitlines()[0] + raised_at(e)) from e
+            try:
+                out = logits_of(returned)
+            except ModelError as e:
+                raise ModelError(f"{label}: {e}") from None
             if tuple(out.shape) != (*batch, vocab):
                 raise ModelError(
                     f"{label}: forward(input_ids) of shape {batch} returned {tuple(out.shape)}; logits of shape "
