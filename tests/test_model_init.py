@@ -153,6 +153,33 @@ def test_a_parameter_nothing_initialises_is_refused_before_any_process(project):
     assert [p.name for p in job_dir(project / "runs", job_key(cfg)).iterdir()] == ["result.json"]
 
 
+def test_a_constant_made_with_torch_tensor_holds_its_value_in_the_check_and_on_the_ranks(project):
+    """`torch.tensor(data)` copies a constant that the fake mode lifts into it: a buffer or parameter made so (or
+    computed from one) holds its value, as on real tensors; it was refused as getting none from its __init__."""
+    (project / "consts.py").write_text(
+        textwrap.dedent("""\
+            import torch
+            from torch import nn
+            from nano import NanoGPT
+
+            class Tempered(NanoGPT):
+                def __init__(self, **kwargs):
+                    super().__init__(**kwargs)
+                    self.register_buffer("temperature", torch.tensor([0.7]))
+                    self.logit_scale = nn.Parameter(torch.tensor(2.0))
+                    self.register_buffer("steps", torch.tensor([1.0, 2.0]) * 3)
+        """)
+    )
+    family = family_of(CustomModel(name="tempered", target="consts.Tempered", kwargs=dict(NANO)))
+    assert family.counted(32).init == "own_init"  # the contract check: refused before
+    module = family.build("meta")
+    family.materialise(module, torch.device("cpu"))
+    family.initialise(module, seed=0)
+    family.check_initialised(module)
+    assert module.temperature.tolist() == pytest.approx([0.7]) and module.logit_scale.item() == 2.0
+    assert module.steps.tolist() == [3.0, 6.0]
+
+
 def test_training_feeds_the_ids_the_contract_is_checked_on():
     """What the contract check feeds (a contiguous (B, T) int64 batch, B > 1) is what every micro-step feeds."""
     data = GlobalBatch(512, 16, seed=0)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from scaling.core.model_group import ModelError
@@ -125,6 +126,11 @@ class Writes(TorchDispatchMode):
     def _key(t: torch.Tensor) -> int:
         return t.untyped_storage()._cdata  # what a tensor's aliases and views share
 
+    def _holds(self, t: torch.Tensor) -> bool:
+        """Whether a tensor an op reads holds values: one this mode saw written, or a real one (a constant that
+        `torch.tensor(data)` made outside the fake mode and lifts into it)."""
+        return self._key(t) in self.valued or not (is_fake(t) or t.is_meta)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
@@ -135,15 +141,20 @@ class Writes(TorchDispatchMode):
             for t in value if isinstance(value, (list, tuple)) else [value]:
                 if isinstance(t, torch.Tensor):
                     (written if arg.alias_info is not None and arg.alias_info.is_write else read).append(t)
-        values = func.overloadpacket.__name__ not in self.EMPTY and all(self._key(t) in self.valued for t in read)
+        values = func.overloadpacket.__name__ not in self.EMPTY and all(self._holds(t) for t in read)
         for t in written if values else []:
             key = self._key(t)
             self.covered[key] = self.covered.get(key, 0) + t.numel() * t.element_size()
             if self.covered[key] >= t.untyped_storage().nbytes():
                 self.valued.add(key)
+        inputs = {self._key(t) for t in (*read, *written)}
         for ret, value in zip(schema.returns, out if isinstance(out, (list, tuple)) else [out]):
-            if ret.alias_info is None and isinstance(value, torch.Tensor):  # a new storage (a freed one's address)
-                key = self._key(value)
+            if not isinstance(value, torch.Tensor):
+                continue
+            key = self._key(value)
+            # a new storage (a freed one's address), also where the schema says alias but the mode made another: the
+            # fake tensor `lift_fresh` makes of a real constant
+            if ret.alias_info is None or key not in inputs:
                 self.covered.pop(key, None)
                 (self.valued.add if values else self.valued.discard)(key)
         return out
