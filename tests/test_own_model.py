@@ -20,7 +20,7 @@ from scaling.core.model_group import CustomModel
 from scaling.core.schema import CONF_DIR, ExperimentConfig
 from scaling.job.run import run_point
 from scaling.model.custom import build as custom_model
-from scaling.model.family import family_of
+from scaling.model.family import checked, family_of
 from scaling.model.llama import flops
 from scaling.model.llama.args import ModelArgs
 from scaling.store.record import job_dir, job_key
@@ -81,6 +81,14 @@ BROKEN = textwrap.dedent("""\
             for layer in self.h:
                 x = layer(x)
             return Output(self.out(x))
+
+    class Scaled(Wrapped):  # a learnt 0-dim scale of its logits: FSDP2 shards no 0-dim parameter
+        def __init__(self, vocab_size, max_seq_len):
+            super().__init__(vocab_size, max_seq_len)
+            self.logit_scale = nn.Parameter(torch.full((), 1.0))
+
+        def forward(self, ids):
+            return super().forward(ids).logits * self.logit_scale
 
     class Keyed(Wrapped):  # a valid model whose forward returns a dict of its logits
         def forward(self, ids):
@@ -151,6 +159,29 @@ def test_only_a_module_of_ones_own_puts_the_working_directory_on_pythonpath(tmp_
     assert os.environ["PYTHONPATH"] == "/elsewhere"
     assert custom_model._import("mine.WIDTH", "model._target_") == 64
     assert os.environ["PYTHONPATH"] == os.pathsep.join([str(tmp_path), "/elsewhere"])
+
+
+def test_a_0_dim_parameter_at_zero_2_or_3_is_invalid_before_any_process_and_runs_below(tmp_path, monkeypatch):
+    """FSDP2's fully_shard refuses 0-dim parameters: at ZeRO-3 the point is recorded `invalid` naming the parameter and
+    the fix, no rank started (it was launched and failed on every rank); ZeRO-0 and 1 keep it whole."""
+    (tmp_path / "broken.py").write_text(BROKEN)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    model = CustomModel(name="scaled", target="broken.Scaled", kwargs=SIZES)
+    assert checked(model, 32, zero_stage=1).scalars == ("logit_scale",)
+    cfg = ExperimentConfig.from_dict({"model": {"name": "scaled", "_target_": "broken.Scaled", **SIZES}}).changed(
+        train={"seq_len": 32, "mbs": 1}, parallel={"dp": 2, "zero_stage": 3}, logger={"name": "none"}
+    )
+    cfg.sweep_dir = str(tmp_path / "runs")
+    record = run_point(cfg)
+    assert record["status"] == "invalid", record
+    assert (
+        "parallel.zero_stage=3: model 'scaled' has 0-dim parameters FSDP2's fully_shard cannot shard (logit_scale)"
+        in (record["error"])
+    )
+    assert "make each 1-D (shape (1,)), or use parallel.zero_stage 0 or 1" in record["error"]
+    assert [p.name for p in job_dir(tmp_path / "runs", job_key(cfg)).iterdir()] == ["result.json"]
 
 
 @pytest.mark.parametrize("target", ["broken.Wrapped", "broken.Keyed"])

@@ -215,7 +215,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         validate(cfg)  # as `scaling run` validates it: a pipeline's stages and schedule too
         require_stage_predictor(cfg, "predict")
-        checked(cfg.model, cfg.train.seq_len, cfg.parallel.tp)  # the model's contract, as `scaling run` checks it
+        checked(cfg.model, cfg.train.seq_len, cfg.parallel.tp, zero_stage=cfg.parallel.zero_stage)  # as `run` checks it
         result = predict_point(cfg, traced=not a.analytic)  # (its first step under a tp plan, as the pre-screen)
     except InvalidConfig as e:
         print(f"scaling predict: invalid point: {e}", file=sys.stderr)

@@ -349,7 +349,7 @@ def derived_block(c: ExperimentConfig, derived: Derived) -> Derived:
     """The record's `derived` block as validation made it, with the parameter count and the FLOPs per token (the
     built-in family's closed form; a model the user brings counted by torch's FlopCounterMode and named in `model`);
     InvalidConfig when a model the user brings breaks the contract."""
-    counted = checked(c.model, c.train.seq_len, c.parallel.tp, pipeline_stages(c.parallel))
+    counted = checked(c.model, c.train.seq_len, c.parallel.tp, pipeline_stages(c.parallel), c.parallel.zero_stage)
     if c.train.recompute != "none" and not family_of(c.model).closed_form:  # the built-in family's: in validate
         error = every_error(c.train.recompute_every, counted.n_blocks)
         if error:

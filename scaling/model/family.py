@@ -27,14 +27,20 @@ def family_of(model: ModelGroup) -> Family:
     raise ModelError(f"model {getattr(model, 'name', model)!r}: no family builds a {type(model).__name__}")
 
 
-def checked(model: ModelGroup, seq_len: int, tp: int = 1, stages: int = 1) -> Counted:
+def checked(model: ModelGroup, seq_len: int, tp: int = 1, stages: int = 1, zero_stage: int = 0) -> Counted:
     """`counted`, with the contract checked on the way, as every command checks it before any process starts (`run`,
-    `predict`, `find-mbs`, a sweep's forecast), with tensor parallelism its plan and widths, and with pipeline stages
-    (`stages`: pp × its virtual stages) whether it can be cut into them: InvalidConfig, one line, for a model that
-    breaks it."""
+    `predict`, `find-mbs`, a sweep's forecast), with tensor parallelism its plan and widths, with pipeline stages
+    (`stages`: pp × its virtual stages) whether it can be cut into them, and at ZeRO-2 and 3 (FSDP2) whether every
+    parameter can be sharded: InvalidConfig, one line, for a model that breaks it."""
     try:
         family = family_of(model)
         counted = family.counted(seq_len)  # what is not a model at all (an encoder) is refused as such first
+        if zero_stage >= 2 and counted.scalars:
+            raise ModelError(
+                f"parallel.zero_stage={zero_stage}: model {model.name!r} has 0-dim parameters FSDP2's fully_shard "
+                f"cannot shard ({', '.join(counted.scalars)}): make each 1-D (shape (1,)), or use parallel.zero_stage "
+                "0 or 1"
+            )
         if tp > 1:
             family.check_tp(tp)
         if stages > 1:

@@ -48,6 +48,8 @@ class Counted:
     """How a model the user brings is initialised after materialisation (scaling.model.custom.init.init_kind)."""
     attention: Optional[str] = None
     """The attention implementation a Hugging Face model runs (transformers' name: sdpa, eager, ...)."""
+    scalars: tuple[str, ...] = ()
+    """Its 0-dim parameters, which FSDP2 (ZeRO-2 and 3) cannot shard."""
 
     def hw_flops_per_token(self, recompute: str, every: int = 1) -> float:
         """Hardware FLOPs per token under `train.recompute` and `recompute_every` (the share of full recomputation

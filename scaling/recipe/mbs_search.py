@@ -95,7 +95,7 @@ def find_mbs(
         raise ValueError("hardware.memory_gb=null: find-mbs needs a capacity per rank, e.g. hardware.memory_gb=0.02")
     validate(_with_mbs(cfg, 1))
     require_stage_predictor(cfg, "search")
-    checked(cfg.model, cfg.train.seq_len, cfg.parallel.layout.tp)  # the model's contract, as `scaling run` checks it
+    checked(cfg.model, cfg.train.seq_len, cfg.parallel.layout.tp, zero_stage=cfg.parallel.zero_stage)  # as `run` does
     predictions: dict[int, int] = {}
     grad_acc = int(cfg.train.grad_acc)
 

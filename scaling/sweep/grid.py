@@ -372,7 +372,7 @@ def predict_new(cfg: ExperimentConfig, traced: bool = False) -> dict[str, Any]:
     try:
         grad_acc = validate(cfg).grad_acc
         checked(
-            cfg.model, cfg.train.seq_len, cfg.parallel.tp, pipeline_stages(cfg.parallel)
+            cfg.model, cfg.train.seq_len, cfg.parallel.tp, pipeline_stages(cfg.parallel), cfg.parallel.zero_stage
         )  # the model's contract, as run_point checks it
     except InvalidConfig as e:
         return {"status": Status.INVALID, "error": str(e), "predicted": None, "unscreened": None}

@@ -112,6 +112,7 @@ def _count(family: Family, seq_len: int) -> Counted:
         source="counted",
         init=kind,
         attention=attention,
+        scalars=tuple(name for name, p in module.named_parameters() if p.dim() == 0),
     )
 
 
