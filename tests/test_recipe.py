@@ -8,6 +8,7 @@ be the truly fastest candidate, or list it as a tie within the band.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -25,7 +26,7 @@ from scaling.recipe.answer import Recipe
 from scaling.recipe.decide import decide
 from scaling.recipe.estimate import FromRecords, workload_of
 from scaling.recipe.options import Beyond, Candidate, Estimate, Split, max_useful_gpus, split
-from scaling.recipe.render import figure, table
+from scaling.recipe.render import figure, headline, table
 from scaling.sweep.compose import compose_config
 from tests.helpers.synthetic_dp import ADAMW_S_PER_PARAM, LLAMA_1B, Truth, h100_network, measure, profile_of, shape
 
@@ -80,7 +81,7 @@ def test_recommends_the_true_best_or_a_tie_with_it() -> None:
     records = synthetic_records(gbs, counts, rng)
     source = profile_estimate(profile_of(truth(CANDIDATES[0], 1, gbs), rng), 8, 100, rng)
     estimate = FromRecords(records, lambda c, mbs: workload(c, mbs, gbs), 8, source, n_draws=100)
-    rows, first, (earliest, latest), baseline, _ = decide(CANDIDATES, gbs, SEQ, counts, estimate, threshold=0.8)
+    rows, first, (earliest, latest), baseline, _, _ = decide(CANDIDATES, gbs, SEQ, counts, estimate, threshold=0.8)
 
     winners = set()
     for row in rows:
@@ -130,7 +131,7 @@ def test_the_report_opens_with_the_recipe(tmp_path) -> None:
     rng = np.random.default_rng(3)
     records = synthetic_records(gbs, counts, rng)
     estimate = FromRecords(records, lambda c, mbs: workload(c, mbs, gbs), 8, None, n_draws=50)
-    rows, first, band, baseline, _ = decide(
+    rows, first, band, baseline, _, _ = decide(
         CANDIDATES, gbs, SEQ, counts, estimate, command=lambda c, s: f"scaling run parallel.dp={s.dp}"
     )
     recipe = Recipe(
@@ -336,6 +337,16 @@ def test_a_count_past_the_horizon_is_a_row_that_says_so_in_the_json_and_the_tabl
     assert by_gpus[32]["tokens_per_s_per_gpu"] is None and by_gpus[32]["command"] is None
     cells = table(Recipe.from_json(doc))[3]
     assert cells[0] == "32" and cells[3] == "beyond_horizon" and cells[-1] == reason
+
+    def flat(c: Candidate, s: Split) -> Estimate | Beyond:  # efficiency 100% up to the horizon, nothing past it
+        return Beyond(reason) if s.dp > 16 else estimate(c, dataclasses.replace(s, dp=1))
+
+    _, first, band, baseline, _, judged = decide(CANDIDATES, 512, SEQ, [8, 16, 32], flat)
+    assert first is None and judged == 16  # the knee's last figure: not the 512 GPUs the batch could use
+    answer = dataclasses.replace(recipe, dp_stops_paying_off_range=band, baseline_tokens_per_s_per_gpu=baseline)
+    said = headline(Recipe.from_json(json.loads(json.dumps({**answer.to_json(), "dp_judged_gpus": judged}))))[0]
+    assert said.startswith("DP keeps paying off up to 16 GPUs: ") and "512" in said and "32 GPUs" not in said
+    assert "past 16 GPUs nothing here gives a figure (the batch could use 512)" in said, said
 
 
 def test_with_nothing_measured_every_row_is_predicted_from_flops_and_the_mfu_model(tmp_path, capsys) -> None:

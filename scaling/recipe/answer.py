@@ -108,6 +108,8 @@ class Recipe:
     """Whether the recipe weighed pipeline stages, and why (scaling.recipe.candidates.pipeline_decision)."""
     next_measurement: Optional[dict[str, Any]] = None
     """The point whose measurement would narrow the least certain row most (scaling.recipe.next_point), or None."""
+    dp_judged_gpus: Optional[int] = None
+    """The largest GPU count the knee had a figure for (past it: beyond the horizon); None: none, or an older file."""
     """The GPU count efficiency is relative to: where the best configuration goes fastest per GPU (1 GPU, but for a
     model that only sharding, or recompute, fits on few)."""
 
@@ -131,6 +133,7 @@ class Recipe:
             "baseline_gpus": self.baseline_gpus,
             "baseline_run": self.baseline_run,
             "dp_stops_paying_off_full": self.dp_stops_paying_off_full,
+            "dp_judged_gpus": self.dp_judged_gpus,
             "next_measurement": self.next_measurement,
             "pipeline": self.pipeline,
             "notes": self.notes,
@@ -159,6 +162,7 @@ class Recipe:
             baseline_gpus=doc.get("baseline_gpus", 1),
             baseline_run=doc.get("baseline_run"),
             dp_stops_paying_off_full=doc.get("dp_stops_paying_off_full"),
+            dp_judged_gpus=doc.get("dp_judged_gpus"),
             next_measurement=doc.get("next_measurement"),
             pipeline=doc.get("pipeline"),
         )

@@ -102,14 +102,16 @@ def knee(
     baseline: float,
     threshold: float,
     peak: Peak = None,
-) -> tuple[Optional[int], tuple[Optional[int], Optional[int]]]:
+) -> tuple[Optional[int], tuple[Optional[int], Optional[int]], Optional[int]]:
     """The first GPU count whose best configuration's efficiency (against `baseline`, the most per GPU) is below
-    `threshold`, and its range: the first count whose band's high end is below it, and whose low end is."""
-    first = earliest = latest = None
+    `threshold`, its range (the first count whose band's high end is below it, and whose low end is), and the
+    largest count with a figure to judge (past it: beyond the horizon, or nothing fits)."""
+    first = earliest = latest = judged = None
     for n in sorted(counts):
         best, _, _, _ = best_option(candidates, gbs_samples, seq_len, n, estimate, peak)
         if best is None:
             continue
+        judged = n
         e = best.estimate
         if first is None and e.tokens_per_s_per_gpu / baseline < threshold:
             first = n
@@ -117,7 +119,7 @@ def knee(
             earliest = n
         if latest is None and e.high / baseline < threshold:
             latest = n
-    return first, (earliest, latest)
+    return first, (earliest, latest), judged
 
 
 def decide(
@@ -131,10 +133,13 @@ def decide(
     capacity_bytes: Optional[int] = None,
     predicted_peak: Peak = None,
     command: Optional[Callable[[Candidate, Split], str]] = None,
-) -> tuple[list[Row], Optional[int], tuple[Optional[int], Optional[int]], Optional[float], Optional[int]]:
+) -> tuple[
+    list[Row], Optional[int], tuple[Optional[int], Optional[int]], Optional[float], Optional[int], Optional[int]
+]:
     """The rows for the requested GPU counts, the first GPU count past the baseline below `threshold` with its range,
     the baseline (the most tokens/s per GPU at any count: 1 GPU but for a model that only sharding, or recompute,
-    fits on few) and its count. Pure: every figure comes from `estimate`."""
+    fits on few), its count, and the largest count the knee had a figure for. Pure: every figure comes from
+    `estimate`."""
     top = max_useful_gpus(gbs_samples, candidates)
     counts = sorted({*(2**k for k in range(top.bit_length()) if 2**k <= top), *(n for n in gpus if n <= top)})
     baseline = baseline_gpus = None
@@ -211,7 +216,7 @@ def decide(
         if row.dp_shard is not None:
             row.versus_full = _versus_full(candidates, gbs_samples, seq_len, n, estimate, predicted_peak)
         rows.append(row)
-    first, band = (
+    first, band, judged = (
         knee(
             candidates,
             gbs_samples,
@@ -226,9 +231,10 @@ def decide(
         else (
             None,
             (None, None),
+            None,
         )
     )
-    return rows, first, band, baseline, baseline_gpus
+    return rows, first, band, baseline, baseline_gpus, judged
 
 
 def full_sharding(candidates: Sequence[Candidate]) -> list[Candidate]:

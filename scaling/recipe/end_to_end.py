@@ -77,7 +77,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         return run_command(overrides, c.layout.with_dp(s.dp).overrides(), c.recompute, s, sweep_dir)
 
     estimate = estimator(launch.records)
-    rows, first, band, baseline, baseline_gpus = decide(
+    rows, first, band, baseline, baseline_gpus, judged = decide(
         candidates, gbs_samples, seq_len, a.gpus, estimate, a.threshold, a.tokens, capacity_bytes(hw),
         predicted_peak, command,
     )  # fmt: skip
@@ -110,6 +110,7 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
         rows=rows,
         dp_stops_paying_off_at=first,
         dp_stops_paying_off_range=band,
+        dp_judged_gpus=judged,
         max_useful_gpus=max_useful_gpus(gbs_samples, candidates),
         baseline_tokens_per_s_per_gpu=baseline,
         notes=notes,

@@ -97,10 +97,14 @@ def headline(recipe: Recipe) -> list[str]:
             "at hand, or pass --assume-mfu."
         )
     else:
-        first, last = recipe.dp_stops_paying_off_at, recipe.max_useful_gpus
+        first, last = recipe.dp_stops_paying_off_at, recipe.dp_judged_gpus or recipe.max_useful_gpus
         stops = stops_paying_off(first, recipe.threshold, base, last, lambda n: f"{n} GPUs")
         if first is None:
-            stops += ", the most this batch can use" + ("" if lo is None else f" (its band dips below from {lo} GPUs)")
+            stops += (
+                ", the most this batch can use"
+                if last >= recipe.max_useful_gpus
+                else f"; past {last} GPUs nothing here gives a figure (the batch could use {recipe.max_useful_gpus})"
+            ) + ("" if lo is None else f" (its band dips below from {lo} GPUs)")
         else:
             rng = f"{lo if lo is not None else '?'} to {hi if hi is not None else f'beyond {last}'}"
             stops += f" (within the band: {rng} GPUs)"
