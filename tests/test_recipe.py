@@ -780,6 +780,34 @@ def test_a_measurement_is_suggested_only_where_it_would_narrow_the_band(per_reco
         assert got is None
 
 
+def test_a_suggested_measurement_runs_within_max_grad_acc_and_narrows_the_band_by_a_point_or_more() -> None:
+    """The helper's recipe (--max-grad-acc 2) was told to measure `1 GPUs, ZeRO-0, mbs 4, grad_acc 8 (one job, about
+    0 device-minutes)` to narrow a band from ±27% to about ±27%: the point now runs as the recipe measures (at most
+    max_grad_acc micro-steps), a narrowing under a point of half-width is no reason to measure, and the sentence
+    reads right."""
+    from scaling.recipe.answer import Row
+    from scaling.recipe.next_point import suggest
+    from scaling.recipe.options import EXTRAPOLATED
+
+    c = Candidate(Layout(0), "none", 4, "test")
+    row = Row(8, dp=8, zero_stage=0, mbs=4, grad_acc=1, recompute="none", gbs_tokens=32 * 64, gbs_exact=True,
+              tokens_per_s_per_gpu=100.0, tokens_per_s_per_gpu_low=73.0, tokens_per_s_per_gpu_high=127.0,
+              source=EXTRAPOLATED)  # fmt: skip
+
+    def rebuild(narrowing: float) -> Any:
+        def of(records: list) -> Any:
+            half = 0.27 - narrowing * (len(records) - 1)
+            return lambda candidate, s: Estimate(100.0, 100 * (1 - half), 100 * (1 + half), 0.001, EXTRAPOLATED, "")
+
+        return of
+
+    got = suggest([c], [row], [{"job_key": "measured"}], rebuild(0.1), 32, 64, None, 4, "cpu", None, 2)
+    assert got is not None and got.grad_acc <= 2 and got.gpus < 8, got
+    assert got.sentence().startswith(f"Next measurement: {got.gpus} GPU{'s' if got.gpus > 1 else ''}, ZeRO-0, mbs 4")
+    assert "(one job, under a device-minute)" in got.sentence() and "1 GPUs" not in got.sentence()
+    assert suggest([c], [row], [{"job_key": "measured"}], rebuild(0.004), 32, 64, None, 4, "cpu", None, 2) is None
+
+
 def test_a_planned_fit_that_runs_out_of_memory_lowers_the_candidates_mbs_and_is_measured_again():
     """On the H200 the recipe measured ZeRO-3 mbs 8 × grad_acc 4 at dp=1 (predicted 120.9 GiB under a 139.8 GiB
     card), which ran out of memory (22.6 GiB reserved but unallocated: fragmentation), and still listed mbs 8 ×

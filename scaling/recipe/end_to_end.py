@@ -94,8 +94,9 @@ def run_recipe(cfg: ExperimentConfig, overrides: list[str], sweep_dir: Path, a: 
     )
     steps = cfg.train.warmup_steps + cfg.train.steps
     next_point = suggest(
-        candidates, rows, launch.records, estimator, gbs_samples, seq_len, dpn, steps, hw.device, command
-    )
+        candidates, rows, launch.records, estimator, gbs_samples, seq_len, dpn, steps, hw.device, command,
+        a.max_grad_acc,
+    )  # fmt: skip
     print(f"[recipe] {launch.launched} point(s) launched, {launch.answered} answered from the store", flush=True)
     return Recipe(
         model=cfg.model.name,

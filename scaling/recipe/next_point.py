@@ -17,6 +17,9 @@ from scaling.recipe.options import MEASURED, Candidate, Estimate, Estimator, Spl
 LAUNCH_OVERHEAD_S = {"cuda": 90.0, "cpu": 10.0}
 """Device-seconds a launch holds besides its steps, per device: interpreter, torch, process group, build, teardown
 (the GPU page's start-up share; on CPU the demo's)."""
+MIN_NARROWING = 0.01
+"""A measurement is suggested only where it narrows the band's relative half-width by at least this (one point:
+±27% to ±27% buys nothing)."""
 SIMULATED_SPREAD = (-0.02, -0.01, 0.0, 0.01, 0.02)
 """The simulated measurement's timed steps: the nominal step time moved by the run-to-run spread (2%)."""
 
@@ -53,8 +56,9 @@ class NextMeasurement:
         device-hours): the 256-GPU band would narrow from ±38% to about ±10%.`"""
         job = f"one {self.nodes}-node job" if self.nodes > 1 else "one job"
         run = configuration_name(self.layout, self.recompute, self.mbs, self.grad_acc)
+        gpus = f"{self.gpus} GPU{'s' if self.gpus > 1 else ''}"
         return (
-            f"Next measurement: {self.gpus} GPUs, {run} ({job}, about {_hours(self.device_hours)}): the "
+            f"Next measurement: {gpus}, {run} ({job}, {_hours(self.device_hours)}): the "
             f"{self.narrows}-GPU band would narrow from ±{self.half_width_now:.0%} to about "
             f"±{self.half_width_after:.0%}."
         )
@@ -65,7 +69,9 @@ class NextMeasurement:
 
 
 def _hours(h: float) -> str:
-    return f"{h * 60:.0f} device-minutes" if h < 1 else f"{h:.1f} device-hours"
+    if h * 60 < 1:
+        return "under a device-minute"
+    return f"about {h * 60:.0f} device-minutes" if h < 1 else f"about {h:.1f} device-hours"
 
 
 def half_width(e: Estimate) -> float:
@@ -103,10 +109,12 @@ def suggest(
     step_count: int,
     device: str,
     command: Optional[Callable[[Candidate, Split], str]] = None,
+    max_grad_acc: Optional[int] = None,
 ) -> Optional[NextMeasurement]:
     """The measurement that narrows the widest band among the rows not measured (None: nothing to narrow, no
-    smaller count of its configuration to measure, or none whose simulated record narrows it). `rebuild` makes the
-    estimator of a list of records."""
+    smaller count of its configuration to measure, or none whose simulated record narrows it by MIN_NARROWING).
+    `rebuild` makes the estimator of a list of records; the point runs at most `max_grad_acc` micro-steps, as the
+    recipe's own measurements do (scaling.recipe.measure)."""
     open_rows = [r for r in rows if r.tokens_per_s_per_gpu and r.source != MEASURED]
     if not open_rows:
         return None
@@ -130,8 +138,13 @@ def suggest(
         e = now_estimator(c, s) if s is not None and s.mbs == target.mbs and s.exact else None
         if not isinstance(e, Estimate) or e.source == MEASURED:
             continue
+        if max_grad_acc is not None and s.grad_acc > max_grad_acc:  # the point as the recipe would run it
+            s = Split(s.dp, s.mbs, max_grad_acc, max_grad_acc * s.mbs * s.dp * seq_len, False)
+            e = now_estimator(c, s)
+            if not isinstance(e, Estimate):
+                continue
         after = rebuild([*records, simulated_record(c, s, e, seq_len)])(c, at_target)
-        if not isinstance(after, Estimate) or half_width(after) >= half_width(now):
+        if not isinstance(after, Estimate) or half_width(after) > half_width(now) - MIN_NARROWING:
             continue  # a point the band would not narrow by (a refit on it can widen the draws' spread)
         nodes = -(-n // devices_per_node) if devices_per_node else 1
         seconds = LAUNCH_OVERHEAD_S.get(device, LAUNCH_OVERHEAD_S["cuda"]) + step_count * e.step_time_s
