@@ -347,6 +347,9 @@ def test_a_count_past_the_horizon_is_a_row_that_says_so_in_the_json_and_the_tabl
     said = headline(Recipe.from_json(json.loads(json.dumps({**answer.to_json(), "dp_judged_gpus": judged}))))[0]
     assert said.startswith("DP keeps paying off up to 16 GPUs: ") and "512" in said and "32 GPUs" not in said
     assert "past 16 GPUs nothing here gives a figure (the batch could use 512)" in said, said
+    dips = dataclasses.replace(answer, dp_stops_paying_off_at=16, dp_stops_paying_off_range=(16, None))
+    said = headline(dataclasses.replace(dips, dp_judged_gpus=16))[0]  # was "(within the band: 16 to beyond 512 GPUs)"
+    assert said.endswith("(within the band: from 16 GPUs; past 16 GPUs nothing here gives a figure)."), said
 
 
 def test_with_nothing_measured_every_row_is_predicted_from_flops_and_the_mfu_model(tmp_path, capsys) -> None:

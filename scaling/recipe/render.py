@@ -106,8 +106,13 @@ def headline(recipe: Recipe) -> list[str]:
                 else f"; past {last} GPUs nothing here gives a figure (the batch could use {recipe.max_useful_gpus})"
             ) + ("" if lo is None else f" (its band dips below from {lo} GPUs)")
         else:
-            rng = f"{lo if lo is not None else '?'} to {hi if hi is not None else f'beyond {last}'}"
-            stops += f" (within the band: {rng} GPUs)"
+            start = lo if lo is not None else "?"
+            if hi is not None:
+                stops += f" (within the band: {start} to {hi} GPUs)"
+            elif lo is None or last > lo:
+                stops += f" (within the band: {start} to beyond {last} GPUs)"
+            else:  # the band's high end stays above at every count with a figure, the last being where it dips
+                stops += f" (within the band: from {start} GPUs; past {last} GPUs nothing here gives a figure)"
         stops += "."
     nxt = recipe.next_measurement
     full = recipe.dp_stops_paying_off_full
