@@ -99,6 +99,8 @@ class Recipe:
     baseline_tokens_per_s_per_gpu: Optional[float]
     notes: list[str] = field(default_factory=list)
     baseline_gpus: Optional[int] = 1
+    """The GPU count efficiency is relative to: where the best configuration goes fastest per GPU (1 GPU, but for a
+    model that only sharding, or recompute, fits on few)."""
     dp_stops_paying_off_full: Optional[int] = None
     """With hybrid sharding among the candidates: where DP stops paying off with full sharding alone (None: the
     same, or not at any count the batch can use)."""
@@ -110,8 +112,6 @@ class Recipe:
     """The point whose measurement would narrow the least certain row most (scaling.recipe.next_point), or None."""
     dp_judged_gpus: Optional[int] = None
     """The largest GPU count the knee had a figure for (past it: beyond the horizon); None: none, or an older file."""
-    """The GPU count efficiency is relative to: where the best configuration goes fastest per GPU (1 GPU, but for a
-    model that only sharding, or recompute, fits on few)."""
 
     def to_json(self) -> dict[str, Any]:
         """recipe.json: `rows` (one per requested GPU count), `dp_stops_paying_off_at`, `max_useful_gpus`, ..."""
