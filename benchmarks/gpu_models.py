@@ -192,7 +192,8 @@ def measure(sweep_dir: Path, budget_s: float, hardware: str) -> int:
 def report(sweep_dir: Path, hardware: str) -> int:
     """The table of points.jsonl, each point beside the MFU model's figure for it."""
     from scaling.engine.peak_flops import configured_peak_flops_per_s
-    from scaling.recipe.predicted import mfu_model, own_points
+    from scaling.perf.mfu_model import Work
+    from scaling.recipe.predicted import mfu_model, record_flops
     from scaling.sweep.compose import compose_config
 
     rows = [json.loads(line) for line in (sweep_dir / "points.jsonl").read_text().splitlines() if line.strip()]
@@ -201,7 +202,8 @@ def report(sweep_dir: Path, hardware: str) -> int:
         f"analytic GiB | error | MFU model ({hardware}) | its tokens/s/GPU | error |"
     )
     print("|" + "---|" * 14)
-    model = None
+    peak_flops = configured_peak_flops_per_s(compose_config([f"hardware={hardware}"]).hardware, "bf16")
+    model = mfu_model(hardware, "bf16", peak_flops, []) if peak_flops else None
     for row in rows:
         r = row["record"]
         m, d, cfg = r.get("metrics") or {}, r.get("derived") or {}, r["config"]
@@ -209,14 +211,12 @@ def report(sweep_dir: Path, hardware: str) -> int:
         traced, analytic = row.get("traced"), row.get("analytic")
         predicted_tps = mfu = sigma = None
         if r["status"] == "ok":
-            if model is None:
-                peak_flops = configured_peak_flops_per_s(compose_config([f"hardware={hardware}"]).hardware, "bf16")
-                model = mfu_model(hardware, "bf16", peak_flops, [])
-            (point,) = own_points([r], cfg["hardware"]["name"])
-            est = model.estimate(point.work) if model is not None else None
-            if est is not None:
-                step = point.grad_acc * est.seconds
-                predicted_tps = point.work.tokens * point.grad_acc / step
+            t, p = cfg["train"], cfg["parallel"]
+            every, tokens = t.get("recompute_every", 1), t["mbs"] * t["seq_len"]
+            work = Work.of(record_flops(r), tokens, p["zero_stage"], t["recompute"], every, t["compile"], t["seq_len"])
+            est = model.estimate(work) if model is not None else None
+            if est is not None:  # tokens/s per GPU at dp=1: a micro-step's tokens over its seconds
+                predicted_tps = tokens / est.seconds
                 mfu, sigma = est.mfu, est.sigma
         times = m.get("step_times_s") or []
         spread = (max(times) - min(times)) / statistics.median(times) if times else None

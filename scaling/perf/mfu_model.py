@@ -123,6 +123,15 @@ class Work:
     selective: bool = False
     """Selective recomputation (its recomputed share is counted as none's: the attention's scores only)."""
 
+    @classmethod
+    def of(
+        cls, flops: FlopsSplit, tokens: int, zero_stage: int, recompute: str, every: int, compile_: bool, seq_len: int
+    ) -> Work:
+        """A configuration's work under `train.recompute` (and `recompute_every`): the share of full recomputation
+        it runs again, and whether it is selective."""
+        again = recomputed_share(str(recompute), int(every), flops.layers)
+        return cls(flops, tokens, zero_stage, again, bool(compile_), seq_len, str(recompute) == "selective")
+
 
 @dataclass(frozen=True)
 class Measured:
@@ -299,9 +308,8 @@ def conf_points(
     for entry, sigma in rows:
         seq, mbs = int(entry["seq_len"]), int(entry["mbs"])
         split = FlopsSplit.of(counted(preset(str(entry["model"])), seq))
-        again = recomputed_share(str(entry["recompute"]), int(entry.get("recompute_every", 1)), split.layers)
-        selective = str(entry["recompute"]) == "selective"
-        work = Work(split, mbs * seq, int(entry["zero_stage"]), again, bool(entry["compile"]), seq, selective)
+        every = entry.get("recompute_every", 1)
+        work = Work.of(split, mbs * seq, int(entry["zero_stage"]), entry["recompute"], every, entry["compile"], seq)
         if "tokens_per_s_per_gpu" in entry:
             step = mbs * seq / float(entry["tokens_per_s_per_gpu"])
         else:

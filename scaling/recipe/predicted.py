@@ -57,19 +57,11 @@ def own_points(records: Sequence[Mapping[str, Any]], hardware: str) -> list[Meas
         t, p = cfg["train"], cfg["parallel"]
         if Layout.of(p).world_size != 1:  # one device running the whole model
             continue
-        selective = t["recompute"] == "selective"
-        if selective and not t.get("compile"):  # a host cost the model has no term for (mfu_model.SELECTIVE_EAGER)
+        split, tokens = record_flops(r), int(t["mbs"]) * int(t["seq_len"])
+        every = t.get("recompute_every", 1)
+        work = Work.of(split, tokens, int(p["zero_stage"]), t["recompute"], every, t.get("compile"), int(t["seq_len"]))
+        if work.selective and not work.compile:  # a host cost the model has no term for (mfu_model.SELECTIVE_EAGER)
             continue
-        split = record_flops(r)
-        work = Work(
-            split,
-            int(t["mbs"]) * int(t["seq_len"]),
-            int(p["zero_stage"]),
-            recomputed_share(t["recompute"], int(t.get("recompute_every", 1)), split.layers),
-            bool(t.get("compile")),
-            int(t["seq_len"]),
-            selective,
-        )
         m = r["metrics"]
         sigma = max(MEASURED_SIGMA, float(m.get("noise_band_frac") or 0.0))
         out.append(
@@ -252,8 +244,7 @@ def predicted_figures(
     split, seq = flops_split(cfg), t.seq_len
 
     def work(c: Candidate, mbs: int) -> Work:
-        again = recomputed_share(c.recompute, t.recompute_every, split.layers)
-        return Work(split, mbs * seq, c.layout.zero_stage, again, bool(t.compile), seq, c.recompute == "selective")
+        return Work.of(split, mbs * seq, c.layout.zero_stage, c.recompute, t.recompute_every, t.compile, seq)
 
     optimizer = model.optimizer_s_per_param if model is not None else 0.0
     return Predicted(workload, work, peak, source, model, a.assume_mfu, optimizer, a.draws), None
