@@ -92,32 +92,25 @@ n_layer: 12
 n_head: 12
 n_embd: 768
 """
+LLAMA = ["model=llama_1b", "train.seq_len=4096"]
+"""The built-in llama_1b at seq 4096, as the H200 page ran it."""
 POINTS: list[tuple[str, list[str], dict[str, str]]] = [
-    ("llama_1b none eager", ["model=llama_1b", "train.seq_len=4096", "train.mbs=2"], {}),
+    ("llama_1b none eager", [*LLAMA, "train.mbs=2"], {}),
     ("Qwen3-1.7B", ["model=hf_qwen3_1_7b", "train.seq_len=4096", "train.mbs=2"], {}),
     ("Gemma-2-2B", ["model=hf_gemma2_2b", "train.seq_len=4096", "train.mbs=1"], {}),
     ("Qwen3-MoE 4 layers", ["model=hf_qwen3_moe_4l", "train.seq_len=128", "train.mbs=1"], {}),
     ("nanoGPT 124M", ["model=nanogpt_124m", "train.seq_len=1024", "train.mbs=16"], {}),
-    (
-        "llama_1b selective eager",
-        ["model=llama_1b", "train.seq_len=4096", "train.mbs=2", "train.recompute=selective"],
-        {},
-    ),
-    ("llama_1b full eager", ["model=llama_1b", "train.seq_len=4096", "train.mbs=2", "train.recompute=full"], {}),
-    (
-        "llama_1b selective compiled",
-        ["model=llama_1b", "train.seq_len=4096", "train.mbs=2", "train.recompute=selective", "train.compile=true"],
-        {},
-    ),
-    (
-        "llama_1b full compiled",
-        ["model=llama_1b", "train.seq_len=4096", "train.mbs=2", "train.recompute=full", "train.compile=true"],
-        {},
-    ),
-    ("llama_1b none compiled", ["model=llama_1b", "train.seq_len=4096", "train.mbs=2", "train.compile=true"], {}),
+    *[
+        (
+            f"llama_1b {rc} {'compiled' if compile_ else 'eager'}",
+            [*LLAMA, "train.mbs=2", f"train.recompute={rc}", *(["train.compile=true"] if compile_ else [])],
+            {},
+        )
+        for rc, compile_ in (("selective", False), ("full", False), ("selective", True), ("full", True), ("none", True))
+    ],
     (
         "llama_1b mbs 8 expandable",
-        ["model=llama_1b", "train.seq_len=4096", "train.mbs=8", "launch.prescreen=false"],
+        [*LLAMA, "train.mbs=8", "launch.prescreen=false"],
         {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
     ),
 ]
