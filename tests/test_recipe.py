@@ -350,6 +350,12 @@ def test_a_count_past_the_horizon_is_a_row_that_says_so_in_the_json_and_the_tabl
     dips = dataclasses.replace(answer, dp_stops_paying_off_at=16, dp_stops_paying_off_range=(16, None))
     said = headline(dataclasses.replace(dips, dp_judged_gpus=16))[0]  # was "(within the band: 16 to beyond 512 GPUs)"
     assert said.endswith("(within the band: from 16 GPUs; past 16 GPUs nothing here gives a figure)."), said
+    one = dataclasses.replace(answer, dp_stops_paying_off_at=16, dp_stops_paying_off_range=(16, 16))
+    said = headline(one)[0]  # was "(within the band: 16 to 16 GPUs)"
+    assert said.endswith(" (within the band: 16 GPUs)."), said
+    weighed = "pipeline stages weighed: none has a figure at this count"
+    alone = dataclasses.replace(answer, rows=[dataclasses.replace(answer.rows[0], gpus=1, pp_why=weighed)])
+    assert f"1 GPU: {weighed}." in headline(alone)  # was "1 GPUs: ..."
 
 
 def test_with_nothing_measured_every_row_is_predicted_from_flops_and_the_mfu_model(tmp_path, capsys) -> None:

@@ -169,7 +169,7 @@ class Recipe:
 
     def command_lines(self) -> list[str]:
         """Each row's `scaling run` command, with the GPU count it answers for."""
-        return [f"{r.command}  # {r.gpus} GPU{'s' if r.gpus != 1 else ''}" for r in self.rows if r.command]
+        return [f"{r.command}  # {gpus_said(r.gpus)}" for r in self.rows if r.command]
 
     def predicted_from(self) -> list[str]:
         """Where the `predicted` rows' figures come from (their MFU and network), then the `extrapolated` ones' (the
@@ -193,7 +193,7 @@ class Recipe:
             "Candidates (the largest mbs that fits per rank at the fewest GPUs it fits on): "
             + "; ".join(f"{c.name}: mbs {c.mbs_max}{_from(c)} ({c.fits})" for c in self.candidates)
             + ".",
-            f"Efficiency is tokens/s per GPU against the best configuration on {_gpus(self.baseline_gpus)}. Bands: "
+            f"Efficiency is tokens/s per GPU against the best configuration on {gpus_said(self.baseline_gpus)}. Bands: "
             "measured rows carry their "
             f"record's noise band, extrapolated ones the {BAND[0]:g}-{BAND[1]:g}% percentiles of the step model's "
             "bootstrap draws (fitted on each candidate's measured points at that mbs, under the network above, with "
@@ -205,13 +205,14 @@ class Recipe:
         ]
 
 
-def _gpus(n: Optional[int]) -> str:
+def gpus_said(n: Optional[int]) -> str:
+    """`1 GPU`, `8 GPUs`: a count of GPUs in the recipe's words."""
     return f"{n} GPU{'s' if n != 1 else ''}"
 
 
 def _from(c: Candidate) -> str:
     """`` at 1 GPU, ` from 8 GPUs` where it fits only when sharded over more."""
-    return "" if c.fit_gpus in (None, 1) else f" from {_gpus(c.fit_gpus)}"
+    return "" if c.fit_gpus in (None, 1) else f" from {gpus_said(c.fit_gpus)}"
 
 
 def _candidate(fields: dict[str, Any]) -> Candidate:

@@ -21,7 +21,7 @@ from scaling.core.files import write_json_atomic
 from scaling.core.noise import tied
 from scaling.core.units import format_bytes
 from scaling.perf.knee import stops_paying_off
-from scaling.recipe.answer import RECIPE_JSON, RECIPE_MD, Recipe
+from scaling.recipe.answer import RECIPE_JSON, RECIPE_MD, Recipe, gpus_said
 from scaling.recipe.next_point import NextMeasurement
 from scaling.recipe.options import EXTRAPOLATED, MEASURED
 
@@ -98,7 +98,7 @@ def headline(recipe: Recipe) -> list[str]:
         )
     else:
         first, last = recipe.dp_stops_paying_off_at, recipe.dp_judged_gpus or recipe.max_useful_gpus
-        stops = stops_paying_off(first, recipe.threshold, base, last, lambda n: f"{n} GPUs")
+        stops = stops_paying_off(first, recipe.threshold, base, last, gpus_said)
         if first is None:
             stops += (
                 ", the most this batch can use"
@@ -108,7 +108,7 @@ def headline(recipe: Recipe) -> list[str]:
         else:
             start = lo if lo is not None else "?"
             if hi is not None:
-                stops += f" (within the band: {start} to {hi} GPUs)"
+                stops += f" (within the band: {gpus_said(hi) if start == hi else f'{start} to {hi} GPUs'})"
             elif lo is None or last > lo:
                 stops += f" (within the band: {start} to beyond {last} GPUs)"
             else:  # the band's high end stays above at every count with a figure, the last being where it dips
@@ -138,13 +138,17 @@ def headline(recipe: Recipe) -> list[str]:
             "parallelism (--pp)."
         ),
         *([f"{recipe.pipeline[0].upper()}{recipe.pipeline[1:]}."] if recipe.pipeline else []),
-        *[f"{r.gpus} GPUs run tp {r.tp}: {r.tp_why}." for r in recipe.rows if r.tp > 1 and r.tp_why],
+        *[f"{gpus_said(r.gpus)} run tp {r.tp}: {r.tp_why}." for r in recipe.rows if r.tp > 1 and r.tp_why],
         *[
-            f"{r.gpus} GPUs" + (f" run pp {r.pp}: " if r.pp > 1 else ": ") + f"{r.pp_why}."
+            gpus_said(r.gpus) + (f" run pp {r.pp}: " if r.pp > 1 else ": ") + f"{r.pp_why}."
             for r in recipe.rows
             if r.pp_why
         ],
-        *[f"{r.gpus} GPUs run recompute {r.recompute}: {r.recompute_why}." for r in recipe.rows if r.recompute_why],
+        *[
+            f"{gpus_said(r.gpus)} run recompute {r.recompute}: {r.recompute_why}."
+            for r in recipe.rows
+            if r.recompute_why
+        ],
     ]
 
 
@@ -320,7 +324,7 @@ def hybrid_lines(recipe: Recipe) -> list[str]:
         )
         verdict = f"ties with it ({gain:+.1%}, within the bands)" if even else f"beats it by {gain:+.0%}"
         out.append(
-            f"{r.gpus} GPUs: hybrid sharding over {r.dp_shard} against full sharding's best there ({v['run']}: "
+            f"{gpus_said(r.gpus)}: hybrid sharding over {r.dp_shard} against full sharding's best there ({v['run']}: "
             f"{_fmt_rate(v['tokens_per_s_per_gpu'])}): {verdict} (bands: {lo:+.0%} to {hi:+.0%}){memory}."
         )
     return out
