@@ -200,6 +200,20 @@ def test_a_model_file_without_a_target_is_the_built_in_family_and_a_stray_key_is
         ExperimentConfig.from_dict({"model": {"name": "gpt", "n_layer": 2}})
 
 
+def test_a_misspelt_key_of_a_model_file_names_the_key_it_could_mean_or_the_files_keys(project):
+    """A key the model file of one's own does not have: Hydra says only that it is not in struct; the refusal adds the
+    key it could mean, else the file's keys and the override that adds one."""
+    from scaling.sweep.compose import ComposeError, compose_config
+
+    with pytest.raises(ComposeError, match=r"Key 'n_embdd' is not in struct \(did you mean 'n_embd'\?\)$"):
+        compose_config(["model=gpt2_tiny", "model.n_embdd=32"])
+    with pytest.raises(ComposeError) as refused:
+        compose_config(["model=gpt2_tiny", "model.zzz=1"])
+    assert str(refused.value).endswith(
+        "(its keys: name, vocab_size, max_seq_len, n_layer, n_embd, n_head; +model.zzz=1 adds it)"
+    ), refused.value
+
+
 def test_two_user_models_of_one_name_never_share_a_key():
     one = ExperimentConfig.from_dict({"model": {"name": "gpt", "_target_": "gpt.GPT", **SIZES, "n_layer": 2}})
     other = ExperimentConfig.from_dict({"model": {"name": "gpt", "_target_": "gpt.GPT", **SIZES, "n_layer": 3}})

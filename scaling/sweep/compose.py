@@ -47,6 +47,14 @@ def refusal_line(e: BaseException) -> str:
         inner = inner.__cause__
     if inner is not None:  # what OmegaConf said: the key the group lacks, the value its type refuses
         text = f"{text.rstrip('.')}: {str(inner).strip().splitlines()[0]}"
+        node, key = getattr(inner, "parent_node", None), getattr(inner, "key", None)
+        if "is not in struct" in text and node is not None and isinstance(key, str):
+            # a key a model file of one's own does not have (model.d_modle): the key it could mean, else its keys
+            keys = [str(k) for k in node if not str(k).startswith("_")]
+            near = closest_field(key, keys)
+            append = re.search(r"use (\+\S+)", str(e))  # Hydra's own hint: the override that adds the key
+            added = f"; {append.group(1)} adds it" if append else ""
+            text += f" (did you mean {near!r}?)" if near else f" (its keys: {', '.join(keys)}{added})"
     missing = re.search(r"Could not find '(\w+)/([^']+)'", text)
     if missing:
         group = missing.group(1)
