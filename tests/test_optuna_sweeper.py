@@ -336,6 +336,34 @@ def test_patience_with_a_noise_band_stops_when_nothing_beats_the_first_point_bey
 
 
 @pytest.mark.subprocess
+def test_a_search_space_value_no_point_can_take_is_refused_before_the_study_opens(tmp_path: Path) -> None:
+    """Every value of the space (a range's ends) is checked alone over the fixed overrides before the study opens,
+    the dry run's too: a value no point can take and a misspelt key end the command (exit 2) naming them, where
+    trials ran first (real points launched) and the run then exited 0. A value that only some combinations make
+    invalid (dp_shard 2, which does not divide the base config's dp=1 but divides the space's dp 2 and 4) is left to
+    its trials."""
+
+    def search(*overrides: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "scaling", "run", *SWEEPER, "model=tiny", "logger=none"]
+        return subprocess.run([*argv, f"sweep_dir={tmp_path / 'runs'}", *overrides], capture_output=True, text=True)
+
+    for dry in ([], ["hydra.sweeper.dry_run=true"]):
+        bad = search("parallel.zero_stage=0,4", "train.mbs=range(0,4)", "parallel.dp=1,2", *dry)
+        assert bad.returncode == 2, bad.stdout + bad.stderr
+        assert bad.stderr.strip().splitlines()[-1] == (
+            "scaling run: hydra.sweeper.params: parallel.zero_stage=4 is not valid: choose one of 0, 1, 2, 3; "
+            "train.mbs=0 must be a positive integer"
+        ), bad.stderr
+    misspelt = search("train.mbz=2,8")
+    assert misspelt.returncode == 2 and "Key 'mbz' not in 'TrainConfig' (did you mean 'mbs'?)" in misspelt.stderr
+    assert not (tmp_path / "runs" / "optuna.journal").exists()  # no study opened, no trial run
+    combined = search("parallel.dp=2,4", "parallel.dp_shard=1,2", "hydra.sweeper.dry_run=true")
+    assert combined.returncode == 0 and "parallel.dp_shard in {1, 2}" in combined.stdout, (
+        combined.stdout + combined.stderr
+    )
+
+
+@pytest.mark.subprocess
 def test_grid_sampler_visits_each_point_once(tmp_path: Path) -> None:
     stdout = toy_sweep(
         tmp_path,

@@ -10,6 +10,7 @@ once the failure rate exceeds `max_failure_rate`. docs/search.md.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -29,6 +30,7 @@ from optuna.trial import Trial, TrialState
 
 from hydra_plugins.scaling_grid_sweeper._loader import ComposedConfigLoader
 from scaling.core.schema import EXPERIMENT_GROUPS, ExperimentConfig, LaunchConfig
+from scaling.core.validate import InvalidConfig, validate
 from scaling.model.family import family_of
 from scaling.store.read import RecordError, read_record
 from scaling.store.record import answers, job_key, output_dir
@@ -37,7 +39,7 @@ from scaling.sweep.hydra_adapter import BasicLauncher
 
 from . import _report
 from ._outcome import Outcome, failure, judge, repeat_outcome, tell, worst_values
-from ._space import SearchSpace, leaf_overrides, parse_search_space
+from ._space import SearchSpace, format_value, leaf_overrides, parse_search_space
 from ._study import (
     DIRECTIONS,
     AskTellGridSampler,
@@ -54,6 +56,11 @@ from ._study import (
 from .config import DEFAULT_OBJECTIVE
 
 log = logging.getLogger(__name__)
+
+
+_ALONE = re.compile(r" is not valid: choose one of | must be a positive ")
+"""validate()'s words for a value wrong whatever the other fields hold (scaling.core.validate's `_Checker.choice` and
+`positive`): what `_check_space` refuses of a search space's value up front."""
 
 
 @dataclass
@@ -136,6 +143,7 @@ class OptunaSearch(Sweeper):
         space = parse_search_space([f"{k}={v}" for k, v in self.params.items()] + list(arguments), parser)
         if not space.distributions:
             raise HydraException("hydra.sweeper.params holds no sweep (choice, range, interval or a comma list)")
+        self._check_space(space)
         sweep_dir = Path(self.config.hydra.sweep.dir)
         if self.dry_run:
             where = self.storage or sweep_dir / "optuna.journal"
@@ -185,6 +193,32 @@ class OptunaSearch(Sweeper):
         else:
             log.info("Best (trial %d): %s -> %s", best["trial"], " ".join(best["overrides"]), best["values"])
         return best
+
+    def _check_space(self, space: SearchSpace) -> None:
+        """Each value of the search space (every choice; a range's ends), alone over the fixed overrides, composed
+        and, of a task with the record store's fields, validated: a key that names no field, a value of the wrong
+        type and a value no point can take (`parallel.zero_stage=4`) are refused here, naming it and what is valid,
+        before the study is opened or any trial runs, the dry run's included. What only a combination of values
+        makes invalid (an mbs the batch does not divide at some dp) stays that trial's `invalid` outcome."""
+        assert self.hydra_context is not None and self.config is not None
+        refused: list[str] = []
+        for name, dist in space.distributions.items():
+            for value in dict.fromkeys(dist.choices if hasattr(dist, "choices") else (dist.low, dist.high)):
+                said = f"{name}={format_value(value)}"
+                cfg = self.hydra_context.config_loader.load_sweep_config(  # raises on an unknown key or a bad type
+                    master_config=self.config, sweep_overrides=[*space.fixed, said]
+                )
+                if not all(key in cfg for key in EXPERIMENT_GROUPS):
+                    return  # another task's config: its own checks are its trials'
+                experiment = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS}
+                try:
+                    validate(ExperimentConfig.from_dict(experiment), host=False)
+                except InvalidConfig as e:  # the value's own faults, not those of its combination with the base
+                    refused += [m for m in e.errors if m.startswith(f"{name}=") and _ALONE.search(m)]
+                except ValueError:
+                    pass  # what the trial composing it will say
+        if refused:
+            raise HydraException(f"hydra.sweeper.params: {'; '.join(dict.fromkeys(refused))}")
 
     def _study_name(self, sweep_dir: Path) -> str:
         if self.study_name:
