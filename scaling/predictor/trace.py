@@ -275,6 +275,9 @@ def _fake_world(dp: int, rank: int = 0) -> Iterator[Any]:
         advice = logging.getLogger("torch.distributed.tensor._redistribute")
         stack.callback(advice.setLevel, advice.level)
         advice.setLevel(logging.ERROR)
+        # init_process_group wraps sys.excepthook to prefix "[rank0]: " to every line of an uncaught error's
+        # traceback, and leaves it so: a driver that traced n points said "[rank0]: " n times on a line (Ctrl-C)
+        stack.callback(setattr, sys, "excepthook", sys.excepthook)
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=dp)
         stack.callback(dist.destroy_process_group)
         yield stack.enter_context(FakeTensorMode())
