@@ -143,7 +143,9 @@ def test_wandb_failure_never_fails_the_point(tmp_path):
 def test_one_output_directory_whichever_is_overridden(override, search, tmp_path):
     """Records, sweep.json, the closing count and (for a search) the journal and best.yaml share one folder."""
     out_dir = tmp_path / "out"
-    grid = ["parallel.zero_stage=5,6"]  # rejected before launch: fast, and counted
+    # rejected before launch, each point (a shard group that does not divide dp=1): fast, and counted; a value no
+    # point can take (parallel.zero_stage=5) the search refuses whole before its study opens
+    grid = ["parallel.dp_shard=3,5"]
     if search:
         grid += ["hydra/sweeper=scaling_optuna", "hydra.sweeper.sampler.name=grid", "hydra.sweeper.n_trials=2"]
     out = scaling(*["run", "-m", "logger=none", *grid, f"{override}={out_dir}"], cwd=tmp_path, timeout=300)
