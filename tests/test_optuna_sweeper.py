@@ -311,6 +311,9 @@ def test_patience_stops_and_repeated_points_are_not_run_again(tmp_path: Path) ->
     assert len(study.trials) == 4 and "3 trials without a better feasible value (patience=3)" in stdout
     assert len(calls(tmp_path)) == 1
     assert [t.user_attrs.get("answered_from") for t in study.trials] == [None, "trial 0", "trial 0", "trial 0"]
+    # resumed over another space (mbs now searched): said, not silently mixed in
+    again = toy_sweep(tmp_path, "x=0.3", "mbs=1,2", "kind=choice(a)", "hydra.sweeper.n_trials=5")
+    assert f"Study '{tmp_path.name}''s trials so far searched ['kind']; this run searches ['mbs', 'kind']" in again
 
 
 @pytest.mark.subprocess

@@ -161,6 +161,15 @@ class OptunaSearch(Sweeper):
         storage_name = self.storage or str(sweep_dir / "optuna.journal")
         study = open_study(storage, self._study_name(sweep_dir), self.directions, self.objectives)
         recover_stale(study)
+        searched = list(dict.fromkeys(name for t in study.get_trials(deepcopy=False) for name in t.params))
+        if searched and set(searched) != set(space.distributions):
+            log.warning(
+                "Study %r's trials so far searched %s; this run searches %s: the sampler weighs both in one study "
+                "(hydra.sweeper.study_name=<another name> starts one of its own)",
+                study.study_name,
+                searched,
+                list(space.distributions),
+            )
         if isinstance(self.sampler_conf, BaseSampler):  # built by Hydra from hydra/sweeper/sampler's _target_
             study.sampler = self.sampler_conf
         else:
