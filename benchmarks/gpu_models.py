@@ -185,8 +185,7 @@ def measure(sweep_dir: Path, budget_s: float, hardware: str) -> int:
 def report(sweep_dir: Path, hardware: str) -> int:
     """The table of points.jsonl, each point beside the MFU model's figure for it."""
     from scaling.engine.peak_flops import configured_peak_flops_per_s
-    from scaling.perf.mfu_model import Work
-    from scaling.recipe.predicted import mfu_model, record_flops
+    from scaling.recipe.predicted import mfu_model, record_work
     from scaling.sweep.compose import compose_config
 
     rows = [json.loads(line) for line in (sweep_dir / "points.jsonl").read_text().splitlines() if line.strip()]
@@ -199,17 +198,15 @@ def report(sweep_dir: Path, hardware: str) -> int:
     model = mfu_model(hardware, "bf16", peak_flops, []) if peak_flops else None
     for row in rows:
         r = row["record"]
-        m, d, cfg = r.get("metrics") or {}, r.get("derived") or {}, r["config"]
+        m, d = r.get("metrics") or {}, r.get("derived") or {}
         peak = m.get("peak_mem_bytes")
         traced, analytic = row.get("traced"), row.get("analytic")
         predicted_tps = mfu = sigma = None
         if r["status"] == "ok":
-            t, p = cfg["train"], cfg["parallel"]
-            every, tokens = t.get("recompute_every", 1), t["mbs"] * t["seq_len"]
-            work = Work.of(record_flops(r), tokens, p["zero_stage"], t["recompute"], every, t["compile"], t["seq_len"])
+            work = record_work(r)
             est = model.estimate(work) if model is not None else None
             if est is not None:  # tokens/s per GPU at dp=1: a micro-step's tokens over its seconds
-                predicted_tps = tokens / est.seconds
+                predicted_tps = work.tokens / est.seconds
                 mfu, sigma = est.mfu, est.sigma
         times = m.get("step_times_s") or []
         spread = (max(times) - min(times)) / statistics.median(times) if times else None

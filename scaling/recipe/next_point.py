@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from scaling.core.layout import Layout, configuration_name
-from scaling.recipe.answer import Row
+from scaling.recipe.answer import Row, gpus_said
 from scaling.recipe.options import MEASURED, Candidate, Estimate, Estimator, Split, split
 
 LAUNCH_OVERHEAD_S = {"cuda": 90.0, "cpu": 10.0}
@@ -56,9 +56,8 @@ class NextMeasurement:
         device-hours): the 256-GPU band would narrow from ±38% to about ±10%.`"""
         job = f"one {self.nodes}-node job" if self.nodes > 1 else "one job"
         run = configuration_name(self.layout, self.recompute, self.mbs, self.grad_acc)
-        gpus = f"{self.gpus} GPU{'s' if self.gpus > 1 else ''}"
         return (
-            f"Next measurement: {gpus}, {run} ({job}, {_hours(self.device_hours)}): the "
+            f"Next measurement: {gpus_said(self.gpus)}, {run} ({job}, {_hours(self.device_hours)}): the "
             f"{self.narrows}-GPU band would narrow from ±{self.half_width_now:.0%} to about "
             f"±{self.half_width_after:.0%}."
         )

@@ -54,12 +54,9 @@ def own_points(records: Sequence[Mapping[str, Any]], hardware: str) -> list[Meas
         cfg = r.get("config") or {}
         if r.get("status") != Status.OK or (cfg.get("hardware") or {}).get("name") != hardware:
             continue
-        t, p = cfg["train"], cfg["parallel"]
-        if Layout.of(p).world_size != 1:  # one device running the whole model
+        if Layout.of(cfg["parallel"]).world_size != 1:  # one device running the whole model
             continue
-        split, tokens = record_flops(r), int(t["mbs"]) * int(t["seq_len"])
-        every = t.get("recompute_every", 1)
-        work = Work.of(split, tokens, int(p["zero_stage"]), t["recompute"], every, t.get("compile"), int(t["seq_len"]))
+        work = record_work(r)
         if work.selective and not work.compile:  # a host cost the model has no term for (mfu_model.SELECTIVE_EAGER)
             continue
         m = r["metrics"]
@@ -68,6 +65,16 @@ def own_points(records: Sequence[Mapping[str, Any]], hardware: str) -> list[Meas
             Measured(work, int(r["derived"]["grad_acc"]), float(m["step_time_s"]), sigma, f"record {r['job_key']}")
         )
     return out
+
+
+def record_work(r: Mapping[str, Any]) -> Work:
+    """A record's micro-step as the MFU model's work: its FLOPs (`record_flops`), tokens, ZeRO stage, recomputation
+    and compile."""
+    t, p = r["config"]["train"], r["config"]["parallel"]
+    tokens, every = int(t["mbs"]) * int(t["seq_len"]), t.get("recompute_every", 1)
+    return Work.of(
+        record_flops(r), tokens, int(p["zero_stage"]), t["recompute"], every, t.get("compile"), int(t["seq_len"])
+    )
 
 
 def record_flops(r: Mapping[str, Any]) -> FlopsSplit:
