@@ -10,7 +10,6 @@ once the failure rate exceeds `max_failure_rate`. docs/search.md.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -56,11 +55,6 @@ from ._study import (
 from .config import DEFAULT_OBJECTIVE
 
 log = logging.getLogger(__name__)
-
-
-_ALONE = re.compile(r" is not valid: choose one of | must be a positive ")
-"""validate()'s words for a value wrong whatever the other fields hold (scaling.core.validate's `_Checker.choice` and
-`positive`): what `_check_space` refuses of a search space's value up front."""
 
 
 @dataclass
@@ -217,13 +211,13 @@ class OptunaSearch(Sweeper):
                 cfg = self.hydra_context.config_loader.load_sweep_config(  # raises on an unknown key or a bad type
                     master_config=self.config, sweep_overrides=[*space.fixed, said]
                 )
-                if not all(key in cfg for key in EXPERIMENT_GROUPS):
+                experiment = _experiment(cfg)
+                if experiment is None:
                     return  # another task's config: its own checks are its trials'
-                experiment = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS}
                 try:
                     validate(ExperimentConfig.from_dict(experiment), host=False)
                 except InvalidConfig as e:  # the value's own faults, not those of its combination with the base
-                    refused += [m for m in e.errors if m.startswith(f"{name}=") and _ALONE.search(m)]
+                    refused += [m for m in e.alone if m.startswith(f"{name}=")]
                 except ValueError:
                     pass  # what the trial composing it will say
         if refused:
@@ -319,9 +313,9 @@ class OptunaSearch(Sweeper):
         assert self.hydra_context is not None and self.config is not None
         cfg = self.hydra_context.config_loader.load_sweep_config(master_config=self.config, sweep_overrides=overrides)
         self.composed[tuple(overrides)] = cfg
-        if not all(key in cfg for key in (*EXPERIMENT_GROUPS, "sweep", "sweep_dir")):
+        experiment = _experiment(cfg)
+        if experiment is None or not all(key in cfg for key in ("sweep", "sweep_dir")):
             return None
-        experiment = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS}
         sweep_dir = output_dir(cfg.sweep_dir, cfg.hydra)
         # The whole experiment, so the point runs the same from the default primary config too; the model first by
         # its file (a model of one's own has fields that are not the built-in family's, which the default's has).
@@ -353,6 +347,14 @@ class OptunaSearch(Sweeper):
                 f"hydra.sweeper.max_failure_rate={self.max_failure_rate}; failed trials: {failed} "
                 "(their errors are in trials.csv)"
             )
+
+
+def _experiment(cfg: DictConfig) -> Optional[dict[str, Any]]:
+    """The experiment groups of a composed config, resolved (what ExperimentConfig.from_dict reads); None for a task
+    whose config lacks them."""
+    if not all(group in cfg for group in EXPERIMENT_GROUPS):
+        return None
+    return {group: OmegaConf.to_container(cfg[group], resolve=True) for group in EXPERIMENT_GROUPS}
 
 
 def _consecutive_runs(items: list[tuple[Trial, list[str]]]) -> list[list[tuple[Trial, list[str]]]]:

@@ -9,7 +9,7 @@ the world; the job adds the model's counts).
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from scaling.core.batch import (
     BatchError,
@@ -44,8 +44,11 @@ INTERLEAVED = (PipelineSchedule.interleaved_1f1b, PipelineSchedule.zero_bubble)
 class InvalidConfig(ValueError):
     """An impossible experiment point; str() is one line naming field, value and valid choices."""
 
-    def __init__(self, errors: list[str]):
+    def __init__(self, errors: list[str], alone: Sequence[str] = ()):
         self.errors = errors
+        # those of `errors` about a value wrong whatever the other fields hold (parallel.zero_stage=4, train.mbs=0):
+        # what a search refuses of its space before any trial (hydra_plugins/scaling_optuna_sweeper)
+        self.alone = list(alone)
         super().__init__("; ".join(errors))
 
 
@@ -58,10 +61,13 @@ class _Checker:
 
     def __init__(self) -> None:
         self.errors: list[str] = []
+        self.alone: list[str] = []  # those of `positive` and `choice`: a value wrong whatever the other fields hold
 
-    def require(self, ok: bool, message: str) -> bool:
+    def require(self, ok: bool, message: str, alone: bool = False) -> bool:
         if not ok:
             self.errors.append(message)
+            if alone:
+                self.alone.append(message)
         return ok
 
     def positive(self, name: str, value: Any, *, allow_none: bool = False, integer: bool = True) -> bool:
@@ -69,12 +75,12 @@ class _Checker:
             return True
         kind = "a positive integer" if integer else "a positive number"
         good = _is_int(value) if integer else isinstance(value, (int, float)) and not isinstance(value, bool)
-        return self.require(good and value > 0, f"{name}={value!r} must be {kind}" + (" or null" if allow_none else ""))
+        said = f"{name}={value!r} must be {kind}" + (" or null" if allow_none else "")
+        return self.require(good and value > 0, said, alone=True)
 
     def choice(self, name: str, value: Any, valid: tuple) -> bool:
-        return self.require(
-            value in valid, f"{name}={value!r} is not valid: choose one of {', '.join(map(str, valid))}"
-        )
+        said = f"{name}={value!r} is not valid: choose one of {', '.join(map(str, valid))}"
+        return self.require(value in valid, said, alone=True)
 
 
 def _check_train(c: _Checker, t: TrainConfig, max_seq_len: Any, n_blocks: Optional[int], whence: str = "") -> None:
@@ -384,7 +390,7 @@ def validate(cfg: ExperimentConfig, usable_cores: Optional[int] = None, host: bo
     _check_hardware(c, cfg.hardware, cfg.train.precision)
     _check_run(c, cfg)
     if c.errors:
-        raise InvalidConfig(c.errors)
+        raise InvalidConfig(c.errors, c.alone)
     derived = _derive(c, cfg)
     if derived is not None and cfg.parallel.pp > 1:
         _check_microbatches(c, cfg.parallel, derived.grad_acc)
@@ -392,5 +398,5 @@ def validate(cfg: ExperimentConfig, usable_cores: Optional[int] = None, host: bo
     if host:
         _check_cores(c, cfg, usable_cores if usable_cores is not None else host_cores())
     if c.errors or derived is None:
-        raise InvalidConfig(c.errors)
+        raise InvalidConfig(c.errors, c.alone)
     return derived
